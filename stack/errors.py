@@ -1,0 +1,53 @@
+"""Exception hierarchy of the stack: every protocol failure carries its rule ID and Terminate.
+
+Design: one base class (:class:`IwarpError`); protocol violations by a peer are
+:class:`ProtocolError` with the digest rule ID (``MPA-18``, ``DDP-10``, ...) and the
+Terminate cause (:class:`~stack.constants.TermCode`) the RFCs map them to, or ``None``
+where no Terminate can be sent (e.g. before Full Operation).
+"""
+
+from __future__ import annotations
+
+from stack.constants import TermCode
+
+
+class IwarpError(Exception):
+    """Base class of every error raised by the stack."""
+
+
+class ProtocolError(IwarpError):
+    """The peer (or a capture) broke a protocol rule.
+
+    Fields: ``rule`` (digest rule ID), ``term`` (Terminate cause or None), ``detail``.
+    """
+
+    def __init__(self, rule: str, detail: str, term: TermCode | None = None) -> None:
+        self.rule = rule
+        self.term = term
+        self.detail = detail
+        suffix = f" [Terminate {term}]" if term is not None else ""
+        super().__init__(f"{rule}: {detail}{suffix}")
+
+
+class DecodeError(ProtocolError):
+    """Bytes that cannot be decoded as the expected PDU (too short, bad field values)."""
+
+
+class MpaError(ProtocolError):
+    """MPA startup or framing failure (RFC 5044 §8, RFC 6581)."""
+
+
+class DdpError(ProtocolError):
+    """DDP header or placement failure (RFC 5041 §7)."""
+
+
+class RdmapError(ProtocolError):
+    """RDMAP failure (RFC 5040 §7, RFC 7306 §8)."""
+
+
+class LocalError(IwarpError):
+    """Misuse of the local API (bad arguments, wrong state); never caused by the peer."""
+
+
+class ConnectionTimeout(IwarpError):
+    """A startup timer ran out (MPA-27)."""

@@ -1,0 +1,51 @@
+"""Shared machinery of the ``iwarp`` and ``kbtp`` commands.
+
+Subcommands are discovered, not listed: a module ``tools/<prefix>_<name>.py`` that
+defines ``register(subparsers)`` adds subcommand ``<name>`` (``iwarp_dissect.py`` ->
+``iwarp dissect``).  ``register`` must call ``parser.set_defaults(func=...)`` with a function
+taking the parsed namespace and returning an exit status.  User errors are raised as
+:class:`CliError` and printed as one line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+import tools
+
+
+class CliError(Exception):
+    """A user-facing error: printed as ``<prog>: error: <message>``, exit status 2."""
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    prefix = f"{prog}_"
+    for info in sorted(pkgutil.iter_modules(tools.__path__), key=lambda m: m.name):
+        if info.name.startswith(prefix) and info.name != f"{prog}_cli":
+            module = importlib.import_module(f"tools.{info.name}")
+            register = getattr(module, "register", None)
+            if register is not None:
+                register(sub)
+    return parser
+
+
+def run(prog: str, description: str, argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(prog, description)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
