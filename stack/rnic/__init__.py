@@ -1,0 +1,44 @@
+"""The software RNIC (floor 2): verbs objects over the sans-IO wire core.
+
+``Rnic`` -> ``alloc_pd()`` -> ``pd.reg_mr(buffer, Access...)``; ``create_cq()``;
+``create_qp(pd, cq)``; ``qp.post_send(SendWR(...))``, ``qp.post_recv(RecvWR(...))``;
+completions by ``cq.poll()`` or ``await cq.next()``.
+"""
+
+from stack.rnic.cq import CompletionQueue, CqOverflow
+from stack.rnic.device import Rnic
+from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain
+from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
+from stack.rnic.verbs import (
+    RecvWR,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcFlags,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
+
+__all__ = [
+    "Access",
+    "CompletionQueue",
+    "CqOverflow",
+    "MemoryRegion",
+    "ProtectionDomain",
+    "QpCap",
+    "QpState",
+    "QueuePair",
+    "RecvWR",
+    "Rnic",
+    "SendFlags",
+    "SendWR",
+    "Sge",
+    "SharedReceiveQueue",
+    "WcFlags",
+    "WcOpcode",
+    "WcStatus",
+    "WorkCompletion",
+    "WrOpcode",
+]

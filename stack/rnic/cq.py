@@ -1,0 +1,83 @@
+"""Completion queues: poll them, or await them from trio.
+
+A CQ overflow is fatal for the QPs that complete into it and for nothing else (SEC-09):
+:meth:`CompletionQueue.push` raises :class:`CqOverflow`, and the QP that hit it moves to
+the error state with a Terminate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import trio
+
+from stack.errors import IwarpError
+from stack.rnic.verbs import WcFlags, WorkCompletion
+
+
+class CqOverflow(IwarpError):
+    """The completion queue is full."""
+
+
+class CompletionQueue:
+    """A completion queue of bounded ``capacity``.
+
+    * :meth:`poll` takes up to ``n`` completions without blocking (``ibv_poll_cq``).
+    * ``await cq.next()`` waits for one completion (trio).
+    * :meth:`req_notify` arms a one-shot notification, optionally for solicited
+      completions only; ``await cq.wait_event()`` waits for it (``ibv_get_cq_event``).
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity < 1:
+            raise ValueError("CQ capacity must be >= 1")
+        self.capacity = capacity
+        self._entries: deque[WorkCompletion] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._armed: bool | None = None  # None: not armed; True: solicited only
+        self._event_lot = trio.lowlevel.ParkingLot()
+        self._events = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def push(self, wc: WorkCompletion) -> None:
+        """Add a completion (called by QPs)."""
+        if len(self._entries) >= self.capacity:
+            raise CqOverflow(f"CQ overflow (capacity {self.capacity})")
+        self._entries.append(wc)
+        if self._armed is not None and (not self._armed or wc.wc_flags & WcFlags.SOLICITED):
+            self._armed = None
+            self._events += 1
+            self._event_lot.unpark_all()
+        self._lot.unpark_all()
+
+    def poll(self, n: int = 16) -> list[WorkCompletion]:
+        """Take up to ``n`` completions, oldest first."""
+        out = []
+        while self._entries and len(out) < n:
+            out.append(self._entries.popleft())
+        return out
+
+    async def next(self) -> WorkCompletion:
+        """Wait for and take the next completion."""
+        while not self._entries:
+            await self._lot.park()
+        return self._entries.popleft()
+
+    async def wait_for(self, count: int) -> list[WorkCompletion]:
+        """Wait until ``count`` completions have been taken, and return them."""
+        out: list[WorkCompletion] = []
+        while len(out) < count:
+            out.append(await self.next())
+        return out
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """Arm a one-shot completion event (``ibv_req_notify_cq``)."""
+        self._armed = solicited_only
+
+    async def wait_event(self) -> None:
+        """Wait for an armed completion event (``ibv_get_cq_event``)."""
+        while self._events == 0:
+            await self._event_lot.park()
+        self._events -= 1

@@ -1,0 +1,225 @@
+"""Protection domains, memory regions and the STag table (RFC 5040 §8, RFC 5042 §6).
+
+A :class:`MemoryRegion` registers any writable Python buffer (bytearray, memoryview,
+mmap, numpy array).  Registration pins the buffer the way the kernel pins pages: the
+region holds an exported view, so a bytearray cannot be resized while registered.
+
+STags follow siw's shape (digest §10.2 item 12): a 24-bit index that starts at a random
+value, shifted left by 8, OR an 8-bit key that changes every time the index is reused,
+so STags are hard to predict and are reused slowly (SEC-08).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import secrets
+from dataclasses import dataclass
+from enum import IntFlag
+from typing import Any
+
+from stack.constants import (
+    TERM_DDP_T_BASE_BOUNDS,
+    TERM_DDP_T_INVALID_STAG,
+    TERM_DDP_T_STAG_NOT_ASSOCIATED,
+    TERM_DDP_T_TO_WRAP,
+    TERM_RDMAP_ACCESS_RIGHTS,
+    TERM_RDMAP_BASE_BOUNDS,
+    TERM_RDMAP_INVALID_STAG,
+    TERM_RDMAP_STAG_NOT_ASSOCIATED,
+    TERM_RDMAP_TO_WRAP,
+    TermCode,
+)
+from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+
+U64 = 1 << 64
+
+
+class Access(IntFlag):
+    """Memory-region access flags (names as in ``ibv_access_flags``)."""
+
+    LOCAL_WRITE = 0x1
+    REMOTE_WRITE = 0x2
+    REMOTE_READ = 0x4
+    REMOTE_ATOMIC = 0x8
+    ZERO_BASED = 0x20
+
+
+class ProtectionDomain:
+    """A protection domain: QPs use only STags of their own PD (SEC-01)."""
+
+    _next_handle = 1
+
+    def __init__(self, table: StagTable) -> None:
+        self.table = table
+        self.handle = ProtectionDomain._next_handle
+        ProtectionDomain._next_handle += 1
+
+    def reg_mr(self, buffer: Any, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
+        """Register ``buffer`` (``ibv_reg_mr``)."""
+        return MemoryRegion(self, buffer, access)
+
+    def __repr__(self) -> str:
+        return f"<ProtectionDomain {self.handle}>"
+
+
+def _buffer_address(view: memoryview) -> int:
+    """The buffer's real virtual address, so VA-based TOs look like real verbs addresses."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):  # pragma: no cover - exotic buffers
+        return 0x10000000
+
+
+class MemoryRegion:
+    """A registered buffer with an STag (``lkey`` == ``rkey``; iWARP has one STag per MR).
+
+    ``addr`` is the buffer's virtual address; tagged offsets are VA-based (TO = addr +
+    offset) unless registered with :attr:`Access.ZERO_BASED` (TO = offset).
+    """
+
+    def __init__(self, pd: ProtectionDomain, buffer: Any, access: Access) -> None:
+        try:
+            view = memoryview(buffer)
+        except TypeError as exc:
+            raise LocalError(f"cannot register {type(buffer).__name__}: not a buffer") from exc
+        if view.readonly:
+            raise LocalError("cannot register a read-only buffer")
+        if not view.c_contiguous:
+            raise LocalError("cannot register a non-contiguous buffer")
+        self.buf = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self.pd = pd
+        self.access = Access(access)
+        self.length = len(self.buf)
+        self.addr = _buffer_address(self.buf) if self.length else 0
+        self.base = 0 if self.access & Access.ZERO_BASED else self.addr
+        self.valid = True
+        self.stag = pd.table.register(self)
+
+    @property
+    def lkey(self) -> int:
+        return self.stag
+
+    @property
+    def rkey(self) -> int:
+        return self.stag
+
+    def invalidate(self) -> None:
+        """Local invalidation: the STag stops working, the registration stays (SEC-06)."""
+        self.valid = False
+
+    def dereg(self) -> None:
+        """Deregister (``ibv_dereg_mr``): the STag is gone and the buffer is released."""
+        self.valid = False
+        self.pd.table.unregister(self)
+        self.buf.release()
+
+    def view(self, to: int, length: int) -> memoryview:
+        """The bytes at tagged offset ``to`` (caller has validated the range)."""
+        start = to - self.base
+        return self.buf[start : start + length]
+
+    def __repr__(self) -> str:
+        return f"<MemoryRegion stag=0x{self.stag:08x} len={self.length} access={self.access!r}>"
+
+
+class StagTable:
+    """STag allocation and lookup for one RNIC."""
+
+    def __init__(self) -> None:
+        self._next_index = secrets.randbelow(1 << 24)
+        self._keys: dict[int, int] = {}
+        self._regions: dict[int, MemoryRegion] = {}
+        self._in_use: set[int] = set()
+
+    def register(self, mr: MemoryRegion) -> int:
+        """Give ``mr`` a fresh STag: next free index, that index's key advanced by one."""
+        for _ in range(1 << 24):
+            index = self._next_index
+            self._next_index = (index + 1) & 0xFFFFFF
+            if index == 0 or index in self._in_use:
+                continue
+            key = (self._keys.get(index, secrets.randbelow(256)) + 1) & 0xFF
+            self._keys[index] = key
+            self._in_use.add(index)
+            stag = (index << 8) | key
+            self._regions[stag] = mr
+            return stag
+        raise LocalError("STag space exhausted")  # pragma: no cover
+
+    def unregister(self, mr: MemoryRegion) -> None:
+        if self._regions.pop(mr.stag, None) is not None:
+            self._in_use.discard(mr.stag >> 8)
+
+    def lookup(self, stag: int) -> MemoryRegion | None:
+        return self._regions.get(stag)
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+
+@dataclass(frozen=True, slots=True)
+class _Codes:
+    invalid: TermCode
+    not_associated: TermCode
+    rights: TermCode
+    bounds: TermCode
+    wrap: TermCode
+    error: type[ProtocolError]
+    rule: str
+
+
+DDP_TAGGED_CODES = _Codes(
+    TERM_DDP_T_INVALID_STAG,
+    TERM_DDP_T_STAG_NOT_ASSOCIATED,
+    TERM_DDP_T_INVALID_STAG,  # DDP has no access-rights code; siw uses invalid STag
+    TERM_DDP_T_BASE_BOUNDS,
+    TERM_DDP_T_TO_WRAP,
+    DdpError,
+    "DDP-10",
+)
+RDMAP_REMOTE_CODES = _Codes(
+    TERM_RDMAP_INVALID_STAG,
+    TERM_RDMAP_STAG_NOT_ASSOCIATED,
+    TERM_RDMAP_ACCESS_RIGHTS,
+    TERM_RDMAP_BASE_BOUNDS,
+    TERM_RDMAP_TO_WRAP,
+    RdmapError,
+    "RDMAP-16",
+)
+
+
+def check_remote_access(
+    table: StagTable,
+    pd: ProtectionDomain,
+    stag: int,
+    to: int,
+    length: int,
+    right: Access,
+    codes: _Codes,
+) -> memoryview:
+    """Validate an inbound tagged access in the order of digest §7.1 and return the bytes.
+
+    Order: STag valid and key matches; bound to this stream's PD (SEC-01); access right;
+    64-bit TO wrap (checked before bounds so the specific code is reachable with Python's
+    unbounded integers); base and bounds, byte granular (SEC-04).  Raises the
+    :class:`ProtocolError` with the Terminate cause for the failing check.
+    """
+    mr = table.lookup(stag)
+    if mr is None or not mr.valid:
+        raise codes.error(codes.rule, f"STag 0x{stag:08x} is not valid", codes.invalid)
+    if mr.pd is not pd:
+        raise codes.error(
+            "SEC-01", f"STag 0x{stag:08x} belongs to another PD", codes.not_associated
+        )
+    if not mr.access & right:
+        raise codes.error("SEC-12", f"STag 0x{stag:08x} lacks {right.name} access", codes.rights)
+    if to + length > U64:
+        raise codes.error(codes.rule, f"TO 0x{to:x} + {length} wraps 64 bits", codes.wrap)
+    if to < mr.base or to + length > mr.base + mr.length:
+        raise codes.error(
+            "SEC-04",
+            f"TO 0x{to:x}+{length} outside STag 0x{stag:08x} "
+            f"[0x{mr.base:x}, 0x{mr.base + mr.length:x})",
+            codes.bounds,
+        )
+    return mr.view(to, length)

@@ -1,0 +1,735 @@
+"""Reliable-connected queue pairs: the RDMAP consumer side of the software RNIC.
+
+Theory of operation.  A :class:`QueuePair` is a synchronous engine (no I/O):
+
+* Work requests go in with :meth:`post_send` / :meth:`post_recv`.  The send queue is
+  processed in order (RFC 5040 §5.5 rule 13): each WR becomes one or more RDMAP messages
+  on the *outbound queue*.  A Read or atomic waits at the head while ORD credits are used
+  up (RDMAP-14), and a fenced WR waits for every earlier Read and atomic to finish.
+* The transport drains the outbound queue with :meth:`pop_outgoing` and encodes the
+  messages.  Payloads are memoryviews of registered memory, read when the message is
+  encoded, as an RNIC reads memory when it transmits.  A Send or Write completes when it
+  has been handed to the transport (rule 14); a Read when its response is delivered (rule
+  19); an atomic when its response arrives.  Completions of one send queue are reported in
+  submit order (rule 15), signalled ones only (selective signalling).
+* Inbound RDMAP events (already validated in form by :class:`stack.wire.stream.RdmapStream`)
+  go in with :meth:`handle_event`.  Every protection check happens here, before any byte
+  is placed (digest §7.1, DDP-10); a failure raises a :class:`ProtocolError` carrying the
+  Terminate cause, and the caller sends the Terminate and calls :meth:`fatal`, which moves
+  the QP to ERROR and flushes every outstanding WR (WR_FLUSH_ERR).
+* Inbound Read Requests and Atomic Requests occupy an IRD slot until their response has been
+  drained by the transport; one more than IRD is a Terminate 0/2/0x07 (SEC-10).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from stack.constants import (
+    ATOMIC_ALIGNMENT,
+    IMMEDIATE_DATA_LEN,
+    TERM_DDP_T_BASE_BOUNDS,
+    TERM_DDP_T_INVALID_STAG,
+    TERM_DDP_U_NO_BUFFER,
+    TERM_DDP_U_TOO_LONG,
+    TERM_RDMAP_CATASTROPHIC,
+    TERM_RDMAP_CATASTROPHIC_STREAM,
+    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
+    AtomicOpcode,
+    TermLayer,
+)
+from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+from stack.rnic.cq import CompletionQueue, CqOverflow
+from stack.rnic.memory import (
+    DDP_TAGGED_CODES,
+    RDMAP_REMOTE_CODES,
+    Access,
+    MemoryRegion,
+    ProtectionDomain,
+    check_remote_access,
+)
+from stack.rnic.verbs import (
+    RecvWR,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcFlags,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
+from stack.wire.atomics import apply_atomic
+from stack.wire.events import (
+    AtomicRequest,
+    AtomicRequestReceived,
+    AtomicResponse,
+    AtomicResponseReceived,
+    ImmediateData,
+    ImmediateDataReceived,
+    RdmapEvent,
+    RdmapMessage,
+    RdmaWrite,
+    ReadRequest,
+    ReadRequestReceived,
+    ReadResponse,
+    ReadResponseSegment,
+    Send,
+    SendSegment,
+    Terminate,
+    TerminateReceived,
+    WriteSegment,
+)
+
+_LE64 = struct.Struct("<Q")
+
+
+class QpState(Enum):
+    """RDMAP stream states (RFC 5040 §6), as a QP reports them."""
+
+    IDLE = "idle"
+    RTS = "rts"
+    CLOSING = "closing"
+    TERMINATE = "terminate"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class QpCap:
+    """QP capacities (``ibv_qp_cap``)."""
+
+    max_send_wr: int = 256
+    max_recv_wr: int = 256
+    max_send_sge: int = 16
+    max_recv_sge: int = 16
+    max_inline_data: int = 512
+
+
+_WC_OPCODE = {
+    WrOpcode.SEND: WcOpcode.SEND,
+    WrOpcode.SEND_WITH_INV: WcOpcode.SEND,
+    WrOpcode.SEND_IMM: WcOpcode.SEND,
+    WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_READ: WcOpcode.RDMA_READ,
+    WrOpcode.ATOMIC_FETCH_AND_ADD: WcOpcode.FETCH_ADD,
+    WrOpcode.ATOMIC_CMP_AND_SWP: WcOpcode.COMP_SWAP,
+    WrOpcode.LOCAL_INV: WcOpcode.LOCAL_INV,
+}
+_NEEDS_ORD = frozenset(
+    {WrOpcode.RDMA_READ, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP}
+)
+
+
+@dataclass(slots=True)
+class _SqEntry:
+    """A send WR from posting to completion."""
+
+    wr: SendWR
+    byte_len: int = 0
+    done: bool = False
+    status: WcStatus = WcStatus.SUCCESS
+    messages_left: int = 0
+    # Read: where the response lands; atomic: where the original value lands.
+    sink: memoryview | None = None
+    sink_stag: int = 0
+    sink_to: int = 0
+    received: int = 0
+    req_id: int = 0
+
+
+@dataclass(slots=True)
+class _OutItem:
+    message: RdmapMessage
+    entry: _SqEntry | None = None
+    inbound_response: bool = False
+
+
+@dataclass(slots=True)
+class _RecvInProgress:
+    msn: int
+    wr: RecvWR
+    views: list[memoryview] = field(default_factory=list)
+    capacity: int = 0
+
+
+class SharedReceiveQueue:
+    """A shared receive queue (``ibv_srq``): QPs created with it take receives from it."""
+
+    def __init__(self, pd: ProtectionDomain, max_wr: int = 1024) -> None:
+        self.pd = pd
+        self.max_wr = max_wr
+        self._queue: deque[RecvWR] = deque()
+
+    def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
+        wrs = wr if isinstance(wr, list) else [wr]
+        if len(self._queue) + len(wrs) > self.max_wr:
+            raise LocalError(f"SRQ full ({self.max_wr} receive WRs)")
+        self._queue.extend(wrs)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class QueuePair:
+    """An RC queue pair on one RDMAP stream."""
+
+    def __init__(
+        self,
+        pd: ProtectionDomain,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue | None = None,
+        *,
+        qp_num: int = 0,
+        cap: QpCap | None = None,
+        srq: SharedReceiveQueue | None = None,
+        sq_sig_all: bool = False,
+        ird: int = 16,
+        ord: int = 16,
+    ) -> None:
+        self.pd = pd
+        self.table = pd.table
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq or send_cq
+        self.qp_num = qp_num
+        self.cap = cap or QpCap()
+        self.srq = srq
+        self.sq_sig_all = sq_sig_all
+        self.ird = ird
+        self.ord = ord
+        self.state = QpState.IDLE
+        self.error: ProtocolError | None = None
+        self.peer_terminate: Terminate | None = None
+        self._pending: deque[_SqEntry] = deque()  # posted, not yet turned into messages
+        self._inflight: deque[_SqEntry] = deque()  # turned into messages, not completed
+        self._reads: deque[_SqEntry] = deque()  # awaiting Read Responses, in order
+        self._atomics: deque[_SqEntry] = deque()  # awaiting Atomic Responses, in order
+        self._out: deque[_OutItem] = deque()
+        self._rq: deque[RecvWR] = deque()
+        self._recv: _RecvInProgress | None = None
+        self._inbound_pending = 0  # Read/Atomic Requests whose response is not drained yet
+        self._next_req_id = 1
+        self.terminate_pending: ProtocolError | None = None
+        """A local error the transport must still send a Terminate for."""
+        self.on_output: Callable[[], None] | None = None
+        """Called when the outbound queue becomes non-empty (the transport's wake-up)."""
+
+    # ------------------------------------------------------------------ state
+    def __repr__(self) -> str:
+        return f"<QueuePair {self.qp_num} {self.state.value}>"
+
+    def set_rts(self) -> None:
+        """The stream entered RDMA mode (connection established)."""
+        if self.state is QpState.IDLE:
+            self.state = QpState.RTS
+            self._progress_sq()
+
+    @property
+    def outstanding_remote(self) -> int:
+        """Reads and atomics sent and not yet answered (counted against ORD)."""
+        return len(self._reads) + len(self._atomics)
+
+    # ------------------------------------------------------------------ posting
+    def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
+        """Post receive WRs (``ibv_post_recv``); flushed at once when the QP is in error."""
+        if self.srq is not None:
+            raise LocalError("QP uses an SRQ: post receives to the SRQ")
+        wrs = wr if isinstance(wr, list) else [wr]
+        for one in wrs:
+            if len(one.sg_list) > self.cap.max_recv_sge:
+                raise LocalError(f"receive WR {one.wr_id} has more than max_recv_sge SGEs")
+        if self.state is QpState.ERROR:
+            for one in wrs:
+                self._complete_recv(one, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+            return
+        if len(self._rq) + len(wrs) > self.cap.max_recv_wr:
+            raise LocalError(f"receive queue full ({self.cap.max_recv_wr} WRs)")
+        self._rq.extend(wrs)
+
+    def post_send(self, wr: SendWR | list[SendWR]) -> None:
+        """Post send WRs (``ibv_post_send``); a list is a post list, processed in order."""
+        wrs = wr if isinstance(wr, list) else [wr]
+        for one in wrs:
+            if len(one.sg_list) > self.cap.max_send_sge:
+                raise LocalError(f"send WR {one.wr_id} has more than max_send_sge SGEs")
+            if one.send_flags & SendFlags.INLINE:
+                size = len(one.inline_data or b"") or sum(s.length for s in one.sg_list)
+                if size > self.cap.max_inline_data:
+                    raise LocalError(f"inline data of WR {one.wr_id} exceeds max_inline_data")
+        if self.state is QpState.ERROR:
+            for one in wrs:
+                self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
+            return
+        if self.state in (QpState.CLOSING, QpState.TERMINATE):
+            raise LocalError(f"QP {self.qp_num} is {self.state.value}: no new work requests")
+        if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
+            raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
+        for one in wrs:
+            self._pending.append(_SqEntry(one))
+        if self.state is QpState.RTS:
+            self._progress_sq()
+
+    # ------------------------------------------------------------------ SQ engine
+    def _progress_sq(self) -> None:
+        """Turn pending WRs into outbound messages, in order, honouring ORD and fences."""
+        while self._pending and self.state is QpState.RTS:
+            entry = self._pending[0]
+            wr = entry.wr
+            if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
+                return
+            if wr.send_flags & SendFlags.FENCE and self.outstanding_remote:
+                return
+            self._pending.popleft()
+            self._inflight.append(entry)
+            try:
+                self._start(entry)
+            except _LocalWrError as exc:
+                entry.status = exc.status
+                entry.done = True
+                self._reap_sq()
+                self.fatal(
+                    RdmapError("RDMAP-12", f"WR {wr.wr_id}: {exc}", TERM_RDMAP_CATASTROPHIC),
+                    send_terminate=True,
+                )
+                return
+        self._reap_sq()
+
+    def _start(self, entry: _SqEntry) -> None:
+        wr = entry.wr
+        op = wr.opcode
+        solicited = bool(wr.send_flags & SendFlags.SOLICITED)
+        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
+            data = self._gather(wr)
+            entry.byte_len = len(data)
+            inval = wr.invalidate_rkey if op is WrOpcode.SEND_WITH_INV else None
+            self._emit(entry, [Send(data, solicited, inval)])
+        elif op is WrOpcode.SEND_IMM:
+            self._emit(entry, [ImmediateData(_imm_bytes(wr.imm_data), solicited)])
+        elif op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+            data = self._gather(wr)
+            entry.byte_len = len(data)
+            msgs: list[RdmapMessage] = [RdmaWrite(wr.rkey, wr.remote_addr, data)]
+            if op is WrOpcode.RDMA_WRITE_WITH_IMM:
+                msgs.append(ImmediateData(_imm_bytes(wr.imm_data), solicited))
+            self._emit(entry, msgs)
+        elif op is WrOpcode.RDMA_READ:
+            if len(wr.sg_list) != 1:
+                raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, "RDMA Read needs exactly one SGE")
+            sge = wr.sg_list[0]
+            mr, view = self._local(sge, Access.LOCAL_WRITE)
+            entry.sink, entry.sink_stag, entry.sink_to = view, mr.stag, sge.addr
+            self._reads.append(entry)
+            req = ReadRequest(mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr)
+            self._emit(entry, [req], completes=False)
+        elif op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP):
+            if len(wr.sg_list) != 1 or wr.sg_list[0].length != 8:
+                raise _LocalWrError(WcStatus.LOC_LEN_ERR, "atomics need one 8-byte SGE")
+            _mr, view = self._local(wr.sg_list[0], Access.LOCAL_WRITE)
+            entry.sink, entry.byte_len = view, 8
+            entry.req_id = self._next_req_id
+            self._next_req_id = (self._next_req_id + 1) & 0xFFFFFFFF
+            if op is WrOpcode.ATOMIC_FETCH_AND_ADD:
+                atomic = AtomicRequest(
+                    AtomicOpcode.FETCH_ADD,
+                    entry.req_id,
+                    wr.rkey,
+                    wr.remote_addr,
+                    wr.compare_add,
+                    wr.compare_add_mask,
+                )
+            else:
+                atomic = AtomicRequest.cmp_swap(
+                    entry.req_id,
+                    wr.rkey,
+                    wr.remote_addr,
+                    compare=wr.compare_add,
+                    swap=wr.swap,
+                    compare_mask=wr.compare_add_mask or (1 << 64) - 1,
+                    swap_mask=wr.swap_mask,
+                )
+            self._atomics.append(entry)
+            self._emit(entry, [atomic], completes=False)
+        elif op is WrOpcode.LOCAL_INV:
+            mr = self.table.lookup(wr.invalidate_rkey)
+            if mr is None or mr.pd is not self.pd:
+                raise _LocalWrError(WcStatus.LOC_PROT_ERR, "LOCAL_INV of an unknown STag")
+            mr.invalidate()
+            entry.done = True
+        else:  # pragma: no cover - enum is closed
+            raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, f"unsupported opcode {op}")
+
+    def _emit(self, entry: _SqEntry, msgs: list[RdmapMessage], completes: bool = True) -> None:
+        entry.messages_left = len(msgs) if completes else 0
+        was_empty = not self._out
+        for msg in msgs:
+            self._out.append(_OutItem(msg, entry if completes else None))
+        if was_empty and self.on_output is not None:
+            self.on_output()
+
+    def _local(self, sge: Sge, need: Access) -> tuple[MemoryRegion, memoryview]:
+        """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
+        mr = self.table.lookup(sge.lkey)
+        if mr is None or not mr.valid or mr.pd is not self.pd:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"invalid lkey 0x{sge.lkey:08x}")
+        if need & Access.LOCAL_WRITE and not mr.access & Access.LOCAL_WRITE:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE needs LOCAL_WRITE")
+        if sge.length < 0 or sge.addr < mr.base or sge.addr + sge.length > mr.base + mr.length:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE outside its memory region")
+        return mr, mr.view(sge.addr, sge.length)
+
+    def _gather(self, wr: SendWR) -> bytes | memoryview:
+        if wr.inline_data is not None:
+            return bytes(wr.inline_data)
+        views = [self._local(sge, Access(0))[1] for sge in wr.sg_list]
+        if wr.send_flags & SendFlags.INLINE:
+            return b"".join(views)
+        if len(views) == 1:
+            return views[0]
+        return b"".join(views)
+
+    # ------------------------------------------------------------------ transport side
+    @property
+    def has_outgoing(self) -> bool:
+        return bool(self._out)
+
+    def pop_outgoing(self) -> RdmapMessage | None:
+        """Take the next outbound message (the transport encodes and sends it)."""
+        if not self._out:
+            return None
+        item = self._out.popleft()
+        if item.inbound_response:
+            self._inbound_pending -= 1
+        entry = item.entry
+        if entry is not None:
+            entry.messages_left -= 1
+            if entry.messages_left == 0:
+                entry.done = True
+                self._reap_sq()
+        return item.message
+
+    def _queue_response(self, msg: RdmapMessage) -> None:
+        was_empty = not self._out
+        self._out.append(_OutItem(msg, None, inbound_response=True))
+        if was_empty and self.on_output is not None:
+            self.on_output()
+
+    # ------------------------------------------------------------------ receive side
+    def handle_event(self, event: RdmapEvent) -> None:
+        """Apply one inbound RDMAP event.  Raises ProtocolError (with Terminate cause)."""
+        if self.state is QpState.ERROR:
+            return
+        if isinstance(event, WriteSegment):
+            if event.data:
+                view = check_remote_access(
+                    self.table,
+                    self.pd,
+                    event.stag,
+                    event.to,
+                    len(event.data),
+                    Access.REMOTE_WRITE,
+                    DDP_TAGGED_CODES,
+                )
+                view[:] = event.data
+        elif isinstance(event, SendSegment):
+            self._on_send_segment(event)
+        elif isinstance(event, ReadResponseSegment):
+            self._on_read_response(event)
+        elif isinstance(event, ReadRequestReceived):
+            self._take_ird("Read Request")
+            self._on_read_request(event.request)
+        elif isinstance(event, AtomicRequestReceived):
+            self._take_ird("Atomic Request")
+            self._on_atomic_request(event.request)
+        elif isinstance(event, AtomicResponseReceived):
+            self._on_atomic_response(event.response)
+        elif isinstance(event, ImmediateDataReceived):
+            wr = self._take_recv()
+            flags = WcFlags.WITH_IMM | (WcFlags.SOLICITED if event.solicited else WcFlags.NONE)
+            self._complete_recv(
+                wr, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, imm=event.data, flags=flags
+            )
+        elif isinstance(event, TerminateReceived):
+            self.peer_terminate = event.terminate
+            self.fatal(None, send_terminate=False)
+
+    def _take_ird(self, what: str) -> None:
+        if self._inbound_pending >= self.ird:
+            raise RdmapError(
+                "RDMAP-14",
+                f"{what} beyond IRD {self.ird} (peer exceeded its ORD)",
+                TERM_RDMAP_CATASTROPHIC_STREAM,
+            )
+        self._inbound_pending += 1
+
+    def _take_recv(self) -> RecvWR:
+        queue = self.srq._queue if self.srq is not None else self._rq
+        if not queue:
+            raise DdpError(
+                "RDMAP-08", "untagged message with no receive posted", TERM_DDP_U_NO_BUFFER
+            )
+        return queue.popleft()
+
+    def _on_send_segment(self, seg: SendSegment) -> None:
+        recv = self._recv
+        if recv is None or recv.msn != seg.msn:
+            wr = self._take_recv()
+            recv = _RecvInProgress(seg.msn, wr)
+            try:
+                for sge in wr.sg_list:
+                    _mr, view = self._local(sge, Access.LOCAL_WRITE)
+                    recv.views.append(view)
+                    recv.capacity += sge.length
+            except _LocalWrError as exc:
+                self._complete_recv(wr, exc.status, WcOpcode.RECV)
+                raise RdmapError("RDMAP-08", str(exc), TERM_RDMAP_CATASTROPHIC_STREAM) from None
+            self._recv = recv
+        end = seg.mo + len(seg.data)
+        if end > recv.capacity:
+            raise DdpError(
+                "RDMAP-08",
+                f"Send of at least {end} bytes exceeds the {recv.capacity}-byte receive buffer",
+                TERM_DDP_U_TOO_LONG,
+            )
+        _scatter(recv.views, seg.mo, seg.data)
+        if not seg.last:
+            return
+        self._recv = None
+        flags = WcFlags.SOLICITED if seg.opcode in (5, 6) else WcFlags.NONE
+        invalidated = None
+        if seg.invalidate_stag is not None:
+            mr = self.table.lookup(seg.invalidate_stag)
+            if mr is None or not mr.valid or mr.pd is not self.pd:
+                raise RdmapError(
+                    "RDMAP-09",
+                    f"Send with Invalidate of STag 0x{seg.invalidate_stag:08x} not associated",
+                    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
+                )
+            mr.invalidate()
+            invalidated = seg.invalidate_stag
+            flags |= WcFlags.WITH_INV
+        self._complete_recv(
+            recv.wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len=end, flags=flags, inval=invalidated
+        )
+
+    def _on_read_request(self, req: ReadRequest) -> None:
+        if req.size == 0:  # RDMAP-07: no validation, zero-length response
+            self._queue_response(ReadResponse(req.sink_stag, req.sink_to, b""))
+            return
+        view = check_remote_access(
+            self.table,
+            self.pd,
+            req.src_stag,
+            req.src_to,
+            req.size,
+            Access.REMOTE_READ,
+            RDMAP_REMOTE_CODES,
+        )
+        self._queue_response(ReadResponse(req.sink_stag, req.sink_to, view))
+
+    def _on_read_response(self, seg: ReadResponseSegment) -> None:
+        if not self._reads:
+            raise DdpError(
+                "RDMAP-05", "Read Response with no Read outstanding", TERM_DDP_T_INVALID_STAG
+            )
+        entry = self._reads[0]
+        if seg.data or seg.last:
+            if len(seg.data) and seg.stag != entry.sink_stag:
+                raise DdpError(
+                    "RDMAP-04",
+                    f"Read Response to STag 0x{seg.stag:08x}, expected 0x{entry.sink_stag:08x}",
+                    TERM_DDP_T_INVALID_STAG,
+                )
+            offset = seg.to - entry.sink_to
+            assert entry.sink is not None
+            if len(seg.data) and (offset < 0 or offset + len(seg.data) > len(entry.sink)):
+                raise DdpError(
+                    "RDMAP-04",
+                    f"Read Response TO 0x{seg.to:x}+{len(seg.data)} outside the Read sink",
+                    TERM_DDP_T_BASE_BOUNDS,
+                )
+            if len(seg.data):
+                entry.sink[offset : offset + len(seg.data)] = seg.data
+                entry.received += len(seg.data)
+        if seg.last:
+            self._reads.popleft()
+            entry.byte_len = entry.received
+            entry.done = True
+            self._reap_sq()
+            self._progress_sq()
+
+    def _on_atomic_request(self, req: AtomicRequest) -> None:
+        view = check_remote_access(
+            self.table,
+            self.pd,
+            req.stag,
+            req.to,
+            8,
+            Access.REMOTE_ATOMIC,
+            RDMAP_REMOTE_CODES,
+        )
+        mr = self.table.lookup(req.stag)
+        assert mr is not None
+        if (mr.addr + req.to - mr.base) % ATOMIC_ALIGNMENT:
+            raise RdmapError(
+                "EXT-05",
+                f"atomic target TO 0x{req.to:x} is not 8-byte aligned",
+                TERM_RDMAP_CATASTROPHIC_STREAM,
+            )
+        original = _LE64.unpack(view)[0]
+        view[:] = _LE64.pack(apply_atomic(req, original))
+        self._queue_response(AtomicResponse(req.req_id, original))
+
+    def _on_atomic_response(self, resp: AtomicResponse) -> None:
+        if not self._atomics:
+            raise RdmapError(
+                "EXT-03",
+                "Atomic Response with no atomic outstanding",
+                TERM_RDMAP_CATASTROPHIC_STREAM,
+            )
+        entry = self._atomics[0]
+        if resp.req_id != entry.req_id:
+            raise RdmapError(
+                "EXT-03",
+                f"Atomic Response for request {resp.req_id}, expected {entry.req_id}",
+                TERM_RDMAP_CATASTROPHIC_STREAM,
+            )
+        self._atomics.popleft()
+        assert entry.sink is not None
+        entry.sink[:] = _LE64.pack(resp.orig_value)
+        entry.done = True
+        self._reap_sq()
+        self._progress_sq()
+
+    # ------------------------------------------------------------------ completions
+    def _wc(self, entry: _SqEntry, status: WcStatus) -> WorkCompletion:
+        return WorkCompletion(
+            entry.wr.wr_id,
+            status,
+            _WC_OPCODE[entry.wr.opcode],
+            self.qp_num,
+            byte_len=entry.byte_len if status is WcStatus.SUCCESS else 0,
+        )
+
+    def _push_wc(self, cq: CompletionQueue, wc: WorkCompletion) -> None:
+        try:
+            cq.push(wc)
+        except CqOverflow as exc:
+            if self.state is not QpState.ERROR:
+                self.fatal(
+                    RdmapError("SEC-09", str(exc), TERM_RDMAP_CATASTROPHIC_STREAM),
+                    send_terminate=True,
+                )
+
+    def _reap_sq(self) -> None:
+        """Report completed send WRs in submit order (RFC 5040 §5.5 rule 15)."""
+        while self._inflight and self._inflight[0].done:
+            entry = self._inflight.popleft()
+            signalled = self.sq_sig_all or entry.wr.send_flags & SendFlags.SIGNALED
+            if signalled or entry.status is not WcStatus.SUCCESS:
+                self._push_wc(self.send_cq, self._wc(entry, entry.status))
+
+    def _complete_recv(
+        self,
+        wr: RecvWR,
+        status: WcStatus,
+        opcode: WcOpcode,
+        *,
+        byte_len: int = 0,
+        imm: bytes | None = None,
+        flags: WcFlags = WcFlags.NONE,
+        inval: int | None = None,
+    ) -> None:
+        wc = WorkCompletion(wr.wr_id, status, opcode, self.qp_num, byte_len, imm, inval, flags)
+        self._push_wc(self.recv_cq, wc)
+
+    # ------------------------------------------------------------------ errors
+    def fatal(self, error: ProtocolError | None, *, send_terminate: bool) -> None:
+        """Enter ERROR: record ``error``, fail the WR it hit, flush every other WR.
+
+        With ``send_terminate`` the transport is expected to send a Terminate for
+        ``error`` (it has the offending ULPDU to copy headers from); the QP itself only
+        records the error.
+        """
+        if self.state is QpState.ERROR:
+            return
+        self.state = QpState.ERROR
+        if error is not None and self.error is None:
+            self.error = error
+        if send_terminate and error is not None:
+            self.terminate_pending = error
+        remote_status = _status_for_terminate(self.peer_terminate)
+        self._out.clear()
+        for entry in list(self._inflight) + list(self._pending):
+            if entry.done:
+                status = entry.status
+                if status is WcStatus.SUCCESS and not (
+                    self.sq_sig_all or entry.wr.send_flags & SendFlags.SIGNALED
+                ):
+                    continue
+            elif remote_status is not None:
+                status, remote_status = remote_status, None
+            else:
+                status = WcStatus.WR_FLUSH_ERR
+            self._push_wc(self.send_cq, self._wc(entry, status))
+        self._inflight.clear()
+        self._pending.clear()
+        self._reads.clear()
+        self._atomics.clear()
+        if self._recv is not None:
+            self._complete_recv(self._recv.wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+            self._recv = None
+        while self._rq:
+            self._complete_recv(self._rq.popleft(), WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+
+    def close(self) -> None:
+        """Graceful close requested by the ULP: no new WRs; the transport sends FIN."""
+        if self.state is QpState.RTS:
+            self.state = QpState.CLOSING
+
+
+class _LocalWrError(Exception):
+    def __init__(self, status: WcStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _status_for_terminate(term: Terminate | None) -> WcStatus | None:
+    """The completion status of the WR a peer's Terminate refers to."""
+    if term is None:
+        return None
+    if term.layer == TermLayer.RDMAP:
+        return WcStatus.REM_ACCESS_ERR if term.etype == 1 else WcStatus.REM_OP_ERR
+    if term.layer == TermLayer.DDP:
+        return WcStatus.REM_ACCESS_ERR if term.etype == 1 else WcStatus.REM_INV_REQ_ERR
+    return WcStatus.FATAL_ERR
+
+
+def _imm_bytes(imm: int | bytes | None) -> bytes:
+    if imm is None:
+        return bytes(IMMEDIATE_DATA_LEN)
+    if isinstance(imm, int):
+        return (imm & ((1 << 64) - 1)).to_bytes(IMMEDIATE_DATA_LEN, "big")
+    data = bytes(imm)
+    if len(data) > IMMEDIATE_DATA_LEN:
+        raise LocalError("immediate data is at most 8 bytes")
+    return data.rjust(IMMEDIATE_DATA_LEN, b"\0")
+
+
+def _scatter(views: list[memoryview], offset: int, data: memoryview | bytes) -> None:
+    """Copy ``data`` into the concatenation of ``views`` starting at ``offset``."""
+    pos = 0
+    for view in views:
+        n = len(view)
+        if offset >= n:
+            offset -= n
+            continue
+        take = min(n - offset, len(data) - pos)
+        view[offset : offset + take] = data[pos : pos + take]
+        pos += take
+        offset = 0
+        if pos >= len(data):
+            return
