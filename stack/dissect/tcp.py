@@ -1,0 +1,386 @@
+"""TCP reassembly for captures: per connection and direction, in-order bytes with gaps reported.
+
+Theory of operation: every direction of a connection is a :class:`HalfStream` that maps
+32-bit sequence numbers onto an unbounded stream offset (offset 0 = the byte after the
+SYN, or the first byte seen when the capture starts mid-connection; wrap-around is
+followed by unwrapping around the next expected offset).  :meth:`HalfStream.feed` returns
+events: :class:`StreamData` for bytes that are now in order (each byte exactly once, zero
+copies: views into the capture buffer), :class:`Retransmission` for repeated bytes
+(checked against what was delivered: :class:`OverlapConflict` when they differ; the first
+copy wins, as a receiving TCP keeps it), :class:`Gap` for bytes that never appeared, and
+:class:`StreamEnd` for FIN/RST.  Segments that arrive early wait in a small ordered list;
+a gap is declared only when the waiting data exceeds ``max_pending`` bytes, at a FIN
+that cannot be reached, or at :meth:`HalfStream.flush` (end of capture) -- never guessed
+over.  Bytes lost to a short snapshot length are gaps as well.
+
+:class:`TcpReassembler` keys connections by their 4-tuple, numbers them in order of first
+appearance (``stream``), knows which side sent the SYN, and starts a new connection when
+a fresh SYN reuses a finished 4-tuple.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+from stack.dissect.pcapio import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
+
+SEQ_MOD = 1 << 32
+HALF_SEQ = 1 << 31
+DEFAULT_MAX_PENDING = 8 << 20
+RECENT_WINDOW = 1 << 20
+
+Payload = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class StreamData:
+    """In-order stream bytes.  Fields: offset, data, frame (the frame that made them in order)."""
+
+    offset: int
+    data: Payload
+    frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Bytes that were never captured; the stream resumes at offset + length.
+
+    Fields: offset, length, frame (where the gap was declared).
+    """
+
+    offset: int
+    length: int
+    frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retransmission:
+    """Bytes seen again with the same content.  Fields: offset, length, frame."""
+
+    offset: int
+    length: int
+    frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapConflict:
+    """Bytes seen again with *different* content (the first copy was kept).
+
+    Fields: offset, length, frame.
+    """
+
+    offset: int
+    length: int
+    frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """FIN reached in order, or an RST (reset True).  Fields: offset, frame, reset."""
+
+    offset: int
+    frame: int
+    reset: bool = False
+
+
+StreamEvent = StreamData | Gap | Retransmission | OverlapConflict | StreamEnd
+
+
+class HalfStream:
+    """One direction of a TCP connection being reassembled.
+
+    Attributes: base_seq (sequence number of offset 0, None until known), syn_seen,
+    next_offset (first byte not yet delivered), ended, counters retransmitted_bytes,
+    gap_bytes, conflicts, out_of_order.
+    """
+
+    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        self.base_seq: int | None = None
+        self.syn_seen = False
+        self.isn: int | None = None
+        self.next_offset = 0
+        self.ended = False
+        self.max_pending = max_pending
+        self.fin_offset: int | None = None
+        self.retransmitted_bytes = 0
+        self.gap_bytes = 0
+        self.conflicts = 0
+        self.out_of_order = 0
+        self.delivered_bytes = 0
+        # waiting segments: parallel sorted lists of start offsets and (data, missing)
+        self._pending_starts: list[int] = []
+        self._pending: list[tuple[int, Payload, int]] = []
+        self._pending_bytes = 0
+        self._recent: deque[tuple[int, Payload]] = deque()
+        self._recent_bytes = 0
+
+    # ---- sequence mapping -----------------------------------------------------------
+    def offset_of(self, seq: int) -> int:
+        """Stream offset of sequence number ``seq`` (unwrapped around the next offset)."""
+        assert self.base_seq is not None
+        expected = (self.base_seq + self.next_offset) % SEQ_MOD
+        delta = ((seq - expected + HALF_SEQ) % SEQ_MOD) - HALF_SEQ
+        return self.next_offset + delta
+
+    def seq_of(self, offset: int) -> int:
+        """32-bit sequence number of stream ``offset``."""
+        assert self.base_seq is not None
+        return (self.base_seq + offset) % SEQ_MOD
+
+    # ---- input ----------------------------------------------------------------------
+    def feed(
+        self,
+        seq: int,
+        payload: Payload,
+        flags: int,
+        frame: int,
+        missing: int = 0,
+    ) -> list[StreamEvent]:
+        """Take one segment; return the events it causes, in stream order."""
+        events: list[StreamEvent] = []
+        if flags & TCP_SYN:
+            if not self.syn_seen and self.next_offset == 0 and not self._pending:
+                self.syn_seen = True
+                self.isn = seq
+                self.base_seq = (seq + 1) % SEQ_MOD
+            seq = (seq + 1) % SEQ_MOD
+        if flags & TCP_RST:
+            if not self.ended:
+                self.ended = True
+                events.append(StreamEnd(self.next_offset, frame, reset=True))
+            return events
+        size = len(payload)
+        total = size + missing
+        if self.base_seq is None:
+            if not total and not flags & TCP_FIN:
+                return events
+            self.base_seq = seq
+        start = self.offset_of(seq)
+        if start < 0:  # bytes from before the capture's first segment
+            cut = min(-start, total)
+            self.retransmitted_bytes += cut
+            if size:
+                payload = payload[min(cut, size) :]
+                size = len(payload)
+            missing = max(0, total - cut - size)
+            total = size + missing
+            start = 0
+        if flags & TCP_FIN and self.fin_offset is None:
+            self.fin_offset = start + total
+        if total:
+            end = start + total
+            nxt = self.next_offset
+            if end <= nxt:
+                self._repeat(start, payload, frame, events)
+            elif start <= nxt:
+                if start < nxt:
+                    self._repeat(start, payload[: nxt - start], frame, events)
+                    skip = nxt - start
+                    payload = payload[skip:] if skip < size else payload[:0]
+                    missing = missing - max(0, skip - size)
+                self._deliver(nxt, payload, missing, frame, events)
+                if self._pending:
+                    self._drain(frame, events)
+            else:
+                self._park(start, payload, missing)
+                self.out_of_order += 1
+                if self._pending_bytes > self.max_pending:
+                    self._force_gap(frame, events)
+        self._check_fin(frame, events)
+        return events
+
+    def flush(self, frame: int) -> list[StreamEvent]:
+        """End of capture: report holes before waiting data and deliver it."""
+        events: list[StreamEvent] = []
+        while self._pending:
+            self._force_gap(frame, events)
+        fin = self.fin_offset
+        if fin is not None and not self.ended and self.next_offset < fin:
+            events.append(Gap(self.next_offset, fin - self.next_offset, frame))
+            self.gap_bytes += fin - self.next_offset
+            self.next_offset = fin
+        self._check_fin(frame, events)
+        return events
+
+    # ---- internals ------------------------------------------------------------------
+    def _deliver(
+        self, offset: int, payload: Payload, missing: int, frame: int, events: list[StreamEvent]
+    ) -> None:
+        size = len(payload)
+        if size:
+            events.append(StreamData(offset, payload, frame))
+            self.delivered_bytes += size
+            self._remember(offset, payload)
+        if missing:
+            events.append(Gap(offset + size, missing, frame))
+            self.gap_bytes += missing
+        self.next_offset = offset + size + missing
+
+    def _remember(self, offset: int, payload: Payload) -> None:
+        recent = self._recent
+        recent.append((offset, payload))
+        self._recent_bytes += len(payload)
+        while self._recent_bytes > RECENT_WINDOW and len(recent) > 1:
+            _, old = recent.popleft()
+            self._recent_bytes -= len(old)
+
+    def _repeat(self, start: int, payload: Payload, frame: int, events: list[StreamEvent]) -> None:
+        length = len(payload)
+        if not length:
+            return
+        self.retransmitted_bytes += length
+        if self._differs(start, payload):
+            self.conflicts += 1
+            events.append(OverlapConflict(start, length, frame))
+        else:
+            events.append(Retransmission(start, length, frame))
+
+    def _differs(self, start: int, payload: Payload) -> bool:
+        end = start + len(payload)
+        for offset, old in self._recent:
+            old_end = offset + len(old)
+            if old_end <= start or offset >= end:
+                continue
+            lo = max(start, offset)
+            hi = min(end, old_end)
+            if bytes(old[lo - offset : hi - offset]) != bytes(payload[lo - start : hi - start]):
+                return True
+        return False
+
+    def _park(self, start: int, payload: Payload, missing: int) -> None:
+        index = bisect.bisect_left(self._pending_starts, start)
+        self._pending_starts.insert(index, start)
+        self._pending.insert(index, (start, payload, missing))
+        self._pending_bytes += len(payload)
+
+    def _drain(self, frame: int, events: list[StreamEvent]) -> None:
+        starts = self._pending_starts
+        pending = self._pending
+        while starts and starts[0] <= self.next_offset:
+            start, payload, missing = pending.pop(0)
+            starts.pop(0)
+            self._pending_bytes -= len(payload)
+            nxt = self.next_offset
+            end = start + len(payload) + missing
+            if end <= nxt:
+                self._repeat(start, payload, frame, events)
+                continue
+            skip = nxt - start
+            if skip:
+                self._repeat(start, payload[:skip], frame, events)
+            size = len(payload)
+            rest = payload[skip:] if skip < size else payload[:0]
+            self._deliver(nxt, rest, missing - max(0, skip - size), frame, events)
+
+    def _force_gap(self, frame: int, events: list[StreamEvent]) -> None:
+        first = self._pending_starts[0]
+        if first > self.next_offset:
+            length = first - self.next_offset
+            events.append(Gap(self.next_offset, length, frame))
+            self.gap_bytes += length
+            self.next_offset = first
+        self._drain(frame, events)
+
+    def _check_fin(self, frame: int, events: list[StreamEvent]) -> None:
+        fin = self.fin_offset
+        if fin is None or self.ended:
+            return
+        if self.next_offset < fin and not self._pending:
+            return  # data still missing before the FIN; wait (flush reports the gap)
+        if self.next_offset >= fin:
+            self.ended = True
+            events.append(StreamEnd(fin, frame))
+
+
+class Connection:
+    """One TCP connection: two half streams and who opened it.
+
+    Attributes: stream (0-based index in order of first appearance), endpoints
+    ((ip, port) of side 0, side 1; side 0 sent the SYN when one was seen, else the first
+    segment), halves (side 0's sending direction first), syn_seen, first_frame.
+    """
+
+    __slots__ = ("stream", "endpoints", "halves", "syn_seen", "first_frame", "user")
+
+    def __init__(
+        self,
+        stream: int,
+        first: tuple[str, int],
+        second: tuple[str, int],
+        frame: int,
+        max_pending: int,
+    ) -> None:
+        self.stream = stream
+        self.endpoints = (first, second)
+        self.halves = (HalfStream(max_pending), HalfStream(max_pending))
+        self.syn_seen = False
+        self.first_frame = frame
+        self.user: object = None  # slot for the consumer (the MPA tracker)
+
+    def side_of(self, src: tuple[str, int]) -> int:
+        """0 when ``src`` is endpoint 0, else 1."""
+        return 0 if src == self.endpoints[0] else 1
+
+    @property
+    def finished(self) -> bool:
+        return self.halves[0].ended and self.halves[1].ended
+
+
+class TcpReassembler:
+    """Routes TCP segments to connections and half streams.
+
+    ``feed(segment)`` returns ``(connection, side, events)`` where ``side`` is the index of
+    the sending endpoint; ``flush(frame)`` ends the capture and yields the remaining
+    ``(connection, side, events)``.
+    """
+
+    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self.connections: list[Connection] = []
+        self._by_key: dict[tuple[str, int, str, int], Connection] = {}
+
+    def connection_for(self, segment: TcpSegment) -> tuple[Connection, int]:
+        src = (segment.src, segment.sport)
+        dst = (segment.dst, segment.dport)
+        key = (segment.src, segment.sport, segment.dst, segment.dport)
+        conn = self._by_key.get(key)
+        fresh_syn = segment.flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        if conn is not None and fresh_syn:
+            half = conn.halves[conn.side_of(src)]
+            reused = conn.finished or (
+                half.isn is not None and half.isn != segment.seq and half.next_offset > 0
+            )
+            if reused:
+                conn = None
+        if conn is None:
+            conn = Connection(len(self.connections), src, dst, segment.frame, self.max_pending)
+            self.connections.append(conn)
+            self._by_key[key] = conn
+            self._by_key[(segment.dst, segment.dport, segment.src, segment.sport)] = conn
+        side = conn.side_of(src)
+        syn_ack = segment.flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
+        if (fresh_syn or syn_ack) and not conn.syn_seen:
+            conn.syn_seen = True
+            if side == (1 if fresh_syn else 0):  # the SYN sender is the opener: put it first
+                conn.endpoints = (conn.endpoints[1], conn.endpoints[0])
+                conn.halves = (conn.halves[1], conn.halves[0])
+                side = 1 - side
+        return conn, side
+
+    def feed(self, segment: TcpSegment) -> tuple[Connection, int, list[StreamEvent]]:
+        conn, side = self.connection_for(segment)
+        events = conn.halves[side].feed(
+            segment.seq, segment.payload, segment.flags, segment.frame, segment.missing
+        )
+        return conn, side, events
+
+    def flush(self, frame: int) -> list[tuple[Connection, int, list[StreamEvent]]]:
+        out = []
+        for conn in self.connections:
+            for side in (0, 1):
+                events = conn.halves[side].flush(frame)
+                if events:
+                    out.append((conn, side, events))
+        return out
