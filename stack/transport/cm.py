@@ -1,0 +1,328 @@
+"""Connection manager (rdma_cm-like): listen, connect, accept, reject, disconnect.
+
+Usage::
+
+    async with ConnectionManager.open(rnic) as cm:
+        listener = await cm.listen("127.0.0.1", 0)
+        ...                                     # elsewhere: conn = await cm.connect(host, port, qp)
+        request = await listener.get_request()  # the peer's MPA Request arrived
+        conn = await request.accept(qp, private_data=b"hello")
+
+Each side's MPA choices (revision, CRC policy, markers, IRD/ORD, peer-to-peer and RTR kind,
+timeouts) are an :class:`~stack.wire.events.MpaSettings`.  The MPA startup runs here over
+trio with the engine's timers (MPA-27); once established, an
+:class:`~stack.transport.driver.RdmaConnection` pumps the QP in the manager's nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from stack.errors import ConnectionTimeout, IwarpError, LocalError
+from stack.rnic.device import Rnic
+from stack.rnic.qp import QueuePair
+from stack.transport.driver import RECEIVE_SIZE, RdmaConnection, Tap
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import (
+    ConnectionFailed,
+    Established,
+    MpaFrame,
+    MpaSettings,
+    NeedData,
+    PeerClosed,
+    Rejected,
+    RequestReceived,
+    Role,
+)
+
+log = logging.getLogger(__name__)
+
+TapFactory = Callable[[trio.SocketStream, bool], Tap | None]
+"""Called with (stream, is_initiator) for each new TCP connection; returns a capture tap."""
+
+
+class ConnectRejected(IwarpError):
+    """The responder rejected the connection (MPA Reply with R=1, MPA-24)."""
+
+    def __init__(self, frame: MpaFrame, reason: str = "") -> None:
+        self.frame = frame
+        self.private_data = frame.private_data
+        self.peer_ird = frame.ird_ord.ird if frame.ird_ord else None
+        self.peer_ord = frame.ird_ord.ord if frame.ird_ord else None
+        super().__init__(f"connection rejected by peer{': ' + reason if reason else ''}")
+
+
+class ConnectFailed(IwarpError):
+    """MPA startup failed (malformed frame, policy mismatch, timeout, TCP error)."""
+
+    def __init__(self, message: str, cause: Exception | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+async def _startup_pump(
+    stream: trio.SocketStream, engine: IwarpConnection, tap: Tap | None
+) -> object:
+    """Run MPA startup until an event other than NEED_DATA; returns that event."""
+    while True:
+        out = engine.data_to_send()
+        if out:
+            if tap is not None:
+                tap.record(True, out)
+            await stream.send_all(out)
+        event = engine.next_event()
+        if not isinstance(event, NeedData):
+            out = engine.data_to_send()
+            if out:
+                if tap is not None:
+                    tap.record(True, out)
+                await stream.send_all(out)
+            return event
+        deadline = engine.timer_deadline()
+        with trio.move_on_at(deadline if deadline is not None else float("inf")) as scope:
+            data = await stream.receive_some(RECEIVE_SIZE)
+        if scope.cancelled_caught:
+            engine.handle_timer(trio.current_time())
+            continue
+        if tap is not None and data:
+            tap.record(False, data)
+        engine.receive_data(data)
+
+
+@dataclass
+class ConnectRequest:
+    """An incoming connection whose MPA Request has arrived (``RDMA_CM_EVENT_CONNECT_REQUEST``).
+
+    Fields: frame (the Request), private_data, peer_ird/peer_ord (None without RFC 6581),
+    remote (peer address).
+    """
+
+    cm: ConnectionManager
+    stream: trio.SocketStream
+    engine: IwarpConnection
+    frame: MpaFrame
+    remote: tuple[str, int]
+    tap: Tap | None = None
+    _done: bool = field(default=False, repr=False)
+
+    @property
+    def private_data(self) -> bytes:
+        return self.frame.private_data
+
+    @property
+    def peer_ird(self) -> int | None:
+        return self.frame.ird_ord.ird if self.frame.ird_ord else None
+
+    @property
+    def peer_ord(self) -> int | None:
+        return self.frame.ird_ord.ord if self.frame.ird_ord else None
+
+    async def accept(
+        self,
+        qp: QueuePair,
+        private_data: bytes = b"",
+        *,
+        ird: int | None = None,
+        ord: int | None = None,
+    ) -> RdmaConnection:
+        """Accept with ``qp`` (``rdma_accept``); returns the running connection."""
+        if self._done:
+            raise LocalError("connect request already answered")
+        self._done = True
+        kwargs: dict[str, object] = {}
+        if ird is not None:
+            kwargs["ird"] = ird
+        if ord is not None:
+            kwargs["ord"] = ord
+        self.engine.accept(private_data, **kwargs)
+        out = self.engine.data_to_send()
+        try:
+            if self.tap is not None:
+                self.tap.record(True, out)
+            await self.stream.send_all(out)
+        except (trio.BrokenResourceError, OSError) as exc:
+            await trio.aclose_forcefully(self.stream)
+            raise ConnectFailed(f"peer went away during accept: {exc}", exc) from exc
+        event = self.engine.next_event()
+        if not isinstance(event, Established):
+            await trio.aclose_forcefully(self.stream)
+            raise ConnectFailed(f"MPA accept did not establish: {event!r}")
+        return self.cm._start(self.stream, self.engine, qp, self.tap)
+
+    async def reject(self, private_data: bytes = b"") -> None:
+        """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
+        if self._done:
+            raise LocalError("connect request already answered")
+        self._done = True
+        self.engine.reject(private_data)
+        out = self.engine.data_to_send()
+        try:
+            if self.tap is not None:
+                self.tap.record(True, out)
+            await self.stream.send_all(out)
+            await self.stream.send_eof()
+        except (trio.BrokenResourceError, OSError):
+            pass
+        await trio.aclose_forcefully(self.stream)
+
+
+class Listener:
+    """A listening endpoint (``rdma_listen``); yields :class:`ConnectRequest` objects."""
+
+    def __init__(self, cm: ConnectionManager, settings: MpaSettings, backlog: int) -> None:
+        self.cm = cm
+        self.settings = settings
+        self._send, self._recv = trio.open_memory_channel[ConnectRequest](backlog)
+        self.failures: list[Exception] = []
+        self.port = 0
+        self.host = ""
+        self._cancel = trio.CancelScope()
+
+    async def get_request(self) -> ConnectRequest:
+        return await self._recv.receive()
+
+    def __aiter__(self) -> AsyncIterator[ConnectRequest]:
+        return self._recv.__aiter__()
+
+    async def aclose(self) -> None:
+        self._cancel.cancel()
+        await self._send.aclose()
+
+    async def _serve(self, listeners: list[trio.SocketListener], task_status: object) -> None:
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                for lst in listeners:
+                    nursery.start_soon(self._accept_loop, lst, nursery)
+                task_status.started()  # type: ignore[attr-defined]
+        for lst in listeners:
+            await lst.aclose()
+
+    async def _accept_loop(self, lst: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            stream = await lst.accept()
+            nursery.start_soon(self._handshake, stream)
+
+    async def _handshake(self, stream: trio.SocketStream) -> None:
+        engine = IwarpConnection(Role.RESPONDER, self.settings)
+        engine.start(trio.current_time())
+        remote = stream.socket.getpeername()[:2]
+        tap = self.cm.tap_factory(stream, False) if self.cm.tap_factory else None
+        try:
+            event = await _startup_pump(stream, engine, tap)
+        except (trio.BrokenResourceError, OSError) as exc:
+            event = ConnectionFailed(exc)
+        if isinstance(event, RequestReceived):
+            request = ConnectRequest(self.cm, stream, engine, event.frame, remote, tap)
+            try:
+                self._send.send_nowait(request)
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                await request.reject()
+            return
+        error = event.error if isinstance(event, ConnectionFailed) else None
+        self.failures.append(error or ConnectFailed(f"MPA startup ended with {event!r}"))
+        log.info("listener: MPA startup from %s failed: %s", remote, error or event)
+        out = engine.data_to_send()
+        if out:
+            try:
+                await stream.send_all(out)
+            except (trio.BrokenResourceError, OSError):
+                pass
+        await trio.aclose_forcefully(stream)
+
+
+class ConnectionManager:
+    """Creates and tracks connections of one RNIC inside a trio nursery."""
+
+    def __init__(
+        self, rnic: Rnic, nursery: trio.Nursery, *, tap_factory: TapFactory | None = None
+    ) -> None:
+        self.rnic = rnic
+        self.nursery = nursery
+        self.tap_factory = tap_factory
+        self.connections: list[RdmaConnection] = []
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, rnic: Rnic | None = None, *, tap_factory: TapFactory | None = None
+    ) -> AsyncIterator[ConnectionManager]:
+        """A manager with its own nursery; leaving the block disconnects everything."""
+        async with trio.open_nursery() as nursery:
+            cm = cls(rnic or Rnic(), nursery, tap_factory=tap_factory)
+            try:
+                yield cm
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def _start(
+        self,
+        stream: trio.SocketStream,
+        engine: IwarpConnection,
+        qp: QueuePair,
+        tap: Tap | None,
+    ) -> RdmaConnection:
+        conn = RdmaConnection(stream, engine, qp, tap=tap)
+        self.connections.append(conn)
+        conn.on_closed = self.connections.remove
+        self.nursery.start_soon(conn.run)
+        return conn
+
+    async def listen(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        settings: MpaSettings | None = None,
+        backlog: int = 64,
+    ) -> Listener:
+        """Listen for connections (``rdma_listen``); port 0 picks a free port."""
+        listener = Listener(self, settings or MpaSettings(), backlog)
+        sockets = await trio.open_tcp_listeners(port, host=host)
+        listener.host, listener.port = sockets[0].socket.getsockname()[:2]
+        await self.nursery.start(listener._serve, sockets)
+        return listener
+
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        qp: QueuePair,
+        *,
+        private_data: bytes = b"",
+        settings: MpaSettings | None = None,
+    ) -> RdmaConnection:
+        """Connect ``qp`` to a listener (``rdma_connect``).
+
+        Raises :class:`ConnectRejected` (with the peer's private data and IRD/ORD) or
+        :class:`ConnectFailed`.
+        """
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
+        settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
+        engine = IwarpConnection(Role.INITIATOR, settings)
+        tap = self.tap_factory(stream, True) if self.tap_factory else None
+        engine.initiate(trio.current_time(), private_data)
+        try:
+            event = await _startup_pump(stream, engine, tap)
+        except (trio.BrokenResourceError, OSError) as exc:
+            await trio.aclose_forcefully(stream)
+            raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc
+        if isinstance(event, Established):
+            return self._start(stream, engine, qp, tap)
+        await trio.aclose_forcefully(stream)
+        if isinstance(event, Rejected):
+            raise ConnectRejected(event.frame, event.reason)
+        if isinstance(event, ConnectionFailed):
+            if isinstance(event.error, ConnectionTimeout):
+                raise ConnectFailed(f"MPA startup timed out: {event.error}", event.error)
+            raise ConnectFailed(f"MPA startup failed: {event.error}", event.error)
+        if isinstance(event, PeerClosed):
+            raise ConnectFailed("peer closed the connection during MPA startup")
+        raise ConnectFailed(f"unexpected MPA startup event {event!r}")

@@ -1,0 +1,237 @@
+"""The trio driver: a sans-IO :class:`IwarpConnection` and a :class:`QueuePair` on a TCP stream.
+
+Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per direction).
+
+* The *reader* task receives bytes, feeds the engine, and applies every RDMAP event to the
+  QP.  A :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's
+  protection checks) makes the connection send a Terminate with the offending ULPDU's
+  headers (RFC 5040 §7.1), move the QP to ERROR and close gracefully (RDMAP-15).
+* The *writer* task sleeps until the QP has outbound messages (or the engine has bytes),
+  then drains everything available into one buffer and sends it with one ``send_all``:
+  many small FPDUs are coalesced into few socket writes.
+* The optional capture tap records both directions exactly as they crossed the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from stack.errors import IwarpError, ProtocolError
+from stack.rnic.qp import QpState, QueuePair
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import (
+    ConnectionFailed,
+    NeedData,
+    Negotiated,
+    PeerClosed,
+    TerminateReceived,
+)
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 256 * 1024
+MAX_COALESCE = 1024 * 1024
+
+
+class Tap(Protocol):
+    """What the driver needs of a capture recorder."""
+
+    def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None: ...
+
+
+class RdmaConnection:
+    """A connected QP over a trio stream.  Created by the connection manager."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        engine: IwarpConnection,
+        qp: QueuePair,
+        *,
+        tap: Tap | None = None,
+    ) -> None:
+        self.stream = stream
+        self.engine = engine
+        self.qp = qp
+        self.tap = tap
+        self.negotiated: Negotiated | None = engine.negotiated
+        self.error: Exception | None = None
+        self.peer_closed = False
+        self.closed = trio.Event()
+        self._wake = trio.Event()
+        self._reader_done = trio.Event()
+        self._closing = False
+        self.on_closed: Callable[[RdmaConnection], None] | None = None
+        qp.on_output = self._kick
+
+    def __repr__(self) -> str:
+        return f"<RdmaConnection qp={self.qp.qp_num} {self.qp.state.value}>"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Pump until the connection ends (run it in a nursery)."""
+        self.qp.set_rts()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer)
+                # Events that arrived with the MPA Reply (or before accept) come first.
+                if self._feed(None):
+                    self._kick()
+                    await self._reader()
+                # Reading is over (FIN, error, Terminate): let the writer flush what is
+                # queued (a Terminate, say), send FIN and return.
+                self._reader_done.set()
+                self._closing = True
+                self._kick()
+        finally:
+            await self._finish()
+
+    async def _finish(self) -> None:
+        if self.qp.state is not QpState.ERROR:
+            self.qp.fatal(None, send_terminate=False)
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(self.stream)
+        close_tap = getattr(self.tap, "close", None)
+        if close_tap is not None:
+            close_tap()
+        self.closed.set()
+        if self.on_closed is not None:
+            self.on_closed(self)
+
+    async def disconnect(self) -> None:
+        """Graceful close (``rdma_disconnect``): flush queued messages, send FIN, flush WRs."""
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        self.qp.close()
+        self._kick()
+        await self.closed.wait()
+
+    async def wait_closed(self) -> None:
+        await self.closed.wait()
+
+    # ------------------------------------------------------------------ reader
+    async def _reader(self) -> None:
+        while True:
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.error = self.error or exc
+                return
+            if self.tap is not None and data:
+                self.tap.record(False, data)
+            if not self._feed(data):
+                return
+            self._kick()
+
+    def _feed(self, data: bytes | bytearray | None) -> bool:
+        """Feed bytes (None: only drain pending events); False once reading is over."""
+        engine = self.engine
+        try:
+            if data is not None:
+                engine.receive_data(data)
+            while True:
+                event = engine.next_event()
+                if isinstance(event, NeedData):
+                    break
+                if isinstance(event, PeerClosed):
+                    self.peer_closed = True
+                    return False
+                if isinstance(event, ConnectionFailed):
+                    self._fail(event.error)
+                    return False
+                if isinstance(event, TerminateReceived):
+                    self.qp.handle_event(event)
+                    self.error = self.error or _PeerTerminated(event.terminate)
+                    return False
+                try:
+                    self.qp.handle_event(event)  # type: ignore[arg-type]
+                except ProtocolError as exc:
+                    self._fail(exc)
+                    return False
+        except ProtocolError as exc:
+            self._fail(exc)
+            return False
+        if self.qp.terminate_pending is not None:
+            self._fail(self.qp.terminate_pending, offending=False)
+            return False
+        return True
+
+    def _fail(self, exc: Exception, offending: bool = True) -> None:
+        """A local error: Terminate (if possible), QP to ERROR, then close."""
+        self.error = self.error or exc
+        if isinstance(exc, ProtocolError):
+            log.info("qp %d: %s", self.qp.qp_num, exc)
+            self.engine.send_terminate(exc, self.engine.last_ulpdu if offending else None)
+        self.qp.fatal(exc if isinstance(exc, ProtocolError) else None, send_terminate=False)
+        self._closing = True
+        self._kick()
+
+    # ------------------------------------------------------------------ writer
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _produce(self) -> bytearray:
+        qp, engine = self.qp, self.engine
+        out = engine.data_to_send()
+        if engine.stream is None:
+            return out
+        while qp.has_outgoing and len(out) < MAX_COALESCE:
+            msg = qp.pop_outgoing()
+            assert msg is not None
+            engine.send_message(msg)
+            more = engine.data_to_send()
+            if not out:
+                out = more
+            else:
+                out += more
+        if qp.terminate_pending is not None and not engine.terminate_sent:
+            error, qp.terminate_pending = qp.terminate_pending, None
+            engine.send_terminate(error, None)
+            self._closing = True
+            out += engine.data_to_send()
+        return out
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while True:
+                data = self._produce()
+                if not data:
+                    break
+                if self.tap is not None:
+                    self.tap.record(True, data)
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self.error = self.error or exc
+                    self._nursery.cancel_scope.cancel()
+                    return
+            if self._closing and not self.qp.has_outgoing:
+                try:
+                    await self.stream.send_eof()  # type: ignore[attr-defined]
+                except (
+                    AttributeError,
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                    OSError,
+                ):
+                    pass
+                # Give the peer a moment to close its side, then tear down.
+                with trio.move_on_after(2.0):
+                    await self._reader_done.wait()
+                self._nursery.cancel_scope.cancel()
+                return
+
+
+class _PeerTerminated(IwarpError):
+    def __init__(self, terminate: object) -> None:
+        super().__init__(f"peer sent Terminate: {terminate}")
+        self.terminate = terminate

@@ -1,0 +1,173 @@
+"""One iWARP connection as a sans-IO engine: MPA startup and framing, then DDP/RDMAP.
+
+Theory of operation (the wsproto shape: handshake, then framing).  An
+:class:`IwarpConnection` owns an :class:`~stack.wire.mpa.MpaConnection` (startup frames,
+CRC, markers) and, once Full Operation starts, an :class:`~stack.wire.stream.RdmapStream`
+(DDP segmentation and validation, RDMAP messages).  Bytes go in with
+:meth:`receive_data`; :meth:`next_event` returns MPA events (``RequestReceived``,
+``Established``, ``Rejected``, ``ConnectionFailed``, ``PeerClosed``) and RDMAP receive
+events (``WriteSegment``, ``SendSegment``, ...), and :attr:`last_ulpdu` is the ULPDU that
+produced the last RDMAP event, so the caller can copy its headers into a Terminate.
+Messages go out with :meth:`send_message`; :meth:`data_to_send` hands over the bytes.
+
+Peer-to-peer RTR (RFC 6581 §5, ERC-09) is handled here, invisibly to the ULP: the
+initiator sends the negotiated zero-length Send, Write (STag 1, as siw does) or Read as its
+first FPDU before reporting ``Established``; the responder absorbs the RTR (answering a Read
+RTR with a zero-length Read Response) instead of delivering it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from stack.constants import RtrType
+from stack.errors import ProtocolError
+from stack.wire.events import (
+    ConnectionFailed,
+    Established,
+    MpaSettings,
+    NeedData,
+    Negotiated,
+    RdmapEvent,
+    RdmapMessage,
+    RdmaWrite,
+    ReadRequest,
+    ReadRequestReceived,
+    ReadResponse,
+    ReadResponseSegment,
+    Role,
+    Send,
+    SendSegment,
+    Terminate,
+    UlpduReceived,
+    WriteSegment,
+)
+from stack.wire.mpa import MpaConnection
+from stack.wire.rdmap import build_terminate
+from stack.wire.stream import RdmapStream
+
+WRITE_RTR_STAG = 1
+"""STag of a zero-length Write RTR (siw's choice; Chelsio hardware rejects STag 0)."""
+
+Event = object
+
+
+class IwarpConnection:
+    """MPA + DDP/RDMAP for one TCP connection (no I/O; time passed in)."""
+
+    def __init__(self, role: Role, settings: MpaSettings | None = None, *, rfc7306: bool = True):
+        self.role = role
+        self.settings = settings or MpaSettings()
+        self.mpa = MpaConnection(role, self.settings)
+        self.rfc7306 = rfc7306
+        self.stream: RdmapStream | None = None
+        self.negotiated: Negotiated | None = None
+        self.last_ulpdu: memoryview | None = None
+        self.terminate_sent = False
+        self._events: deque[Event] = deque()
+        self._rtr_pending: RtrType = RtrType.NONE  # responder: RTR still to absorb
+        self._rtr_read_outstanding = False  # initiator: zero-length Read RTR unanswered
+
+    # ------------------------------------------------------------------ startup
+    def initiate(self, now: float, private_data: bytes = b"") -> None:
+        self.mpa.initiate(now, private_data)
+
+    def start(self, now: float) -> None:
+        self.mpa.start(now)
+
+    def accept(self, private_data: bytes = b"", **kwargs: object) -> None:
+        self.mpa.accept(private_data, **kwargs)  # type: ignore[arg-type]
+
+    def reject(self, private_data: bytes = b"") -> None:
+        self.mpa.reject(private_data)
+
+    def timer_deadline(self) -> float | None:
+        return self.mpa.timer_deadline()
+
+    def handle_timer(self, now: float) -> None:
+        self.mpa.handle_timer(now)
+
+    # ------------------------------------------------------------------ data path
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self.mpa.receive_data(data)
+
+    def next_event(self) -> Event:
+        """The next MPA or RDMAP event, or ``NEED_DATA``.  Raises ProtocolError on bad input.
+
+        A ProtocolError from DDP/RDMAP validation leaves :attr:`last_ulpdu` set to the
+        offending ULPDU; call :meth:`send_terminate` with it.
+        """
+        while True:
+            if self._events:
+                return self._events.popleft()
+            event = self.mpa.next_event()
+            if isinstance(event, UlpduReceived):
+                self.last_ulpdu = event.ulpdu
+                assert self.stream is not None
+                for rdmap_event in self.stream.receive_ulpdu(event.ulpdu):
+                    if not self._absorb_rtr(rdmap_event):
+                        self._events.append(rdmap_event)
+                continue
+            if isinstance(event, Established):
+                self._on_established(event)
+                continue
+            return event
+
+    def _on_established(self, event: Established) -> None:
+        neg = event.negotiated
+        self.negotiated = neg
+        self.stream = RdmapStream(neg.mulpdu, rfc7306=self.rfc7306)
+        if neg.p2p and neg.rtr:
+            if self.role is Role.INITIATOR:
+                self._send_rtr(neg.rtr)
+            else:
+                self._rtr_pending = neg.rtr
+        self._events.append(event)
+
+    def _send_rtr(self, rtr: RtrType) -> None:
+        if rtr is RtrType.WRITE:
+            self.send_message(RdmaWrite(WRITE_RTR_STAG, 0, b""))
+        elif rtr is RtrType.READ:
+            self._rtr_read_outstanding = True
+            self.send_message(ReadRequest(0, 0, 0, 0, 0))
+        else:
+            self.send_message(Send(b""))
+
+    def _absorb_rtr(self, event: RdmapEvent) -> bool:
+        """Consume the RTR so the ULP never sees it (ERC-09)."""
+        if self._rtr_pending:
+            kind, self._rtr_pending = self._rtr_pending, RtrType.NONE
+            if kind is RtrType.WRITE and isinstance(event, WriteSegment) and not event.data:
+                return True
+            if kind is RtrType.SEND and isinstance(event, SendSegment) and not event.data:
+                return True
+            if kind is RtrType.READ and isinstance(event, ReadRequestReceived):
+                if event.request.size == 0:
+                    req = event.request
+                    self.send_message(ReadResponse(req.sink_stag, req.sink_to, b""))
+                    return True
+            # Not the negotiated RTR: deliver it anyway (lenient; the dissector flags it).
+            return False
+        if self._rtr_read_outstanding and isinstance(event, ReadResponseSegment):
+            self._rtr_read_outstanding = False
+            return not event.data
+        return False
+
+    def send_message(self, message: RdmapMessage) -> None:
+        """Segment, frame and queue one RDMAP message."""
+        assert self.stream is not None, "send_message before Full Operation"
+        self.mpa.send_ulpdus(self.stream.send(message))
+
+    def send_terminate(self, error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
+        """Send the Terminate for ``error`` (at most one per stream, RDMAP-10)."""
+        if self.terminate_sent or self.stream is None or error.term is None:
+            return
+        self.terminate_sent = True
+        term: Terminate = build_terminate(error.term, offending_ulpdu)
+        self.send_message(term)
+
+    def data_to_send(self) -> bytearray:
+        return self.mpa.data_to_send()
+
+
+__all__ = ["IwarpConnection", "WRITE_RTR_STAG", "ConnectionFailed", "NeedData"]
