@@ -20,21 +20,16 @@ from typing import Protocol
 
 import trio
 
-from stack.errors import IwarpError, ProtocolError
+from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
-    ConnectionFailed,
-    NeedData,
     Negotiated,
-    PeerClosed,
-    TerminateReceived,
 )
 
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
-MAX_COALESCE = 1024 * 1024
 
 
 class Tap(Protocol):
@@ -66,6 +61,7 @@ class RdmaConnection:
         self._reader_done = trio.Event()
         self._closing = False
         self.on_closed: Callable[[RdmaConnection], None] | None = None
+        self.endpoint = QpEndpoint(engine, qp)
         qp.on_output = self._kick
 
     def __repr__(self) -> str:
@@ -131,79 +127,21 @@ class RdmaConnection:
             self._kick()
 
     def _feed(self, data: bytes | bytearray | None) -> bool:
-        """Feed bytes (None: only drain pending events); False once reading is over."""
-        engine = self.engine
-        try:
-            if data is not None:
-                engine.receive_data(data)
-            while True:
-                event = engine.next_event()
-                if isinstance(event, NeedData):
-                    break
-                if isinstance(event, PeerClosed):
-                    self.peer_closed = True
-                    return False
-                if isinstance(event, ConnectionFailed):
-                    self._fail(event.error)
-                    return False
-                if isinstance(event, TerminateReceived):
-                    self.qp.handle_event(event)
-                    self.error = self.error or _PeerTerminated(event.terminate)
-                    return False
-                try:
-                    self.qp.handle_event(event)  # type: ignore[arg-type]
-                except ProtocolError as exc:
-                    self._fail(exc)
-                    return False
-        except ProtocolError as exc:
-            self._fail(exc)
-            return False
-        if self.qp.terminate_pending is not None:
-            self._fail(self.qp.terminate_pending, offending=False)
-            return False
-        return True
-
-    def _fail(self, exc: Exception, offending: bool = True) -> None:
-        """A local error: Terminate (if possible), QP to ERROR, then close."""
-        self.error = self.error or exc
-        if isinstance(exc, ProtocolError):
-            log.info("qp %d: %s", self.qp.qp_num, exc)
-            self.engine.send_terminate(exc, self.engine.last_ulpdu if offending else None)
-        self.qp.fatal(exc if isinstance(exc, ProtocolError) else None, send_terminate=False)
-        self._closing = True
-        self._kick()
+        ok = self.endpoint.feed(data)
+        self.error = self.endpoint.error
+        self.peer_closed = self.endpoint.peer_closed
+        return ok
 
     # ------------------------------------------------------------------ writer
     def _kick(self) -> None:
         self._wake.set()
-
-    def _produce(self) -> bytearray:
-        qp, engine = self.qp, self.engine
-        out = engine.data_to_send()
-        if engine.stream is None:
-            return out
-        while qp.has_outgoing and len(out) < MAX_COALESCE:
-            msg = qp.pop_outgoing()
-            assert msg is not None
-            engine.send_message(msg)
-            more = engine.data_to_send()
-            if not out:
-                out = more
-            else:
-                out += more
-        if qp.terminate_pending is not None and not engine.terminate_sent:
-            error, qp.terminate_pending = qp.terminate_pending, None
-            engine.send_terminate(error, None)
-            self._closing = True
-            out += engine.data_to_send()
-        return out
 
     async def _writer(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             while True:
-                data = self._produce()
+                data = self.endpoint.produce()
                 if not data:
                     break
                 if self.tap is not None:
@@ -214,7 +152,7 @@ class RdmaConnection:
                     self.error = self.error or exc
                     self._nursery.cancel_scope.cancel()
                     return
-            if self._closing and not self.qp.has_outgoing:
+            if (self._closing or self.endpoint.wants_close) and not self.qp.has_outgoing:
                 try:
                     await self.stream.send_eof()  # type: ignore[attr-defined]
                 except (
@@ -229,9 +167,3 @@ class RdmaConnection:
                     await self._reader_done.wait()
                 self._nursery.cancel_scope.cancel()
                 return
-
-
-class _PeerTerminated(IwarpError):
-    def __init__(self, terminate: object) -> None:
-        super().__init__(f"peer sent Terminate: {terminate}")
-        self.terminate = terminate

@@ -1,0 +1,123 @@
+"""A queue pair bound to its wire engine: the sans-IO heart of a connection.
+
+:class:`QpEndpoint` joins a :class:`~stack.rnic.qp.QueuePair` and an
+:class:`~stack.wire.connection.IwarpConnection`.  :meth:`feed` takes received bytes and
+applies every event to the QP; :meth:`produce` drains the QP's outbound messages into bytes
+to send.  Any :class:`ProtocolError` (the engine's DDP/RDMAP validation or the QP's
+protection checks) is answered with a Terminate that copies the offending ULPDU's headers
+(RFC 5040 §7.1), and the QP moves to ERROR.  The trio driver and the in-memory test pairs
+both use this class, so they behave identically.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stack.errors import IwarpError, ProtocolError
+from stack.rnic.qp import QueuePair
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import (
+    ConnectionFailed,
+    NeedData,
+    PeerClosed,
+    RdmaWrite,
+    ReadResponse,
+    Send,
+    TerminateReceived,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_COALESCE = 1024 * 1024
+"""Bytes of payload gathered into one :meth:`QpEndpoint.produce` result at most."""
+
+
+class PeerTerminated(IwarpError):
+    """The peer sent a Terminate; ``terminate`` holds it."""
+
+    def __init__(self, terminate: object) -> None:
+        super().__init__(f"peer sent Terminate: {terminate}")
+        self.terminate = terminate
+
+
+class QpEndpoint:
+    """One side of a connection: engine + QP, no I/O."""
+
+    def __init__(self, engine: IwarpConnection, qp: QueuePair) -> None:
+        self.engine = engine
+        self.qp = qp
+        self.error: Exception | None = None
+        self.peer_closed = False
+        self.reading_done = False
+        self.closing = False
+
+    def feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+        """Feed received bytes (None: drain pending events only; b"": FIN).
+
+        Returns False once nothing more will be read (FIN, Terminate, error).
+        """
+        if self.reading_done:
+            return False
+        engine = self.engine
+        try:
+            if data is not None:
+                engine.receive_data(data)
+            while True:
+                event = engine.next_event()
+                if isinstance(event, NeedData):
+                    break
+                if isinstance(event, PeerClosed):
+                    self.peer_closed = True
+                    return self._stop()
+                if isinstance(event, ConnectionFailed):
+                    self.fail(event.error)
+                    return self._stop()
+                if isinstance(event, TerminateReceived):
+                    self.qp.handle_event(event)
+                    self.error = self.error or PeerTerminated(event.terminate)
+                    self.closing = True
+                    return self._stop()
+                self.qp.handle_event(event)  # type: ignore[arg-type]
+        except ProtocolError as exc:
+            self.fail(exc)
+            return self._stop()
+        if self.qp.terminate_pending is not None:
+            self.fail(self.qp.terminate_pending, offending=False)
+            return self._stop()
+        return True
+
+    def _stop(self) -> bool:
+        self.reading_done = True
+        return False
+
+    def fail(self, exc: Exception, *, offending: bool = True) -> None:
+        """A local error: queue the Terminate, move the QP to ERROR, start closing."""
+        self.error = self.error or exc
+        self.qp.terminate_pending = None
+        if isinstance(exc, ProtocolError):
+            log.info("qp %d: %s", self.qp.qp_num, exc)
+            self.engine.send_terminate(exc, self.engine.last_ulpdu if offending else None)
+        self.qp.fatal(exc if isinstance(exc, ProtocolError) else None, send_terminate=False)
+        self.closing = True
+
+    def produce(self, limit: int = MAX_COALESCE) -> bytearray:
+        """Encode queued outbound messages (up to about ``limit`` payload bytes) into bytes."""
+        qp, engine = self.qp, self.engine
+        if engine.stream is not None:
+            budget = limit
+            while budget > 0 and qp.has_outgoing:
+                msg = qp.pop_outgoing()
+                assert msg is not None
+                engine.send_message(msg)
+                if isinstance(msg, RdmaWrite | ReadResponse | Send):
+                    budget -= len(msg.data) + 64
+                else:
+                    budget -= 64
+            if qp.terminate_pending is not None:
+                self.fail(qp.terminate_pending, offending=False)
+        return engine.data_to_send()
+
+    @property
+    def wants_close(self) -> bool:
+        """True when everything queued is out and the connection should close."""
+        return (self.closing or self.qp.state.value == "closing") and not self.qp.has_outgoing
