@@ -1,0 +1,321 @@
+"""One RDMAP/DDP stream, both directions, sans-IO (RFC 5040, RFC 5041, RFC 7306).
+
+Theory of operation
+-------------------
+:class:`RdmapStream` sits between the MPA framer (which hands it validated ULPDUs and
+takes ULPDUs to frame) and the RNIC (which places data and runs queues).  It has no
+buffers of its own: on receive it validates each ULPDU and turns it into events of
+:mod:`stack.wire.events` whose ``data`` are views into the ULPDU it was given (the caller
+must keep that buffer unchanged until it has placed the data); on send it assigns MSNs
+and returns the segments of a message.
+
+Receive validation runs in RFC layer order, and every failure is raised before any event
+for that segment (DDP-10): DDP version, header length and QN (stateless, see
+:mod:`stack.wire.rdmap`); then per-queue sequencing: every message on a QN carries the
+next MSN (starting at 1, +1 per message, wrapping at 2^32; DDP-05) and its segments share
+it, the first MO is 0 and each next MO is the previous MO plus the previous payload length
+(DDP-06), and RsvdULP (opcode and Invalidate STag) stays the same within a message
+(DDP-04); then RDMAP version, opcode, T bit, QN/opcode match and the RDMAP header.
+STag, protection domain and bounds checks are the RNIC's (RFC 5041 §7.1, SEC-*); so is
+the receive-buffer accounting (TERM_DDP_U_NO_BUFFER / TOO_LONG for Sends).
+
+Tagged and Send data come out per segment (WriteSegment, ReadResponseSegment,
+SendSegment) so the RNIC places them directly; one-segment messages come out whole.
+
+State tables
+------------
+Receive (``recv_state``; the input is "a Terminate" when T=0 and opcode 7, else "data"):
+
+==========  ==========  ====================================================  ==========
+state       input       action                                                next
+==========  ==========  ====================================================  ==========
+OPEN        data        validate, emit events; on error remember it, raise    OPEN/FAILED
+OPEN        Terminate   validate, emit TerminateReceived (MSN deviation noted)  TERMINATED
+FAILED      data        raise the first error again (DDP-10: drop later data)  FAILED
+FAILED      Terminate   decode leniently, emit TerminateReceived (RDMAP-10)   TERMINATED
+TERMINATED  data        raise RdmapError RDMAP-10 (no Terminate to answer)    TERMINATED
+TERMINATED  Terminate   ignore; noted in ``findings`` (at most one, RDMAP-10)  TERMINATED
+==========  ==========  ====================================================  ==========
+
+Send (``send_state``): OPEN accepts any message; sending a Terminate moves to TERMINATED,
+where :meth:`RdmapStream.send` raises :class:`LocalError` (nothing follows a Terminate,
+RDMAP-10).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from stack.constants import (
+    DDP_TAGGED,
+    INVALIDATE_OPCODES,
+    MULPDU_MAX,
+    MULPDU_MIN,
+    RDMAP_OPCODE_MASK,
+    TERM_DDP_U_INVALID_MO,
+    TERM_DDP_U_MSN_RANGE,
+    TERM_RDMAP_OP_UNSPECIFIED,
+    TERM_RDMAP_UNEXPECTED_OPCODE,
+    Opcode,
+    QueueNumber,
+)
+from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+from stack.wire import ddp
+from stack.wire.events import (
+    AtomicRequest,
+    AtomicRequestReceived,
+    AtomicResponse,
+    AtomicResponseReceived,
+    Data,
+    ImmediateData,
+    ImmediateDataReceived,
+    RdmapEvent,
+    RdmapMessage,
+    ReadRequest,
+    ReadRequestReceived,
+    ReadResponseSegment,
+    SendSegment,
+    Terminate,
+    TerminateReceived,
+    WriteSegment,
+)
+from stack.wire.rdmap import (
+    Checker,
+    DdpFields,
+    Finding,
+    build_terminate,
+    check_ddp,
+    check_rdmap,
+    decode_ulpdu,
+    encode_message,
+    message_qn,
+    terminate_for,
+)
+
+_MASK32 = 0xFFFFFFFF
+_NUM_QN = len(QueueNumber)
+_INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
+_SEND_EVENT_OPS = {int(op): op for op in Opcode}
+MAX_FINDINGS = 256
+"""Non-fatal findings kept per stream (the oldest are kept; later ones are counted)."""
+
+
+class RecvState(Enum):
+    """Receive side of an :class:`RdmapStream` (module docstring table)."""
+
+    OPEN = "open"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+
+
+class SendState(Enum):
+    """Send side of an :class:`RdmapStream`."""
+
+    OPEN = "open"
+    TERMINATED = "terminated"
+
+
+_RECV_ACTIONS: dict[tuple[RecvState, bool], str] = {
+    (RecvState.OPEN, False): "_process",
+    (RecvState.OPEN, True): "_process",
+    (RecvState.FAILED, False): "_refuse",
+    (RecvState.FAILED, True): "_terminate_after_error",
+    (RecvState.TERMINATED, False): "_data_after_terminate",
+    (RecvState.TERMINATED, True): "_second_terminate",
+}
+"""(state, input is a Terminate) -> handler name."""
+
+
+class RdmapStream:
+    """DDP/RDMAP engine of one connection (both directions), sans-IO.
+
+    ``mulpdu``: largest ULPDU to send (128..64768, MPA-02; settable at any time, MPA
+    may change it); ``rfc7306``: accept and send opcodes 0x8-0xB and QN 3;
+    ``siw_layout``: how to read the peer's Terminate control word (None = detect,
+    see :mod:`stack.wire.rdmap`; True for a peer known to be Linux siw).
+
+    Attributes: ``recv_state``, ``send_state``, ``error`` (the first receive error),
+    ``terminate_received`` (the peer's Terminate), ``findings`` (non-fatal deviations).
+    """
+
+    def __init__(
+        self, mulpdu: int, *, rfc7306: bool = True, siw_layout: bool | None = None
+    ) -> None:
+        self.mulpdu = mulpdu
+        self.rfc7306 = rfc7306
+        self.siw_layout = siw_layout
+        self.recv_state = RecvState.OPEN
+        self.send_state = SendState.OPEN
+        self.error: ProtocolError | None = None
+        self.terminate_received: Terminate | None = None
+        self.findings: list[Finding] = []
+        self.findings_dropped = 0
+        self._tx_msn = [1] * _NUM_QN
+        self._rx_msn = [1] * _NUM_QN
+        self._rx_mo = [0] * _NUM_QN
+        self._rx_ulp: list[tuple[int, int] | None] = [None] * _NUM_QN
+
+    # -- configuration -----------------------------------------------------------------
+
+    @property
+    def mulpdu(self) -> int:
+        """Largest ULPDU :meth:`send` produces (DDP-06)."""
+        return self._mulpdu
+
+    @mulpdu.setter
+    def mulpdu(self, value: int) -> None:
+        if not MULPDU_MIN <= value <= MULPDU_MAX:
+            raise LocalError(f"MULPDU {value} outside {MULPDU_MIN}..{MULPDU_MAX} (MPA-02)")
+        self._mulpdu = value
+
+    def next_send_msn(self, qn: int) -> int:
+        """The MSN the next message sent on ``qn`` will carry."""
+        return self._tx_msn[qn]
+
+    def expected_msn(self, qn: int) -> int:
+        """The MSN the next segment received on ``qn`` must carry."""
+        return self._rx_msn[qn]
+
+    # -- send --------------------------------------------------------------------------
+
+    def send(self, msg: RdmapMessage) -> list[bytearray]:
+        """The ULPDUs of ``msg``, MSN assigned per QN (starting at 1, wrapping; DDP-05).
+
+        Raises :class:`LocalError` after a Terminate was sent (RDMAP-10), for RFC 7306
+        messages when ``rfc7306`` is off, and for fields that do not fit.
+        """
+        if self.send_state is SendState.TERMINATED:
+            raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
+        if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
+            raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
+        qn = message_qn(msg)
+        msn = None if qn is None else self._tx_msn[qn]
+        ulpdus = encode_message(msg, msn=msn, mulpdu=self._mulpdu)
+        if qn is not None:
+            self._tx_msn[qn] = (self._tx_msn[qn] + 1) & _MASK32
+        if isinstance(msg, Terminate):
+            self.send_state = SendState.TERMINATED
+        return ulpdus
+
+    def terminate_message(
+        self, error: ProtocolError | None, offending_ulpdu: Data | None, *, read_progress: int = 0
+    ) -> Terminate:
+        """The Terminate reporting ``error`` about ``offending_ulpdu`` (RFC 5040 §7.1).
+
+        Pass it to :meth:`send`.  An error without a Terminate cause becomes RDMAP local
+        catastrophic.  See :func:`stack.wire.rdmap.build_terminate`.
+        """
+        return build_terminate(terminate_for(error), offending_ulpdu, read_progress=read_progress)
+
+    # -- receive -----------------------------------------------------------------------
+
+    def receive_ulpdu(self, ulpdu: Data) -> list[RdmapEvent]:
+        """Validate one ULPDU and return its events (module docstring)."""
+        view = ddp.byte_view(ulpdu)
+        is_terminate = (
+            len(view) >= 2
+            and not view[0] & DDP_TAGGED
+            and view[1] & RDMAP_OPCODE_MASK == Opcode.TERMINATE
+        )
+        handler = getattr(self, _RECV_ACTIONS[(self.recv_state, is_terminate)])
+        return handler(view)
+
+    def _process(self, view: memoryview) -> list[RdmapEvent]:
+        chk = Checker(strict=True)
+        try:
+            f = check_ddp(view, chk, self.rfc7306)
+            if not f.tagged:
+                self._check_sequence(f, chk)
+            op, header, payload = check_rdmap(f, chk, self.rfc7306, self.siw_layout)
+        except ProtocolError as exc:
+            self._keep(chk.findings)
+            self.error = exc
+            self.recv_state = RecvState.FAILED
+            raise
+        if chk.findings:
+            self._keep(chk.findings)
+        if f.tagged:
+            if op == Opcode.RDMA_WRITE:
+                return [WriteSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
+            return [ReadResponseSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
+        qn: int = f.qn  # type: ignore[assignment]
+        msn: int = f.msn  # type: ignore[assignment]
+        if f.last:
+            self._rx_msn[qn] = (msn + 1) & _MASK32
+            self._rx_mo[qn] = 0
+            self._rx_ulp[qn] = None
+        else:
+            self._rx_mo[qn] = f.mo + len(view) - f.hlen  # type: ignore[operator]
+            self._rx_ulp[qn] = (f.ulp_ctrl, f.inval_stag)  # type: ignore[assignment]
+        if header is None:
+            inval = f.inval_stag if op in _INVALIDATE_OPS else None
+            return [SendSegment(_SEND_EVENT_OPS[op], msn, f.mo, payload, f.last, inval)]  # type: ignore[arg-type]
+        if isinstance(header, ReadRequest):
+            return [ReadRequestReceived(msn, header)]
+        if isinstance(header, AtomicRequest):
+            return [AtomicRequestReceived(msn, header)]
+        if isinstance(header, AtomicResponse):
+            return [AtomicResponseReceived(msn, header)]
+        if isinstance(header, ImmediateData):
+            return [ImmediateDataReceived(msn, header.data, header.solicited)]
+        self.terminate_received = header
+        self.recv_state = RecvState.TERMINATED
+        return [TerminateReceived(header)]
+
+    def _check_sequence(self, f: DdpFields, chk: Checker) -> None:
+        """Per-queue MSN, MO and RsvdULP continuity (DDP-04, DDP-05, DDP-06)."""
+        qn: int = f.qn  # type: ignore[assignment]
+        expected = self._rx_msn[qn]
+        if f.msn != expected:
+            detail = f"MSN {f.msn} on QN {qn}, expected {expected}"
+            if qn == QueueNumber.TERMINATE:
+                # A Terminate is always delivered (RDMAP-10); a wrong MSN is only noted.
+                chk.note("DDP-05", detail)
+                return
+            chk.fail(DdpError("DDP-05", detail, TERM_DDP_U_MSN_RANGE))
+        if f.mo != self._rx_mo[qn]:
+            chk.fail(
+                DdpError(
+                    "DDP-06",
+                    f"MO {f.mo} for MSN {f.msn} on QN {qn}, expected {self._rx_mo[qn]}",
+                    TERM_DDP_U_INVALID_MO,
+                )
+            )
+        started = self._rx_ulp[qn]
+        if started is not None and started != (f.ulp_ctrl, f.inval_stag):
+            same_op = (started[0] & RDMAP_OPCODE_MASK) == (f.ulp_ctrl & RDMAP_OPCODE_MASK)
+            chk.fail(
+                RdmapError(
+                    "DDP-04",
+                    f"RsvdULP changed within MSN {f.msn} on QN {qn}",
+                    TERM_RDMAP_OP_UNSPECIFIED if same_op else TERM_RDMAP_UNEXPECTED_OPCODE,
+                )
+            )
+
+    def _refuse(self, view: memoryview) -> list[RdmapEvent]:
+        assert self.error is not None
+        raise self.error.with_traceback(None)
+
+    def _terminate_after_error(self, view: memoryview) -> list[RdmapEvent]:
+        try:
+            seg = decode_ulpdu(view, strict=False, rfc7306=self.rfc7306, siw_layout=self.siw_layout)
+        except ProtocolError:
+            return self._refuse(view)
+        if not isinstance(seg.header, Terminate) or seg.qn != QueueNumber.TERMINATE:
+            return self._refuse(view)
+        self._keep(seg.findings)
+        self.terminate_received = seg.header
+        self.recv_state = RecvState.TERMINATED
+        return [TerminateReceived(seg.header)]
+
+    def _data_after_terminate(self, view: memoryview) -> list[RdmapEvent]:
+        raise RdmapError("RDMAP-10", "segment received after the peer's Terminate")
+
+    def _second_terminate(self, view: memoryview) -> list[RdmapEvent]:
+        self._keep([Finding("RDMAP-10", "second Terminate ignored", None, False)])
+        return []
+
+    def _keep(self, findings: list[Finding] | tuple[Finding, ...]) -> None:
+        room = MAX_FINDINGS - len(self.findings)
+        self.findings.extend(findings[:room])
+        self.findings_dropped += max(0, len(findings) - room)
