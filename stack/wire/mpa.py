@@ -1,0 +1,913 @@
+"""MPA startup frames and the sans-IO MPA connection engine (RFC 5044 §7, RFC 6581).
+
+Theory of operation
+-------------------
+:func:`encode_frame` / :func:`decode_frame` turn Request/Reply frames into bytes and back
+(MPA-18..21, ERC-02/03).  :class:`MpaConnection` runs one endpoint: the driver feeds TCP
+bytes with :meth:`~MpaConnection.receive_data`, pulls events with
+:meth:`~MpaConnection.next_event` (vocabulary in :mod:`stack.wire.events`), and collects
+outbound bytes with :meth:`~MpaConnection.data_to_send` (h2/aioquic style).  Time is an
+argument: :meth:`~MpaConnection.timer_deadline` says when to call
+:meth:`~MpaConnection.handle_timer` (MPA-27).
+
+Startup is an explicit state table (:data:`_TRANSITIONS`).  The initiator queues its
+Request in :meth:`~MpaConnection.initiate` and waits for the Reply; the responder waits
+for the Request, reports :class:`RequestReceived` and the ULP answers with
+:meth:`~MpaConnection.accept` or :meth:`~MpaConnection.reject`.  After an accepting
+Reply both sides are in Full Operation: :class:`~stack.wire.framing.FpduFramer` /
+:class:`~stack.wire.framing.FpduDeframer` do the FPDU work with the negotiated CRC and
+per-direction markers, whose SeqStart is the first byte after the startup frame in each
+direction (MPA-07, MPA-17).
+
+Leniency (documented deviations of real peers):
+
+* Reserved flag bits are kept in :attr:`MpaFrame.reserved` and never rejected (siw sends
+  0x08 for GSO, MPA-19).  For Rev < 2 the S bit (0x10) is reserved too, so it is kept
+  there and not interpreted.
+* Rev 0 and unknown revisions decode; the responder's ``rev_policy`` decides.
+* A responder that receives bytes after the Request before the ULP has accepted buffers
+  them and parses them as FPDUs after accepting (siw drops the connection instead).
+* An initiator accepts FPDUs in the same chunk as the Reply.
+* Bytes after a failed startup are ignored (siw sends a Terminate 2/0/4 after a bad Reply
+  key, digest §10.2 item 7).
+
+A failure after a valid accepting Reply (IRD/ORD or RTR mismatch, a CRC or marker error in
+Full Operation) moves to :attr:`MpaState.ERROR`: nothing more is delivered (MPA-28) but
+``send_ulpdu`` still works so the ULP can send the Terminate named in
+:class:`ConnectionFailed`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from collections.abc import Iterable
+
+from stack.constants import (
+    MPA_FRAME_HEADER_LEN,
+    MPA_IRD_ORD_LEN,
+    MPA_KEY_LEN,
+    MPA_KEY_REP,
+    MPA_KEY_REQ,
+    MPA_MAX_PRIVATE_DATA,
+    MPA_RESERVED_MASK,
+    MPA_REV_1,
+    MPA_REV_2,
+    MPA_REV_RDMAC,
+    MPA_V2_IRD_MASK,
+    MPA_V2_IRD_ORD_MAX,
+    MPA_V2_NO_NEGOTIATION,
+    MPA_V2_ORD_MASK,
+    MPA_V2_PEER_TO_PEER,
+    MPA_V2_RTR_READ,
+    MPA_V2_RTR_SEND,
+    MPA_V2_RTR_WRITE,
+    TERM_LLP_CONNECTION_LOST,
+    TERM_LLP_INSUFFICIENT_IRD,
+    TERM_LLP_INVALID_STARTUP,
+    TERM_LLP_LOCAL_CATASTROPHIC,
+    TERM_LLP_NO_MATCHING_RTR,
+    MpaFlag,
+    RtrType,
+    TermCode,
+)
+from stack.errors import ConnectionTimeout, LocalError, MpaError, ProtocolError
+from stack.wire.events import (
+    NEED_DATA,
+    ConnectionFailed,
+    CrcPolicy,
+    Established,
+    IrdOrd,
+    MpaEvent,
+    MpaFrame,
+    MpaSettings,
+    NeedData,
+    Negotiated,
+    PeerClosed,
+    Rejected,
+    RequestReceived,
+    RevPolicy,
+    Role,
+    UlpduReceived,
+)
+from stack.wire.framing import FpduDeframer, FpduFramer, mulpdu_for
+
+Buffer = bytes | bytearray | memoryview
+
+__all__ = [
+    "MpaConnection",
+    "MpaState",
+    "decode_frame",
+    "decode_ird_ord",
+    "encode_frame",
+    "encode_ird_ord",
+]
+
+_U32 = struct.Struct(">I")
+_KNOWN_REVS = (MPA_REV_1, MPA_REV_2)
+_RTR_BITS = (
+    (RtrType.SEND, MPA_V2_RTR_SEND),
+    (RtrType.WRITE, MPA_V2_RTR_WRITE),
+    (RtrType.READ, MPA_V2_RTR_READ),
+)
+_ALL_RTR = RtrType.SEND | RtrType.WRITE | RtrType.READ
+_RTR_ORDER = (RtrType.WRITE, RtrType.READ, RtrType.SEND)
+
+# ======================================================================================
+# Frames (RFC 5044 §7.1.1, RFC 6581 §6, §9)
+# ======================================================================================
+
+
+def encode_ird_ord(value: IrdOrd) -> bytes:
+    """The 4-byte RFC 6581 §9 word: A B IRD(14) | C D ORD(14), network order (ERC-03)."""
+    for name, v in (("IRD", value.ird), ("ORD", value.ord)):
+        if not 0 <= v <= MPA_V2_IRD_ORD_MAX:
+            raise LocalError(f"{name} {v} does not fit in 14 bits (ERC-03)")
+    rtr = RtrType(value.rtr)
+    if rtr & ~_ALL_RTR:
+        raise LocalError(f"unknown RTR bits {rtr!r}")
+    word = (value.ird << 16) | value.ord
+    if value.p2p:
+        word |= MPA_V2_PEER_TO_PEER
+    for kind, bit in _RTR_BITS:
+        if rtr & kind:
+            word |= bit
+    return _U32.pack(word)
+
+
+def decode_ird_ord(data: Buffer) -> IrdOrd:
+    """Parse the RFC 6581 §9 IRD/ORD word (exactly 4 bytes)."""
+    if len(data) != MPA_IRD_ORD_LEN:
+        raise MpaError(
+            "ERC-03",
+            f"IRD/ORD word must be {MPA_IRD_ORD_LEN} bytes, got {len(data)}",
+            TERM_LLP_INVALID_STARTUP,
+        )
+    (word,) = _U32.unpack(bytes(data))
+    rtr = RtrType.NONE
+    for kind, bit in _RTR_BITS:
+        if word & bit:
+            rtr |= kind
+    return IrdOrd(
+        ird=(word & MPA_V2_IRD_MASK) >> 16,
+        ord=word & MPA_V2_ORD_MASK,
+        p2p=bool(word & MPA_V2_PEER_TO_PEER),
+        rtr=rtr,
+    )
+
+
+def _reserved_mask(rev: int) -> int:
+    """Reserved flag bits: 0x0F, plus the S bit (0x10) below Rev 2 (RFC 5044 Res = 0x1F)."""
+    return MPA_RESERVED_MASK if rev >= MPA_REV_2 else MPA_RESERVED_MASK | MpaFlag.ENHANCED
+
+
+def encode_frame(frame: MpaFrame, *, max_private_data: int | None = MPA_MAX_PRIVATE_DATA) -> bytes:
+    """Encode an MPA Request or Reply (RFC 5044 §7.1.1; RFC 6581 §6 when ``ird_ord``).
+
+    ``max_private_data`` limits PD_Length including the IRD/ORD word (MPA-21, ERC-02);
+    ``None`` allows up to 65535 bytes (for building malformed frames in tests).
+    """
+    if not 0 <= frame.rev <= 0xFF:
+        raise LocalError(f"Rev {frame.rev} does not fit in a byte")
+    pd = bytes(frame.private_data)
+    flags = (
+        (MpaFlag.MARKERS if frame.markers else 0)
+        | (MpaFlag.CRC if frame.crc else 0)
+        | (MpaFlag.REJECT if frame.reject else 0)
+        | (frame.reserved & _reserved_mask(frame.rev))
+    )
+    if frame.ird_ord is not None:
+        if frame.rev < MPA_REV_2:
+            raise LocalError(f"the IRD/ORD word needs Rev >= 2, frame has Rev {frame.rev}")
+        flags |= MpaFlag.ENHANCED
+        pd = encode_ird_ord(frame.ird_ord) + pd
+    limit = 0xFFFF if max_private_data is None else max_private_data
+    if len(pd) > limit:
+        raise LocalError(f"private data of {len(pd)} bytes exceeds the limit {limit} (MPA-21)")
+    key = MPA_KEY_REP if frame.reply else MPA_KEY_REQ
+    return key + bytes((flags, frame.rev)) + len(pd).to_bytes(2, "big") + pd
+
+
+def decode_frame(
+    buf: Buffer, *, max_private_data: int = MPA_MAX_PRIVATE_DATA
+) -> tuple[MpaFrame, int] | None:
+    """Decode a Request or Reply at the start of ``buf``.
+
+    Returns ``(frame, bytes consumed)`` or None while the frame is incomplete.  A wrong key
+    is reported as soon as the received prefix cannot start either key (MPA-18).  Raises
+    :class:`MpaError` with Terminate 2/0/4 for a bad key, PD_Length over the limit (MPA-21)
+    or an S bit with no room for the IRD/ORD word (ERC-02).  The R bit is decoded as sent
+    (the engine ignores it in a Request, MPA-19); Rev is not judged here (MPA-20).
+    """
+    have = min(len(buf), MPA_KEY_LEN)
+    prefix = bytes(buf[:have])
+    if prefix != MPA_KEY_REQ[:have] and prefix != MPA_KEY_REP[:have]:
+        raise MpaError("MPA-18", f"invalid MPA key {prefix!r}", TERM_LLP_INVALID_STARTUP)
+    if len(buf) < MPA_FRAME_HEADER_LEN:
+        return None
+    flags = buf[16]
+    rev = buf[17]
+    pd_len = (buf[18] << 8) | buf[19]
+    if pd_len > max_private_data:
+        raise MpaError(
+            "MPA-21",
+            f"PD_Length {pd_len} exceeds the limit {max_private_data}",
+            TERM_LLP_INVALID_STARTUP,
+        )
+    enhanced = rev >= MPA_REV_2 and bool(flags & MpaFlag.ENHANCED)
+    if enhanced and pd_len < MPA_IRD_ORD_LEN:
+        raise MpaError(
+            "ERC-02",
+            f"S bit set but PD_Length {pd_len} leaves no room for the IRD/ORD word",
+            TERM_LLP_INVALID_STARTUP,
+        )
+    end = MPA_FRAME_HEADER_LEN + pd_len
+    if len(buf) < end:
+        return None
+    pd = bytes(buf[MPA_FRAME_HEADER_LEN:end])
+    ird_ord = None
+    if enhanced:
+        ird_ord = decode_ird_ord(pd[:MPA_IRD_ORD_LEN])
+        pd = pd[MPA_IRD_ORD_LEN:]
+    frame = MpaFrame(
+        reply=prefix == MPA_KEY_REP,
+        markers=bool(flags & MpaFlag.MARKERS),
+        crc=bool(flags & MpaFlag.CRC),
+        reject=bool(flags & MpaFlag.REJECT),
+        rev=rev,
+        ird_ord=ird_ord,
+        private_data=pd,
+        reserved=flags & _reserved_mask(rev),
+    )
+    return frame, end
+
+
+# ======================================================================================
+# The connection engine
+# ======================================================================================
+
+
+class MpaState(enum.Enum):
+    """States of :class:`MpaConnection`."""
+
+    IDLE = "idle"  # nothing sent yet
+    AWAIT_REPLY = "await-reply"  # initiator: Request sent
+    AWAIT_REQUEST = "await-request"  # responder: listening for the Request
+    REQUEST_RECEIVED = "request-received"  # responder: the ULP must accept or reject
+    FULL_OPERATION = "full-operation"  # FPDUs both ways
+    REJECTED = "rejected"  # left MPA with TCP open (MPA-23/24)
+    ERROR = "error"  # failed after Full Operation began; sending a Terminate still allowed
+    FAILED = "failed"  # startup failed; close TCP
+
+
+class _Input(enum.Enum):
+    INITIATE = "initiate"
+    START = "start"
+    REQUEST = "valid Request"
+    ACCEPT = "accept"
+    REJECT = "reject"
+    AUTO_REJECT = "policy reject"
+    REPLY_ACCEPT = "accepting Reply"
+    REPLY_REJECT = "rejecting Reply"
+    BAD_REPLY = "unacceptable Reply"
+    STARTUP_FAIL = "startup failure"
+    TIMEOUT = "timeout"
+    FPDU_ERROR = "FPDU error"
+
+
+_S = MpaState
+_I = _Input
+_TRANSITIONS: dict[tuple[MpaState, _Input], MpaState] = {
+    (_S.IDLE, _I.INITIATE): _S.AWAIT_REPLY,
+    (_S.IDLE, _I.START): _S.AWAIT_REQUEST,
+    (_S.AWAIT_REQUEST, _I.REQUEST): _S.REQUEST_RECEIVED,
+    (_S.AWAIT_REQUEST, _I.AUTO_REJECT): _S.REJECTED,
+    (_S.AWAIT_REQUEST, _I.STARTUP_FAIL): _S.FAILED,
+    (_S.AWAIT_REQUEST, _I.TIMEOUT): _S.FAILED,
+    (_S.REQUEST_RECEIVED, _I.ACCEPT): _S.FULL_OPERATION,
+    (_S.REQUEST_RECEIVED, _I.REJECT): _S.REJECTED,
+    (_S.AWAIT_REPLY, _I.REPLY_ACCEPT): _S.FULL_OPERATION,
+    (_S.AWAIT_REPLY, _I.REPLY_REJECT): _S.REJECTED,
+    (_S.AWAIT_REPLY, _I.BAD_REPLY): _S.ERROR,
+    (_S.AWAIT_REPLY, _I.STARTUP_FAIL): _S.FAILED,
+    (_S.AWAIT_REPLY, _I.TIMEOUT): _S.FAILED,
+    (_S.FULL_OPERATION, _I.FPDU_ERROR): _S.ERROR,
+}
+"""Every legal (state, input) -> next state; anything else is a local API error."""
+
+_DEFAULT_SETTINGS = MpaSettings()
+_WAITING = frozenset({MpaState.AWAIT_REPLY, MpaState.AWAIT_REQUEST})
+_SENDING = frozenset({MpaState.FULL_OPERATION, MpaState.ERROR})
+
+
+class MpaConnection:
+    """One MPA endpoint: startup negotiation, then FPDU framing (sans-IO).
+
+    Fields: ``role``, ``settings``, ``state`` (:class:`MpaState`), ``negotiated`` (after
+    :class:`Established`), ``mulpdu`` (largest ULPDU to post, MPA-02/13), ``peer_frame``
+    (the peer's startup frame once received).
+    """
+
+    def __init__(self, role: Role, settings: MpaSettings = _DEFAULT_SETTINGS) -> None:
+        if settings.rev not in _KNOWN_REVS:
+            raise LocalError(f"settings.rev must be 1 or 2, got {settings.rev}")
+        if not 0 <= settings.max_private_data <= MPA_MAX_PRIVATE_DATA:
+            raise LocalError(f"max_private_data must be 0..{MPA_MAX_PRIVATE_DATA}")
+        self.role = role
+        self.settings = settings
+        self.state = MpaState.IDLE
+        self.negotiated: Negotiated | None = None
+        self.peer_frame: MpaFrame | None = None
+        self._local_frame: MpaFrame | None = None
+        self._events: deque[MpaEvent] = deque()
+        self._out = bytearray()
+        self._inbuf = bytearray()  # startup bytes; later, bytes held until accept()
+        self._deadline: float | None = None
+        self._framer: FpduFramer | None = None
+        self._deframer: FpduDeframer | None = None
+        self._held: bytearray | None = None  # MPA-25: responder output before first FPDU
+        self._fin = False
+        self._fin_reported = False
+
+    # -- introspection -------------------------------------------------------------------
+
+    @property
+    def mulpdu(self) -> int:
+        """Largest ULPDU DDP should post (MPA-02, MPA-13): settings override or from EMSS."""
+        if self.settings.mulpdu is not None:
+            return self.settings.mulpdu
+        markers = self._framer.markers if self._framer is not None else False
+        return mulpdu_for(self.settings.emss, markers)
+
+    def timer_deadline(self) -> float | None:
+        """When :meth:`handle_timer` must be called next, or None (MPA-27)."""
+        return self._deadline if self.state in _WAITING else None
+
+    # -- startup API ---------------------------------------------------------------------
+
+    def _check_allowed(self, event: _Input) -> None:
+        if (self.state, event) not in _TRANSITIONS:
+            raise LocalError(
+                f"{event.value} is not allowed in state {self.state.value} ({self.role.value})"
+            )
+
+    def _transition(self, event: _Input) -> None:
+        self._check_allowed(event)
+        self.state = _TRANSITIONS[self.state, event]
+
+    def _require_role(self, role: Role, what: str) -> None:
+        if self.role is not role:
+            raise LocalError(f"{what}() is for the {role.value}, this is the {self.role.value}")
+
+    def initiate(self, now: float, private_data: bytes = b"") -> None:
+        """Initiator: queue the Request and arm the Reply timer (RFC 5044 §7.1.2 step 1)."""
+        self._require_role(Role.INITIATOR, "initiate")
+        s = self.settings
+        ird_ord = None
+        if s.rev >= MPA_REV_2:  # ERC-12: rev 2 is chosen only to use the enhanced word
+            offered = RtrType(s.rtr) if s.p2p else RtrType.NONE  # ERC-07
+            if s.p2p and not offered:
+                raise LocalError("a peer-to-peer initiator must offer at least one RTR type")
+            ird_ord = IrdOrd(s.ird, s.ord, s.p2p, offered)
+        frame = MpaFrame(
+            reply=False,
+            markers=s.want_markers,
+            crc=s.crc in (CrcPolicy.REQUEST, CrcPolicy.REQUIRE),
+            rev=s.rev,
+            ird_ord=ird_ord,
+            private_data=bytes(private_data),
+        )
+        data = encode_frame(frame, max_private_data=s.max_private_data)
+        self._check_allowed(_Input.INITIATE)
+        self._transition(_Input.INITIATE)
+        self._local_frame = frame
+        self._out += data
+        self._deadline = now + s.reply_timeout
+        self._process_startup()
+
+    def start(self, now: float) -> None:
+        """Responder: start waiting for the Request and arm the Request timer (MPA-26/27)."""
+        self._require_role(Role.RESPONDER, "start")
+        self._transition(_Input.START)
+        self._deadline = now + self.settings.request_timeout
+        self._process_startup()
+
+    def accept(
+        self,
+        private_data: bytes = b"",
+        *,
+        ird: int | None = None,
+        ord: int | None = None,
+        rtr: RtrType | None = None,
+    ) -> None:
+        """Responder: send the accepting Reply and enter Full Operation (§7.1.2 step 2).
+
+        ``ird``/``ord``/``rtr`` override the settings for this connection.
+        """
+        self._require_role(Role.RESPONDER, "accept")
+        self._check_allowed(_Input.ACCEPT)
+        request = self.peer_frame
+        assert request is not None
+        s = self.settings
+        cap_ird = s.ird if ird is None else ird
+        cap_ord = s.ord if ord is None else ord
+        supported = RtrType(s.rtr if rtr is None else rtr)
+        reply_word = None
+        final_ird, final_ord, rtr_used = cap_ird, cap_ord, RtrType.NONE
+        peer = request.ird_ord
+        if peer is not None:
+            reply_word, final_ird, final_ord, rtr_used = self._responder_ird_ord(
+                peer, cap_ird, cap_ord, supported
+            )
+        frame = MpaFrame(
+            reply=True,
+            markers=s.want_markers,
+            crc=s.crc in (CrcPolicy.REQUEST, CrcPolicy.REQUIRE),
+            rev=self._reply_rev(request),
+            ird_ord=reply_word,
+            private_data=bytes(private_data),
+        )
+        data = encode_frame(frame, max_private_data=s.max_private_data)
+        self._transition(_Input.ACCEPT)
+        self._local_frame = frame
+        self._out += data
+        self._held = bytearray()
+        negotiated = self._negotiated(
+            local=frame,
+            peer=request,
+            ird=final_ird,
+            ord=final_ord,
+            peer_word=peer,
+            rtr=rtr_used,
+        )
+        self._enter_full_operation(negotiated)
+        early = bytes(self._inbuf)
+        self._inbuf.clear()
+        self._feed_fpdus(early)
+        if self._fin:
+            self._report_fin()
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """Responder: Reply with R=1 and leave MPA with TCP open (MPA-23, ERC-05)."""
+        self._require_role(Role.RESPONDER, "reject")
+        self._check_allowed(_Input.REJECT)
+        request = self.peer_frame
+        assert request is not None
+        data = self._reject_frame(request, bytes(private_data))
+        self._transition(_Input.REJECT)
+        self._out += data
+        self._inbuf.clear()
+        if self._fin:
+            self._report_fin()
+
+    # -- data path -----------------------------------------------------------------------
+
+    def receive_data(self, data: Buffer) -> None:
+        """Feed bytes received from TCP; ``b""`` means the peer sent FIN."""
+        if not data:
+            if not self._fin:
+                self._fin = True
+                self._on_fin()
+            return
+        if self._fin:
+            raise LocalError("data received after the peer's FIN")
+        state = self.state
+        if state is MpaState.FULL_OPERATION:
+            self._feed_fpdus(data)
+            return
+        if state in (MpaState.IDLE, MpaState.AWAIT_REPLY, MpaState.AWAIT_REQUEST):
+            self._inbuf += data
+            self._process_startup()
+        elif state is MpaState.REQUEST_RECEIVED:
+            self._inbuf += data  # held until accept(); siw would drop the connection
+        # REJECTED, ERROR, FAILED: MPA is over for this direction; bytes are ignored.
+
+    def next_event(self) -> MpaEvent | NeedData:
+        """The next event, or :data:`~stack.wire.events.NEED_DATA`."""
+        if self._events:
+            return self._events.popleft()
+        return NEED_DATA
+
+    def send_ulpdu(self, ulpdu: Buffer) -> None:
+        """Frame one ULPDU as an FPDU (CRC, pad, markers) and queue it (MPA-01).
+
+        A responder's FPDUs are held until its first valid FPDU has arrived (MPA-25).
+        """
+        framer = self._framer
+        if framer is None or self.state not in _SENDING:
+            raise LocalError(f"cannot send FPDUs in state {self.state.value}")
+        framer.frame_into(self._out if self._held is None else self._held, ulpdu)
+
+    def send_ulpdus(self, ulpdus: Iterable[Buffer]) -> None:
+        """Frame and queue several ULPDUs in order."""
+        framer = self._framer
+        if framer is None or self.state not in _SENDING:
+            raise LocalError(f"cannot send FPDUs in state {self.state.value}")
+        out = self._out if self._held is None else self._held
+        frame_into = framer.frame_into
+        for ulpdu in ulpdus:
+            frame_into(out, ulpdu)
+
+    def data_to_send(self) -> bytearray:
+        """All queued outbound bytes; ownership passes to the caller."""
+        out = self._out
+        self._out = bytearray()
+        return out
+
+    def handle_timer(self, now: float) -> None:
+        """Fire the startup timer if due (MPA-27); responder/responder shows up here (MPA-26)."""
+        deadline = self.timer_deadline()
+        if deadline is None or now < deadline:
+            return
+        waiting_for = "Reply" if self.state is MpaState.AWAIT_REPLY else "Request"
+        rule = "MPA-27" if self.role is Role.INITIATOR else "MPA-26"
+        self._transition(_Input.TIMEOUT)
+        self._deadline = None
+        self._events.append(
+            ConnectionFailed(
+                ConnectionTimeout(f"{rule}: no MPA {waiting_for} within the startup timeout"),
+                close=True,
+                terminate=None,
+            )
+        )
+
+    # -- internals: startup --------------------------------------------------------------
+
+    def _fail_startup(self, error: ProtocolError) -> None:
+        self._transition(_Input.STARTUP_FAIL)
+        self._deadline = None
+        self._inbuf.clear()
+        self._events.append(ConnectionFailed(error, close=True, terminate=None))
+
+    def _process_startup(self) -> None:
+        if self.state not in _WAITING or not self._inbuf:
+            return
+        try:
+            decoded = decode_frame(self._inbuf, max_private_data=self.settings.max_private_data)
+        except MpaError as exc:
+            self._fail_startup(exc)
+            return
+        if decoded is None:
+            return
+        frame, used = decoded
+        del self._inbuf[:used]
+        self.peer_frame = frame
+        self._deadline = None
+        if self.state is MpaState.AWAIT_REQUEST:
+            self._on_request(frame)
+        else:
+            self._on_reply(frame)
+
+    def _reply_rev(self, request: MpaFrame) -> int:
+        """Rev of our Reply: enhanced replies are Rev 2 (ERC-11); else echo, capped."""
+        if request.ird_ord is not None:
+            return MPA_REV_2
+        if request.rev == MPA_REV_RDMAC:
+            return MPA_REV_RDMAC
+        return min(request.rev, self.settings.rev)
+
+    def _reject_frame(self, request: MpaFrame, private_data: bytes) -> bytes:
+        """A rejecting Reply; enhanced (with our IRD/ORD) if the Request was (ERC-05/11)."""
+        s = self.settings
+        word = None
+        if request.ird_ord is not None and self._supports_enhanced():
+            word = IrdOrd(s.ird, s.ord, request.ird_ord.p2p, RtrType.NONE)
+        if word is not None:
+            rev = MPA_REV_2
+        elif request.rev in (MPA_REV_RDMAC, *_KNOWN_REVS):
+            rev = min(request.rev, s.rev)
+        else:
+            rev = s.rev
+        frame = MpaFrame(
+            reply=True,
+            markers=s.want_markers,
+            crc=s.crc in (CrcPolicy.REQUEST, CrcPolicy.REQUIRE),
+            reject=True,
+            rev=rev,
+            ird_ord=word,
+            private_data=private_data,
+        )
+        self._local_frame = frame
+        return encode_frame(frame, max_private_data=s.max_private_data)
+
+    def _supports_enhanced(self) -> bool:
+        return self.settings.allow_enhanced and self.settings.rev >= MPA_REV_2
+
+    def _auto_reject(self, request: MpaFrame, error: MpaError) -> None:
+        """Refuse a well-formed Request by policy: R=1 Reply, TCP stays open (MPA-23)."""
+        self._out += self._reject_frame(request, b"")
+        self._transition(_Input.AUTO_REJECT)
+        self._inbuf.clear()
+        self._events.append(ConnectionFailed(error, close=False, terminate=None))
+
+    def _on_request(self, frame: MpaFrame) -> None:
+        """Validate a Request (MPA-22) and apply the responder's policies."""
+        s = self.settings
+        if frame.reply:
+            self._fail_startup(
+                MpaError(
+                    "MPA-18",
+                    "Reply key received while waiting for a Request",
+                    TERM_LLP_INVALID_STARTUP,
+                )
+            )
+            return
+        if frame.rev not in _KNOWN_REVS:
+            error = MpaError("MPA-20", f"Request has Rev {frame.rev}", TERM_LLP_INVALID_STARTUP)
+            if s.rev_policy is RevPolicy.CLOSE:
+                self._fail_startup(error)
+                return
+            if s.rev_policy is RevPolicy.REJECT:
+                self._auto_reject(frame, error)
+                return
+        if frame.ird_ord is not None and not self._supports_enhanced():
+            self._fail_startup(
+                MpaError(
+                    "ERC-11",
+                    "enhanced (S=1) Request but RFC 6581 is disabled here",
+                    TERM_LLP_INVALID_STARTUP,
+                )
+            )
+            return
+        if s.crc is CrcPolicy.REQUIRE and not frame.crc:
+            self._auto_reject(
+                frame, MpaError("MPA-11", "peer asked for no CRC; CRC is required here")
+            )
+            return
+        if s.crc is CrcPolicy.STRICT_OFF and frame.crc:
+            self._auto_reject(
+                frame, MpaError("MPA-11", "peer asked for CRC; CRC is strictly off here")
+            )
+            return
+        self._transition(_Input.REQUEST)
+        self._events.append(RequestReceived(frame))
+
+    def _responder_ird_ord(
+        self, peer: IrdOrd, cap_ird: int, cap_ord: int, supported: RtrType
+    ) -> tuple[IrdOrd, int, int, RtrType]:
+        """Responder side of RFC 6581 §9.1-9.2: the Reply word, final IRD/ORD, RTR kind."""
+        # ERC-04/06: our ORD never exceeds the initiator's IRD; 0x3FFF opts out.
+        if peer.ird == MPA_V2_NO_NEGOTIATION or cap_ord == MPA_V2_NO_NEGOTIATION:
+            final_ord, wire_ord = cap_ord, MPA_V2_NO_NEGOTIATION
+        else:
+            final_ord = wire_ord = min(cap_ord, peer.ird)
+        if peer.ord == MPA_V2_NO_NEGOTIATION or cap_ird == MPA_V2_NO_NEGOTIATION:
+            final_ird, wire_ird = cap_ird, MPA_V2_NO_NEGOTIATION
+        else:
+            final_ird = wire_ird = min(cap_ird, peer.ord)
+        rtr_used = RtrType.NONE
+        flags = RtrType.NONE
+        if peer.p2p:
+            if cap_ird < 1:
+                supported &= ~RtrType.READ  # a zero-length Read needs an IRD credit
+            if not supported:
+                raise LocalError("a responder must support at least one RTR type (ERC-08)")
+            offered = RtrType(peer.rtr)
+            for kind in self.settings.rtr_preference:
+                if kind & offered & supported:
+                    rtr_used = RtrType(kind)
+                    break
+            if rtr_used:
+                flags = rtr_used
+            else:  # ERC-08: flag a supported type even though none was offered
+                flags = next(
+                    RtrType(k)
+                    for k in (*self.settings.rtr_preference, *_RTR_ORDER)
+                    if k & supported
+                )
+            if rtr_used is RtrType.READ and final_ird == 0 and wire_ird == 0:
+                final_ird = wire_ird = 1  # §9.1: MAY raise IRD for the Read RTR
+        word = IrdOrd(wire_ird, wire_ord, peer.p2p, flags)
+        return word, final_ird, final_ord, rtr_used
+
+    def _on_reply(self, frame: MpaFrame) -> None:
+        """Validate a Reply (MPA-24) and finish negotiation on the initiator side."""
+        s = self.settings
+        local = self._local_frame
+        assert local is not None
+        if not frame.reply:
+            self._fail_startup(
+                MpaError(
+                    "MPA-26",
+                    "Request key received while waiting for a Reply: initiator/initiator",
+                    TERM_LLP_INVALID_STARTUP,
+                )
+            )
+            return
+        if frame.reject:
+            self._transition(_Input.REPLY_REJECT)
+            self._inbuf.clear()
+            reason = "peer rejected the connection"
+            if frame.ird_ord is not None:
+                reason += f" (peer IRD {frame.ird_ord.ird}, ORD {frame.ird_ord.ord})"
+            self._events.append(Rejected(frame, reason))
+            return
+        known = frame.rev in _KNOWN_REVS and frame.rev <= s.rev
+        if not known and s.rev_policy is not RevPolicy.ACCEPT:
+            self._fail_startup(
+                MpaError(
+                    "MPA-20",
+                    f"Reply has Rev {frame.rev} to our Rev {s.rev} Request",
+                    TERM_LLP_INVALID_STARTUP,
+                )
+            )
+            return
+        if (frame.ird_ord is None) != (local.ird_ord is None):
+            self._fail_startup(
+                MpaError(
+                    "ERC-11",
+                    "Reply format does not follow the Request's S bit",
+                    TERM_LLP_INVALID_STARTUP,
+                )
+            )
+            return
+        # From here the Reply is valid: Full Operation has begun for sending, so a
+        # refusal is reported with the Terminate the ULP should send (ERC-04/09/10).
+        enhanced = frame.ird_ord is not None
+        crc = local.crc or frame.crc
+        if s.crc is CrcPolicy.REQUIRE and not frame.crc:
+            self._bad_reply(
+                MpaError("MPA-11", "peer asked for no CRC; CRC is required here"),
+                TERM_LLP_LOCAL_CATASTROPHIC if enhanced else None,
+                crc,
+                frame,
+            )
+            return
+        if s.crc is CrcPolicy.STRICT_OFF and frame.crc:
+            self._bad_reply(
+                MpaError("MPA-11", "peer asked for CRC; CRC is strictly off here"),
+                TERM_LLP_LOCAL_CATASTROPHIC if enhanced else None,
+                crc,
+                frame,
+            )
+            return
+        ird, ord_ = s.ird, s.ord
+        rtr_used = RtrType.NONE
+        peer = frame.ird_ord
+        if peer is not None:
+            assert local.ird_ord is not None
+            if peer.p2p != local.ird_ord.p2p:
+                self._bad_reply(
+                    MpaError(
+                        "ERC-08",
+                        f"Reply A bit {int(peer.p2p)} does not echo the Request's "
+                        f"{int(local.ird_ord.p2p)}",
+                        TERM_LLP_NO_MATCHING_RTR,
+                    ),
+                    TERM_LLP_NO_MATCHING_RTR,
+                    crc,
+                    frame,
+                )
+                return
+            # ERC-04/06: IRD >= responder ORD (or fail with 2/0/6), ORD <= responder IRD.
+            if (
+                peer.ord != MPA_V2_NO_NEGOTIATION
+                and ird != MPA_V2_NO_NEGOTIATION
+                and peer.ord > ird
+            ):
+                self._bad_reply(
+                    MpaError(
+                        "ERC-04",
+                        f"responder ORD {peer.ord} exceeds our IRD {ird}",
+                        TERM_LLP_INSUFFICIENT_IRD,
+                    ),
+                    TERM_LLP_INSUFFICIENT_IRD,
+                    crc,
+                    frame,
+                )
+                return
+            if peer.ird != MPA_V2_NO_NEGOTIATION and ord_ != MPA_V2_NO_NEGOTIATION:
+                ord_ = min(ord_, peer.ird)
+            if peer.p2p:
+                rtr_used = self._initiator_rtr(local.ird_ord.rtr, peer, ord_)
+                if not rtr_used:
+                    self._bad_reply(
+                        MpaError(
+                            "ERC-09",
+                            f"no RTR type in common: offered {local.ird_ord.rtr!r}, "
+                            f"responder flagged {peer.rtr!r}",
+                            TERM_LLP_NO_MATCHING_RTR,
+                        ),
+                        TERM_LLP_NO_MATCHING_RTR,
+                        crc,
+                        frame,
+                    )
+                    return
+        self._transition(_Input.REPLY_ACCEPT)
+        negotiated = self._negotiated(
+            local=local, peer=frame, ird=ird, ord=ord_, peer_word=peer, rtr=rtr_used
+        )
+        self._enter_full_operation(negotiated)
+        rest = bytes(self._inbuf)
+        self._inbuf.clear()
+        self._feed_fpdus(rest)
+
+    def _initiator_rtr(self, offered: RtrType, peer: IrdOrd, ord_: int) -> RtrType:
+        """The one RTR kind flagged by both sides, by our preference (ERC-09)."""
+        common = RtrType(offered) & RtrType(peer.rtr)
+        if ord_ == 0:
+            common &= ~RtrType.READ  # no ORD credit for a zero-length Read RTR
+        for kind in (*self.settings.rtr_preference, *_RTR_ORDER):
+            if kind & common:
+                return RtrType(kind)
+        return RtrType.NONE
+
+    def _bad_reply(
+        self, error: MpaError, terminate: TermCode | None, crc: bool, frame: MpaFrame
+    ) -> None:
+        """A valid Reply we cannot live with: Full Operation (to send the Terminate) + fail."""
+        self._transition(_Input.BAD_REPLY)
+        self._inbuf.clear()
+        if terminate is not None:
+            self._framer = FpduFramer(crc=crc, markers=frame.markers)
+        self._events.append(ConnectionFailed(error, close=True, terminate=terminate))
+
+    def _negotiated(
+        self,
+        *,
+        local: MpaFrame,
+        peer: MpaFrame,
+        ird: int,
+        ord: int,
+        peer_word: IrdOrd | None,
+        rtr: RtrType,
+    ) -> Negotiated:
+        markers_tx = peer.markers  # the receiver of each direction decides (MPA-09)
+        mulpdu = self.settings.mulpdu
+        if mulpdu is None:
+            mulpdu = mulpdu_for(self.settings.emss, markers_tx)
+        reply = peer if peer.reply else local
+        return Negotiated(
+            role=self.role,
+            rev=reply.rev,
+            crc=local.crc or peer.crc,
+            markers_tx=markers_tx,
+            markers_rx=local.markers,
+            ird=ird,
+            ord=ord,
+            peer_ird=None if peer_word is None else peer_word.ird,
+            peer_ord=None if peer_word is None else peer_word.ord,
+            p2p=peer_word is not None and peer_word.p2p,
+            rtr=rtr,
+            peer_private_data=peer.private_data,
+            mulpdu=mulpdu,
+            local_frame=local,
+            peer_frame=peer,
+        )
+
+    def _enter_full_operation(self, negotiated: Negotiated) -> None:
+        """Set up framing; SeqStart is the next byte in each direction (MPA-07, MPA-17)."""
+        self.negotiated = negotiated
+        self._framer = FpduFramer(crc=negotiated.crc, markers=negotiated.markers_tx)
+        self._deframer = FpduDeframer(crc=negotiated.crc, markers=negotiated.markers_rx)
+        if self.role is Role.INITIATOR:
+            self._held = None
+        self._events.append(Established(negotiated))
+
+    # -- internals: Full Operation ------------------------------------------------------
+
+    def _feed_fpdus(self, data: Buffer) -> None:
+        deframer = self._deframer
+        if deframer is None or self.state is not MpaState.FULL_OPERATION:
+            return
+        deframer.feed(data)
+        events = self._events
+        try:
+            for ulpdu in deframer:
+                events.append(UlpduReceived(ulpdu))
+                if self._held is not None:
+                    self._release_held()
+        except MpaError as exc:
+            self._transition(_Input.FPDU_ERROR)
+            if self._held is not None:
+                # The initiator evidently is in Full Operation; let a Terminate out.
+                self._release_held()
+            events.append(ConnectionFailed(exc, close=False, terminate=exc.term))
+
+    def _release_held(self) -> None:
+        """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""
+        held = self._held
+        self._held = None
+        if held:
+            self._out += held
+
+    def _report_fin(self) -> None:
+        self._fin_reported = True
+        self._events.append(PeerClosed())
+
+    def _on_fin(self) -> None:
+        state = self.state
+        if state in _WAITING:
+            waiting_for = "Reply" if state is MpaState.AWAIT_REPLY else "Request"
+            self._fail_startup(
+                MpaError(
+                    "MPA-28",
+                    f"peer closed the connection before the MPA {waiting_for} completed",
+                    TERM_LLP_CONNECTION_LOST,
+                )
+            )
+            return
+        if state is MpaState.FAILED or state is MpaState.REQUEST_RECEIVED:
+            return  # nothing to report / reported after accept() or reject()
+        self._report_fin()
