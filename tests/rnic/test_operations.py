@@ -57,7 +57,9 @@ def test_send_scatter_gather_multi_sge_and_segmentation() -> None:
     assert rwc.byte_len == len(payload)
     assert bytes(dst1.buf) + bytes(dst2.buf[:6240]) == payload
     assert len(p.a.sent[0]) > len(payload)  # framed in several FPDUs
-    assert p.a.sent[0].count(b"\x41\x43") >= 7  # untagged Send control bytes per FPDU
+    # DDP-02: several untagged Send segments, L set on the last one only.
+    assert p.a.sent[0].count(b"\x01\x43") >= 6
+    assert p.a.sent[0].count(b"\x41\x43") == 1
 
 
 def test_send_with_solicited_event_raises_notification() -> None:
