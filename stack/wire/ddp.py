@@ -179,6 +179,8 @@ def segment_tagged(
     Each segment's TO is the message TO plus the offset of its first byte (modulo 2^64:
     a sender may deliberately aim at the peer's TO-wrap check); L is set only on the last.
     """
+    if not 0 <= to <= _MASK64:
+        raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
     src = byte_view(payload)
     sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
     out: list[bytearray] = []
