@@ -1,0 +1,601 @@
+"""KBTP messages: frozen dataclasses with byte-exact encode/decode (draft §5, docs/kbtp.md §5).
+
+Every message starts with the 24-octet common header of draft §5.1; all fields are
+big-endian.  :func:`decode_message` is strict: anything that does not match
+docs/kbtp.md raises :class:`KbtpError` carrying the status code a target answers with
+(and the request ID when the header could be read), never another exception.
+
+The dataclasses themselves do not validate, so tests can build bad messages on purpose;
+``encode()`` only refuses values that do not fit their fields (:class:`LocalError`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kbtp.constants import (
+    ALLOWED_FLAGS,
+    BIND_LEN,
+    COMMON_HEADER_LEN,
+    COMPLETION_DESCRIPTOR_LEN,
+    COMPLETION_LEN,
+    COMPLETION_RECORD_LEN,
+    DATA_DESCRIPTOR_LEN,
+    HELLO_ACK_LEN,
+    HELLO_FIXED_LEN,
+    KBTP_VERSION,
+    MAX_IDENTITY_LEN,
+    NO_BLOCK_OFFSET,
+    SESSION_FATAL_STATUSES,
+    Capability,
+    MessageOpcode,
+    RequestFlag,
+    Status,
+)
+from stack.errors import LocalError, ProtocolError
+
+Buffer = bytes | bytearray | memoryview
+
+_HEADER = struct.Struct(">BBHQQHH")
+_DESCRIPTOR = struct.Struct(">IQI")
+_HELLO_BODY = struct.Struct(">IHH")
+_HELLO_ACK_BODY = struct.Struct(">IIIIQIIHBBIIIQQQIIQQQQ")
+_COMPLETION_BODY = struct.Struct(">IB3xQ")
+_BIND_BODY = struct.Struct(">IIQ")
+_RECORD = struct.Struct(">QHHIQ")
+
+assert _HEADER.size == COMMON_HEADER_LEN
+assert _HELLO_ACK_BODY.size + COMMON_HEADER_LEN == HELLO_ACK_LEN
+
+
+class KbtpError(ProtocolError):
+    """A KBTP message or request broke a rule of the draft or docs/kbtp.md.
+
+    Fields: ``status`` (the :class:`Status` the target completes with), ``request_id``
+    and ``opcode`` (from the common header, None when it could not be read), ``fatal``
+    (the session must be closed after answering), plus ``rule``/``detail`` of
+    :class:`ProtocolError`.
+    """
+
+    def __init__(
+        self,
+        status: Status,
+        detail: str,
+        *,
+        rule: str = "KBTP-5",
+        request_id: int | None = None,
+        opcode: int | None = None,
+        handle: int = 0,
+        fatal: bool | None = None,
+    ) -> None:
+        super().__init__(rule, f"{status.name}: {detail}")
+        self.status = status
+        self.request_id = request_id
+        self.opcode = opcode
+        self.handle = handle
+        self.fatal = status in SESSION_FATAL_STATUSES if fatal is None else fatal
+
+
+def _pack(st: struct.Struct, *values: int) -> bytes:
+    try:
+        return st.pack(*values)
+    except struct.error as exc:
+        raise LocalError(f"KBTP field out of range: {exc}") from None
+
+
+# ======================================================================================
+# Building blocks
+# ======================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class CommonHeader:
+    """The common header (draft §5.1).
+
+    Fields: opcode, flags, request_id, handle, generation, status, version.
+    """
+
+    opcode: int
+    flags: int = 0
+    request_id: int = 0
+    handle: int = 0
+    generation: int = 0
+    status: int = 0
+    version: int = KBTP_VERSION
+
+    def encode(self) -> bytes:
+        return _pack(
+            _HEADER,
+            self.version,
+            self.opcode,
+            int(self.flags),
+            self.request_id,
+            self.handle,
+            self.generation,
+            int(self.status),
+        )
+
+    @classmethod
+    def decode(cls, data: Buffer) -> CommonHeader:
+        """Read the header; MALFORMED (fatal) if fewer than 24 octets."""
+        if len(data) < COMMON_HEADER_LEN:
+            raise KbtpError(
+                Status.MALFORMED,
+                f"{len(data)} octets, shorter than the common header",
+                rule="KBTP-5.1",
+                fatal=True,
+            )
+        version, opcode, flags, request_id, handle, generation, status = _HEADER.unpack_from(data)
+        return cls(opcode, flags, request_id, handle, generation, status, version)
+
+
+@dataclass(frozen=True, slots=True)
+class DataDescriptor:
+    """A buffer of the initiator: STag, Tagged Offset, Length (draft §5.2)."""
+
+    stag: int
+    to: int
+    length: int
+
+    def encode(self) -> bytes:
+        return _pack(_DESCRIPTOR, self.stag, self.to, self.length)
+
+    @classmethod
+    def decode(cls, data: Buffer, offset: int = 0) -> DataDescriptor:
+        return cls(*_DESCRIPTOR.unpack_from(data, offset))
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionDescriptor:
+    """A 24-octet completion record slot of the initiator: STag, Tagged Offset (draft §5.2)."""
+
+    stag: int
+    to: int
+
+    def encode(self) -> bytes:
+        return _pack(_DESCRIPTOR, self.stag, self.to, 0)
+
+    @classmethod
+    def decode(cls, data: Buffer, offset: int = 0) -> CompletionDescriptor:
+        stag, to, _reserved = _DESCRIPTOR.unpack_from(data, offset)
+        return cls(stag, to)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """The 24-octet completion record of draft §6.5 (never used on the RDMAP binding).
+
+    Fields: request_id, status, generation, data_length, block_offset.
+    """
+
+    request_id: int
+    status: int
+    generation: int
+    data_length: int
+    block_offset: int
+
+    def encode(self) -> bytes:
+        return _pack(
+            _RECORD,
+            self.request_id,
+            int(self.status),
+            self.generation,
+            self.data_length,
+            self.block_offset,
+        )
+
+    @classmethod
+    def decode(cls, data: Buffer) -> CompletionRecord:
+        if len(data) != COMPLETION_RECORD_LEN:
+            raise KbtpError(Status.MALFORMED, f"completion record of {len(data)} octets")
+        return cls(*_RECORD.unpack(data))
+
+
+# ======================================================================================
+# Session setup (docs/kbtp.md §5.3, §5.4)
+# ======================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """HELLO, the initiator's first Send (docs/kbtp.md §5.3).
+
+    Fields: request_id, capabilities (requested), identity (opaque, up to 256 octets).
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.HELLO
+    request_id: int
+    capabilities: Capability = Capability.NONE
+    identity: bytes = b""
+
+    def encode(self) -> bytes:
+        header = CommonHeader(self.opcode, request_id=self.request_id).encode()
+        body = _pack(_HELLO_BODY, int(self.capabilities), len(self.identity), 0)
+        return header + body + bytes(self.identity)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck:
+    """HELLO_ACK, the target's answer to HELLO (docs/kbtp.md §5.4); 136 octets.
+
+    Fields: request_id (echoes HELLO), status, capabilities (granted), block_size,
+    pool_blocks (F), quota (Allocation Quota), handle_base, handle_count (the initiator's
+    handle range), ticket_timeout_ms, request_credits, ring_order (n of the initiator's
+    partition ring, N = 2**n), max_inline, table_stag, pool_stag, table_offset,
+    table_base_handle, pool_offset, ring_stag, partition_stag, ring_offset, head_offset,
+    partition_offset, partition_length.  Fields of a capability not granted are zero.
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.HELLO_ACK
+    request_id: int
+    status: int = Status.SUCCESS
+    capabilities: Capability = Capability.NONE
+    block_size: int = 0
+    pool_blocks: int = 0
+    quota: int = 0
+    handle_base: int = 0
+    handle_count: int = 0
+    ticket_timeout_ms: int = 0
+    request_credits: int = 0
+    ring_order: int = 0
+    max_inline: int = 0
+    table_stag: int = 0
+    pool_stag: int = 0
+    table_offset: int = 0
+    table_base_handle: int = 0
+    pool_offset: int = 0
+    ring_stag: int = 0
+    partition_stag: int = 0
+    ring_offset: int = 0
+    head_offset: int = 0
+    partition_offset: int = 0
+    partition_length: int = 0
+
+    def encode(self) -> bytes:
+        header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)
+        body = _pack(
+            _HELLO_ACK_BODY,
+            int(self.capabilities),
+            self.block_size,
+            self.pool_blocks,
+            self.quota,
+            self.handle_base,
+            self.handle_count,
+            self.ticket_timeout_ms,
+            self.request_credits,
+            self.ring_order,
+            0,
+            self.max_inline,
+            self.table_stag,
+            self.pool_stag,
+            self.table_offset,
+            self.table_base_handle,
+            self.pool_offset,
+            self.ring_stag,
+            self.partition_stag,
+            self.ring_offset,
+            self.head_offset,
+            self.partition_offset,
+            self.partition_length,
+        )
+        return header.encode() + body
+
+    def entry_to(self, handle: int) -> int:
+        """Tagged Offset of ``handle``'s table entry under the Table STag (draft §3.2)."""
+        return self.table_offset + 16 * (handle - self.table_base_handle)
+
+
+# ======================================================================================
+# Requests (draft §5, §6; docs/kbtp.md §5.5-5.8)
+# ======================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """LOAD (draft §6.1): header + Data Descriptor (the destination) [+ Completion Descriptor].
+
+    Fields: request_id, handle, descriptor, generation (0 = any), flags, completion.
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.LOAD
+    request_id: int
+    handle: int
+    descriptor: DataDescriptor
+    generation: int = 0
+    flags: RequestFlag = RequestFlag.NONE
+    completion: CompletionDescriptor | None = None
+
+    def encode(self) -> bytes:
+        header = CommonHeader(
+            self.opcode, self.flags, self.request_id, self.handle, self.generation
+        ).encode()
+        tail = self.completion.encode() if self.completion is not None else b""
+        return header + self.descriptor.encode() + tail
+
+
+@dataclass(frozen=True, slots=True)
+class _StoreBase:
+    request_id: int
+    handle: int
+    descriptor: DataDescriptor
+    data: bytes = b""
+    generation: int = 0
+    flags: RequestFlag = RequestFlag.NONE
+    completion: CompletionDescriptor | None = None
+
+    def encode(self) -> bytes:
+        header = CommonHeader(
+            self.opcode,  # type: ignore[attr-defined]
+            self.flags,
+            self.request_id,
+            self.handle,
+            self.generation,
+        ).encode()
+        tail = self.completion.encode() if self.completion is not None else b""
+        return header + self.descriptor.encode() + tail + bytes(self.data)
+
+    @property
+    def inline(self) -> bool:
+        return bool(self.flags & RequestFlag.INLINE)
+
+    @property
+    def data_length(self) -> int:
+        """Octets to store: the inline payload's length or the descriptor Length."""
+        return self.descriptor.length
+
+
+@dataclass(frozen=True, slots=True)
+class Store(_StoreBase):
+    """STORE, the mapped store (draft §6.2).
+
+    Fields: request_id, handle, descriptor (source; zero STag/TO and the data length
+    when INLINE), data (the inline payload), generation, flags, completion.
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.STORE
+
+
+@dataclass(frozen=True, slots=True)
+class AllocStore(_StoreBase):
+    """ALLOC_STORE, the unmapped store (draft §6.3); same layout as STORE."""
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.ALLOC_STORE
+
+
+def inline_descriptor(data: Buffer) -> DataDescriptor:
+    """The Data Descriptor of an INLINE store: STag 0, TO 0, Length = len(data) (§5.2)."""
+    return DataDescriptor(0, 0, len(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """FREE (draft §6.4): header [+ Completion Descriptor].
+
+    Fields: request_id, handle, generation, flags, completion.
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.FREE
+    request_id: int
+    handle: int
+    generation: int = 0
+    flags: RequestFlag = RequestFlag.NONE
+    completion: CompletionDescriptor | None = None
+
+    def encode(self) -> bytes:
+        header = CommonHeader(
+            self.opcode, self.flags, self.request_id, self.handle, self.generation
+        ).encode()
+        return header + (self.completion.encode() if self.completion is not None else b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """BIND (draft §6.6, docs/kbtp.md §5.7): bind a directly allocated block to a handle.
+
+    Fields: request_id, handle, ticket, data_length, block_offset, generation, flags
+    (SEAL), completion.
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.BIND
+    request_id: int
+    handle: int
+    ticket: int
+    data_length: int
+    block_offset: int
+    generation: int = 0
+    flags: RequestFlag = RequestFlag.NONE
+    completion: CompletionDescriptor | None = None
+
+    def encode(self) -> bytes:
+        header = CommonHeader(
+            self.opcode, self.flags, self.request_id, self.handle, self.generation
+        ).encode()
+        body = _pack(_BIND_BODY, self.ticket, self.data_length, self.block_offset)
+        return header + body + (self.completion.encode() if self.completion is not None else b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """COMPLETION (draft §6.5, docs/kbtp.md §5.8); 40 octets.
+
+    Fields: request_id and handle (echoed), generation (the entry's current one),
+    status, data_length, block_offset (all ones when no block is named),
+    request_opcode (echoed).
+    """
+
+    opcode: ClassVar[MessageOpcode] = MessageOpcode.COMPLETION
+    request_id: int
+    handle: int = 0
+    generation: int = 0
+    status: int = Status.SUCCESS
+    data_length: int = 0
+    block_offset: int = NO_BLOCK_OFFSET
+    request_opcode: int = 0
+
+    def encode(self) -> bytes:
+        header = CommonHeader(
+            self.opcode, 0, self.request_id, self.handle, self.generation, self.status
+        ).encode()
+        body = _pack(_COMPLETION_BODY, self.data_length, self.request_opcode, self.block_offset)
+        return header + body
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.SUCCESS
+
+
+Request = Load | Store | AllocStore | Free | Bind
+Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completion
+
+# ======================================================================================
+# Decoding
+# ======================================================================================
+
+
+def _err(status: Status, detail: str, h: CommonHeader, rule: str = "KBTP-5") -> KbtpError:
+    return KbtpError(
+        status, detail, rule=rule, request_id=h.request_id, opcode=h.opcode, handle=h.handle
+    )
+
+
+def _expect_len(data: Buffer, want: int, h: CommonHeader, what: str) -> None:
+    if len(data) != want:
+        raise _err(Status.MALFORMED, f"{what} of {len(data)} octets, expected {want}", h)
+
+
+def _completion_descriptor(
+    data: Buffer, offset: int, h: CommonHeader
+) -> tuple[CompletionDescriptor | None, int]:
+    if not h.flags & RequestFlag.RECORD:
+        return None, offset
+    if len(data) < offset + COMPLETION_DESCRIPTOR_LEN:
+        raise _err(Status.MALFORMED, "RECORD set but no Completion Descriptor", h, "KBTP-5.2")
+    return CompletionDescriptor.decode(data, offset), offset + COMPLETION_DESCRIPTOR_LEN
+
+
+def _decode_hello(data: Buffer, h: CommonHeader) -> Hello:
+    if len(data) < HELLO_FIXED_LEN:
+        raise _err(Status.MALFORMED, f"HELLO of {len(data)} octets", h)
+    caps, id_len, _reserved = _HELLO_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    if id_len > MAX_IDENTITY_LEN:
+        raise _err(Status.MALFORMED, f"identity length {id_len} > {MAX_IDENTITY_LEN}", h)
+    _expect_len(data, HELLO_FIXED_LEN + id_len, h, "HELLO")
+    return Hello(h.request_id, Capability(caps), bytes(data[HELLO_FIXED_LEN:]))
+
+
+def _decode_hello_ack(data: Buffer, h: CommonHeader) -> HelloAck:
+    _expect_len(data, HELLO_ACK_LEN, h, "HELLO_ACK")
+    v = list(_HELLO_ACK_BODY.unpack_from(data, COMMON_HEADER_LEN))
+    del v[9]  # reserved octet after Ring Order
+    return HelloAck(h.request_id, h.status, Capability(v[0]), *v[1:])
+
+
+def _decode_completion(data: Buffer, h: CommonHeader) -> Completion:
+    _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
+    length, req_opcode, block_offset = _COMPLETION_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    return Completion(
+        h.request_id, h.handle, h.generation, h.status, length, block_offset, req_opcode
+    )
+
+
+def _decode_load(data: Buffer, h: CommonHeader) -> Load:
+    if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
+        raise _err(Status.MALFORMED, "LOAD without a Data Descriptor", h, "KBTP-5.2")
+    desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
+    comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
+    _expect_len(data, end, h, "LOAD")
+    return Load(h.request_id, h.handle, desc, h.generation, RequestFlag(h.flags), comp)
+
+
+def _decode_store(data: Buffer, h: CommonHeader) -> Store | AllocStore:
+    cls = Store if h.opcode == MessageOpcode.STORE else AllocStore
+    name = cls.opcode.name
+    if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
+        raise _err(Status.MALFORMED, f"{name} without a Data Descriptor", h, "KBTP-5.2")
+    desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
+    comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
+    flags = RequestFlag(h.flags)
+    if flags & RequestFlag.INLINE:
+        if desc.stag or desc.to:
+            raise _err(Status.MALFORMED, "INLINE with nonzero STag or TO", h, "KBTP-5.2")
+        if flags & RequestFlag.INVALIDATE:
+            raise _err(Status.BAD_FLAGS, "INVALIDATE with INLINE: no STag", h, "KBTP-5.1")
+        _expect_len(data, end + desc.length, h, f"{name} with {desc.length} inline octets")
+        payload = bytes(data[end:])
+    else:
+        _expect_len(data, end, h, name)
+        payload = b""
+    return cls(h.request_id, h.handle, desc, payload, h.generation, flags, comp)
+
+
+def _decode_free(data: Buffer, h: CommonHeader) -> Free:
+    comp, end = _completion_descriptor(data, COMMON_HEADER_LEN, h)
+    _expect_len(data, end, h, "FREE")
+    return Free(h.request_id, h.handle, h.generation, RequestFlag(h.flags), comp)
+
+
+def _decode_bind(data: Buffer, h: CommonHeader) -> Bind:
+    if len(data) < BIND_LEN:
+        raise _err(Status.MALFORMED, f"BIND of {len(data)} octets", h)
+    ticket, length, block_offset = _BIND_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    comp, end = _completion_descriptor(data, BIND_LEN, h)
+    _expect_len(data, end, h, "BIND")
+    return Bind(
+        h.request_id,
+        h.handle,
+        ticket,
+        length,
+        block_offset,
+        h.generation,
+        RequestFlag(h.flags),
+        comp,
+    )
+
+
+_DECODERS = {
+    MessageOpcode.HELLO: _decode_hello,
+    MessageOpcode.HELLO_ACK: _decode_hello_ack,
+    MessageOpcode.COMPLETION: _decode_completion,
+    MessageOpcode.LOAD: _decode_load,
+    MessageOpcode.STORE: _decode_store,
+    MessageOpcode.ALLOC_STORE: _decode_store,
+    MessageOpcode.FREE: _decode_free,
+    MessageOpcode.BIND: _decode_bind,
+}
+_ANSWERS = frozenset({MessageOpcode.HELLO_ACK, MessageOpcode.COMPLETION})
+
+
+def decode_message(data: Buffer) -> Message:
+    """Decode one KBTP message (the payload of one Send).
+
+    Checks, in order (docs/kbtp.md §5.1): header length (MALFORMED, fatal), Version
+    (BAD_VERSION), Opcode (BAD_OPCODE), flags allowed for the opcode (BAD_FLAGS), Status
+    zero in HELLO and requests (MALFORMED), then the opcode's exact length and fields.
+    """
+    h = CommonHeader.decode(data)
+    if h.version != KBTP_VERSION:
+        raise _err(Status.BAD_VERSION, f"version {h.version}, not {KBTP_VERSION}", h, "KBTP-5.1")
+    try:
+        opcode = MessageOpcode(h.opcode)
+    except ValueError:
+        raise _err(Status.BAD_OPCODE, f"unknown opcode 0x{h.opcode:02x}", h, "KBTP-5.1") from None
+    extra = h.flags & ~int(ALLOWED_FLAGS[opcode])
+    if extra:
+        raise _err(Status.BAD_FLAGS, f"flags 0x{extra:04x} not allowed in {opcode.name}", h)
+    if opcode not in _ANSWERS and h.status != 0:
+        raise _err(Status.MALFORMED, f"Status {h.status} in a {opcode.name}", h, "KBTP-5.1")
+    return _DECODERS[opcode](data, h)
+
+
+def peek_header(data: Buffer) -> CommonHeader | None:
+    """The common header of ``data`` if it has 24 octets, else None (never raises)."""
+    if len(data) < COMMON_HEADER_LEN:
+        return None
+    return CommonHeader.decode(data)
+
+
+def encode_message(message: Message) -> bytes:
+    """``message.encode()``; provided for symmetry with :func:`decode_message`."""
+    return message.encode()

@@ -1,0 +1,296 @@
+"""The free-block ring of draft §3.3 as the target runs it: allocation, free, deferred writes.
+
+One :class:`FreeRing` manages one ring in target memory (slots, Head, Tail) plus the
+target's bookkeeping about it:
+
+* ``take`` -- a target-executed allocation: FetchAdd on Head (through the injected atomic
+  engine) returning the ticket; the block is ready when its slot holds the ticket.
+* ``consume`` -- mark a ticket's slot consumed and run the free that was deferred on that
+  slot, if any (draft §3.3: a free MUST NOT overwrite an unconsumed slot).
+* ``free`` -- FetchAdd on Tail, then write Block Offset and Sequence, or defer the write.
+* ``observe`` -- read Head locally to learn about tickets that DIRECT_ALLOC initiators
+  took with their own FetchAdd (draft §6.6); each is timestamped for the Ticket Timeout.
+
+Nothing here sleeps or waits: methods that make tickets ready return them, and the target
+core resumes whoever waits for them.  All state besides memory is plain containers, so
+:meth:`FreeRing.clone` can copy it for state-space exploration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from kbtp.constants import (
+    RING_ADD_DATA,
+    SLOT_LEN,
+    TICKET_MASK,
+    TICKET_MODULUS,
+)
+from kbtp.layout import (
+    ByteOrder,
+    RingGeometry,
+    Slot,
+    consume_slot,
+    init_ring,
+    read_counter,
+    read_slot,
+    write_counter,
+    write_slot,
+)
+from stack.errors import LocalError
+from stack.wire.atomics import fetch_add as masked_fetch_add
+
+FetchAdd = Callable[[memoryview, int, int, int], int]
+"""The target's atomic engine: (memory, byte offset, Add Data, Add Mask) -> original value.
+
+It must be atomic with respect to the FetchAdds that initiators send over the wire
+(RFC 7306 §5.3: atomicity is guaranteed among atomics of the same RNIC), so a binding to a
+real RNIC routes it through that RNIC's atomic engine.
+"""
+
+
+def make_local_fetch_add(byteorder: ByteOrder = "little") -> FetchAdd:
+    """A pure FetchAdd on memory with the masked-add semantics of RFC 7306 §5.1."""
+
+    def fetch_add(mem: memoryview, offset: int, add: int, mask: int) -> int:
+        original = read_counter(mem, offset, byteorder)
+        write_counter(mem, offset, masked_fetch_add(original, add, mask), byteorder)
+        return original
+
+    return fetch_add
+
+
+def ticket_distance(later: int, earlier: int) -> int:
+    """``later - earlier`` in 32-bit ticket arithmetic (tickets wrap modulo 2**32)."""
+    return (later - earlier) % TICKET_MODULUS
+
+
+class TicketOwner(Enum):
+    """Who took a ticket: the target itself (ALLOC_STORE) or an initiator (DIRECT_ALLOC)."""
+
+    TARGET = "target"
+    DIRECT = "direct"
+
+
+@dataclass(slots=True)
+class Outstanding:
+    """A ticket taken and not yet consumed.  Fields: owner, seen (time first known), abandoned."""
+
+    owner: TicketOwner
+    seen: float
+    abandoned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FreeOutcome:
+    """Result of :meth:`FreeRing.free`.  Fields: ticket (u), deferred, ready (tickets now ready)."""
+
+    ticket: int
+    deferred: bool
+    ready: tuple[int, ...]
+
+
+class FreeRing:
+    """One free-block ring in target memory (draft §3.3) and the target's view of its tickets.
+
+    Fields: ``geometry``; ``clear_on_free`` (blocks freed into this ring may next go to
+    another trust domain, so the core clears them, draft §6.4); ``outstanding`` (ticket ->
+    :class:`Outstanding`); ``abandoned`` (tickets declared abandoned, for TICKET_ABANDONED);
+    ``deferred`` (slot number -> [(ticket, block offset)] writes waiting for the slot to be
+    consumed); ``observed_head`` (the next ticket the target has not accounted for).
+    """
+
+    def __init__(
+        self,
+        mem: memoryview,
+        geometry: RingGeometry,
+        fetch_add: FetchAdd,
+        *,
+        clear_on_free: bool = False,
+    ) -> None:
+        self.mem = mem
+        self.geometry = geometry
+        self.fetch_add = fetch_add
+        self.clear_on_free = clear_on_free
+        self.outstanding: dict[int, Outstanding] = {}
+        self.abandoned: set[int] = set()
+        self.deferred: dict[int, list[tuple[int, int]]] = {}
+        self.observed_head = 0
+
+    # -- memory -------------------------------------------------------------------------
+    def initialize(self, blocks: list[int]) -> None:
+        """Write the initial slots and counters (draft §3.3) and forget all bookkeeping."""
+        init_ring(self.mem, self.geometry, blocks)
+        self.outstanding.clear()
+        self.abandoned.clear()
+        self.deferred.clear()
+        self.observed_head = 0
+
+    def head(self) -> tuple[int, int]:
+        """(Ticket, Slot Offset) of Head, read locally (no FetchAdd)."""
+        g = self.geometry
+        return g.unpack_counter(read_counter(self.mem, g.head_offset, g.byteorder))
+
+    def tail(self) -> tuple[int, int]:
+        g = self.geometry
+        return g.unpack_counter(read_counter(self.mem, g.tail_offset, g.byteorder))
+
+    def slot_byte_offset(self, ticket: int) -> int:
+        return self.geometry.slots_offset + self.geometry.slot_offset(ticket)
+
+    def slot(self, ticket: int) -> Slot:
+        """The slot that ``ticket`` reads."""
+        return read_slot(self.mem, self.slot_byte_offset(ticket))
+
+    def ready_block(self, ticket: int) -> int | None:
+        """Block Offset for ``ticket`` if its slot holds it (Sequence = ticket, not consumed)."""
+        slot = self.slot(ticket)
+        return slot.block_offset if slot.holds(ticket) else None
+
+    def _fetch_add(self, counter_offset: int) -> tuple[int, int]:
+        g = self.geometry
+        original = self.fetch_add(self.mem, counter_offset, RING_ADD_DATA, g.add_mask)
+        ticket, slot_offset = g.unpack_counter(original)
+        if slot_offset != g.slot_offset(ticket):
+            raise LocalError(
+                f"ring counter at {counter_offset} corrupt: ticket {ticket}, offset {slot_offset}"
+            )
+        return ticket, slot_offset
+
+    # -- allocation ---------------------------------------------------------------------
+    def observe(self, now: float, limit: int | None = None) -> int:
+        """Account for tickets taken by DIRECT_ALLOC FetchAdds since the last look at Head.
+
+        Returns how many new tickets were found.  When that exceeds ``limit`` the tickets
+        are not recorded one by one (the caller closes the session and reinitializes).
+        """
+        head, _ = self.head()
+        count = ticket_distance(head, self.observed_head)
+        if limit is not None and count > limit:
+            return count
+        t = self.observed_head
+        for _ in range(count):
+            if t not in self.outstanding:
+                self.outstanding[t] = Outstanding(TicketOwner.DIRECT, now)
+            t = (t + 1) & TICKET_MASK
+        self.observed_head = head
+        return count
+
+    def take(self, now: float) -> int:
+        """Target-executed allocation step 1: FetchAdd on Head; returns the ticket (§3.3)."""
+        self.observe(now)
+        ticket, _ = self._fetch_add(self.geometry.head_offset)
+        # Tickets an initiator took between observe() and this FetchAdd are direct ones.
+        self.observe_until(ticket, now)
+        self.outstanding[ticket] = Outstanding(TicketOwner.TARGET, now)
+        self.observed_head = (ticket + 1) & TICKET_MASK
+        return ticket
+
+    def observe_until(self, ticket: int, now: float) -> None:
+        t = self.observed_head
+        for _ in range(ticket_distance(ticket, self.observed_head)):
+            self.outstanding.setdefault(t, Outstanding(TicketOwner.DIRECT, now))
+            t = (t + 1) & TICKET_MASK
+
+    def consume(self, ticket: int) -> tuple[int, tuple[int, ...]]:
+        """Mark ``ticket``'s slot consumed; returns (its block, tickets made ready).
+
+        A free deferred on this slot is written now (Block Offset, then Sequence), which
+        makes that free's ticket ready.
+        """
+        block = self.ready_block(ticket)
+        if block is None:
+            raise LocalError(f"ticket {ticket} consumed before its slot holds it")
+        at = self.slot_byte_offset(ticket)
+        consume_slot(self.mem, at)
+        self.outstanding.pop(ticket, None)
+        ready: tuple[int, ...] = ()
+        index = ticket % self.geometry.slots
+        queue = self.deferred.get(index)
+        if queue:
+            later, later_block = queue.pop(0)
+            if not queue:
+                del self.deferred[index]
+            write_slot(self.mem, at, later, later_block)
+            ready = (later,)
+        return block, ready
+
+    # -- free ---------------------------------------------------------------------------
+    def free(self, block_offset: int) -> FreeOutcome:
+        """Return a block (draft §3.3 "Free"): FetchAdd on Tail, then write or defer.
+
+        The caller has already made the table entry update visible (draft §6.4 step 3).
+        """
+        ticket, slot_offset = self._fetch_add(self.geometry.tail_offset)
+        at = self.geometry.slots_offset + slot_offset
+        index = slot_offset // SLOT_LEN
+        if read_slot(self.mem, at).consumed and index not in self.deferred:
+            write_slot(self.mem, at, ticket, block_offset)
+            return FreeOutcome(ticket, False, (ticket,))
+        self.deferred.setdefault(index, []).append((ticket, block_offset))
+        return FreeOutcome(ticket, True, ())
+
+    # -- Ticket Timeout -----------------------------------------------------------------
+    def direct_outstanding(self) -> int:
+        """Tickets taken by the initiator and not yet bound or reclaimed (its usage share)."""
+        return sum(1 for o in self.outstanding.values() if o.owner is TicketOwner.DIRECT)
+
+    def expired(self, now: float, timeout: float) -> list[int]:
+        """Direct tickets not yet abandoned whose Ticket Timeout has run out."""
+        return sorted(
+            t
+            for t, o in self.outstanding.items()
+            if o.owner is TicketOwner.DIRECT and not o.abandoned and now - o.seen > timeout
+        )
+
+    def abandon(self, ticket: int) -> None:
+        """Declare ``ticket`` abandoned: a later BIND for it gets TICKET_ABANDONED (§3.4)."""
+        self.outstanding[ticket].abandoned = True
+        self.abandoned.add(ticket)
+
+    def next_expiry(self, timeout: float) -> float | None:
+        times = [
+            o.seen + timeout
+            for o in self.outstanding.values()
+            if o.owner is TicketOwner.DIRECT and not o.abandoned
+        ]
+        return min(times) if times else None
+
+    # -- inspection ---------------------------------------------------------------------
+    def available_blocks(self) -> list[int]:
+        """Block Offsets in unconsumed slots plus deferred writes (the ring's free blocks)."""
+        blocks = []
+        for s in range(self.geometry.slots):
+            slot = read_slot(self.mem, self.geometry.slots_offset + s * SLOT_LEN)
+            if not slot.consumed:
+                blocks.append(slot.block_offset)
+        for queue in self.deferred.values():
+            blocks.extend(block for _, block in queue)
+        return blocks
+
+    def clone(self, mem: memoryview) -> FreeRing:
+        """A copy of this ring's bookkeeping bound to ``mem`` (a copy of the memory)."""
+        new = FreeRing(mem, self.geometry, self.fetch_add, clear_on_free=self.clear_on_free)
+        new.outstanding = {
+            t: Outstanding(o.owner, o.seen, o.abandoned) for t, o in self.outstanding.items()
+        }
+        new.abandoned = set(self.abandoned)
+        new.deferred = {k: list(v) for k, v in self.deferred.items()}
+        new.observed_head = self.observed_head
+        return new
+
+    def state_key(self, now: float, timeout: float) -> tuple[object, ...]:
+        """Hashable summary of the bookkeeping; times reduced to "expired or not"."""
+        return (
+            self.observed_head,
+            tuple(
+                sorted(
+                    (t, o.owner.value, o.abandoned, now - o.seen > timeout)
+                    for t, o in self.outstanding.items()
+                )
+            ),
+            tuple(sorted(self.abandoned)),
+            tuple(sorted((k, tuple(v)) for k, v in self.deferred.items())),
+        )
