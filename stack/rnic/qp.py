@@ -209,6 +209,7 @@ class QueuePair:
         self._reads: deque[_SqEntry] = deque()  # awaiting Read Responses, in order
         self._atomics: deque[_SqEntry] = deque()  # awaiting Atomic Responses, in order
         self._out: deque[_OutItem] = deque()
+        self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
         self._rq: deque[RecvWR] = deque()
         self._recv: _RecvInProgress | None = None
         self._inbound_pending = 0  # Read/Atomic Requests whose response is not drained yet
@@ -403,6 +404,8 @@ class QueuePair:
         item = self._out.popleft()
         if item.inbound_response:
             self._inbound_pending -= 1
+            if self._lazy and self._lazy[0] is item:
+                self._lazy.popleft()
         entry = item.entry
         if entry is not None:
             entry.messages_left -= 1
@@ -413,15 +416,34 @@ class QueuePair:
 
     def _queue_response(self, msg: RdmapMessage) -> None:
         was_empty = not self._out
-        self._out.append(_OutItem(msg, None, inbound_response=True))
+        item = _OutItem(msg, None, inbound_response=True)
+        if isinstance(msg, ReadResponse) and msg.data:
+            self._lazy.append(item)
+        self._out.append(item)
         if was_empty and self.on_output is not None:
             self.on_output()
+
+    def _snapshot_reads(self) -> None:
+        """Copy the source bytes of queued Read Responses before memory changes.
+
+        Read Responses normally reference registered memory and are read when encoded
+        (zero copy).  A later inbound Write, Send or atomic must not show through an
+        earlier Read (requests are processed in order, RFC 5040 §5.5), so before placing
+        anything while responses are queued, their bytes are taken.
+        """
+        while self._lazy:
+            item = self._lazy.popleft()
+            msg = item.message
+            assert isinstance(msg, ReadResponse)
+            item.message = ReadResponse(msg.stag, msg.to, bytes(msg.data))
 
     # ------------------------------------------------------------------ receive side
     def handle_event(self, event: RdmapEvent) -> None:
         """Apply one inbound RDMAP event.  Raises ProtocolError (with Terminate cause)."""
         if self.state is QpState.ERROR:
             return
+        if self._lazy and not isinstance(event, ReadRequestReceived):
+            self._snapshot_reads()
         if isinstance(event, WriteSegment):
             if event.data:
                 view = check_remote_access(
@@ -663,6 +685,7 @@ class QueuePair:
             self.terminate_pending = error
         remote_status = _status_for_terminate(self.peer_terminate)
         self._out.clear()
+        self._lazy.clear()
         for entry in list(self._inflight) + list(self._pending):
             if entry.done:
                 status = entry.status
