@@ -98,6 +98,7 @@ from stack.constants import (
     TERM_LAYER_NAMES,
     TERM_RSVD_MASK,
     AtomicOpcode,
+    DdpEType,
     MpaFlag,
     Opcode,
     QueueNumber,
@@ -276,6 +277,10 @@ class MPA_Frame(_IwarpPacket):
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
         return conf.raw_layer
+
+    def has_ird_ord(self) -> bool:
+        """Whether the frame carries the RFC 6581 IRD/ORD word (S set and PD_Length >= 4)."""
+        return _has_ird_ord(self)
 
     def mysummary(self) -> str:
         flags = "".join(
@@ -872,9 +877,11 @@ def atomic_response_fpdu(req_id: int, orig_value: int, *, msn: int = 1, crc: boo
 
 def _fig10_wants_ddp(layer: int, etype: int) -> bool:
     """Whether Fig. 10 includes the DDP segment length and header (digest §5.4)."""
-    if layer == TermLayer.LLP:
-        return False
-    return not (layer == TermLayer.RDMAP and etype == RdmapEType.LOCAL_CATASTROPHIC)
+    if layer == TermLayer.RDMAP:
+        return etype != RdmapEType.LOCAL_CATASTROPHIC
+    if layer == TermLayer.DDP:
+        return etype != DdpEType.LOCAL_CATASTROPHIC
+    return False  # LLP (MPA) errors and unknown layers
 
 
 def terminate_fpdu(
@@ -893,9 +900,9 @@ def terminate_fpdu(
 
     ``offending`` is the FPDU that caused it (bytes or packet, no markers); its
     ULPDU_Length, DDP header and, for a Read Request, 28-byte RDMA header are copied.
-    M/D/R default to RFC 5040 Fig. 10: D = M = a DDP header is copied and the cause is not
-    LLP or RDMAP local catastrophic; R = a Read Request header was copied for an RDMAP
-    remote protection error.  Explicit m/d/r/ddp_seg_len win.
+    M/D/R default to RFC 5040 Fig. 10 and digest §8: D = M = a DDP header is copied and
+    the cause is neither LLP nor local catastrophic; R = a Read Request header was copied
+    for an RDMAP remote protection error.  Explicit m/d/r/ddp_seg_len win.
     """
     hdr: Packet | None = None
     rdma: Packet | None = None
