@@ -44,7 +44,7 @@ async def test_operations_against_a_peer_process() -> None:
                         WrOpcode.ATOMIC_FETCH_AND_ADD,
                         (host.sge(result),),
                         rkey=stag,
-                        remote_addr=to + 60000,
+                        remote_addr=to + 40000,
                         compare_add=41,
                     ),
                     SendWR(4, WrOpcode.SEND, inline_data=b"ping"),
