@@ -35,7 +35,7 @@ inside a packet Scapy turns it into ``Raw`` as usual.
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +181,7 @@ class _IwarpPacket(Packet):
 
     decode_rule = "MPA-16"
     """Rule ID reported when this layer's header is truncated."""
+    match_subclass = True  # pkt[MPA_FPDU] also finds MPA_FPDU_NoCRC, pkt[DDP] both DDPs
 
     def do_dissect(self, s: bytes) -> bytes:
         try:
@@ -204,10 +205,10 @@ class _IwarpPacket(Packet):
 
 
 def _has_ird_ord(pkt: Packet) -> bool:
-    """Whether the IRD/ORD word is present: S set and PD_Length room for it (ERC-02)."""
-    dissected = getattr(pkt, "_word_present", None)
-    if dissected is not None:
-        return bool(dissected)
+    """Whether the IRD/ORD word is present: S set and PD_Length room for it (ERC-02).
+
+    On dissection both fields precede the word, so building and dissecting agree.
+    """
     return bool(pkt.enhanced) and (pkt.pd_length is None or pkt.pd_length >= MPA_IRD_ORD_LEN)
 
 
@@ -232,8 +233,6 @@ class MPA_Frame(_IwarpPacket):
 
     name = "MPA Frame"
     decode_rule = "MPA-21"
-    match_subclass = True
-    __slots__ = ["_word_present"]
     fields_desc = [
         StrFixedLenField("key", MPA_KEY_REQ, MPA_KEY_LEN),
         BitField("markers", 0, _width(MpaFlag.MARKERS)),
@@ -260,13 +259,6 @@ class MPA_Frame(_IwarpPacket):
             if _pkt[:MPA_KEY_LEN] == MPA_KEY_REQ:
                 return MPA_Request
         return cls
-
-    def pre_dissect(self, s: bytes) -> bytes:
-        if len(s) >= MPA_FRAME_HEADER_LEN:
-            pd_length = _BE16.unpack_from(s, MPA_FRAME_HEADER_LEN - 2)[0]
-            enhanced = bool(s[MPA_KEY_LEN] & MpaFlag.ENHANCED)
-            object.__setattr__(self, "_word_present", enhanced and pd_length >= MPA_IRD_ORD_LEN)
-        return s
 
     def post_build(self, pkt: bytes, pay: bytes) -> bytes:
         if self.pd_length is None:
@@ -471,7 +463,6 @@ class DDP(_IwarpPacket):
 
     name = "DDP"
     decode_rule = "DDP-10"
-    match_subclass = True
     fields_desc: list[Field[Any, Any]] = []
 
     @classmethod
@@ -1079,8 +1070,9 @@ def split_marked_fpdus(
     result = []
     for start, crc_start, end in _fpdu_spans(clean):
         fpdu = cls(clean[start:end])
-        owned = tuple(markers[j] for j, q in enumerate(cleanpos) if start <= q < end)
-        leading = any(q == start for q in cleanpos)
+        lo, hi = bisect_left(cleanpos, start), bisect_left(cleanpos, end)
+        owned = tuple(markers[lo:hi])
+        leading = lo < hi and cleanpos[lo] == start
         cov_start = marked(start) - (MPA_MARKER_LEN if leading else 0)
         verdict: bool | None = None
         if crc:

@@ -392,23 +392,10 @@ def test_ext_09_e9_immediate_data_and_se_variant() -> None:
 def test_erc_03_frames_dissect_ird_ord_word() -> None:
     req = MPA_Frame(FRAMES["req"])
     assert type(req) is MPA_Request
-    assert (req.key, req.markers, req.crc, req.reject, req.enhanced, req.res) == (
-        MPA_KEY_REQ,
-        0,
-        1,
-        0,
-        1,
-        0,
-    )
-    assert (req.rev, req.pd_length, req.private_data) == (2, 4, b"")
-    assert (req.p2p, req.rtr_send, req.ird, req.rtr_write, req.rtr_read, req.ord) == (
-        1,
-        0,
-        16,
-        1,
-        1,
-        16,
-    )
+    assert fields_of(req) == dict(
+        key=MPA_KEY_REQ, markers=0, crc=1, reject=0, enhanced=1, res=0, rev=2, pd_length=4,
+        p2p=1, rtr_send=0, ird=16, rtr_write=1, rtr_read=1, ord=16, private_data=b"",
+    )  # fmt: skip
     rep = MPA_Frame(FRAMES["rep"])
     assert type(rep) is MPA_Reply and rep.key == MPA_KEY_REP
     assert (rep.p2p, rep.rtr_send, rep.rtr_write, rep.rtr_read) == (1, 0, 1, 0)
@@ -566,15 +553,10 @@ def test_mpa_19_mpa_20_mpa_21_forced_frame_fields_survive() -> None:
 def test_rdmap_11_forced_terminate_reserved_and_flags_survive() -> None:
     term = RDMAP_Terminate(layer=0xF, etype=0xE, code=0xDD, reserved=0x1FFF, d=1, ddp_seg_len=3)
     got = MPA_FPDU(bytes(MPA_FPDU() / DDP_Untagged() / term))[RDMAP_Terminate]
-    assert (got.layer, got.etype, got.code, got.reserved, got.ddp_seg_len) == (
-        0xF,
-        0xE,
-        0xDD,
-        0x1FFF,
-        3,
-    )
-    assert got.ddp_hdr is None
-    assert "layer 15" in got.show(dump=True) or "0xdd" in got.show(dump=True)
+    got_fields = {k: got.getfieldval(k) for k in ("layer", "etype", "code", "reserved")}
+    assert got_fields == dict(layer=0xF, etype=0xE, code=0xDD, reserved=0x1FFF)
+    assert got.ddp_seg_len == 3 and got.ddp_hdr is None
+    assert "0xdd (layer 15 etype 14 code 0xDD)" in got.show(dump=True)  # unnamed, not lost
 
 
 # --------------------------------------------------------------------------------------
@@ -612,6 +594,7 @@ def test_mpa_05_no_crc_variant_sends_zero_and_is_never_checked() -> None:
     assert got.crc == 0 and got.crc_ok() is None
     assert MPA_FPDU(raw).crc_ok() is False
     assert MPA_FPDU_NoCRC(E["E1"]).crc == CRC["E1"]  # any value allowed, kept as received
+    assert (Raw(b"") / got)[MPA_FPDU] is not None  # the variant is found as MPA_FPDU
 
 
 # --------------------------------------------------------------------------------------
@@ -663,6 +646,18 @@ def test_mpa_12_insert_markers_keeps_a_forced_bad_crc_bad() -> None:
         4, "little"
     )
     assert split_marked_fpdus(bytes(fixed), 0)[0].crc_ok is True
+
+
+def test_mpa_08_fpdu_ending_on_a_512_boundary_gets_no_phantom_marker() -> None:
+    a = send_fpdu(bytes(484))  # 2 + 502 + 0 + 4 = 508 bytes: with its marker, ends at 512
+    b = send_fpdu(b"next", msn=2)
+    marked = insert_markers([a, b], 0)
+    assert len(marked) == 4 + len(bytes(a)) + 4 + len(bytes(b))
+    assert marked[512:516] == bytes(4)  # FPDUPTR 0: the marker belongs to B
+    got = split_marked_fpdus(marked, 0)
+    assert [g.crc_ok for g in got] == [True, True]
+    assert [[(p, m.fpduptr) for p, m in g.markers] for g in got] == [[(0, 0)], [(512, 0)]]
+    assert got[1].fpdu[Raw].load == b"next"
 
 
 def test_mpa_06_marker_layer_fields() -> None:
@@ -725,7 +720,7 @@ def test_mpa_16_truncated_fpdu_keeps_its_bytes_and_fails_crc() -> None:
         raw = E["E1"][:cut]
         pkt = MPA_FPDU(raw)
         assert pkt.is_truncated() and pkt.crc_ok() is False
-        assert bytes(pkt) == raw
+        assert bytes(pkt) == raw and bytes(pkt.copy()) == raw
     assert not MPA_FPDU(E["E1"]).is_truncated()
 
 
