@@ -17,7 +17,7 @@ STag are DDP's RsvdULP (§4.1), so they are fields of the DDP layers (``rv``, ``
 its QN) with ``bind_top_down``/``bind_bottom_up``, Scapy's ``IP()/TCP()`` idiom: stacking
 ``DDP_Untagged()/RDMAP_ReadRequest()`` sets opcode 1 and QN 1 unless given explicitly, and
 dissection picks the RDMAP layer from the opcode.  Opcodes without an RDMAP header get an
-empty marker layer (``RDMAP_Send``...), present even for zero-length messages.
+empty layer that names the opcode (``RDMAP_Send``...), present even when zero-length.
 
 The FPDU's PAD and CRC follow the ULPDU; :class:`MPA_FPDU` keeps them as its own fields
 (``pad``, ``crc``) and bytes after the CRC (the next FPDU) become Scapy ``Padding``.  The

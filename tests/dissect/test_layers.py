@@ -5,6 +5,7 @@ cross-checks with the wire core (stack.wire.rdmap, stack.wire.framing)."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -774,7 +775,7 @@ def test_rdmap_11_terminate_fpdu_follows_fig10_defaults() -> None:
     assert forced[RDMAP_Terminate].r == 1 and forced[RDMAP_Terminate].rdma_hdr is None
 
 
-def test_pcap_roundtrip_through_tcp(tmp_path) -> None:  # noqa: ANN001 - pytest fixture
+def test_pcap_roundtrip_through_tcp(tmp_path: Path) -> None:
     frames = [
         Ether() / IP() / TCP(sport=4000, dport=5000) / MPA_Request(),
         Ether() / IP() / TCP(sport=5000, dport=4000) / Raw(FRAMES["rep"] + E["E2"]),
