@@ -10,8 +10,8 @@ remaining 32 bits carry the Invalidate STag (RDMAP-03).  This module knows nothi
 RDMAP; :mod:`stack.wire.rdmap` builds on it.
 
 Efficiency: the segmenters walk a message once, slice it through a ``memoryview`` and copy
-each payload byte exactly once (into the segment's ``bytearray``), so a 1 MiB Write costs
-O(size) whatever the MULPDU.
+each payload byte exactly once (``b"".join`` of header and slice into the segment's
+``bytes``; no zero-fill), so a 1 MiB Write costs O(size) whatever the MULPDU.
 """
 
 from __future__ import annotations
@@ -128,30 +128,24 @@ def parse_header(ulpdu: Data) -> DdpHeader:
 # --------------------------------------------------------------------------------------
 
 
-def encode_tagged(last: bool, stag: int, to: int, rsvd_ulp: int, payload: Data = b"") -> bytearray:
+def encode_tagged(last: bool, stag: int, to: int, rsvd_ulp: int, payload: Data = b"") -> bytes:
     """One tagged DDP segment: 14-byte header (T=1, DV=1) followed by ``payload``."""
-    src = byte_view(payload)
-    buf = bytearray(DDP_TAGGED_HDR_LEN + len(src))
-    _pack(TAGGED_HDR, buf, _CTRL_TAGGED_LAST if last else _CTRL_TAGGED, rsvd_ulp, stag, to)
-    buf[DDP_TAGGED_HDR_LEN:] = src
-    return buf
+    ctrl = _CTRL_TAGGED_LAST if last else _CTRL_TAGGED
+    return _join(_pack(TAGGED_HDR, ctrl, rsvd_ulp, stag, to), byte_view(payload))
 
 
 def encode_untagged(
     last: bool, qn: int, msn: int, mo: int, rsvd_ulp: int, payload: Data = b""
-) -> bytearray:
+) -> bytes:
     """One untagged DDP segment: 18-byte header (T=0, DV=1) followed by ``payload``.
 
     ``rsvd_ulp`` is the 40-bit RsvdULP field (RDMAP control byte << 32 | Invalidate STag).
     """
     if not 0 <= rsvd_ulp <= _MASK40:
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
-    src = byte_view(payload)
-    buf = bytearray(DDP_UNTAGGED_HDR_LEN + len(src))
     ctrl = _CTRL_UNTAGGED_LAST if last else _CTRL_UNTAGGED
-    _pack(UNTAGGED_HDR, buf, ctrl, rsvd_ulp >> 32, rsvd_ulp & _MASK32, qn, msn, mo)
-    buf[DDP_UNTAGGED_HDR_LEN:] = src
-    return buf
+    hdr = _pack(UNTAGGED_HDR, ctrl, rsvd_ulp >> 32, rsvd_ulp & _MASK32, qn, msn, mo)
+    return _join(hdr, byte_view(payload))
 
 
 def segment_sizes(length: int, mulpdu: int, header_len: int) -> list[int]:
@@ -171,53 +165,67 @@ def segment_sizes(length: int, mulpdu: int, header_len: int) -> list[int]:
     return [room] * full + ([rest] if rest else [])
 
 
-def segment_tagged(
-    stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int
-) -> list[bytearray]:
+Parts = tuple[bytes, memoryview]
+"""A segment as (DDP header, payload view): join them, or write both into an FPDU buffer."""
+
+
+def segment_tagged(stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int) -> list[bytes]:
     """Split a tagged message into segments <= ``mulpdu`` (RFC 5041 §5.2, digest §4.2).
 
     Each segment's TO is the message TO plus the offset of its first byte (modulo 2^64:
     a sender may deliberately aim at the peer's TO-wrap check); L is set only on the last.
     """
-    if not 0 <= to <= _MASK64:
-        raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
-    src = byte_view(payload)
-    sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
-    out: list[bytearray] = []
-    last_index = len(sizes) - 1
-    off = 0
-    for i, n in enumerate(sizes):
-        buf = bytearray(DDP_TAGGED_HDR_LEN + n)
-        ctrl = _CTRL_TAGGED_LAST if i == last_index else _CTRL_TAGGED
-        _pack(TAGGED_HDR, buf, ctrl, rsvd_ulp, stag, (to + off) & _MASK64)
-        buf[DDP_TAGGED_HDR_LEN:] = src[off : off + n]
-        out.append(buf)
-        off += n
-    return out
+    join = b"".join
+    return [join(p) for p in segment_tagged_parts(stag, to, rsvd_ulp, payload, mulpdu)]
 
 
-def segment_untagged(
-    qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int
-) -> list[bytearray]:
+def segment_untagged(qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int) -> list[bytes]:
     """Split an untagged message into segments <= ``mulpdu`` (RFC 5041 §5.2, digest §4.2).
 
     All segments share QN, MSN and RsvdULP (DDP-04); MO starts at 0 and advances by each
     segment's payload length (DDP-05); L is set only on the last (DDP-02).
     """
+    join = b"".join
+    return [join(p) for p in segment_untagged_parts(qn, msn, rsvd_ulp, payload, mulpdu)]
+
+
+def segment_tagged_parts(
+    stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int
+) -> list[Parts]:
+    """:func:`segment_tagged` without the copy: (header, payload view) per segment."""
+    if not 0 <= to <= _MASK64:
+        raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
+    src = byte_view(payload)
+    sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
+    _pack(TAGGED_HDR, _CTRL_TAGGED, rsvd_ulp, stag, to)  # range-check the fixed fields once
+    pack = TAGGED_HDR.pack
+    out: list[Parts] = []
+    last_index = len(sizes) - 1
+    off = 0
+    for i, n in enumerate(sizes):
+        ctrl = _CTRL_TAGGED_LAST if i == last_index else _CTRL_TAGGED
+        out.append((pack(ctrl, rsvd_ulp, stag, (to + off) & _MASK64), src[off : off + n]))
+        off += n
+    return out
+
+
+def segment_untagged_parts(
+    qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int
+) -> list[Parts]:
+    """:func:`segment_untagged` without the copy: (header, payload view) per segment."""
     if not 0 <= rsvd_ulp <= _MASK40:
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
     src = byte_view(payload)
     sizes = segment_sizes(len(src), mulpdu, DDP_UNTAGGED_HDR_LEN)
     ulp_hi, ulp_lo = rsvd_ulp >> 32, rsvd_ulp & _MASK32
-    out: list[bytearray] = []
+    _pack(UNTAGGED_HDR, _CTRL_UNTAGGED, ulp_hi, ulp_lo, qn, msn, 0)  # range-check once
+    pack = UNTAGGED_HDR.pack
+    out: list[Parts] = []
     last_index = len(sizes) - 1
     off = 0
     for i, n in enumerate(sizes):
-        buf = bytearray(DDP_UNTAGGED_HDR_LEN + n)
         ctrl = _CTRL_UNTAGGED_LAST if i == last_index else _CTRL_UNTAGGED
-        _pack(UNTAGGED_HDR, buf, ctrl, ulp_hi, ulp_lo, qn, msn, off)
-        buf[DDP_UNTAGGED_HDR_LEN:] = src[off : off + n]
-        out.append(buf)
+        out.append((pack(ctrl, ulp_hi, ulp_lo, qn, msn, off), src[off : off + n]))
         off += n
     return out
 
@@ -230,9 +238,14 @@ def byte_view(data: Data) -> memoryview:
     return view
 
 
-def _pack(fmt: struct.Struct, buf: bytearray, *fields: int) -> None:
-    """``pack_into`` at offset 0, turning out-of-range fields into :class:`LocalError`."""
+def _pack(fmt: struct.Struct, *fields: int) -> bytes:
+    """``fmt.pack`` turning out-of-range fields into :class:`LocalError`."""
     try:
-        fmt.pack_into(buf, 0, *fields)
+        return fmt.pack(*fields)
     except struct.error as exc:
         raise LocalError(f"DDP header field out of range: {exc}") from None
+
+
+def _join(header: bytes, payload: memoryview) -> bytes:
+    """Header and payload as one new ``bytes`` (the payload's only copy)."""
+    return b"".join((header, payload)) if len(payload) else header

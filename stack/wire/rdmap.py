@@ -664,7 +664,7 @@ def rdmap_ctrl(opcode: int) -> int:
     return _RV_BITS | opcode
 
 
-def encode_message(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[bytearray]:
+def encode_message(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[bytes]:
     """The ULPDUs (DDP segments, each <= ``mulpdu``) carrying ``msg``.
 
     ``msn``: the MSN for untagged messages (per QN, see :class:`RdmapStream`); None means
@@ -673,14 +673,24 @@ def encode_message(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[b
     Raises :class:`LocalError` for values that do not fit their fields, Immediate Data that
     is not 8 bytes, or ``mulpdu`` outside 128..64768 (MPA-02).
     """
+    join = b"".join
+    return [join(p) for p in encode_message_parts(msg, msn=msn, mulpdu=mulpdu)]
+
+
+def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[ddp.Parts]:
+    """:func:`encode_message` as (header, payload view) pairs: no payload copy.
+
+    For a framer that writes header and payload straight into its FPDU buffer (one copy
+    per byte for the whole send path).  The views alias the message's data.
+    """
     if not MULPDU_MIN <= mulpdu <= MULPDU_MAX:
         raise LocalError(f"MULPDU {mulpdu} outside {MULPDU_MIN}..{MULPDU_MAX}")
     if msn is None:
         msn = 1
     if isinstance(msg, RdmaWrite):
-        return ddp.segment_tagged(msg.stag, msg.to, _RV_BITS, msg.data, mulpdu)
+        return ddp.segment_tagged_parts(msg.stag, msg.to, _RV_BITS, msg.data, mulpdu)
     if isinstance(msg, ReadResponse):
-        return ddp.segment_tagged(
+        return ddp.segment_tagged_parts(
             msg.stag, msg.to, _RV_BITS | Opcode.RDMA_READ_RESPONSE, msg.data, mulpdu
         )
     if isinstance(msg, Send):
@@ -688,10 +698,11 @@ def encode_message(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[b
         if inval is not None and not 0 <= inval <= _MASK32:
             raise LocalError(f"Invalidate STag 0x{inval:X} does not fit 32 bits")
         ulp = (rdmap_ctrl(msg.opcode) << 32) | (inval or 0)
-        return ddp.segment_untagged(QueueNumber.SEND, msn, ulp, msg.data, mulpdu)
+        return ddp.segment_untagged_parts(QueueNumber.SEND, msn, ulp, msg.data, mulpdu)
     op, body = _encode_fixed(msg)
     ulp = rdmap_ctrl(op) << 32
-    return [ddp.encode_untagged(True, OPCODE_QN[op], msn, 0, ulp, body)]
+    (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, b"", mulpdu)[0]
+    return [(header, memoryview(body))]
 
 
 def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:

@@ -47,11 +47,16 @@ from __future__ import annotations
 from enum import Enum
 
 from stack.constants import (
+    DDP_LAST,
     DDP_TAGGED,
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
+    DDP_VERSION,
     INVALIDATE_OPCODES,
     MULPDU_MAX,
     MULPDU_MIN,
     RDMAP_OPCODE_MASK,
+    SEND_OPCODES,
     TERM_DDP_U_INVALID_MO,
     TERM_DDP_U_MSN_RANGE,
     TERM_RDMAP_OP_UNSPECIFIED,
@@ -87,8 +92,9 @@ from stack.wire.rdmap import (
     check_ddp,
     check_rdmap,
     decode_ulpdu,
-    encode_message,
+    encode_message_parts,
     message_qn,
+    rdmap_ctrl,
     terminate_for,
 )
 
@@ -96,6 +102,14 @@ _MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
+# Exact header bytes of the fast path: DV=1, reserved bits 0, RV=1.
+_TAGGED_LAST = DDP_TAGGED | DDP_LAST | DDP_VERSION
+_TAGGED_MORE = DDP_TAGGED | DDP_VERSION
+_UNTAGGED_LAST = DDP_LAST | DDP_VERSION
+_UNTAGGED_MORE = DDP_VERSION
+_RDMAP_WRITE = rdmap_ctrl(Opcode.RDMA_WRITE)
+_RDMAP_READ_RESPONSE = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
+_FAST_SEND_CTRLS = {rdmap_ctrl(op): op for op in SEND_OPCODES}
 MAX_FINDINGS = 256
 """Non-fatal findings kept per stream (the oldest are kept; later ones are counted)."""
 
@@ -178,24 +192,29 @@ class RdmapStream:
 
     # -- send --------------------------------------------------------------------------
 
-    def send(self, msg: RdmapMessage) -> list[bytearray]:
+    def send(self, msg: RdmapMessage) -> list[bytes]:
         """The ULPDUs of ``msg``, MSN assigned per QN (starting at 1, wrapping; DDP-05).
 
         Raises :class:`LocalError` after a Terminate was sent (RDMAP-10), for RFC 7306
         messages when ``rfc7306`` is off, and for fields that do not fit.
         """
+        join = b"".join
+        return [join(p) for p in self.send_parts(msg)]
+
+    def send_parts(self, msg: RdmapMessage) -> list[ddp.Parts]:
+        """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
         if self.send_state is SendState.TERMINATED:
             raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
         qn = message_qn(msg)
         msn = None if qn is None else self._tx_msn[qn]
-        ulpdus = encode_message(msg, msn=msn, mulpdu=self._mulpdu)
+        parts = encode_message_parts(msg, msn=msn, mulpdu=self._mulpdu)
         if qn is not None:
             self._tx_msn[qn] = (self._tx_msn[qn] + 1) & _MASK32
         if isinstance(msg, Terminate):
             self.send_state = SendState.TERMINATED
-        return ulpdus
+        return parts
 
     def terminate_message(
         self, error: ProtocolError | None, offending_ulpdu: Data | None, *, read_progress: int = 0
@@ -212,6 +231,10 @@ class RdmapStream:
     def receive_ulpdu(self, ulpdu: Data) -> list[RdmapEvent]:
         """Validate one ULPDU and return its events (module docstring)."""
         view = ddp.byte_view(ulpdu)
+        if self.recv_state is RecvState.OPEN:
+            fast = self._fast_path(view)
+            if fast is not None:
+                return fast
         is_terminate = (
             len(view) >= 2
             and not view[0] & DDP_TAGGED
@@ -219,6 +242,53 @@ class RdmapStream:
         )
         handler = getattr(self, _RECV_ACTIONS[(self.recv_state, is_terminate)])
         return handler(view)
+
+    def _fast_path(self, view: memoryview) -> list[RdmapEvent] | None:
+        """Tagged data and in-sequence Send segments whose header bytes are exactly valid.
+
+        Only segments that every check of :meth:`_process` would pass without a finding
+        take this path (same events, same state change); anything else returns None.
+        """
+        n = len(view)
+        if n < DDP_TAGGED_HDR_LEN:
+            return None
+        b0 = view[0]
+        b1 = view[1]
+        if b0 == _TAGGED_LAST or b0 == _TAGGED_MORE:
+            if b1 == _RDMAP_WRITE:
+                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
+                return [WriteSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST)]
+            if b1 == _RDMAP_READ_RESPONSE:
+                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
+                return [
+                    ReadResponseSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST)
+                ]
+            return None
+        if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
+            return None
+        op = _FAST_SEND_CTRLS.get(b1)
+        if op is None:
+            return None
+        _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+        started = self._rx_ulp[0]
+        if (
+            qn != 0
+            or msn != self._rx_msn[0]
+            or mo != self._rx_mo[0]
+            or (inval and op not in _INVALIDATE_OPS)
+            or (started is not None and started != (b1, inval))
+        ):
+            return None
+        last = b0 == _UNTAGGED_LAST
+        if last:
+            self._rx_msn[0] = (msn + 1) & _MASK32
+            self._rx_mo[0] = 0
+            self._rx_ulp[0] = None
+        else:
+            self._rx_mo[0] = mo + n - DDP_UNTAGGED_HDR_LEN
+            self._rx_ulp[0] = (b1, inval)
+        data = view[DDP_UNTAGGED_HDR_LEN:]
+        return [SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None)]
 
     def _process(self, view: memoryview) -> list[RdmapEvent]:
         chk = Checker(strict=True)

@@ -145,7 +145,7 @@ def test_ddp_06_one_mib_write_slices_without_extra_copies() -> None:
     original = bytes(payload)
     segs = ddp.segment_tagged(7, 0, 0x40, memoryview(payload), 64768)
     assert len(segs) == -(-MIB // (64768 - 14))
-    assert all(isinstance(s, bytearray) for s in segs)
+    assert all(isinstance(s, bytes) for s in segs)
     payload[:] = bytes(MIB)  # segments own their bytes (exactly one copy each)
     assert b"".join(bytes(s[14:]) for s in segs) == original
 
@@ -186,3 +186,12 @@ def test_ddp_encoders_reject_out_of_range_fields(call) -> None:  # type: ignore[
 def test_ddp_headers_are_big_endian() -> None:
     seg = ddp.encode_untagged(True, 0x01020304, 0x05060708, 0x090A0B0C, 0)
     assert struct.unpack(">III", seg[6:18]) == (0x01020304, 0x05060708, 0x090A0B0C)
+
+
+def test_ddp_06_parts_alias_the_payload_and_join_to_the_segments() -> None:
+    payload = bytearray(range(256)) * 10
+    parts = ddp.segment_untagged_parts(0, 4, 0x43 << 32, payload, 700)
+    assert [h + bytes(v) for h, v in parts] == ddp.segment_untagged(0, 4, 0x43 << 32, payload, 700)
+    assert all(v.obj is payload for _, v in parts)  # views, not copies
+    tparts = ddp.segment_tagged_parts(2, 5, 0x40, payload, 700)
+    assert [h + bytes(v) for h, v in tparts] == ddp.segment_tagged(2, 5, 0x40, payload, 700)

@@ -165,3 +165,47 @@ def test_encoders_raise_only_local_errors(msg: object, mulpdu: int) -> None:
         return
     for u in ulpdus:
         decode_ulpdu(u)
+
+
+class SlowPathStream(RdmapStream):
+    """The same stream with the fast path switched off (reference for the differential test)."""
+
+    def _fast_path(self, view: memoryview) -> None:
+        return None
+
+
+def outcome(stream: RdmapStream, ulpdu: bytes) -> object:
+    try:
+        return stream.receive_ulpdu(ulpdu)
+    except ProtocolError as exc:
+        return (type(exc), exc.rule, exc.term)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.builds(Send, st.binary(max_size=400), st.booleans(), st.none() | st.just(7)),
+                st.builds(RdmaWrite, st.just(3), st.integers(0, 1 << 20), st.binary(max_size=300)),
+                st.builds(ReadResponse, st.just(4), st.just(0), st.binary(max_size=300)),
+                st.just(ReadRequest(1, 0, 8, 2, 0)),
+            ),
+            st.lists(st.tuples(st.integers(0, 25), st.integers(0, 255)), max_size=2),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_stream_fast_path_matches_full_validation(plan: list[tuple[object, list]]) -> None:
+    tx = RdmapStream(128)
+    fast, slow = RdmapStream(1442), SlowPathStream(1442)
+    for msg, flips in plan:
+        for ulpdu in tx.send(msg):  # type: ignore[arg-type]
+            data = bytearray(ulpdu)
+            for pos, value in flips:
+                if pos < len(data):
+                    data[pos] = value
+            assert outcome(fast, bytes(data)) == outcome(slow, bytes(data))
+            assert fast.recv_state == slow.recv_state and fast.findings == slow.findings
+            assert fast._rx_msn == slow._rx_msn and fast._rx_mo == slow._rx_mo

@@ -426,3 +426,10 @@ def test_round_trip_every_message_type(mulpdu: int, msgs: list[object]) -> None:
         assert reassemble(msg, events) == msg
         terminated = isinstance(msg, Terminate)
     assert rx.error is None and rx.findings == []
+
+
+def test_send_parts_equals_send_and_counts_msn_once() -> None:
+    a, b = RdmapStream(128), RdmapStream(128)
+    for msg in (Send(bytes(300)), ReadRequest(1, 2, 3, 4, 5), RdmaWrite(1, 0, bytes(200))):
+        assert [h + bytes(v) for h, v in a.send_parts(msg)] == b.send(msg)
+    assert a.next_send_msn(0) == b.next_send_msn(0) == 2
