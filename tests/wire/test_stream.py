@@ -22,6 +22,7 @@ from stack.constants import (
     QueueNumber,
 )
 from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+from stack.wire.atomics import check_alignment
 from stack.wire.events import (
     AtomicRequest,
     AtomicRequestReceived,
@@ -433,3 +434,83 @@ def test_send_parts_equals_send_and_counts_msn_once() -> None:
     for msg in (Send(bytes(300)), ReadRequest(1, 2, 3, 4, 5), RdmaWrite(1, 0, bytes(200))):
         assert [h + bytes(v) for h, v in a.send_parts(msg)] == b.send(msg)
     assert a.next_send_msn(0) == b.next_send_msn(0) == 2
+
+
+# --------------------------------------------------------------------------------------
+# Remaining per-rule checks at this layer
+# --------------------------------------------------------------------------------------
+
+
+def test_ddp_08_segments_sent_in_order_and_duplicates_refused() -> None:
+    tx, rx = pair(128)
+    segs = tx.send(Send(bytes(range(250))))
+    mos = [struct.unpack_from(">I", s, 14)[0] for s in segs]
+    assert mos == sorted(mos) and len(segs) == 3  # increasing MO, submit order
+    rx.receive_ulpdu(segs[0])
+    # At-most-once: replaying a placed segment breaks MO continuity.
+    raises(rx, segs[0], DdpError, "DDP-06", TERM_DDP_U_INVALID_MO)
+
+
+def test_ddp_09_untagged_delivery_reports_length_and_rsvdulp() -> None:
+    tx, rx = pair(128)
+    events = deliver(tx, rx, Send(bytes(333), solicited=True, invalidate_stag=0xABCD))
+    last = events[-1]
+    assert isinstance(last, SendSegment) and last.last
+    assert last.mo + last.data.nbytes == 333  # message length = MO(last) + len(last)
+    assert {(e.opcode, e.invalidate_stag) for e in events} == {  # type: ignore[attr-defined]
+        (Opcode.SEND_SE_INVALIDATE, 0xABCD)
+    }
+
+
+def test_ddp_11_error_numbers() -> None:
+    got = []
+    cases = [
+        bytes([0xC2]) + ulpdu_of("E2")[1:],  # DV 2, tagged
+        bytes([0x42]) + ulpdu_of("E1")[1:],  # DV 2, untagged
+        send_segment(1, 0, True)[:6] + b"\0\0\0\x07" + send_segment(1, 0, True)[10:],  # QN 7
+        send_segment(2, 0, True),  # MSN
+        send_segment(1, 8, True),  # MO
+    ]
+    for ulpdu in cases:
+        with pytest.raises(DdpError) as info:
+            RdmapStream(1442).receive_ulpdu(ulpdu)
+        got.append(tuple(info.value.term))  # type: ignore[arg-type]
+    assert got == [(1, 1, 0x04), (1, 2, 0x06), (1, 2, 0x01), (1, 2, 0x03), (1, 2, 0x04)]
+
+
+def test_rdmap_06_read_requests_on_qn1_in_order() -> None:
+    tx, rx = pair()
+    reqs = [ReadRequest(1, i, 8, 2, i) for i in range(3)]
+    events = [e for r in reqs for e in deliver(tx, rx, r)]
+    assert [(e.msn, e.request) for e in events] == list(enumerate(reqs, 1))  # type: ignore[attr-defined]
+    (out_of_order,) = encode_message(reqs[0], msn=5, mulpdu=128)
+    raises(rx, out_of_order, DdpError, "DDP-05", TERM_DDP_U_MSN_RANGE)
+
+
+def test_rdmap_07_zero_length_read_request_and_response() -> None:
+    tx, rx = pair()
+    (req,) = deliver(tx, rx, ReadRequest(0x11, 0x22, 0, 0, 0))
+    assert isinstance(req, ReadRequestReceived) and req.request.size == 0
+    (resp,) = deliver(tx, rx, ReadResponse(0x11, 0x22, b""))
+    assert resp == ReadResponseSegment(0x11, 0x22, memoryview(b""), True)
+
+
+def test_rdmap_08_sends_use_qn0_one_message_per_msn() -> None:
+    tx, rx = pair(128)
+    for i, size in enumerate((0, 1, 110, 111, 500), start=1):
+        events = deliver(tx, rx, Send(bytes(size)))
+        assert {e.msn for e in events} == {i}  # type: ignore[attr-defined]
+        assert sum(e.data.nbytes for e in events) == size  # type: ignore[attr-defined]
+    assert rx.expected_msn(QueueNumber.SEND) == 6
+
+
+def test_ext_11_atomic_errors_copy_ddp_header_only() -> None:
+    tx, rx = pair()
+    (ulpdu,) = tx.send(AtomicRequest.fetch_add(1, 2, 12, 1))
+    (event,) = rx.receive_ulpdu(ulpdu)
+    assert isinstance(event, AtomicRequestReceived)
+    with pytest.raises(RdmapError) as info:
+        check_alignment(event.request.to)  # TO 12 is not 8-byte aligned (EXT-05)
+    t = rx.terminate_message(info.value, ulpdu)
+    assert (t.layer, t.etype, t.code, t.m, t.d, t.r) == (0, 2, 0x07, True, True, False)
+    assert t.ddp_header == ulpdu[:18] and t.rdma_header == b""
