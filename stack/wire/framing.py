@@ -22,10 +22,11 @@ Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and r
 CRC32c over it once; with markers the payload is cut into 508-byte pieces in C
 (:mod:`struct`) and joined with zero markers whose FPDUPTR bytes are then written with
 two strided slice assignments.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks,
-joins only as many as the next FPDU needs (so every input byte is copied at most about
-once, wsproto's ``Buffer`` idea), checks the CRC over the contiguous wire bytes in one
-call and hands out ``memoryview`` slices; without markers a ULPDU inside one received
-``bytes`` chunk is not copied at all.
+joins only as many as the next FPDU needs (so input is not re-copied per FPDU, wsproto's
+``Buffer`` idea), checks the CRC over the contiguous wire bytes in one call and hands out
+``memoryview`` slices; without markers a ULPDU inside one received ``bytes`` chunk is not
+copied at all.  With markers, the FPDU is copied once into a 32-bit word array and every
+marker (one word each, 4-aligned) is removed by one strided deletion.
 """
 
 from __future__ import annotations

@@ -363,6 +363,7 @@ class MpaConnection:
     def initiate(self, now: float, private_data: bytes = b"") -> None:
         """Initiator: queue the Request and arm the Reply timer (RFC 5044 §7.1.2 step 1)."""
         self._require_role(Role.INITIATOR, "initiate")
+        self._check_allowed(_Input.INITIATE)
         s = self.settings
         ird_ord = None
         if s.rev >= MPA_REV_2:  # ERC-12: rev 2 is chosen only to use the enhanced word
@@ -379,7 +380,6 @@ class MpaConnection:
             private_data=bytes(private_data),
         )
         data = encode_frame(frame, max_private_data=s.max_private_data)
-        self._check_allowed(_Input.INITIATE)
         self._transition(_Input.INITIATE)
         self._local_frame = frame
         self._out += data

@@ -447,7 +447,7 @@ def test_mpa_13_mulpdu_clamped() -> None:
 
 
 @pytest.mark.parametrize("emss", [536, 1448, 1460, 1500, 4096, 8960, 9000])
-def test_mpa_13_mulpdu_fpdus_fit_in_emss(emss: int) -> None:
+def test_mpa_13_mpa_14_mulpdu_fpdus_fit_in_emss(emss: int) -> None:
     """An FPDU carrying MULPDU bytes never exceeds the EMSS, wherever it starts."""
     for markers in (False, True):
         mulpdu = mulpdu_for(emss, markers)

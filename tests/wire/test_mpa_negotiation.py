@@ -313,7 +313,7 @@ def test_erc_09_accept_overrides_rtr() -> None:
     assert neg_i.rtr is neg_r.rtr is RtrType.READ
 
 
-def test_erc_07_a0_request_has_no_rtr_bits_and_responder_ignores_them() -> None:
+def test_erc_07_erc_13_a0_request_has_no_rtr_bits_and_responder_ignores_them() -> None:
     pair = ConnectionPair(S(p2p=False, rtr=RtrType.SEND | RtrType.WRITE), S())
     neg_i, neg_r = established(pair)
     assert neg_r.peer_frame.ird_ord == IrdOrd(16, 16, False, RtrType.NONE)
