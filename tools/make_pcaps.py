@@ -245,6 +245,44 @@ async def atomic_misaligned(c: Peer, s: Peer) -> None:
     await _settle(c, count=1)
 
 
+async def send_too_long(c: Peer, s: Peer) -> None:
+    s.mr("inbox", 8, Access.LOCAL_WRITE)
+    s.qp.post_recv(RecvWR(1, (s.sge("inbox"),)))
+    c.qp.post_send(SendWR(1, WrOpcode.SEND, inline_data=b"longer than eight bytes"))
+    await _wait_terminate(c)
+
+
+async def invalidate_foreign(c: Peer, s: Peer) -> None:
+    foreign = s.rnic.alloc_pd().reg_mr(bytearray(8), ALL)
+    s.mr("inbox", 64, Access.LOCAL_WRITE)
+    s.qp.post_recv(RecvWR(1, (s.sge("inbox"),)))
+    c.qp.post_send(
+        SendWR(1, WrOpcode.SEND_WITH_INV, inline_data=b"inv", invalidate_rkey=foreign.rkey)
+    )
+    await _wait_terminate(c)
+
+
+async def read_without_right(c: Peer, s: Peer) -> None:
+    t = s.mr("target", 64, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    c.mr("sink", 64, Access.LOCAL_WRITE)
+    c.qp.post_send(SendWR(1, WrOpcode.RDMA_READ, (c.sge("sink"),), rkey=t.rkey, remote_addr=t.base))
+    await _settle(c, count=1)
+
+
+async def write_other_pd(c: Peer, s: Peer) -> None:
+    t = s.rnic.alloc_pd().reg_mr(bytearray(64), ALL)
+    c.qp.post_send(
+        SendWR(1, WrOpcode.RDMA_WRITE, inline_data=b"x" * 8, rkey=t.rkey, remote_addr=t.base)
+    )
+    await _wait_terminate(c)
+
+
+async def _wait_terminate(c: Peer) -> None:
+    with trio.fail_after(10):
+        while c.qp.peer_terminate is None:
+            await trio.sleep(0.01)
+
+
 async def nothing(c: Peer, s: Peer) -> None:
     await trio.sleep(0.05)
 
@@ -351,6 +389,34 @@ SCENARIOS: tuple[Scenario, ...] = (
         send_without_receive,
         expect=_term_expect("Send"),
         terminate=(1, 2, 0x02),
+    ),
+    Scenario(
+        "term-send-too-long",
+        "Send longer than the receive: Terminate 1/2/5",
+        send_too_long,
+        expect=_term_expect("Send"),
+        terminate=(1, 2, 0x05),
+    ),
+    Scenario(
+        "term-send-inv-foreign",
+        "Send with Invalidate of a foreign STag: Terminate 0/1/9",
+        invalidate_foreign,
+        expect=_term_expect("Send with Invalidate"),
+        terminate=(0, 1, 0x09),
+    ),
+    Scenario(
+        "term-read-rights",
+        "Read without REMOTE_READ: Terminate 0/1/2",
+        read_without_right,
+        expect=_term_expect("RDMA Read Request"),
+        terminate=(0, 1, 0x02),
+    ),
+    Scenario(
+        "term-write-other-pd",
+        "Write to another PD's STag: Terminate 1/1/2",
+        write_other_pd,
+        expect=_term_expect("RDMA Write"),
+        terminate=(1, 1, 0x02),
     ),
     Scenario(
         "term-atomic-misaligned",
