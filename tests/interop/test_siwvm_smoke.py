@@ -1,0 +1,154 @@
+"""Smoke tests of the siw guest and its harness: boot, device, knobs, agent, forwarding,
+siw<->siw rping inside the guest, and captures that come out as valid pcaps."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from tests.interop.helpers import assert_clean_capture, listen_local
+from tools.siwvm import (
+    GUEST_ADDR,
+    HOST_ADDR,
+    SIW_DEFAULTS,
+    GuestTimeout,
+    SiwVM,
+    SiwVmError,
+)
+from tools.siwvm.pcap import read_pcap, stream_bytes, tcp_segments
+
+pytestmark = pytest.mark.interop
+
+MPA_KEY_REQ = b"MPA ID Req Frame"
+MPA_KEY_REP = b"MPA ID Rep Frame"
+
+
+def test_guest_boots_with_siw_device(vm: SiwVM) -> None:
+    link = vm.run("rdma link show", check=True).stdout
+    assert "siw0" in link and "netdev eth0" in link and "ACTIVE" in link
+    devices = vm.run("ibv_devices", check=True).stdout
+    assert "siw0" in devices
+    assert vm.run("uname -r", check=True).stdout.strip() == vm.artifacts.kver
+    assert (vm.boot_seconds or 0) > 0
+
+
+def test_guest_network_stays_on_slirp(vm: SiwVM) -> None:
+    """The guest has no default route: only the QEMU user-network subnet is reachable."""
+    addrs = vm.run("ip -4 -o addr show dev eth0", check=True).stdout
+    assert f"{GUEST_ADDR}/24" in addrs
+    assert "default" not in vm.run("ip route show", check=True).stdout
+    off_subnet = vm.run("ip route get 192.0.2.1", timeout=10)
+    assert not off_subnet.ok, off_subnet.output
+
+
+def test_siw_knobs_set_read_back_and_reset(vm: SiwVM) -> None:
+    assert vm.siw_params() == {**SIW_DEFAULTS, "zcopy_tx": "N"}
+    previous = vm.set_siw(crc_required=True, crc_strict=True, p2p=True, mpa_version=1)
+    assert previous == {
+        "mpa_crc_required": "N",
+        "mpa_crc_strict": "N",
+        "peer_to_peer": "N",
+        "mpa_version": "2",
+    }
+    vm.set_siw(try_gso="Y", tcp_nagle=1)
+    params = vm.siw_params()
+    for name in ("mpa_crc_required", "mpa_crc_strict", "peer_to_peer", "try_gso", "tcp_nagle"):
+        assert params[name] == "Y", name
+    assert params["mpa_version"] == "1"
+    vm.reset_siw()
+    assert vm.siw_params() == SIW_DEFAULTS
+    with pytest.raises(SiwVmError):
+        vm.set_siw(no_such_knob=True)
+    with pytest.raises(SiwVmError):
+        vm.set_siw(mpa_version="two")
+
+
+def test_agent_foreground_timeout_kills_the_command(vm: SiwVM) -> None:
+    result = vm.run("echo started; sleep 60", timeout=1.0)
+    assert result.timed_out and result.rc is None
+    assert "started" in result.stdout
+    assert result.seconds < 15
+    with pytest.raises(GuestTimeout):
+        result.check()
+
+
+def test_agent_background_deadline_and_output(vm: SiwVM) -> None:
+    job = vm.run("echo out; echo err >&2; sleep 60", background=True, timeout=1.0)
+    rc = job.wait(15)
+    assert rc != 0 and job.timed_out
+    assert "out" in job.output() and "err" in job.output()
+    quick = vm.run("exit 7", background=True)
+    assert quick.wait(15) == 7
+    long = vm.run("sleep 60", background=True)
+    assert long.poll() is None
+    assert long.pid in vm.reap()
+
+
+def test_guest_reaches_host_as_10_0_2_2(vm: SiwVM) -> None:
+    srv, port = listen_local()
+    received: list[bytes] = []
+
+    def serve() -> None:
+        with srv:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(20)
+                received.append(conn.recv(100))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    vm.run(f"echo -n hello-host | nc -q 1 -w 10 {HOST_ADDR} {port}", timeout=20, check=True)
+    thread.join(25)
+    assert received == [b"hello-host"]
+
+
+def test_hostfwd_reaches_guest_listener(vm: SiwVM) -> None:
+    guest_port = 7180
+    host_port = vm.hostfwd(guest_port)
+    assert vm.hostfwd(guest_port) == host_port  # idempotent
+    listener = vm.run(f"nc -l -p {guest_port} -w 10", background=True, timeout=20)
+    vm.wait_listen(guest_port)
+    with socket.create_connection(("127.0.0.1", host_port), timeout=10) as sock:
+        sock.sendall(b"hello-guest")
+    assert listener.wait(15) == 0
+    assert listener.output() == "hello-guest"
+
+
+def test_guest_to_guest_rping_over_siw_with_capture(vm: SiwVM, case: str) -> None:
+    with vm.capture(case, iface="lo", bpf="tcp port 7174") as pcap:
+        server = vm.run(f"rping -s -a {GUEST_ADDR} -p 7174 -C 3 -v", background=True, timeout=30)
+        vm.wait_listen(7174)
+        client = vm.run(f"rping -c -a {GUEST_ADDR} -p 7174 -C 3 -v", timeout=30)
+        assert client.ok, client.output
+        assert server.wait(20) == 0, server.output()
+    assert client.stdout.count("ping data: rdma-ping-") == 3
+    assert server.output().count("server ping data: rdma-ping-") == 3
+    assert pcap.is_file()
+    capture = read_pcap(pcap)
+    assert capture.records
+    segments = tcp_segments(capture)
+    assert stream_bytes(segments, dport=7174).startswith(MPA_KEY_REQ)
+    assert stream_bytes(segments, sport=7174).startswith(MPA_KEY_REP)
+    decode = assert_clean_capture(pcap)
+    # rping -C 3: per ping the client Sends its buffer info, the server Reads and Writes.
+    assert decode.opcodes().count(0x3) >= 6  # Sends both ways
+    assert 0x1 in decode.opcodes()  # Read Request
+    assert 0x2 in decode.opcodes()  # Read Response
+    assert all(r.crc_ok is None for r in decode.fpdus())  # CRC off by default
+
+
+def test_guest_to_guest_rping_with_crc_required(vm: SiwVM, case: str) -> None:
+    vm.set_siw(crc_required=True)
+    with vm.capture(case, iface="lo", bpf="tcp port 7175") as pcap:
+        server = vm.run(f"rping -s -a {GUEST_ADDR} -p 7175 -C 2 -v", background=True, timeout=30)
+        vm.wait_listen(7175)
+        client = vm.run(f"rping -c -a {GUEST_ADDR} -p 7175 -C 2 -v", timeout=30)
+        assert client.ok, client.output
+        assert server.wait(20) == 0, server.output()
+    decode = assert_clean_capture(pcap)
+    request = next(r for r in decode.records if r.kind == "mpa_req")
+    assert request.mpa is not None and request.mpa.crc
+    fpdus = decode.fpdus()
+    assert fpdus and all(r.crc_ok is True for r in fpdus)
