@@ -140,3 +140,47 @@ async def test_protection_error_over_tcp_terminates_both_and_flushes() -> None:
         term = client.qp.peer_terminate
         assert term is not None and term.cause == (1, 1, 0x00)
         assert term.ddp_header[:2] == b"\xc1\x40"
+
+
+class CountingTap:
+    def __init__(self) -> None:
+        self.writes: list[int] = []
+
+    def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
+        if outbound:
+            self.writes.append(len(data))
+
+
+async def test_small_fpdus_are_coalesced_into_few_socket_writes() -> None:
+    taps: list[CountingTap] = []
+
+    def factory(stream, is_active):  # noqa: ANN001, ANN202
+        taps.append(CountingTap())
+        return taps[-1]
+
+    async with tcp_pair(tap_factory=factory) as (client, server):
+        target = server.mr(64 * 100, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        before = len(taps[0].writes)
+        client.qp.post_send(
+            [
+                SendWR(
+                    i,
+                    WrOpcode.RDMA_WRITE,
+                    inline_data=bytes([i]) * 64,
+                    rkey=target.rkey,
+                    remote_addr=target.base + 64 * i,
+                )
+                for i in range(100)
+            ]
+        )
+        await client.cq.wait_for(100)
+        writes = taps[0].writes[before:]
+        # A Read cannot pass earlier Writes: once it completes, they are all placed.
+        sink = client.mr(1)
+        client.qp.post_send(
+            SendWR(999, WrOpcode.RDMA_READ, (client.sge(sink, 0, 0),), rkey=0, remote_addr=0)
+        )
+        await client.cq.next()
+        assert sum(writes) >= 100 * (64 + 20)  # all 100 FPDUs went out
+        assert len(writes) <= 3, writes  # ... in very few socket writes
+        assert bytes(target.buf) == b"".join(bytes([i]) * 64 for i in range(100))
