@@ -189,8 +189,8 @@ class FpduFramer:
         header = _U16.pack(n)
         pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
         if self.crc:
-            c = crc32c(pad, crc32c(ulpdu, crc32c(header)))
-            trailer = pad + _LE32.pack(c)
+            c = crc32c(ulpdu, crc32c(header))
+            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
         else:
             trailer = pad + _ZERO_MARKER
         out = b"".join((header, ulpdu, trailer))
@@ -207,7 +207,8 @@ class FpduFramer:
         header = _U16.pack(n)
         pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
         if self.crc:
-            trailer = pad + _LE32.pack(crc32c(pad, crc32c(ulpdu, crc32c(header))))
+            c = crc32c(ulpdu, crc32c(header))
+            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
         else:
             trailer = pad + _ZERO_MARKER
         out += header
@@ -370,6 +371,40 @@ class FpduDeframer:
         """The next validated ULPDU, or None until its FPDU has fully arrived (MPA-16)."""
         if self.error is not None:
             raise self.error
+        if not self.markers:
+            # Fast path: a whole FPDU already sits in the current chunk.
+            buf = self._buf
+            pos = self._pos
+            avail = len(buf) - pos
+            if avail >= MPA_LENGTH_LEN:
+                n = (buf[pos] << 8) | buf[pos + 1]
+                wire = ((MPA_LENGTH_LEN + n + 3) & ~3) + MPA_CRC_LEN
+                if wire <= avail and n <= self.max_ulpdu:
+                    crc_at = pos + wire - MPA_CRC_LEN
+                    if (
+                        self.crc
+                        and crc32c(self._view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]
+                    ):
+                        raise self._fail(self._crc_error(self._view[pos:crc_at], buf, crc_at))
+                    self.fpdu_offset = self.offset
+                    self.fpdu_wire_length = wire
+                    self.offset += wire
+                    self._pos = pos + wire
+                    return self._view[pos + MPA_LENGTH_LEN : pos + MPA_LENGTH_LEN + n]
+        return self._next_ulpdu()
+
+    def _crc_error(self, covered: Buffer, buf: bytes, crc_at: int) -> MpaError:
+        computed = crc32c(covered)
+        received = _LE32.unpack_from(buf, crc_at)[0]
+        return MpaError(
+            "MPA-12",
+            f"CRC mismatch at stream offset {self.offset}: received "
+            f"0x{received:08X}, computed 0x{computed:08X}",
+            TERM_LLP_CRC_ERROR,
+        )
+
+    def _next_ulpdu(self) -> memoryview | None:
+        """General path: markers, or an FPDU that spans chunks."""
         lead = 0
         if self.markers and self.offset % MPA_MARKER_INTERVAL == 0:
             lead = MPA_MARKER_LEN
@@ -399,18 +434,8 @@ class FpduDeframer:
         buf = self._buf
         view = self._view
         crc_at = pos + wire - MPA_CRC_LEN
-        if self.crc:
-            computed = crc32c(view[pos:crc_at])
-            received = _LE32.unpack_from(buf, crc_at)[0]
-            if computed != received:
-                raise self._fail(
-                    MpaError(
-                        "MPA-12",
-                        f"CRC mismatch at stream offset {self.offset}: received "
-                        f"0x{received:08X}, computed 0x{computed:08X}",
-                        TERM_LLP_CRC_ERROR,
-                    )
-                )
+        if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+            raise self._fail(self._crc_error(view[pos:crc_at], buf, crc_at))
         start = pos + lead  # the length field
         if lead and (_U16.unpack_from(buf, pos + 2)[0] & MPA_FPDUPTR_MASK) != 0:
             raise self._fail(self._marker_error(0, _U16.unpack_from(buf, pos + 2)[0]))
