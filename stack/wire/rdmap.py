@@ -152,6 +152,7 @@ _QNS_7306 = frozenset(int(q) for q in QueueNumber)
 _OPS_5040 = frozenset(int(op) for op in Opcode if op not in RFC7306_OPCODES)
 _OPS_7306 = frozenset(int(op) for op in Opcode)
 _TAGGED_OPS = frozenset(int(op) for op in TAGGED_OPCODES)
+_UNSPEC = TERM_RDMAP_OP_UNSPECIFIED
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 
 # Fixed-size RDMAP messages: opcode -> (rule, exact RDMAP header length or None for the
@@ -257,7 +258,7 @@ class Checker:
 
 
 class DdpFields:
-    """The raw DDP header fields of a ULPDU (stage 1 of decoding; internal, mutable-free).
+    """The raw DDP header fields of a ULPDU (stage 1 of decoding; filled in two steps).
 
     Fields: view, ctrl, ulp_ctrl (RDMAP control byte), tagged, last, stag, to, qn, msn, mo,
     inval_stag, hlen (DDP header length).
@@ -403,9 +404,6 @@ def check_rdmap(
         if n < size:
             return op, None, body
     return op, _decode_fixed_header(op, body, chk), body[size:]
-
-
-_UNSPEC = TERM_RDMAP_OP_UNSPECIFIED
 
 
 def _decode_fixed_header(op: int, body: memoryview, chk: Checker) -> RdmapHeader:

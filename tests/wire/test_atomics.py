@@ -49,13 +49,13 @@ def ref_cmp_swap(value: int, compare: int, compare_mask: int, swap: int, swap_ma
     return result
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(u64, u64, masks)
 def test_ext_06_fetch_add_matches_bit_serial_reference(value: int, add: int, mask: int) -> None:
     assert fetch_add(value, add, mask) == ref_fetch_add(value, add, mask)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(u64, u64, masks, u64, masks)
 def test_ext_06_cmp_swap_matches_bit_serial_reference(
     value: int, compare: int, compare_mask: int, swap: int, swap_mask: int

@@ -83,7 +83,7 @@ def decode_all_ways(data: bytes) -> None:
             assert lenient.ulpdu_len == len(data) and lenient.payload.nbytes <= len(data)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(any_ulpdu)
 def test_decode_ulpdu_raises_only_protocol_errors(data: bytes) -> None:
     decode_all_ways(data)
@@ -125,7 +125,7 @@ def test_decode_terminate_and_parse_header_raise_only_decode_errors(data: bytes)
         assert len(data) < 18
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(any_ulpdu, min_size=1, max_size=12), st.booleans())
 def test_stream_receive_raises_only_protocol_errors(ulpdus: list[bytes], rfc7306: bool) -> None:
     rx = RdmapStream(1442, rfc7306=rfc7306)
