@@ -32,6 +32,7 @@ from enum import Enum
 from stack.constants import (
     ATOMIC_ALIGNMENT,
     IMMEDIATE_DATA_LEN,
+    SOLICITED_OPCODES,
     TERM_DDP_T_BASE_BOUNDS,
     TERM_DDP_T_INVALID_STAG,
     TERM_DDP_U_NO_BUFFER,
@@ -520,7 +521,7 @@ class QueuePair:
         if not seg.last:
             return
         self._recv = None
-        flags = WcFlags.SOLICITED if seg.opcode in (5, 6) else WcFlags.NONE
+        flags = WcFlags.SOLICITED if seg.opcode in SOLICITED_OPCODES else WcFlags.NONE
         invalidated = None
         if seg.invalidate_stag is not None:
             mr = self.table.lookup(seg.invalidate_stag)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from stack.constants import MPA_V2_NO_NEGOTIATION
 from stack.errors import ConnectionTimeout, IwarpError, LocalError
 from stack.rnic.device import Rnic
 from stack.rnic.qp import QueuePair
@@ -266,6 +267,13 @@ class ConnectionManager:
         qp: QueuePair,
         tap: Tap | None,
     ) -> RdmaConnection:
+        neg = engine.negotiated
+        if neg is not None:
+            # RFC 6581 §9.1: the negotiated IRD/ORD bind the QP (0x3FFF: the ULP decides).
+            if neg.ird != MPA_V2_NO_NEGOTIATION:
+                qp.ird = min(qp.ird, neg.ird) if neg.peer_ord is None else neg.ird
+            if neg.ord != MPA_V2_NO_NEGOTIATION:
+                qp.ord = min(qp.ord, neg.ord) if neg.peer_ird is None else neg.ord
         conn = RdmaConnection(stream, engine, qp, tap=tap)
         self.connections.append(conn)
         conn.on_closed = self.connections.remove
