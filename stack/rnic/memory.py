@@ -13,25 +13,31 @@ from __future__ import annotations
 
 import ctypes
 import secrets
+import struct
 from dataclasses import dataclass
 from enum import IntFlag
 from typing import Any
 
 from stack.constants import (
+    ATOMIC_ALIGNMENT,
     TERM_DDP_T_BASE_BOUNDS,
     TERM_DDP_T_INVALID_STAG,
     TERM_DDP_T_STAG_NOT_ASSOCIATED,
     TERM_DDP_T_TO_WRAP,
     TERM_RDMAP_ACCESS_RIGHTS,
     TERM_RDMAP_BASE_BOUNDS,
+    TERM_RDMAP_CATASTROPHIC_STREAM,
     TERM_RDMAP_INVALID_STAG,
     TERM_RDMAP_STAG_NOT_ASSOCIATED,
     TERM_RDMAP_TO_WRAP,
     TermCode,
 )
 from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+from stack.wire.atomics import apply_atomic
+from stack.wire.events import AtomicRequest
 
 U64 = 1 << 64
+_LE64 = struct.Struct("<Q")
 
 
 class Access(IntFlag):
@@ -112,6 +118,25 @@ class MemoryRegion:
         self.valid = False
         self.pd.table.unregister(self)
         self.buf.release()
+
+    def atomic(self, req: AtomicRequest) -> int:
+        """Execute an RFC 7306 atomic on the 8 bytes at ``req.to``; returns the original value.
+
+        The caller has validated STag, rights and bounds.  The word is in the target's memory
+        byte order (little-endian here, RFC 7306 §5.1).  Every atomic of an RNIC, remote or
+        local, runs through this single-threaded code, so atomics are atomic with respect to
+        each other (EXT-07).  A misaligned address is refused before anything changes (EXT-05).
+        """
+        if (self.addr + req.to - self.base) % ATOMIC_ALIGNMENT:
+            raise RdmapError(
+                "EXT-05",
+                f"atomic target TO 0x{req.to:x} is not 8-byte aligned",
+                TERM_RDMAP_CATASTROPHIC_STREAM,
+            )
+        view = self.view(req.to, 8)
+        original = _LE64.unpack(view)[0]
+        view[:] = _LE64.pack(apply_atomic(req, original))
+        return original
 
     def view(self, to: int, length: int) -> memoryview:
         """The bytes at tagged offset ``to`` (caller has validated the range)."""

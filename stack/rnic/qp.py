@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from stack.constants import (
-    ATOMIC_ALIGNMENT,
     IMMEDIATE_DATA_LEN,
     SOLICITED_OPCODES,
     TERM_DDP_T_BASE_BOUNDS,
@@ -64,7 +63,6 @@ from stack.rnic.verbs import (
     WorkCompletion,
     WrOpcode,
 )
-from stack.wire.atomics import apply_atomic
 from stack.wire.events import (
     AtomicRequest,
     AtomicRequestReceived,
@@ -594,17 +592,10 @@ class QueuePair:
             Access.REMOTE_ATOMIC,
             RDMAP_REMOTE_CODES,
         )
+        del view  # validated; the MR's atomic engine does the access
         mr = self.table.lookup(req.stag)
         assert mr is not None
-        if (mr.addr + req.to - mr.base) % ATOMIC_ALIGNMENT:
-            raise RdmapError(
-                "EXT-05",
-                f"atomic target TO 0x{req.to:x} is not 8-byte aligned",
-                TERM_RDMAP_CATASTROPHIC_STREAM,
-            )
-        original = _LE64.unpack(view)[0]
-        view[:] = _LE64.pack(apply_atomic(req, original))
-        self._queue_response(AtomicResponse(req.req_id, original))
+        self._queue_response(AtomicResponse(req.req_id, mr.atomic(req)))
 
     def _on_atomic_response(self, resp: AtomicResponse) -> None:
         if not self._atomics:
