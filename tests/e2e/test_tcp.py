@@ -184,3 +184,15 @@ async def test_small_fpdus_are_coalesced_into_few_socket_writes() -> None:
         assert sum(writes) >= 100 * (64 + 20)  # all 100 FPDUs went out
         assert len(writes) <= 3, writes  # ... in very few socket writes
         assert bytes(target.buf) == b"".join(bytes([i]) * 64 for i in range(100))
+
+
+async def test_disconnect_flushes_outstanding_receives_on_both_sides() -> None:
+    async with tcp_pair() as (client, server):
+        client.qp.post_recv(RecvWR(1, ()))
+        server.qp.post_recv([RecvWR(2, ()), RecvWR(3, ())])
+    # Leaving tcp_pair disconnected the client and waited for the server to close.
+    assert client.qp.state is QpState.ERROR and server.qp.state is QpState.ERROR
+    assert [(wc.wr_id, wc.status) for wc in client.cq.poll()] == [(1, WcStatus.WR_FLUSH_ERR)]
+    assert [wc.wr_id for wc in server.cq.poll()] == [2, 3]
+    client.qp.post_send(SendWR(9, WrOpcode.SEND, inline_data=b"too late"))
+    assert client.cq.poll()[0].status is WcStatus.WR_FLUSH_ERR
