@@ -76,6 +76,8 @@ TCP_ACK = 0x10
 _U16 = struct.Struct(">H")
 _U32_LE = struct.Struct("<I")
 _TCP_HDR = struct.Struct(">HHIIBB")  # sport, dport, seq, ack, data offset byte, flags
+_ETH_IPV4_TCP = struct.Struct(">12xHBxHxxHxBxx4s4sHHIIBB")
+"""Ethertype, IP version/IHL, total length, flags/fragment, protocol, addresses, TCP header."""
 
 
 class CaptureError(IwarpError):
@@ -494,6 +496,11 @@ class CaptureReader:
         return iter_frames(self._buf)
 
     def __iter__(self) -> Iterator[TcpSegment]:
+        if self.format == "pcap":
+            return self._iter_pcap_fast()
+        return self._iter_generic()
+
+    def _iter_generic(self) -> Iterator[TcpSegment]:
         stats = self.stats
         for frame in iter_frames(self._buf):
             stats.frames += 1
@@ -501,6 +508,62 @@ class CaptureReader:
             segment = parse_tcp(frame, stats)
             if segment is not None:
                 yield segment
+
+    def _iter_pcap_fast(self) -> Iterator[TcpSegment]:
+        """pcap records with the common Ethernet/IPv4(no options)/TCP case parsed inline.
+
+        Same results as :meth:`_iter_generic` (the tests compare them); every other frame
+        goes through :func:`parse_tcp`.
+        """
+        stats = self.stats
+        buf = self._buf
+        frames = _iter_pcap(buf)
+        unpack = _ETH_IPV4_TCP.unpack_from
+        need = _ETH_IPV4_TCP.size
+        tcp_count = 0
+        try:
+            for frame in frames:
+                stats.frames += 1
+                data = frame.data
+                size = len(data)
+                if frame.linktype == LINKTYPE_ETHERNET and size >= need:
+                    (ethertype, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, off,
+                     flags) = unpack(data)  # fmt: skip
+                    if (
+                        ethertype == ETHERTYPE_IPV4
+                        and vihl == 0x45
+                        and proto == IPPROTO_TCP
+                        and not frag & 0x3FFF
+                        and total >= 40
+                    ):
+                        hlen = (off >> 4) * 4
+                        ip_end = 14 + total
+                        start = 34 + hlen
+                        end = ip_end if ip_end <= size else size
+                        if hlen >= 20 and start <= end:
+                            tcp_count += 1
+                            yield TcpSegment(
+                                frame.number,
+                                frame.timestamp,
+                                _addr_cache.get(src) or _addr(src),
+                                _addr_cache.get(dst) or _addr(dst),
+                                sport,
+                                dport,
+                                seq,
+                                ack,
+                                flags,
+                                data[start:end],
+                                ip_end - end,
+                            )
+                            continue
+                stats.linktypes.add(frame.linktype)
+                segment = parse_tcp(frame, stats)
+                if segment is not None:
+                    yield segment
+        finally:
+            stats.tcp += tcp_count
+            if tcp_count:
+                stats.linktypes.add(LINKTYPE_ETHERNET)
 
 
 def read_tcp_segments(

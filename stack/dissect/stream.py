@@ -70,6 +70,7 @@ from stack.constants import (
     MPA_V2_RTR_SEND,
     MPA_V2_RTR_WRITE,
     MULPDU_MAX,
+    OPCODE_NAMES,
     OPCODE_QN,
     RDMAP_OPCODE_MASK,
     RDMAP_RSVD_MASK,
@@ -99,6 +100,7 @@ from stack.dissect.tcp import (
     TcpReassembler,
 )
 from stack.errors import MpaError, ProtocolError
+from stack.wire import ddp
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
@@ -107,7 +109,7 @@ from stack.wire.events import (
     Terminate,
 )
 from stack.wire.mpa import decode_frame
-from stack.wire.rdmap import Finding, Segment, decode_ulpdu
+from stack.wire.rdmap import Checker, Finding, RdmapHeader, Segment, check_ddp, check_rdmap
 
 __all__ = [
     "DissectOptions",
@@ -115,6 +117,7 @@ __all__ = [
     "Finding",
     "Note",
     "PduRecord",
+    "SegmentView",
     "StreamInfo",
     "dissect",
     "fpdu_layout",
@@ -131,6 +134,14 @@ _SEARCH_MIN_FPDUS = 3
 _SEARCH_GIVE_UP = 256 * 1024
 """Bytes of a direction searched without finding a chain before it is declared not iWARP."""
 _MAX_ULPDU = 0xFFFF
+
+_OP_WRITE = int(Opcode.RDMA_WRITE)
+_OP_READ_REQUEST = int(Opcode.RDMA_READ_REQUEST)
+_OP_READ_RESPONSE = int(Opcode.RDMA_READ_RESPONSE)
+_OP_SEND = int(Opcode.SEND)
+_OP_TERMINATE = int(Opcode.TERMINATE)
+_OP_ATOMIC_REQUEST = int(Opcode.ATOMIC_REQUEST)
+_OP_ATOMIC_RESPONSE = int(Opcode.ATOMIC_RESPONSE)
 
 _RTR_BITS = ((MPA_V2_RTR_SEND, RtrType.SEND), (MPA_V2_RTR_WRITE, RtrType.WRITE),
              (MPA_V2_RTR_READ, RtrType.READ))  # fmt: skip
@@ -175,7 +186,8 @@ class PduRecord:
     private_data (all PD bytes, the RFC 6581 word included).
     FPDUs: ulpdu_len, crc_ok (None when CRC is off), crc_field (value carried), crc_value
     (computed), pad, marker_offsets (stream offsets), marker_ptrs (FPDUPTR values),
-    marker_reserved, segment (:class:`~stack.wire.rdmap.Segment`, None if undecodable),
+    marker_reserved, segment (:class:`SegmentView`, the fields of
+    :class:`~stack.wire.rdmap.Segment`; None if undecodable),
     ulpdu (the ULPDU bytes, markers removed).
     """
 
@@ -202,7 +214,7 @@ class PduRecord:
     marker_offsets: tuple[int, ...] = ()
     marker_ptrs: tuple[int, ...] = ()
     marker_reserved: tuple[int, ...] = ()
-    segment: Segment | None = None
+    segment: SegmentView | None = None
     ulpdu: bytes | memoryview = b""
 
     @property
@@ -262,6 +274,72 @@ class StreamInfo:
 
 def _endpoint(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+class SegmentView:
+    """A decoded ULPDU with exactly the fields of :class:`stack.wire.rdmap.Segment`.
+
+    Built from the same staged checks as :func:`stack.wire.rdmap.decode_ulpdu`
+    (:func:`~stack.wire.rdmap.check_ddp`, :func:`~stack.wire.rdmap.check_rdmap`, lenient
+    mode), but as a plain slotted object: a frozen 17-field dataclass costs about ten
+    times more to build, which dominated bulk decoding.  Fields: see ``Segment``.
+    """
+
+    __slots__ = (
+        "tagged",
+        "last",
+        "ddp_version",
+        "rdmap_version",
+        "opcode",
+        "ddp_rsvd",
+        "rdmap_rsvd",
+        "stag",
+        "to",
+        "qn",
+        "msn",
+        "mo",
+        "inval_stag",
+        "header",
+        "payload",
+        "ulpdu_len",
+        "findings",
+    )
+
+    def __init__(self, ulpdu: bytes | memoryview, rfc7306: bool, siw_layout: bool | None) -> None:
+        view = ulpdu if type(ulpdu) is memoryview else ddp.byte_view(ulpdu)
+        chk = Checker(False)
+        f = check_ddp(view, chk, rfc7306)
+        op, header, payload = check_rdmap(f, chk, rfc7306, siw_layout)
+        ctrl = f.ctrl
+        self.tagged: bool = f.tagged
+        self.last: bool = f.last
+        self.ddp_version: int = ctrl & DDP_DV_MASK
+        self.rdmap_version: int = f.ulp_ctrl >> 6
+        self.opcode: int = op
+        self.ddp_rsvd: int = ctrl & DDP_RSVD_MASK
+        self.rdmap_rsvd: int = f.ulp_ctrl & RDMAP_RSVD_MASK
+        self.stag: int | None = f.stag
+        self.to: int | None = f.to
+        self.qn: int | None = f.qn
+        self.msn: int | None = f.msn
+        self.mo: int | None = f.mo
+        self.inval_stag: int | None = f.inval_stag
+        self.header: RdmapHeader | None = header
+        self.payload: memoryview = payload
+        self.ulpdu_len: int = len(view)
+        self.findings: tuple[Finding, ...] = tuple(chk.findings) if chk.findings else ()
+
+    @property
+    def opcode_name(self) -> str:
+        return OPCODE_NAMES.get(self.opcode, f"Unknown opcode 0x{self.opcode:X}")
+
+    @property
+    def ddp_header_len(self) -> int:
+        return DDP_TAGGED_HDR_LEN if self.tagged else DDP_UNTAGGED_HDR_LEN
+
+    def to_segment(self) -> Segment:
+        """The equivalent :class:`stack.wire.rdmap.Segment`."""
+        return Segment(*(getattr(self, name) for name in self.__slots__))
 
 
 # ======================================================================================
@@ -352,7 +430,7 @@ class _Sequencer:
         self.reads.clear()
         self.atomics.clear()
 
-    def check(self, seg: Segment, out: list[Finding], peer: _Sequencer) -> None:
+    def check(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
         op = seg.opcode
         if self.terminated:
             out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
@@ -360,16 +438,16 @@ class _Sequencer:
             self._tagged(seg, out, peer)
         elif seg.qn is not None:
             self._untagged(seg, out)
-        if op == Opcode.TERMINATE:
+        if op == _OP_TERMINATE:
             self.terminated = True
             if isinstance(seg.header, Terminate):
                 _check_terminate_form(seg.header, out)
-        elif op == Opcode.RDMA_READ_REQUEST and isinstance(seg.header, ReadRequest):
+        elif op == _OP_READ_REQUEST and isinstance(seg.header, ReadRequest):
             h = seg.header
             self.reads.append([h.sink_stag, h.sink_to, h.size, 0])
-        elif op == Opcode.ATOMIC_REQUEST and isinstance(seg.header, AtomicRequest):
+        elif op == _OP_ATOMIC_REQUEST and isinstance(seg.header, AtomicRequest):
             self.atomics.append(seg.header.req_id)
-        elif op == Opcode.ATOMIC_RESPONSE and isinstance(seg.header, AtomicResponse):
+        elif op == _OP_ATOMIC_RESPONSE and isinstance(seg.header, AtomicResponse):
             if peer.atomics:
                 want = peer.atomics.popleft()
                 if seg.header.req_id != want:
@@ -383,7 +461,7 @@ class _Sequencer:
             elif peer.known:
                 out.append(Finding("EXT-03", "Atomic Response without an outstanding request"))
 
-    def _untagged(self, seg: Segment, out: list[Finding]) -> None:
+    def _untagged(self, seg: SegmentView, out: list[Finding]) -> None:
         qn = seg.qn
         msn = seg.msn
         mo = seg.mo
@@ -416,7 +494,7 @@ class _Sequencer:
         else:
             self.open_untagged[qn] = (msn, mo + size, ctrl, inv)
 
-    def _tagged(self, seg: Segment, out: list[Finding], peer: _Sequencer) -> None:
+    def _tagged(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
         stag = seg.stag
         to = seg.to
         assert stag is not None and to is not None
@@ -436,12 +514,12 @@ class _Sequencer:
                     Finding("DDP-06", f"STag 0x{stag:08X}: TO 0x{to:X}, expected 0x{ot[1]:X}")
                 )
         self.open_tagged = None if seg.last else (stag, (to + size) & ((1 << 64) - 1), op)
-        if op == Opcode.RDMA_READ_RESPONSE:
+        if op == _OP_READ_RESPONSE:
             self._read_response(seg, stag, to, size, out, peer)
 
     @staticmethod
     def _read_response(
-        seg: Segment, stag: int, to: int, size: int, out: list[Finding], peer: _Sequencer
+        seg: SegmentView, stag: int, to: int, size: int, out: list[Finding], peer: _Sequencer
     ) -> None:
         if not peer.reads:
             if peer.known:
@@ -599,7 +677,12 @@ class _Half:
         self.ends.clear()
 
     def _frame_at(self, end: int) -> tuple[int, float]:
-        for e, frame, ts in self.ends:
+        ends = self.ends
+        if len(ends) == 1:
+            e, frame, ts = ends[0]
+            if e >= end:
+                return frame, ts
+        for e, frame, ts in ends:
             if e >= end:
                 return frame, ts
         last = self.ends[-1] if self.ends else (0, self.conn.last_frame, 0.0)
@@ -756,7 +839,7 @@ class _Half:
                 pad = body[2 + ulen :]
             else:
                 ulpdu = buf[pos + 2 : pos + 2 + ulen]
-                pad = bytes(buf[pos + 2 + ulen : end_body])
+                pad = bytes(buf[pos + 2 + ulen : end_body]) if end_body - pos - 2 - ulen else b""
             good = crc_value == crc_field
             if crc_on and not good and not _plausible_ulpdu(ulpdu, self.conn.opts.rfc7306):
                 # bad CRC and a header that makes no sense: framing is lost (MPA-16)
@@ -979,6 +1062,7 @@ class _Conn:
 
     def __init__(self, dissector: Dissector, tcp: Connection) -> None:
         self.dissector = dissector
+        self.emit = dissector._out.append
         self.tcp = tcp
         self.opts = dissector.options
         self.stream = tcp.stream
@@ -1019,7 +1103,7 @@ class _Conn:
         return self._synced[side]
 
     def note(self, side: int, frame: int, kind: str, detail: str, offset: int = 0) -> None:
-        self.dissector._emit(Note(self.stream, frame, self.direction(side), kind, detail, offset))
+        self.emit(Note(self.stream, frame, self.direction(side), kind, detail, offset))
 
     def not_iwarp(self, half: _Half, why: str, both: bool = False) -> None:
         """Stop decoding ``half`` (and its peer when ``both``): not MPA traffic."""
@@ -1225,7 +1309,7 @@ class _Conn:
         half.info.pdus += 1
         half.info.wire_bytes += len(raw)
         self.last_frame = max(self.last_frame, frame)
-        self.dissector._emit(rec)
+        self.emit(rec)
 
     # ---- FPDUs ----------------------------------------------------------------------
     def fpdu(
@@ -1286,15 +1370,13 @@ class _Conn:
             ptrs = tuple(ptr_list)
             reserved = tuple(res_list)
             offsets = tuple(offset + m for m in marks)
-        if any(pad):
+        if pad and any(pad):
             findings.append(Finding("MPA-04", f"PAD bytes {pad.hex()} are not zero"))
         if ulen > MULPDU_MAX:
             findings.append(Finding("MPA-02", f"ULPDU_Length {ulen} exceeds {MULPDU_MAX}"))
-        segment: Segment | None
+        segment: SegmentView | None
         try:
-            segment = decode_ulpdu(
-                ulpdu, strict=False, rfc7306=self.opts.rfc7306, siw_layout=self.opts.siw_layout
-            )
+            segment = SegmentView(ulpdu, self.opts.rfc7306, self.opts.siw_layout)
         except ProtocolError as exc:
             segment = None
             findings.append(Finding(exc.rule, exc.detail, exc.term))
@@ -1316,17 +1398,22 @@ class _Conn:
             offset,
             wire,
             findings,
-            ulpdu_len=ulen,
-            crc_ok=crc_ok,
-            crc_field=crc_field,
-            crc_value=crc_value,
-            pad=pad,
-            marker_offsets=offsets,
-            marker_ptrs=ptrs,
-            marker_reserved=reserved,
-            segment=segment,
-            ulpdu=ulpdu,
-        )
+            None,
+            0,
+            0,
+            0,
+            b"",
+            ulen,
+            crc_ok,
+            crc_field,
+            crc_value,
+            pad,
+            offsets,
+            ptrs,
+            reserved,
+            segment,
+            ulpdu,
+        )  # positional: keyword calls cost several times more on this hot path
         info = half.info
         info.pdus += 1
         info.fpdus += 1
@@ -1334,10 +1421,10 @@ class _Conn:
         info.ulpdu_bytes += ulen
         if frame > self.last_frame:
             self.last_frame = frame
-        self.dissector._emit(rec)
+        self.emit(rec)
 
     def _first_fpdu_checks(
-        self, side: int, seg: Segment, frame: int, findings: list[Finding]
+        self, side: int, seg: SegmentView, frame: int, findings: list[Finding]
     ) -> None:
         """MPA-25 (responder waits for the initiator's first FPDU) and ERC-09 (RTR)."""
         if self.first_fpdu_frame[side] is not None:
@@ -1464,18 +1551,20 @@ class Dissector:
         if events:
             conn.events(side, events, segment.timestamp)
         out = self._out
-        if out:
-            self._out = []
-        return out
+        if not out:
+            return []
+        items = out[:]
+        out.clear()
+        return items
 
     def finish(self) -> list[Output]:
         for tcp_conn, side, events in self.tcp.flush(self.last_frame):
             self._conn(tcp_conn).events(side, events, self.last_ts)
         for conn in self._conns.values():
             conn.finish(self.last_frame)
-        out = self._out
-        self._out = []
-        return out
+        items = self._out[:]
+        self._out.clear()
+        return items
 
     def streams(self) -> list[StreamInfo]:
         return [self._conns[k].info for k in sorted(self._conns)]

@@ -1,0 +1,157 @@
+"""Benchmark: ``iwarp dissect`` against tshark on the same generated capture, in the same run.
+
+``python -m tools.bench_dissect [--fpdus 100000] [--markers] [--repeat 3] [--keep FILE]``
+
+The capture holds one connection (MPA rev 2 with CRC) carrying a mix of Sends, RDMA Writes
+of varied sizes (segmented at MULPDU into several FPDUs), Read Requests and Read
+Responses, recorded through the capture-tap writer with an MSS of 1460 bytes, so FPDUs
+share segments and straddle segment boundaries.  Both tools run as subprocesses writing
+to /dev/null, interpreter and program start-up included; the best of ``--repeat`` runs is
+kept.  Pairs compared: the one-line summary (tshark ``-Y iwarp_mpa``) and JSON
+(tshark ``-T json -J "iwarp_mpa iwarp_ddp_rdmap"``), tshark with the option set of
+``shared/specs/tshark.md``.  Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from stack.constants import MPA_MAX_PRIVATE_DATA
+from stack.transport.pcap import Direction, PcapWriter
+from stack.wire.events import IrdOrd, MpaFrame, RdmaWrite, ReadRequest, ReadResponse, Send
+from stack.wire.framing import FpduFramer, mulpdu_for
+from stack.wire.mpa import encode_frame
+from stack.wire.rdmap import encode_message
+
+TSHARK_OPTS = [
+    "--disable-heuristic",
+    "rpcrdma_iwarp",
+    "--disable-heuristic",
+    "smb_direct_iwarp",
+    "-o",
+    "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
+]
+
+
+def generate(path: str, fpdus: int, markers: bool = False, seed: int = 1) -> int:
+    """Write a capture with at least ``fpdus`` FPDUs; return the exact FPDU count."""
+    rng = random.Random(seed)
+    mss = 1460
+    mulpdu = mulpdu_for(mss, markers)
+    with PcapWriter(path) as writer:
+        conn = writer.connection(("192.0.2.1", 40000), ("192.0.2.2", 4791), mss=mss)
+        now = 0.0
+        word = IrdOrd(16, 16)
+        request = MpaFrame(reply=False, crc=True, markers=markers, rev=2, ird_ord=word)
+        reply = MpaFrame(reply=True, crc=True, markers=markers, rev=2, ird_ord=word)
+        conn.record(
+            Direction.SENT, encode_frame(request, max_private_data=MPA_MAX_PRIVATE_DATA), now
+        )
+        conn.record(Direction.RECEIVED, encode_frame(reply), now)
+        tx = FpduFramer(crc=True, markers=markers)
+        rx = FpduFramer(crc=True, markers=markers)
+        msn_send = msn_read = 1
+        count = 0
+        to = 0
+        while count < fpdus:
+            now += 1e-5
+            kind = rng.random()
+            if kind < 0.45:
+                msg = Send(bytes(rng.randrange(0, 256)))
+                ulpdus = encode_message(msg, msn=msn_send, mulpdu=mulpdu)
+                msn_send += 1
+            elif kind < 0.85:
+                size = rng.choice((64, 512, 1024, 4096, 8192))
+                ulpdus = encode_message(RdmaWrite(0x100, to, bytes(size)), msn=None, mulpdu=mulpdu)
+                to += size
+            else:
+                size = rng.choice((128, 2048))
+                req = ReadRequest(0x200, 0x1000, size, 0x300, 0x2000)
+                ulpdus = encode_message(req, msn=msn_read, mulpdu=mulpdu)
+                msn_read += 1
+                conn.record(Direction.SENT, b"".join(tx.frame(u) for u in ulpdus), now)
+                count += len(ulpdus)
+                resp = ReadResponse(0x200, 0x1000, bytes(size))
+                ulpdus = encode_message(resp, msn=None, mulpdu=mulpdu)
+                conn.record(Direction.RECEIVED, b"".join(rx.frame(u) for u in ulpdus), now)
+                count += len(ulpdus)
+                continue
+            conn.record(Direction.SENT, b"".join(tx.frame(u) for u in ulpdus), now)
+            count += len(ulpdus)
+        conn.close(now)
+    return count
+
+
+def _time(cmd: list[str], repeat: int) -> tuple[float, int]:
+    best = float("inf")
+    lines = 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+        elapsed = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}")
+        best = min(best, elapsed)
+        lines = proc.stdout.count(b"\n")
+    return best, lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_dissect", description=__doc__)
+    parser.add_argument("--fpdus", type=int, default=100_000)
+    parser.add_argument("--markers", action="store_true", help="markers in both directions")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", metavar="FILE", help="write the capture here and keep it")
+    parser.add_argument("--no-json", action="store_true", help="compare the summaries only")
+    args = parser.parse_args(argv)
+    tshark = shutil.which("tshark")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or os.path.join(tmp, "bench.pcap")
+        t0 = time.perf_counter()
+        count = generate(path, args.fpdus, args.markers)
+        size = os.path.getsize(path)
+        print(
+            f"capture: {count} FPDUs, {size / 1e6:.1f} MB, markers "
+            f"{'on' if args.markers else 'off'} (generated in {time.perf_counter() - t0:.1f} s)"
+        )
+        ours = [sys.executable, "-m", "tools.iwarp_cli", "dissect", path]
+        pairs = [("summary", ours, [tshark, "-n", "-r", path, *TSHARK_OPTS, "-Y", "iwarp_mpa"])]
+        if not args.no_json:
+            pairs.append(
+                (
+                    "json",
+                    [*ours, "--json"],
+                    [tshark, "-n", "-r", path, *TSHARK_OPTS, "-Y", "iwarp_mpa", "-T", "json",
+                     "-J", "iwarp_mpa iwarp_ddp_rdmap"],
+                )
+            )  # fmt: skip
+        for label, mine, theirs in pairs:
+            t_ours, n_ours = _time(mine, args.repeat)
+            line = f"{label:8} iwarp dissect {t_ours:7.2f} s ({count / t_ours:9.0f} FPDU/s)"
+            if tshark:
+                t_ts, _ = _time(theirs, args.repeat)
+                line += (
+                    f" | tshark {t_ts:7.2f} s ({count / t_ts:9.0f} FPDU/s)"
+                    f" | tshark/ours = {t_ts / t_ours:.2f}"
+                )
+            else:
+                line += " | tshark not installed"
+            print(line)
+            del n_ours
+        if tshark:
+            version = subprocess.run(
+                [tshark, "--version"], capture_output=True, text=True, check=False
+            ).stdout.splitlines()
+            print(f"tshark: {version[0] if version else 'unknown version'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
