@@ -297,6 +297,7 @@ class FpduDeframer:
         "_pos",
         "_more",
         "_more_len",
+        "_more_pos",
     )
 
     def __init__(
@@ -320,7 +321,8 @@ class FpduDeframer:
         self._view = memoryview(self._buf)
         self._pos = 0
         self._more: deque[bytes] = deque()
-        self._more_len = 0
+        self._more_len = 0  # unread bytes in _more
+        self._more_pos = 0  # bytes of _more[0] already consumed
 
     @property
     def pending(self) -> int:
@@ -340,19 +342,42 @@ class FpduDeframer:
             yield ulpdu
 
     def _ensure(self, n: int) -> bool:
-        """Make ``_buf[_pos:]`` hold at least ``n`` bytes, if that many have arrived."""
+        """Make ``_buf[_pos:]`` hold at least ``n`` bytes, if that many have arrived.
+
+        Moving on to the next chunk costs nothing; an FPDU that straddles chunks is joined
+        into a buffer of exactly ``n`` bytes and the rest of the last chunk is parsed in
+        place afterwards, so each byte is copied at most once.
+        """
         avail = len(self._buf) - self._pos
         if avail >= n:
             return True
         if avail + self._more_len < n:
             return False
-        parts: list[Buffer] = [self._view[self._pos :]] if avail else []
         more = self._more
-        while avail < n:
+        if not avail:  # switch to the next chunk without copying
             chunk = more.popleft()
-            self._more_len -= len(chunk)
-            parts.append(chunk)
-            avail += len(chunk)
+            start = self._more_pos
+            self._more_pos = 0
+            self._more_len -= len(chunk) - start
+            self._buf = chunk
+            self._view = memoryview(chunk)
+            self._pos = start
+            avail = len(chunk) - start
+            if avail >= n:
+                return True
+        parts: list[Buffer] = [self._view[self._pos :]]
+        while avail < n:
+            chunk = more[0]
+            start = self._more_pos
+            take = min(len(chunk) - start, n - avail)
+            parts.append(memoryview(chunk)[start : start + take])
+            avail += take
+            self._more_len -= take
+            if start + take == len(chunk):
+                more.popleft()
+                self._more_pos = 0
+            else:
+                self._more_pos = start + take
         self._buf = b"".join(parts)
         self._view = memoryview(self._buf)
         self._pos = 0
@@ -365,6 +390,7 @@ class FpduDeframer:
         self._pos = 0
         self._more.clear()
         self._more_len = 0
+        self._more_pos = 0
         return error
 
     def next_ulpdu(self) -> memoryview | None:
@@ -372,25 +398,40 @@ class FpduDeframer:
         if self.error is not None:
             raise self.error
         if not self.markers:
-            # Fast path: a whole FPDU already sits in the current chunk.
+            # Fast path without markers: the length field is in the current chunk.
             buf = self._buf
             pos = self._pos
             avail = len(buf) - pos
+            if not avail:
+                if not self._more:
+                    return None
+                buf = self._buf = self._more.popleft()  # next chunk, no copy
+                self._view = memoryview(buf)
+                pos = self._pos = self._more_pos
+                self._more_pos = 0
+                avail = len(buf) - pos
+                self._more_len -= avail
             if avail >= MPA_LENGTH_LEN:
                 n = (buf[pos] << 8) | buf[pos + 1]
                 wire = ((MPA_LENGTH_LEN + n + 3) & ~3) + MPA_CRC_LEN
-                if wire <= avail and n <= self.max_ulpdu:
+                if n <= self.max_ulpdu:
+                    if wire > avail:
+                        if wire > avail + self._more_len:
+                            return None  # MPA-16: hold until the FPDU is complete
+                        self._ensure(wire)
+                        buf = self._buf
+                        pos = 0
+                    view = self._view
                     crc_at = pos + wire - MPA_CRC_LEN
-                    if (
-                        self.crc
-                        and crc32c(self._view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]
-                    ):
-                        raise self._fail(self._crc_error(self._view[pos:crc_at], buf, crc_at))
+                    if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+                        raise self._fail(self._crc_error(view[pos:crc_at], buf, crc_at))
                     self.fpdu_offset = self.offset
                     self.fpdu_wire_length = wire
                     self.offset += wire
                     self._pos = pos + wire
-                    return self._view[pos + MPA_LENGTH_LEN : pos + MPA_LENGTH_LEN + n]
+                    return view[pos + MPA_LENGTH_LEN : pos + MPA_LENGTH_LEN + n]
+            elif not self._more_len:
+                return None
         return self._next_ulpdu()
 
     def _crc_error(self, covered: Buffer, buf: bytes, crc_at: int) -> MpaError:
