@@ -3,9 +3,9 @@
 Modelled on perftest (``ib_write_bw``, ``ib_read_lat``, ...): the same options where they make
 sense (``-s``, ``-a``, ``-n``, ``-D``, ``-q``, ``--post-list``, ``--cq-mod``, ``-t``), the same
 table headers and dashed separators, the same split into a passive server and an active
-client.  By default the client spawns the server half (``iwarp bench server``, started as
-``python -m tools.bench_rdma server``) on 127.0.0.1 and drives it; ``--server`` and
-``--connect HOST:PORT`` run the halves by hand, ``--in-process`` runs both in one trio run.
+client.  By default the client spawns the server half (``iwarp bench server``) on 127.0.0.1
+and drives it; ``--server`` and ``--connect HOST:PORT`` run the halves by hand,
+``--in-process`` runs both in one trio run.
 
 Theory of operation.
 
@@ -1239,10 +1239,10 @@ def _project_root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
-def server_command(opts_crc: bool, markers: bool, emss: int | None) -> list[str]:
-    """The spawned server half: ``iwarp bench server`` as ``python -m tools.bench_rdma server``."""
-    cmd = [sys.executable, "-m", "tools.bench_rdma", "server", "--port", "0"]
-    cmd += ["--host", "127.0.0.1", "--exit-on-stdin-eof", "--crc" if opts_crc else "--no-crc"]
+def server_command(crc: bool, markers: bool, emss: int | None) -> list[str]:
+    """The spawned server half: ``iwarp bench server`` (run as ``python -m tools.iwarp_cli``)."""
+    cmd = [sys.executable, "-m", "tools.iwarp_cli", "bench", "server", "--port", "0"]
+    cmd += ["--host", "127.0.0.1", "--exit-on-stdin-eof", "--crc" if crc else "--no-crc"]
     if markers:
         cmd.append("--markers")
     if emss is not None:
@@ -1544,7 +1544,19 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     def error(message: str) -> NoReturn:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
+    parse_known_args = parser.parse_known_args
+
+    def strict_parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # As a subparser, leftovers would reach the top parser's usage-dumping error.
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
     parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
 
 
 def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: str) -> None:

@@ -21,7 +21,7 @@ BENCH_PREFIX = "bench_"
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="run a benchmark (codec, ...)",
+        help="run a benchmark (codec, write, read, send, atomic, server, idle-qps, ...)",
         description="Benchmarks of the stack; each prints a table of measured figures.",
     )
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
