@@ -332,7 +332,8 @@ class MpaFrame:
 
     Fields: reply (key), markers (M), crc (C), reject (R), rev, ird_ord (present iff
     the S bit is set; its 4 bytes are *not* part of ``private_data``), private_data
-    (the ULP's bytes), reserved (the 4 reserved flag bits as received, e.g. siw's 0x08).
+    (the ULP's bytes), reserved (the reserved flag bits as received: 0x0F, plus 0x10 for
+    Rev < 2 where S is still reserved; e.g. siw's 0x08).
     """
 
     reply: bool
