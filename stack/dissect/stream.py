@@ -646,7 +646,7 @@ class _Half:
             self._drop_all()
             return
         if self.buffered >= self.need:
-            self.run(final=False)
+            self.run(False)
 
     def _joined(self) -> memoryview:
         chunks = self.chunks
@@ -661,6 +661,9 @@ class _Half:
         """Drop the first ``n`` buffered bytes."""
         if not n:
             return
+        if n == self.buffered:
+            self._drop_all()
+            return
         buf = self._joined()
         rest = buf[n:]
         self.chunks = [rest] if len(rest) else []
@@ -672,9 +675,11 @@ class _Half:
 
     def _drop_all(self) -> None:
         self.base += self.buffered
-        self.chunks = []
+        if self.chunks:
+            self.chunks = []
         self.buffered = 0
-        self.ends.clear()
+        if self.ends:
+            self.ends.clear()
 
     def _frame_at(self, end: int) -> tuple[int, float]:
         ends = self.ends
@@ -714,7 +719,7 @@ class _Half:
 
     def finish(self, frame: int) -> None:
         if self.buffered and self.mode not in ("dead",):
-            self.run(final=True)
+            self.run(True)
         if self.buffered:
             if self.mode != "dead":
                 self.conn.note(
@@ -1271,7 +1276,7 @@ class _Conn:
             ini.need = 2
             self._synced[ini.side] = True
             if ini.buffered:
-                ini.run(final=False)
+                ini.run(False)
 
     def _emit_startup(
         self,
