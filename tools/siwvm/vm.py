@@ -459,23 +459,33 @@ class SiwVM:
         """Kill every background job still running in the guest; return their pids."""
         return [int(p) for p in self.agent.request("reap")["killed"]]
 
-    def read_file(self, path: str, limit: int = 16 << 20) -> bytes:
-        """The contents of a guest file (up to ``limit`` bytes)."""
-        return base64.b64decode(self.agent.request("read", path=path, limit=limit)["data"])
+    def read_file(self, path: str, limit: int = 16 << 20, offset: int = 0) -> bytes:
+        """The contents of a guest file (up to ``limit`` bytes from ``offset``)."""
+        reply = self.agent.request("read", path=path, offset=offset, limit=limit)
+        return base64.b64decode(reply["data"])
+
+    def file_size(self, path: str) -> int:
+        """The size of a guest file (AgentError if it does not exist)."""
+        return int(self.agent.request("read", path=path, limit=0)["size"])
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Create or replace a guest file."""
         self.agent.request("write", path=path, data=base64.b64encode(data).decode(), mode=mode)
 
-    def copy_out(self, guest_path: str, host_path: Path | str) -> Path:
-        """Copy a guest file to the host through the 9p share; return the host path."""
-        name = f"copy-{time.monotonic_ns()}-{Path(guest_path).name}"
-        self.run(
-            f"cp {shlex.quote(guest_path)} {SHARE_GUEST}/{name} && sync", timeout=60, check=True
-        )
+    def copy_out(self, guest_path: str, host_path: Path | str, chunk: int = 4 << 20) -> Path:
+        """Copy a guest file to the host through the agent (no guest process); return the path."""
         dest = Path(host_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.share / name), dest)
+        tmp = dest.with_name(dest.name + ".part")
+        with open(tmp, "wb") as out:
+            offset = 0
+            while True:
+                data = self.read_file(guest_path, limit=chunk, offset=offset)
+                out.write(data)
+                offset += len(data)
+                if len(data) < chunk:
+                    break
+        tmp.replace(dest)
         return dest
 
     def wait_listen(self, port: int, timeout: float = 10.0) -> None:
@@ -485,11 +495,21 @@ class SiwVM:
         even when nothing listens in the guest (pitfall 7).
         """
         deadline = time.monotonic() + timeout
-        probe = f"ss -Hltn 'sport = :{int(port)}'"
-        while not self.run(probe, timeout=10).stdout.strip():
+        while not self.listening(port):
             if time.monotonic() > deadline:
                 raise GuestTimeout(f"nothing listens on guest port {port} after {timeout} s")
             time.sleep(0.1)
+
+    def listening(self, port: int) -> bool:
+        """Whether a TCP socket listens on ``port`` in the guest (reads /proc/net/tcp{,6}:
+        no guest process, kernel sockets included)."""
+        needle = f":{int(port):04X} "
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in self.read_file(table).decode().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 3 and (fields[1] + " ").endswith(needle) and fields[3] == "0A":
+                    return True
+        return False
 
     # ------------------------------------------------------------------ forwarding
 
@@ -528,31 +548,38 @@ class SiwVM:
 
     def siw_params(self) -> dict[str, str]:
         """Current values of siw's parameters, as sysfs prints them (Y/N, numbers)."""
-        names = " ".join(knobs.SIW_DEFAULTS)
-        out = self.run(
-            f"cd {knobs.SIW_PARAM_DIR} && for p in {names}; do echo $p=$(cat $p); done",
-            timeout=10,
-            check=True,
-        ).stdout
-        return dict(line.split("=", 1) for line in out.split())
+        return self._siw_exchange({})[1]
 
     def set_siw(self, **values: bool | int | str) -> dict[str, str]:
         """Set siw knobs (full names or aliases: crc_required, crc_strict, p2p, ...).
 
         Verifies the values by reading them back; returns the previous values of the
         knobs it changed (pass them back to restore).  Takes effect on new connections.
+        One agent round trip.
         """
         wanted = knobs.normalize(values)
         if not wanted:
             return {}
-        before = self.siw_params()
-        script = "; ".join(f"echo {v} > {knobs.SIW_PARAM_DIR}/{name}" for name, v in wanted.items())
-        self.run(script, timeout=10, check=True)
-        after = self.siw_params()
+        before, after = self._siw_exchange(wanted)
         wrong = {n: after.get(n) for n, v in wanted.items() if after.get(n) != v}
         if wrong:
             raise SiwVmError(f"siw knobs did not take: wanted {wanted}, sysfs says {wrong}")
         return {name: before[name] for name in wanted}
+
+    def _siw_exchange(self, wanted: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Read all knobs, write ``wanted``, read all again (one guest command, two forks:
+        a fork costs about 0.1 s under TCG)."""
+        dump = f"grep -H . {' '.join(knobs.SIW_DEFAULTS)}"
+        writes = "".join(f"echo {v} > {name} && " for name, v in wanted.items())
+        out = self.run(
+            f"cd {knobs.SIW_PARAM_DIR} && {dump} && echo -- && {writes}{dump}",
+            timeout=10,
+            check=True,
+        ).stdout
+        first, _, second = out.partition("--")
+        before = dict(line.split(":", 1) for line in first.split())
+        after = dict(line.split(":", 1) for line in second.split())
+        return before, after
 
     def reset_siw(self, **overrides: bool | int | str) -> None:
         """Restore upstream defaults (:data:`knobs.SIW_DEFAULTS`), then apply ``overrides``."""
@@ -586,7 +613,6 @@ class SiwVM:
         glog = f"{CAPTURE_DIR_GUEST}/{safe}.tcpdump.log"
         expr = f"not tcp port {AGENT_GUEST_PORT}" + (f" and ({bpf})" if bpf else "")
         host_path = Path(dest) if dest else self.capture_dir / f"{safe}.pcap"
-        self.run(f"mkdir -p {CAPTURE_DIR_GUEST} && rm -f {gpcap} {glog}", timeout=10, check=True)
         tcpdump = self.run(
             f"exec tcpdump -i {shlex.quote(iface)} -s 0 -U --immediate-mode -Z root"
             f" -w {gpcap} {shlex.quote(expr)}",
@@ -620,12 +646,14 @@ class SiwVM:
     ) -> None:
         # tcpdump drops packets it has not yet written when interrupted (pitfall 10):
         # wait until the file stops growing, then SIGINT, then copy from tmpfs.
-        settle = (
-            f"last=-1; for i in $(seq 40); do s=$(stat -c %s {gpcap} 2>/dev/null || echo 0);"
-            f' [ "$s" = "$last" ] && break; last=$s; sleep 0.25; done'
-        )
         try:
-            self.run(settle, timeout=20)
+            last, deadline = -1, time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                size = self.file_size(gpcap)
+                if size == last:
+                    break
+                last = size
+                time.sleep(0.2)
             tcpdump.kill(signal.SIGINT)
             if tcpdump._wait(10.0) is None:
                 tcpdump.stop(2.0)

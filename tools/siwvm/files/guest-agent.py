@@ -10,7 +10,7 @@ agent through a QEMU hostfwd).  Every reply has ``ok``; failures carry ``error``
   {"op": "wait", "pid": N, "timeout": S}           -> {"rc": int or null, "timed_out"}
   {"op": "signal", "pid": N, "sig": K}             -> {}        (to the process group)
   {"op": "reap"}                                   -> {"killed": [pids]}  (every spawned job)
-  {"op": "read", "path": P, "limit": N}            -> {"data": base64, "size"}
+  {"op": "read", "path": P, "offset": O, "limit": N} -> {"data": base64, "size"}
   {"op": "write", "path": P, "data": base64}       -> {}
   {"op": "poweroff"}                               -> {}, then the guest powers off
 
@@ -38,6 +38,7 @@ class Job:
     """A spawned background command with a deadline."""
 
     def __init__(self, cmd: str, timeout: float, log: str) -> None:
+        os.makedirs(os.path.dirname(log) or "/", exist_ok=True)
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 cmd,
@@ -135,8 +136,10 @@ def op_reap(req: dict[str, Any]) -> dict[str, Any]:
 
 def op_read(req: dict[str, Any]) -> dict[str, Any]:
     with open(req["path"], "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(int(req.get("offset", 0)))
         data = f.read(int(req.get("limit", 1 << 20)))
-    return {"data": base64.b64encode(data).decode(), "size": os.path.getsize(req["path"])}
+    return {"data": base64.b64encode(data).decode(), "size": size}
 
 
 def op_write(req: dict[str, Any]) -> dict[str, Any]:
