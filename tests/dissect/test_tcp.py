@@ -1,0 +1,189 @@
+"""TCP reassembly for captures (stack.dissect.tcp)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stack.dissect.pcapio import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
+from stack.dissect.tcp import (
+    HalfStream,
+    Retransmission,
+    StreamData,
+    TcpReassembler,
+)
+
+ISN = 1000
+
+
+def _kinds(events: list) -> list[tuple]:
+    """Events as (type name, fields...) so NamedTuples of different types never compare equal."""
+    out = []
+    for ev in events:
+        if type(ev) is StreamData:
+            out.append(("data", ev.offset, bytes(ev.data), ev.frame))
+        else:
+            out.append((type(ev).__name__, *ev))
+    return out
+
+
+def _half() -> HalfStream:
+    half = HalfStream()
+    assert half.feed(ISN, b"", TCP_SYN, 1) == []
+    return half
+
+
+def test_in_order_data_offsets_start_after_syn() -> None:
+    half = _half()
+    assert _kinds(half.feed(ISN + 1, b"abc", TCP_ACK, 2)) == [("data", 0, b"abc", 2)]
+    assert _kinds(half.feed(ISN + 4, b"de", TCP_ACK, 3)) == [("data", 3, b"de", 3)]
+    assert half.next_offset == 5 and half.syn_seen
+
+
+def test_out_of_order_waits_and_is_released_by_the_filling_frame() -> None:
+    half = _half()
+    assert half.feed(ISN + 4, b"def", TCP_ACK, 2) == []
+    events = half.feed(ISN + 1, b"abc", TCP_ACK, 3)
+    assert _kinds(events) == [("data", 0, b"abc", 3), ("data", 3, b"def", 3)]
+    assert half.out_of_order == 1
+
+
+def test_retransmission_is_reported_not_delivered_twice() -> None:
+    half = _half()
+    half.feed(ISN + 1, b"abcdef", TCP_ACK, 2)
+    assert _kinds(half.feed(ISN + 1, b"abc", TCP_ACK, 3)) == [("Retransmission", 0, 3, 3)]
+    assert half.retransmitted_bytes == 3 and half.conflicts == 0
+
+
+def test_overlap_with_different_bytes_keeps_the_first_copy() -> None:
+    half = _half()
+    half.feed(ISN + 1, b"abcdef", TCP_ACK, 2)
+    events = half.feed(ISN + 3, b"XYZghi", TCP_ACK, 3)
+    assert _kinds(events) == [("OverlapConflict", 2, 4, 3), ("data", 6, b"hi", 3)]
+    assert half.conflicts == 1
+
+
+def test_partial_overlap_delivers_only_new_bytes() -> None:
+    half = _half()
+    half.feed(ISN + 1, b"abcd", TCP_ACK, 2)
+    events = half.feed(ISN + 3, b"cdefg", TCP_ACK, 3)
+    assert _kinds(events) == [("Retransmission", 2, 2, 3), ("data", 4, b"efg", 3)]
+
+
+def test_gap_is_reported_at_flush_never_guessed_over() -> None:
+    half = _half()
+    half.feed(ISN + 1, b"ab", TCP_ACK, 2)
+    assert half.feed(ISN + 10, b"xyz", TCP_ACK, 3) == []
+    events = half.flush(9)
+    assert _kinds(events) == [("Gap", 2, 7, 9), ("data", 9, b"xyz", 9)]
+    assert half.gap_bytes == 7
+
+
+def test_pending_limit_forces_a_gap() -> None:
+    half = HalfStream(max_pending=10)
+    half.feed(ISN, b"", TCP_SYN, 1)
+    assert half.feed(ISN + 101, b"x" * 8, TCP_ACK, 2) == []
+    events = half.feed(ISN + 109, b"y" * 8, TCP_ACK, 3)
+    assert _kinds(events)[0] == ("Gap", 0, 100, 3)
+    assert b"".join(bytes(e.data) for e in events if type(e) is StreamData) == b"x" * 8 + b"y" * 8
+
+
+def test_sequence_wrap_is_followed() -> None:
+    half = HalfStream()
+    half.feed(0xFFFFFFF0, b"", TCP_SYN, 1)
+    half.feed(0xFFFFFFF1, b"a" * 20, TCP_ACK, 2)
+    events = half.feed(5, b"bc", TCP_ACK, 3)  # 0xFFFFFFF1 + 20 wraps to 5
+    assert _kinds(events) == [("data", 20, b"bc", 3)]
+    assert half.seq_of(20) == 5
+
+
+def test_fin_in_order_and_fin_before_missing_data() -> None:
+    half = _half()
+    events = half.feed(ISN + 1, b"ab", TCP_ACK | TCP_FIN, 2)
+    assert _kinds(events) == [("data", 0, b"ab", 2), ("StreamEnd", 2, 2, False)]
+    other = _half()
+    assert other.feed(ISN + 5, b"", TCP_ACK | TCP_FIN, 2) == []
+    assert _kinds(other.flush(4)) == [("Gap", 0, 4, 4), ("StreamEnd", 4, 4, False)]
+
+
+def test_rst_ends_the_stream() -> None:
+    half = _half()
+    assert _kinds(half.feed(ISN + 1, b"", TCP_RST, 2)) == [("StreamEnd", 0, 2, True)]
+
+
+def test_mid_stream_start_and_bytes_from_before_the_capture() -> None:
+    half = HalfStream()
+    assert _kinds(half.feed(5000, b"later", TCP_ACK, 1)) == [("data", 0, b"later", 1)]
+    assert not half.syn_seen
+    assert _kinds(half.feed(4990, b"0123456789", TCP_ACK, 2)) == []
+    assert half.retransmitted_bytes == 10
+
+
+def test_snaplen_cut_is_a_gap() -> None:
+    half = _half()
+    events = half.feed(ISN + 1, b"abc", TCP_ACK, 2, missing=5)
+    assert _kinds(events) == [("data", 0, b"abc", 2), ("Gap", 3, 5, 2)]
+    assert _kinds(half.feed(ISN + 9, b"z", TCP_ACK, 3)) == [("data", 8, b"z", 3)]
+
+
+def _seg(frame: int, src: str, sport: int, dst: str, dport: int, seq: int, flags: int,
+         data: bytes = b"") -> TcpSegment:  # fmt: skip
+    return TcpSegment(frame, 0.0, src, dst, sport, dport, seq, 0, flags, memoryview(data))
+
+
+def test_reassembler_numbers_connections_and_orients_by_syn() -> None:
+    r = TcpReassembler()
+    # the SYN-ACK is captured first: the SYN-ACK sender is still side 1
+    conn, side, _ = r.feed(_seg(1, "b", 2, "a", 1, 50, TCP_SYN | TCP_ACK))
+    assert side == 1 and conn.endpoints == (("a", 1), ("b", 2)) and conn.stream == 0
+    conn2, side2, _ = r.feed(_seg(2, "c", 3, "d", 4, 7, TCP_ACK, b"x"))
+    assert conn2.stream == 1 and side2 == 0
+    conn3, side3, events = r.feed(_seg(3, "a", 1, "b", 2, 10, TCP_ACK, b"hi"))
+    assert conn3 is conn and side3 == 0 and _kinds(events) == [("data", 0, b"hi", 3)]
+
+
+def test_reassembler_port_reuse_starts_a_new_connection() -> None:
+    r = TcpReassembler()
+    r.feed(_seg(1, "a", 1, "b", 2, 100, TCP_SYN))
+    r.feed(_seg(2, "a", 1, "b", 2, 101, TCP_ACK, b"data"))
+    r.feed(_seg(3, "a", 1, "b", 2, 105, TCP_FIN | TCP_ACK))
+    r.feed(_seg(4, "b", 2, "a", 1, 500, TCP_FIN | TCP_ACK))
+    conn, _, _ = r.feed(_seg(5, "a", 1, "b", 2, 9000, TCP_SYN))
+    assert conn.stream == 1 and len(r.connections) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.binary(min_size=1, max_size=3000),
+    st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=40),
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.integers(min_value=0, max_value=10_000),
+)
+def test_any_segmentation_order_and_duplication_rebuilds_the_stream(
+    data: bytes, sizes: list[int], isn: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    cuts = []
+    pos = 0
+    for size in sizes * (len(data) // max(1, sum(sizes)) + 1):
+        if pos >= len(data):
+            break
+        cuts.append((pos, data[pos : pos + size]))
+        pos += size
+    if pos < len(data):
+        cuts.append((pos, data[pos:]))
+    segments = cuts + rng.sample(cuts, k=min(3, len(cuts)))  # duplicates
+    rng.shuffle(segments)
+    half = HalfStream()
+    half.feed(isn, b"", TCP_SYN, 0)
+    out = bytearray()
+    for frame, (offset, chunk) in enumerate(segments, 1):
+        for ev in half.feed((isn + 1 + offset) % 2**32, chunk, TCP_ACK, frame):
+            assert type(ev) in (StreamData, Retransmission), ev
+            if type(ev) is StreamData:
+                assert ev.offset == len(out)
+                out += ev.data
+    assert not half.flush(len(segments) + 1)
+    assert bytes(out) == data
