@@ -1,0 +1,71 @@
+"""``iwarp rping`` client and server talk the rping protocol to each other."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools.iwarp_cli import main
+from tools.iwarp_rping import ping_pattern
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ping_pattern_matches_rping() -> None:
+    assert ping_pattern(0, 24) == b"rdma-ping-0: ABCDEFGHIJ\0"
+    assert ping_pattern(1, 20)[13:18] == b"BCDEF"
+    assert ping_pattern(58, 20)[14] == ord("A")  # the start letter wraps after 'z'
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--mpa-rev", "1"], ["--no-crc"], ["--markers"], ["--p2p", "read"], ["-S", "5000"]],
+)
+def test_rping_client_and_server(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    port = str(_free_port())
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.iwarp_cli",
+            "rping",
+            "-s",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-v",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        rc = 1
+        for _attempt in range(50):  # wait for the server to listen
+            rc = main(["rping", "-c", "-a", "127.0.0.1", "-p", port, "-C", "3", "-v", "-V", *extra])
+            if rc == 0 or "connect error" not in capsys.readouterr().err:
+                break
+            time.sleep(0.1)
+        assert rc == 0
+        out, _ = server.communicate(timeout=20)
+        assert server.returncode == 0
+        assert out.count("server ping data: rdma-ping-") == 3
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_rping_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rping", "-c"]) == 2
+    assert "needs -a" in capsys.readouterr().err
+    assert main(["rping", "-s", "-c", "-a", "x"]) == 2
+    assert main(["rping", "-c", "-a", "127.0.0.1", "-S", "3"]) == 2
