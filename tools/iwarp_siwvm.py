@@ -29,7 +29,7 @@ from tools.siwvm import (
     cache_dir,
     find_artifacts,
 )
-from tools.siwvm.build import print_progress
+from tools.siwvm.image import print_progress
 from tools.siwvm.knobs import SIW_DEFAULTS, parse_kv
 
 

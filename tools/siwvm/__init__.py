@@ -6,7 +6,6 @@ with tcpdump in the guest.  See ``/work/shared/specs/siw-vm.md`` for the finding
 and ``iwarp siwvm --help`` for the command line.
 """
 
-from tools.siwvm.build import Artifacts, build, cache_dir, find_artifacts
 from tools.siwvm.errors import (
     AgentError,
     BootError,
@@ -16,6 +15,7 @@ from tools.siwvm.errors import (
     GuestTimeout,
     SiwVmError,
 )
+from tools.siwvm.image import Artifacts, build, cache_dir, find_artifacts
 from tools.siwvm.knobs import SIW_DEFAULTS
 from tools.siwvm.vm import (
     AGENT_GUEST_PORT,

@@ -52,7 +52,6 @@ from typing import Literal, overload
 
 from tools.siwvm import knobs
 from tools.siwvm.agent import AgentClient, QmpClient
-from tools.siwvm.build import Artifacts, find_artifacts
 from tools.siwvm.errors import (
     BootError,
     CaptureError,
@@ -60,6 +59,7 @@ from tools.siwvm.errors import (
     GuestTimeout,
     SiwVmError,
 )
+from tools.siwvm.image import Artifacts, find_artifacts
 from tools.siwvm.pcap import read_pcap
 
 GUEST_ADDR = "10.0.2.15"

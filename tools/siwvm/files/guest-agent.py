@@ -200,8 +200,11 @@ class Server(socketserver.ThreadingTCPServer):
 
 
 def main() -> None:
+    """``siwvm-agent [PORT [ADDRESS]]``: the guest serves on 0.0.0.0:7000 (its only network
+    is QEMU's user network); host-side tests run it on 127.0.0.1."""
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 7000
-    server = Server(("0.0.0.0", port), Handler)
+    address = sys.argv[2] if len(sys.argv) > 2 else "0.0.0.0"
+    server = Server((address, port), Handler)
     print(f"SIWVM AGENT listening on {port}", flush=True)
     server.serve_forever()
 
