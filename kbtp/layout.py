@@ -44,6 +44,9 @@ _ENTRY = struct.Struct(">HHIQ")
 _SLOT_SEQ = struct.Struct(">II")  # Sequence, Reserved (octets 0-7)
 _SLOT_OFFSET = struct.Struct(">Q")  # Block Offset (octets 8-15)
 _SLOT = struct.Struct(">IIQ")
+_VALID = int(TableFlag.VALID)
+_SEALED = int(TableFlag.SEALED)
+_FLAG_VALUES = {int(f): f for f in (TableFlag(v) for v in range(4))}
 _COUNTER = {"little": struct.Struct("<Q"), "big": struct.Struct(">Q")}
 
 
@@ -63,11 +66,11 @@ class TableEntry:
 
     @property
     def valid(self) -> bool:
-        return bool(self.flags & TableFlag.VALID)
+        return bool(int(self.flags) & _VALID)
 
     @property
     def sealed(self) -> bool:
-        return bool(self.flags & TableFlag.SEALED)
+        return bool(int(self.flags) & _SEALED)
 
     def pack(self) -> bytes:
         return _ENTRY.pack(int(self.flags), self.generation, self.data_length, self.block_offset)
@@ -78,13 +81,18 @@ class TableEntry:
         if len(data) != TABLE_ENTRY_LEN:
             raise LocalError(f"table entry of {len(data)} octets")
         flags, generation, length, offset = _ENTRY.unpack(data)
-        return cls(TableFlag(flags), generation, length, offset)
+        return cls(_table_flags(flags), generation, length, offset)
+
+
+def _table_flags(value: int) -> TableFlag:
+    known = _FLAG_VALUES.get(value)
+    return known if known is not None else TableFlag(value)
 
 
 def read_entry(buf: memoryview, offset: int) -> TableEntry:
     """The entry stored at byte ``offset`` of ``buf``."""
     flags, generation, length, block = _ENTRY.unpack_from(buf, offset)
-    return TableEntry(TableFlag(flags), generation, length, block)
+    return TableEntry(_table_flags(flags), generation, length, block)
 
 
 def write_entry(buf: memoryview, offset: int, entry: TableEntry) -> None:

@@ -26,7 +26,6 @@ through an injected atomic engine and STags come from an injected registrar.
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -435,8 +434,29 @@ class TargetCore:
         new.__dict__.update(self.__dict__)
         new.memory = memoryview(bytearray(self.memory))
         new._rings = {rid: ring.clone(new.memory) for rid, ring in self._rings.items()}
-        for name in ("_initiators", "_sessions", "_ops", "_busy", "_waiters"):
-            setattr(new, name, copy.deepcopy(getattr(self, name)))
+        # Requests, configs and table entries are immutable; everything else is copied.
+        new._initiators = {
+            k: _Initiator(v.config, v.ring, v.session, v.bound, v.allocating)
+            for k, v in self._initiators.items()
+        }
+        new._sessions = {
+            k: _Session(
+                v.identity,
+                v.capabilities,
+                v.inflight,
+                v.ring_stag,
+                v.partition_stag,
+                v.direct_alloc,
+                set(v.invalidating),
+            )
+            for k, v in self._sessions.items()
+        }
+        new._ops = {
+            k: _Op(v.kind, v.session, v.request, v.ring, v.ticket, v.block, v.entry)
+            for k, v in self._ops.items()
+        }
+        new._busy = {k: deque(v) for k, v in self._busy.items()}
+        new._waiters = dict(self._waiters)
         return new
 
     def state_key(self, now: float) -> tuple[object, ...]:
