@@ -3,16 +3,24 @@ siw<->siw rping inside the guest, and captures that come out as valid pcaps."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from stack.constants import MPA_KEY_REP, MPA_KEY_REQ
 from tests.interop.helpers import assert_clean_capture, listen_local
 from tools.siwvm import (
     GUEST_ADDR,
     HOST_ADDR,
     SIW_DEFAULTS,
+    BootError,
     GuestTimeout,
     SiwVM,
     SiwVmError,
@@ -21,8 +29,7 @@ from tools.siwvm.pcap import read_pcap, stream_bytes, tcp_segments
 
 pytestmark = pytest.mark.interop
 
-MPA_KEY_REQ = b"MPA ID Req Frame"
-MPA_KEY_REP = b"MPA ID Rep Frame"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_guest_boots_with_siw_device(vm: SiwVM) -> None:
@@ -152,3 +159,59 @@ def test_guest_to_guest_rping_with_crc_required(vm: SiwVM, case: str) -> None:
     assert request.mpa is not None and request.mpa.crc
     fpdus = decode.fpdus()
     assert fpdus and all(r.crc_ok is True for r in fpdus)
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_boot_timeout_leaves_no_qemu(siw_vm: SiwVM) -> None:
+    """A boot that fails (here: too short a timeout) kills its QEMU before raising."""
+    vm = SiwVM(siw_vm.artifacts, boot_timeout=0.5)
+    with pytest.raises(BootError, match="no agent"):
+        vm.start()
+    assert vm.proc is not None and vm.proc.poll() is not None
+    vm.stop()
+
+
+def test_qemu_dies_with_the_process_that_started_it(siw_vm: SiwVM) -> None:
+    """No orphan QEMU even when the test process is SIGKILLed (PR_SET_PDEATHSIG)."""
+    script = (
+        "import threading, time\n"
+        "from tools.siwvm import SiwVM\n"
+        "vm = SiwVM(boot_timeout=120)\n"
+        "threading.Thread(target=vm.start, daemon=True).start()\n"
+        "while vm.proc is None: time.sleep(0.05)\n"
+        "print(vm.proc.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        qemu_pid = int(child.stdout.readline())
+        assert not _gone(qemu_pid, 0.5)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        assert _gone(qemu_pid, 10), f"QEMU {qemu_pid} outlived its parent"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout:
+            child.stdout.close()
