@@ -909,6 +909,8 @@ class _Half:
         return [(c, m) for c in crcs for m in marks]  # CRC-verified and marked chains first
 
     def _search(self, final: bool) -> bool:
+        searching = self.conn.dissector.searching
+        searching.discard(self)
         buf = self._joined()
         n = len(buf)
         best: tuple[int, bool, bool, int] | None = None  # start, crc, markers, seq_start
@@ -919,6 +921,7 @@ class _Half:
                 continue
             if found == "wait":
                 self.need = n + 1
+                searching.add(self)  # output waits, so that it stays in capture order
                 return False
             assert not isinstance(found, str)
             best = (found[0], crc_on, markers, found[1])
@@ -954,6 +957,7 @@ class _Half:
             self.conn.not_iwarp(self, "no consistent chain of FPDUs found")
             return False
         self.need = n + 1
+        searching.add(self)
         return False
 
     def _search_one(
@@ -974,8 +978,14 @@ class _Half:
                 res = self._try_phase(buf, phase, crc_on, final)
                 if res == "wait":
                     waiting = True
-                elif res is not None and (best is None or res < best[0]):
-                    best = (res, base + phase)
+                elif isinstance(res, int):
+                    # the markers only point at FPDUs they sit in: look for an earlier start
+                    for start in range(phase % 4, res, 4):
+                        if self._chain(buf, start, crc_on, True, phase, final) is True:
+                            res = start
+                            break
+                    if best is None or res < best[0]:
+                        best = (res, base + phase)
             if best is not None:
                 return best
             return "wait" if waiting else None
@@ -1523,6 +1533,10 @@ class _Conn:
 Output = PduRecord | Note
 
 
+def _frame_of(item: Output) -> int:
+    return item.frame
+
+
 class Dissector:
     """Feed TCP segments in capture order; collect :class:`PduRecord` and :class:`Note`.
 
@@ -1536,6 +1550,8 @@ class Dissector:
         self.tcp = TcpReassembler()
         self._conns: dict[int, _Conn] = {}
         self._out: list[Output] = []
+        self.searching: set[_Half] = set()
+        self._held = False
         self.last_frame = 0
         self.last_ts = 0.0
 
@@ -1558,8 +1574,17 @@ class Dissector:
         out = self._out
         if not out:
             return []
-        items = out[:]
-        out.clear()
+        if self.searching:  # a direction is still looking for FPDUs: hold the output
+            self._held = True
+            return []
+        return self._release()
+
+    def _release(self) -> list[Output]:
+        items = self._out[:]
+        self._out.clear()
+        if self._held:  # held output from several directions: back into capture order
+            self._held = False
+            items.sort(key=_frame_of)
         return items
 
     def finish(self) -> list[Output]:
@@ -1567,9 +1592,8 @@ class Dissector:
             self._conn(tcp_conn).events(side, events, self.last_ts)
         for conn in self._conns.values():
             conn.finish(self.last_frame)
-        items = self._out[:]
-        self._out.clear()
-        return items
+        self.searching.clear()
+        return self._release()
 
     def streams(self) -> list[StreamInfo]:
         return [self._conns[k].info for k in sorted(self._conns)]
