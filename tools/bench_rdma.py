@@ -146,6 +146,10 @@ RAW_SINK, RAW_REQRESP, RAW_STATS = 1, 2, 3
 _U64 = struct.Struct(">Q")
 
 
+_LIVE = (QpState.IDLE, QpState.RTS)
+"""QP states of a usable connection (IDLE until the driver's first run step)."""
+
+
 class BenchError(Exception):
     """A benchmark run failed (connection refused, error completion, server died)."""
 
@@ -299,13 +303,17 @@ class Advert:
 
 @dataclass(frozen=True, slots=True)
 class BwResult:
-    """One bandwidth row: MB/s (2^20 B/s), Mpps; raw_bw is the baseline's average."""
+    """One bandwidth row: MB/s (2^20 B/s), Mpps; raw_bw is the baseline's average.
+
+    ``iterations`` is per QP, as perftest prints it; ``messages`` counts all QPs.
+    """
 
     size: int
     iterations: int
     bw_peak: float
     bw_average: float
     msg_rate: float
+    messages: int
     raw_bw: float | None = None
 
     @property
@@ -488,7 +496,7 @@ def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
         one("TX depth", 1 if opts.latency else opts.tx_depth),
         one("Post list", opts.post_list),
         one("CQ Moderation", 1 if opts.latency else opts.cq_mod),
-        one("Outstand reads", neg.ord if opts.test in ("read", "atomic") else "-"),
+        one("Outstand reads", opts.ord if opts.test in ("read", "atomic") else "-"),
         one("Data ex. method", "MPA private data"),
         one("Server", layout),
         RESULT_LINE,
@@ -735,7 +743,7 @@ class BenchServer:
             remote_addr=to,
         )
         expected = 1
-        while qp.state is QpState.RTS:
+        while qp.state in _LIVE:
             if tbuf[last] == expected:
                 sbuf[spec.size - 1] = expected
                 qp.post_send(pong)
@@ -1018,10 +1026,11 @@ async def measure_bw(
     peak = peak_rate(samples, start, window) or messages / elapsed
     return BwResult(
         size,
-        messages,
+        messages // len(qps),
         peak * moved / MB,
         messages * moved / elapsed / MB,
         messages / elapsed / 1e6,
+        messages,
     )
 
 
@@ -1099,7 +1108,7 @@ async def measure_lat(c: ClientQp, opts: BenchOptions, size: int, progress: Prog
             t0 = clock()
             qp.post_send(ping)
             while pbuf[last] != value:
-                if qp.state is not QpState.RTS:
+                if qp.state not in _LIVE:
                     raise BenchError(f"QP went to {qp.state.value} during Write ping-pong")
                 await trio.sleep(0)
             t1 = clock()
@@ -1297,10 +1306,11 @@ async def server_for(
 
 
 async def run_benchmark(
-    opts: BenchOptions, out: TextIO = sys.stdout, err: TextIO | None = sys.stderr
+    opts: BenchOptions, out: TextIO | None = None, err: TextIO | None = None
 ) -> list[BwResult | LatResult]:
-    """Run ``opts`` end to end, printing perftest-style tables on ``out``."""
-    progress = Progress(err if opts.progress else None)
+    """Run ``opts`` end to end: tables on ``out`` (stdout), progress on ``err`` (stderr)."""
+    out = out or sys.stdout
+    progress = Progress((err or sys.stderr) if opts.progress else None)
     results: list[BwResult | LatResult] = []
     async with server_for(
         opts.mode,
@@ -1350,7 +1360,7 @@ async def run_benchmark(
                         result = _with_raw_lat(result, raw)
                     else:
                         raw_bw = await raw_bandwidth(
-                            host, client.raw_port, opts, size, result.iterations
+                            host, client.raw_port, opts, size, result.messages
                         )
                         result = _with_raw_bw(result, raw_bw)
                 results.append(result)
@@ -1365,7 +1375,7 @@ async def run_benchmark(
 
 
 def _with_raw_bw(r: BwResult, raw: float) -> BwResult:
-    return BwResult(r.size, r.iterations, r.bw_peak, r.bw_average, r.msg_rate, raw)
+    return BwResult(r.size, r.iterations, r.bw_peak, r.bw_average, r.msg_rate, r.messages, raw)
 
 
 def _with_raw_lat(r: LatResult, raw: float) -> LatResult:
@@ -1382,12 +1392,14 @@ async def run_idle_qps(
     port: int,
     crc: bool,
     markers: bool,
-    out: TextIO = sys.stdout,
-    err: TextIO | None = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    progress: bool = True,
     parallel: int = 32,
 ) -> IdleResult:
     """Connect ``count`` idle QPs to one server process and report its RSS growth per QP."""
-    progress = Progress(err)
+    out = out or sys.stdout
+    report = Progress((err or sys.stderr) if progress else None)
     settings = _settings(CrcPolicy.REQUEST if crc else CrcPolicy.OFF, markers, None)
     spec = SessionSpec("idle", 0)
     async with server_for(mode, host=host, port=port, crc=crc, markers=markers, emss=None) as (
@@ -1401,12 +1413,13 @@ async def run_idle_qps(
             warm = await client.connect_many(spec, settings, 1, tx_depth=1, ord=1)
             await trio.sleep(0.2)
             before = await client.server_stats()
+            gc.collect()
             client_before = rss_bytes()
-            progress.start(f"connecting {count} idle QPs", count)
+            report.start(f"connecting {count} idle QPs", count)
             qps = await client.connect_many(
-                spec, settings, count, tx_depth=1, ord=1, parallel=parallel, progress=progress
+                spec, settings, count, tx_depth=1, ord=1, parallel=parallel, progress=report
             )
-            progress.finish()
+            report.finish()
             await trio.sleep(0.5)
             after = await client.server_stats()
             gc.collect()
@@ -1752,6 +1765,7 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
         "--crc", action=argparse.BooleanOptionalAction, default=True, help="MPA CRC32c (default on)"
     )
     parser.add_argument("--markers", action="store_true", help="MPA markers")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
         "--parallel",
         type=_positive_int,
@@ -1825,6 +1839,7 @@ def run_idle_command(args: argparse.Namespace) -> int:
             crc=args.crc,
             markers=args.markers,
             parallel=args.parallel,
+            progress=not args.quiet,
         )
 
     try:
