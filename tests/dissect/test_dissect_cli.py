@@ -1,0 +1,281 @@
+"""``iwarp dissect`` (tools/iwarp_dissect.py) and its presentation layer (stack.dissect.report)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from stack.constants import TERM_RDMAP_INVALID_STAG
+from stack.dissect.report import FIELDS, FilterError, compile_filter
+from stack.wire.events import (
+    AtomicRequest,
+    AtomicResponse,
+    ImmediateData,
+    RdmaWrite,
+    ReadRequest,
+    ReadResponse,
+    Send,
+)
+from stack.wire.rdmap import build_terminate
+from tests.dissect.synth import I2R, R2I, CaptureBuilder
+from tools.iwarp_cli import main
+
+CONTRACT_COMMON = {"stream", "frame", "direction", "src", "dst", "type", "findings"}
+CONTRACT_MPA = {"rev", "marker_flag", "crc_flag", "rej_flag", "enhanced", "pd_len",
+                "private_data"}  # fmt: skip
+CONTRACT_ENHANCED = {"ird", "ord", "p2p", "rtr_send", "rtr_write", "rtr_read"}
+CONTRACT_FPDU = {"ulpdu_len", "crc_ok", "markers", "marker_ptrs", "tagged", "last",
+                 "ddp_version", "rdmap_version", "opcode", "opcode_name", "stag", "to", "qn",
+                 "msn", "mo", "ddp_payload_len"}  # fmt: skip
+PER_OPCODE = {
+    4: {"inval_stag"},
+    6: {"inval_stag"},
+    1: {"read_sink_stag", "read_sink_to", "read_size", "read_src_stag", "read_src_to"},
+    8: {"immediate_data"},
+    9: {"immediate_data"},
+    10: {"atomic_opcode", "atomic_req_id", "atomic_remote_stag", "atomic_remote_to",
+         "atomic_add_swap_data", "atomic_add_swap_mask", "atomic_compare_data",
+         "atomic_compare_mask"},
+    11: {"atomic_orig_req_id", "atomic_orig_value"},
+    7: {"term_layer", "term_etype", "term_errcode", "term_m", "term_d", "term_r",
+        "term_ddp_seg_len", "term_ddp_hdr", "term_rdmap_hdr"},
+}  # fmt: skip
+ALL_PER_OPCODE = set().union(*PER_OPCODE.values())
+
+
+@pytest.fixture
+def capture(tmp_path: Path) -> Path:
+    b = CaptureBuilder()
+    c = b.connection(markers_r2i=True)
+    c.send(I2R, Send(b"Hello, iWARP!"))
+    c.send(I2R, Send(b"inv", invalidate_stag=0xCAFE))
+    c.send(I2R, RdmaWrite(0x00ABCDEF, 0x1000, bytes(range(1, 9))))
+    (rr,) = c.send(I2R, ReadRequest(0x11223344, 0x2000, 0x400, 0x55667788, 0x3000))
+    c.send(R2I, ReadResponse(0x11223344, 0x2000, bytes(0x400)))
+    c.send(I2R, ImmediateData(bytes(range(1, 9))))
+    c.send(I2R, AtomicRequest.fetch_add(0xDEADBEEF, 0x0A0B0C0D, 0x4000, 1))
+    c.send(R2I, AtomicResponse(0xDEADBEEF, 0x29))
+    c.send(R2I, build_terminate(TERM_RDMAP_INVALID_STAG, rr))
+    c.close()
+    path = tmp_path / "all.pcap"
+    path.write_bytes(b.data())
+    return path
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
+    assert main(["dissect", *args, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_json_keys_are_exactly_the_contract(capture: Path, capsys) -> None:
+    records = _json(capsys, str(capture))
+    assert [r["type"] for r in records[:2]] == ["mpa_req", "mpa_rep"]
+    extras = {"timestamp", "wire_len", "offset", "finding_details"}
+    for r in records:
+        keys = set(r)
+        assert CONTRACT_COMMON <= keys
+        if r["type"] == "fpdu":
+            assert CONTRACT_FPDU <= keys
+            assert keys - CONTRACT_COMMON - CONTRACT_FPDU - extras - {"term_siw_layout"} == (
+                PER_OPCODE.get(r["opcode"], set())
+            )
+            assert not keys & (CONTRACT_MPA | CONTRACT_ENHANCED)
+        else:
+            assert CONTRACT_MPA | CONTRACT_ENHANCED <= keys
+            assert not keys & (CONTRACT_FPDU | ALL_PER_OPCODE)
+    assert all(set(r) <= FIELDS for r in records)
+
+
+def test_json_values_field_by_field(capture: Path, capsys) -> None:
+    req, rep, send, inv, write, rr, resp, imm, atom, aresp, term = _json(capsys, str(capture))
+    assert req["direction"] == "i2r" and req["src"] == "10.1.0.1:50001"
+    assert req["dst"] == "10.1.0.2:4420" and req["stream"] == 0
+    assert (req["rev"], req["crc_flag"], req["marker_flag"], req["enhanced"]) == (
+        2,
+        True,
+        True,
+        True,
+    )
+    assert (req["pd_len"], req["private_data"], req["ird"], req["ord"]) == (4, "00100010", 16, 16)
+    assert (rep["rej_flag"], rep["marker_flag"], rep["p2p"]) == (False, False, False)
+    # digest §9 E1: Send QN0 MSN1 "Hello, iWARP!"
+    assert send["ulpdu_len"] == 31 and send["crc_ok"] is True and send["markers"] == 0
+    assert (send["tagged"], send["last"], send["ddp_version"], send["rdmap_version"]) == (
+        False, True, 1, 1)  # fmt: skip
+    assert (send["opcode"], send["opcode_name"], send["qn"], send["msn"], send["mo"]) == (
+        3, "Send", 0, 1, 0)  # fmt: skip
+    assert send["stag"] is None and send["to"] is None and send["ddp_payload_len"] == 13
+    assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == 0xCAFE
+    # digest §9 E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes
+    assert (write["ulpdu_len"], write["stag"], write["to"], write["qn"]) == (
+        22, 0x00ABCDEF, 0x1000, None)  # fmt: skip
+    assert write["ddp_payload_len"] == 8
+    assert (rr["read_sink_stag"], rr["read_sink_to"], rr["read_size"]) == (0x11223344, 0x2000,
+                                                                          0x400)  # fmt: skip
+    assert (rr["read_src_stag"], rr["read_src_to"], rr["ddp_payload_len"]) == (
+        0x55667788, 0x3000, 28)  # fmt: skip
+    assert resp["direction"] == "r2i" and resp["markers"] >= 2 and resp["marker_ptrs"][0] == 0
+    assert imm["immediate_data"] == "0102030405060708" and imm["opcode_name"] == "Immediate Data"
+    assert (atom["atomic_opcode"], atom["atomic_req_id"], atom["atomic_remote_stag"]) == (
+        0, 0xDEADBEEF, 0x0A0B0C0D)  # fmt: skip
+    assert (atom["atomic_remote_to"], atom["atomic_add_swap_data"]) == (0x4000, 1)
+    assert (atom["atomic_add_swap_mask"], atom["atomic_compare_data"]) == (0, 0)
+    assert atom["atomic_compare_mask"] == 2**64 - 1
+    assert (aresp["atomic_orig_req_id"], aresp["atomic_orig_value"]) == (0xDEADBEEF, 0x29)
+    assert (term["term_layer"], term["term_etype"], term["term_errcode"]) == (0, 1, 0)
+    assert (term["term_m"], term["term_d"], term["term_r"]) == (True, True, True)
+    assert term["term_ddp_seg_len"] == 46 and term["term_ddp_hdr"].startswith("4141")
+    assert len(term["term_rdmap_hdr"]) == 56 and term["term_rdmap_hdr"].startswith("11223344")
+    assert all(r["findings"] == [] for r in (req, rep, send, write, rr, resp, imm, atom, term))
+
+
+def test_summary_one_line_per_pdu(capture: Path, capsys) -> None:
+    assert main(["dissect", str(capture)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 11
+    assert "MPA Request rev=2 flags=MC PD=4" in lines[0]
+    assert "Send QN=0 MSN=1 MO=0 len=13 L CRC ok" in lines[2]
+    assert "i2r 10.1.0.1:50001 \u2192 10.1.0.2:4420" in lines[2]
+    assert "RDMA Read Response STag=0x11223344 TO=0x2000 len=1024 L CRC ok markers=" in lines[6]
+    assert "0/1/0x00 Invalid STag [MDR]" in lines[10]
+
+
+def test_verbose_tree(capture: Path, capsys) -> None:
+    assert main(["dissect", str(capture), "-V", "-c", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "IRD/ORD word: IRD=16 ORD=16 P2P=0 RTR=none" in out
+    assert "ULPDU_Length: 31" in out and "[good]" in out
+    assert "Payload (13 bytes): 48 65 6c 6c 6f" in out
+
+
+def test_display_filter_and_count(capture: Path, capsys) -> None:
+    rows = _json(capsys, str(capture), "-Y", 'opcode in (1, 2) or opcode_name == "Terminate"')
+    assert [r["opcode"] for r in rows] == [1, 2, 7]
+    rows = _json(capsys, str(capture), "-Y", "direction == 'r2i' && markers > 0", "-c", "1")
+    assert len(rows) == 1 and rows[0]["opcode"] == 2
+
+
+def test_statistics(capture: Path, capsys) -> None:
+    assert main(["dissect", str(capture), "-q", "-z"]) == 0
+    out = capsys.readouterr().out
+    assert "TCP connections: 1, iWARP: 1, PDUs shown: 11, bad CRC: 0" in out
+    assert "i2r 10.1.0.1:50001 -> 10.1.0.2:4420: CRC on, markers off; 7 PDUs (6 FPDUs)" in out
+    assert "r2i 10.1.0.2:4420 -> 10.1.0.1:50001: CRC on, markers on; 4 PDUs (3 FPDUs)" in out
+    assert "  RDMA Read Request" in out and "Findings: none" in out
+
+
+def test_findings_shown_and_fail_on_findings(tmp_path: Path, capsys) -> None:
+    b = CaptureBuilder()
+    c = b.connection()
+    wire = bytearray(c.wire(I2R, c.ulpdus(I2R, Send(b"data"))[0]))
+    wire[-1] ^= 1
+    c.raw(I2R, bytes(wire))
+    path = tmp_path / "bad.pcap"
+    path.write_bytes(b.data())
+    assert main(["dissect", str(path), "-Y", 'findings contains "MPA-12"']) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("CRC BAD [MPA-12]")
+    assert main(["dissect", str(path), "--fail-on-findings", "-q"]) == 3
+    rows = _json(capsys, str(path), "-Y", "crc_ok == false")
+    assert rows[0]["finding_details"][0].startswith("MPA-12: CRC 0x")
+
+
+def test_mid_stream_options(tmp_path: Path, capsys) -> None:
+    b = CaptureBuilder()
+    c = b.connection(crc=False, markers_i2r=True, startup=False, handshake=False)
+    c.framers[I2R].markers = True
+    for i in range(12):
+        c.send(I2R, Send(bytes([i]) * 300))
+    path = tmp_path / "mid.pcap"
+    path.write_bytes(b.data())
+    rows = _json(capsys, str(path), "--crc", "off", "--markers", "i2r",
+                 "--initiator", "10.1.0.1:50001")  # fmt: skip
+    assert len(rows) == 12 and all(r["crc_ok"] is None and r["findings"] == [] for r in rows)
+    assert [r["msn"] for r in rows] == list(range(1, 13))
+
+
+@pytest.mark.parametrize(
+    "content, status, message",
+    [
+        (b"garbage that is no capture", 2, "not a pcap or pcapng file"),
+        (struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1), 1, "no iWARP"),
+    ],
+)
+def test_bad_files_give_one_line(tmp_path: Path, capsys, content: bytes, status: int,
+                                 message: str) -> None:  # fmt: skip
+    path = tmp_path / "x.pcap"
+    path.write_bytes(content)
+    assert main(["dissect", str(path)]) == status
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_truncated_capture_prints_what_it_decoded(capture: Path, tmp_path: Path, capsys) -> None:
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(capture.read_bytes()[:-30])
+    assert main(["dissect", str(cut)]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) >= 10
+    assert "truncated capture" in captured.err and "\n" not in captured.err.strip()
+
+
+def test_missing_file_and_bad_filter(capsys) -> None:
+    assert main(["dissect", "/nonexistent.pcap"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["dissect", "/nonexistent.pcap", "-Y", "opcode =="]) == 2
+    assert "bad display filter" in capsys.readouterr().err
+    assert main(["dissect", "/x.pcap", "--initiator", "nonsense"]) == 2
+
+
+def test_non_iwarp_tcp(tmp_path: Path, capsys) -> None:
+    b = CaptureBuilder()
+    c = b.connection(startup=False)
+    c.raw(I2R, b"SSH-2.0-OpenSSH_9.2\r\n" * 20)
+    path = tmp_path / "ssh.pcap"
+    path.write_bytes(b.data())
+    assert main(["dissect", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "not iWARP" in captured.out and "no iWARP (MPA) traffic" in captured.err
+
+
+# ---- the filter language -------------------------------------------------------------
+
+RECORD = {"opcode": 3, "opcode_name": "Send", "findings": ["MPA-12", "DDP-05"], "stag": None,
+          "crc_ok": False, "src": "10.0.0.1:5", "tagged": False, "msn": 0x10}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        ("opcode == 3", True),
+        ("opcode != 3", False),
+        ("msn == 0x10 and msn >= 16 and msn < 17", True),
+        ('opcode_name == "Send" && !tagged', True),
+        ("not (opcode == 3 or opcode == 4)", False),
+        ("opcode == 4 or opcode == 3 and crc_ok == false", True),
+        ('findings contains "DDP-05"', True),
+        ('src contains "10.0.0"', True),
+        ("stag == null and stag != 0", True),
+        ("to == null", True),
+        ("to > 0", False),
+        ("opcode in (1, 3, 5)", True),
+        ("crc_ok", False),
+        ("findings", True),
+        ("stag", False),
+        ('opcode_name > "A"', True),
+        ("tagged == 0", False),
+    ],
+)
+def test_filter_language(expr: str, expected: bool) -> None:
+    assert bool(compile_filter(expr)(RECORD)) is expected
+
+
+@pytest.mark.parametrize(
+    "expr", ["", "opcode ==", "(opcode == 1", "opcode = 1", "bogus == 1", "opcode in 1", "1 2"]
+)
+def test_filter_errors(expr: str) -> None:
+    with pytest.raises(FilterError):
+        compile_filter(expr)
