@@ -629,7 +629,7 @@ class _Half:
         self.markers: bool | None = None
         self.seq_start = 0
         self.aligned = False  # FPDU starts are known to be 4-aligned to seq_start
-        self.seq = _Sequencer(known=True)
+        self.seq = _Sequencer(known=False)  # True once Full Operation starts in view
         self.searched = 0
         self.sent_request = False
         self.info = DirectionInfo()
@@ -804,6 +804,7 @@ class _Half:
         self.info.markers = markers
         self.info.seq_start = self.base
         self.mode = "fpdu"
+        self.seq.known = True
         self.need = MPA_MARKER_LEN + 2 if markers else 2
 
     # ---- FPDU walk ------------------------------------------------------------------
@@ -846,8 +847,14 @@ class _Half:
                 ulpdu = buf[pos + 2 : pos + 2 + ulen]
                 pad = bytes(buf[pos + 2 + ulen : end_body]) if end_body - pos - 2 - ulen else b""
             good = crc_value == crc_field
-            if crc_on and not good and not _plausible_ulpdu(ulpdu, self.conn.opts.rfc7306):
-                # bad CRC and a header that makes no sense: framing is lost (MPA-16)
+            if (
+                crc_on
+                and not good
+                and not _plausible_ulpdu(ulpdu, self.conn.opts.rfc7306)
+                and not self._next_plausible(buf, pos + wire)
+            ):
+                # bad CRC, a header that makes no sense and no FPDU where the length points:
+                # the framing is lost (MPA-16); a corrupted FPDU alone is shown with MPA-12
                 self._consume(pos)
                 self.conn.note(
                     self.side,
@@ -882,6 +889,17 @@ class _Half:
                 break
         self._consume(pos)
         return self.mode != "fpdu" and bool(self.buffered)
+
+    def _next_plausible(self, buf: memoryview, pos: int) -> bool:
+        """Whether an FPDU plausibly starts at ``pos`` (True when the bytes are not there)."""
+        if self.markers and (self.base + pos - self.seq_start) % MPA_MARKER_INTERVAL == 0:
+            pos += MPA_MARKER_LEN
+        if pos + 2 + _MIN_ULPDU > len(buf):
+            return True
+        ulen = (buf[pos] << 8) | buf[pos + 1]
+        return ulen >= _MIN_ULPDU and _plausible_ulpdu(
+            buf[pos + 2 : pos + 2 + min(ulen, DDP_UNTAGGED_HDR_LEN)], self.conn.opts.rfc7306
+        )
 
     def _lose_sync(self) -> None:
         self.mode = "search"
@@ -1283,6 +1301,7 @@ class _Conn:
             ini.info.crc = crc
             ini.info.markers = mpa.markers
             ini.info.seq_start = held_base
+            ini.seq.known = True
             ini.need = 2
             self._synced[ini.side] = True
             if ini.buffered:

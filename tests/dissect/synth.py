@@ -23,7 +23,7 @@ from stack.wire.rdmap import encode_message, message_qn
 I2R = Direction.SENT
 R2I = Direction.RECEIVED
 INITIATOR = ("10.1.0.1", 50000)
-RESPONDER = ("10.1.0.2", 4420)
+RESPONDER = ("10.1.0.2", 35287)  # no Wireshark dissector owns this port
 
 
 @dataclass

@@ -92,7 +92,7 @@ def test_json_keys_are_exactly_the_contract(capture: Path, capsys) -> None:
 def test_json_values_field_by_field(capture: Path, capsys) -> None:
     req, rep, send, inv, write, rr, resp, imm, atom, aresp, term = _json(capsys, str(capture))
     assert req["direction"] == "i2r" and req["src"] == "10.1.0.1:50001"
-    assert req["dst"] == "10.1.0.2:4420" and req["stream"] == 0
+    assert req["dst"] == "10.1.0.2:35287" and req["stream"] == 0
     assert (req["rev"], req["crc_flag"], req["marker_flag"], req["enhanced"]) == (
         2,
         True,
@@ -138,7 +138,7 @@ def test_summary_one_line_per_pdu(capture: Path, capsys) -> None:
     assert len(lines) == 11
     assert "MPA Request rev=2 flags=MC PD=4" in lines[0]
     assert "Send QN=0 MSN=1 MO=0 len=13 L CRC ok" in lines[2]
-    assert "i2r 10.1.0.1:50001 \u2192 10.1.0.2:4420" in lines[2]
+    assert "i2r 10.1.0.1:50001 \u2192 10.1.0.2:35287" in lines[2]
     assert "RDMA Read Response STag=0x11223344 TO=0x2000 len=1024 L CRC ok markers=" in lines[6]
     assert "0/1/0x00 Invalid STag [MDR]" in lines[10]
 
@@ -162,8 +162,8 @@ def test_statistics(capture: Path, capsys) -> None:
     assert main(["dissect", str(capture), "-q", "-z"]) == 0
     out = capsys.readouterr().out
     assert "TCP connections: 1, iWARP: 1, PDUs shown: 11, bad CRC: 0" in out
-    assert "i2r 10.1.0.1:50001 -> 10.1.0.2:4420: CRC on, markers off; 7 PDUs (6 FPDUs)" in out
-    assert "r2i 10.1.0.2:4420 -> 10.1.0.1:50001: CRC on, markers on; 4 PDUs (3 FPDUs)" in out
+    assert "i2r 10.1.0.1:50001 -> 10.1.0.2:35287: CRC on, markers off; 7 PDUs (6 FPDUs)" in out
+    assert "r2i 10.1.0.2:35287 -> 10.1.0.1:50001: CRC on, markers on; 4 PDUs (3 FPDUs)" in out
     assert "  RDMA Read Request" in out and "Findings: none" in out
 
 
