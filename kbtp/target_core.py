@@ -1127,8 +1127,7 @@ class TargetCore:
             return self._fail(out, session, req, Status.BAD_BIND)
         if ring.ready_block(req.ticket) != req.block_offset:
             return self._fail(out, session, req, Status.BAD_BIND)
-        if ini.bound + 1 > ini.config.quota:
-            return self._fail(out, session, req, Status.NO_SPACE)
+        # Within quota: usage (which counts this ticket) was checked by _direct_over_quota.
         _, ready = ring.consume(req.ticket)
         self._wake(ini.ring, ready, out, now)
         self._finish_alloc(session, req, req.block_offset, out)
