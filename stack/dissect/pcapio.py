@@ -188,9 +188,9 @@ def iter_frames(buf: memoryview) -> Iterator[Frame]:
     return _iter_pcapng(buf)
 
 
-def _iter_pcap(buf: memoryview) -> Iterator[Frame]:
-    size = len(buf)
-    if size < 24:
+def _pcap_header(buf: memoryview) -> tuple[struct.Struct, float, int, int]:
+    """(record header Struct, timestamp scale, link type, record size limit) of a pcap."""
+    if len(buf) < 24:
         raise CaptureError("pcap file header is truncated")
     magic_be = int.from_bytes(buf[:4], "big")
     endian = ">" if magic_be in (PCAP_MAGIC_US, PCAP_MAGIC_NS) else "<"
@@ -202,8 +202,13 @@ def _iter_pcap(buf: memoryview) -> Iterator[Frame]:
     linktype = network & 0x0FFFFFFF
     if linktype not in SUPPORTED_LINKTYPES:
         raise CaptureError(f"unsupported link-layer type {linktype}")
-    record = struct.Struct(endian + "IIII")
     limit = max(snaplen, 262144) if snaplen else 262144
+    return struct.Struct(endian + "IIII"), scale, linktype, limit
+
+
+def _iter_pcap(buf: memoryview) -> Iterator[Frame]:
+    size = len(buf)
+    record, scale, linktype, limit = _pcap_header(buf)
     offset = 24
     number = 0
     unpack = record.unpack_from
@@ -510,25 +515,49 @@ class CaptureReader:
                 yield segment
 
     def _iter_pcap_fast(self) -> Iterator[TcpSegment]:
-        """pcap records with the common Ethernet/IPv4(no options)/TCP case parsed inline.
+        """pcap records, with the common Ethernet/IPv4 (no options)/TCP case parsed inline.
 
-        Same results as :meth:`_iter_generic` (the tests compare them); every other frame
-        goes through :func:`parse_tcp`.
+        Same results and errors as :meth:`_iter_generic` (the tests compare them); every
+        other frame goes through :func:`parse_tcp`.
         """
         stats = self.stats
         buf = self._buf
-        frames = _iter_pcap(buf)
+        size = len(buf)
+        record, scale, linktype, limit = _pcap_header(buf)
+        read_record = record.unpack_from
         unpack = _ETH_IPV4_TCP.unpack_from
         need = _ETH_IPV4_TCP.size
+        ethernet = linktype == LINKTYPE_ETHERNET
+        cache = _addr_cache
         tcp_count = 0
+        offset = 24
+        number = 0
+        stats.linktypes.add(linktype)
         try:
-            for frame in frames:
-                stats.frames += 1
-                data = frame.data
-                size = len(data)
-                if frame.linktype == LINKTYPE_ETHERNET and size >= need:
+            while offset < size:
+                number += 1
+                if offset + 16 > size:
+                    raise TruncatedCapture(
+                        f"file is cut short in the record header of frame {number} "
+                        f"({size - offset} of 16 bytes present)"
+                    )
+                ts_sec, ts_frac, incl_len, orig_len = read_record(buf, offset)
+                data_at = offset + 16
+                end_at = data_at + incl_len
+                if incl_len > limit:
+                    raise CaptureError(
+                        f"corrupt record for frame {number}: captured length {incl_len} "
+                        f"exceeds the limit {limit}"
+                    )
+                if end_at > size:
+                    raise TruncatedCapture(
+                        f"file is cut short in the middle of frame {number} "
+                        f"({size - data_at} of {incl_len} bytes present)"
+                    )
+                offset = end_at
+                if ethernet and incl_len >= need:
                     (ethertype, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, off,
-                     flags) = unpack(data)  # fmt: skip
+                     flags) = unpack(buf, data_at)  # fmt: skip
                     if (
                         ethertype == ETHERTYPE_IPV4
                         and vihl == 0x45
@@ -539,31 +568,36 @@ class CaptureReader:
                         hlen = (off >> 4) * 4
                         ip_end = 14 + total
                         start = 34 + hlen
-                        end = ip_end if ip_end <= size else size
+                        end = ip_end if ip_end <= incl_len else incl_len
                         if hlen >= 20 and start <= end:
                             tcp_count += 1
                             yield TcpSegment(
-                                frame.number,
-                                frame.timestamp,
-                                _addr_cache.get(src) or _addr(src),
-                                _addr_cache.get(dst) or _addr(dst),
+                                number,
+                                ts_sec + ts_frac * scale,
+                                cache.get(src) or _addr(src),
+                                cache.get(dst) or _addr(dst),
                                 sport,
                                 dport,
                                 seq,
                                 ack,
                                 flags,
-                                data[start:end],
+                                buf[data_at + start : data_at + end],
                                 ip_end - end,
                             )
                             continue
-                stats.linktypes.add(frame.linktype)
+                frame = Frame(
+                    number,
+                    ts_sec + ts_frac * scale,
+                    linktype,
+                    buf[data_at:end_at],
+                    max(orig_len, incl_len),
+                )
                 segment = parse_tcp(frame, stats)
                 if segment is not None:
                     yield segment
         finally:
+            stats.frames += number if offset >= size else number - 1
             stats.tcp += tcp_count
-            if tcp_count:
-                stats.linktypes.add(LINKTYPE_ETHERNET)
 
 
 def read_tcp_segments(

@@ -866,7 +866,11 @@ class _Half:
                 )
                 self._lose_sync()
                 return True
-            frame_no, ts = self._frame_at(base + pos + wire)
+            ends = self.ends
+            if len(ends) == 1 and ends[0][0] >= base + pos + wire:
+                _, frame_no, ts = ends[0]
+            else:
+                frame_no, ts = self._frame_at(base + pos + wire)
             self.conn.fpdu(
                 self,
                 base + pos,
@@ -1127,7 +1131,8 @@ class _Conn:
         return 0
 
     def direction(self, side: int) -> str:
-        return "i2r" if side == self.initiator_side() else "r2i"
+        return "i2r" if side == (self.initiator if self.initiator is not None else
+                                 self.initiator_side()) else "r2i"  # fmt: skip
 
     def stated_markers(self, side: int) -> bool | None:
         return self.opts.markers_i2r if self.direction(side) == "i2r" else self.opts.markers_r2i
@@ -1497,8 +1502,14 @@ class _Conn:
             )
 
     # ---- TCP events -----------------------------------------------------------------
-    def events(self, side: int, events: Iterable[StreamEvent], ts: float) -> None:
+    def events(self, side: int, events: list[StreamEvent], ts: float) -> None:
         half = self.halves[side]
+        if len(events) == 1 and type(events[0]) is StreamData:  # the common case
+            ev = events[0]
+            if ev.frame > self.last_frame:
+                self.last_frame = ev.frame
+            half.push(ev.data, ev.offset, ev.frame, ts)
+            return
         for ev in events:
             if type(ev) is StreamData:
                 if ev.frame > self.last_frame:

@@ -32,6 +32,8 @@ DEFAULT_MAX_PENDING = 8 << 20
 RECENT_WINDOW = 1 << 20
 
 Payload = bytes | bytearray | memoryview
+_SPECIAL = TCP_SYN | TCP_FIN | TCP_RST
+_MASK32 = SEQ_MOD - 1
 
 
 # The events are NamedTuples rather than frozen dataclasses: one is created per captured
@@ -138,6 +140,24 @@ class HalfStream:
         missing: int = 0,
     ) -> list[StreamEvent]:
         """Take one segment; return the events it causes, in stream order."""
+        base_seq = self.base_seq
+        if (
+            not flags & _SPECIAL
+            and not missing
+            and base_seq is not None
+            and not self._pending
+            and self.fin_offset is None
+        ):
+            # fast path: the next bytes, in order, nothing waiting
+            nxt = self.next_offset
+            if seq == (base_seq + nxt) & _MASK32:
+                size = len(payload)
+                if not size:
+                    return []
+                self.next_offset = nxt + size
+                self.delivered_bytes += size
+                self._remember(nxt, payload)
+                return [StreamData(nxt, payload, frame)]
         events: list[StreamEvent] = []
         if flags & TCP_SYN:
             if not self.syn_seen and self.next_offset == 0 and not self._pending:
@@ -218,12 +238,13 @@ class HalfStream:
         self.next_offset = offset + size + missing
 
     def _remember(self, offset: int, payload: Payload) -> None:
-        recent = self._recent
-        recent.append((offset, payload))
+        self._recent.append((offset, payload))
         self._recent_bytes += len(payload)
-        while self._recent_bytes > RECENT_WINDOW and len(recent) > 1:
-            _, old = recent.popleft()
-            self._recent_bytes -= len(old)
+        if self._recent_bytes > RECENT_WINDOW:
+            recent = self._recent
+            while self._recent_bytes > RECENT_WINDOW // 2 and len(recent) > 1:
+                _, old = recent.popleft()
+                self._recent_bytes -= len(old)
 
     def _repeat(self, start: int, payload: Payload, frame: int, events: list[StreamEvent]) -> None:
         length = len(payload)
@@ -339,8 +360,13 @@ class TcpReassembler:
         self.max_pending = max_pending
         self.connections: list[Connection] = []
         self._by_key: dict[tuple[str, int, str, int], Connection] = {}
+        self._sides: dict[tuple[str, int, str, int], tuple[Connection, int]] = {}
 
     def connection_for(self, segment: TcpSegment) -> tuple[Connection, int]:
+        if not segment.flags & TCP_SYN:
+            entry = self._sides.get((segment.src, segment.sport, segment.dst, segment.dport))
+            if entry is not None:
+                return entry
         src = (segment.src, segment.sport)
         dst = (segment.dst, segment.dport)
         key = (segment.src, segment.sport, segment.dst, segment.dport)
@@ -359,6 +385,8 @@ class TcpReassembler:
             self._by_key[key] = conn
             self._by_key[(segment.dst, segment.dport, segment.src, segment.sport)] = conn
         side = conn.side_of(src)
+        self._sides[key] = (conn, side)
+        self._sides[(segment.dst, segment.dport, segment.src, segment.sport)] = (conn, 1 - side)
         syn_ack = segment.flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
         if (fresh_syn or syn_ack) and not conn.syn_seen:
             conn.syn_seen = True
@@ -366,6 +394,9 @@ class TcpReassembler:
                 conn.endpoints = (conn.endpoints[1], conn.endpoints[0])
                 conn.halves = (conn.halves[1], conn.halves[0])
                 side = 1 - side
+                self._sides[key] = (conn, side)
+                rev = (segment.dst, segment.dport, segment.src, segment.sport)
+                self._sides[rev] = (conn, 1 - side)
         return conn, side
 
     def feed(self, segment: TcpSegment) -> tuple[Connection, int, list[StreamEvent]]:
