@@ -91,10 +91,10 @@ DEFAULT_TX_DEPTH = 128
 DEFAULT_CQ_MOD = 100
 DEFAULT_BW_ITERS = 5000
 DEFAULT_LAT_ITERS = 1000
-BW_BYTES_PER_SIZE = 1 << 30
+BW_BYTES_PER_SIZE = 1 << 28
 """Without ``-n``, a bandwidth run moves at most about this much per size."""
-LAT_BYTES_PER_SIZE = 1 << 28
-MIN_DEFAULT_ITERS = 64
+LAT_BYTES_PER_SIZE = 1 << 26
+MIN_DEFAULT_ITERS = 16
 WARMUP_ITERS = 16
 """Latency round trips run before recording (both iWARP and raw)."""
 DEFAULT_IDLE_QPS = 1000
@@ -1606,7 +1606,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--iters",
         type=_positive_int,
         help="iterations per size (default 5000 bandwidth / 1000 latency, "
-        "fewer for big messages: about 1 GiB / 256 MiB per size)",
+        "fewer for big messages: about 256 / 64 MiB per size)",
     )
     count.add_argument(
         "-D", "--duration", type=_positive_float, metavar="SECONDS", help="run for SECONDS per size"
