@@ -18,7 +18,7 @@ KBTP_VERSION = 1
 
 
 class MessageOpcode(IntEnum):
-    """Opcode byte of the common header (docs/kbtp.md §4, the draft's missing Table 2)."""
+    """Opcode byte of the common header (docs/kbtp.md §5.1, the draft's missing Table 2)."""
 
     HELLO = 0x01
     HELLO_ACK = 0x02
@@ -73,7 +73,7 @@ ALLOWED_FLAGS: dict[MessageOpcode, RequestFlag] = {
 
 
 class Capability(IntFlag):
-    """Capability bits of HELLO and HELLO_ACK (docs/kbtp.md §5.4)."""
+    """Capability bits of HELLO and HELLO_ACK (docs/kbtp.md §4.3)."""
 
     NONE = 0
     DIRECT_LOAD = 0x0001
@@ -134,7 +134,7 @@ SESSION_FATAL_STATUSES = frozenset(
         Status.TARGET_FAILURE,
     }
 )
-"""Statuses after which the target closes the session (docs/kbtp.md §9).
+"""Statuses after which the target closes the session (docs/kbtp.md §9.3).
 
 MALFORMED is fatal only when the common header itself cannot be read; NO_SPACE closes the
 session only when a direct-allocation over-quota is observed (draft §3.4 "MAY terminate").

@@ -83,7 +83,7 @@ SHARED_RING = -1
 
 @dataclass(frozen=True, slots=True)
 class InitiatorConfig:
-    """What the target grants one initiator identity (docs/kbtp.md §6.1).
+    """What the target grants one initiator identity (docs/kbtp.md §4.2).
 
     Fields: identity (the HELLO identity), handle_base, handle_count (its range),
     quota (Allocation Quota), trust_domain (blocks are cleared when they move between
@@ -515,9 +515,15 @@ class TargetCore:
     def handle_message(
         self, session: int, data: bytes | bytearray | memoryview, now: float
     ) -> list[Action]:
-        """A Send arrived on ``session``: decode it and process it."""
-        sess = self._session(session)
+        """A Send arrived on ``session``: decode it and process it.
+
+        Messages for a session that is not open (e.g. closed by a CloseSession action
+        moments ago) are ignored.
+        """
         out: list[Action] = []
+        sess = self._sessions.get(session)
+        if sess is None:
+            return out
         try:
             message = decode_message(data)
         except KbtpError as exc:
@@ -540,8 +546,10 @@ class TargetCore:
 
     def handle_request(self, session: int, message: Message, now: float) -> list[Action]:
         """Process a decoded message (HELLO or a request) from ``session``."""
-        sess = self._session(session)
         out: list[Action] = []
+        sess = self._sessions.get(session)
+        if sess is None:
+            return out
         if isinstance(message, Hello):
             self._hello(session, sess, message, now, out)
             return out
@@ -656,12 +664,6 @@ class TargetCore:
     # ==================================================================================
     # internals: plumbing
     # ==================================================================================
-    def _session(self, session: int) -> _Session:
-        sess = self._sessions.get(session)
-        if sess is None:
-            raise LocalError(f"session {session} is not open")
-        return sess
-
     def _new_op(self, op: _Op) -> int:
         op_id = self._next_op
         self._next_op += 1
@@ -781,7 +783,7 @@ class TargetCore:
         ini.allocating = 0
 
     # ==================================================================================
-    # internals: HELLO (docs/kbtp.md §6.1)
+    # internals: HELLO (docs/kbtp.md §4.2)
     # ==================================================================================
     def _hello(
         self, session: int, sess: _Session, hello: Hello, now: float, out: list[Action]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -79,49 +81,89 @@ EXAMPLES: list[tuple[str, Message, str]] = [
         "01010000000000000000000100000000000000000000000000000003000800006465636f64652d37",
     ),
     (
+        "HELLO_ACK",
+        HelloAck(
+            1,
+            Status.SUCCESS,
+            Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC,
+            block_size=0x10000,
+            pool_blocks=1024,
+            quota=64,
+            handle_base=0x1000,
+            handle_count=256,
+            ticket_timeout_ms=2000,
+            request_credits=16,
+            ring_order=6,
+            max_inline=4096,
+            table_stag=0x1100,
+            pool_stag=0x1200,
+            table_offset=0x10000000,
+            table_base_handle=0x1000,
+            pool_offset=0x10010000,
+            ring_stag=0x1300,
+            partition_stag=0x1400,
+            ring_offset=0x14000000,
+            head_offset=0x14000400,
+            partition_offset=0x10010000,
+            partition_length=0x400000,
+        ),
+        "0102000000000000000000010000000000000000000000000000000300010000"
+        "0000040000000040000000000000100000000100000007d00010060000001000"
+        "0000110000001200000000001000000000000000000010000000000010010000"
+        "0000130000001400000000001400000000000000140004000000000010010000"
+        "0000000000400000",
+    ),
+    (
         "LOAD",
-        Load(0x2A, 0x1005, DataDescriptor(0x00ABCD01, 0x10000, 65536), 4),
+        Load(0x2A, 0x1005, DataDescriptor(0x00ABCD01, 0x10000, 0x10000), 4),
         "01100000000000000000002a00000000000010050004000000abcd01000000000001000000010000",
     ),
     (
-        "STORE INLINE|SEAL",
-        Store(
-            0x2B,
-            0x1005,
-            inline_descriptor(b"KV!"),
-            b"KV!",
-            4,
-            RequestFlag.INLINE | RequestFlag.SEAL,
-        ),
-        "0111000300000000000000 2b000000000000100500040000".replace(" ", "")
-        + "00000000000000000000000000000003"
-        + "4b5621",
+        "COMPLETION of the LOAD",
+        Completion(0x2A, 0x1005, 4, Status.SUCCESS, 0x10000, 0x10030000, MessageOpcode.LOAD),
+        "01030000000000000000002a00000000000010050004000000010000100000000000000010030000",
     ),
     (
-        "ALLOC_STORE by RDMA Read, INVALIDATE",
+        "STORE",
+        Store(
+            0x2B,
+            0x1006,
+            inline_descriptor(b"KV!"),
+            b"KV!",
+            2,
+            RequestFlag.INLINE | RequestFlag.SEAL,
+        ),
+        "01110003000000000000002b000000000000100600020000000000000000000000000000000000034b5621",
+    ),
+    (
+        "ALLOC_STORE",
         AllocStore(
             0x2C,
-            0x1006,
+            0x1008,
             DataDescriptor(0x00ABCD02, 0x20000, 4096),
             flags=RequestFlag.SEAL | RequestFlag.INVALIDATE,
         ),
-        "0112000a000000000000002c00000000000010060000000000abcd02000000000002000000001000",
+        "0112000a000000000000002c00000000000010080000000000abcd02000000000002000000001000",
+    ),
+    (
+        "COMPLETION of the ALLOC_STORE",
+        Completion(0x2C, 0x1008, 2, Status.SUCCESS, 4096, 0x10050000, MessageOpcode.ALLOC_STORE),
+        "01030000000000000000002c00000000000010080002000000001000120000000000000010050000",
+    ),
+    (
+        "COMPLETION with NO_SPACE",
+        Completion(0x2C, 0x1008, 1, Status.NO_SPACE, request_opcode=MessageOpcode.ALLOC_STORE),
+        "01030000000000000000002c0000000000001008000100120000000012000000ffffffffffffffff",
     ),
     (
         "FREE",
-        Free(0x2D, 0x1005, 5),
-        "0113000000000000000000 2d000000000000100500050000".replace(" ", ""),
+        Free(0x2D, 0x1005, 4),
+        "01130000000000000000002d000000000000100500040000",
     ),
     (
         "BIND",
-        Bind(0x2E, 0x1007, 9, 4096, 0x3000, flags=RequestFlag.SEAL),
-        "01140002000000000000002e00000000000010070000000000000009000010000000000000003000",
-    ),
-    (
-        "COMPLETION",
-        Completion(0x2A, 0x1005, 4, Status.SUCCESS, 65536, 0x2000, MessageOpcode.LOAD),
-        "0103000000000000000000 2a000000000000100500040000".replace(" ", "")
-        + "00010000100000000000000000002000",
+        Bind(0x2E, 0x1007, 9, 4096, 0x10040000, flags=RequestFlag.SEAL),
+        "01140002000000000000002e00000000000010070000000000000009000010000000000010040000",
     ),
 ]
 
@@ -130,6 +172,23 @@ EXAMPLES: list[tuple[str, Message, str]] = [
 def test_s10_worked_examples(name: str, message: Message, hexstr: str) -> None:
     assert message.encode().hex() == hexstr
     assert decode_message(bytes.fromhex(hexstr)) == message
+
+
+def _doc_examples() -> dict[str, bytes]:
+    """Hex blocks of docs/kbtp.md §10: a fenced ``hex`` block whose first line is ``# name``."""
+    doc = (Path(__file__).parents[2] / "docs" / "kbtp.md").read_text()
+    found = {}
+    for block in re.findall(r"```hex\n(.*?)```", doc, re.S):
+        title, *rows = block.strip().splitlines()
+        found[title.lstrip("# ").strip()] = bytes.fromhex("".join(rows).replace(" ", ""))
+    return found
+
+
+def test_s10_doc_shows_the_same_bytes() -> None:
+    doc = _doc_examples()
+    for name, message, hexstr in EXAMPLES:
+        assert doc[name] == bytes.fromhex(hexstr), name
+        assert decode_message(doc[name]) == message
 
 
 def test_s5_4_hello_ack_is_136_octets_with_fields_in_order() -> None:

@@ -89,7 +89,7 @@ def rejected(h: Harness, session: int, message: object, status: Status) -> Compl
 
 
 # ======================================================================================
-# Session setup (docs/kbtp.md §6.1)
+# Session setup (docs/kbtp.md §4)
 # ======================================================================================
 
 
@@ -490,7 +490,7 @@ def test_s6_4_partition_block_returns_to_its_own_ring(h: Harness) -> None:
 
 
 # ======================================================================================
-# Per-handle ordering and pipelining (docs/kbtp.md §8)
+# Per-handle ordering and pipelining (docs/kbtp.md §6.0)
 # ======================================================================================
 
 
