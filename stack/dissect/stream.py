@@ -646,6 +646,8 @@ class _Half:
             self._drop_all()
             return
         if self.buffered >= self.need:
+            if self.mode == "fpdu" and not self._walk():
+                return
             self.run(False)
 
     def _joined(self) -> memoryview:
@@ -1102,6 +1104,8 @@ class _Conn:
         self.emit = dissector._out.append
         self.tcp = tcp
         self.opts = dissector.options
+        self.rfc7306 = self.opts.rfc7306
+        self.siw_layout = self.opts.siw_layout
         self.stream = tcp.stream
         self.halves = (_Half(self, 0), _Half(self, 1))
         self.initiator: int | None = None  # side that sent the Request
@@ -1415,7 +1419,7 @@ class _Conn:
             findings.append(Finding("MPA-02", f"ULPDU_Length {ulen} exceeds {MULPDU_MAX}"))
         segment: SegmentView | None
         try:
-            segment = SegmentView(ulpdu, self.opts.rfc7306, self.opts.siw_layout)
+            segment = SegmentView(ulpdu, self.rfc7306, self.siw_layout)
         except ProtocolError as exc:
             segment = None
             findings.append(Finding(exc.rule, exc.detail, exc.term))
@@ -1424,7 +1428,8 @@ class _Conn:
             if segment.findings:
                 findings.extend(segment.findings)
             seq.check(segment, findings, self.halves[1 - side].seq)
-            self._first_fpdu_checks(side, segment, frame, findings)
+            if self.first_fpdu_frame[side] is None:
+                self._first_fpdu_checks(side, segment, frame, findings)
             half.info.payload_bytes += len(segment.payload)
         rec = PduRecord(
             self.stream,
@@ -1589,16 +1594,19 @@ class Dissector:
         self._out.append(item)
 
     def _conn(self, tcp_conn: Connection) -> _Conn:
-        conn = self._conns.get(tcp_conn.stream)
+        conn = tcp_conn.user
         if conn is None:
             conn = self._conns[tcp_conn.stream] = _Conn(self, tcp_conn)
+            tcp_conn.user = conn
+        assert isinstance(conn, _Conn)
         return conn
 
     def feed(self, segment: TcpSegment) -> list[Output]:
         self.last_frame = segment.frame
         self.last_ts = segment.timestamp
         tcp_conn, side, events = self.tcp.feed(segment)
-        conn = self._conn(tcp_conn)
+        conn = tcp_conn.user or self._conn(tcp_conn)
+        assert isinstance(conn, _Conn)
         if events:
             conn.events(side, events, segment.timestamp)
         out = self._out
