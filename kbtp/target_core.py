@@ -742,29 +742,31 @@ class TargetCore:
             kept = [(s, r) for s, r in queue if s != session]
             queue.clear()
             queue.extend(kept)
-        # Its operations are aborted; blocks they hold go back to their ring.
-        released: list[int] = []
-        for op_id, op in list(self._ops.items()):
-            if op.session != session:
-                continue
+        # Its operations are aborted (all of them first, so that no block returned below
+        # can resume one of them); blocks they hold go back to their ring.
+        doomed = [(op_id, op) for op_id, op in self._ops.items() if op.session == session]
+        for op_id, op in doomed:
             del self._ops[op_id]
-            if op.request is not None:
-                released.append(op.request.handle)
-            if op.kind is _OpKind.ALLOC_READ:
-                assert ini is not None
-                ini.allocating -= 1
-                self._return_block(op.ring, op.block, out, now)
-            elif op.kind is _OpKind.ALLOC_WAIT:
-                assert ini is not None
-                ini.allocating -= 1
+            if op.kind is _OpKind.ALLOC_WAIT:
                 self._waiters.pop((op.ring, op.ticket), None)
-                self._reclaim(op.ring, op.ticket, out, now)
+        partitioned = ini is not None and ini.config.direct_alloc
+        for _, op in doomed:
+            if op.kind in (_OpKind.ALLOC_READ, _OpKind.ALLOC_WAIT):
+                assert ini is not None
+                ini.allocating -= 1
+                if partitioned:
+                    continue  # the partition ring is rebuilt below
+                if op.kind is _OpKind.ALLOC_READ:
+                    self._return_block(op.ring, op.block, out, now)
+                else:
+                    self._reclaim(op.ring, op.ticket, out, now)
         if ini is not None:
             ini.session = None
-            if ini.config.direct_alloc:
+            if partitioned:
                 self._reset_partition(ini)
-        for handle in released:
-            self._release(handle, now, out)
+        for _, op in doomed:
+            if op.request is not None:
+                self._release(op.request.handle, now, out)
 
     def _reset_partition(self, ini: _Initiator) -> None:
         """Rebuild a partition's ring from its unbound blocks (no session can reach it now)."""

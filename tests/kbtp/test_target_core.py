@@ -8,6 +8,8 @@ are compared before and after.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kbtp.constants import (
     EMPTY_BLOCK_OFFSET,
@@ -810,3 +812,75 @@ def test_next_deadline_without_direct_sessions_is_none() -> None:
     h = Harness()
     h.connect(SA, b"a")
     assert h.core.next_deadline(0.0) is None
+
+
+# ======================================================================================
+# Fuzz: arbitrary and mutated requests never raise and never break the pool
+# ======================================================================================
+
+_SEEDS = [
+    inline_alloc(1, 1, b"abc"),
+    inline_alloc(2, 33, b"direct partition"),
+    AllocStore(3, 17, DataDescriptor(0x66, 0, 8)),
+    Store(4, 1, DataDescriptor(0x66, 0, 8)),
+    inline_store(5, 1, b"xy"),
+    Load(6, 1, DataDescriptor(0x55, 0, 64), flags=RequestFlag.ALLOW_UNSEALED),
+    Free(7, 1),
+    Free(8, 33),
+    Bind(9, 34, 0, 4, 0),
+]
+
+
+def _check_pool(h: Harness) -> None:
+    core = h.core
+    lay = core.layout
+    bound = [
+        core.entry(x).block_offset
+        for x in range(lay.table_base_handle, lay.table_base_handle + lay.table_entries)
+        if core.entry(x).valid
+    ]
+    free = [b for ring in core.rings.values() for b in ring.available_blocks()]
+    everything = sorted(bound + free + core.held_blocks())
+    assert everything == [lay.block_to(i) for i in range(lay.pool_blocks)]
+    for ident in (b"a", b"b", b"c"):
+        assert core.usage(ident) <= {b"a": 2, b"b": 2, b"c": 3}[ident]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([SA, SB, SC]),
+            st.sampled_from(range(len(_SEEDS))),
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=3),
+            st.booleans(),
+        ),
+        max_size=25,
+    )
+)
+def test_fuzz_requests_never_raise_and_keep_every_block(
+    steps: list[tuple[int, int, list[tuple[int, int]], bool]],
+) -> None:
+    h = Harness()
+    for session, identity in ((SA, b"a"), (SB, b"b"), (SC, b"c")):
+        h.connect(session, identity, DIRECT)
+    h.buffer(0x55, 64)
+    h.buffer(0x66, b"12345678")
+    for session, seed, flips, finish in steps:
+        raw = bytearray(_SEEDS[seed].encode())
+        for at, value in flips:
+            if at < len(raw):
+                raw[at] = value
+        h.send(session, bytes(raw), auto=False)
+        if finish:
+            for op_id, act in list(h.pending.items()):
+                ok = not isinstance(act, WriteToInitiator | ReadFromInitiator) or (
+                    act.remote_stag in h.buffers
+                    and act.remote_to + act.length <= len(h.buffers[act.remote_stag])
+                )
+                if ok:
+                    h.finish(op_id)
+                else:  # what the RNIC reports for a bad STag or bounds
+                    h.pending.pop(op_id)
+                    h.absorb(h.core.rdma_failed(op_id, h.now), auto=False)
+        _check_pool(h)
