@@ -454,28 +454,53 @@ Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completio
 # ======================================================================================
 
 
-def _err(status: Status, detail: str, h: CommonHeader, rule: str = "KBTP-5") -> KbtpError:
+class _Hdr:
+    """The unpacked common header inside the decoder (cheaper than a frozen dataclass)."""
+
+    __slots__ = ("version", "opcode", "flags", "request_id", "handle", "generation", "status")
+
+    def __init__(self, fields: tuple[int, ...]) -> None:
+        (
+            self.version,
+            self.opcode,
+            self.flags,
+            self.request_id,
+            self.handle,
+            self.generation,
+            self.status,
+        ) = fields
+
+
+_OPCODES = {int(o): o for o in MessageOpcode}
+_ALLOWED = {o: int(f) for o, f in ALLOWED_FLAGS.items()}
+_FLAGS = [RequestFlag(v) for v in range(1 << len(RequestFlag.__members__))]
+_RECORD_FLAG = int(RequestFlag.RECORD)
+_INLINE_FLAG = int(RequestFlag.INLINE)
+_INVALIDATE_FLAG = int(RequestFlag.INVALIDATE)
+
+
+def _err(status: Status, detail: str, h: _Hdr, rule: str = "KBTP-5") -> KbtpError:
     return KbtpError(
         status, detail, rule=rule, request_id=h.request_id, opcode=h.opcode, handle=h.handle
     )
 
 
-def _expect_len(data: Buffer, want: int, h: CommonHeader, what: str) -> None:
+def _expect_len(data: Buffer, want: int, h: _Hdr, what: str) -> None:
     if len(data) != want:
         raise _err(Status.MALFORMED, f"{what} of {len(data)} octets, expected {want}", h)
 
 
 def _completion_descriptor(
-    data: Buffer, offset: int, h: CommonHeader
+    data: Buffer, offset: int, h: _Hdr
 ) -> tuple[CompletionDescriptor | None, int]:
-    if not h.flags & RequestFlag.RECORD:
+    if not h.flags & _RECORD_FLAG:
         return None, offset
     if len(data) < offset + COMPLETION_DESCRIPTOR_LEN:
         raise _err(Status.MALFORMED, "RECORD set but no Completion Descriptor", h, "KBTP-5.2")
     return CompletionDescriptor.decode(data, offset), offset + COMPLETION_DESCRIPTOR_LEN
 
 
-def _decode_hello(data: Buffer, h: CommonHeader) -> Hello:
+def _decode_hello(data: Buffer, h: _Hdr) -> Hello:
     if len(data) < HELLO_FIXED_LEN:
         raise _err(Status.MALFORMED, f"HELLO of {len(data)} octets", h)
     caps, id_len, _reserved = _HELLO_BODY.unpack_from(data, COMMON_HEADER_LEN)
@@ -485,14 +510,14 @@ def _decode_hello(data: Buffer, h: CommonHeader) -> Hello:
     return Hello(h.request_id, Capability(caps), bytes(data[HELLO_FIXED_LEN:]))
 
 
-def _decode_hello_ack(data: Buffer, h: CommonHeader) -> HelloAck:
+def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
     _expect_len(data, HELLO_ACK_LEN, h, "HELLO_ACK")
     v = list(_HELLO_ACK_BODY.unpack_from(data, COMMON_HEADER_LEN))
     del v[9]  # reserved octet after Ring Order
     return HelloAck(h.request_id, h.status, Capability(v[0]), *v[1:])
 
 
-def _decode_completion(data: Buffer, h: CommonHeader) -> Completion:
+def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
     length, req_opcode, block_offset = _COMPLETION_BODY.unpack_from(data, COMMON_HEADER_LEN)
     return Completion(
@@ -500,27 +525,27 @@ def _decode_completion(data: Buffer, h: CommonHeader) -> Completion:
     )
 
 
-def _decode_load(data: Buffer, h: CommonHeader) -> Load:
+def _decode_load(data: Buffer, h: _Hdr) -> Load:
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
         raise _err(Status.MALFORMED, "LOAD without a Data Descriptor", h, "KBTP-5.2")
     desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
     _expect_len(data, end, h, "LOAD")
-    return Load(h.request_id, h.handle, desc, h.generation, RequestFlag(h.flags), comp)
+    return Load(h.request_id, h.handle, desc, h.generation, _FLAGS[h.flags], comp)
 
 
-def _decode_store(data: Buffer, h: CommonHeader) -> Store | AllocStore:
+def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
     cls = Store if h.opcode == MessageOpcode.STORE else AllocStore
     name = cls.opcode.name
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
         raise _err(Status.MALFORMED, f"{name} without a Data Descriptor", h, "KBTP-5.2")
     desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
-    flags = RequestFlag(h.flags)
-    if flags & RequestFlag.INLINE:
+    flags = _FLAGS[h.flags]
+    if h.flags & _INLINE_FLAG:
         if desc.stag or desc.to:
             raise _err(Status.MALFORMED, "INLINE with nonzero STag or TO", h, "KBTP-5.2")
-        if flags & RequestFlag.INVALIDATE:
+        if h.flags & _INVALIDATE_FLAG:
             raise _err(Status.BAD_FLAGS, "INVALIDATE with INLINE: no STag", h, "KBTP-5.1")
         _expect_len(data, end + desc.length, h, f"{name} with {desc.length} inline octets")
         payload = bytes(data[end:])
@@ -530,13 +555,13 @@ def _decode_store(data: Buffer, h: CommonHeader) -> Store | AllocStore:
     return cls(h.request_id, h.handle, desc, payload, h.generation, flags, comp)
 
 
-def _decode_free(data: Buffer, h: CommonHeader) -> Free:
+def _decode_free(data: Buffer, h: _Hdr) -> Free:
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN, h)
     _expect_len(data, end, h, "FREE")
-    return Free(h.request_id, h.handle, h.generation, RequestFlag(h.flags), comp)
+    return Free(h.request_id, h.handle, h.generation, _FLAGS[h.flags], comp)
 
 
-def _decode_bind(data: Buffer, h: CommonHeader) -> Bind:
+def _decode_bind(data: Buffer, h: _Hdr) -> Bind:
     if len(data) < BIND_LEN:
         raise _err(Status.MALFORMED, f"BIND of {len(data)} octets", h)
     ticket, length, block_offset = _BIND_BODY.unpack_from(data, COMMON_HEADER_LEN)
@@ -549,7 +574,7 @@ def _decode_bind(data: Buffer, h: CommonHeader) -> Bind:
         length,
         block_offset,
         h.generation,
-        RequestFlag(h.flags),
+        _FLAGS[h.flags],
         comp,
     )
 
@@ -574,14 +599,15 @@ def decode_message(data: Buffer) -> Message:
     (BAD_VERSION), Opcode (BAD_OPCODE), flags allowed for the opcode (BAD_FLAGS), Status
     zero in HELLO and requests (MALFORMED), then the opcode's exact length and fields.
     """
-    h = CommonHeader.decode(data)
+    if len(data) < COMMON_HEADER_LEN:
+        CommonHeader.decode(data)  # raises MALFORMED (fatal)
+    h = _Hdr(_HEADER.unpack_from(data))
     if h.version != KBTP_VERSION:
         raise _err(Status.BAD_VERSION, f"version {h.version}, not {KBTP_VERSION}", h, "KBTP-5.1")
-    try:
-        opcode = MessageOpcode(h.opcode)
-    except ValueError:
-        raise _err(Status.BAD_OPCODE, f"unknown opcode 0x{h.opcode:02x}", h, "KBTP-5.1") from None
-    extra = h.flags & ~int(ALLOWED_FLAGS[opcode])
+    opcode = _OPCODES.get(h.opcode)
+    if opcode is None:
+        raise _err(Status.BAD_OPCODE, f"unknown opcode 0x{h.opcode:02x}", h, "KBTP-5.1")
+    extra = h.flags & ~_ALLOWED[opcode]
     if extra:
         raise _err(Status.BAD_FLAGS, f"flags 0x{extra:04x} not allowed in {opcode.name}", h)
     if opcode not in _ANSWERS and h.status != 0:
