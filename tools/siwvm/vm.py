@@ -72,6 +72,7 @@ NETDEV_ID = "n0"
 DEFAULT_BOOT_TIMEOUT = 180.0
 CAPTURE_DIR_GUEST = "/tmp/siwvm-cap"
 SHARE_GUEST = "/mnt/host"
+"""Where the guest mounts the host's ``<workdir>/share`` (9p), for files too big for the agent."""
 
 _LIVE: set[SiwVM] = set()
 _LIVE_LOCK = threading.Lock()
@@ -297,7 +298,6 @@ class SiwVM:
         if shutil.which("qemu-system-x86_64") is None:
             raise BootError("qemu-system-x86_64 not found (run `iwarp siwvm build` as root)")
         self.share.mkdir(parents=True, exist_ok=True)
-        (self.share / "captures").mkdir(exist_ok=True)
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.qemu_argv(),
