@@ -1,0 +1,340 @@
+"""The KBTP initiator as sans-IO pieces (docs/kbtp.md §4, §6.6, §9.2).
+
+* :class:`InitiatorCore` -- the session: HELLO, HELLO_ACK, request IDs, request credits
+  (at most Request Credits requests outstanding; the rest wait in order), matching each
+  COMPLETION to its request.  Feed it received Sends with :meth:`InitiatorCore.on_message`;
+  send what :meth:`InitiatorCore.outgoing` returns.
+* :class:`DirectLoad` and :class:`DirectAlloc` -- the one-sided procedures of draft §6.6 as
+  step machines: ``next_op()`` names the next RDMA operation (:class:`ReadOp`,
+  :class:`FetchAddOp`, :class:`WriteOp`), the caller performs it and ``feed()``s the result,
+  one operation at a time (each issued after the previous one completed).
+
+No sockets, no clocks: the binding to an RNIC (or a test) moves the bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from kbtp.constants import (
+    REQUEST_OPCODES,
+    RING_ADD_DATA,
+    SLOT_LEN,
+    TABLE_ENTRY_LEN,
+    TICKET_MASK,
+    TICKET_MODULUS,
+    Capability,
+    RequestFlag,
+    Status,
+    ring_add_mask,
+    unpack_counter,
+)
+from kbtp.layout import Slot, TableEntry
+from kbtp.messages import (
+    Bind,
+    Completion,
+    Hello,
+    HelloAck,
+    KbtpError,
+    Request,
+    decode_message,
+)
+from stack.errors import LocalError
+
+# ======================================================================================
+# Session
+# ======================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReady:
+    """HELLO_ACK with SUCCESS.  Fields: ack."""
+
+    ack: HelloAck
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRefused:
+    """HELLO_ACK with an error status; the target closes the stream.  Fields: ack."""
+
+    ack: HelloAck
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCompleted:
+    """The COMPLETION of one request.  Fields: request, completion."""
+
+    request: Request
+    completion: Completion
+
+    @property
+    def ok(self) -> bool:
+        return self.completion.status == Status.SUCCESS
+
+
+InitiatorEvent = SessionReady | SessionRefused | RequestCompleted
+
+
+class InitiatorCore:
+    """One KBTP session seen from the initiator (docs/kbtp.md §4.2, §9.2).
+
+    Request IDs are assigned here (``submit`` replaces the one in the message), so a
+    COMPLETION always finds its request.  Requests beyond the credits wait in submission
+    order.  A COMPLETION for no outstanding request, or any message that is not HELLO_ACK
+    or COMPLETION, raises :class:`KbtpError` (the binding should close the stream).
+    """
+
+    def __init__(self, identity: bytes, capabilities: Capability = Capability.NONE) -> None:
+        self.identity = identity
+        self.capabilities = capabilities
+        self.ack: HelloAck | None = None
+        self._next_id = 1
+        self._hello_id = 0
+        self._waiting: deque[Request] = deque()
+        self._outstanding: dict[int, Request] = {}
+
+    def hello(self) -> bytes:
+        """The HELLO to send first (after posting a receive for the HELLO_ACK)."""
+        if self._hello_id:
+            raise LocalError("HELLO already sent")
+        self._hello_id = self._take_id()
+        return Hello(self._hello_id, self.capabilities, self.identity).encode()
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id = (self._next_id + 1) % (1 << 64) or 1
+        return rid
+
+    @property
+    def credits(self) -> int:
+        """Requests that may be sent now (0 before HELLO_ACK)."""
+        if self.ack is None:
+            return 0
+        return self.ack.request_credits - len(self._outstanding)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._outstanding)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, request: Request) -> int:
+        """Queue ``request`` with a fresh Request ID; returns that ID."""
+        if request.opcode not in REQUEST_OPCODES:
+            raise LocalError(f"{request.opcode.name} is not a request")
+        rid = self._take_id()
+        self._waiting.append(dataclasses.replace(request, request_id=rid))
+        return rid
+
+    def outgoing(self) -> list[bytes]:
+        """Encoded requests to send now, as many as the credits allow, in submission order."""
+        out = []
+        while self._waiting and self.credits > 0:
+            req = self._waiting.popleft()
+            self._outstanding[req.request_id] = req
+            out.append(req.encode())
+        return out
+
+    def on_message(self, data: bytes | bytearray | memoryview) -> list[InitiatorEvent]:
+        """A Send from the target arrived."""
+        msg = decode_message(data)
+        if isinstance(msg, HelloAck):
+            if self.ack is not None or msg.request_id != self._hello_id:
+                raise KbtpError(Status.BAD_OPCODE, "unexpected HELLO_ACK", fatal=True)
+            if msg.status != Status.SUCCESS:
+                return [SessionRefused(msg)]
+            self.ack = msg
+            return [SessionReady(msg)]
+        if isinstance(msg, Completion):
+            req = self._outstanding.pop(msg.request_id, None)
+            if req is None:
+                raise KbtpError(
+                    Status.BAD_OPCODE,
+                    f"COMPLETION for request {msg.request_id}, which is not outstanding",
+                    fatal=True,
+                )
+            return [RequestCompleted(req, msg)]
+        raise KbtpError(Status.BAD_OPCODE, f"{msg.opcode.name} sent to an initiator", fatal=True)
+
+
+# ======================================================================================
+# Direct modes (draft §6.6)
+# ======================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOp:
+    """RDMA Read ``length`` octets at (stag, to) of the target."""
+
+    stag: int
+    to: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAddOp:
+    """RFC 7306 FetchAdd at (stag, to); feed the original value (an int)."""
+
+    stag: int
+    to: int
+    add: int
+    mask: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOp:
+    """RDMA Write ``data`` at (stag, to) of the target; feed ``b""`` when it completed."""
+
+    stag: int
+    to: int
+    data: bytes
+
+
+DirectOp = ReadOp | FetchAddOp | WriteOp
+
+
+class DirectLoad:
+    """DIRECT_LOAD of one handle: entry, block, entry again (draft §6.6).
+
+    After the last feed, ``data`` holds the block's Data Length octets if both entry reads
+    showed the same Generation with VALID and SEALED, else None (``reason`` says why;
+    the caller may retry or fall back to LOAD).
+    """
+
+    def __init__(self, ack: HelloAck, handle: int, max_length: int | None = None) -> None:
+        if not ack.capabilities & Capability.DIRECT_LOAD:
+            raise LocalError("DIRECT_LOAD was not granted")
+        self.ack = ack
+        self.handle = handle
+        self.max_length = max_length
+        self.first: TableEntry | None = None
+        self.block: bytes | None = None
+        self.data: bytes | None = None
+        self.reason = ""
+        self.done = False
+
+    def next_op(self) -> ReadOp | None:
+        if self.done:
+            return None
+        if self.first is None or self.block is not None:
+            return ReadOp(self.ack.table_stag, self.ack.entry_to(self.handle), TABLE_ENTRY_LEN)
+        return ReadOp(self.ack.pool_stag, self.first.block_offset, self.first.data_length)
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            raise LocalError("direct load already finished")
+        if self.first is None:
+            entry = TableEntry.unpack(data)
+            if not (entry.valid and entry.sealed):
+                self._finish("entry is not VALID and SEALED")
+            elif self.max_length is not None and entry.data_length > self.max_length:
+                self._finish("block longer than the buffer")
+            elif entry.data_length == 0:
+                self.block = b""  # nothing to read between the two entry reads
+            self.first = entry
+        elif self.block is None:
+            self.block = bytes(data)
+        else:
+            second = TableEntry.unpack(data)
+            if second != self.first:
+                self._finish("entry changed while reading (freed or rebound)")
+            else:
+                self.data = self.block
+                self._finish("")
+
+    def _finish(self, reason: str) -> None:
+        self.reason = reason
+        self.done = True
+
+
+class AllocState(Enum):
+    FETCH = "fetch-add"
+    READ = "read-slot"
+    CONFIRM = "confirm-slot"
+    WRITE = "write-block"
+    BIND = "bind"
+    ABANDONED = "abandoned"
+
+
+class DirectAlloc:
+    """DIRECT_ALLOC of one block (draft §6.6): FetchAdd, slot reads, RDMA Write, then BIND.
+
+    ``next_op()`` returns the next one-sided operation until the state is BIND; then
+    :meth:`bind` builds the BIND request to submit.  If the slot shows a later Sequence
+    (or this ticket's slot consumed), the ticket was abandoned and reclaimed: the state
+    becomes ABANDONED.  ``polls`` counts slot reads; the caller gives up after the
+    Ticket Timeout.
+    """
+
+    def __init__(self, ack: HelloAck, data: bytes) -> None:
+        if not ack.capabilities & Capability.DIRECT_ALLOC:
+            raise LocalError("DIRECT_ALLOC was not granted")
+        if len(data) > ack.block_size:
+            raise LocalError(f"{len(data)} octets do not fit a {ack.block_size}-octet block")
+        self.ack = ack
+        self.data = data
+        self.state = AllocState.FETCH
+        self.ticket = 0
+        self.slot_offset = 0
+        self.block_offset = 0
+        self.polls = 0
+        self._seen: Slot | None = None
+
+    def next_op(self) -> DirectOp | None:
+        ack = self.ack
+        if self.state is AllocState.FETCH:
+            return FetchAddOp(
+                ack.ring_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
+            )
+        if self.state in (AllocState.READ, AllocState.CONFIRM):
+            return ReadOp(ack.ring_stag, ack.ring_offset + self.slot_offset, SLOT_LEN)
+        if self.state is AllocState.WRITE:
+            return WriteOp(ack.partition_stag, self.block_offset, self.data)
+        return None
+
+    def feed(self, result: int | bytes) -> None:
+        if self.state is AllocState.FETCH:
+            assert isinstance(result, int)
+            self.ticket, self.slot_offset = unpack_counter(result, self.ack.ring_order)
+            self.state = AllocState.READ
+        elif self.state in (AllocState.READ, AllocState.CONFIRM):
+            assert not isinstance(result, int)
+            self.polls += 1
+            slot = Slot.unpack(result)
+            ahead = (slot.sequence - self.ticket) % TICKET_MODULUS
+            if 0 < ahead < TICKET_MODULUS // 2 or (ahead == 0 and slot.consumed):
+                self.state = AllocState.ABANDONED
+            elif not slot.holds(self.ticket):
+                self.state = AllocState.READ  # not filled yet: read again
+            elif self.state is AllocState.READ:
+                self._seen = slot
+                self.state = AllocState.CONFIRM
+            elif slot == self._seen:
+                self.block_offset = slot.block_offset
+                self.state = AllocState.WRITE
+            else:
+                self._seen = slot  # a torn first read: confirm again
+        elif self.state is AllocState.WRITE:
+            self.state = AllocState.BIND
+        else:
+            raise LocalError(f"nothing to feed in state {self.state.value}")
+
+    def bind(self, handle: int, *, seal: bool = False, generation: int = 0) -> Bind:
+        """The BIND for this allocation (its Request ID is assigned by ``submit``)."""
+        if self.state is not AllocState.BIND:
+            raise LocalError(f"cannot BIND in state {self.state.value}")
+        flags = RequestFlag.SEAL if seal else RequestFlag.NONE
+        return Bind(
+            0,
+            handle,
+            self.ticket & TICKET_MASK,
+            len(self.data),
+            self.block_offset,
+            generation,
+            flags,
+        )
