@@ -38,6 +38,7 @@ from collections.abc import Iterator
 
 from stack.constants import (
     MPA_CRC_LEN,
+    MPA_CRC_RESIDUE,
     MPA_FPDUPTR_MASK,
     MPA_LENGTH_LEN,
     MPA_MARKER_INTERVAL,
@@ -72,41 +73,41 @@ _ZERO_MARKER = bytes(MPA_MARKER_LEN)
 _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _MAX_LENGTH_FIELD = 0xFFFF
 
-# Marker checks and writes use strided byte slices: the FPDUPTR of the k-th marker in an FPDU
-# is first + 512k, so its low byte is constant and its high byte grows by 2 (mod 256) per
-# marker.  An FPDU holds at most ~130 markers; the ramp covers far more.
-_RAMP = bytes((2 * k) & 0xFF for k in range(1024))
-_LOW2_CLEAR = bytes(i & (MPA_FPDUPTR_MASK & 0xFF) for i in range(256))
-_SHIFT_TABLES: dict[int, bytes] = {}
+# Marker writes and checks never build per-marker objects.  The FPDUPTR of the k-th marker
+# in an FPDU is first + 512k (``first``: distance from the length field, 4..508, a multiple of
+# 4), so for every ``first`` the markers of the largest FPDU are precomputed once:
+# ``_MARKERS[first >> 2]`` holds them back to back (RESERVED 0, MPA-06), and _PTR_HIGH /
+# _PTR_LOW their FPDUPTR bytes.  Entry 0 (no FPDU has first == 0) is a leading marker
+# (FPDUPTR 0) followed by the markers of an FPDU that starts right after it (first == 508).
+_MAX_MARKERS = 2 + ((MPA_LENGTH_LEN + _MAX_LENGTH_FIELD + 3) & ~3) // _MARKER_DATA
 
 
-def _shift_table(delta: int) -> bytes:
-    """Translation table adding ``delta`` (mod 256) to every byte."""
-    delta &= 0xFF
-    table = _SHIFT_TABLES.get(delta)
-    if table is None:
-        table = _SHIFT_TABLES[delta] = bytes((i + delta) & 0xFF for i in range(256))
-    return table
+def _marker_table(first: int) -> bytes:
+    pointers = [first + MPA_MARKER_INTERVAL * k for k in range(_MAX_MARKERS)]
+    if not first:
+        pointers = [0] + [p + _MARKER_DATA for p in pointers[:-1]]
+    return b"".join(struct.pack(">HH", 0, p & 0xFFFF) for p in pointers)
 
 
-def _fpduptr_high_bytes(first: int, count: int) -> bytes:
-    """High FPDUPTR bytes of ``count`` markers, the first one ``first`` bytes into the FPDU."""
-    if count <= len(_RAMP):
-        return _RAMP[:count].translate(_shift_table(first >> 8))
-    return bytes(((first + MPA_MARKER_INTERVAL * k) >> 8) & 0xFF for k in range(count))
-
-
-_SPLIT_STRUCTS: dict[int, struct.Struct] = {}
+_MARKERS = tuple(_marker_table(first) for first in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN))
+_PTR_HIGH = tuple(bytearray(table[2::MPA_MARKER_LEN]) for table in _MARKERS)  # bytearray:
+_PTR_LOW = tuple(bytearray(table[3::MPA_MARKER_LEN]) for table in _MARKERS)  # no copy on write
+_FPDUPTR_LOW_MASK = MPA_FPDUPTR_MASK & 0xFF
+_MARKER_SEP = bytearray(MPA_MARKER_LEN)  # join separator: a zero marker (never mutated)
+_PAD_AND_CRC = tuple(bytes(pad + MPA_CRC_LEN) for pad in range(4))  # zero PAD + CRC slot
+# Receive geometry per stream offset mod 512 (index ``offset % 512 >> 2``): leading marker
+# length (4 at a marker position), distance from the length field to the first inner marker,
+# and the _MARKERS entry (0 when there is a leading marker).
+_RX_GEOMETRY = tuple(
+    (0, MPA_MARKER_INTERVAL - r, (MPA_MARKER_INTERVAL - r) >> 2)
+    if r
+    else (MPA_MARKER_LEN, _MARKER_DATA, 0)
+    for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN)
+)
+_STAGE_SLACK = MPA_MARKER_INTERVAL + MPA_LENGTH_LEN + 3 + MPA_CRC_LEN  # stage bytes beyond a ULPDU
+_TxGeometry = tuple[int, int, memoryview, int, int, bytearray, bytearray]  # FpduFramer._grow_stage
 _WORD = next(code for code in "IHLB" if array(code).itemsize == MPA_MARKER_LEN)
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
-
-
-def _split_struct(count: int) -> struct.Struct:
-    """``count`` consecutive 508-byte fields (payload cut for marker insertion)."""
-    s = _SPLIT_STRUCTS.get(count)
-    if s is None:
-        s = _SPLIT_STRUCTS[count] = struct.Struct(f"{_MARKER_DATA}s" * count)
-    return s
 
 
 def mulpdu_for(emss: int, markers: bool) -> int:
@@ -162,7 +163,17 @@ class FpduFramer:
     SeqStart; advanced by every FPDU), ``max_ulpdu`` (largest ULPDU accepted, MPA-02).
     """
 
-    __slots__ = ("crc", "markers", "offset", "max_ulpdu")
+    __slots__ = (
+        "crc",
+        "markers",
+        "offset",
+        "max_ulpdu",
+        "_stage",
+        "_stage_view",
+        "_stage_runs",
+        "_stage_pieces",
+        "_geometry",
+    )
 
     def __init__(
         self,
@@ -178,6 +189,12 @@ class FpduFramer:
         self.markers = markers
         self.offset = offset
         self.max_ulpdu = min(max_ulpdu, _MAX_LENGTH_FIELD)
+        # Marker framing only: the staging buffer and its fixed 508-byte runs (_grow_stage).
+        self._stage = bytearray()
+        self._stage_view = memoryview(self._stage)
+        self._stage_runs: tuple[memoryview, ...] = ()
+        self._stage_pieces: dict[int, list[memoryview]] = {}  # join input per marker count
+        self._geometry: tuple[_TxGeometry, ...] = ()
 
     def frame(self, ulpdu: Buffer) -> bytes | bytearray:
         """Return the wire bytes of one FPDU carrying ``ulpdu`` and advance ``offset``."""
@@ -219,55 +236,92 @@ class FpduFramer:
         return size
 
     def _frame_markers(self, ulpdu: Buffer, n: int) -> bytearray:
-        """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC."""
-        r = self.offset % MPA_MARKER_INTERVAL
-        lead = _ZERO_MARKER if r == 0 else b""
-        r += len(lead)
-        pad_len = -(MPA_LENGTH_LEN + n) & 3
-        pad = _PADS[pad_len]
-        body = MPA_LENGTH_LEN + n + pad_len
-        first = MPA_MARKER_INTERVAL - r
-        crc_slot = _ZERO_MARKER  # placeholder for the CRC field, written last
-        header = _U16.pack(n)
-        count = 0
-        if body < first:
-            out = bytearray(b"".join((lead, header, ulpdu, pad, crc_slot)))
+        """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC.
+
+        The body (length, ULPDU, PAD) and a zero CRC slot are copied into the staging buffer
+        at the length field's stream offset mod 512 (4 if that is a marker position), so the
+        FPDU's marker positions fall on ``4 + 508k`` there whatever the offset.  The runs
+        between them are fixed memoryviews made once per framer, and one ``join`` with a
+        zero-marker separator lays out the whole FPDU with no per-marker Python objects
+        (``stage[0:4]`` is never written: it is the leading marker when there is one).  The
+        FPDUPTR bytes are then written by two strided slice assignments (MPA-08; RESERVED
+        stays zero, MPA-06), and the CRC over it all.
+        """
+        stage = self._stage
+        if len(stage) < n + _STAGE_SLACK:
+            stage = self._grow_stage(n + _STAGE_SLACK)
+        at, start, head, high_at, low_at, high, low = self._geometry[
+            (self.offset % MPA_MARKER_INTERVAL) >> 2
+        ]
+        end = at + MPA_LENGTH_LEN + n
+        body_end = (end + 3) & ~3  # ``at`` is a multiple of 4, so this adds the PAD
+        view = self._stage_view
+        _U16.pack_into(stage, at, n)
+        try:
+            view[at + MPA_LENGTH_LEN : end] = ulpdu  # one copy (bytearray slicing makes two)
+        except (TypeError, ValueError):  # a buffer of another format
+            stage[at + MPA_LENGTH_LEN : end] = ulpdu
+        view[end : body_end + MPA_CRC_LEN] = _PAD_AND_CRC[body_end - end]
+        # A marker position at body_end sits between PAD and CRC and is covered by the CRC.
+        count = (body_end - MPA_MARKER_LEN) // _MARKER_DATA
+        if count:
+            pieces = self._stage_pieces.get(count)
+            if pieces is None:
+                pieces = self._stage_pieces[count] = [head, *self._stage_runs[: count - 1], head]
+            pieces[0] = head
+            pieces[-1] = view[MPA_MARKER_LEN + _MARKER_DATA * count : body_end + MPA_CRC_LEN]
+            out = _MARKER_SEP.join(pieces)
+            # Exactly ``count`` marker positions lie in out[high_at - 2:], as fewer than 512
+            # bytes follow the last one.
+            out[high_at::MPA_MARKER_INTERVAL] = high[:count]
+            out[low_at::MPA_MARKER_INTERVAL] = low[:count]
         else:
-            # Pieces between markers: the head (``first`` bytes from the length field),
-            # full 508-byte pieces, then the remainder.  Joining them with zero markers puts
-            # a marker between each pair, including one between PAD and CRC when the body
-            # ends on a marker position.  The PAD always ends the last piece with data.
-            data = ulpdu if isinstance(ulpdu, bytes) else memoryview(ulpdu)
-            head_data = first - MPA_LENGTH_LEN
-            full, rest = divmod(body - first, _MARKER_DATA)
-            count = full + 1
-            if rest:
-                cut = head_data + full * _MARKER_DATA
-                tail: tuple[Buffer, ...] = (b"".join((data[cut:], pad, crc_slot)),)
-            elif not pad_len:
-                tail = (crc_slot,)
-            elif full:
-                full -= 1
-                cut = head_data + full * _MARKER_DATA
-                tail = (b"".join((data[cut:], pad)), crc_slot)
-            else:
-                header = b"".join((header, data, pad))  # the whole body is the head
-                head_data = 0
-                tail = (crc_slot,)
-            head = b"".join((lead, header, data[:head_data]))
-            pieces = _split_struct(full).unpack_from(data, head_data) if full else ()
-            out = bytearray(MPA_MARKER_LEN).join((head, *pieces, *tail))
-            # FPDUPTR of marker k is first + 512k (MPA-08); RESERVED stays zero (MPA-06).
-            at = len(lead) + first
-            end = at + count * MPA_MARKER_INTERVAL
-            out[at + 2 : end : MPA_MARKER_INTERVAL] = _fpduptr_high_bytes(first, count)
-            out[at + 3 : end : MPA_MARKER_INTERVAL] = bytes((first & 0xFF,)) * count
+            out = stage[start : body_end + MPA_CRC_LEN]
         if self.crc:
-            with memoryview(out) as view:
-                c = crc32c(view[:-MPA_CRC_LEN])
-            out[-MPA_CRC_LEN:] = _LE32.pack(c)
+            _LE32.pack_into(out, len(out) - MPA_CRC_LEN, crc32c(memoryview(out)[:-MPA_CRC_LEN]))
         self.offset += len(out)
         return out
+
+    def _grow_stage(self, size: int) -> bytearray:
+        """(Re)allocate the staging buffer for bodies up to ``max(size, max_ulpdu)``, with
+        its 508-byte runs and, per stream offset mod 512 (index ``offset % 512 >> 2``), the
+        FPDU geometry: where the length field goes in the stage, where the FPDU starts
+        there, the view before the first marker position (the first ``join`` piece), the
+        offsets in the FPDU of the first marker's two FPDUPTR bytes, and their tables.
+        """
+        size = max(size, self.max_ulpdu + _STAGE_SLACK)
+        self._stage_pieces.clear()
+        for geometry in self._geometry:
+            geometry[2].release()
+        for run in self._stage_runs:
+            run.release()
+        self._stage_view.release()
+        stage = self._stage = bytearray(size)
+        view = self._stage_view = memoryview(stage)
+        self._stage_runs = tuple(
+            view[k : k + _MARKER_DATA]
+            for k in range(MPA_MARKER_INTERVAL, size - _MARKER_DATA + 1, _MARKER_DATA)
+        )
+        geometry = []
+        for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN):
+            at = r or MPA_MARKER_LEN
+            start = r  # with a leading marker: stage[0:4], always zero
+            first = MPA_MARKER_INTERVAL - at  # length field -> first inner marker
+            mark = at - start + first  # first inner marker in the FPDU
+            index = first >> 2
+            geometry.append(
+                (
+                    at,
+                    start,
+                    view[start:MPA_MARKER_INTERVAL],
+                    mark + 2,
+                    mark + 3,
+                    _PTR_HIGH[index],
+                    _PTR_LOW[index],
+                )
+            )
+        self._geometry = tuple(geometry)
+        return stage
 
 
 class FpduDeframer:
@@ -338,7 +392,8 @@ class FpduDeframer:
         self._more_len += len(chunk)
 
     def __iter__(self) -> Iterator[memoryview]:
-        while (ulpdu := self.next_ulpdu()) is not None:
+        next_ulpdu = self.next_ulpdu
+        while (ulpdu := next_ulpdu()) is not None:
             yield ulpdu
 
     def _ensure(self, n: int) -> bool:
@@ -397,46 +452,157 @@ class FpduDeframer:
         """The next validated ULPDU, or None until its FPDU has fully arrived (MPA-16)."""
         if self.error is not None:
             raise self.error
-        if not self.markers:
-            # Fast path without markers: the length field is in the current chunk.
+        if self.markers:
+            return self._next_marked()
+        # Fast path without markers: the length field is in the current chunk.
+        buf = self._buf
+        pos = self._pos
+        avail = len(buf) - pos
+        if not avail:
+            if not self._more:
+                return None
+            buf = self._buf = self._more.popleft()  # next chunk, no copy
+            self._view = memoryview(buf)
+            pos = self._pos = self._more_pos
+            self._more_pos = 0
+            avail = len(buf) - pos
+            self._more_len -= avail
+        if avail >= MPA_LENGTH_LEN:
+            n = (buf[pos] << 8) | buf[pos + 1]
+            wire = ((MPA_LENGTH_LEN + n + 3) & ~3) + MPA_CRC_LEN
+            if n > self.max_ulpdu:
+                raise self._fail(self._length_error(n))
+            if wire > avail:
+                if wire > avail + self._more_len:
+                    return None  # MPA-16: hold until the FPDU is complete
+                self._ensure(wire)
+                buf = self._buf
+                pos = 0
+            view = self._view
+            crc_at = pos + wire - MPA_CRC_LEN
+            if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+                raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
+            self.fpdu_offset = self.offset
+            self.fpdu_wire_length = wire
+            self.offset += wire
+            self._pos = pos + wire
+            return view[pos + MPA_LENGTH_LEN : pos + MPA_LENGTH_LEN + n]
+        if not self._ensure(MPA_LENGTH_LEN):  # the length field straddles two chunks
+            return None
+        return self.next_ulpdu()
+
+    def _next_marked(self) -> memoryview | None:
+        """With markers (MPA-07..MPA-10): the FPDU, its leading marker if any, inner markers.
+
+        An FPDU without markers inside one chunk is handed out as a view, like the unmarked
+        fast path.  Otherwise the FPDU (leading marker to CRC, from one or several chunks) is
+        copied once into a 32-bit word array; the CRC is checked over it (MPA-12: the CRC of
+        covered bytes plus a correct CRC field is the constant MPA_CRC_RESIDUE), then the
+        markers, which are one word every 128 words, are compared in one go with the
+        precomputed ones (a mismatch is re-checked marker by marker with RESERVED and the low
+        FPDUPTR bits ignored, MPA-06/MPA-08) and removed by one strided deletion (MPA-10).
+        """
+        lead, first, index = _RX_GEOMETRY[(self.offset % MPA_MARKER_INTERVAL) >> 2]
+        buf = self._buf
+        pos = self._pos
+        avail = len(buf) - pos
+        if avail < lead + MPA_LENGTH_LEN:
+            if not self._ensure(lead + MPA_LENGTH_LEN):
+                return None
             buf = self._buf
             pos = self._pos
             avail = len(buf) - pos
-            if not avail:
-                if not self._more:
-                    return None
-                buf = self._buf = self._more.popleft()  # next chunk, no copy
-                self._view = memoryview(buf)
-                pos = self._pos = self._more_pos
-                self._more_pos = 0
-                avail = len(buf) - pos
-                self._more_len -= avail
-            if avail >= MPA_LENGTH_LEN:
-                n = (buf[pos] << 8) | buf[pos + 1]
-                wire = ((MPA_LENGTH_LEN + n + 3) & ~3) + MPA_CRC_LEN
-                if n <= self.max_ulpdu:
-                    if wire > avail:
-                        if wire > avail + self._more_len:
-                            return None  # MPA-16: hold until the FPDU is complete
-                        self._ensure(wire)
-                        buf = self._buf
-                        pos = 0
-                    view = self._view
-                    crc_at = pos + wire - MPA_CRC_LEN
-                    if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
-                        raise self._fail(self._crc_error(view[pos:crc_at], buf, crc_at))
-                    self.fpdu_offset = self.offset
-                    self.fpdu_wire_length = wire
-                    self.offset += wire
-                    self._pos = pos + wire
-                    return view[pos + MPA_LENGTH_LEN : pos + MPA_LENGTH_LEN + n]
-            elif not self._more_len:
-                return None
-        return self._next_ulpdu()
+        n = (buf[pos + lead] << 8) | buf[pos + lead + 1]
+        if n > self.max_ulpdu:
+            raise self._fail(self._length_error(n))
+        body = (MPA_LENGTH_LEN + n + 3) & ~3
+        count = 0 if body < first else 1 + (body - first) // _MARKER_DATA
+        wire = lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN
+        if wire > avail:
+            if wire > avail + self._more_len:
+                return None  # MPA-16: hold until the FPDU is complete
+        elif not count:
+            view = self._view
+            crc_at = pos + wire - MPA_CRC_LEN
+            if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+                raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
+            if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
+                raise self._fail(self._marker_error(0, _U16.unpack_from(buf, pos + 2)[0]))
+            self.fpdu_offset = self.offset
+            self.fpdu_wire_length = wire
+            self.offset += wire
+            self._pos = pos + wire
+            return view[pos + lead + MPA_LENGTH_LEN : pos + lead + MPA_LENGTH_LEN + n]
+        words = array(_WORD)
+        if wire <= avail:
+            words.frombytes(self._view[pos : pos + wire])
+            self._pos = pos + wire
+        else:
+            self._take_into(words, wire)
+        if self.crc and crc32c(words) != MPA_CRC_RESIDUE:
+            covered = words.tobytes()
+            raise self._fail(self._crc_error(covered[:-MPA_CRC_LEN], covered[-MPA_CRC_LEN:]))
+        # Marker words sit at word ``index`` (0 for a leading marker, which is 508 bytes
+        # before the first inner one) and every 128 words after; fewer than 128 words
+        # follow the last one, the CRC word included.
+        marks = words[index::_WORDS_PER_INTERVAL].tobytes()
+        if marks != _MARKERS[index][: lead + MPA_MARKER_LEN * count]:
+            self._check_markers(marks, index)
+        del words[index::_WORDS_PER_INTERVAL]
+        self.fpdu_offset = self.offset
+        self.fpdu_wire_length = wire
+        self.offset += wire
+        return memoryview(words).cast("B")[MPA_LENGTH_LEN : MPA_LENGTH_LEN + n]
 
-    def _crc_error(self, covered: Buffer, buf: bytes, crc_at: int) -> MpaError:
+    def _take_into(self, words: array, n: int) -> None:
+        """Append the next ``n`` received bytes (all arrived; ``n`` a multiple of 4) to
+        ``words`` and consume them.
+
+        Chunks are copied straight into the array; ``array.frombytes`` takes whole words
+        only, so up to 3 bytes at a chunk's end are carried over to the next one.  The chunk
+        holding the last of the bytes becomes the current one, parsed in place next.
+        """
+        pos = self._pos
+        take = min(len(self._buf) - pos, n)
+        whole = take & ~3
+        words.frombytes(self._view[pos : pos + whole])
+        carry = self._buf[pos + whole : pos + take]
+        self._pos = pos + take
+        n -= take
+        more = self._more
+        while n:
+            chunk = more.popleft()
+            start = self._more_pos
+            self._more_pos = 0
+            self._more_len -= len(chunk) - start
+            view = memoryview(chunk)
+            take = min(len(chunk) - start, n)
+            n -= take
+            self._buf = chunk
+            self._view = view
+            self._pos = start + take
+            if carry:
+                fill = min(MPA_MARKER_LEN - len(carry), take)
+                carry += chunk[start : start + fill]
+                if len(carry) < MPA_MARKER_LEN:
+                    continue
+                words.frombytes(carry)
+                start += fill
+                take -= fill
+            whole = take & ~3
+            words.frombytes(view[start : start + whole])
+            carry = chunk[start + whole : start + take]
+
+    def _length_error(self, n: int) -> MpaError:
+        return MpaError(
+            "MPA-16",
+            f"ULPDU_Length {n} exceeds {self.max_ulpdu} at stream offset {self.offset}",
+            TERM_LLP_CRC_ERROR,
+        )
+
+    def _crc_error(self, covered: Buffer, field: Buffer) -> MpaError:
         computed = crc32c(covered)
-        received = _LE32.unpack_from(buf, crc_at)[0]
+        received = _LE32.unpack(field)[0]
         return MpaError(
             "MPA-12",
             f"CRC mismatch at stream offset {self.offset}: received "
@@ -444,73 +610,15 @@ class FpduDeframer:
             TERM_LLP_CRC_ERROR,
         )
 
-    def _next_ulpdu(self) -> memoryview | None:
-        """General path: markers, or an FPDU that spans chunks."""
-        lead = 0
-        if self.markers and self.offset % MPA_MARKER_INTERVAL == 0:
-            lead = MPA_MARKER_LEN
-        if not self._ensure(lead + MPA_LENGTH_LEN):
-            return None
-        pos = self._pos
-        n = (self._buf[pos + lead] << 8) | self._buf[pos + lead + 1]
-        if n > self.max_ulpdu:
-            raise self._fail(
-                MpaError(
-                    "MPA-16",
-                    f"ULPDU_Length {n} exceeds {self.max_ulpdu} at stream offset {self.offset}",
-                    TERM_LLP_CRC_ERROR,
-                )
-            )
-        body = (MPA_LENGTH_LEN + n + 3) & ~3
-        if self.markers:
-            r = (self.offset + lead) % MPA_MARKER_INTERVAL
-            count = _markers_in(r, body)
-            wire = lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN
-        else:
-            count = 0
-            wire = body + MPA_CRC_LEN
-        if not self._ensure(wire):
-            return None
-        pos = self._pos
-        buf = self._buf
-        view = self._view
-        crc_at = pos + wire - MPA_CRC_LEN
-        if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
-            raise self._fail(self._crc_error(view[pos:crc_at], buf, crc_at))
-        start = pos + lead  # the length field
-        if lead and (_U16.unpack_from(buf, pos + 2)[0] & MPA_FPDUPTR_MASK) != 0:
-            raise self._fail(self._marker_error(0, _U16.unpack_from(buf, pos + 2)[0]))
-        if count:
-            first = MPA_MARKER_INTERVAL - r
-            at = start + first
-            end = at + count * MPA_MARKER_INTERVAL
-            self._check_markers(buf, at, end, first, count)
-        self.fpdu_offset = self.offset
-        self.fpdu_wire_length = wire
-        self.offset += wire
-        self._pos = pos + wire
-        if not count:
-            return view[start + MPA_LENGTH_LEN : start + MPA_LENGTH_LEN + n]
-        # Strip markers: every marker is one 4-byte word at a 4-aligned distance from the
-        # length field, so one strided deletion on a word array removes them all (MPA-10).
-        words = array(_WORD)
-        words.frombytes(view[start:crc_at])
-        first_word = first // MPA_MARKER_LEN
-        del words[first_word : first_word + count * _WORDS_PER_INTERVAL : _WORDS_PER_INTERVAL]
-        return memoryview(words).cast("B")[MPA_LENGTH_LEN : MPA_LENGTH_LEN + n]
-
-    def _check_markers(self, buf: bytes, at: int, end: int, first: int, count: int) -> None:
-        """Verify FPDUPTR of ``count`` markers starting at ``at`` (MPA-06, MPA-08)."""
-        low = buf[at + 3 : end : MPA_MARKER_INTERVAL].translate(_LOW2_CLEAR)
-        high = buf[at + 2 : end : MPA_MARKER_INTERVAL]
-        if low == bytes((first & 0xFF,)) * count and high == _fpduptr_high_bytes(first, count):
-            return
-        for k in range(count):
-            ptr = _U16.unpack_from(buf, at + k * MPA_MARKER_INTERVAL + 2)[0]
-            expected = (first + k * MPA_MARKER_INTERVAL) & 0xFFFF
+    def _check_markers(self, marks: bytes, index: int) -> None:
+        """Check the markers of one FPDU one by one, RESERVED and low two FPDUPTR bits
+        ignored (MPA-06); the first wrong FPDUPTR is a marker mismatch (MPA-08)."""
+        expected_marks = _MARKERS[index]
+        for at in range(0, len(marks), MPA_MARKER_LEN):
+            ptr = _U16.unpack_from(marks, at + 2)[0]
+            expected = _U16.unpack_from(expected_marks, at + 2)[0]
             if ptr & MPA_FPDUPTR_MASK != expected:
                 raise self._fail(self._marker_error(expected, ptr))
-        raise AssertionError("unreachable: strided marker check disagreed")  # pragma: no cover
 
     def _marker_error(self, expected: int, ptr: int) -> MpaError:
         return MpaError(
