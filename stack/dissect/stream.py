@@ -48,10 +48,13 @@ from dataclasses import dataclass, field
 
 from stack.constants import (
     DDP_DV_MASK,
+    DDP_LAST,
     DDP_RSVD_MASK,
     DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
     DDP_UNTAGGED_HDR_LEN,
+    DDP_VERSION,
+    INVALIDATE_OPCODES,
     MPA_CRC_LEN,
     MPA_FPDUPTR_MASK,
     MPA_FRAME_HEADER_LEN,
@@ -76,6 +79,7 @@ from stack.constants import (
     RDMAP_RSVD_MASK,
     RDMAP_RV_MASK,
     RDMAP_VERSION,
+    SEND_OPCODES,
     TAGGED_OPCODES,
     TERM_LLP_CRC_ERROR,
     TERM_LLP_INVALID_STARTUP,
@@ -276,6 +280,16 @@ def _endpoint(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+_CTRL_TAGGED_LAST = DDP_TAGGED | DDP_LAST | DDP_VERSION
+_CTRL_UNTAGGED_LAST = DDP_LAST | DDP_VERSION
+_FAST_TAGGED = frozenset({DDP_TAGGED | DDP_VERSION, _CTRL_TAGGED_LAST})
+_FAST_UNTAGGED = frozenset({DDP_VERSION, _CTRL_UNTAGGED_LAST})
+_RV = RDMAP_VERSION << 6
+_FAST_TAGGED_OPS = frozenset({_RV | Opcode.RDMA_WRITE, _RV | Opcode.RDMA_READ_RESPONSE})
+_FAST_SEND_OPS = frozenset(_RV | op for op in SEND_OPCODES)
+_FAST_INVALIDATE_OPS = frozenset(_RV | op for op in INVALIDATE_OPCODES)
+
+
 class SegmentView:
     """A decoded ULPDU with exactly the fields of :class:`stack.wire.rdmap.Segment`.
 
@@ -307,6 +321,46 @@ class SegmentView:
 
     def __init__(self, ulpdu: bytes | memoryview, rfc7306: bool, siw_layout: bool | None) -> None:
         view = ulpdu if type(ulpdu) is memoryview else ddp.byte_view(ulpdu)
+        n = len(view)
+        if n >= DDP_UNTAGGED_HDR_LEN:
+            # Canonical Write / Read Response / Send-family headers, for which the staged
+            # checks find nothing: read them in one unpack (about half the bulk decode
+            # time).  Anything else takes the staged path; the tests check both agree.
+            ctrl = view[0]
+            uc = view[1]
+            if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
+                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
+                self.tagged = True
+                self.last = ctrl == _CTRL_TAGGED_LAST
+                self.ddp_version = 1
+                self.rdmap_version = 1
+                self.opcode = uc & RDMAP_OPCODE_MASK
+                self.ddp_rsvd = self.rdmap_rsvd = 0
+                self.stag = stag
+                self.to = to
+                self.qn = self.msn = self.mo = self.inval_stag = self.header = None
+                self.payload = view[DDP_TAGGED_HDR_LEN:]
+                self.ulpdu_len = n
+                self.findings = ()
+                return
+            if ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
+                _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+                if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
+                    self.tagged = False
+                    self.last = ctrl == _CTRL_UNTAGGED_LAST
+                    self.ddp_version = 1
+                    self.rdmap_version = 1
+                    self.opcode = uc & RDMAP_OPCODE_MASK
+                    self.ddp_rsvd = self.rdmap_rsvd = 0
+                    self.stag = self.to = self.header = None
+                    self.qn = qn
+                    self.msn = msn
+                    self.mo = mo
+                    self.inval_stag = inval
+                    self.payload = view[DDP_UNTAGGED_HDR_LEN:]
+                    self.ulpdu_len = n
+                    self.findings = ()
+                    return
         chk = Checker(False)
         f = check_ddp(view, chk, rfc7306)
         op, header, payload = check_rdmap(f, chk, rfc7306, siw_layout)

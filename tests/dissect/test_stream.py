@@ -186,6 +186,28 @@ def test_segment_view_matches_decode_ulpdu_on_any_bytes(raw: bytes) -> None:
     assert SegmentView(memoryview(raw), True, None).to_segment() == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([0x01, 0x41, 0x81, 0xC1, 0x45, 0xC2, 0x00]),
+    st.sampled_from([0x40, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, 0x41, 0x53, 0x83]),
+    st.sampled_from([0, 0, 1, 0xFFFFFFFF]),
+    st.sampled_from([0, 0, 1, 3, 7]),
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.binary(max_size=40),
+)
+def test_segment_view_fast_path_matches_decode_ulpdu(
+    ctrl: int, uctrl: int, inval: int, qn: int, msn: int, tail: bytes
+) -> None:
+    untagged = bytes([ctrl, uctrl]) + struct.pack(">IIII", inval, qn, msn, msn // 3) + tail
+    tagged = bytes([ctrl, uctrl]) + struct.pack(">IQ", inval, msn * 7) + tail
+    for raw in (untagged, tagged):
+        try:
+            expected = decode_ulpdu(raw, strict=False)
+        except IwarpError:
+            continue
+        assert SegmentView(memoryview(raw), True, None).to_segment() == expected
+
+
 # ======================================================================================
 # negotiation variants
 # ======================================================================================
