@@ -50,6 +50,7 @@ class MpaSocketPeer:
         self.sock = sock
         self.conn = conn
         self.events: list[MpaEvent] = []
+        self.segments: list[Segment] = []
 
     @classmethod
     def initiator(

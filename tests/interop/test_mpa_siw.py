@@ -10,18 +10,24 @@ guest's capture with our dissector.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from stack.constants import Opcode, RtrType
 from stack.wire.events import (
     CrcPolicy,
+    Established,
     IrdOrd,
+    MpaEvent,
     MpaSettings,
+    Negotiated,
     PeerClosed,
+    RdmaWrite,
     Rejected,
     RequestReceived,
 )
+from stack.wire.rdmap import Segment, encode_message
 from tests.interop.helpers import (
     RPING_INFO,
     SIW_PASSIVE_FIRST_FPDU_DELAY,
@@ -41,9 +47,10 @@ RPING_IRD_ORD = IrdOrd(ird=1, ord=1, p2p=False, rtr=RtrType.NONE)
 
 
 def _siw_active_to_our_responder(
-    vm: SiwVM, case: str, settings: MpaSettings
-) -> tuple[RequestReceived, MpaSocketPeer, object]:
-    """Guest rping client -> our responder: return the Request, the peer and the capture."""
+    vm: SiwVM, case: str, settings: MpaSettings, segments: int = 1
+) -> tuple[RequestReceived, MpaSocketPeer, tuple[Negotiated, Segment, Path]]:
+    """Guest rping client -> our responder: the Request, the peer, and (negotiated values,
+    siw's first FPDU, the capture); ``segments`` FPDUs are read (all in ``peer.segments``)."""
     srv, port = listen_local()
     with srv, vm.capture(case, bpf=f"tcp port {port}") as pcap:
         client = vm.run(f"rping -c -a {HOST_ADDR} -p {port} -C 1 -v", background=True, timeout=20)
@@ -53,14 +60,13 @@ def _siw_active_to_our_responder(
             request = peer.expect(RequestReceived)
             assert isinstance(request, RequestReceived)
             negotiated = peer.accept()
-            first = peer.receive_segment()
+            received = [peer.receive_segment() for _ in range(segments)]
         client.stop()
-    return request, peer, (negotiated, first, pcap)
+    peer.segments = received
+    return request, peer, (negotiated, received[0], pcap)
 
 
 def _check_rping_first_send(first: object) -> None:
-    from stack.wire.rdmap import Segment
-
     assert isinstance(first, Segment)
     assert first.opcode == Opcode.SEND and first.last and not first.tagged
     assert (first.qn, first.msn, first.mo) == (0, 1, 0)
@@ -137,9 +143,11 @@ def test_mpa_11_our_responder_requests_crc_from_siw(vm: SiwVM, case: str) -> Non
 
 
 def _our_initiator_to_siw_passive(
-    vm: SiwVM, case: str, settings: MpaSettings
-) -> tuple[MpaSocketPeer, object, object]:
-    """Our initiator -> guest rping server; return the peer, its first event and the pcap."""
+    vm: SiwVM, case: str, settings: MpaSettings, answered: bool = True
+) -> tuple[MpaSocketPeer, tuple[MpaEvent, object], Path]:
+    """Our initiator -> guest rping server: the peer, (its startup event, siw's answer to our
+    rping Send: a decoded Segment, or with ``answered=False`` the next MPA event) and the
+    capture."""
     host_port = vm.hostfwd(GUEST_RPING_PORT)
     with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
         server = vm.run(
@@ -153,7 +161,7 @@ def _our_initiator_to_siw_passive(
             if not isinstance(event, Rejected):
                 time.sleep(SIW_PASSIVE_FIRST_FPDU_DELAY)  # siw passive race (pitfall 3)
                 peer.send(rping_info_send(0x1000, 0x1234, 64, peer.conn.mulpdu))
-                reply_to_send = peer.receive_segment()
+                reply_to_send = peer.receive_segment() if answered else peer.next_event()
         server.stop()
     return peer, (event, reply_to_send), pcap
 
@@ -162,9 +170,6 @@ def test_mpa_22_erc_04_our_initiator_to_siw_passive_rev2_crc(vm: SiwVM, case: st
     """Our rev-2 Request with C=1 and IRD/ORD 4/4: siw accepts, mirrors and clamps."""
     settings = MpaSettings(crc=CrcPolicy.REQUEST, ird=4, ord=4)
     peer, (event, answer), pcap = _our_initiator_to_siw_passive(vm, case, settings)
-    from stack.wire.events import Established
-    from stack.wire.rdmap import Segment
-
     assert isinstance(event, Established), event
     n = event.negotiated
     assert n.rev == 2 and n.crc is True and not n.p2p
@@ -189,9 +194,6 @@ def test_mpa_11_our_initiator_without_crc(vm: SiwVM, case: str) -> None:
     peer, (event, answer), pcap = _our_initiator_to_siw_passive(
         vm, case, MpaSettings(crc=CrcPolicy.OFF, ird=1, ord=1)
     )
-    from stack.wire.events import Established
-    from stack.wire.rdmap import Segment
-
     assert isinstance(event, Established), event
     assert event.negotiated.crc is False and event.negotiated.rev == 2
     assert isinstance(answer, Segment) and answer.opcode == Opcode.RDMA_READ_REQUEST
@@ -211,3 +213,118 @@ def test_mpa_23_siw_crc_strict_rejects_our_crc_request(vm: SiwVM, case: str) -> 
     decode = assert_clean_capture(pcap, allowed_notes=("trailing", "rejected"))
     reply = next(r for r in decode.records if r.kind == "mpa_rep")
     assert reply.mpa is not None and reply.mpa.reject
+
+
+def _rtr_write(mulpdu: int) -> bytes:
+    """A zero-length tagged RDMA Write: the RFC 6581 Write RTR (STag 0, TO 0)."""
+    [ulpdu] = encode_message(RdmaWrite(stag=0, to=0, data=b""), msn=None, mulpdu=mulpdu)
+    return ulpdu
+
+
+def test_erc_07_erc_09_siw_active_p2p_sends_write_rtr(vm: SiwVM, case: str) -> None:
+    """siw peer_to_peer: P2P with Write|Read RTR offered; we pick Write; its RTR comes first
+    as a zero-length RDMA Write with STag 1 (siw quirk, digest §10.2 item 6)."""
+    vm.set_siw(p2p=True)
+    settings = MpaSettings(crc=CrcPolicy.REQUEST, p2p=True, ird=1, ord=1)
+    request, peer, (negotiated, first, pcap) = _siw_active_to_our_responder(
+        vm, case, settings, segments=2
+    )
+    word = request.frame.ird_ord
+    assert word is not None and word.p2p
+    assert word.rtr & RtrType.WRITE and word.rtr & RtrType.READ
+    assert negotiated.p2p and negotiated.rtr == RtrType.WRITE
+    assert isinstance(first, Segment)
+    assert first.tagged and first.opcode == Opcode.RDMA_WRITE and len(first.payload) == 0
+    assert first.stag == 1 and first.last
+    _check_rping_first_send(peer.segments[1])  # rping's Send follows the RTR
+    assert_clean_capture(pcap)
+
+
+def test_erc_09_our_p2p_initiator_write_rtr_to_siw_passive(vm: SiwVM, case: str) -> None:
+    """Our P2P Request offering only the Write RTR: siw echoes P2P + Write, takes our RTR
+    and then answers rping's Send with its Read Request."""
+    settings = MpaSettings(crc=CrcPolicy.REQUEST, p2p=True, rtr=RtrType.WRITE, ird=1, ord=1)
+    host_port = vm.hostfwd(GUEST_RPING_PORT)
+    with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
+        server = vm.run(
+            f"rping -s -a 0.0.0.0 -p {GUEST_RPING_PORT} -C 1 -v", background=True, timeout=20
+        )
+        vm.wait_listen(GUEST_RPING_PORT)
+        with connect_local(host_port) as sock:
+            peer = MpaSocketPeer.initiator(sock, settings)
+            negotiated = peer.established()
+            assert negotiated.p2p and negotiated.rtr == RtrType.WRITE
+            reply_word = negotiated.peer_frame.ird_ord
+            assert reply_word is not None and reply_word.p2p and reply_word.rtr == RtrType.WRITE
+            time.sleep(SIW_PASSIVE_FIRST_FPDU_DELAY)
+            mulpdu = peer.conn.mulpdu
+            peer.send(_rtr_write(mulpdu), rping_info_send(0x1000, 0x1234, 64, mulpdu))
+            answer = peer.receive_segment()
+            assert answer.opcode == Opcode.RDMA_READ_REQUEST
+        server.stop()
+    decode = assert_clean_capture(pcap)
+    assert decode.opcodes()[:2] == [Opcode.RDMA_WRITE, Opcode.SEND]
+
+
+def test_mpa_20_our_rev1_request_to_siw(vm: SiwVM, case: str) -> None:
+    """Rev 1 (RFC 5044 only): siw answers Rev 1 without the IRD/ORD word."""
+    _peer, (event, answer), pcap = _our_initiator_to_siw_passive(
+        vm, case, MpaSettings(rev=1, crc=CrcPolicy.REQUEST), answered=False
+    )
+    assert isinstance(event, Established), event
+    n = event.negotiated
+    assert n.rev == 1 and n.crc and n.peer_frame.ird_ord is None and n.peer_ird is None
+    # siw pitfall 4: with Rev 1 siw gives rping IRD/ORD 0, so its RDMA Read fails and it
+    # closes instead of sending a Read Request.
+    assert isinstance(answer, PeerClosed), answer
+    decode = assert_clean_capture(pcap)
+    assert Opcode.RDMA_READ_REQUEST not in decode.opcodes()
+
+
+def test_mpa_09_siw_rejects_our_markers_request(vm: SiwVM, case: str) -> None:
+    """siw implements no markers: a Request with M=1 gets a Reply with R=1 (digest §10.2.1),
+    which our initiator reports as a rejection."""
+    _peer, (event, answer), pcap = _our_initiator_to_siw_passive(
+        vm, case, MpaSettings(rev=1, crc=CrcPolicy.REQUEST, want_markers=True)
+    )
+    assert isinstance(event, Rejected), event
+    assert event.frame.reject and not event.frame.markers
+    assert answer is None
+    assert_clean_capture(pcap, allowed_notes=("trailing", "rejected"))
+
+
+def test_mpa_21_our_private_data_reaches_siw(vm: SiwVM, case: str) -> None:
+    """Rev 2 with 6 bytes of ULP private data after the IRD/ORD word: siw accepts."""
+    host_port = vm.hostfwd(GUEST_RPING_PORT)
+    with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
+        server = vm.run(
+            f"rping -s -a 0.0.0.0 -p {GUEST_RPING_PORT} -C 1 -v", background=True, timeout=20
+        )
+        vm.wait_listen(GUEST_RPING_PORT)
+        with connect_local(host_port) as sock:
+            peer = MpaSocketPeer.initiator(
+                sock,
+                MpaSettings(crc=CrcPolicy.REQUEST, ird=1, ord=1),
+                bytes.fromhex("deadbeefcafe"),
+            )
+            negotiated = peer.established()
+        server.stop()
+    assert negotiated.local_frame.private_data == bytes.fromhex("deadbeefcafe")
+    decode = assert_clean_capture(pcap)
+    request = next(r for r in decode.records if r.kind == "mpa_req")
+    assert request.mpa is not None and request.mpa.private_data == bytes.fromhex("deadbeefcafe")
+
+
+def test_mpa_19_siw_active_rev1_and_gso_bit(vm: SiwVM, case: str) -> None:
+    """siw mpa_version=1 with try_gso: Rev 1, no IRD/ORD word, siw's private 0x08 flag kept
+    as a reserved bit and otherwise ignored (MPA-19)."""
+    vm.set_siw(mpa_version=1, try_gso=True)
+    request, _peer, (negotiated, first, pcap) = _siw_active_to_our_responder(
+        vm, case, MpaSettings(rev=1, crc=CrcPolicy.REQUEST)
+    )
+    frame = request.frame
+    assert frame.rev == 1 and frame.ird_ord is None and frame.reserved & 0x08
+    assert negotiated.rev == 1 and negotiated.crc
+    _check_rping_first_send(first)
+    decode = assert_clean_capture(pcap, allowed_rules=("MPA-19",))
+    assert [rule for rule, _ in decode.findings()] == ["MPA-19"]  # the dissector notes 0x08
