@@ -58,7 +58,7 @@ def test_agent_run_timeout_kills_the_process_group(agent: AgentClient) -> None:
     t0 = time.monotonic()
     reply = agent.request("run", cmd="echo a; sleep 30 & sleep 30", timeout=0.5)
     assert reply["timed_out"] is True and reply["rc"] is None and reply["stdout"] == "a\n"
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30  # a hang guard, not a speed check
 
 
 def test_agent_spawn_wait_signal_reap(agent: AgentClient, tmp_path: Path) -> None:
@@ -98,19 +98,21 @@ def test_agent_errors_come_back_and_it_keeps_serving(agent: AgentClient) -> None
     assert agent.request("ping") == {}
 
 
-def test_agent_client_serves_threads_in_parallel(agent: AgentClient) -> None:
-    """A long wait on one connection does not block another request (connection pool)."""
-    pid = agent.request("spawn", cmd="sleep 2", timeout=10)["pid"]
+def test_agent_client_serves_threads_in_parallel(agent: AgentClient, tmp_path: Path) -> None:
+    """A long wait on one connection does not block another request (connection pool):
+    the waited-for job ends only when a second request, sent meanwhile, releases it."""
+    flag = tmp_path / "release"
+    pid = agent.request("spawn", cmd=f"while [ ! -e {flag} ]; do sleep 0.05; done", timeout=30)[
+        "pid"
+    ]
     waited: list[dict[str, object]] = []
     thread = threading.Thread(
-        target=lambda: waited.append(agent.request("wait", pid=pid, timeout=10))
+        target=lambda: waited.append(agent.request("wait", pid=pid, timeout=20))
     )
     thread.start()
     time.sleep(0.2)
-    t0 = time.monotonic()
-    assert agent.request("run", cmd="echo quick", timeout=5)["stdout"] == "quick\n"
-    assert time.monotonic() - t0 < 1.5
-    thread.join(15)
+    assert agent.request("run", cmd=f"touch {flag}", timeout=10)["rc"] == 0
+    thread.join(40)
     assert waited == [{"rc": 0, "timed_out": False}]
 
 
@@ -241,4 +243,4 @@ def test_build_failure_and_timeout_are_build_errors(
     t0 = time.monotonic()
     with pytest.raises(BuildError, match="timed out"):
         build_mod.build(tmp_path, timeout=1.0)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 30  # a hang guard, not a speed check

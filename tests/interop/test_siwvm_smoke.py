@@ -76,7 +76,6 @@ def test_agent_foreground_timeout_kills_the_command(vm: SiwVM) -> None:
     result = vm.run("echo started; sleep 60", timeout=1.0)
     assert result.timed_out and result.rc is None
     assert "started" in result.stdout
-    assert result.seconds < 15
     with pytest.raises(GuestTimeout):
         result.check()
 
