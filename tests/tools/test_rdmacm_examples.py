@@ -1,0 +1,65 @@
+"""librdmacm example peers (rdma_server/rdma_client, ucmatose) talk to each other."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools.iwarp_cli import main
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _run_pair(server_args: list[str], client_args: list[str], capsys) -> tuple[str, str]:  # noqa: ANN001
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tools.iwarp_cli", *server_args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(50):
+            rc = main(client_args)
+            out = capsys.readouterr().out
+            if rc == 0 or "starting server" in out:
+                break
+            time.sleep(0.1)
+        assert rc == 0, out
+        server_out, _ = server.communicate(timeout=30)
+        assert server.returncode == 0
+        return out, server_out
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_rdma_server_and_client(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
+    client_out, server_out = _run_pair(
+        ["rdma-server", "-s", "127.0.0.1", "-p", port],
+        ["rdma-client", "-s", "127.0.0.1", "-p", port],
+        capsys,
+    )
+    assert client_out.splitlines()[-1] == "rdma_client: end 0"
+    assert server_out.splitlines() == ["rdma_server: start", "rdma_server: end 0"]
+
+
+def test_cmatose_two_connections(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
+    args = ["-p", port, "-c", "2", "-C", "5", "-S", "300"]
+    client_out, server_out = _run_pair(
+        ["cmatose", "-b", "127.0.0.1", *args], ["cmatose", "-s", "127.0.0.1", *args], capsys
+    )
+    for out in (client_out, server_out):
+        assert "data transfers complete" in out and out.rstrip().endswith("return status 0")
+    assert "cmatose: disconnecting" in server_out
+
+
+def test_rdma_client_without_server_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rdma-client", "-s", "127.0.0.1", "-p", _free_port()]) == 1
+    assert "rdma_client: end -1" in capsys.readouterr().out
