@@ -206,8 +206,13 @@ def record_json(rec: PduRecord) -> dict[str, Any]:
     return out
 
 
+_NAMES = {int(op): name for op, name in OPCODE_NAMES.items()}
+_INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
+
+
 def _opname(op: int) -> str:
-    return OPCODE_NAMES.get(op, f"Unknown (0x{op:X})")
+    name = _NAMES.get(op)
+    return name if name is not None else f"Unknown (0x{op:X})"
 
 
 def _opcode_fields(out: dict[str, Any], op: int, header: object, inval: int | None) -> None:
@@ -265,14 +270,19 @@ def _fields(rec: PduRecord) -> str:
     if seg is None:
         return f"undecodable ULPDU ({rec.ulpdu_len} bytes)"
     op = seg.opcode
-    name = _opname(op)
-    plen = seg.ulpdu_len - seg.ddp_header_len
+    name = _NAMES.get(op) or _opname(op)
     last = " L" if seg.last else ""
     if seg.tagged:
+        plen = seg.ulpdu_len - 14
         return f"{name} STag=0x{seg.stag:08x} TO=0x{seg.to:x} len={plen}{last}"
+    plen = seg.ulpdu_len - 18
     base = f"{name} QN={seg.qn} MSN={seg.msn} MO={seg.mo}"
     h = seg.header
-    if op in INVALIDATE_OPCODES:
+    if h is None:
+        if op in _INVALIDATE:
+            return f"{base} len={plen} InvSTag=0x{seg.inval_stag or 0:08x}{last}"
+        return f"{base} len={plen}{last}"
+    if op in _INVALIDATE:
         return f"{base} len={plen} InvSTag=0x{seg.inval_stag or 0:08x}{last}"
     if isinstance(h, ReadRequest):
         return (
@@ -317,7 +327,8 @@ def summary_line(rec: PduRecord) -> str:
             if io.p2p:
                 text += f" P2P RTR={_rtr(io.rtr)}"
     else:
-        crc = "" if rec.crc_ok is None else (" CRC ok" if rec.crc_ok else " CRC BAD")
+        ok = rec.crc_ok
+        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
         marks = f" markers={len(rec.marker_ptrs)}" if rec.marker_ptrs else ""
         text = f"MPA/DDP/RDMAP {_fields(rec)}{crc}{marks}"
     if rec.findings:
