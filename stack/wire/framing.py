@@ -19,14 +19,17 @@ form (:func:`_markers_in`) lets both directions compute an FPDU's wire length up
 so the receiver waits for whole FPDUs and never re-parses partial input.
 
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
-CRC32c over it once; with markers the payload is cut into 508-byte pieces in C
-(:mod:`struct`) and joined with zero markers whose FPDUPTR bytes are then written with
-two strided slice assignments.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks,
-joins only as many as the next FPDU needs (so input is not re-copied per FPDU, wsproto's
-``Buffer`` idea), checks the CRC over the contiguous wire bytes in one call and hands out
-``memoryview`` slices; without markers a ULPDU inside one received ``bytes`` chunk is not
-copied at all.  With markers, the FPDU is copied once into a 32-bit word array and every
-marker (one word each, 4-aligned) is removed by one strided deletion.
+CRC32c over it once.  With markers no Python object is made per marker or per 508-byte
+piece: the body is copied into a per-framer staging buffer placed so that marker positions
+fall on fixed offsets, and one ``join`` over fixed memoryviews of it (zero markers as the
+separator) lays out the FPDU; two strided slice assignments from precomputed tables then
+write the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks and hands out
+``memoryview`` slices; without markers a ULPDU inside one received chunk is not copied at
+all, and only an FPDU that straddles chunks is joined (input is never re-copied per FPDU,
+wsproto's ``Buffer`` idea).  With markers, the FPDU is copied once, straight from the
+chunks, into a 32-bit word array: the CRC is checked over it, the markers (one word every
+128, 4-aligned) are compared with a precomputed table in one go and removed by one strided
+deletion.  Marked FPDUs without an inner marker inside one chunk are not copied either.
 """
 
 from __future__ import annotations

@@ -523,3 +523,117 @@ def test_mpa_12_mutated_streams_are_detected_or_harmless(
     except ProtocolError as exc:
         assert exc.term in (TERM_LLP_CRC_ERROR, TERM_LLP_MARKER_MISMATCH)
     assert got == ulpdus[: len(got)]
+
+
+# -- marker fast paths: staged send, word-array receive ----------------------------------
+
+
+def test_mpa_07_one_framer_many_sizes_and_offsets_matches_reference() -> None:
+    """One framer (staging buffer and cached join pieces reused) over FPDUs of marker
+    counts 0..128 at drifting offsets, byte-exact against the byte-by-byte reference."""
+    rng = random.Random(7)
+    sizes = [0, 1, 502, 503, 506, 507, 1014, MULPDU_MAX - 1, MULPDU_MAX]
+    sizes += [rng.randrange(0, MULPDU_MAX) for _ in range(12)]
+    ulpdus = [rng.randbytes(n) for n in sizes]
+    for offset in (0, 4, 508):
+        framer = FpduFramer(markers=True, offset=offset)
+        stream = b"".join(bytes(framer.frame(u)) for u in ulpdus)
+        assert stream == reference_marker_stream(ulpdus, offset=offset)
+        deframer = FpduDeframer(markers=True, offset=offset)
+        deframer.feed(stream)
+        assert [bytes(u) for u in deframer] == ulpdus
+
+
+def test_mpa_02_framer_stage_follows_a_raised_max_ulpdu() -> None:
+    framer = FpduFramer(markers=True, max_ulpdu=600)
+    small = bytes(range(200)) * 3
+    first = bytes(framer.frame(small))
+    framer.max_ulpdu = 5000
+    big = bytes(range(250)) * 20
+    second = bytes(framer.frame(big))
+    assert first + second == reference_marker_stream([small, big])
+
+
+def test_mpa_07_framed_fpdus_are_independent_resizable_buffers() -> None:
+    framer = FpduFramer(markers=True)
+    a = framer.frame(b"a" * 3000)
+    b = framer.frame(b"b" * 3000)
+    assert bytes(a) + bytes(b) == reference_marker_stream([b"a" * 3000, b"b" * 3000])
+    a[:] = bytes(len(a))  # no view of the framer's staging buffer
+    a += b"more"  # no buffer export left on the result
+    assert bytes(b) == reference_marker_stream([b"a" * 3000, b"b" * 3000])[len(b) :]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(0, 6000), min_size=1, max_size=5),
+    crc_on=st.booleans(),
+    offset=st.integers(0, 127).map(lambda x: 4 * x),
+    cuts=st.lists(st.integers(1, 9), min_size=1, max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_mpa_10_marker_fast_paths_match_reference_under_small_chunks(
+    sizes: list[int], crc_on: bool, offset: int, cuts: list[int], seed: int
+) -> None:
+    """Differential: framer output equals the reference builder; the deframer recovers the
+    ULPDUs when FPDUs straddle many chunks of 1..9 bytes (the word array takes whole words,
+    carrying partial ones across chunks) and when they arrive whole."""
+    rng = random.Random(seed)
+    ulpdus = [rng.randbytes(n) for n in sizes]
+    framer = FpduFramer(crc=crc_on, markers=True, offset=offset)
+    stream = b"".join(bytes(framer.frame(u)) for u in ulpdus)
+    assert stream == reference_marker_stream(ulpdus, offset=offset, crc=crc_on)
+    deframer = FpduDeframer(crc=crc_on, markers=True, offset=offset)
+    got: list[memoryview] = []
+    pos = 0
+    step = 0
+    while pos < len(stream):
+        cut = cuts[step % len(cuts)] if step < 4 * len(cuts) else len(stream)
+        deframer.feed(stream[pos : pos + cut])
+        pos += cut
+        step += 1
+        got += list(deframer)
+    assert [bytes(u) for u in got] == ulpdus  # earlier views stay valid
+    assert deframer.pending == 0 and deframer.offset == offset + len(stream)
+    whole = FpduDeframer(crc=crc_on, markers=True, offset=offset)
+    whole.feed(stream)
+    assert [bytes(u) for u in whole] == ulpdus
+
+
+def test_mpa_06_marker_reserved_bits_ignored_on_receive() -> None:
+    stream = bytearray(reference_marker_stream([bytes(1500)], offset=8))
+    stream[504] = 0x80  # RESERVED of the first inner marker (at 512 - 8)
+    stream[-4:] = crc_field(stream[:-4])
+    deframer = FpduDeframer(markers=True, offset=8)
+    deframer.feed(bytes(stream))
+    assert one(deframer) == bytes(1500)
+
+
+@pytest.mark.parametrize("split", [0, 700])
+def test_mpa_12_crc_error_reports_received_and_computed(split: int) -> None:
+    stream = bytearray(reference_marker_stream([bytes(range(256)) * 4]))
+    stream[600] ^= 0x10
+    received = stream[-4:].hex()
+    deframer = FpduDeframer(markers=True)
+    if split:
+        deframer.feed(bytes(stream[:split]))
+        assert deframer.next_ulpdu() is None
+    deframer.feed(bytes(stream[split:]))
+    with pytest.raises(MpaError) as info:
+        deframer.next_ulpdu()
+    assert info.value.rule == "MPA-12" and info.value.term == TERM_LLP_CRC_ERROR
+    field = int.from_bytes(bytes.fromhex(received), "little")
+    assert f"received 0x{field:08X}" in str(info.value)
+    assert f"computed 0x{crc32c(stream[:-4]):08X}" in str(info.value)
+
+
+def test_mpa_08_straddling_fpdu_with_bad_marker_is_marker_mismatch() -> None:
+    stream = bytearray(reference_marker_stream([bytes(3000)], offset=256, crc=False))
+    stream[256 + 512 + 2] ^= 0x04  # second inner marker
+    deframer = FpduDeframer(crc=False, markers=True, offset=256)
+    deframer.feed(bytes(stream[:1000]))
+    deframer.feed(bytes(stream[1000:]))
+    with pytest.raises(MpaError) as info:
+        deframer.next_ulpdu()
+    assert info.value.rule == "MPA-08" and info.value.term == TERM_LLP_MARKER_MISMATCH
+    assert "expected 0x0300" in str(info.value)
