@@ -685,6 +685,8 @@ class _Half:
         self.aligned = False  # FPDU starts are known to be 4-aligned to seq_start
         self.seq = _Sequencer(known=False)  # True once Full Operation starts in view
         self.searched = 0
+        self._scan_base = -1
+        self._scan: dict[tuple[bool, bool], set[int] | int] = {}
         self.sent_request = False
         self.info = DirectionInfo()
 
@@ -1045,16 +1047,28 @@ class _Half:
         n = len(buf)
         base = self.base
         final = final or n >= _SEARCH_GIVE_UP
+        # What earlier passes over the same bytes ruled out (the bytes never change while
+        # searching): dead marker phases, and the first start not yet ruled out.  Keeps the
+        # search linear in the data however it arrives.
+        if self._scan_base != base:
+            self._scan_base = base
+            self._scan.clear()
         if markers:
             if self.aligned:
                 phases = [(self.seq_start - base) % MPA_MARKER_INTERVAL]
             else:
                 phases = list(range(min(MPA_MARKER_INTERVAL, n)))
+            dead = self._scan.setdefault((crc_on, True), set())
+            assert isinstance(dead, set)
             waiting = False
             best: tuple[int, int] | None = None
             for phase in phases:
+                if phase in dead:
+                    continue
                 res = self._try_phase(buf, phase, crc_on, final)
-                if res == "wait":
+                if res is None:
+                    dead.add(phase)
+                elif res == "wait":
                     waiting = True
                 elif isinstance(res, int):
                     # the markers only point at FPDUs they sit in: look for an earlier start
@@ -1069,12 +1083,16 @@ class _Half:
             return "wait" if waiting else None
         step = 4 if self.aligned else 1
         first = (self.seq_start - base) % 4 if self.aligned else 0
-        for start in range(first, max(first, n - 7), step):
+        resume = self._scan.get((crc_on, False), first)
+        assert isinstance(resume, int)
+        for start in range(resume, max(resume, n - 7), step):
             res = self._chain(buf, start, crc_on, False, 0, final)
             if res == "wait":
+                self._scan[(crc_on, False)] = start
                 return "wait"
             if res:
                 return start, base + start
+        self._scan[(crc_on, False)] = max(resume, n - 7 - (n - 7 - resume) % step)
         return "wait" if n < _SEARCH_GIVE_UP and not final else None
 
     def _try_phase(
