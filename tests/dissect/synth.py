@@ -10,10 +10,13 @@ bytes without recording them, for hand-made segmentation.
 from __future__ import annotations
 
 import io
+import struct
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stack.constants import RtrType
+from stack.dissect.pcapio import read_tcp_segments
 from stack.transport.pcap import ConnectionRecorder, Direction, PcapWriter
 from stack.wire.events import IrdOrd, MpaFrame, RdmapMessage
 from stack.wire.framing import FpduFramer
@@ -146,3 +149,23 @@ class CaptureBuilder:
     def data(self) -> bytes:
         self.writer.flush()
         return self.out.getvalue()
+
+
+def rewrite(data: bytes, keep: Callable[[int, bytes], bytes | None]) -> bytes:
+    """Re-emit a pcap, passing each (1-based frame number, frame bytes) through ``keep``."""
+    out = bytearray(data[:24])
+    pos = 24
+    number = 0
+    while pos < len(data):
+        sec, usec, incl, _orig = struct.unpack_from("<IIII", data, pos)
+        frame = data[pos + 16 : pos + 16 + incl]
+        pos += 16 + incl
+        number += 1
+        new = keep(number, frame)
+        if new is not None:
+            out += struct.pack("<IIII", sec, usec, len(new), len(new)) + new
+    return bytes(out)
+
+
+def frames_with_payload(data: bytes) -> list[int]:
+    return [s.frame for s in read_tcp_segments(data) if len(s.payload)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -47,7 +46,14 @@ from stack.wire.events import (
 )
 from stack.wire.framing import FpduFramer
 from stack.wire.rdmap import build_terminate, decode_ulpdu
-from tests.dissect.synth import I2R, R2I, CaptureBuilder, Conn
+from tests.dissect.synth import (
+    I2R,
+    R2I,
+    CaptureBuilder,
+    Conn,
+    frames_with_payload,
+    rewrite,
+)
 
 # ======================================================================================
 # helpers
@@ -64,26 +70,6 @@ def run(data: bytes, options: DissectOptions | None = None) -> tuple[list[PduRec
 
 def fpdus(recs: list[PduRecord]) -> list[PduRecord]:
     return [r for r in recs if r.kind == "fpdu"]
-
-
-def rewrite(data: bytes, keep: Callable[[int, bytes], bytes | None]) -> bytes:
-    """Re-emit a pcap, passing each (1-based frame number, frame bytes) through ``keep``."""
-    out = bytearray(data[:24])
-    pos = 24
-    number = 0
-    while pos < len(data):
-        sec, usec, incl, _orig = struct.unpack_from("<IIII", data, pos)
-        frame = data[pos + 16 : pos + 16 + incl]
-        pos += 16 + incl
-        number += 1
-        new = keep(number, frame)
-        if new is not None:
-            out += struct.pack("<IIII", sec, usec, len(new), len(new)) + new
-    return bytes(out)
-
-
-def frames_with_payload(data: bytes) -> list[int]:
-    return [s.frame for s in read_tcp_segments(data) if len(s.payload)]
 
 
 EVERY_OPCODE = [

@@ -44,7 +44,7 @@ from stack.wire.events import (
 )
 from stack.wire.framing import FpduFramer
 from stack.wire.rdmap import build_terminate, encode_message
-from tests.dissect.synth import I2R, R2I, CaptureBuilder
+from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
 
 pytestmark = pytest.mark.tshark
 
@@ -386,8 +386,6 @@ def test_multi_marker_asymmetric_reply_segment_and_mid_stream_known_content(
     # mid-stream: drop everything up to the first data frame of the Write
     data = path.read_bytes()
     frames = [s.frame for s in read_tcp_segments(data) if len(s.payload)]
-    from tests.dissect.test_stream import rewrite
-
     cut = frames[3]
     partial = tmp_path / "partial.pcap"
     partial.write_bytes(rewrite(data, lambda n, f: f if n >= cut else None))
