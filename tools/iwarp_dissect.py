@@ -144,6 +144,9 @@ class _Printer:
         self.pdus = 0
         self.limit = args.count
         self.lines: list[str] = []
+        self.plain = not (
+            args.json or args.verbose or args.quiet or args.filter or args.stats or args.count
+        )
 
     @property
     def done(self) -> bool:
@@ -152,6 +155,19 @@ class _Printer:
     def emit(self, items: list[PduRecord | Note]) -> None:
         args = self.args
         lines = self.lines
+        if self.plain:  # default output, nothing to filter or count: the bulk path
+            for item in items:
+                if type(item) is PduRecord:
+                    lines.append(summary_line(item))
+                    self.pdus += 1
+                    if item.findings:
+                        self.with_findings += 1
+                elif not args.no_notes:
+                    lines.append(note_line(item))  # type: ignore[arg-type]
+            self.shown = self.pdus
+            if len(lines) > 512:
+                self.flush()
+            return
         for item in items:
             if self.done:
                 return
