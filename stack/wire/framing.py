@@ -21,9 +21,9 @@ so the receiver waits for whole FPDUs and never re-parses partial input.
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
 CRC32c over it once.  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
-fall on fixed offsets, and one ``join`` over fixed memoryviews of it (zero markers as the
-separator) lays out the FPDU; two strided slice assignments from precomputed tables then
-write the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks and hands out
+fall on fixed offsets, and one ``join`` over fixed memoryviews of it (a marker as the
+separator) lays out the FPDU; one strided slice assignment from a precomputed table then
+completes the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks and hands out
 ``memoryview`` slices; without markers a ULPDU inside one received chunk is not copied at
 all, and only an FPDU that straddles chunks is joined (input is never re-copied per FPDU,
 wsproto's ``Buffer`` idea).  With markers, the FPDU is copied once, straight from the
@@ -79,9 +79,9 @@ _MAX_LENGTH_FIELD = 0xFFFF
 # Marker writes and checks never build per-marker objects.  The FPDUPTR of the k-th marker
 # in an FPDU is first + 512k (``first``: distance from the length field, 4..508, a multiple of
 # 4), so for every ``first`` the markers of the largest FPDU are precomputed once:
-# ``_MARKERS[first >> 2]`` holds them back to back (RESERVED 0, MPA-06), and _PTR_HIGH /
-# _PTR_LOW their FPDUPTR bytes.  Entry 0 (no FPDU has first == 0) is a leading marker
-# (FPDUPTR 0) followed by the markers of an FPDU that starts right after it (first == 508).
+# ``_MARKERS[first >> 2]`` holds them back to back (RESERVED 0, MPA-06).  Entry 0 (no FPDU
+# has first == 0) is a leading marker (FPDUPTR 0) followed by the markers of an FPDU that
+# starts right after it (first == 508).
 _MAX_MARKERS = 2 + ((MPA_LENGTH_LEN + _MAX_LENGTH_FIELD + 3) & ~3) // _MARKER_DATA
 
 
@@ -93,11 +93,13 @@ def _marker_table(first: int) -> bytes:
 
 
 _MARKERS = tuple(_marker_table(first) for first in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN))
-_PTR_HIGH = tuple(bytearray(table[2::MPA_MARKER_LEN]) for table in _MARKERS)  # bytearray:
-_PTR_LOW = tuple(bytearray(table[3::MPA_MARKER_LEN]) for table in _MARKERS)  # no copy on write
+# For framing: the FPDUPTR low byte is that of ``first`` for all markers of an FPDU, so the
+# markers ``join`` puts between the pieces carry it already (_SEPARATORS), and only the
+# high bytes are written afterwards (_PTR_HIGH; bytearray: no conversion when assigned).
+_SEPARATORS = tuple(bytearray(3) + table[3:4] for table in _MARKERS)
+_PTR_HIGH = tuple(bytearray(table[2::MPA_MARKER_LEN]) for table in _MARKERS)
 _FPDUPTR_LOW_MASK = MPA_FPDUPTR_MASK & 0xFF
-_MARKER_SEP = bytearray(MPA_MARKER_LEN)  # join separator: a zero marker (never mutated)
-_PAD_AND_CRC = tuple(bytes(pad + MPA_CRC_LEN) for pad in range(4))  # zero PAD + CRC slot
+_PAD_AND_CRC = struct.Struct(f"{3 + MPA_CRC_LEN + 1}x")  # zeroes PAD, CRC slot and slack
 # Receive geometry per stream offset mod 512 (index ``offset % 512 >> 2``): leading marker
 # length (4 at a marker position), distance from the length field to the first inner marker,
 # and the _MARKERS entry (0 when there is a leading marker).
@@ -107,8 +109,8 @@ _RX_GEOMETRY = tuple(
     else (MPA_MARKER_LEN, _MARKER_DATA, 0)
     for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN)
 )
-_STAGE_SLACK = MPA_MARKER_INTERVAL + MPA_LENGTH_LEN + 3 + MPA_CRC_LEN  # stage bytes beyond a ULPDU
-_TxGeometry = tuple[int, int, memoryview, int, int, bytearray, bytearray]  # FpduFramer._grow_stage
+_STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a ULPDU
+_TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
 _WORD = next(code for code in "IHLB" if array(code).itemsize == MPA_MARKER_LEN)
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
 
@@ -244,16 +246,17 @@ class FpduFramer:
         The body (length, ULPDU, PAD) and a zero CRC slot are copied into the staging buffer
         at the length field's stream offset mod 512 (4 if that is a marker position), so the
         FPDU's marker positions fall on ``4 + 508k`` there whatever the offset.  The runs
-        between them are fixed memoryviews made once per framer, and one ``join`` with a
-        zero-marker separator lays out the whole FPDU with no per-marker Python objects
-        (``stage[0:4]`` is never written: it is the leading marker when there is one).  The
-        FPDUPTR bytes are then written by two strided slice assignments (MPA-08; RESERVED
-        stays zero, MPA-06), and the CRC over it all.
+        between them are fixed memoryviews made once per framer, and one ``join`` lays out
+        the whole FPDU with no per-marker Python objects; its separator is a marker with
+        RESERVED 0 (MPA-06) and the FPDUPTR low byte, which is the same for all markers of
+        the FPDU, and one strided slice assignment writes the high bytes (MPA-08).  Then the
+        CRC over it all.  ``stage[0:4]`` is never written: it is the leading marker (FPDUPTR
+        0) when there is one.
         """
         stage = self._stage
         if len(stage) < n + _STAGE_SLACK:
             stage = self._grow_stage(n + _STAGE_SLACK)
-        at, start, head, high_at, low_at, high, low = self._geometry[
+        at, start, head, separator, high_at, high = self._geometry[
             (self.offset % MPA_MARKER_INTERVAL) >> 2
         ]
         end = at + MPA_LENGTH_LEN + n
@@ -264,7 +267,7 @@ class FpduFramer:
             view[at + MPA_LENGTH_LEN : end] = ulpdu  # one copy (bytearray slicing makes two)
         except (TypeError, ValueError):  # a buffer of another format
             stage[at + MPA_LENGTH_LEN : end] = ulpdu
-        view[end : body_end + MPA_CRC_LEN] = _PAD_AND_CRC[body_end - end]
+        _PAD_AND_CRC.pack_into(stage, end)  # zero PAD and CRC slot (and up to 4 bytes more)
         # A marker position at body_end sits between PAD and CRC and is covered by the CRC.
         count = (body_end - MPA_MARKER_LEN) // _MARKER_DATA
         if count:
@@ -273,11 +276,10 @@ class FpduFramer:
                 pieces = self._stage_pieces[count] = [head, *self._stage_runs[: count - 1], head]
             pieces[0] = head
             pieces[-1] = view[MPA_MARKER_LEN + _MARKER_DATA * count : body_end + MPA_CRC_LEN]
-            out = _MARKER_SEP.join(pieces)
+            out = separator.join(pieces)
             # Exactly ``count`` marker positions lie in out[high_at - 2:], as fewer than 512
             # bytes follow the last one.
             out[high_at::MPA_MARKER_INTERVAL] = high[:count]
-            out[low_at::MPA_MARKER_INTERVAL] = low[:count]
         else:
             out = stage[start : body_end + MPA_CRC_LEN]
         if self.crc:
@@ -286,19 +288,16 @@ class FpduFramer:
         return out
 
     def _grow_stage(self, size: int) -> bytearray:
-        """(Re)allocate the staging buffer for bodies up to ``max(size, max_ulpdu)``, with
+        """(Re)allocate the staging buffer: ``size`` bytes, or twice the old size up to what
+        ``max_ulpdu`` needs (it grows with the FPDUs actually framed), with
         its 508-byte runs and, per stream offset mod 512 (index ``offset % 512 >> 2``), the
         FPDU geometry: where the length field goes in the stage, where the FPDU starts
         there, the view before the first marker position (the first ``join`` piece), the
-        offsets in the FPDU of the first marker's two FPDUPTR bytes, and their tables.
+        ``join`` separator, and the offset in the FPDU of the first marker's FPDUPTR high
+        byte with the table of high bytes.
         """
-        size = max(size, self.max_ulpdu + _STAGE_SLACK)
+        size = max(size, min(2 * len(self._stage), self.max_ulpdu + _STAGE_SLACK))
         self._stage_pieces.clear()
-        for geometry in self._geometry:
-            geometry[2].release()
-        for run in self._stage_runs:
-            run.release()
-        self._stage_view.release()
         stage = self._stage = bytearray(size)
         view = self._stage_view = memoryview(stage)
         self._stage_runs = tuple(
@@ -317,10 +316,9 @@ class FpduFramer:
                     at,
                     start,
                     view[start:MPA_MARKER_INTERVAL],
+                    _SEPARATORS[index],
                     mark + 2,
-                    mark + 3,
                     _PTR_HIGH[index],
-                    _PTR_LOW[index],
                 )
             )
         self._geometry = tuple(geometry)
