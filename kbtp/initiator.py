@@ -1,0 +1,708 @@
+"""The KBTP initiator on the software RNIC over trio TCP (docs/kbtp.md §4, §6, §9.2).
+
+Theory of operation
+-------------------
+:class:`KbtpInitiator` wraps the sans-IO :class:`~kbtp.initiator_core.InitiatorCore` around
+one QP:
+
+* **Session.**  ``KbtpInitiator.connect(host, port, identity)`` is an async context
+  manager: TCP + MPA (the initiator is the MPA Initiator, RFC 6581 enhanced startup), one
+  receive posted for HELLO_ACK, HELLO sent, HELLO_ACK awaited (a refusal raises
+  :class:`HelloRefused`); then Request Credits receives stay posted for COMPLETIONs.
+* **Requests.**  ``load``, ``store``, ``alloc_store``, ``free``, ``bind`` (and the general
+  ``request``) may be awaited from many tasks at once: the core assigns Request IDs and
+  keeps at most Request Credits requests outstanding; the rest wait in order and go out as
+  COMPLETIONs return credits (pipelining).  Each data buffer is registered for the one
+  request (REMOTE_WRITE for a LOAD's destination, REMOTE_READ for a store's source) and
+  deregistered when it completes; ``invalidate=True`` asks the target to invalidate it
+  with the COMPLETION (Send with Invalidate).
+* **Direct modes.**  ``direct_load`` and ``direct_alloc`` run the
+  :class:`~kbtp.initiator_core.DirectLoad` / :class:`~kbtp.initiator_core.DirectAlloc`
+  step machines: each named RDMA Read, FetchAdd or RDMA Write is posted, awaited, and fed
+  back (draft §6.6).  Slot reads back off while the slot is not yet filled.
+* **Errors.**  A COMPLETION with a status other than SUCCESS raises
+  :class:`KbtpStatusError` (``.status``, ``.completion``) unless ``check=False``.  When the
+  connection ends (FIN, a Terminate, a protection error), everything outstanding and every
+  later call raises :class:`SessionClosed`.
+* **Statistics.**  ``stats`` counts operations and octets per (operation, status).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from kbtp.constants import (
+    HELLO_ACK_LEN,
+    Capability,
+    MessageOpcode,
+    RequestFlag,
+    Status,
+)
+from kbtp.initiator_core import (
+    AllocState,
+    DirectAlloc,
+    DirectLoad,
+    DirectOp,
+    FetchAddOp,
+    InitiatorCore,
+    ReadOp,
+    RequestCompleted,
+    SessionReady,
+    SessionRefused,
+)
+from kbtp.messages import (
+    AllocStore,
+    Bind,
+    Completion,
+    DataDescriptor,
+    Free,
+    HelloAck,
+    KbtpError,
+    Load,
+    Request,
+    Store,
+    inline_descriptor,
+)
+from stack.errors import IwarpError, LocalError
+from stack.rnic import (
+    Access,
+    MemoryRegion,
+    QpCap,
+    QpState,
+    RecvWR,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
+from stack.transport.cm import ConnectionManager, TapFactory
+from stack.transport.driver import RdmaConnection
+from stack.wire.events import MpaSettings
+
+_LE64 = struct.Struct("<Q")
+_HELLO_SLOT = -1
+RECEIVE_SIZE = HELLO_ACK_LEN
+"""Initiator receive buffers hold a HELLO_ACK (136 octets) or a COMPLETION (40)."""
+DIRECT_LOAD_ATTEMPTS = 3
+"""DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
+
+
+class KbtpStatusError(IwarpError):
+    """A KBTP request completed with an error status (docs/kbtp.md §7).
+
+    Fields: ``status`` (:class:`Status`), ``completion`` (the COMPLETION, None for errors
+    found locally), ``request``.
+    """
+
+    def __init__(
+        self,
+        status: Status,
+        detail: str,
+        *,
+        completion: Completion | None = None,
+        request: Request | None = None,
+    ) -> None:
+        self.status = Status(status)
+        self.completion = completion
+        self.request = request
+        super().__init__(f"{self.status.name} ({int(self.status)}): {detail}")
+
+
+class HelloRefused(KbtpStatusError):
+    """HELLO_ACK carried an error status (UNKNOWN_INITIATOR, SESSION_EXISTS, ...)."""
+
+    def __init__(self, ack: HelloAck) -> None:
+        super().__init__(Status(ack.status), "the target refused the session")
+        self.ack = ack
+
+
+class SessionClosed(IwarpError):
+    """The connection to the target has ended.  Fields: ``terminate`` (the target's
+    Terminate, if it sent one), ``cause`` (the transport's error, if any)."""
+
+    def __init__(self, reason: str, terminate: object = None, cause: object = None) -> None:
+        self.terminate = terminate
+        self.cause = cause
+        super().__init__(reason)
+
+
+@dataclass(slots=True)
+class OpStats:
+    """Operations and octets of one (operation, status) pair."""
+
+    count: int = 0
+    octets: int = 0
+
+
+class _Waiter:
+    """One awaited result: a COMPLETION, a one-sided operation's WC, or an error."""
+
+    __slots__ = ("event", "completion", "wc", "error", "invalidated")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.completion: Completion | None = None
+        self.wc: WorkCompletion | None = None
+        self.error: Exception | None = None
+        self.invalidated: int | None = None
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def _registrable(data: Any) -> memoryview:
+    """A writable, contiguous byte view of ``data`` (copied if it is read-only)."""
+    view = memoryview(data)
+    if view.readonly or not view.c_contiguous:
+        return memoryview(bytearray(view.tobytes()))
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class KbtpInitiator:
+    """One KBTP session with a target (see the module docstring).
+
+    Attributes once connected: ``ack`` (the HELLO_ACK: block size, quota, handle range,
+    credits, STags), ``granted`` (capabilities), ``qp``, ``conn``, ``stats``.
+    """
+
+    def __init__(
+        self,
+        identity: bytes,
+        capabilities: Capability = Capability.NONE,
+        *,
+        rnic: Rnic | None = None,
+        ird: int = 16,
+        ord: int = 16,
+    ) -> None:
+        self.identity = identity
+        self.core = InitiatorCore(identity, capabilities)
+        self.rnic = rnic or Rnic("kbtp-initiator")
+        self.pd = self.rnic.alloc_pd()
+        self.cq = self.rnic.create_cq(8192)
+        self.qp = self.rnic.create_qp(
+            self.pd, self.cq, cap=QpCap(max_send_wr=1024, max_recv_wr=1024), ird=ird, ord=ord
+        )
+        self.conn: RdmaConnection | None = None
+        self.ack: HelloAck | None = None
+        self.stats: dict[tuple[str, str], OpStats] = {}
+        self.direct_alloc_disabled = False
+        self._hello: _Waiter | None = None
+        self._requests: dict[int, _Waiter] = {}
+        self._ops: dict[int, _Waiter] = {}
+        self._wr_ids = itertools.count(1)
+        self._recv_mr: MemoryRegion | None = None
+        self._hello_mr: MemoryRegion | None = None
+        self._closed: SessionClosed | None = None
+
+    # ----------------------------------------------------------------------------------
+    # session
+    # ----------------------------------------------------------------------------------
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        identity: bytes | str,
+        *,
+        capabilities: Capability = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC,
+        settings: MpaSettings | None = None,
+        rnic: Rnic | None = None,
+        tap_factory: TapFactory | None = None,
+    ) -> AsyncIterator[KbtpInitiator]:
+        """Connect, say HELLO and yield the ready session; leaving the block disconnects."""
+        if isinstance(identity, str):
+            identity = identity.encode()
+        settings = settings or MpaSettings()
+        self = cls(identity, capabilities, rnic=rnic, ird=settings.ird, ord=settings.ord)
+        async with ConnectionManager.open(self.rnic, tap_factory=tap_factory) as cm:
+            hello_mr = self.pd.reg_mr(bytearray(RECEIVE_SIZE), Access.LOCAL_WRITE)
+            self._hello_mr = hello_mr
+            hello_sge = Sge(hello_mr.base, RECEIVE_SIZE, hello_mr.lkey)
+            self.qp.post_recv(RecvWR(_HELLO_SLOT, (hello_sge,)))
+            self.conn = await cm.connect(host, port, self.qp, settings=settings)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump)
+                nursery.start_soon(self._watch, self.conn)
+                try:
+                    await self._say_hello()
+                    hello_mr.dereg()
+                    yield self
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self.aclose()
+                    nursery.cancel_scope.cancel()
+
+    async def _say_hello(self) -> None:
+        self._hello = _Waiter()
+        hello = self.core.hello()
+        self.qp.post_send(SendWR(0, WrOpcode.SEND, inline_data=hello, send_flags=SendFlags.NONE))
+        await self._hello.wait()
+        ack = self.ack
+        assert ack is not None
+        if ack.status != Status.SUCCESS:
+            raise HelloRefused(ack)
+        credits = ack.request_credits
+        self._recv_mr = self.pd.reg_mr(bytearray(credits * RECEIVE_SIZE), Access.LOCAL_WRITE)
+        self.qp.post_recv([self._recv_wr(slot) for slot in range(credits)])
+
+    async def aclose(self) -> None:
+        """Disconnect gracefully (outstanding requests then fail with SessionClosed)."""
+        if self.conn is not None:
+            with trio.move_on_after(5):
+                await self.conn.disconnect()
+        self._lost("the initiator closed the session")
+
+    @property
+    def granted(self) -> Capability:
+        return Capability(self.ack.capabilities) if self.ack else Capability.NONE
+
+    @property
+    def block_size(self) -> int:
+        return self.ack.block_size if self.ack else 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _recv_wr(self, slot: int) -> RecvWR:
+        mr = self._recv_mr
+        assert mr is not None
+        return RecvWR(slot, (Sge(mr.base + slot * RECEIVE_SIZE, RECEIVE_SIZE, mr.lkey),))
+
+    # ----------------------------------------------------------------------------------
+    # the completion pump
+    # ----------------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        while True:
+            wc = await self.cq.next()
+            self._on_wc(wc)
+            for wc in self.cq.poll(256):
+                self._on_wc(wc)
+            self._flush()
+
+    async def _watch(self, conn: RdmaConnection) -> None:
+        await conn.wait_closed()
+        self._lost("connection closed")
+
+    def _on_wc(self, wc: WorkCompletion) -> None:
+        if wc.opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
+            if wc.status is not WcStatus.SUCCESS:
+                self._lost(f"receive failed: {wc.status.value}")
+                return
+            if wc.wr_id == _HELLO_SLOT:
+                assert self._hello_mr is not None
+                data = bytes(self._hello_mr.buf[: wc.byte_len])
+            else:
+                assert self._recv_mr is not None
+                start = wc.wr_id * RECEIVE_SIZE
+                data = bytes(self._recv_mr.buf[start : start + wc.byte_len])
+                self.qp.post_recv(self._recv_wr(wc.wr_id))
+            self._on_message(data, wc.invalidated_rkey)
+            return
+        waiter = self._ops.pop(wc.wr_id, None)
+        if waiter is not None:
+            waiter.wc = wc
+            if wc.status is not WcStatus.SUCCESS:
+                waiter.error = self._closed_error(f"{wc.opcode.value} failed: {wc.status.value}")
+            waiter.event.set()
+        elif wc.status is not WcStatus.SUCCESS:
+            self._lost(f"{wc.opcode.value} failed: {wc.status.value}")
+
+    def _on_message(self, data: bytes, invalidated: int | None) -> None:
+        try:
+            events = self.core.on_message(data)
+        except KbtpError as exc:
+            self._lost(f"protocol error from the target: {exc}")
+            if self.conn is not None:
+                self.conn.endpoint.fail(exc, offending=False)
+                if self.qp.on_output is not None:
+                    self.qp.on_output()
+            return
+        for event in events:
+            if isinstance(event, SessionReady | SessionRefused):
+                self.ack = event.ack
+                if self._hello is not None:
+                    self._hello.event.set()
+            elif isinstance(event, RequestCompleted):
+                waiter = self._requests.pop(event.request.request_id, None)
+                if waiter is not None:
+                    waiter.completion = event.completion
+                    waiter.invalidated = invalidated
+                    waiter.event.set()
+
+    def _flush(self) -> None:
+        """Send the requests the credits allow (docs/kbtp.md §9.2)."""
+        if self._closed is not None or self.qp.state is not QpState.RTS:
+            return
+        out = self.core.outgoing()
+        if out:
+            self.qp.post_send(
+                [SendWR(0, WrOpcode.SEND, inline_data=d, send_flags=SendFlags.NONE) for d in out]
+            )
+
+    def _closed_error(self, reason: str) -> SessionClosed:
+        return SessionClosed(
+            f"KBTP session with the target ended: {reason}",
+            terminate=self.qp.peer_terminate,
+            cause=self.conn.error if self.conn is not None else None,
+        )
+
+    def _lost(self, reason: str) -> None:
+        if self._closed is None:
+            self._closed = self._closed_error(reason)
+        for waiter in [*self._requests.values(), *self._ops.values()]:
+            waiter.error = self._closed
+            waiter.event.set()
+        self._requests.clear()
+        self._ops.clear()
+        if self._hello is not None and not self._hello.event.is_set():
+            self._hello.error = self._closed
+            self._hello.event.set()
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+        if self.ack is None:
+            raise LocalError("no session: HELLO_ACK not received")
+
+    # ----------------------------------------------------------------------------------
+    # requests
+    # ----------------------------------------------------------------------------------
+    async def request(self, request: Request, *, check: bool = True) -> Completion:
+        """Send ``request`` (its Request ID is assigned here) and await its COMPLETION."""
+        self._check_open()
+        waiter = _Waiter()
+        rid = self.core.submit(request)
+        self._requests[rid] = waiter
+        self._flush()
+        try:
+            await waiter.wait()
+        except SessionClosed:
+            self._count(request.opcode.name, "SESSION_CLOSED", 0)
+            raise
+        completion = waiter.completion
+        assert completion is not None
+        status = _status_name(completion.status)
+        self._count(request.opcode.name, status, _octets(request, completion))
+        if completion.status == Status.TICKET_ABANDONED:
+            self.direct_alloc_disabled = True  # docs/kbtp.md §4.4: its STags are invalid
+        if check and completion.status != Status.SUCCESS:
+            raise KbtpStatusError(
+                Status(completion.status) if completion.status in _STATUSES else Status.MALFORMED,
+                f"{request.opcode.name} of handle 0x{request.handle:x}",
+                completion=completion,
+                request=request,
+            )
+        return completion
+
+    def _count(self, op: str, status: str, octets: int) -> None:
+        entry = self.stats.setdefault((op, status), OpStats())
+        entry.count += 1
+        entry.octets += octets
+
+    async def _with_buffer(
+        self, request: Request, mr: MemoryRegion | None, check: bool
+    ) -> Completion:
+        try:
+            return await self.request(request, check=check)
+        finally:
+            if mr is not None:
+                mr.dereg()
+
+    async def load_into(
+        self,
+        handle: int,
+        buffer: Any,
+        *,
+        generation: int = 0,
+        allow_unsealed: bool = False,
+        invalidate: bool = False,
+        check: bool = True,
+    ) -> Completion:
+        """LOAD ``handle`` into ``buffer`` (draft §6.1); Data Length is in the COMPLETION."""
+        self._check_open()
+        view = memoryview(buffer)
+        if view.readonly or not view.c_contiguous:
+            raise LocalError("a LOAD needs a writable, contiguous buffer")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        mr = self.pd.reg_mr(view, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        flags = RequestFlag.NONE
+        if allow_unsealed:
+            flags |= RequestFlag.ALLOW_UNSEALED
+        if invalidate:
+            flags |= RequestFlag.INVALIDATE
+        req = Load(0, handle, DataDescriptor(mr.rkey, mr.base, len(view)), generation, flags)
+        return await self._with_buffer(req, mr, check)
+
+    async def load(
+        self,
+        handle: int,
+        *,
+        generation: int = 0,
+        allow_unsealed: bool = False,
+        max_length: int | None = None,
+        invalidate: bool = False,
+    ) -> bytes:
+        """LOAD ``handle`` (draft §6.1) and return its Data Length octets."""
+        self._check_open()
+        buffer = bytearray(self.block_size if max_length is None else max_length)
+        completion = await self.load_into(
+            handle,
+            buffer,
+            generation=generation,
+            allow_unsealed=allow_unsealed,
+            invalidate=invalidate,
+        )
+        return bytes(buffer[: completion.data_length])
+
+    def _store_request(
+        self,
+        cls: type[Store] | type[AllocStore],
+        handle: int,
+        data: Any,
+        generation: int,
+        seal: bool,
+        inline: bool | None,
+        invalidate: bool,
+    ) -> tuple[Store | AllocStore, MemoryRegion | None]:
+        assert self.ack is not None
+        size = memoryview(data).nbytes
+        if inline is None:
+            inline = size <= self.ack.max_inline and not invalidate
+        flags = RequestFlag.SEAL if seal else RequestFlag.NONE
+        if invalidate:
+            flags |= RequestFlag.INVALIDATE
+        if inline:
+            payload = bytes(data)
+            descriptor = inline_descriptor(payload)
+            return cls(0, handle, descriptor, payload, generation, flags | RequestFlag.INLINE), None
+        view = _registrable(data)
+        mr = self.pd.reg_mr(view, Access.REMOTE_READ)
+        descriptor = DataDescriptor(mr.rkey, mr.base, len(view))
+        return cls(0, handle, descriptor, b"", generation, flags), mr
+
+    async def store(
+        self,
+        handle: int,
+        data: Any,
+        *,
+        generation: int = 0,
+        seal: bool = False,
+        inline: bool | None = None,
+        invalidate: bool = False,
+        check: bool = True,
+    ) -> Completion:
+        """STORE ``data`` into bound ``handle`` (draft §6.2).
+
+        ``inline`` None: inline when the data fits Max Inline (no RDMA Read round trip).
+        A writable buffer is read by the target in place; bytes are copied once.
+        """
+        self._check_open()
+        req, mr = self._store_request(Store, handle, data, generation, seal, inline, invalidate)
+        return await self._with_buffer(req, mr, check)
+
+    async def alloc_store(
+        self,
+        handle: int,
+        data: Any,
+        *,
+        generation: int = 0,
+        seal: bool = False,
+        inline: bool | None = None,
+        invalidate: bool = False,
+        check: bool = True,
+    ) -> Completion:
+        """ALLOC_STORE ``data`` into unbound ``handle`` (draft §6.3); see :meth:`store`."""
+        self._check_open()
+        req, mr = self._store_request(
+            AllocStore, handle, data, generation, seal, inline, invalidate
+        )
+        return await self._with_buffer(req, mr, check)
+
+    async def free(self, handle: int, *, generation: int = 0, check: bool = True) -> Completion:
+        """FREE ``handle`` (draft §6.4)."""
+        return await self.request(Free(0, handle, generation), check=check)
+
+    # ----------------------------------------------------------------------------------
+    # direct modes (draft §6.6)
+    # ----------------------------------------------------------------------------------
+    async def one_sided(self, op: DirectOp) -> int | bytes:
+        """Perform one RDMA Read, FetchAdd or RDMA Write at the target and await it.
+
+        Returns the octets read, the FetchAdd's original value, or ``b""`` for a Write.
+        """
+        self._check_open()
+        wr_id = next(self._wr_ids)
+        mr: MemoryRegion | None = None
+        if isinstance(op, ReadOp):
+            mr = self.pd.reg_mr(bytearray(op.length), Access.LOCAL_WRITE)
+            wr = SendWR(
+                wr_id,
+                WrOpcode.RDMA_READ,
+                (Sge(mr.base, op.length, mr.lkey),),
+                rkey=op.stag,
+                remote_addr=op.to,
+            )
+        elif isinstance(op, FetchAddOp):
+            mr = self.pd.reg_mr(bytearray(8), Access.LOCAL_WRITE)
+            wr = SendWR(
+                wr_id,
+                WrOpcode.ATOMIC_FETCH_AND_ADD,
+                (Sge(mr.base, 8, mr.lkey),),
+                rkey=op.stag,
+                remote_addr=op.to,
+                compare_add=op.add,
+                compare_add_mask=op.mask,
+            )
+        else:
+            wr = SendWR(
+                wr_id, WrOpcode.RDMA_WRITE, inline_data=op.data, rkey=op.stag, remote_addr=op.to
+            )
+        waiter = _Waiter()
+        self._ops[wr_id] = waiter
+        try:
+            self.qp.post_send(wr)
+            await waiter.wait()
+            if isinstance(op, ReadOp):
+                assert mr is not None
+                return bytes(mr.buf)
+            if isinstance(op, FetchAddOp):
+                assert mr is not None
+                return _LE64.unpack(mr.buf)[0]
+            return b""
+        finally:
+            self._ops.pop(wr_id, None)
+            if mr is not None:
+                mr.dereg()
+
+    async def direct_load(
+        self, handle: int, *, max_length: int | None = None, attempts: int = DIRECT_LOAD_ATTEMPTS
+    ) -> bytes:
+        """DIRECT_LOAD (draft §6.6): entry, block, entry by RDMA Read; no target CPU.
+
+        Retries when the entry changed between its reads; raises :class:`KbtpStatusError`
+        (NOT_VALID, NOT_SEALED, TOO_LONG_FOR_DESCRIPTOR, or NOT_OFFERED) when the block
+        cannot be loaded this way.
+        """
+        self._check_open()
+        assert self.ack is not None
+        if not self.granted & Capability.DIRECT_LOAD:
+            raise KbtpStatusError(Status.NOT_OFFERED, "DIRECT_LOAD was not granted")
+        if not 0 <= handle - self.ack.table_base_handle:
+            raise KbtpStatusError(Status.HANDLE_OUT_OF_RANGE, f"handle 0x{handle:x}")
+        reason = ""
+        for _ in range(max(1, attempts)):
+            load = DirectLoad(self.ack, handle, max_length)
+            while (op := load.next_op()) is not None:
+                load.feed(await self.one_sided(op))  # type: ignore[arg-type]
+            if load.data is not None:
+                self._count("DIRECT_LOAD", "SUCCESS", len(load.data))
+                return load.data
+            reason = load.reason
+            first = load.first
+            status = Status.SUCCESS
+            if first is not None and not first.valid:
+                status = Status.NOT_VALID
+            elif first is not None and not first.sealed:
+                status = Status.NOT_SEALED
+            elif "longer" in reason:
+                status = Status.TOO_LONG_FOR_DESCRIPTOR
+            if status is not Status.SUCCESS:
+                self._count("DIRECT_LOAD", status.name, 0)
+                raise KbtpStatusError(status, f"DIRECT_LOAD of handle 0x{handle:x}: {reason}")
+        self._count("DIRECT_LOAD", "RETRIES_EXHAUSTED", 0)
+        raise KbtpStatusError(Status.NOT_VALID, f"DIRECT_LOAD of handle 0x{handle:x}: {reason}")
+
+    async def reserve(self, data: Any) -> DirectAlloc:
+        """DIRECT_ALLOC steps 1-3 (draft §6.6): FetchAdd Head, read the slot until it holds
+        the ticket (confirmed by a second read), RDMA Write the data into the block.
+
+        Returns the step machine in state BIND; :meth:`bind` completes it.  Raises
+        :class:`KbtpStatusError` TICKET_ABANDONED if the ticket was reclaimed, or if the
+        slot was not filled within the Ticket Timeout.
+        """
+        self._check_open()
+        assert self.ack is not None
+        if not self.granted & Capability.DIRECT_ALLOC:
+            raise KbtpStatusError(Status.NOT_OFFERED, "DIRECT_ALLOC was not granted")
+        if self.direct_alloc_disabled:
+            raise KbtpStatusError(
+                Status.TICKET_ABANDONED, "direct allocation ended for this session (§6.7)"
+            )
+        payload = bytes(data)
+        if len(payload) > self.ack.block_size:
+            raise KbtpStatusError(
+                Status.TOO_LONG_FOR_BLOCK, f"{len(payload)} octets, blocks have {self.block_size}"
+            )
+        alloc = DirectAlloc(self.ack, payload)
+        give_up = trio.current_time() + self.ack.ticket_timeout_ms / 1000
+        delay = 0.0
+        while (op := alloc.next_op()) is not None:
+            if isinstance(op, ReadOp) and alloc.state is AllocState.READ and alloc.polls:
+                if trio.current_time() > give_up:
+                    raise KbtpStatusError(
+                        Status.TICKET_ABANDONED,
+                        f"slot of ticket {alloc.ticket} not filled within the Ticket Timeout",
+                    )
+                delay = min(0.01, delay * 2 or 0.0002)
+                await trio.sleep(delay)
+            alloc.feed(await self.one_sided(op))
+            if alloc.state is AllocState.ABANDONED:
+                self.direct_alloc_disabled = True
+                raise KbtpStatusError(
+                    Status.TICKET_ABANDONED, f"ticket {alloc.ticket} was reclaimed by the target"
+                )
+        return alloc
+
+    async def bind(
+        self,
+        alloc: DirectAlloc,
+        handle: int,
+        *,
+        seal: bool = False,
+        generation: int = 0,
+        check: bool = True,
+    ) -> Completion:
+        """BIND a block allocated with :meth:`reserve` to ``handle`` (draft §6.6 step 4)."""
+        return await self.request(alloc.bind(handle, seal=seal, generation=generation), check=check)
+
+    async def direct_alloc(
+        self, handle: int, data: Any, *, seal: bool = True, generation: int = 0
+    ) -> Completion:
+        """DIRECT_ALLOC ``data`` and BIND it to ``handle``: :meth:`reserve` + :meth:`bind`."""
+        alloc = await self.reserve(data)
+        return await self.bind(alloc, handle, seal=seal, generation=generation)
+
+
+_STATUSES = frozenset(int(s) for s in Status)
+
+
+def _status_name(status: int) -> str:
+    return Status(status).name if status in _STATUSES else f"STATUS_{status}"
+
+
+def _octets(request: Request, completion: Completion) -> int:
+    """Octets of block data an operation moved (for the statistics)."""
+    if completion.status != Status.SUCCESS:
+        return 0
+    if request.opcode is MessageOpcode.LOAD:
+        return completion.data_length
+    if isinstance(request, Store | AllocStore):
+        return request.descriptor.length
+    if isinstance(request, Bind):
+        return request.data_length
+    return 0

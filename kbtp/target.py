@@ -1,0 +1,446 @@
+"""The KBTP target on the software RNIC over trio TCP (draft §9.1, docs/kbtp.md §3.6, §4, §9).
+
+Theory of operation
+-------------------
+:class:`KbtpTarget` binds the sans-IO :class:`~kbtp.target_core.TargetCore` to one
+:class:`~stack.rnic.Rnic`:
+
+* **Memory.**  One anonymous mapping holds the table, the pool and the rings.  Tagged
+  Offsets are virtual addresses (VA-based STags), so the core's ``base_to`` is the
+  mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's registrar
+  registers sub-ranges of the mapping with the access of docs/kbtp.md §3.6: Table and Pool
+  (remote read) at startup, Ring (remote read + atomic) and Partition (remote write) per
+  session at HELLO.  A local-only MR over the whole mapping is the source and sink of the
+  target's own RDMA Writes and Reads.
+* **Atomics.**  The core's ``fetch_add`` runs in that MR's atomic engine
+  (``MemoryRegion.atomic``), the code inbound Atomic Requests run, so the target's Head and
+  Tail FetchAdds are atomic with respect to the initiators' FetchAdds on the wire (RFC 7306
+  §5.3, EXT-07).
+* **Sessions.**  Every accepted connection gets a QP and a CQ of its own and a task that
+  feeds the core: each received Send goes to ``handle_message`` (its receive buffer is
+  reposted first, so Request Credits receives stay posted, docs/kbtp.md §9.2), each RDMA
+  Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
+  the core returns are posted as work requests on the QP of the session they name (one
+  session's request can release another session's request queued on the same handle).
+* **Order.**  A LOAD's COMPLETION is posted only after its RDMA Write completed, that is,
+  after the block's bytes were taken by the transport: the core may reuse the block as soon
+  as the Write is reported.  The COMPLETION then follows the Write on the same stream, so
+  the data is placed before the COMPLETION is delivered (RFC 5040 §5.5).
+* **Closing.**  ``CloseSession``: the Send before it (the error COMPLETION or HELLO_ACK) is
+  signalled; once it has been handed to the transport the QP sends a Terminate with the
+  action's cause and the connection closes (docs/kbtp.md §9.3).  When a connection ends for
+  any reason the core's ``close_session`` runs and the session's MRs are deregistered.
+* **Time.**  A ticker task calls ``tick`` at the core's ``next_deadline`` and at least every
+  Ticket Timeout / 2 (draft §3.4, docs/kbtp.md §6.7).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+
+import trio
+
+from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
+from kbtp.layout import plan_layout
+from kbtp.target_core import (
+    Action,
+    CloseSession,
+    InvalidateStag,
+    ReadFromInitiator,
+    RegionKind,
+    SendMessage,
+    TargetConfig,
+    TargetCore,
+    WriteToInitiator,
+)
+from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
+from stack.errors import LocalError, RdmapError
+from stack.rnic import (
+    Access,
+    CompletionQueue,
+    MemoryRegion,
+    QpCap,
+    QpState,
+    QueuePair,
+    RecvWR,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
+from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest, TapFactory
+from stack.transport.driver import RdmaConnection
+from stack.wire.events import AtomicRequest, MpaSettings
+
+log = logging.getLogger(__name__)
+
+REGION_ACCESS: dict[RegionKind, Access] = {
+    RegionKind.TABLE: Access.REMOTE_READ,
+    RegionKind.POOL: Access.REMOTE_READ,
+    RegionKind.RING: Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+    RegionKind.PARTITION: Access.REMOTE_WRITE,
+}
+"""Access rights of each region the core registers (docs/kbtp.md §3.6)."""
+
+_UNSIGNALLED = 0
+"""wr_id of Sends nobody waits for (the core's op ids start at 1)."""
+_CLOSE_MARKER = (1 << 64) - 1
+"""wr_id of the last Send before a CloseSession: when it is out, the Terminate follows."""
+
+
+def layout_size(config: TargetConfig) -> int:
+    """Octets of target memory ``config`` needs (the planning TargetCore does, any base_to)."""
+    if not config.initiators:
+        raise LocalError("a target needs at least one initiator identity")
+    entries = config.table_entries
+    if entries is None:
+        entries = max(
+            i.handle_base + i.handle_count - config.table_base_handle for i in config.initiators
+        )
+    return plan_layout(
+        block_size=config.block_size,
+        pool_blocks=config.pool_blocks,
+        partition_sizes=[i.quota for i in config.initiators if i.direct_alloc],
+        table_entries=entries,
+        table_base_handle=config.table_base_handle,
+        shared_ring_order=config.shared_ring_order,
+        byteorder=config.counter_byteorder,
+    ).size
+
+
+def receive_buffer_size(config: TargetConfig) -> int:
+    """A target receive buffer: the longest request (56 + Max Inline) or HELLO (§4.1, §9.2)."""
+    return max(MAX_REQUEST_FIXED_LEN + config.max_inline, HELLO_FIXED_LEN + MAX_IDENTITY_LEN)
+
+
+@dataclass(eq=False)
+class TargetSession:
+    """One connection of the target.  Fields: sid, qp, cq, peer (address), conn,
+    identity (after HELLO), regions (MRs to deregister when it ends), close (the
+    CloseSession waiting for its last Send), reason (why it ended)."""
+
+    sid: int
+    qp: QueuePair
+    cq: CompletionQueue
+    peer: tuple[str, int]
+    recv_mr: MemoryRegion
+    recv_size: int
+    conn: RdmaConnection | None = None
+    identity: bytes | None = None
+    regions: list[MemoryRegion] = field(default_factory=list)
+    close: CloseSession | None = None
+    reason: str = ""
+    messages: int = 0
+
+    def recv_wr(self, slot: int) -> RecvWR:
+        addr = self.recv_mr.base + slot * self.recv_size
+        return RecvWR(slot, (Sge(addr, self.recv_size, self.recv_mr.lkey),))
+
+
+class KbtpTarget:
+    """A KBTP target serving ``config`` over loopback or any TCP address.
+
+    Use ``async with target.running(host, port):`` (or ``await nursery.start(target.serve,
+    host, port)``); ``port`` is the bound port once started.  ``core`` is the
+    :class:`TargetCore` (tests inspect its table and rings), ``rnic`` the software RNIC,
+    ``sessions`` the live sessions by id.  ``on_event`` receives one line per session
+    event (the ``kbtp target`` command prints them).
+    """
+
+    def __init__(
+        self,
+        config: TargetConfig,
+        *,
+        rnic: Rnic | None = None,
+        settings: MpaSettings | None = None,
+        tap_factory: TapFactory | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.rnic = rnic or Rnic("kbtp-target")
+        self.pd = self.rnic.alloc_pd()
+        self.settings = settings or MpaSettings()
+        self.tap_factory = tap_factory
+        self.on_event = on_event
+        self._mapping = mmap.mmap(-1, layout_size(config))
+        self.local_mr = self.pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
+        self.config = replace(config, base_to=self.local_mr.base)
+        self.regions: dict[int, MemoryRegion] = {}
+        self._registering: TargetSession | None = None
+        self.core = TargetCore(
+            self.config,
+            self.local_mr.buf,
+            fetch_add=self._fetch_add,
+            registrar=self._register,
+        )
+        self.sessions: dict[int, TargetSession] = {}
+        self.port = 0
+        self.host = ""
+        self._sids = itertools.count(1)
+        self._tick_wake = trio.Event()
+        self.sessions_served = 0
+
+    # ----------------------------------------------------------------------------------
+    # the core's injected services
+    # ----------------------------------------------------------------------------------
+    def _fetch_add(self, mem: memoryview, offset: int, add: int, mask: int) -> int:
+        """The core's FetchAdd, executed by the RNIC's atomic engine (RFC 7306 §5.3)."""
+        mr = self.local_mr
+        return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
+
+    def _register(self, kind: RegionKind, offset: int, length: int) -> int:
+        """Registrar: an MR over [offset, offset + length) whose TOs are the core's TOs."""
+        view = self.local_mr.buf[offset : offset + length]
+        mr = self.pd.reg_mr(view, REGION_ACCESS[kind])
+        if mr.base != self.config.base_to + offset:  # pragma: no cover - VA arithmetic
+            raise LocalError("registered region does not start at its Tagged Offset")
+        self.regions[mr.stag] = mr
+        if self._registering is not None:
+            self._registering.regions.append(mr)
+        return mr.stag
+
+    # ----------------------------------------------------------------------------------
+    # serving
+    # ----------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def running(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[KbtpTarget]:
+        """Serve in the background while the block runs; leaving it stops the target."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve, host, port)
+            try:
+                yield self
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on (host, port) and serve until cancelled; reports the bound port."""
+        async with ConnectionManager.open(self.rnic, tap_factory=self.tap_factory) as cm:
+            listener = await cm.listen(host, port, settings=self.settings)
+            self.host, self.port = listener.host, listener.port
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ticker)
+                task_status.started(self.port)
+                async for request in listener:
+                    nursery.start_soon(self._run_session, request)
+
+    def _event(self, text: str) -> None:
+        log.info("%s", text)
+        if self.on_event is not None:
+            self.on_event(text)
+
+    async def _run_session(self, request: ConnectRequest) -> None:
+        sid = next(self._sids)
+        credits = self.config.request_credits
+        size = receive_buffer_size(self.config)
+        cq = self.rnic.create_cq(max(256, 8 * credits + 64))
+        cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=credits + 1)
+        qp = self.rnic.create_qp(self.pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
+        recv_mr = self.pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
+        sess = TargetSession(sid, qp, cq, request.remote, recv_mr, size)
+        sess.regions.append(recv_mr)
+        # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
+        qp.post_recv([sess.recv_wr(slot) for slot in range(credits)])
+        self.core.open_session(sid)
+        self.sessions[sid] = sess
+        self.sessions_served += 1
+        try:
+            try:
+                sess.conn = await request.accept(qp)
+            except ConnectFailed as exc:
+                sess.reason = str(exc)
+                return
+            self._event(f"session {sid}: connected from {request.remote[0]}:{request.remote[1]}")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, sess)
+                await sess.conn.wait_closed()
+                nursery.cancel_scope.cancel()
+            if not sess.reason:
+                error = sess.conn.error
+                sess.reason = f"connection ended ({error})" if error else "closed by the initiator"
+        finally:
+            del self.sessions[sid]
+            with trio.CancelScope(shield=True):
+                self._apply(self.core.close_session(sid, trio.current_time()))
+                for mr in sess.regions:
+                    self.regions.pop(mr.stag, None)
+                    mr.dereg()
+                self.rnic.destroy_qp(qp)
+            who = sess.identity.decode(errors="replace") if sess.identity else "?"
+            self._event(
+                f"session {sid} ({who}): ended after {sess.messages} messages: {sess.reason}"
+            )
+
+    async def _pump(self, sess: TargetSession) -> None:
+        cq = sess.cq
+        while True:
+            wc = await cq.next()
+            self._on_wc(sess, wc)
+            for wc in cq.poll(256):
+                self._on_wc(sess, wc)
+
+    async def _ticker(self) -> None:
+        """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7)."""
+        half = self.config.ticket_timeout / 2
+        while True:
+            now = trio.current_time()
+            deadline = self.core.next_deadline(now)
+            wake_at = now + half if deadline is None else min(deadline, now + half)
+            with trio.move_on_at(wake_at):
+                await self._tick_wake.wait()
+            self._tick_wake = trio.Event()
+            self._apply(self.core.tick(trio.current_time()))
+
+    # ----------------------------------------------------------------------------------
+    # completions in, actions out
+    # ----------------------------------------------------------------------------------
+    def _on_wc(self, sess: TargetSession, wc: WorkCompletion) -> None:
+        now = trio.current_time()
+        if wc.opcode is WcOpcode.RECV:
+            if wc.status is not WcStatus.SUCCESS:
+                return  # flushed: the connection is ending
+            start = wc.wr_id * sess.recv_size
+            data = bytes(sess.recv_mr.buf[start : start + wc.byte_len])
+            sess.qp.post_recv(sess.recv_wr(wc.wr_id))
+            sess.messages += 1
+            fresh = sess.identity is None
+            self._registering = sess
+            try:
+                actions = self.core.handle_message(sess.sid, data, now)
+            finally:
+                self._registering = None
+            if fresh:
+                sess.identity = self.core.session_identity(sess.sid)
+                if sess.identity is not None:
+                    name = sess.identity.decode(errors="replace")
+                    self._event(f"session {sess.sid}: HELLO from {name!r} accepted")
+                    self._tick_wake.set()
+            self._apply(actions)
+            return
+        if wc.wr_id == _CLOSE_MARKER:
+            self._terminate(sess)
+            return
+        if wc.wr_id == _UNSIGNALLED or wc.status is WcStatus.WR_FLUSH_ERR:
+            return  # a flushed WR: the session ends and the core drops its operations
+        if wc.status is WcStatus.SUCCESS:
+            self._apply(self.core.rdma_completed(wc.wr_id, now))
+        else:
+            reason = f"{wc.opcode.value} failed: {wc.status.value}"
+            self._apply(self.core.rdma_failed(wc.wr_id, now, reason))
+
+    def _apply(self, actions: list[Action]) -> None:
+        """Carry out the core's actions as work requests on the QPs of their sessions."""
+        if not actions:
+            return
+        last_send: dict[int, int] = {}
+        markers: set[int] = set()
+        for index, action in enumerate(actions):
+            if isinstance(action, SendMessage):
+                last_send[action.session] = index
+            elif isinstance(action, CloseSession) and action.session in last_send:
+                markers.add(last_send.pop(action.session))
+        for index, action in enumerate(actions):
+            sess = self.sessions.get(action.session)
+            if sess is None:
+                continue  # the session has gone; the core has dropped its operations
+            if isinstance(action, SendMessage):
+                self._post(sess, self._send_wr(action, index in markers))
+            elif isinstance(action, WriteToInitiator):
+                sge = Sge(action.local_to, action.length, self.local_mr.lkey)
+                wr = SendWR(
+                    action.op_id,
+                    WrOpcode.RDMA_WRITE,
+                    (sge,),
+                    rkey=action.remote_stag,
+                    remote_addr=action.remote_to,
+                )
+                self._post(sess, wr)
+            elif isinstance(action, ReadFromInitiator):
+                sge = Sge(action.local_to, action.length, self.local_mr.lkey)
+                wr = SendWR(
+                    action.op_id,
+                    WrOpcode.RDMA_READ,
+                    (sge,),
+                    rkey=action.remote_stag,
+                    remote_addr=action.remote_to,
+                )
+                self._post(sess, wr)
+            elif isinstance(action, InvalidateStag):
+                self._post(
+                    sess, SendWR(action.op_id, WrOpcode.LOCAL_INV, invalidate_rkey=action.stag)
+                )
+            else:
+                assert isinstance(action, CloseSession)
+                sess.reason = f"closed by the target: {action.status.name}: {action.reason}"
+                sess.close = action
+                if not any(
+                    isinstance(a, SendMessage) and a.session == action.session
+                    for a in actions[:index]
+                ):
+                    self._terminate(sess)
+
+    @staticmethod
+    def _send_wr(action: SendMessage, marker: bool) -> SendWR:
+        data = action.encode()
+        flags = SendFlags.SIGNALED if marker else SendFlags.NONE
+        wr_id = _CLOSE_MARKER if marker else _UNSIGNALLED
+        if action.invalidate_stag is not None:
+            return SendWR(
+                wr_id,
+                WrOpcode.SEND_WITH_INV,
+                inline_data=data,
+                invalidate_rkey=action.invalidate_stag,
+                send_flags=flags,
+            )
+        return SendWR(wr_id, WrOpcode.SEND, inline_data=data, send_flags=flags)
+
+    def _post(self, sess: TargetSession, wr: SendWR) -> None:
+        qp = sess.qp
+        if qp.state is not QpState.RTS:
+            return  # closing or in error: the core learns from the session's end
+        try:
+            qp.post_send(wr)
+        except LocalError as exc:
+            log.warning("session %d: cannot post %s: %s", sess.sid, wr.opcode.value, exc)
+            sess.reason = f"target failure: {exc}"
+            self._terminate(sess)
+
+    def _terminate(self, sess: TargetSession) -> None:
+        """Terminate the stream with the pending CloseSession's cause and close (§9.3)."""
+        conn = sess.conn
+        if conn is None or sess.qp.state is QpState.ERROR:
+            return
+        action = sess.close
+        if action is None:
+            error = RdmapError("KBTP-9.3", sess.reason, TERM_RDMAP_OP_UNSPECIFIED)
+        else:
+            detail = f"KBTP session closed: {action.status.name}: {action.reason}"
+            error = RdmapError("KBTP-9.3", detail, action.term)
+        conn.endpoint.fail(error, offending=False)
+        if sess.qp.on_output is not None:
+            sess.qp.on_output()
+
+    # ----------------------------------------------------------------------------------
+    # inspection
+    # ----------------------------------------------------------------------------------
+    def region(self, stag: int) -> MemoryRegion | None:
+        """The MR the registrar created for ``stag`` (None once its session ended)."""
+        return self.regions.get(stag)
+
+    def stag_valid(self, stag: int) -> bool:
+        """True if ``stag`` is registered on this RNIC and not invalidated."""
+        mr = self.rnic.table.lookup(stag)
+        return mr is not None and mr.valid
