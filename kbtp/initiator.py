@@ -199,6 +199,8 @@ class KbtpInitiator:
         self.ack: HelloAck | None = None
         self.stats: dict[tuple[str, str], OpStats] = {}
         self.direct_alloc_disabled = False
+        self.invalidations = 0
+        """COMPLETIONs that arrived as Send with Invalidate of the request's own STag."""
         self._hello: _Waiter | None = None
         self._requests: dict[int, _Waiter] = {}
         self._ops: dict[int, _Waiter] = {}
@@ -396,6 +398,9 @@ class KbtpInitiator:
             raise
         completion = waiter.completion
         assert completion is not None
+        if waiter.invalidated is not None and isinstance(request, Load | Store | AllocStore):
+            if waiter.invalidated == request.descriptor.stag:
+                self.invalidations += 1
         status = _status_name(completion.status)
         self._count(request.opcode.name, status, _octets(request, completion))
         if completion.status == Status.TICKET_ABANDONED:
