@@ -23,14 +23,18 @@ Theory of operation.
   2^20 bytes, as in perftest.
 * Latency: one WR at a time.  Read and atomic report the round trip; Write and Send
   ping-pong (the server answers each Write by polling its memory, each Send from its
-  completion) and report half the round trip, as perftest does.
+  completion) and report half the round trip, as perftest does.  Memory polling spins
+  for 200 us, then looks every 20 us (:func:`wait_for_byte`).
 * ``--baseline`` runs raw trio TCP in the same run, against the same server process, with
   the same message count and QP (connection) count: Writes and Sends against a stream of
-  the same bytes with one ``send_all`` per message (ended by a 1-byte acknowledgement);
+  the same bytes with one ``send_all`` per message (ended by the sink's byte count);
   Reads and atomics against request/response (16-byte request, SIZE-byte reply) with the
   same pipelining depth (``min(tx depth, ORD)``); latency against the same exchange one
   at a time.  ``ratio`` is iWARP over raw: for bandwidth above 1 is better, for latency
   below 1 is better.
+* ``--cpu`` (perftest's ``--cpu_util``, per message here) adds the CPU time (user + system)
+  each process spent per message, for iWARP and for the baseline: a figure that survives
+  a busy machine better than wall-clock rates do.
 * ``iwarp bench idle-qps`` connects N idle QPs to one server process and reports its RSS
   growth per QP.
 
@@ -52,7 +56,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -98,6 +102,8 @@ MIN_DEFAULT_ITERS = 16
 WARMUP_ITERS = 16
 """Latency round trips run before recording (both iWARP and raw)."""
 DEFAULT_IDLE_QPS = 1000
+SPIN_SECONDS = 200e-6
+BACKOFF_SECONDS = 20e-6
 MB = 1 << 20
 DEVICE_MAX_IRD = Rnic().max_ird
 DEVICE_MAX_ORD = Rnic().max_ord
@@ -110,6 +116,8 @@ LAT_HEADER = (
 )
 BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio"
 LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio"
+CPU_HEADER = "   CPU cli/srv[usec/msg]"
+RAW_CPU_HEADER = "   raw CPU cli/srv[usec/msg]"
 BW_COLUMNS = ("#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
 LAT_COLUMNS = (
     "#bytes",
@@ -164,7 +172,8 @@ class BenchOptions:
     Fields: test (write/read/send/atomic); sizes; iters (None: default per size) or duration
     (seconds); num_qps; post_list; cq_mod; tx_depth; rx_depth (server receives for Send,
     None: enough for two full TCP reads of the smallest Sends); crc; markers; emss (None:
-    the stack's default); latency; baseline; mode ("spawn", "in-process" or "connect");
+    the stack's default); latency; baseline; cpu (CPU time per message columns); mode
+    ("spawn", "in-process" or "connect");
     host, port (connect mode); progress (report on stderr).
     """
 
@@ -182,6 +191,7 @@ class BenchOptions:
     emss: int | None = None
     latency: bool = False
     baseline: bool = False
+    cpu: bool = False
     mode: str = "spawn"
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -302,6 +312,22 @@ class Advert:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuCost:
+    """CPU time per message in microseconds: client and server processes (user + system).
+
+    ``server`` is None when both halves share one process; ``client`` is then the total.
+    """
+
+    client: float
+    server: float | None
+
+    def __str__(self) -> str:
+        if self.server is None:
+            return f"{self.client:.1f}(both)"
+        return f"{self.client:.1f}/{self.server:.1f}"
+
+
+@dataclass(frozen=True, slots=True)
 class BwResult:
     """One bandwidth row: MB/s (2^20 B/s), Mpps; raw_bw is the baseline's average.
 
@@ -315,6 +341,8 @@ class BwResult:
     msg_rate: float
     messages: int
     raw_bw: float | None = None
+    cpu: CpuCost | None = None
+    raw_cpu: CpuCost | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -335,6 +363,8 @@ class LatResult:
     p99: float
     p999: float
     raw_typical: float | None = None
+    cpu: CpuCost | None = None
+    raw_cpu: CpuCost | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -428,15 +458,31 @@ def _row(header: str, names: Sequence[str], values: Sequence[str]) -> str:
     return line
 
 
-def bw_header(baseline: bool) -> str:
-    return BW_HEADER + (BW_BASELINE_HEADER if baseline else "")
+def _extra_header(baseline: bool, cpu: bool) -> str:
+    return (CPU_HEADER if cpu else "") + (RAW_CPU_HEADER if cpu and baseline else "")
 
 
-def lat_header(baseline: bool) -> str:
-    return LAT_HEADER + (LAT_BASELINE_HEADER if baseline else "")
+def bw_header(baseline: bool, cpu: bool = False) -> str:
+    return BW_HEADER + (BW_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
 
 
-def format_bw(result: BwResult, baseline: bool) -> str:
+def lat_header(baseline: bool, cpu: bool = False) -> str:
+    return LAT_HEADER + (LAT_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
+
+
+def _cpu_columns(
+    result: BwResult | LatResult, baseline: bool, cpu: bool
+) -> tuple[list[str], list[str]]:
+    if not cpu:
+        return [], []
+    names, values = ["CPU cli/srv[usec/msg]"], [str(result.cpu or "-")]
+    if baseline:
+        names.append("raw CPU cli/srv[usec/msg]")
+        values.append(str(result.raw_cpu or "-"))
+    return names, values
+
+
+def format_bw(result: BwResult, baseline: bool, cpu: bool = False) -> str:
     values = [
         str(result.size),
         str(result.iterations),
@@ -448,10 +494,11 @@ def format_bw(result: BwResult, baseline: bool) -> str:
     if baseline:
         names += ["raw TCP[MB/sec]", "ratio"]
         values += [f"{result.raw_bw or 0:.2f}", f"{result.ratio or 0:.2f}"]
-    return _row(bw_header(baseline), names, values)
+    cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
+    return _row(bw_header(baseline, cpu), names + cpu_names, values + cpu_values)
 
 
-def format_lat(result: LatResult, baseline: bool) -> str:
+def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
     values = [str(result.size), str(result.iterations)] + [
         f"{v:.2f}"
         for v in (
@@ -468,7 +515,8 @@ def format_lat(result: LatResult, baseline: bool) -> str:
     if baseline:
         names += ["raw t_typical[usec]", "ratio"]
         values += [f"{result.raw_typical or 0:.2f}", f"{result.ratio or 0:.2f}"]
-    return _row(lat_header(baseline), names, values)
+    cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
+    return _row(lat_header(baseline, cpu), names + cpu_names, values + cpu_values)
 
 
 def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
@@ -743,12 +791,14 @@ class BenchServer:
             remote_addr=to,
         )
         expected = 1
-        while qp.state in _LIVE:
-            if tbuf[last] == expected:
-                sbuf[spec.size - 1] = expected
-                qp.post_send(pong)
-                expected = expected % 255 + 1
-            await trio.sleep(0)
+        while True:
+            try:
+                await wait_for_byte(tbuf, last, expected, qp)
+            except BenchError:
+                return
+            sbuf[spec.size - 1] = expected
+            qp.post_send(pong)
+            expected = expected % 255 + 1
 
     async def _raw_connection(self, stream: trio.SocketStream) -> None:
         """One raw-TCP baseline connection (see the header comment of _RAW_HEADER)."""
@@ -776,13 +826,33 @@ class BenchServer:
                     for _ in range(count):
                         await stream.send_all(reply)
             elif mode == RAW_STATS:
-                gc.collect()
-                stats = {"rss": rss_bytes(), "qps": self.active, "pid": os.getpid()}
+                if size:  # asked to collect garbage first (memory figures)
+                    gc.collect()
+                stats = {
+                    "rss": rss_bytes(),
+                    "qps": self.active,
+                    "pid": os.getpid(),
+                    "cpu_ns": time.process_time_ns(),
+                }
                 await stream.send_all(json.dumps(stats).encode())
         except (BenchError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
             await trio.aclose_forcefully(stream)
+
+
+async def wait_for_byte(buf: memoryview, index: int, value: int, qp: QueuePair) -> None:
+    """Poll registered memory until ``buf[index] == value`` (a Write has landed).
+
+    Busy-polls (a trio checkpoint per look, as perftest spins on memory) for SPIN_SECONDS,
+    then looks every BACKOFF_SECONDS so an idle or starved process gives its CPU away.
+    Raises BenchError when the QP leaves RTS.
+    """
+    spin_until = time.perf_counter() + SPIN_SECONDS
+    while buf[index] != value:
+        if qp.state not in _LIVE:
+            raise BenchError(f"QP went to {qp.state.value} during Write ping-pong")
+        await trio.sleep(0 if time.perf_counter() < spin_until else BACKOFF_SECONDS)
 
 
 def _dereg(mr: MemoryRegion) -> None:
@@ -902,9 +972,12 @@ class Client:
                 if mr is not None:
                     _dereg(mr)
 
-    async def server_stats(self) -> dict[str, int]:
-        """Ask the server for its RSS and live QP count (raw-TCP STATS)."""
-        stream = await _raw_open(self.host, self.raw_port, RAW_STATS)
+    async def server_stats(self, *, collect: bool = False) -> dict[str, int]:
+        """Ask the server for its RSS, live QP count, pid and CPU time (raw-TCP STATS).
+
+        ``collect``: the server runs the garbage collector first (for memory figures).
+        """
+        stream = await _raw_open(self.host, self.raw_port, RAW_STATS, int(collect))
         async with stream:
             data = bytearray()
             while chunk := await stream.receive_some(4096):
@@ -1107,10 +1180,7 @@ async def measure_lat(c: ClientQp, opts: BenchOptions, size: int, progress: Prog
             sbuf[last] = value
             t0 = clock()
             qp.post_send(ping)
-            while pbuf[last] != value:
-                if qp.state not in _LIVE:
-                    raise BenchError(f"QP went to {qp.state.value} during Write ping-pong")
-                await trio.sleep(0)
+            await wait_for_byte(pbuf, last, value, qp)
             t1 = clock()
             if i >= WARMUP_ITERS:
                 times.append(t1 - t0)
@@ -1323,7 +1393,7 @@ async def run_benchmark(
         async with ConnectionManager.open(Rnic("bench-client")) as cm:
             client = Client(cm, host, port)
             tx_depth = 1 if opts.latency else opts.tx_depth
-            printed = False
+            printed = shared = False
             for size in opts.sizes:
                 spec = SessionSpec(
                     opts.test,
@@ -1338,50 +1408,79 @@ async def run_benchmark(
                     neg = qps[0].conn.negotiated
                     assert neg is not None
                     lines = header_block(opts, neg, layout)
-                    lines.append(
-                        lat_header(opts.baseline) if opts.latency else bw_header(opts.baseline)
-                    )
+                    header = lat_header if opts.latency else bw_header
+                    lines.append(header(opts.baseline, opts.cpu))
                     out.write("\n".join(lines) + "\n")
                     out.flush()
                     printed = True
+                    if opts.cpu:
+                        shared = (await client.server_stats())["pid"] == os.getpid()
                 try:
                     result: BwResult | LatResult
+                    meter = CpuMeter(client, shared) if opts.cpu else None
+                    if meter:
+                        await meter.start()
                     if opts.latency:
                         result = await measure_lat(qps[0], opts, size, progress)
                     else:
                         result = await measure_bw(qps, opts, size, progress)
+                    if meter:
+                        result = replace(result, cpu=await meter.stop(_messages(result)))
                 finally:
                     await client.close(qps)
                 if opts.baseline:
+                    meter = CpuMeter(client, shared) if opts.cpu else None
+                    if meter:
+                        await meter.start()
                     if isinstance(result, LatResult):
-                        raw = await raw_latency(
-                            host, client.raw_port, opts, size, result.iterations
-                        )
-                        result = _with_raw_lat(result, raw)
+                        count = result.iterations
+                        raw = await raw_latency(host, client.raw_port, opts, size, count)
+                        result = replace(result, raw_typical=raw)
                     else:
-                        raw_bw = await raw_bandwidth(
-                            host, client.raw_port, opts, size, result.messages
-                        )
-                        result = _with_raw_bw(result, raw_bw)
+                        count = result.messages
+                        raw = await raw_bandwidth(host, client.raw_port, opts, size, count)
+                        result = replace(result, raw_bw=raw)
+                    if meter:
+                        result = replace(result, raw_cpu=await meter.stop(_messages(result)))
                 results.append(result)
                 if isinstance(result, LatResult):
-                    out.write(format_lat(result, opts.baseline) + "\n")
+                    out.write(format_lat(result, opts.baseline, opts.cpu) + "\n")
                 else:
-                    out.write(format_bw(result, opts.baseline) + "\n")
+                    out.write(format_bw(result, opts.baseline, opts.cpu) + "\n")
                 out.flush()
             out.write(RESULT_LINE + "\n")
             out.flush()
     return results
 
 
-def _with_raw_bw(r: BwResult, raw: float) -> BwResult:
-    return BwResult(r.size, r.iterations, r.bw_peak, r.bw_average, r.msg_rate, r.messages, raw)
+def _messages(result: BwResult | LatResult) -> int:
+    """Messages (latency: round trips, warm-up included) a CPU measurement covers."""
+    if isinstance(result, LatResult):
+        return result.iterations + WARMUP_ITERS
+    return result.messages
 
 
-def _with_raw_lat(r: LatResult, raw: float) -> LatResult:
-    return LatResult(
-        r.size, r.iterations, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p999, raw
-    )
+class CpuMeter:
+    """CPU time of both processes across one measurement (``--cpu``)."""
+
+    def __init__(self, client: Client, shared: bool) -> None:
+        self.client = client
+        self.shared = shared
+        self._own = 0
+        self._server = 0
+
+    async def _server_ns(self) -> int:
+        return 0 if self.shared else (await self.client.server_stats())["cpu_ns"]
+
+    async def start(self) -> None:
+        self._server = await self._server_ns()
+        self._own = time.process_time_ns()
+
+    async def stop(self, messages: int) -> CpuCost:
+        own = time.process_time_ns() - self._own
+        server = await self._server_ns() - self._server
+        per = 1e-3 / max(messages, 1)
+        return CpuCost(own * per, None if self.shared else server * per)
 
 
 async def run_idle_qps(
@@ -1412,7 +1511,7 @@ async def run_idle_qps(
             # One QP first: the server's lazily built state (imports, caches) is not per QP.
             warm = await client.connect_many(spec, settings, 1, tx_depth=1, ord=1)
             await trio.sleep(0.2)
-            before = await client.server_stats()
+            before = await client.server_stats(collect=True)
             gc.collect()
             client_before = rss_bytes()
             report.start(f"connecting {count} idle QPs", count)
@@ -1421,7 +1520,7 @@ async def run_idle_qps(
             )
             report.finish()
             await trio.sleep(0.5)
-            after = await client.server_stats()
+            after = await client.server_stats(collect=True)
             gc.collect()
             client_after = rss_bytes()
             if after["qps"] != count + 1:
@@ -1645,6 +1744,11 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "--baseline", action="store_true", help="also run raw trio TCP and print the ratio"
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print the CPU time per message of client and server (perftest --cpu_util)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--server", action="store_true", help="run the server half here (as `iwarp bench server`)"
@@ -1720,6 +1824,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         emss=args.mtu,
         latency=args.lat,
         baseline=args.baseline,
+        cpu=args.cpu,
         mode=mode,
         host=host,
         port=port,

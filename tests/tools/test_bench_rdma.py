@@ -51,15 +51,32 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 
 
 def table_rows(out: str, header: str) -> list[list[float]]:
-    """The numeric rows under ``header`` (up to the closing dashed line)."""
+    """The numeric rows under ``header`` (up to the closing dashed line).
+
+    CPU columns (``client/server`` or ``total(both)``) are left out; see :func:`cpu_cells`.
+    """
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
     for line in lines[start + 1 :]:
         if line == DASHES:
             break
-        rows.append([float(v) for v in line.split()])
+        rows.append([float(v) for v in line.split() if "/" not in v and "(" not in v])
     return rows
+
+
+def cpu_cells(out: str, header: str) -> list[tuple[float, float | None]]:
+    """The CPU cells of the first row: (client, server) or (total, None) per cell."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    cells = []
+    for v in lines[start + 1].split():
+        if v.endswith("(both)"):
+            cells.append((float(v.removesuffix("(both)")), None))
+        elif "/" in v:
+            client, server = v.split("/")
+            cells.append((float(client), float(server)))
+    return cells
 
 
 def header_value(out: str, name: str) -> str:
@@ -91,6 +108,16 @@ def test_write_bw_in_process_prints_perftest_table_and_baseline_ratio(
     assert peak >= avg > 0 and mpps > 0 and raw > 0
     assert ratio == pytest.approx(avg / raw, rel=0.02, abs=0.01)
     assert mpps * 1e6 * 1024 / 2**20 == pytest.approx(avg, rel=0.01)
+
+
+def test_cpu_columns_in_one_process_count_both_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _err = run_cli(capsys, "send", "--lat", "-n", "20", "--in-process", "--cpu")
+    assert code == 0
+    assert LAT_HEADER + "   CPU cli/srv[usec/msg]" in out.splitlines()
+    [row] = table_rows(out, LAT_HEADER)
+    assert len(row) == 9
+    [(total, server)] = cpu_cells(out, LAT_HEADER)
+    assert total > 0 and server is None
 
 
 @pytest.mark.parametrize(
@@ -223,13 +250,17 @@ def test_latency_in_process_with_baseline(
 
 
 def test_two_processes_by_default(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _err = run_cli(capsys, "read", "-s", "4K", "-n", "30", "--baseline")
+    code, out, _err = run_cli(capsys, "read", "-s", "4K", "-n", "30", "--baseline", "--cpu")
     assert code == 0
     server = header_value(out, "Server")
     match = re.fullmatch(r"127\.0\.0\.1:\d+ \(process (\d+)\)", server)
     assert match and int(match.group(1)) != os.getpid()
-    [row] = table_rows(out, BW_HEADER)
+    header = BW_HEADER + "  raw TCP[MB/sec]   ratio   CPU cli/srv[usec/msg]"
+    [row] = table_rows(out, header)
     assert row[:2] == [4096, 30] and row[-1] > 0
+    # Both processes did measurable work per message, for iWARP and for raw TCP.
+    cells = cpu_cells(out, header)
+    assert len(cells) == 2 and all(c > 0 and s is not None and s > 0 for c, s in cells)
 
 
 def test_server_and_client_run_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
