@@ -55,7 +55,37 @@ if ((${#need[@]})); then
 fi
 [[ $(id -u) == 0 ]] || die "the build needs root (debootstrap, chroot)"
 
-# --- 1. kernel packages, all pinned to the version of linux-image-$KVER --------------------
+# --- 1. root file system (kernel independent, cached) --------------------------------------
+# debootstrap is the longest step (about a minute): it runs in the background while the
+# kernel packages are fetched and siw.ko is built.
+ROOT=$CACHE/rootfs
+PKGS=rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,python3,python3-pyverbs
+PKGS+=,tcpdump,iproute2,kmod,procps,iputils-ping,netcat-openbsd,strace,coreutils
+build_rootfs() {
+  local mirror
+  mirror=${SIWVM_MIRROR:-$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 2>/dev/null \
+                          | awk '$2 == "bookworm" {print $1; exit}')}
+  [[ -n $mirror ]] || die "no bookworm apt source found; set SIWVM_MIRROR"
+  rm -rf "$ROOT"
+  debootstrap --variant=minbase --include="$PKGS" bookworm "$ROOT" "$mirror" \
+    >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
+  rm -rf "$ROOT"/usr/share/{doc,man,info,locale}/* "$ROOT"/var/cache/apt/* "$ROOT"/var/lib/apt/lists/*
+  echo siwvm >"$ROOT/etc/hostname"
+  chroot "$ROOT" dpkg-query -W -f '${Package} ${Version}\n' >"$CACHE/rootfs-packages.txt"
+  touch "$ROOT/.done"
+}
+ROOTFS_PID=
+if [[ ! -e $ROOT/.done || -n ${SIWVM_REBUILD_ROOTFS:-} ]]; then
+  say "debootstrap bookworm minbase in the background (log: $CACHE/debootstrap.log)"
+  build_rootfs &
+  ROOTFS_PID=$!
+  # If the foreground fails, stop debootstrap and everything it started (by pid, not name).
+  kill_tree() { local c; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$c"; done
+                kill "$1" 2>/dev/null || true; }
+  trap '[[ -n ${ROOTFS_PID:-} ]] && kill_tree "$ROOTFS_PID"' EXIT
+fi
+
+# --- 2. kernel packages, all pinned to the version of linux-image-$KVER --------------------
 resolve_kver() {
   apt-cache depends linux-image-amd64 2>/dev/null \
     | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1
@@ -94,8 +124,8 @@ if [[ ! -e $KDIR/.done ]]; then
 fi
 cp "$KDIR/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
 
-# --- 2. siw.ko, out of tree, with its compile-time knobs made module parameters ------------
-# Runs in the background, alongside debootstrap.  Only the siw directory is taken from the
+# --- 3. siw.ko, out of tree, with its compile-time knobs made module parameters ------------
+# Only the siw directory is taken from the
 # 130 MB linux-source tarball: named members with --occurrence let tar stop early (6 s instead
 # of 30 s); if the Makefile then names a source we lack, the whole directory is extracted.
 SIW_FILES="Kconfig Makefile iwarp.h siw.h siw_cm.c siw_cm.h siw_cq.c siw_main.c siw_mem.c
@@ -127,37 +157,16 @@ build_siw() {
   [[ -s $S/siw.ko ]] || { echo "siw.ko did not build"; return 1; }
   strip --strip-debug -o "$OUT/siw.ko" "$S/siw.ko"
 }
-SIW_PID=
 if [[ ! -s $OUT/siw.ko || $HERE/siw-modparams.sh -nt $OUT/siw.ko ]]; then
-  say "build siw.ko from linux-source-$KMAJ (background, log: $OUT/siw-build.log)"
+  say "build siw.ko from linux-source-$KMAJ (log: $OUT/siw-build.log)"
   rm -f "$OUT/siw.ko"
-  build_siw >"$OUT/siw-build.log" 2>&1 &
-  SIW_PID=$!
+  build_siw >"$OUT/siw-build.log" 2>&1 || { tail -20 "$OUT/siw-build.log" >&2; die "siw.ko build failed"; }
 fi
-wait_siw() {
-  if [[ -n $SIW_PID ]]; then
-    wait "$SIW_PID" || { tail -20 "$OUT/siw-build.log" >&2; die "siw.ko build failed"; }
-    SIW_PID=
-    say "siw.ko built"
-  fi
-}
-
-# --- 3. root file system (kernel independent, cached) --------------------------------------
-ROOT=$CACHE/rootfs
-PKGS=rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,python3,python3-pyverbs
-PKGS+=,tcpdump,iproute2,kmod,procps,iputils-ping,netcat-openbsd,strace,coreutils
-if [[ ! -e $ROOT/.done || -n ${SIWVM_REBUILD_ROOTFS:-} ]]; then
-  MIRROR=${SIWVM_MIRROR:-$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 2>/dev/null \
-                          | awk '$2 == "bookworm" {print $1; exit}')}
-  [[ -n $MIRROR ]] || die "no bookworm apt source found; set SIWVM_MIRROR"
-  say "debootstrap bookworm minbase from the host's apt source (log: $CACHE/debootstrap.log)"
-  rm -rf "$ROOT"
-  debootstrap --variant=minbase --include="$PKGS" bookworm "$ROOT" "$MIRROR" \
-    >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
-  rm -rf "$ROOT"/usr/share/{doc,man,info,locale}/* "$ROOT"/var/cache/apt/* "$ROOT"/var/lib/apt/lists/*
-  echo siwvm >"$ROOT/etc/hostname"
-  chroot "$ROOT" dpkg-query -W -f '${Package} ${Version}\n' >"$CACHE/rootfs-packages.txt"
-  touch "$ROOT/.done"
+if [[ -n $ROOTFS_PID ]]; then
+  say "waiting for debootstrap"
+  wait "$ROOTFS_PID" || die "building the root file system failed"
+  ROOTFS_PID=
+  say "root file system ready"
 fi
 
 # --- 4. modules: the closure of what the guest loads, plus siw.ko ---------------------------
@@ -176,7 +185,6 @@ install_modules() {  # install_modules ROOTDIR MODULE... : modules with their de
   cp "$OUT/siw.ko" "$dst/extra/siw.ko"
   depmod -b "$top" "$KVER"
 }
-wait_siw
 say "install modules, init and agent into the root"
 install_modules "$ROOT" $MODS_ALL
 install -m755 "$HERE/guest-init.sh" "$ROOT/sbin/siwvm-init"
