@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
-    p_build = actions.add_parser("build", help="build the guest image (cold ~75 s, warm <1 s)")
+    p_build = actions.add_parser("build", help="build the guest image (cold 1-4 min, warm <1 s)")
     p_build.add_argument("--refresh", action="store_true", help="re-resolve the kernel from apt")
     p_build.add_argument("--timeout", type=float, default=900.0, help="seconds (default 900)")
     p_build.set_defaults(func=run_build)

@@ -3,7 +3,8 @@
 # tree from the matching linux-source (Debian 12 ships no siw), a debootstrap minbase root
 # with rdma-core/perftest/tcpdump, a busybox initramfs, and an ext4 image booted read-only.
 #
-#   build.sh [--refresh]      as root; idempotent. Cold about 75 s, warm well under a second.
+#   build.sh [--refresh]      as root; idempotent. Cold 2-4 min here (74 s on an idle host),
+#                             warm well under a second.
 #
 # Everything lands in $SIWVM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/siw-vm), outside
 # the repository:  current.env  debs/  rootfs/  $KVER/{vmlinuz,initrd.gz,rootfs.ext4,siw.ko}
