@@ -1510,7 +1510,7 @@ async def run_idle_qps(
             client = Client(cm, host, port)
             # One QP first: the server's lazily built state (imports, caches) is not per QP.
             warm = await client.connect_many(spec, settings, 1, tx_depth=1, ord=1)
-            await trio.sleep(0.2)
+            await trio.sleep(0.1)
             before = await client.server_stats(collect=True)
             gc.collect()
             client_before = rss_bytes()
@@ -1519,7 +1519,7 @@ async def run_idle_qps(
                 spec, settings, count, tx_depth=1, ord=1, parallel=parallel, progress=report
             )
             report.finish()
-            await trio.sleep(0.5)
+            await trio.sleep(0.2)  # let the last handshakes' buffers go
             after = await client.server_stats(collect=True)
             gc.collect()
             client_after = rss_bytes()
