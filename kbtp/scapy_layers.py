@@ -98,6 +98,7 @@ __all__ = [
     "KBTP_HelloAck",
     "KBTP_Load",
     "KBTP_Store",
+    "BODY_LAYERS",
     "SEND_LAYERS",
     "kbtp_layers",
     "kbtp_send_fpdu",
@@ -249,7 +250,7 @@ class KBTP_CompletionDescriptor(_KbtpPacket):
     fields_desc = [XIntField("stag", 0), XLongField("to", 0), XIntField("reserved", 0)]
 
     def mysummary(self) -> str:
-        return self.sprintf("Completion Descriptor %stag%/%to%")
+        return self.sprintf(f"{self.name} %stag%/%to%")
 
 
 # ======================================================================================
@@ -270,7 +271,7 @@ class KBTP_Hello(_KbtpPacket):
     ]
 
     def mysummary(self) -> str:
-        return self.sprintf("HELLO caps=%capabilities% identity=%identity%")
+        return self.sprintf(f"{self.name} caps=%capabilities% identity=%identity%")
 
 
 class KBTP_HelloAck(_KbtpPacket):
@@ -304,7 +305,7 @@ class KBTP_HelloAck(_KbtpPacket):
 
     def mysummary(self) -> str:
         return self.sprintf(
-            "HELLO_ACK caps=%capabilities% block_size=%block_size% quota=%quota% "
+            f"{self.name} caps=%capabilities% block_size=%block_size% quota=%quota% "
             "credits=%request_credits%"
         )
 
@@ -322,7 +323,7 @@ class KBTP_Completion(_KbtpPacket):
     ]
 
     def mysummary(self) -> str:
-        return self.sprintf("COMPLETION %request_opcode% len=%data_length% block=%block_offset%")
+        return self.sprintf(f"{self.name} %request_opcode% len=%data_length% block=%block_offset%")
 
 
 class KBTP_Load(KBTP_DataDescriptor):
@@ -362,7 +363,7 @@ class KBTP_Bind(_RequestBody):
     ]
 
     def mysummary(self) -> str:
-        return self.sprintf("BIND ticket=%ticket% len=%data_length% block=%block_offset%")
+        return self.sprintf(f"{self.name} ticket=%ticket% len=%data_length% block=%block_offset%")
 
 
 # ======================================================================================
