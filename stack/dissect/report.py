@@ -310,9 +310,18 @@ def _fields(rec: PduRecord) -> str:
     return f"{base} len={plen}{last}"
 
 
+_HEADS: dict[tuple[int, str, str, str], str] = {}
+
+
 def summary_line(rec: PduRecord) -> str:
     """One line per PDU, tshark-summary style."""
-    head = f"{rec.frame:>6} {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
+    key = (rec.stream, rec.direction, rec.src, rec.dst)
+    tail = _HEADS.get(key)
+    if tail is None:
+        tail = f" {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
+        if len(_HEADS) < 4096:
+            _HEADS[key] = tail
+    head = f"{rec.frame:>6}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa
         assert mpa is not None

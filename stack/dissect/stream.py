@@ -92,7 +92,7 @@ from stack.constants import (
     TermLayer,
 )
 from stack.crc import crc32c
-from stack.dissect.pcapio import TcpSegment
+from stack.dissect.pcapio import TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.dissect.tcp import (
     Connection,
     Gap,
@@ -128,6 +128,7 @@ __all__ = [
 ]
 
 _SEQ_MOD = 1 << 32
+_TCP_SPECIAL = TCP_SYN | TCP_FIN | TCP_RST
 _LE32 = struct.Struct("<I")
 _U32 = struct.Struct(">I")
 _MPA_HDR = struct.Struct(">16sBBH")
@@ -1655,6 +1656,7 @@ class Dissector:
     def __init__(self, options: DissectOptions | None = None) -> None:
         self.options = options or DissectOptions()
         self.tcp = TcpReassembler()
+        self._sides = self.tcp._sides
         self._conns: dict[int, _Conn] = {}
         self._out: list[Output] = []
         self.searching: set[_Half] = set()
@@ -1674,8 +1676,41 @@ class Dissector:
         return conn
 
     def feed(self, segment: TcpSegment) -> list[Output]:
-        self.last_frame = segment.frame
-        self.last_ts = segment.timestamp
+        frame = self.last_frame = segment.frame
+        ts = self.last_ts = segment.timestamp
+        flags = segment.flags
+        if not flags & _TCP_SPECIAL and not segment.missing:
+            # bulk path: the next in-order bytes of a known connection, straight to MPA
+            # (the same steps as TcpReassembler.feed's fast path, without event objects)
+            entry = self._sides.get((segment.src, segment.sport, segment.dst, segment.dport))
+            if entry is not None:
+                tcp_conn, side = entry
+                half = tcp_conn.halves[side]
+                base_seq = half.base_seq
+                if base_seq is not None and half.fin_offset is None and not half._pending:
+                    nxt = half.next_offset
+                    if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
+                        payload = segment.payload
+                        size = len(payload)
+                        if size:
+                            half.next_offset = nxt + size
+                            half.delivered_bytes += size
+                            half._remember(nxt, payload)
+                            conn = tcp_conn.user
+                            if conn is None:
+                                conn = self._conn(tcp_conn)
+                            assert isinstance(conn, _Conn)
+                            if frame > conn.last_frame:
+                                conn.last_frame = frame
+                            conn.halves[side].push(payload, nxt, frame, ts)
+                            out = self._out
+                            if not out:
+                                return []
+                            if self.searching:
+                                self._held = True
+                                return []
+                            return self._release()
+                        return []
         tcp_conn, side, events = self.tcp.feed(segment)
         conn = tcp_conn.user or self._conn(tcp_conn)
         assert isinstance(conn, _Conn)
