@@ -82,7 +82,7 @@ from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection
 from stack.wire.events import CrcPolicy, MpaSettings, Negotiated
-from tools.cli import CliError
+from tools.cli import CliError, trio_run
 
 TESTS = ("write", "read", "send", "atomic")
 DEFAULT_PORT = 18515
@@ -1894,7 +1894,7 @@ def run_test_command(args: argparse.Namespace) -> int:
         return _serve(server, False)
     opts = options_from_args(args, test)
     try:
-        trio.run(run_benchmark, opts)
+        trio_run(run_benchmark, opts)
     except (BenchError, IwarpError, OSError) as exc:
         return _fail(f"iwarp bench {test}", exc)
     return 0
@@ -1910,7 +1910,7 @@ def run_server_command(args: argparse.Namespace) -> int:
 def _serve(server: BenchServer, exit_on_stdin_eof: bool) -> int:
     raise_nofile(1 << 20)
     try:
-        trio.run(
+        trio_run(
             lambda: serve_forever(server, announce=sys.stdout, exit_on_stdin_eof=exit_on_stdin_eof)
         )
     except (BenchError, IwarpError, OSError) as exc:
@@ -1948,7 +1948,7 @@ def run_idle_command(args: argparse.Namespace) -> int:
         )
 
     try:
-        trio.run(main)
+        trio_run(main)
     except (BenchError, IwarpError, OSError) as exc:
         return _fail("iwarp bench idle-qps", exc)
     return 0

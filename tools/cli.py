@@ -13,9 +13,14 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import trio
 
 import tools
+
+T = TypeVar("T")
 
 
 class CliError(Exception):
@@ -49,3 +54,25 @@ def run(prog: str, description: str, argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def lone_exception(exc: BaseException) -> BaseException:
+    """The single exception inside nested exception groups (trio nurseries), else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def trio_run(fn: Callable[..., Awaitable[T]], *args: object) -> T:
+    """``trio.run`` that lifts a lone error out of trio's exception groups.
+
+    A tool's ``except BenchError`` (or any user-facing error) then works whether the error
+    was raised in a nursery or not.
+    """
+    try:
+        return trio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        inner = lone_exception(group)
+        if inner is group:
+            raise
+        raise inner from None

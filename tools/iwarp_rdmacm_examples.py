@@ -22,7 +22,7 @@ from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpCap, QueuePair
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
 from stack.transport.driver import RdmaConnection
-from tools.cli import CliError
+from tools.cli import CliError, trio_run
 
 RDMA_EXAMPLES_PORT = 7471
 MESSAGE_LEN = 16
@@ -131,6 +131,7 @@ def _post_recvs(side: _Side, qp: QueuePair, args: argparse.Namespace) -> None:
 
 async def cmatose(args: argparse.Namespace) -> int:
     side = _Side("cmatose")
+    status = 0
     try:
         if args.server is None:
             print("cmatose: starting server", flush=True)
@@ -166,12 +167,11 @@ async def cmatose(args: argparse.Namespace) -> int:
                 with trio.fail_after(args.timeout):
                     for conn in conns:
                         await conn.wait_closed()
-    except (ConnectFailed, ConnectRejected, OSError, trio.TooSlowError) as exc:
-        print(f"cmatose: {exc or 'timed out'}", file=sys.stderr)
-        print("test complete\nreturn status 1", flush=True)
-        return 1
-    print("test complete\nreturn status 0", flush=True)
-    return 0
+    except* (ConnectFailed, ConnectRejected, OSError, trio.TooSlowError) as group:
+        print(f"cmatose: {group.exceptions[0] or 'timed out'}", file=sys.stderr)
+        status = 1
+    print(f"test complete\nreturn status {status}", flush=True)
+    return status
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -190,11 +190,11 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("rdma-server", parents=[common], help="librdmacm rdma_server peer")
     p.add_argument("-s", dest="bind", help="address to bind (default all)")
-    p.set_defaults(func=lambda a: (_check(a), trio.run(rdma_server, a))[1])
+    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_server, a))[1])
 
     p = subparsers.add_parser("rdma-client", parents=[common], help="librdmacm rdma_client peer")
     p.add_argument("-s", dest="server", required=True, help="server address")
-    p.set_defaults(func=lambda a: (_check(a), trio.run(rdma_client, a))[1])
+    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_client, a))[1])
 
     p = subparsers.add_parser("cmatose", parents=[common], help="librdmacm ucmatose peer")
     p.add_argument("-s", dest="server", help="server address (client mode; omit for server)")
@@ -202,4 +202,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("-c", dest="connections", type=int, default=1, help="connections (1)")
     p.add_argument("-C", dest="messages", type=int, default=10, help="messages per connection (10)")
     p.add_argument("-S", dest="size", type=int, default=100, help="message size (100)")
-    p.set_defaults(func=lambda a: (_check(a), trio.run(cmatose, a))[1])
+    p.set_defaults(func=lambda a: (_check(a), trio_run(cmatose, a))[1])

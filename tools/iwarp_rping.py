@@ -28,7 +28,7 @@ from stack.rnic.qp import QueuePair
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
 from stack.transport.driver import RdmaConnection
 from stack.wire.events import CrcPolicy, MpaSettings
-from tools.cli import CliError
+from tools.cli import CliError, trio_run
 
 RDMA_INFO = struct.Struct(">QII")
 """``struct rping_rdma_info``: buf, rkey, size (network byte order)."""
@@ -130,16 +130,17 @@ async def run_server(args: argparse.Namespace) -> int:
             print(f"rping: listening on port {listener.port}", file=sys.stderr, flush=True)
         request = await listener.get_request()
         conn = await request.accept(ep.qp, args.private_data.encode())
+        status = 0
         try:
             await _server_loop(ep, conn, args)
-        except Disconnected:
-            pass
-        except RpingError as exc:
-            print(f"rping: {exc}", file=sys.stderr)
-            return 1
+        except* Disconnected:
+            pass  # the client is done: rping's server exits normally
+        except* RpingError as group:
+            print(f"rping: {group.exceptions[0]}", file=sys.stderr)
+            status = 1
         finally:
             await conn.disconnect()
-    return 0
+    return status
 
 
 async def _server_loop(ep: Endpoint, conn: RdmaConnection, args: argparse.Namespace) -> None:
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"-S size must be in {MIN_SIZE}..{MAX_SIZE}")
     if args.count < 0:
         raise CliError("-C count must be >= 0")
-    return trio.run(run_server if args.server else run_client, args)
+    return trio_run(run_server if args.server else run_client, args)
 
 
 def register(subparsers: Any) -> None:
