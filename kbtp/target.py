@@ -22,14 +22,16 @@ Theory of operation
   Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
   the core returns are posted as work requests on the QP of the session they name (one
   session's request can release another session's request queued on the same handle).
-* **Order.**  A LOAD's COMPLETION is posted only after its RDMA Write completed, that is,
-  after the block's bytes were taken by the transport: the core may reuse the block as soon
-  as the Write is reported.  The COMPLETION then follows the Write on the same stream, so
-  the data is placed before the COMPLETION is delivered (RFC 5040 §5.5).
-* **Closing.**  ``CloseSession``: the Send before it (the error COMPLETION or HELLO_ACK) is
-  signalled; once it has been handed to the transport the QP sends a Terminate with the
-  action's cause and the connection closes (docs/kbtp.md §9.3).  When a connection ends for
-  any reason the core's ``close_session`` runs and the session's MRs are deregistered.
+* **Order.**  A LOAD's COMPLETION is posted only once its RDMA Write is complete for the
+  core, that is, once the block's octets have been taken (copied at posting for Writes up
+  to ``write_copy_limit``, read by the transport for longer ones): the core may reuse the
+  block as soon as the Write is reported.  The COMPLETION follows the Write on the same
+  stream, so the data is placed before the COMPLETION is delivered (RFC 5040 §5.5).
+* **Closing.**  ``CloseSession``: a local-only LOCAL_INV marker is posted behind the Sends
+  (the error COMPLETION or HELLO_ACK); when it completes they have been handed to the
+  transport, and the QP sends a Terminate with the action's cause and closes (docs/kbtp.md
+  §9.3).  When a connection ends for any reason the core's ``close_session`` runs and the
+  session's MRs are deregistered.
 * **Time.**  A ticker task calls ``tick`` at the core's ``next_deadline`` and at least every
   Ticket Timeout / 2 (draft §3.4, docs/kbtp.md §6.7).
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -94,7 +97,11 @@ REGION_ACCESS: dict[RegionKind, Access] = {
 _UNSIGNALLED = 0
 """wr_id of Sends nobody waits for (the core's op ids start at 1)."""
 _CLOSE_MARKER = (1 << 64) - 1
-"""wr_id of the last Send before a CloseSession: when it is out, the Terminate follows."""
+"""wr_id of the marker behind a CloseSession's Sends: when it completes, the Terminate."""
+
+
+WRITE_COPY_LIMIT = 256 * 1024
+"""RDMA Writes up to this length carry a copy of the block (see ``KbtpTarget._apply``)."""
 
 
 def layout_size(config: TargetConfig) -> int:
@@ -134,6 +141,7 @@ class TargetSession:
     peer: tuple[str, int]
     recv_mr: MemoryRegion
     recv_size: int
+    marker_mr: MemoryRegion
     conn: RdmaConnection | None = None
     identity: bytes | None = None
     regions: list[MemoryRegion] = field(default_factory=list)
@@ -187,6 +195,7 @@ class KbtpTarget:
         self._sids = itertools.count(1)
         self._tick_wake = trio.Event()
         self.sessions_served = 0
+        self.write_copy_limit = WRITE_COPY_LIMIT
 
     # ----------------------------------------------------------------------------------
     # the core's injected services
@@ -250,8 +259,9 @@ class KbtpTarget:
         cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=credits + 1)
         qp = self.rnic.create_qp(self.pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
         recv_mr = self.pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
-        sess = TargetSession(sid, qp, cq, request.remote, recv_mr, size)
-        sess.regions.append(recv_mr)
+        marker_mr = self.pd.reg_mr(bytearray(1), Access.LOCAL_WRITE)
+        sess = TargetSession(sid, qp, cq, request.remote, recv_mr, size, marker_mr)
+        sess.regions += [recv_mr, marker_mr]
         # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
         qp.post_recv([sess.recv_wr(slot) for slot in range(credits)])
         self.core.open_session(sid)
@@ -342,23 +352,50 @@ class KbtpTarget:
             self._apply(self.core.rdma_failed(wc.wr_id, now, reason))
 
     def _apply(self, actions: list[Action]) -> None:
-        """Carry out the core's actions as work requests on the QPs of their sessions."""
-        if not actions:
-            return
-        last_send: dict[int, int] = {}
-        markers: set[int] = set()
-        for index, action in enumerate(actions):
-            if isinstance(action, SendMessage):
-                last_send[action.session] = index
-            elif isinstance(action, CloseSession) and action.session in last_send:
-                markers.add(last_send.pop(action.session))
-        for index, action in enumerate(actions):
+        """Carry out the core's actions as work requests on the QPs of their sessions.
+
+        An RDMA Write of up to ``write_copy_limit`` octets takes a copy of the block when
+        posted, so it is complete for the core at once: the COMPLETION is posted right
+        behind it and both leave in one socket write (the Write is still placed first,
+        RFC 5040 §5.5).  Longer Writes read the pool when transmitted and are reported
+        when they have been handed to the transport.
+        """
+        work = deque(actions)
+        while work:
+            action = work.popleft()
             sess = self.sessions.get(action.session)
             if sess is None:
                 continue  # the session has gone; the core has dropped its operations
             if isinstance(action, SendMessage):
-                self._post(sess, self._send_wr(action, index in markers))
+                data = action.encode()
+                if action.invalidate_stag is None:
+                    wr = SendWR(
+                        _UNSIGNALLED, WrOpcode.SEND, inline_data=data, send_flags=SendFlags.NONE
+                    )
+                else:
+                    wr = SendWR(
+                        _UNSIGNALLED,
+                        WrOpcode.SEND_WITH_INV,
+                        inline_data=data,
+                        invalidate_rkey=action.invalidate_stag,
+                        send_flags=SendFlags.NONE,
+                    )
+                self._post(sess, wr)
             elif isinstance(action, WriteToInitiator):
+                if action.length <= self.write_copy_limit:
+                    start = action.local_to - self.local_mr.base
+                    data = bytes(self.local_mr.buf[start : start + action.length])
+                    wr = SendWR(
+                        _UNSIGNALLED,
+                        WrOpcode.RDMA_WRITE,
+                        inline_data=data,
+                        rkey=action.remote_stag,
+                        remote_addr=action.remote_to,
+                        send_flags=SendFlags.NONE,
+                    )
+                    if self._post(sess, wr):
+                        work.extend(self.core.rdma_completed(action.op_id, trio.current_time()))
+                    continue
                 sge = Sge(action.local_to, action.length, self.local_mr.lkey)
                 wr = SendWR(
                     action.op_id,
@@ -384,39 +421,29 @@ class KbtpTarget:
                 )
             else:
                 assert isinstance(action, CloseSession)
+                # A local-only marker behind the Sends already posted: it completes once
+                # they have all been handed to the transport; then the Terminate goes out.
                 sess.reason = f"closed by the target: {action.status.name}: {action.reason}"
                 sess.close = action
-                if not any(
-                    isinstance(a, SendMessage) and a.session == action.session
-                    for a in actions[:index]
-                ):
+                marker = SendWR(
+                    _CLOSE_MARKER, WrOpcode.LOCAL_INV, invalidate_rkey=sess.marker_mr.stag
+                )
+                if not self._post(sess, marker):
                     self._terminate(sess)
 
-    @staticmethod
-    def _send_wr(action: SendMessage, marker: bool) -> SendWR:
-        data = action.encode()
-        flags = SendFlags.SIGNALED if marker else SendFlags.NONE
-        wr_id = _CLOSE_MARKER if marker else _UNSIGNALLED
-        if action.invalidate_stag is not None:
-            return SendWR(
-                wr_id,
-                WrOpcode.SEND_WITH_INV,
-                inline_data=data,
-                invalidate_rkey=action.invalidate_stag,
-                send_flags=flags,
-            )
-        return SendWR(wr_id, WrOpcode.SEND, inline_data=data, send_flags=flags)
-
-    def _post(self, sess: TargetSession, wr: SendWR) -> None:
+    def _post(self, sess: TargetSession, wr: SendWR) -> bool:
+        """Post ``wr`` on the session's QP; False if the QP no longer takes work."""
         qp = sess.qp
         if qp.state is not QpState.RTS:
-            return  # closing or in error: the core learns from the session's end
+            return False  # closing or in error: the core learns from the session's end
         try:
             qp.post_send(wr)
         except LocalError as exc:
             log.warning("session %d: cannot post %s: %s", sess.sid, wr.opcode.value, exc)
             sess.reason = f"target failure: {exc}"
             self._terminate(sess)
+            return False
+        return True
 
     def _terminate(self, sess: TargetSession) -> None:
         """Terminate the stream with the pending CloseSession's cause and close (§9.3)."""
