@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -92,25 +93,33 @@ def generate(path: str, fpdus: int, markers: bool = False, seed: int = 1) -> int
 _ENV: dict[str, str] | None = None
 
 
-def _once(cmd: list[str]) -> float:
+Timing = tuple[float, float]  # (wall seconds, CPU seconds of the child: user + system)
+
+
+def _once(cmd: list[str]) -> Timing:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=_ENV
     )
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
-def _race(mine: list[str], theirs: list[str] | None, repeat: int) -> tuple[float, float | None]:
-    """Best wall time of each command; runs alternate so both see the same machine load."""
-    best_mine = float("inf")
-    best_theirs = float("inf") if theirs else None
+def _race(mine: list[str], theirs: list[str] | None, repeat: int) -> tuple[Timing, Timing | None]:
+    """Best wall and CPU time of each command; runs alternate so both see the same load."""
+    best_mine = (float("inf"), float("inf"))
+    best_theirs: Timing | None = (float("inf"), float("inf")) if theirs else None
     for _ in range(repeat):
-        best_mine = min(best_mine, _once(mine))
+        wall, cpu = _once(mine)
+        best_mine = (min(best_mine[0], wall), min(best_mine[1], cpu))
         if theirs and best_theirs is not None:
-            best_theirs = min(best_theirs, _once(theirs))
+            wall, cpu = _once(theirs)
+            best_theirs = (min(best_theirs[0], wall), min(best_theirs[1], cpu))
     return best_mine, best_theirs
 
 
@@ -151,12 +160,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )  # fmt: skip
         for label, mine, theirs in pairs:
-            t_ours, t_ts = _race(mine, theirs if tshark else None, args.repeat)
-            line = f"{label:8} iwarp dissect {t_ours:7.2f} s ({count / t_ours:9.0f} FPDU/s)"
-            if t_ts is not None:
+            (w_ours, c_ours), ts = _race(mine, theirs if tshark else None, args.repeat)
+            line = (
+                f"{label:8} iwarp dissect {w_ours:6.2f} s wall {c_ours:6.2f} s CPU "
+                f"({count / w_ours:7.0f} FPDU/s)"
+            )
+            if ts is not None:
+                w_ts, c_ts = ts
                 line += (
-                    f" | tshark {t_ts:7.2f} s ({count / t_ts:9.0f} FPDU/s)"
-                    f" | tshark/ours = {t_ts / t_ours:.2f}"
+                    f" | tshark {w_ts:6.2f} s wall {c_ts:6.2f} s CPU ({count / w_ts:7.0f} FPDU/s)"
+                    f" | tshark/ours wall {w_ts / w_ours:.2f} CPU {c_ts / c_ours:.2f}"
                 )
             else:
                 line += " | tshark not installed"
