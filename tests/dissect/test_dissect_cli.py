@@ -279,3 +279,19 @@ def test_filter_language(expr: str, expected: bool) -> None:
 def test_filter_errors(expr: str) -> None:
     with pytest.raises(FilterError):
         compile_filter(expr)
+
+
+def test_mid_stream_flag_searches_connections_that_start_without_mpa(
+    tmp_path: Path, capsys
+) -> None:
+    b = CaptureBuilder()
+    c = b.connection(startup=False)  # SYN captured, MPA startup not (e.g. a filter dropped it)
+    for i in range(8):
+        c.send(I2R, Send(bytes([i]) * 200))
+    path = tmp_path / "nompa.pcap"
+    path.write_bytes(b.data())
+    assert main(["dissect", str(path), "-q"]) == 1
+    capsys.readouterr()
+    rows = _json(capsys, str(path), "--mid-stream")
+    assert [r["msn"] for r in rows] == list(range(1, 9))
+    assert all(r["crc_ok"] is True and r["findings"] == [] for r in rows)
