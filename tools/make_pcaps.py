@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -428,15 +428,21 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+CAPTURE_EMSS = 1448
+"""EMSS used for the captures: an Ethernet path, so larger messages show DDP segmentation."""
+
+
 async def run_scenario(scenario: Scenario, path: Path) -> None:
     """Run one scenario over loopback TCP, capturing at the initiator."""
     client, server = _peer("initiator"), _peer("responder")
+    client_settings = replace(scenario.client, emss=scenario.client.emss or CAPTURE_EMSS)
+    server_settings = replace(scenario.server, emss=scenario.server.emss or CAPTURE_EMSS)
     with PcapWriter(path) as writer:
         async with (
             ConnectionManager.open(server.rnic) as scm,
             ConnectionManager.open(client.rnic, tap_factory=pcap_tap_factory(writer)) as ccm,
         ):
-            listener = await scm.listen("127.0.0.1", 0, settings=scenario.server)
+            listener = await scm.listen("127.0.0.1", 0, settings=server_settings)
             accepted: list = []
 
             async def serve() -> None:
@@ -453,7 +459,7 @@ async def run_scenario(scenario: Scenario, path: Path) -> None:
                     listener.port,
                     client.qp,
                     private_data=b"hello",
-                    settings=scenario.client,
+                    settings=client_settings,
                 )
             except ConnectRejected:
                 await trio.sleep(0.05)

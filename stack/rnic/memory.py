@@ -95,6 +95,7 @@ class MemoryRegion:
         self.buf = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self.pd = pd
         self.access = Access(access)
+        self.access_bits = int(access)  # plain int for the per-segment checks
         self.length = len(self.buf)
         self.addr = _buffer_address(self.buf) if self.length else 0
         self.base = 0 if self.access & Access.ZERO_BASED else self.addr
@@ -222,7 +223,7 @@ def check_remote_access(
     stag: int,
     to: int,
     length: int,
-    right: Access,
+    right: int,
     codes: _Codes,
 ) -> memoryview:
     """Validate an inbound tagged access in the order of digest §7.1 and return the bytes.
@@ -239,8 +240,9 @@ def check_remote_access(
         raise codes.error(
             "SEC-01", f"STag 0x{stag:08x} belongs to another PD", codes.not_associated
         )
-    if not mr.access & right:
-        raise codes.error("SEC-12", f"STag 0x{stag:08x} lacks {right.name} access", codes.rights)
+    if not mr.access_bits & right:
+        name = Access(right).name
+        raise codes.error("SEC-12", f"STag 0x{stag:08x} lacks {name} access", codes.rights)
     if to + length > U64:
         raise codes.error(codes.rule, f"TO 0x{to:x} + {length} wraps 64 bits", codes.wrap)
     if to < mr.base or to + length > mr.base + mr.length:

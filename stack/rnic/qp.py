@@ -85,6 +85,15 @@ from stack.wire.events import (
 )
 
 _LE64 = struct.Struct("<Q")
+# Plain ints for the hot path: IntFlag operators cost several microseconds per WR.
+_FENCE = int(SendFlags.FENCE)
+_SIGNALED = int(SendFlags.SIGNALED)
+_SOLICITED = int(SendFlags.SOLICITED)
+_INLINE = int(SendFlags.INLINE)
+_LOCAL_WRITE = int(Access.LOCAL_WRITE)
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)
+_REMOTE_READ = int(Access.REMOTE_READ)
+_REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 
 
 class QpState(Enum):
@@ -129,6 +138,7 @@ class _SqEntry:
     """A send WR from posting to completion."""
 
     wr: SendWR
+    flags: int = 0
     byte_len: int = 0
     done: bool = False
     status: WcStatus = WcStatus.SUCCESS
@@ -256,7 +266,7 @@ class QueuePair:
         for one in wrs:
             if len(one.sg_list) > self.cap.max_send_sge:
                 raise LocalError(f"send WR {one.wr_id} has more than max_send_sge SGEs")
-            if one.send_flags & SendFlags.INLINE:
+            if one.send_flags & _INLINE:
                 size = len(one.inline_data or b"") or sum(s.length for s in one.sg_list)
                 if size > self.cap.max_inline_data:
                     raise LocalError(f"inline data of WR {one.wr_id} exceeds max_inline_data")
@@ -269,7 +279,7 @@ class QueuePair:
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
         for one in wrs:
-            self._pending.append(_SqEntry(one))
+            self._pending.append(_SqEntry(one, int(one.send_flags)))
         if self.state is QpState.RTS:
             self._progress_sq()
 
@@ -281,7 +291,7 @@ class QueuePair:
             wr = entry.wr
             if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
                 return
-            if wr.send_flags & SendFlags.FENCE and self.outstanding_remote:
+            if entry.flags & _FENCE and self.outstanding_remote:
                 return
             self._pending.popleft()
             self._inflight.append(entry)
@@ -301,7 +311,7 @@ class QueuePair:
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
         op = wr.opcode
-        solicited = bool(wr.send_flags & SendFlags.SOLICITED)
+        solicited = bool(entry.flags & _SOLICITED)
         if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
             data = self._gather(wr)
             entry.byte_len = len(data)
@@ -320,7 +330,7 @@ class QueuePair:
             if len(wr.sg_list) != 1:
                 raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, "RDMA Read needs exactly one SGE")
             sge = wr.sg_list[0]
-            mr, view = self._local(sge, Access.LOCAL_WRITE)
+            mr, view = self._local(sge, _LOCAL_WRITE)
             entry.sink, entry.sink_stag, entry.sink_to = view, mr.stag, sge.addr
             self._reads.append(entry)
             req = ReadRequest(mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr)
@@ -328,7 +338,7 @@ class QueuePair:
         elif op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP):
             if len(wr.sg_list) != 1 or wr.sg_list[0].length != 8:
                 raise _LocalWrError(WcStatus.LOC_LEN_ERR, "atomics need one 8-byte SGE")
-            _mr, view = self._local(wr.sg_list[0], Access.LOCAL_WRITE)
+            _mr, view = self._local(wr.sg_list[0], _LOCAL_WRITE)
             entry.sink, entry.byte_len = view, 8
             entry.req_id = self._next_req_id
             self._next_req_id = (self._next_req_id + 1) & 0xFFFFFFFF
@@ -370,12 +380,12 @@ class QueuePair:
         if was_empty and self.on_output is not None:
             self.on_output()
 
-    def _local(self, sge: Sge, need: Access) -> tuple[MemoryRegion, memoryview]:
+    def _local(self, sge: Sge, need: int) -> tuple[MemoryRegion, memoryview]:
         """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
         mr = self.table.lookup(sge.lkey)
         if mr is None or not mr.valid or mr.pd is not self.pd:
             raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"invalid lkey 0x{sge.lkey:08x}")
-        if need & Access.LOCAL_WRITE and not mr.access & Access.LOCAL_WRITE:
+        if need & _LOCAL_WRITE and not mr.access_bits & _LOCAL_WRITE:
             raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE needs LOCAL_WRITE")
         if sge.length < 0 or sge.addr < mr.base or sge.addr + sge.length > mr.base + mr.length:
             raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE outside its memory region")
@@ -384,8 +394,8 @@ class QueuePair:
     def _gather(self, wr: SendWR) -> bytes | memoryview:
         if wr.inline_data is not None:
             return bytes(wr.inline_data)
-        views = [self._local(sge, Access(0))[1] for sge in wr.sg_list]
-        if wr.send_flags & SendFlags.INLINE:
+        views = [self._local(sge, 0)[1] for sge in wr.sg_list]
+        if wr.send_flags & _INLINE:
             return b"".join(views)
         if len(views) == 1:
             return views[0]
@@ -451,7 +461,7 @@ class QueuePair:
                     event.stag,
                     event.to,
                     len(event.data),
-                    Access.REMOTE_WRITE,
+                    _REMOTE_WRITE,
                     DDP_TAGGED_CODES,
                 )
                 view[:] = event.data
@@ -501,7 +511,7 @@ class QueuePair:
             recv = _RecvInProgress(seg.msn, wr)
             try:
                 for sge in wr.sg_list:
-                    _mr, view = self._local(sge, Access.LOCAL_WRITE)
+                    _mr, view = self._local(sge, _LOCAL_WRITE)
                     recv.views.append(view)
                     recv.capacity += sge.length
             except _LocalWrError as exc:
@@ -546,7 +556,7 @@ class QueuePair:
             req.src_stag,
             req.src_to,
             req.size,
-            Access.REMOTE_READ,
+            _REMOTE_READ,
             RDMAP_REMOTE_CODES,
         )
         self._queue_response(ReadResponse(req.sink_stag, req.sink_to, view))
@@ -589,7 +599,7 @@ class QueuePair:
             req.stag,
             req.to,
             8,
-            Access.REMOTE_ATOMIC,
+            _REMOTE_ATOMIC,
             RDMAP_REMOTE_CODES,
         )
         del view  # validated; the MR's atomic engine does the access
@@ -642,7 +652,7 @@ class QueuePair:
         """Report completed send WRs in submit order (RFC 5040 §5.5 rule 15)."""
         while self._inflight and self._inflight[0].done:
             entry = self._inflight.popleft()
-            signalled = self.sq_sig_all or entry.wr.send_flags & SendFlags.SIGNALED
+            signalled = self.sq_sig_all or entry.flags & _SIGNALED
             if signalled or entry.status is not WcStatus.SUCCESS:
                 self._push_wc(self.send_cq, self._wc(entry, entry.status))
 
@@ -681,9 +691,7 @@ class QueuePair:
         for entry in list(self._inflight) + list(self._pending):
             if entry.done:
                 status = entry.status
-                if status is WcStatus.SUCCESS and not (
-                    self.sq_sig_all or entry.wr.send_flags & SendFlags.SIGNALED
-                ):
+                if status is WcStatus.SUCCESS and not (self.sq_sig_all or entry.flags & _SIGNALED):
                     continue
             elif remote_status is not None:
                 status, remote_status = remote_status, None

@@ -17,9 +17,10 @@ trio with the engine's timers (MPA-27); once established, an
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -64,6 +65,23 @@ class ConnectFailed(IwarpError):
     def __init__(self, message: str, cause: Exception | None = None) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+def socket_emss(stream: trio.SocketStream) -> int | None:
+    """The connected socket's MSS (``TCP_MAXSEG``), the EMSS of MPA-13 on this path."""
+    try:
+        mss = stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+    except (OSError, AttributeError):
+        return None
+    return mss if mss > 0 else None
+
+
+def with_emss(settings: MpaSettings, stream: trio.SocketStream) -> MpaSettings:
+    """``settings`` with EMSS taken from the socket unless the caller fixed it."""
+    if settings.emss is not None:
+        return settings
+    emss = socket_emss(stream)
+    return replace(settings, emss=emss) if emss else settings
 
 
 async def _startup_pump(
@@ -209,7 +227,7 @@ class Listener:
             nursery.start_soon(self._handshake, stream)
 
     async def _handshake(self, stream: trio.SocketStream) -> None:
-        engine = IwarpConnection(Role.RESPONDER, self.settings)
+        engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream))
         engine.start(trio.current_time())
         remote = stream.socket.getpeername()[:2]
         tap = self.cm.tap_factory(stream, False) if self.cm.tap_factory else None
@@ -314,7 +332,7 @@ class ConnectionManager:
         except OSError as exc:
             raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
         settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
-        engine = IwarpConnection(Role.INITIATOR, settings)
+        engine = IwarpConnection(Role.INITIATOR, with_emss(settings, stream))
         tap = self.tap_factory(stream, True) if self.tap_factory else None
         engine.initiate(trio.current_time(), private_data)
         try:

@@ -360,7 +360,8 @@ class MpaSettings:
     (order a responder picks from); max_private_data (512; siw uses 256);
     rev_policy (responder treatment of Rev 0 / unknown revs); allow_enhanced (a
     responder that does not implement RFC 6581 closes on S=1, ERC-11); reply_timeout,
-    request_timeout (seconds, MPA-27); emss (for MULPDU, MPA-13); mulpdu (override).
+    request_timeout (seconds, MPA-27); emss (for MULPDU, MPA-13; None: the transport
+    takes it from the connected socket's MSS, else 1448); mulpdu (override).
     """
 
     rev: int = 2
@@ -376,7 +377,7 @@ class MpaSettings:
     allow_enhanced: bool = True
     reply_timeout: float = 10.0
     request_timeout: float = 5.0
-    emss: int = 1448
+    emss: int | None = None
     mulpdu: int | None = None
 
 

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from stack.constants import (
+    DEFAULT_EMSS,
     MPA_FRAME_HEADER_LEN,
     MPA_IRD_ORD_LEN,
     MPA_KEY_LEN,
@@ -338,7 +339,7 @@ class MpaConnection:
         if self.settings.mulpdu is not None:
             return self.settings.mulpdu
         markers = self._framer.markers if self._framer is not None else False
-        return mulpdu_for(self.settings.emss, markers)
+        return mulpdu_for(self.settings.emss or DEFAULT_EMSS, markers)
 
     def timer_deadline(self) -> float | None:
         """When :meth:`handle_timer` must be called next, or None (MPA-27)."""
@@ -836,7 +837,7 @@ class MpaConnection:
         markers_tx = peer.markers  # the receiver of each direction decides (MPA-09)
         mulpdu = self.settings.mulpdu
         if mulpdu is None:
-            mulpdu = mulpdu_for(self.settings.emss, markers_tx)
+            mulpdu = mulpdu_for(self.settings.emss or DEFAULT_EMSS, markers_tx)
         reply = peer if peer.reply else local
         return Negotiated(
             role=self.role,
