@@ -92,6 +92,11 @@ from stack.constants import (
     TermLayer,
 )
 from stack.crc import crc32c
+
+try:  # the C function itself, without stack.crc's wrapper call, on the bulk path
+    from crc32c import crc32c as _crc32c
+except ImportError:  # pragma: no cover - crcmod backend
+    _crc32c = crc32c
 from stack.dissect.pcapio import TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.dissect.tcp import (
     Connection,
@@ -953,6 +958,91 @@ class _Half:
         self._consume(pos)
         return self.mode != "fpdu" and bool(self.buffered)
 
+    def walk_plain(self, data: memoryview, offset: int, frame: int, ts: float) -> None:
+        """The bulk path of :meth:`push` + :meth:`_walk` for an empty buffer without markers.
+
+        Every FPDU that ``data`` completes is decoded straight from the capture bytes; a
+        partial FPDU at the end is buffered for :meth:`push`.  Anything unusual (bad CRC,
+        undecodable ULPDU) goes through the general :meth:`Conn.fpdu`.
+        """
+        conn = self.conn
+        n = len(data)
+        pos = 0
+        crc_on = self.crc
+        emit = conn.emit
+        side = self.side
+        names = conn.names
+        stream = conn.stream
+        direction = conn.direction(side)
+        src = names[side]
+        dst = names[1 - side]
+        seq = self.seq
+        peer = conn.halves[1 - side].seq
+        info = self.info
+        rfc7306 = conn.rfc7306
+        siw = conn.siw_layout
+        first_missing = conn.first_fpdu_frame[side] is None
+        pending = conn.pending_findings[side]
+        while pos + 2 <= n:
+            ulen = (data[pos] << 8) | data[pos + 1]
+            wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+            end = pos + wire
+            if end > n:
+                break
+            end_body = end - MPA_CRC_LEN
+            crc_field = _LE32.unpack_from(data, end_body)[0]
+            crc_value = _crc32c(data[pos:end_body])
+            pad_len = end_body - pos - 2 - ulen
+            pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+            ulpdu = data[pos + 2 : pos + 2 + ulen]
+            if (
+                (crc_on and crc_value != crc_field)
+                or first_missing
+                or pending
+                or (pad_len and any(pad))
+                or ulen > MULPDU_MAX
+            ):
+                # the general path (findings, first-FPDU checks, lost framing)
+                self.base = offset + pos
+                self.chunks = [data[pos:]]
+                self.buffered = n - pos
+                self.ends.append((offset + n, frame, ts))
+                self.run(False)
+                return
+            try:
+                segment = SegmentView(ulpdu, rfc7306, siw)
+            except ProtocolError:
+                self.base = offset + pos
+                self.chunks = [data[pos:]]
+                self.buffered = n - pos
+                self.ends.append((offset + n, frame, ts))
+                self.run(False)
+                return
+            findings: list[Finding] = list(segment.findings) if segment.findings else []
+            seq.check(segment, findings, peer)
+            info.payload_bytes += len(segment.payload)
+            emit(
+                PduRecord(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
+                          findings, None, 0, 0, 0, b"", ulen, True if crc_on else None,
+                          crc_field, crc_value, pad, (), (), (), segment, ulpdu)
+            )  # fmt: skip
+            info.pdus += 1
+            info.fpdus += 1
+            info.wire_bytes += wire
+            info.ulpdu_bytes += ulen
+            pos = end
+        if frame > conn.last_frame:
+            conn.last_frame = frame
+        if pos < n:
+            self.base = offset + pos
+            self.chunks = [data[pos:]]
+            self.buffered = n - pos
+            self.ends.append((offset + n, frame, ts))
+            self.need = ((((data[pos] << 8) | data[pos + 1]) + 5) & ~3) + MPA_CRC_LEN if (
+                n - pos >= 2) else 2  # fmt: skip
+        else:
+            self.base = offset + n
+
     def _next_plausible(self, buf: memoryview, pos: int) -> bool:
         """Whether an FPDU plausibly starts at ``pos`` (True when the bytes are not there)."""
         if self.markers and (self.base + pos - self.seq_start) % MPA_MARKER_INTERVAL == 0:
@@ -1702,7 +1792,15 @@ class Dissector:
                             assert isinstance(conn, _Conn)
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            conn.halves[side].push(payload, nxt, frame, ts)
+                            mpa_half = conn.halves[side]
+                            if (
+                                mpa_half.mode == "fpdu"
+                                and not mpa_half.chunks
+                                and not mpa_half.markers
+                            ):
+                                mpa_half.walk_plain(payload, nxt, frame, ts)
+                            else:
+                                mpa_half.push(payload, nxt, frame, ts)
                             out = self._out
                             if not out:
                                 return []
