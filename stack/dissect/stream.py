@@ -1785,7 +1785,7 @@ class Dissector:
                         if size:
                             half.next_offset = nxt + size
                             half.delivered_bytes += size
-                            half._remember(nxt, payload)
+                            half._recent.append((nxt, payload))
                             conn = tcp_conn.user
                             if conn is None:
                                 conn = self._conn(tcp_conn)

@@ -29,7 +29,8 @@ from stack.dissect.pcapio import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 SEQ_MOD = 1 << 32
 HALF_SEQ = 1 << 31
 DEFAULT_MAX_PENDING = 8 << 20
-RECENT_WINDOW = 1 << 20
+RECENT_SEGMENTS = 512
+"""Delivered segments kept to compare retransmissions against (OverlapConflict)."""
 
 Payload = bytes | bytearray | memoryview
 _SPECIAL = TCP_SYN | TCP_FIN | TCP_RST
@@ -114,8 +115,7 @@ class HalfStream:
         self._pending_starts: list[int] = []
         self._pending: list[tuple[int, Payload, int]] = []
         self._pending_bytes = 0
-        self._recent: deque[tuple[int, Payload]] = deque()
-        self._recent_bytes = 0
+        self._recent: deque[tuple[int, Payload]] = deque(maxlen=RECENT_SEGMENTS)
 
     # ---- sequence mapping -----------------------------------------------------------
     def offset_of(self, seq: int) -> int:
@@ -238,13 +238,7 @@ class HalfStream:
         self.next_offset = offset + size + missing
 
     def _remember(self, offset: int, payload: Payload) -> None:
-        self._recent.append((offset, payload))
-        self._recent_bytes += len(payload)
-        if self._recent_bytes > RECENT_WINDOW:
-            recent = self._recent
-            while self._recent_bytes > RECENT_WINDOW // 2 and len(recent) > 1:
-                _, old = recent.popleft()
-                self._recent_bytes -= len(old)
+        self._recent.append((offset, payload))  # a bounded deque: the oldest falls out
 
     def _repeat(self, start: int, payload: Payload, frame: int, events: list[StreamEvent]) -> None:
         length = len(payload)
