@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,9 @@ from kbtp.messages import (
     Load,
     Request,
     Store,
+    decode_message,
     inline_descriptor,
+    peek_header,
 )
 from stack.errors import IwarpError, LocalError
 from stack.rnic import (
@@ -96,6 +98,30 @@ RECEIVE_SIZE = HELLO_ACK_LEN
 """Initiator receive buffers hold a HELLO_ACK (136 octets) or a COMPLETION (40)."""
 DIRECT_LOAD_ATTEMPTS = 3
 """DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
+
+
+def leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``[exc]``."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in leaf_exceptions(inner)]
+
+
+@contextmanager
+def single_exception() -> Iterator[None]:
+    """Re-raise a lone exception out of the groups trio's nurseries wrap it in.
+
+    The async context managers of this package run the caller's block inside nurseries;
+    an error raised there (a :class:`KbtpStatusError`, say) comes out as itself, not as a
+    group, when it is the only one.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = leaf_exceptions(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
 
 
 class KbtpStatusError(IwarpError):
@@ -203,6 +229,7 @@ class KbtpInitiator:
         """COMPLETIONs that arrived as Send with Invalidate of the request's own STag."""
         self._hello: _Waiter | None = None
         self._requests: dict[int, _Waiter] = {}
+        self._raw: dict[int, _Waiter] = {}
         self._ops: dict[int, _Waiter] = {}
         self._wr_ids = itertools.count(1)
         self._recv_mr: MemoryRegion | None = None
@@ -230,6 +257,14 @@ class KbtpInitiator:
             identity = identity.encode()
         settings = settings or MpaSettings()
         self = cls(identity, capabilities, rnic=rnic, ird=settings.ird, ord=settings.ord)
+        with single_exception():
+            async with self._session(host, port, settings, tap_factory):
+                yield self
+
+    @asynccontextmanager
+    async def _session(
+        self, host: str, port: int, settings: MpaSettings, tap_factory: TapFactory | None
+    ) -> AsyncIterator[None]:
         async with ConnectionManager.open(self.rnic, tap_factory=tap_factory) as cm:
             hello_mr = self.pd.reg_mr(bytearray(RECEIVE_SIZE), Access.LOCAL_WRITE)
             self._hello_mr = hello_mr
@@ -242,7 +277,7 @@ class KbtpInitiator:
                 try:
                     await self._say_hello()
                     hello_mr.dereg()
-                    yield self
+                    yield
                 finally:
                     with trio.CancelScope(shield=True):
                         await self.aclose()
@@ -325,6 +360,18 @@ class KbtpInitiator:
             self._lost(f"{wc.opcode.value} failed: {wc.status.value}")
 
     def _on_message(self, data: bytes, invalidated: int | None) -> None:
+        if self._raw:
+            header = peek_header(data)
+            raw = self._raw.pop(header.request_id, None) if header is not None else None
+            if raw is not None:
+                try:
+                    message = decode_message(data)
+                except KbtpError as exc:
+                    raw.error = exc
+                else:
+                    raw.completion = message if isinstance(message, Completion) else None
+                raw.event.set()
+                return
         try:
             events = self.core.on_message(data)
         except KbtpError as exc:
@@ -366,11 +413,12 @@ class KbtpInitiator:
     def _lost(self, reason: str) -> None:
         if self._closed is None:
             self._closed = self._closed_error(reason)
-        for waiter in [*self._requests.values(), *self._ops.values()]:
+        for waiter in [*self._requests.values(), *self._ops.values(), *self._raw.values()]:
             waiter.error = self._closed
             waiter.event.set()
         self._requests.clear()
         self._ops.clear()
+        self._raw.clear()
         if self._hello is not None and not self._hello.event.is_set():
             self._hello.error = self._closed
             self._hello.event.set()
@@ -413,6 +461,23 @@ class KbtpInitiator:
                 request=request,
             )
         return completion
+
+    async def send_raw(self, data: bytes, request_id: int) -> Completion | None:
+        """Send ``data`` as one Send, bypassing request IDs and credits, and await the
+        COMPLETION (or HELLO_ACK: None) carrying ``request_id``.
+
+        For conformance tests: ``data`` may be malformed on purpose.  ``request_id`` must
+        not collide with the session's own (they count up from 1).  The Send does not
+        count against the credits the session tracks, so keep other requests below them.
+        """
+        self._check_open()
+        waiter = _Waiter()
+        self._raw[request_id] = waiter
+        self.qp.post_send(
+            SendWR(0, WrOpcode.SEND, inline_data=bytes(data), send_flags=SendFlags.NONE)
+        )
+        await waiter.wait()
+        return waiter.completion
 
     def _count(self, op: str, status: str, octets: int) -> None:
         entry = self.stats.setdefault((op, status), OpStats())

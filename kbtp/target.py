@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
+from kbtp.initiator import single_exception
 from kbtp.layout import plan_layout
 from kbtp.target_core import (
     Action,
@@ -222,12 +223,13 @@ class KbtpTarget:
     @asynccontextmanager
     async def running(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[KbtpTarget]:
         """Serve in the background while the block runs; leaving it stops the target."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.serve, host, port)
-            try:
-                yield self
-            finally:
-                nursery.cancel_scope.cancel()
+        with single_exception():
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.serve, host, port)
+                try:
+                    yield self
+                finally:
+                    nursery.cancel_scope.cancel()
 
     async def serve(
         self,
