@@ -288,13 +288,15 @@ class FpduFramer:
         return out
 
     def _grow_stage(self, size: int) -> bytearray:
-        """(Re)allocate the staging buffer: ``size`` bytes, or twice the old size up to what
-        ``max_ulpdu`` needs (it grows with the FPDUs actually framed), with
-        its 508-byte runs and, per stream offset mod 512 (index ``offset % 512 >> 2``), the
-        FPDU geometry: where the length field goes in the stage, where the FPDU starts
-        there, the view before the first marker position (the first ``join`` piece), the
-        ``join`` separator, and the offset in the FPDU of the first marker's FPDUPTR high
-        byte with the table of high bytes.
+        """(Re)allocate the staging buffer and its fixed views.
+
+        Size: ``size``, or twice the old size up to what ``max_ulpdu`` needs, so it grows
+        with the FPDUs actually framed.  Views: the 508-byte runs between marker positions,
+        and per stream offset mod 512 (index ``offset % 512 >> 2``) the FPDU geometry:
+        where the length field goes in the stage, where the FPDU starts there, the first
+        ``join`` piece (up to the first marker position), the ``join`` separator, and the
+        offset in the FPDU of the first marker's FPDUPTR high byte with the table of high
+        bytes.
         """
         size = max(size, min(2 * len(self._stage), self.max_ulpdu + _STAGE_SLACK))
         self._stage_pieces.clear()
@@ -480,8 +482,9 @@ class FpduDeframer:
                 buf = self._buf
                 pos = 0
             view = self._view
-            crc_at = pos + wire - MPA_CRC_LEN
-            if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+            # MPA-12: the CRC over the covered bytes and a correct CRC field is a constant.
+            if self.crc and crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
+                crc_at = pos + wire - MPA_CRC_LEN
                 raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
             self.fpdu_offset = self.offset
             self.fpdu_wire_length = wire
@@ -524,8 +527,8 @@ class FpduDeframer:
                 return None  # MPA-16: hold until the FPDU is complete
         elif not count:
             view = self._view
-            crc_at = pos + wire - MPA_CRC_LEN
-            if self.crc and crc32c(view[pos:crc_at]) != _LE32.unpack_from(buf, crc_at)[0]:
+            if self.crc and crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
+                crc_at = pos + wire - MPA_CRC_LEN
                 raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
             if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
                 raise self._fail(self._marker_error(0, _U16.unpack_from(buf, pos + 2)[0]))
@@ -547,7 +550,7 @@ class FpduDeframer:
         # before the first inner one) and every 128 words after; fewer than 128 words
         # follow the last one, the CRC word included.
         marks = words[index::_WORDS_PER_INTERVAL].tobytes()
-        if marks != _MARKERS[index][: lead + MPA_MARKER_LEN * count]:
+        if not _MARKERS[index].startswith(marks):
             self._check_markers(marks, index)
         del words[index::_WORDS_PER_INTERVAL]
         self.fpdu_offset = self.offset
