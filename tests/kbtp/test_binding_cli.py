@@ -1,0 +1,142 @@
+"""The ``kbtp target | demo | bench`` commands: tiny runs, a real target process, bad arguments."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from kbtp.constants import Capability
+from kbtp.initiator import KbtpInitiator
+from tools.iwarp_cli import main as iwarp_main
+from tools.kbtp_cli import main
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse errors exit from inside
+        return int(exc.code or 0)
+
+
+def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pcap = tmp_path / "demo.pcap"
+    argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "0.5", "-w", str(pcap)]
+    code = _run([*argv, "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "result: PASS" in out and ", 0 failures" in out
+    rows = {tuple(line.split()[:2]) for line in out.splitlines() if line[:1].isupper()}
+    for op in ("ALLOC_STORE", "STORE", "LOAD", "DIRECT_LOAD", "BIND", "FREE"):
+        assert (op, "SUCCESS") in rows, op
+    for bad in (("BIND", "TICKET_ABANDONED"), ("LOAD", "NOT_SEALED"), ("ALLOC_STORE", "NO_SPACE")):
+        assert bad in rows, bad
+    assert pcap.stat().st_size > 10_000
+    assert iwarp_main(["dissect", str(pcap), "-q", "--fail-on-findings"]) == 0
+    capsys.readouterr()
+
+
+def test_bench_tiny_run_prints_kbtp_and_raw_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    code = _run(["bench", "-s", "4K,16K", "-n", "16", "-t", "4", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        (op, size) for size in ("4K", "16K") for op in ("STORE", "LOAD", "ALLOC_STORE")
+    ]
+    assert all(len(r) == 11 and float(r[4]) > 0 and float(r[8]) > 0 for r in rows), rows
+    assert rows[0][2] == "inline" and rows[3][2] == "rdma"  # 4K <= Max Inline < 16K
+
+
+def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> None:
+    pcap = tmp_path / "target.pcap"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.kbtp_cli",
+            "target",
+            "-p",
+            "0",
+            "--block-size",
+            "4K",
+            "-F",
+            "8",
+            "--initiator",
+            "dec:handles=0x100+16,quota=4,direct=both",
+            "--initiator",
+            "pre:quota=4,domain=b",
+            "--capture",
+            str(pcap),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "listening on 127.0.0.1:" in first, first
+        port = int(first.rsplit(":", 1)[1])
+        table = [proc.stdout.readline() for _ in range(4)]
+        assert "dec" in table[2] and "0x100..0x10f" in table[2] and "load+alloc" in table[2]
+        assert "pre" in table[3] and "0x110" in table[3]
+
+        async def client() -> None:
+            with trio.fail_after(30):
+                caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+                async with KbtpInitiator.connect(
+                    "127.0.0.1", port, "dec", capabilities=caps
+                ) as ini:
+                    assert ini.granted == caps and ini.block_size == 4096
+                    await ini.alloc_store(0x100, b"a" * 3000, seal=True)
+                    assert await ini.load(0x100) == b"a" * 3000
+                    await ini.direct_alloc(0x101, b"direct")
+                    assert await ini.direct_load(0x101) == b"direct"
+
+        trio.run(client)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "HELLO from 'dec' accepted" in out and "ended after" in out
+    assert pcap.stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["target", "--block-size", "0"], "size must be"),
+        (["target", "-p", "70000"], "port must be"),
+        (["target", "--emss", "64"], "EMSS must be"),
+        (["target", "--initiator", "x:foo=1"], "unknown initiator option"),
+        (["target", "--initiator", "x:handles=5"], "bad value"),
+        (["target", "--initiator", "x:quota=5000"], "quotas add up"),
+        (["target", "--initiator", "x", "--initiator", "x"], "distinct"),
+        (["demo", "-n", "1"], "at least 2 initiators"),
+        (["demo", "--ticket-timeout", "0"], "must be > 0"),
+        (["bench", "--sizes", "4Q"], "invalid size"),
+        (["bench", "--ops", "nope"], "unknown operation"),
+        (["bench", "-n", "5", "--bytes", "1M"], "not allowed with"),
+        (["bench", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    started = time.perf_counter()
+    code = _run(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "error: " in err and message in err, err
+    assert time.perf_counter() - started < 10  # refused up front, nothing served
