@@ -76,7 +76,7 @@ TCP_ACK = 0x10
 _U16 = struct.Struct(">H")
 _U32_LE = struct.Struct("<I")
 _TCP_HDR = struct.Struct(">HHIIBB")  # sport, dport, seq, ack, data offset byte, flags
-_ETH_IPV4_TCP = struct.Struct(">12xHBxHxxHxBxx4s4sHHIIBB")
+_ETH_IPV4_TCP = struct.Struct(">12xHBxHxxHxBxxIIHHIIBB")
 """Ethertype, IP version/IHL, total length, flags/fragment, protocol, addresses, TCP header."""
 
 
@@ -528,7 +528,7 @@ class CaptureReader:
         unpack = _ETH_IPV4_TCP.unpack_from
         need = _ETH_IPV4_TCP.size
         ethernet = linktype == LINKTYPE_ETHERNET
-        cache = _addr_cache
+        names: dict[int, str] = {}
         tcp_count = 0
         offset = 24
         number = 0
@@ -571,11 +571,17 @@ class CaptureReader:
                         end = ip_end if ip_end <= incl_len else incl_len
                         if hlen >= 20 and start <= end:
                             tcp_count += 1
+                            src_name = names.get(src)
+                            if src_name is None:
+                                src_name = names[src] = _addr(src.to_bytes(4, "big"))
+                            dst_name = names.get(dst)
+                            if dst_name is None:
+                                dst_name = names[dst] = _addr(dst.to_bytes(4, "big"))
                             yield TcpSegment(
                                 number,
                                 ts_sec + ts_frac * scale,
-                                cache.get(src) or _addr(src),
-                                cache.get(dst) or _addr(dst),
+                                src_name,
+                                dst_name,
                                 sport,
                                 dport,
                                 seq,

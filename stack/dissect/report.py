@@ -321,6 +321,23 @@ def summary_line(rec: PduRecord) -> str:
         tail = f" {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
         if len(_HEADS) < 4096:
             _HEADS[key] = tail
+    seg = rec.segment
+    if seg is not None and seg.header is None and not rec.findings and not rec.marker_ptrs:
+        # the bulk of any capture: Write, Read Response and Send segments without findings
+        ok = rec.crc_ok
+        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
+        last = " L" if seg.last else ""
+        name = _NAMES.get(seg.opcode) or _opname(seg.opcode)
+        if seg.tagged:
+            return (
+                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
+                f"TO=0x{seg.to:x} len={seg.ulpdu_len - 14}{last}{crc}"
+            )
+        if seg.opcode not in _INVALIDATE:
+            return (
+                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
+                f"MO={seg.mo} len={seg.ulpdu_len - 18}{last}{crc}"
+            )
     head = f"{rec.frame:>6}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa

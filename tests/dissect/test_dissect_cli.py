@@ -295,3 +295,24 @@ def test_mid_stream_flag_searches_connections_that_start_without_mpa(
     rows = _json(capsys, str(path), "--mid-stream")
     assert [r["msn"] for r in rows] == list(range(1, 9))
     assert all(r["crc_ok"] is True and r["findings"] == [] for r in rows)
+
+
+def test_summary_fast_lines_match_the_general_form(capture: Path) -> None:
+    from stack.dissect.pcapio import read_tcp_segments
+    from stack.dissect.report import _fields, summary_line
+    from stack.dissect.stream import PduRecord, dissect
+
+    recs = [r for r in dissect(read_tcp_segments(capture.read_bytes()))
+            if isinstance(r, PduRecord) and r.kind == "fpdu"]  # fmt: skip
+    checked = 0
+    for r in recs:
+        crc = " CRC ok" if r.crc_ok else "" if r.crc_ok is None else " CRC BAD"
+        marks = f" markers={len(r.marker_ptrs)}" if r.marker_ptrs else ""
+        general = (
+            f"{r.frame:>6} {r.stream:>3} {r.direction} {r.src} \u2192 {r.dst} "
+            f"MPA/DDP/RDMAP {_fields(r)}{crc}{marks}"
+        )
+        if not r.findings:
+            assert summary_line(r) == general
+            checked += 1
+    assert checked >= 8
