@@ -115,6 +115,7 @@ def settings_from(args: argparse.Namespace) -> MpaSettings:
         "want_markers": args.markers,
         "ird": 1,
         "ord": 1,
+        "emss": args.emss,
     }
     if args.p2p:
         kwargs["p2p"] = True
@@ -246,6 +247,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--crc", action=argparse.BooleanOptionalAction, default=True,
                    help="request MPA CRC (default on, RFC 5044)")  # fmt: skip
     p.add_argument("--markers", action="store_true", help="ask for MPA markers")
+    p.add_argument(
+        "--emss", type=int, help="EMSS for MULPDU (default: the socket's MSS; 1448 for Ethernet)"
+    )
     p.add_argument("--p2p", choices=("send", "write", "read"), help="peer-to-peer with this RTR")
     p.add_argument("--private-data", default="", help="MPA private data to send")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per step (default 30)")
