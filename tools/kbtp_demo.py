@@ -394,7 +394,7 @@ async def abandon_ticket(demo: Demo, ini: KbtpInitiator, who: str) -> None:
     ack = ini.ack
     assert ack is not None
     handle = ack.handle_base + 20
-    data = payload(who, handle, 9, 1000)
+    data = payload(who, handle, 9, min(1000, ack.block_size))
     alloc = await ini.reserve(data)
     wait = 1.6 * ack.ticket_timeout_ms / 1000 + 0.2
     demo.progress(who, f"took ticket {alloc.ticket} and wrote its block; waiting {wait:.1f}s")
