@@ -156,7 +156,7 @@ class IwarpConnection:
     def send_message(self, message: RdmapMessage) -> None:
         """Segment, frame and queue one RDMAP message."""
         assert self.stream is not None, "send_message before Full Operation"
-        self.mpa.send_ulpdus(self.stream.send(message))
+        self.mpa.send_ulpdu_parts(self.stream.send_parts(message))
 
     def send_terminate(self, error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
         """Send the Terminate for ``error`` (at most one per stream, RDMAP-10)."""

@@ -240,6 +240,30 @@ class FpduFramer:
         self.offset += size
         return size
 
+    def frame_parts_into(self, out: bytearray, header: Buffer, payload: Buffer) -> int:
+        """Append the FPDU of the ULPDU ``header + payload`` to ``out`` (one copy of each).
+
+        The CRC is chained over the length field, header, payload and pad, so the ULPDU is
+        never joined first.  With markers the pieces are joined and framed as usual.
+        """
+        n = len(header) + len(payload)
+        if self.markers or n > self.max_ulpdu:
+            return self.frame_into(out, bytes(header) + bytes(payload))
+        length = _U16.pack(n)
+        pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
+        if self.crc:
+            c = crc32c(payload, crc32c(header, crc32c(length)))
+            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
+        else:
+            trailer = pad + _ZERO_MARKER
+        out += length
+        out += header
+        out += payload
+        out += trailer
+        size = MPA_LENGTH_LEN + n + len(trailer)
+        self.offset += size
+        return size
+
     def _frame_markers(self, ulpdu: Buffer, n: int) -> bytearray:
         """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC.
 

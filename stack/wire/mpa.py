@@ -510,6 +510,16 @@ class MpaConnection:
         for ulpdu in ulpdus:
             frame_into(out, ulpdu)
 
+    def send_ulpdu_parts(self, parts: Iterable[tuple[Buffer, Buffer]]) -> None:
+        """Frame and queue ULPDUs given as (DDP header, payload) pairs, copying each once."""
+        framer = self._framer
+        if framer is None or self.state not in _SENDING:
+            raise LocalError(f"cannot send FPDUs in state {self.state.value}")
+        out = self._out if self._held is None else self._held
+        frame = framer.frame_parts_into
+        for header, payload in parts:
+            frame(out, header, payload)
+
     def data_to_send(self) -> bytearray:
         """All queued outbound bytes; ownership passes to the caller."""
         out = self._out

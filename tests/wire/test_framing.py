@@ -637,3 +637,23 @@ def test_mpa_08_straddling_fpdu_with_bad_marker_is_marker_mismatch() -> None:
         deframer.next_ulpdu()
     assert info.value.rule == "MPA-08" and info.value.term == TERM_LLP_MARKER_MISMATCH
     assert "expected 0x0300" in str(info.value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.binary(min_size=0, max_size=30),
+    st.binary(min_size=0, max_size=3000),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2047),
+)
+def test_mpa_12_frame_parts_equals_framing_the_joined_ulpdu(header, payload, crc, markers, off):
+    """frame_parts_into (chained CRC, no join) gives the same bytes as framing the ULPDU."""
+    off &= ~3
+    a = FpduFramer(crc=crc, markers=markers, offset=off)
+    b = FpduFramer(crc=crc, markers=markers, offset=off)
+    out_a, out_b = bytearray(), bytearray()
+    for _ in range(2):
+        a.frame_parts_into(out_a, header, memoryview(payload))
+        b.frame_into(out_b, header + payload)
+    assert out_a == out_b and a.offset == b.offset
