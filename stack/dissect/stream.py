@@ -525,7 +525,7 @@ class _Sequencer:
         qn = seg.qn
         msn = seg.msn
         mo = seg.mo
-        assert qn is not None and msn is not None and mo is not None
+        # (hot path: no assert; the DDP header kind guarantees these fields)
         ctrl = seg.opcode
         inv = seg.inval_stag or 0
         size = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN  # the RDMAP header counts as payload
@@ -557,7 +557,7 @@ class _Sequencer:
     def _tagged(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
         stag = seg.stag
         to = seg.to
-        assert stag is not None and to is not None
+        # (hot path: no assert; the DDP header kind guarantees these fields)
         size = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
         op = seg.opcode
         ot = self.open_tagged
@@ -1789,7 +1789,7 @@ class Dissector:
                             conn = tcp_conn.user
                             if conn is None:
                                 conn = self._conn(tcp_conn)
-                            assert isinstance(conn, _Conn)
+                            # (hot path: tcp_conn.user is always a _Conn)
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
                             mpa_half = conn.halves[side]
