@@ -384,3 +384,35 @@ async def test_s4_1_mpa_variants_carry_kbtp() -> None:
             assert await b.load(80) == data(8, BLOCK)
             assert b.conn is not None and b.conn.negotiated is not None
             assert b.conn.negotiated.markers_rx
+
+
+@pytest.mark.parametrize("copy_limit", [0, BLOCK], ids=["zero-copy-write", "copied-write"])
+async def test_s6_0_load_then_free_then_alloc_on_one_handle_keep_their_order(
+    copy_limit: int,
+) -> None:
+    """Requests on one handle run one at a time in arrival order (docs/kbtp.md §6.0): a
+    FREE and a new ALLOC_STORE pipelined behind a LOAD cannot change what the LOAD
+    returns, whether the Write reads the pool when transmitted or carries a copy."""
+    with trio.fail_after(30):
+        async with serving() as target, connect(target, "a") as a:
+            target.write_copy_limit = copy_limit
+            old, new = data(1, BLOCK), data(2, BLOCK)
+            await a.alloc_store(7, old, seal=True)
+            got: dict[str, object] = {}
+
+            async def submit_in_order(name: str, call: object) -> None:
+                before = a.core.outstanding + a.core.queued
+                nursery.start_soon(lambda: _keep(got, name, call))
+                while a.core.outstanding + a.core.queued == before:
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                await submit_in_order("load", lambda: a.load(7))
+                await submit_in_order("free", lambda: a.free(7))
+                await submit_in_order("alloc", lambda: a.alloc_store(7, new, seal=True))
+            assert got["load"] == old
+            assert await a.load(7) == new
+
+
+async def _keep(results: dict[str, object], name: str, call: object) -> None:
+    results[name] = await call()  # type: ignore[operator]
