@@ -25,6 +25,8 @@ one QP:
   connection ends (FIN, a Terminate, a protection error), everything outstanding and every
   later call raises :class:`SessionClosed`.
 * **Statistics.**  ``stats`` counts operations and octets per (operation, status).
+* **Conformance.**  ``send_raw`` sends arbitrary octets as a request (malformed on
+  purpose) and awaits the answer; ``one_sided`` performs a single RDMA operation.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ from kbtp.messages import (
     inline_descriptor,
     peek_header,
 )
-from stack.errors import IwarpError, LocalError
+from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
+from stack.errors import IwarpError, LocalError, RdmapError
 from stack.rnic import (
     Access,
     MemoryRegion,
@@ -377,7 +380,8 @@ class KbtpInitiator:
         except KbtpError as exc:
             self._lost(f"protocol error from the target: {exc}")
             if self.conn is not None:
-                self.conn.endpoint.fail(exc, offending=False)
+                error = RdmapError(exc.rule, exc.detail, TERM_RDMAP_OP_UNSPECIFIED)
+                self.conn.endpoint.fail(error, offending=False)
                 if self.qp.on_output is not None:
                     self.qp.on_output()
             return
