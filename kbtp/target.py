@@ -202,7 +202,12 @@ class KbtpTarget:
     # the core's injected services
     # ----------------------------------------------------------------------------------
     def _fetch_add(self, mem: memoryview, offset: int, add: int, mask: int) -> int:
-        """The core's FetchAdd, executed by the RNIC's atomic engine (RFC 7306 §5.3)."""
+        """The core's FetchAdd, executed by the RNIC's atomic engine (RFC 7306 §5.3).
+
+        ``mem`` is the core's view of the memory ``local_mr`` registers; the engine works
+        on the MR so that it serializes with inbound Atomic Requests (EXT-07).
+        """
+        del mem
         mr = self.local_mr
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
 
