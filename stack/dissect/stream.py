@@ -1777,7 +1777,12 @@ class Dissector:
                 tcp_conn, side = entry
                 half = tcp_conn.halves[side]
                 base_seq = half.base_seq
-                if base_seq is not None and half.fin_offset is None and not half._pending:
+                if (
+                    base_seq is not None
+                    and half.fin_offset is None
+                    and not half._pending
+                    and not tcp_conn.halves[1 - side]._pending
+                ):
                     nxt = half.next_offset
                     if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
                         payload = segment.payload
@@ -1814,6 +1819,11 @@ class Dissector:
         assert isinstance(conn, _Conn)
         if events:
             conn.events(side, events, segment.timestamp)
+        deferred = self.tcp.deferred
+        if deferred:
+            for other_conn, other_side, other_events in deferred:
+                self._conn(other_conn).events(other_side, other_events, ts)
+            deferred.clear()
         out = self._out
         if not out:
             return []

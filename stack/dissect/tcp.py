@@ -203,7 +203,7 @@ class HalfStream:
                 if self._pending:
                     self._drain(frame, events)
             else:
-                self._park(start, payload, missing)
+                self._park(start, payload, missing, frame)
                 self.out_of_order += 1
                 if self._pending_bytes > self.max_pending:
                     self._force_gap(frame, events)
@@ -263,18 +263,25 @@ class HalfStream:
                 return True
         return False
 
-    def _park(self, start: int, payload: Payload, missing: int) -> None:
+    def _park(self, start: int, payload: Payload, missing: int, frame: int) -> None:
         index = bisect.bisect_left(self._pending_starts, start)
         self._pending_starts.insert(index, start)
-        self._pending.insert(index, (start, payload, missing))
+        self._pending.insert(index, (start, payload, missing, frame))
         self._pending_bytes += len(payload)
 
-    def _drain(self, frame: int, events: list[StreamEvent]) -> None:
+    def _drain(self, frame: int, events: list[StreamEvent], own: bool = False) -> None:
+        """Deliver waiting segments that are now in order.
+
+        ``frame`` is the frame that made them in order; with ``own`` (after a declared gap)
+        each keeps the frame that carried it, since nothing later completed it.
+        """
         starts = self._pending_starts
         pending = self._pending
         while starts and starts[0] <= self.next_offset:
-            start, payload, missing = pending.pop(0)
+            start, payload, missing, parked_frame = pending.pop(0)
             starts.pop(0)
+            if own:
+                frame = parked_frame
             self._pending_bytes -= len(payload)
             nxt = self.next_offset
             end = start + len(payload) + missing
@@ -295,7 +302,23 @@ class HalfStream:
             events.append(Gap(self.next_offset, length, frame))
             self.gap_bytes += length
             self.next_offset = first
-        self._drain(frame, events)
+        self._drain(frame, events, own=True)
+
+    def acked(self, ack: int, frame: int) -> list[StreamEvent]:
+        """The peer acknowledged up to ``ack``: holes below it were lost by the capture only.
+
+        Declares them as gaps at once (instead of at the end of the capture) and delivers
+        the waiting data behind them.
+        """
+        events: list[StreamEvent] = []
+        if not self._pending or self.base_seq is None:
+            return events
+        acked_to = self.offset_of(ack)
+        while self._pending_starts and self.next_offset < self._pending_starts[0] < acked_to:
+            self._force_gap(frame, events)
+        if events:
+            self._check_fin(frame, events)
+        return events
 
     def _check_fin(self, frame: int, events: list[StreamEvent]) -> None:
         fin = self.fin_offset
@@ -355,6 +378,9 @@ class TcpReassembler:
         self.connections: list[Connection] = []
         self._by_key: dict[tuple[str, int, str, int], Connection] = {}
         self._sides: dict[tuple[str, int, str, int], tuple[Connection, int]] = {}
+        self.deferred: list[tuple[Connection, int, list[StreamEvent]]] = []
+        """(connection, side, events) caused in the *other* direction by ACKs; the caller
+        drains this list after each :meth:`feed`."""
 
     def connection_for(self, segment: TcpSegment) -> tuple[Connection, int]:
         if not segment.flags & TCP_SYN:
@@ -394,10 +420,18 @@ class TcpReassembler:
         return conn, side
 
     def feed(self, segment: TcpSegment) -> tuple[Connection, int, list[StreamEvent]]:
+        """Events of the sending direction; events this segment's ACK causes in the other
+        direction (holes the peer acknowledged) are appended to :attr:`deferred`."""
         conn, side = self.connection_for(segment)
         events = conn.halves[side].feed(
             segment.seq, segment.payload, segment.flags, segment.frame, segment.missing
         )
+        if segment.flags & TCP_ACK:
+            other = conn.halves[1 - side]
+            if other._pending:
+                acked = other.acked(segment.ack, segment.frame)
+                if acked:
+                    self.deferred.append((conn, 1 - side, acked))
         return conn, side, events
 
     def flush(self, frame: int) -> list[tuple[Connection, int, list[StreamEvent]]]:

@@ -77,8 +77,26 @@ def test_gap_is_reported_at_flush_never_guessed_over() -> None:
     half.feed(ISN + 1, b"ab", TCP_ACK, 2)
     assert half.feed(ISN + 10, b"xyz", TCP_ACK, 3) == []
     events = half.flush(9)
-    assert _kinds(events) == [("Gap", 2, 7, 9), ("data", 9, b"xyz", 9)]
+    # the data behind a declared gap keeps the frame that carried it
+    assert _kinds(events) == [("Gap", 2, 7, 9), ("data", 9, b"xyz", 3)]
     assert half.gap_bytes == 7
+
+
+def test_a_hole_the_peer_acknowledged_is_a_gap_at_once() -> None:
+    r = TcpReassembler()
+    r.feed(_seg(1, "a", 1, "b", 2, 100, TCP_SYN))
+    r.feed(_seg(2, "b", 2, "a", 1, 500, TCP_SYN | TCP_ACK))
+    r.feed(_seg(3, "a", 1, "b", 2, 101, TCP_ACK, b"abc"))
+    _, _, events = r.feed(_seg(4, "a", 1, "b", 2, 110, TCP_ACK, b"later"))
+    assert events == [] and r.deferred == []
+    ack = TcpSegment(5, 0.0, "b", "a", 2, 1, 501, 112, TCP_ACK, memoryview(b""))
+    r.feed(ack)  # b acknowledges bytes the capture never saw
+    ((conn, side, deferred),) = r.deferred
+    assert side == 0 and _kinds(deferred) == [("Gap", 3, 6, 5), ("data", 9, b"later", 4)]
+    r.deferred.clear()
+    ack2 = TcpSegment(6, 0.0, "b", "a", 2, 1, 501, 200, TCP_ACK, memoryview(b""))
+    r.feed(ack2)
+    assert r.deferred == []  # nothing waits any more
 
 
 def test_pending_limit_forces_a_gap() -> None:
