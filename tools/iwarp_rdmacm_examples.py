@@ -25,6 +25,8 @@ from stack.transport.driver import RdmaConnection
 from tools.cli import CliError, trio_run
 
 RDMA_EXAMPLES_PORT = 7471
+SIW_RACE_DELAY = 0.2
+"""Seconds the client holds its first FPDU after the MPA Reply (Linux siw's passive race)."""
 MESSAGE_LEN = 16
 
 
@@ -86,7 +88,7 @@ async def rdma_client(args: argparse.Namespace) -> int:
     qp.post_recv(RecvWR(1, (recv_sge,)))
     async with ConnectionManager.open(side.rnic) as cm:
         try:
-            conn = await cm.connect(args.server, args.port, qp)
+            conn = await cm.connect(args.server, args.port, qp, first_fpdu_delay=SIW_RACE_DELAY)
         except (ConnectFailed, ConnectRejected, OSError) as exc:
             print(f"rdma_connect: {exc}", file=sys.stderr)
             print("rdma_client: end -1", flush=True)
@@ -160,7 +162,11 @@ async def cmatose(args: argparse.Namespace) -> int:
                 for _ in range(args.connections):
                     qp = side.qp(args.messages)
                     _post_recvs(side, qp, args)
-                    conns.append(await cm.connect(args.server, args.port, qp))
+                    conns.append(
+                        await cm.connect(
+                            args.server, args.port, qp, first_fpdu_delay=SIW_RACE_DELAY
+                        )
+                    )
                     qps.append(qp)
                 if args.messages:
                     await _transfer(side, qps, args)

@@ -182,7 +182,7 @@ async def run_client(args: argparse.Namespace) -> int:
             with trio.fail_after(args.timeout):
                 conn = await cm.connect(
                     args.addr, args.port, ep.qp, private_data=args.private_data.encode(),
-                    settings=settings_from(args),
+                    settings=settings_from(args), first_fpdu_delay=args.first_fpdu_delay,
                 )  # fmt: skip
         except (ConnectFailed, ConnectRejected, trio.TooSlowError) as exc:
             print(f"rping: connect error: {exc}", file=sys.stderr)
@@ -252,5 +252,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--p2p", choices=("send", "write", "read"), help="peer-to-peer with this RTR")
     p.add_argument("--private-data", default="", help="MPA private data to send")
+    p.add_argument(
+        "--first-fpdu-delay", type=float, default=0.2, metavar="S",
+        help="client: wait S seconds after the MPA Reply before the first FPDU (default 0.2; "
+        "avoids Linux siw's passive-side race, 0 to disable)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per step (default 30)")
     p.set_defaults(func=run)

@@ -85,9 +85,16 @@ def with_emss(settings: MpaSettings, stream: trio.SocketStream) -> MpaSettings:
 
 
 async def _startup_pump(
-    stream: trio.SocketStream, engine: IwarpConnection, tap: Tap | None
+    stream: trio.SocketStream,
+    engine: IwarpConnection,
+    tap: Tap | None,
+    first_fpdu_delay: float = 0.0,
 ) -> object:
-    """Run MPA startup until an event other than NEED_DATA; returns that event."""
+    """Run MPA startup until an event other than NEED_DATA; returns that event.
+
+    ``first_fpdu_delay``: seconds to wait after the Reply before the first FPDU leaves
+    (the initiator's RTR, or whatever the QP sends first).
+    """
     while True:
         out = engine.data_to_send()
         if out:
@@ -96,6 +103,8 @@ async def _startup_pump(
             await stream.send_all(out)
         event = engine.next_event()
         if not isinstance(event, NeedData):
+            if isinstance(event, Established) and first_fpdu_delay > 0:
+                await trio.sleep(first_fpdu_delay)
             out = engine.data_to_send()
             if out:
                 if tap is not None:
@@ -321,8 +330,14 @@ class ConnectionManager:
         *,
         private_data: bytes = b"",
         settings: MpaSettings | None = None,
+        first_fpdu_delay: float = 0.0,
     ) -> RdmaConnection:
         """Connect ``qp`` to a listener (``rdma_connect``).
+
+        ``first_fpdu_delay`` holds the first FPDU back for that many seconds after the MPA
+        Reply.  Linux siw as the passive side can leave an FPDU that arrives right after its
+        Reply unprocessed until more data comes (it sends the Reply before it hands the
+        socket to the QP; siw-vm.md pitfall 3); 0.2 s avoids that race.
 
         Raises :class:`ConnectRejected` (with the peer's private data and IRD/ORD) or
         :class:`ConnectFailed`.
@@ -336,7 +351,7 @@ class ConnectionManager:
         tap = self.tap_factory(stream, True) if self.tap_factory else None
         engine.initiate(trio.current_time(), private_data)
         try:
-            event = await _startup_pump(stream, engine, tap)
+            event = await _startup_pump(stream, engine, tap, first_fpdu_delay)
         except (trio.BrokenResourceError, OSError) as exc:
             await trio.aclose_forcefully(stream)
             raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc

@@ -424,7 +424,9 @@ class MpaConnection:
         frame = MpaFrame(
             reply=True,
             markers=s.want_markers,
-            crc=s.crc in (CrcPolicy.REQUEST, CrcPolicy.REQUIRE),
+            # A Request with C=1 means CRC both ways anyway (MPA-11); echoing C=1 keeps
+            # peers that insist on seeing it (siw's mpa_crc_required) happy.
+            crc=s.crc in (CrcPolicy.REQUEST, CrcPolicy.REQUIRE) or request.crc,
             rev=self._reply_rev(request),
             ird_ord=reply_word,
             private_data=bytes(private_data),

@@ -196,3 +196,34 @@ async def test_disconnect_flushes_outstanding_receives_on_both_sides() -> None:
     assert [wc.wr_id for wc in server.cq.poll()] == [2, 3]
     client.qp.post_send(SendWR(9, WrOpcode.SEND, inline_data=b"too late"))
     assert client.cq.poll()[0].status is WcStatus.WR_FLUSH_ERR
+
+
+async def test_first_fpdu_delay_holds_the_rtr_after_the_reply() -> None:
+    """siw-vm.md pitfall 3: the initiator can hold its first FPDU after the MPA Reply."""
+    events: list[tuple[float, bool]] = []
+
+    class TimedTap:
+        def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
+            events.append((trio.current_time(), outbound))
+
+    client = make_host("client")
+    server = make_host("server")
+    settings = MpaSettings(p2p=True, rtr=RtrType.WRITE)
+    async with (
+        ConnectionManager.open(server.rnic) as scm,
+        ConnectionManager.open(client.rnic, tap_factory=lambda stream, active: TimedTap()) as ccm,
+    ):
+        listener = await scm.listen("127.0.0.1", 0, settings=MpaSettings(p2p=True))
+
+        async def serve() -> None:
+            request = await listener.get_request()
+            server.conn = await request.accept(server.qp)
+
+        scm.nursery.start_soon(serve)
+        conn = await ccm.connect(
+            "127.0.0.1", listener.port, client.qp, settings=settings, first_fpdu_delay=0.2
+        )
+        (reply_at,) = [t for t, out in events if not out]
+        rtr_at = [t for t, out in events if out][1]  # [0] is the Request
+        assert rtr_at - reply_at >= 0.19
+        await conn.disconnect()

@@ -210,6 +210,9 @@ def test_mpa_11_crc_policy_matrix(init_policy: CrcPolicy, resp_policy: CrcPolicy
     only(ev_r, RequestReceived)
     pair.responder.accept()
     ev_i, ev_r = pair.pump()
+    # An OFF responder echoes the initiator's C=1 (CRC runs both ways anyway; siw's
+    # mpa_crc_required closes on a C=0 Reply).
+    resp_c = resp_c or (init_c and resp_policy is CrcPolicy.OFF)
     assert bool(pair.wire_r2i[16] & 0x40) == resp_c
     if refuses(init_policy, resp_c):
         failed = only(ev_i, ConnectionFailed)
@@ -236,7 +239,8 @@ def test_erc_10_crc_refusal_without_enhanced_setup_has_no_terminate() -> None:
 def test_mpa_11_crc_default_is_requested() -> None:
     pair = ConnectionPair(S(), S(crc=CrcPolicy.OFF))
     neg_i, neg_r = established(pair)
-    assert neg_i.local_frame.crc and not neg_r.local_frame.crc
+    # The default initiator asks for CRC; the OFF responder echoes C=1 and CRC runs both ways.
+    assert neg_i.local_frame.crc and neg_r.local_frame.crc
     assert neg_i.crc and neg_r.crc
 
 
