@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from stack.constants import MULPDU_MAX
 from stack.crc import BACKEND, crc32c
+from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.framing import FpduDeframer, FpduFramer
 from tools.cli import CliError
 
@@ -192,7 +193,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mib", type=int, default=32, help="MiB per measurement (default 32)")
     parser.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     parser.add_argument(
-        "--chunk", type=int, default=65536, help="decode input chunk size (default 65536)"
+        "--chunk",
+        type=int,
+        default=RECEIVE_SIZE,
+        help=f"decode input chunk size (default {RECEIVE_SIZE}, the trio driver's receive size)",
     )
     parser.add_argument(
         "--clock",
