@@ -101,6 +101,7 @@ from stack.dissect.pcapio import TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.dissect.tcp import (
     Connection,
     Gap,
+    HalfStream,
     OverlapConflict,
     Retransmission,
     StreamData,
@@ -692,6 +693,7 @@ class _Half:
         self.seq = _Sequencer(known=False)  # True once Full Operation starts in view
         self.searched = 0
         self._scan_base = -1
+        self._bulk: tuple | None = None  # walk_plain's per-direction constants
         self._scan: dict[tuple[bool, bool], set[int] | int] = {}
         self.sent_request = False
         self.info = DirectionInfo()
@@ -968,21 +970,26 @@ class _Half:
         conn = self.conn
         n = len(data)
         pos = 0
-        crc_on = self.crc
-        emit = conn.emit
         side = self.side
-        names = conn.names
-        stream = conn.stream
-        direction = conn.direction(side)
-        src = names[side]
-        dst = names[1 - side]
-        seq = self.seq
-        peer = conn.halves[1 - side].seq
-        info = self.info
-        rfc7306 = conn.rfc7306
-        siw = conn.siw_layout
+        ctx = self._bulk
+        if ctx is None or ctx[0] != conn.initiator:
+            ctx = self._bulk = (
+                conn.initiator,
+                conn.emit,
+                conn.stream,
+                conn.direction(side),
+                conn.names[side],
+                conn.names[1 - side],
+                self.seq,
+                conn.halves[1 - side].seq,
+                self.info,
+                conn.rfc7306,
+                conn.siw_layout,
+                conn.pending_findings[side],
+            )
+        _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
+        crc_on = self.crc
         first_missing = conn.first_fpdu_frame[side] is None
-        pending = conn.pending_findings[side]
         while pos + 2 <= n:
             ulen = (data[pos] << 8) | data[pos + 1]
             wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
@@ -1729,6 +1736,8 @@ class _Conn:
 # ======================================================================================
 
 Output = PduRecord | Note
+_Route = tuple[HalfStream, HalfStream, "_Conn", "_Half"]
+"""(sender's TCP half, the other TCP half, MPA connection, sender's MPA half)."""
 
 
 def _frame_of(item: Output) -> int:
@@ -1746,7 +1755,9 @@ class Dissector:
     def __init__(self, options: DissectOptions | None = None) -> None:
         self.options = options or DissectOptions()
         self.tcp = TcpReassembler()
-        self._sides = self.tcp._sides
+        self._routes: dict[
+            tuple[str, int, str, int], tuple[HalfStream, HalfStream, _Conn, _Half]
+        ] = {}
         self._conns: dict[int, _Conn] = {}
         self._out: list[Output] = []
         self.searching: set[_Half] = set()
@@ -1772,16 +1783,15 @@ class Dissector:
         if not flags & _TCP_SPECIAL and not segment.missing:
             # bulk path: the next in-order bytes of a known connection, straight to MPA
             # (the same steps as TcpReassembler.feed's fast path, without event objects)
-            entry = self._sides.get((segment.src, segment.sport, segment.dst, segment.dport))
-            if entry is not None:
-                tcp_conn, side = entry
-                half = tcp_conn.halves[side]
+            route = self._routes.get((segment.src, segment.sport, segment.dst, segment.dport))
+            if route is not None:
+                half, other, conn, mpa_half = route
                 base_seq = half.base_seq
                 if (
                     base_seq is not None
                     and half.fin_offset is None
                     and not half._pending
-                    and not tcp_conn.halves[1 - side]._pending
+                    and not other._pending
                 ):
                     nxt = half.next_offset
                     if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
@@ -1791,13 +1801,8 @@ class Dissector:
                             half.next_offset = nxt + size
                             half.delivered_bytes += size
                             half._recent.append((nxt, payload))
-                            conn = tcp_conn.user
-                            if conn is None:
-                                conn = self._conn(tcp_conn)
-                            # (hot path: tcp_conn.user is always a _Conn)
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            mpa_half = conn.halves[side]
                             if (
                                 mpa_half.mode == "fpdu"
                                 and not mpa_half.chunks
@@ -1817,6 +1822,13 @@ class Dissector:
         tcp_conn, side, events = self.tcp.feed(segment)
         conn = tcp_conn.user or self._conn(tcp_conn)
         assert isinstance(conn, _Conn)
+        # the route the bulk path takes for this direction from now on
+        self._routes[(segment.src, segment.sport, segment.dst, segment.dport)] = (
+            tcp_conn.halves[side],
+            tcp_conn.halves[1 - side],
+            conn,
+            conn.halves[side],
+        )
         if events:
             conn.events(side, events, segment.timestamp)
         deferred = self.tcp.deferred
