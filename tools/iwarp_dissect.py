@@ -218,13 +218,21 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CliError(str(exc)) from None
     dissector = Dissector(options)
     error: CaptureError | None = None
+    feed = dissector.feed
+    emit = printer.emit
     try:
-        for segment in reader:
-            items = dissector.feed(segment)
-            if items:
-                printer.emit(items)
-                if printer.done:
-                    break
+        if printer.limit is None:
+            for segment in reader:
+                items = feed(segment)
+                if items:
+                    emit(items)
+        else:
+            for segment in reader:
+                items = feed(segment)
+                if items:
+                    emit(items)
+                    if printer.done:
+                        break
     except CaptureError as exc:
         error = exc
     if not printer.done:
