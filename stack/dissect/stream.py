@@ -295,6 +295,8 @@ _RV = RDMAP_VERSION << 6
 _FAST_TAGGED_OPS = frozenset({_RV | Opcode.RDMA_WRITE, _RV | Opcode.RDMA_READ_RESPONSE})
 _FAST_SEND_OPS = frozenset(_RV | op for op in SEND_OPCODES)
 _FAST_INVALIDATE_OPS = frozenset(_RV | op for op in INVALIDATE_OPCODES)
+_TAGGED_UNPACK = ddp.TAGGED_HDR.unpack_from
+_UNTAGGED_UNPACK = ddp.UNTAGGED_HDR.unpack_from
 
 
 class SegmentView:
@@ -336,7 +338,7 @@ class SegmentView:
             ctrl = view[0]
             uc = view[1]
             if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
-                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
+                _, _, stag, to = _TAGGED_UNPACK(view)
                 self.tagged = True
                 self.last = ctrl == _CTRL_TAGGED_LAST
                 self.ddp_version = 1
@@ -351,7 +353,7 @@ class SegmentView:
                 self.findings = ()
                 return
             if ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
-                _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+                _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(view)
                 if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
                     self.tagged = False
                     self.last = ctrl == _CTRL_UNTAGGED_LAST
