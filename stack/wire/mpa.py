@@ -714,6 +714,11 @@ class MpaConnection:
             reason = "peer rejected the connection"
             if frame.ird_ord is not None:
                 reason += f" (peer IRD {frame.ird_ord.ird}, ORD {frame.ird_ord.ord})"
+            # Name what we asked for that the rejecting Reply does not carry (MPA-09/11).
+            if local.markers and not frame.markers:
+                reason += "; we asked for markers (M=1), the Reply has M=0"
+            if local.crc and not frame.crc:
+                reason += "; we asked for CRC (C=1), the Reply has C=0"
             self._events.append(Rejected(frame, reason))
             return
         known = frame.rev in _KNOWN_REVS and frame.rev <= s.rev

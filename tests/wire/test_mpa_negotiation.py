@@ -460,6 +460,18 @@ def test_erc_05_peer_ird_ord_reported_on_reject() -> None:
     assert "IRD 7" in rejected.reason
 
 
+def test_mpa_09_mpa_11_reject_reason_names_markers_and_crc_we_asked_for() -> None:
+    """A reject (siw refusing markers, or CRC under crc_strict) says what we asked for."""
+    settings = S(rev=1, want_markers=True, crc=CrcPolicy.REQUEST)
+    rejected = only(
+        initiator_after_reply(settings, reply_bytes(rev=1, reject=True, crc=False)), Rejected
+    )
+    assert "markers (M=1), the Reply has M=0" in rejected.reason
+    assert "CRC (C=1), the Reply has C=0" in rejected.reason
+    plain = only(initiator_after_reply(S(crc=CrcPolicy.OFF), reply_bytes(reject=True)), Rejected)
+    assert "markers" not in plain.reason and "CRC" not in plain.reason
+
+
 # -- reject ----------------------------------------------------------------------------------
 
 
