@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from stack.constants import RtrType
+from stack.constants import RtrType, TermCode
 from stack.errors import ProtocolError
 from stack.wire.events import (
     ConnectionFailed,
@@ -111,6 +111,8 @@ class IwarpConnection:
             if isinstance(event, Established):
                 self._on_established(event)
                 continue
+            if isinstance(event, ConnectionFailed) and event.terminate is not None:
+                self._terminate_refused_reply(event.terminate)
             return event
 
     def _on_established(self, event: Established) -> None:
@@ -152,6 +154,15 @@ class IwarpConnection:
             self._rtr_read_outstanding = False
             return not event.data
         return False
+
+    def _terminate_refused_reply(self, term: TermCode) -> None:
+        """A Reply the initiator refuses after MPA set up framing (ERC-09 no matching RTR,
+        IRD too small): queue its Terminate before the close, though no stream was reported."""
+        if self.terminate_sent or self.stream is not None:
+            return  # Full Operation errors go through send_terminate with the offending ULPDU
+        self.terminate_sent = True
+        stream = RdmapStream(self.mpa.mulpdu, rfc7306=self.rfc7306)
+        self.mpa.send_ulpdu_parts(stream.send_parts(build_terminate(term, None)))
 
     def send_message(self, message: RdmapMessage) -> None:
         """Segment, frame and queue one RDMAP message."""
