@@ -203,7 +203,7 @@ class QueuePair:
         self.pd = pd
         self.table = pd.table
         self.send_cq = send_cq
-        self.recv_cq = recv_cq or send_cq
+        self.recv_cq = recv_cq if recv_cq is not None else send_cq
         self.qp_num = qp_num
         self.cap = cap or QpCap()
         self.srq = srq
