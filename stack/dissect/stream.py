@@ -295,6 +295,7 @@ _RV = RDMAP_VERSION << 6
 _FAST_TAGGED_OPS = frozenset({_RV | Opcode.RDMA_WRITE, _RV | Opcode.RDMA_READ_RESPONSE})
 _FAST_SEND_OPS = frozenset(_RV | op for op in SEND_OPCODES)
 _FAST_INVALIDATE_OPS = frozenset(_RV | op for op in INVALIDATE_OPCODES)
+_MARKER_UNPACK = struct.Struct(">HH").unpack_from
 _TAGGED_UNPACK = ddp.TAGGED_HDR.unpack_from
 _UNTAGGED_UNPACK = ddp.UNTAGGED_HDR.unpack_from
 
@@ -679,6 +680,9 @@ def _plausible_ulpdu(u: memoryview | bytes, rfc7306: bool) -> bool:
 class _Half:
     """One direction's byte stream: startup frame, then FPDUs (see module docstring)."""
 
+    bulk = True
+    """Use :meth:`walk_plain` in Full Operation (tests turn it off to compare both paths)."""
+
     def __init__(self, conn: _Conn, side: int) -> None:
         self.conn = conn
         self.side = side
@@ -712,7 +716,14 @@ class _Half:
             self._drop_all()
             return
         if self.buffered >= self.need:
-            if self.mode == "fpdu" and not self._walk():
+            if self.mode == "fpdu" and self.bulk:
+                # the waiting partial FPDU is now complete: walk the joined bytes in bulk
+                joined = self._joined()
+                base = self.base
+                self.chunks = []
+                self.buffered = 0
+                self.ends.clear()
+                self.walk_plain(joined, base, frame, ts)
                 return
             self.run(False)
 
@@ -963,11 +974,13 @@ class _Half:
         return self.mode != "fpdu" and bool(self.buffered)
 
     def walk_plain(self, data: memoryview, offset: int, frame: int, ts: float) -> None:
-        """The bulk path of :meth:`push` + :meth:`_walk` for an empty buffer without markers.
+        """The bulk path of :meth:`push` + :meth:`_walk` for an empty buffer.
 
-        Every FPDU that ``data`` completes is decoded straight from the capture bytes; a
-        partial FPDU at the end is buffered for :meth:`push`.  Anything unusual (bad CRC,
-        undecodable ULPDU) goes through the general :meth:`Conn.fpdu`.
+        Every FPDU that ``data`` completes is decoded straight from the capture bytes
+        (markers checked and cut out when the direction has them); a partial FPDU at the
+        end is buffered for :meth:`push`.  Anything unusual (bad CRC, a marker that is
+        not as expected, non-zero PAD, an undecodable ULPDU, the first FPDU of a direction,
+        a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
         """
         conn = self.conn
         n = len(data)
@@ -991,21 +1004,52 @@ class _Half:
             )
         _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
         crc_on = self.crc
+        markers = self.markers
+        seq_start = self.seq_start
         first_missing = conn.first_fpdu_frame[side] is None
+        ptrs: tuple[int, ...] = ()
+        offsets: tuple[int, ...] = ()
+        reserved: tuple[int, ...] = ()
         while pos + 2 <= n:
-            ulen = (data[pos] << 8) | data[pos + 1]
-            wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+            if markers:
+                rel = offset + pos - seq_start
+                lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
+                if pos + lead + 2 > n:
+                    break
+                ulen = (data[pos + lead] << 8) | data[pos + lead + 1]
+                lead, wire, marks = fpdu_layout(rel, ulen, True)
+            else:
+                ulen = (data[pos] << 8) | data[pos + 1]
+                wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
             end = pos + wire
             if end > n:
                 break
             end_body = end - MPA_CRC_LEN
             crc_field = _LE32.unpack_from(data, end_body)[0]
             crc_value = _crc32c(data[pos:end_body])
-            pad_len = end_body - pos - 2 - ulen
-            pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
-            ulpdu = data[pos + 2 : pos + 2 + ulen]
+            odd = False
+            if markers:
+                found = []
+                for m in marks:
+                    res, ptr = _MARKER_UNPACK(data, pos + m)
+                    if res or ptr != (0 if (m == 0 and lead) else m - lead):
+                        odd = True
+                        break
+                    found.append(ptr)
+                body = _strip(data, pos, lead, end_body, marks)
+                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
+                pad = body[2 + ulen :]
+                pad_len = len(pad)
+                ptrs = tuple(found)
+                offsets = tuple(offset + pos + m for m in marks)
+                reserved = (0,) * len(marks)
+            else:
+                pad_len = end_body - pos - 2 - ulen
+                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+                ulpdu = data[pos + 2 : pos + 2 + ulen]
             if (
-                (crc_on and crc_value != crc_field)
+                odd
+                or (crc_on and crc_value != crc_field)
                 or first_missing
                 or pending
                 or (pad_len and any(pad))
@@ -1033,7 +1077,7 @@ class _Half:
             emit(
                 PduRecord(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
                           findings, None, 0, 0, 0, b"", ulen, True if crc_on else None,
-                          crc_field, crc_value, pad, (), (), (), segment, ulpdu)
+                          crc_field, crc_value, pad, offsets, ptrs, reserved, segment, ulpdu)
             )  # fmt: skip
             info.pdus += 1
             info.fpdus += 1
@@ -1047,8 +1091,19 @@ class _Half:
             self.chunks = [data[pos:]]
             self.buffered = n - pos
             self.ends.append((offset + n, frame, ts))
-            self.need = ((((data[pos] << 8) | data[pos + 1]) + 5) & ~3) + MPA_CRC_LEN if (
-                n - pos >= 2) else 2  # fmt: skip
+            left = n - pos
+            if markers:
+                rel = offset + pos - seq_start
+                lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
+                if left >= lead + 2:
+                    ulen = (data[pos + lead] << 8) | data[pos + lead + 1]
+                    self.need = fpdu_layout(rel, ulen, True)[1]
+                else:
+                    self.need = lead + 2
+            elif left >= 2:
+                self.need = ((((data[pos] << 8) | data[pos + 1]) + 5) & ~3) + MPA_CRC_LEN
+            else:
+                self.need = 2
         else:
             self.base = offset + n
 
@@ -1805,11 +1860,7 @@ class Dissector:
                             half._recent.append((nxt, payload))
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            if (
-                                mpa_half.mode == "fpdu"
-                                and not mpa_half.chunks
-                                and not mpa_half.markers
-                            ):
+                            if mpa_half.mode == "fpdu" and not mpa_half.chunks and mpa_half.bulk:
                                 mpa_half.walk_plain(payload, nxt, frame, ts)
                             else:
                                 mpa_half.push(payload, nxt, frame, ts)

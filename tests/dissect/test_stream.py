@@ -754,11 +754,12 @@ def test_capture_reader_fast_path_equals_generic_path() -> None:
     assert fast == generic
 
 
-def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch) -> None:
+@pytest.mark.parametrize("markers", [False, True])
+def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch, markers: bool) -> None:
     from stack.dissect.report import record_json
 
     b = CaptureBuilder()
-    c = b.connection(mss=300)
+    c = b.connection(mss=300, markers_i2r=markers, markers_r2i=markers)
     for direction, msg in EVERY_OPCODE:
         c.send(direction, msg, together=True)
     wire = bytearray(c.wire(I2R, _send(9, data=b"abc")))  # MSN gap, then a bad CRC
@@ -772,9 +773,6 @@ def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch) -> None:
         return [record_json(r) for r in recs] + [n.detail for n in notes]  # type: ignore[misc]
 
     fast = records()
-    monkeypatch.setattr(
-        "stack.dissect.stream._Half.walk_plain",
-        lambda self, data, offset, frame, ts: self.push(data, offset, frame, ts),
-    )
+    monkeypatch.setattr("stack.dissect.stream._Half.bulk", False)
     assert records() == fast
     assert any("MPA-12" in r["findings"] for r in fast if isinstance(r, dict))
