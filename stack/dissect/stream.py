@@ -496,6 +496,9 @@ class _Sequencer:
 
     def check(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
         op = seg.opcode
+        if op == _OP_WRITE and seg.last and self.open_tagged is None and not self.terminated:
+            return  # a one-segment RDMA Write with nothing open: nothing to track
+
         if self.terminated:
             out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
         if seg.tagged:
@@ -1004,6 +1007,13 @@ class _Half:
             )
         _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
         crc_on = self.crc
+        verdict = True if crc_on else None
+        check = seq.check
+        make_view = SegmentView
+        make_record = PduRecord
+        crc_of = _crc32c
+        read_crc = _LE32.unpack_from
+        fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
         markers = self.markers
         seq_start = self.seq_start
         first_missing = conn.first_fpdu_frame[side] is None
@@ -1025,8 +1035,8 @@ class _Half:
             if end > n:
                 break
             end_body = end - MPA_CRC_LEN
-            crc_field = _LE32.unpack_from(data, end_body)[0]
-            crc_value = _crc32c(data[pos:end_body])
+            crc_field = read_crc(data, end_body)[0]
+            crc_value = crc_of(data[pos:end_body])
             odd = False
             if markers:
                 found = []
@@ -1056,6 +1066,7 @@ class _Half:
                 or ulen > MULPDU_MAX
             ):
                 # the general path (findings, first-FPDU checks, lost framing)
+                self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
                 self.base = offset + pos
                 self.chunks = [data[pos:]]
                 self.buffered = n - pos
@@ -1063,8 +1074,9 @@ class _Half:
                 self.run(False)
                 return
             try:
-                segment = SegmentView(ulpdu, rfc7306, siw)
+                segment = make_view(ulpdu, rfc7306, siw)
             except ProtocolError:
+                self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
                 self.base = offset + pos
                 self.chunks = [data[pos:]]
                 self.buffered = n - pos
@@ -1072,18 +1084,18 @@ class _Half:
                 self.run(False)
                 return
             findings: list[Finding] = list(segment.findings) if segment.findings else []
-            seq.check(segment, findings, peer)
-            info.payload_bytes += len(segment.payload)
+            check(segment, findings, peer)
+            payload_bytes += len(segment.payload)
             emit(
-                PduRecord(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
-                          findings, None, 0, 0, 0, b"", ulen, True if crc_on else None,
-                          crc_field, crc_value, pad, offsets, ptrs, reserved, segment, ulpdu)
+                make_record(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
+                            findings, None, 0, 0, 0, b"", ulen, verdict, crc_field, crc_value,
+                            pad, offsets, ptrs, reserved, segment, ulpdu)
             )  # fmt: skip
-            info.pdus += 1
-            info.fpdus += 1
-            info.wire_bytes += wire
-            info.ulpdu_bytes += ulen
+            fpdus += 1
+            wire_bytes += wire
+            ulpdu_bytes += ulen
             pos = end
+        self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
         if frame > conn.last_frame:
             conn.last_frame = frame
         if pos < n:
@@ -1106,6 +1118,15 @@ class _Half:
                 self.need = 2
         else:
             self.base = offset + n
+
+    def _count(self, fpdus: int, wire_bytes: int, ulpdu_bytes: int, payload_bytes: int) -> None:
+        if fpdus:
+            info = self.info
+            info.pdus += fpdus
+            info.fpdus += fpdus
+            info.wire_bytes += wire_bytes
+            info.ulpdu_bytes += ulpdu_bytes
+            info.payload_bytes += payload_bytes
 
     def _next_plausible(self, buf: memoryview, pos: int) -> bool:
         """Whether an FPDU plausibly starts at ``pos`` (True when the bytes are not there)."""
