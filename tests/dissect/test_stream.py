@@ -768,9 +768,11 @@ def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch, markers: b
     c.send(I2R, Send(bytes(2000)))
     data = b.data()
 
-    def records() -> list[dict]:
-        recs, notes = run(data)
-        return [record_json(r) for r in recs] + [n.detail for n in notes]  # type: ignore[misc]
+    def records() -> list[object]:
+        d = Dissector()
+        items = [i for s in read_tcp_segments(data) for i in d.feed(s)] + d.finish()
+        out: list[object] = [record_json(i) if isinstance(i, PduRecord) else i for i in items]
+        return out + [repr(info) for info in d.streams()]  # per-direction counters too
 
     fast = records()
     monkeypatch.setattr("stack.dissect.stream._Half.bulk", False)
