@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from stack.constants import RtrType
+from stack.errors import IwarpError
 from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.memory import MemoryRegion
@@ -141,6 +142,9 @@ async def run_server(args: argparse.Namespace) -> int:
             status = 1
         finally:
             await conn.disconnect()
+        if status == 0 and isinstance(conn.error, IwarpError):
+            print(f"rping: {conn.error}", file=sys.stderr)  # e.g. the peer's Terminate
+            status = 1
     return status
 
 

@@ -1734,6 +1734,8 @@ class _Conn:
             return
         rtr = self.info.rtr
         op = seg.opcode
+        if op == Opcode.TERMINATE and not rtr:
+            return  # no RTR in common: a Terminate is the initiator's required answer (ERC-09)
         zero = seg.ulpdu_len - seg.ddp_header_len == 0
         ok = (
             (op == Opcode.SEND and zero and rtr & RtrType.SEND)

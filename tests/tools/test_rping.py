@@ -69,3 +69,29 @@ def test_rping_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[s
     assert "needs -a" in capsys.readouterr().err
     assert main(["rping", "-s", "-c", "-a", "x"]) == 2
     assert main(["rping", "-c", "-a", "127.0.0.1", "-S", "3"]) == 2
+
+
+def test_erc_09_server_reports_the_peer_terminate(capsys: pytest.CaptureFixture[str]) -> None:
+    """Client offers only a Send RTR, server only Write: the client's Terminate 2/0/7 makes
+    the server exit 1 with the Terminate on stderr (not a silent 0)."""
+    port = str(_free_port())
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tools.iwarp_cli", "rping", "-s", "-a", "127.0.0.1", "-p", port,
+         "--p2p", "write", "--timeout", "10"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        for _attempt in range(50):  # wait for the server to listen
+            rc = main(["rping", "-c", "-a", "127.0.0.1", "-p", port, "-C", "1", "--p2p", "send"])
+            err = capsys.readouterr().err
+            if "TCP connect" not in err:
+                break
+            time.sleep(0.1)
+        assert rc == 1 and "ERC-09" in err
+        _, server_err = server.communicate(timeout=20)
+        assert server.returncode == 1
+        assert "peer sent Terminate" in server_err and "code=7" in server_err
+    finally:
+        if server.poll() is None:
+            server.kill()
