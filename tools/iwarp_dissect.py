@@ -156,14 +156,18 @@ class _Printer:
         args = self.args
         lines = self.lines
         if self.plain:  # default output, nothing to filter or count: the bulk path
+            append = lines.append
+            pdus = flagged = 0
             for item in items:
                 if type(item) is PduRecord:
-                    lines.append(summary_line(item))
-                    self.pdus += 1
+                    append(summary_line(item))
+                    pdus += 1
                     if item.findings:
-                        self.with_findings += 1
+                        flagged += 1
                 elif not args.no_notes:
-                    lines.append(note_line(item))  # type: ignore[arg-type]
+                    append(note_line(item))  # type: ignore[arg-type]
+            self.pdus += pdus
+            self.with_findings += flagged
             self.shown = self.pdus
             if len(lines) > 512:
                 self.flush()
