@@ -403,14 +403,15 @@ PCAPS = sorted((Path(__file__).resolve().parents[2] / "pcaps").glob("*.pcap"))
 
 
 def _tshark_reliable(mine: list[dict[str, Any]]) -> bool:
-    """False for captures tshark.md lists as misdecoded: asymmetric or multiple markers."""
+    """False for captures tshark.md lists as misdecoded: markers (8a-8f: several per FPDU,
+    one direction only, several FPDUs per marked segment, FPDUs ending on a boundary; the
+    single-marker cases are cross-checked by test_single_markers_agree_with_tshark), an
+    FPDU in the Reply's segment, or no MPA startup (mid-stream)."""
     startup = {r["type"]: r for r in mine if r["type"] != "fpdu"}
     req, rep = startup.get("mpa_req"), startup.get("mpa_rep")
-    if req is None or rep is None:
+    if req is None or rep is None or req["marker_flag"] or rep["marker_flag"]:
         return False
-    if req["marker_flag"] != rep["marker_flag"]:
-        return False
-    return all(r["markers"] <= 1 for r in mine if r["type"] == "fpdu")
+    return not any(r["type"] == "fpdu" and r["frame"] == rep["frame"] for r in mine)
 
 
 @pytest.mark.parametrize("path", PCAPS, ids=lambda p: p.name)
