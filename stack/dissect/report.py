@@ -322,10 +322,12 @@ def summary_line(rec: PduRecord) -> str:
         if len(_HEADS) < 4096:
             _HEADS[key] = tail
     seg = rec.segment
-    if seg is not None and seg.header is None and not rec.findings and not rec.marker_ptrs:
+    if seg is not None and seg.header is None and not rec.findings:
         # the bulk of any capture: Write, Read Response and Send segments without findings
         ok = rec.crc_ok
         crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
+        if rec.marker_ptrs:
+            crc += f" markers={len(rec.marker_ptrs)}"
         last = " L" if seg.last else ""
         name = _NAMES.get(seg.opcode) or _opname(seg.opcode)
         if seg.tagged:

@@ -296,6 +296,9 @@ _FAST_TAGGED_OPS = frozenset({_RV | Opcode.RDMA_WRITE, _RV | Opcode.RDMA_READ_RE
 _FAST_SEND_OPS = frozenset(_RV | op for op in SEND_OPCODES)
 _FAST_INVALIDATE_OPS = frozenset(_RV | op for op in INVALIDATE_OPCODES)
 _MARKER_UNPACK = struct.Struct(">HH").unpack_from
+_ZEROS = tuple((0,) * k for k in range(64))
+_LAYOUTS: dict[tuple[int, int], tuple[int, int, list[int]]] = {}
+"""fpdu_layout results by (offset from SeqStart mod 512, ULPDU_Length); never mutated."""
 _TAGGED_UNPACK = ddp.TAGGED_HDR.unpack_from
 _UNTAGGED_UNPACK = ddp.UNTAGGED_HDR.unpack_from
 
@@ -1022,12 +1025,17 @@ class _Half:
         reserved: tuple[int, ...] = ()
         while pos + 2 <= n:
             if markers:
-                rel = offset + pos - seq_start
-                lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
+                phase = (offset + pos - seq_start) % MPA_MARKER_INTERVAL
+                lead = 0 if phase else MPA_MARKER_LEN
                 if pos + lead + 2 > n:
                     break
                 ulen = (data[pos + lead] << 8) | data[pos + lead + 1]
-                lead, wire, marks = fpdu_layout(rel, ulen, True)
+                layout = _LAYOUTS.get((phase, ulen))
+                if layout is None:
+                    layout = fpdu_layout(phase, ulen, True)
+                    if len(_LAYOUTS) < 65536:
+                        _LAYOUTS[(phase, ulen)] = layout
+                lead, wire, marks = layout
             else:
                 ulen = (data[pos] << 8) | data[pos + 1]
                 wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
@@ -1051,8 +1059,9 @@ class _Half:
                 pad = body[2 + ulen :]
                 pad_len = len(pad)
                 ptrs = tuple(found)
-                offsets = tuple(offset + pos + m for m in marks)
-                reserved = (0,) * len(marks)
+                at = offset + pos
+                offsets = tuple([at + m for m in marks])
+                reserved = _ZEROS[len(marks)] if len(marks) < 64 else (0,) * len(marks)
             else:
                 pad_len = end_body - pos - 2 - ulen
                 pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
