@@ -180,7 +180,17 @@ def test_duration_mode_counts_what_it_did(capsys: pytest.CaptureFixture[str]) ->
 
 def test_crc_off_and_markers_show_in_the_header(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _err = run_cli(
-        capsys, "write", "-s", "2K", "-n", "20", "--no-crc", "--markers", "--in-process"
+        capsys,
+        "write",
+        "-s",
+        "2K",
+        "-n",
+        "20",
+        "--no-crc",
+        "--markers",
+        "--in-process",
+        "-m",
+        "1448",
     )
     assert code == 0
     assert header_value(out, "CRC") == "OFF"
