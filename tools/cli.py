@@ -16,8 +16,6 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import trio
-
 import tools
 
 T = TypeVar("T")
@@ -69,6 +67,8 @@ def trio_run(fn: Callable[..., Awaitable[T]], *args: object) -> T:
     A tool's ``except BenchError`` (or any user-facing error) then works whether the error
     was raised in a nursery or not.
     """
+    import trio  # here, not at module level: `iwarp dissect` starts faster without trio
+
     try:
         return trio.run(fn, *args)
     except BaseExceptionGroup as group:

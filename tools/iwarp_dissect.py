@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from stack.constants import SEND_OPCODES
 from stack.dissect.pcapio import CaptureError, CaptureReader, TruncatedCapture
 from stack.dissect.report import (
     FilterError,
@@ -31,6 +33,43 @@ from stack.dissect.report import (
 )
 from stack.dissect.stream import DissectOptions, Dissector, Note, PduRecord
 from tools.cli import CliError
+
+_SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
+
+
+def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
+    """The decoder of the upper-layer protocol carried in Sends (``--ulp``), or None.
+
+    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages.
+    A connection counts as KBTP once the first Send on it decodes as a well-formed KBTP
+    message (a session opens with HELLO); Sends of other protocols are left alone, so
+    their bytes never produce KBTP findings.  The stream decoder stays ULP-agnostic
+    (floors 0-1); this tool layer adds the ULP.
+    """
+    if name == "none":
+        return None
+    from kbtp.describe import describe_payload
+
+    verdict: dict[int, bool] = {}
+
+    def annotate(rec: PduRecord) -> Any:
+        seg = rec.segment
+        if seg is None or seg.opcode not in _SEND_OPCODES or seg.mo != 0 or seg.findings:
+            return None
+        known = verdict.get(rec.stream)
+        if known is False:
+            return None
+        summary = describe_payload(seg.payload, complete=seg.last)
+        if known is None:
+            verdict[rec.stream] = known = summary is not None and not summary.findings
+            if not known:
+                return None
+        if summary is not None and summary.findings:
+            rec.findings.extend(summary.findings)
+        return summary
+
+    return annotate
+
 
 MARKER_CHOICES = {
     "auto": (None, None),
@@ -101,6 +140,12 @@ def register(subparsers: Any) -> None:
         "--fail-on-findings", action="store_true", help="exit 3 if a shown PDU has findings"
     )
     parser.add_argument("--no-notes", action="store_true", help="hide stream events (gaps...)")
+    parser.add_argument(
+        "--ulp",
+        choices=("kbtp", "none"),
+        default="kbtp",
+        help="decode this upper-layer protocol inside Sends (default kbtp)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -135,7 +180,9 @@ class _Printer:
         self.predicate = None
         if args.filter:
             try:
-                self.predicate = compile_filter(args.filter)
+                self.predicate = compile_filter(
+                    args.filter, field_prefixes=("kbtp_",) if args.ulp == "kbtp" else ()
+                )
             except FilterError as exc:
                 raise CliError(f"bad display filter: {exc}") from None
         self.stats = Statistics() if args.stats else None
@@ -144,6 +191,7 @@ class _Printer:
         self.pdus = 0
         self.limit = args.count
         self.lines: list[str] = []
+        self.ulp = ulp_annotator(args.ulp)
         self.plain = not (
             args.json or args.verbose or args.quiet or args.filter or args.stats or args.count
         )
@@ -158,9 +206,15 @@ class _Printer:
         if self.plain:  # default output, nothing to filter or count: the bulk path
             append = lines.append
             pdus = flagged = 0
+            ulp = self.ulp
             for item in items:
                 if type(item) is PduRecord:
-                    append(summary_line(item))
+                    info = ulp(item) if ulp is not None else None
+                    append(
+                        summary_line(item)
+                        if info is None
+                        else f"{summary_line(item)} | {info.line}"
+                    )
                     pdus += 1
                     if item.findings:
                         flagged += 1
@@ -183,9 +237,10 @@ class _Printer:
                 continue
             assert isinstance(item, PduRecord)
             self.pdus += 1
+            ulp_info = self.ulp(item) if self.ulp is not None else None
             record = None
             if self.predicate is not None:
-                record = record_json(item)
+                record = self._json(item, ulp_info)
                 if not self.predicate(record):
                     continue
             self.shown += 1
@@ -196,14 +251,26 @@ class _Printer:
             if args.quiet:
                 continue
             if args.json:
-                lines.append(json.dumps(record or record_json(item), separators=(", ", ": ")))
+                record = record or self._json(item, ulp_info)
+                lines.append(json.dumps(record, separators=(", ", ": ")))
             elif args.verbose:
                 lines.extend(verbose_lines(item))
+                if ulp_info is not None:
+                    lines.extend(ulp_info.tree_lines())
                 lines.append("")
+            elif ulp_info is not None:
+                lines.append(f"{summary_line(item)} | {ulp_info.line}")
             else:
                 lines.append(summary_line(item))
         if len(lines) > 512:
             self.flush()
+
+    @staticmethod
+    def _json(item: PduRecord, ulp_info: Any) -> dict[str, Any]:
+        record = record_json(item)
+        if ulp_info is not None:
+            record.update(ulp_info.json_fields())
+        return record
 
     def flush(self) -> None:
         if self.lines:

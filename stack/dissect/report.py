@@ -603,7 +603,7 @@ _MISSING = object()
 Predicate = Callable[[dict[str, Any]], Any]
 
 
-def _tokenize(text: str) -> list[tuple[str, Any]]:
+def _tokenize(text: str, field_prefixes: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
     tokens: list[tuple[str, Any]] = []
     pos = 0
     text = text.rstrip()
@@ -628,7 +628,7 @@ def _tokenize(text: str) -> list[tuple[str, Any]]:
                 tokens.append(("lit", low == "true"))
             elif low in ("null", "none"):
                 tokens.append(("lit", None))
-            elif word in FIELDS:
+            elif word in FIELDS or word.startswith(field_prefixes or ("\0",)):
                 tokens.append(("field", word))
             else:
                 raise FilterError(
@@ -771,9 +771,13 @@ def _compare(op: str, left: Predicate, right: Predicate) -> Predicate:
     return ordered
 
 
-def compile_filter(text: str) -> Predicate:
-    """Compile a display filter over JSON records; raises :class:`FilterError`."""
-    tokens = _tokenize(text)
+def compile_filter(text: str, field_prefixes: tuple[str, ...] = ()) -> Predicate:
+    """Compile a display filter over JSON records; raises :class:`FilterError`.
+
+    ``field_prefixes``: also accept fields starting with these (keys an upper-layer
+    decoder adds to the records, e.g. ``kbtp_``).
+    """
+    tokens = _tokenize(text, field_prefixes)
     if not tokens:
         raise FilterError("empty filter")
     return _Parser(tokens).parse()
