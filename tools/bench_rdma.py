@@ -58,7 +58,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 import trio
 
@@ -82,7 +82,7 @@ from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection
 from stack.wire.events import CrcPolicy, MpaSettings, Negotiated
-from tools.cli import CliError, trio_run
+from tools.cli import CliError, one_line_errors, trio_run
 
 TESTS = ("write", "read", "send", "atomic")
 DEFAULT_PORT = 18515
@@ -1650,27 +1650,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump)."""
-
-    def error(message: str) -> NoReturn:
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-    parse_known_args = parser.parse_known_args
-
-    def strict_parse_known_args(
-        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        # As a subparser, leftovers would reach the top parser's usage-dumping error.
-        namespace, extras = parse_known_args(args, namespace)
-        if extras:
-            error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    parser.error = error  # type: ignore[method-assign]
-    parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
-
-
 def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: str) -> None:
     parser.add_argument(
         "--crc",
@@ -1773,7 +1752,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--host", default="127.0.0.1", help="--server: address to listen on (default 127.0.0.1)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    _one_line_errors(parser)
+    one_line_errors(parser)
 
 
 def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
@@ -1845,7 +1824,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_mpa_arguments(parser, False, "default off: the client decides")
     parser.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
-    _one_line_errors(parser)
+    one_line_errors(parser)
 
 
 def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1877,7 +1856,7 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="connections set up at a time (default 32)",
     )
-    _one_line_errors(parser)
+    one_line_errors(parser)
 
 
 def _fail(prog: str, exc: BaseException) -> int:

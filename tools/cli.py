@@ -14,11 +14,32 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import tools
 
 T = TypeVar("T")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump)."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parse_known_args = parser.parse_known_args
+
+    def strict_parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # As a subparser, leftovers would reach the top parser's usage-dumping error.
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
 
 
 class CliError(Exception):

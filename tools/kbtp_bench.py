@@ -38,12 +38,11 @@ from kbtp.target_core import InitiatorConfig, TargetConfig
 from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.events import MpaSettings
 from stack.wire.framing import mulpdu_for
-from tools.cli import CliError
+from tools.cli import CliError, one_line_errors
 from tools.kbtp_target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
     mpa_settings,
-    one_line_errors,
     parse_size,
     positive_int,
     run_trio,

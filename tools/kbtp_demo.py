@@ -39,13 +39,12 @@ from kbtp.target_core import InitiatorConfig, TargetConfig
 from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import MpaSettings
-from tools.cli import CliError
+from tools.cli import CliError, one_line_errors
 from tools.kbtp_target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
     add_target_arguments,
     mpa_settings,
-    one_line_errors,
     positive_float,
     positive_int,
     run_trio,

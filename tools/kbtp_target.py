@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import NoReturn
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -41,7 +40,7 @@ from stack.errors import IwarpError
 from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
-from tools.cli import CliError
+from tools.cli import CliError, one_line_errors
 
 DEFAULT_PORT = 18700
 DEFAULT_BLOCK_SIZE = 64 * 1024
@@ -56,26 +55,6 @@ MAX_BLOCK_SIZE = 1 << 30
 # ======================================================================================
 # Shared argument helpers (kbtp target | demo | bench)
 # ======================================================================================
-
-
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump)."""
-
-    def error(message: str) -> NoReturn:
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-    parse_known_args = parser.parse_known_args
-
-    def strict_parse_known_args(
-        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        namespace, extras = parse_known_args(args, namespace)
-        if extras:
-            error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    parser.error = error  # type: ignore[method-assign]
-    parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
 
 
 def parse_size(text: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -39,8 +40,14 @@ def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
     for bad in (("BIND", "TICKET_ABANDONED"), ("LOAD", "NOT_SEALED"), ("ALLOC_STORE", "NO_SPACE")):
         assert bad in rows, bad
     assert pcap.stat().st_size > 10_000
-    assert iwarp_main(["dissect", str(pcap), "-q", "--fail-on-findings"]) == 0
+    # The iWARP layers are clean; the only KBTP findings are the demo's deliberately
+    # malformed requests (flagged by the KBTP decoder inside Sends).
+    assert iwarp_main(["dissect", str(pcap), "-q", "--ulp", "none", "--fail-on-findings"]) == 0
     capsys.readouterr()
+    assert iwarp_main(["dissect", str(pcap), "--json", "-Y", "findings"]) == 0
+    flagged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert flagged and all(r["findings"] == ["KBTP-5.1"] for r in flagged)
+    assert all(r["direction"] == "i2r" and r["opcode_name"] == "Send" for r in flagged)
 
 
 def test_bench_tiny_run_prints_kbtp_and_raw_rows(capsys: pytest.CaptureFixture[str]) -> None:
