@@ -71,7 +71,7 @@ async def rdma_server(args: argparse.Namespace) -> int:
             qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=bytes(MESSAGE_LEN)))
             await _completions(side, 1, "rdma_get_send_comp", args.timeout)
         except (ConnectFailed, trio.TooSlowError) as exc:
-            print(f"rdma_server: {exc or 'timed out'}", file=sys.stderr)
+            print(f"rdma_server: {str(exc) or 'timed out'}", file=sys.stderr)
             print("rdma_server: end -1", flush=True)
             return 1
         finally:
@@ -97,7 +97,7 @@ async def rdma_client(args: argparse.Namespace) -> int:
             qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=bytes(MESSAGE_LEN)))
             await _completions(side, 2, "completions", args.timeout)
         except (ConnectFailed, trio.TooSlowError) as exc:
-            print(f"rdma_client: {exc or 'timed out'}", file=sys.stderr)
+            print(f"rdma_client: {str(exc) or 'timed out'}", file=sys.stderr)
             print("rdma_client: end -1", flush=True)
             return 1
         finally:
@@ -174,7 +174,7 @@ async def cmatose(args: argparse.Namespace) -> int:
                     for conn in conns:
                         await conn.wait_closed()
     except* (ConnectFailed, ConnectRejected, OSError, trio.TooSlowError) as group:
-        print(f"cmatose: {group.exceptions[0] or 'timed out'}", file=sys.stderr)
+        print(f"cmatose: {str(group.exceptions[0]) or 'timed out'}", file=sys.stderr)
         status = 1
     print(f"test complete\nreturn status {status}", flush=True)
     return status

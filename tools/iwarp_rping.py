@@ -212,7 +212,7 @@ async def run_client(args: argparse.Namespace) -> int:
                     print(f"ping data: {text}", flush=True)
                 ping += 1
         except (RpingError, trio.TooSlowError) as exc:
-            print(f"rping: {exc or 'timed out'}", file=sys.stderr)
+            print(f"rping: {str(exc) or 'timed out'}", file=sys.stderr)
             return 1
         finally:
             await conn.disconnect()

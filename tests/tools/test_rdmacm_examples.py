@@ -63,3 +63,35 @@ def test_cmatose_two_connections(capsys: pytest.CaptureFixture[str]) -> None:
 def test_rdma_client_without_server_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rdma-client", "-s", "127.0.0.1", "-p", _free_port()]) == 1
     assert "rdma_client: end -1" in capsys.readouterr().out
+
+
+def test_rdma_server_timeout_is_reported_as_timed_out() -> None:
+    """A client that connects (MPA rev 2, no CRC) and never sends: the server gives up
+    after --timeout and says so (the timeout error has no text of its own)."""
+    from stack.wire.events import CrcPolicy, MpaSettings
+    from tests.interop.helpers import MpaSocketPeer, connect_local
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tools.iwarp_cli", "rdma-server", "-s", "127.0.0.1", "-p", port,
+         "--timeout", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        for _ in range(100):
+            try:
+                sock = connect_local(int(port))
+                break
+            except OSError:
+                time.sleep(0.1)
+        with sock:
+            peer = MpaSocketPeer.initiator(sock, MpaSettings(crc=CrcPolicy.OFF, ird=1, ord=1))
+            peer.established()
+            out, err = server.communicate(timeout=30)
+        assert server.returncode == 1
+        assert "rdma_server: timed out" in err and "rdma_server: end -1" in out
+    finally:
+        if server.poll() is None:
+            server.kill()
