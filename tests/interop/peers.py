@@ -21,9 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.interop.helpers import Decode, dissect
 from tools.siwvm import HOST_ADDR, SiwVM, free_port
@@ -170,6 +172,16 @@ def kernel_oopses(vm: SiwVM) -> list[str]:
     """Lines of the guest's kernel log that report a BUG, oops or WARN."""
     log = vm.run("dmesg", timeout=20, check=True).stdout
     return [line for line in log.splitlines() if OOPS.search(line)]
+
+
+@pytest.fixture
+def no_guest_oops(vm: SiwVM) -> Iterator[None]:
+    """The case leaves the guest kernel without a new BUG/oops/WARN (import it into a test
+    module and use it autouse, or with ``usefixtures``)."""
+    before = len(kernel_oopses(vm))
+    yield
+    new = kernel_oopses(vm)[before:]
+    assert not new, "the guest kernel oopsed:\n" + "\n".join(new[:20])
 
 
 def tcpdump_drops(vm: SiwVM, pcap: Path) -> int:
