@@ -1,0 +1,137 @@
+"""``iwarp interop``: case/direction from test ids, outcome merging and the matrix (no VM)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tools.iwarp_cli import main
+from tools.iwarp_interop import CaseResult, _Recorder, failed, render_matrix, split_nodeid
+
+REPO = Path(__file__).resolve().parents[2]
+RPING = "tests/interop/test_rping_siw.py::"
+
+
+@pytest.mark.parametrize(
+    "nodeid, case, direction",
+    [
+        (RPING + "test_rping_mpa_20_rev1[siw-active]", "rping_mpa_20_rev1", "siw-active"),
+        (RPING + "test_rping_erc_09_p2p_rtr[read-iwarp-active]", "rping_erc_09_p2p_rtr[read]",
+         "iwarp-active"),
+        (RPING + "test_rping_ddp_02_sizes[C3-S4000-siw-active]", "rping_ddp_02_sizes[C3-S4000]",
+         "siw-active"),
+        ("t.py::test_mpa_18_erc_03_siw_active_rev2_defaults", "mpa_18_erc_03_rev2_defaults",
+         "siw-active"),
+        ("t.py::test_mpa_22_erc_04_our_initiator_to_siw_passive_rev2_crc",
+         "mpa_22_erc_04_our_initiator_rev2_crc", "iwarp-active"),
+        ("t.py::test_mpa_11_our_responder_requests_crc_from_siw",
+         "mpa_11_our_responder_requests_crc_from_siw", "siw-active"),
+        ("t.py::test_perftest_siw_server_iwarp_client[read-64]", "perftest[read-64]",
+         "iwarp-active"),
+        ("t.py::test_guest_to_guest_rping_with_crc_required",
+         "guest_to_guest_rping_with_crc_required", "siw-siw"),
+        ("t.py::test_guest_boots_with_siw_device", "guest_boots_with_siw_device", "harness"),
+    ],
+)  # fmt: skip
+def test_split_nodeid_case_and_direction(nodeid: str, case: str, direction: str) -> None:
+    assert split_nodeid(nodeid) == (case, direction)
+
+
+def _results() -> list[CaseResult]:
+    return [
+        CaseResult("a[siw-active]", "rping_mpa_20_rev1", "siw-active", "pass", 2.31),
+        CaseResult("a[iwarp-active]", "rping_mpa_20_rev1", "iwarp-active", "fail", 3.0,
+                   "AssertionError: post send error missing"),
+        CaseResult("b[siw-active]", "rping_erc_09_siw_refuses_send_rtr[crc]", "siw-active",
+                   "pass", 2.4),
+        CaseResult("b[iwarp-active]", "rping_erc_09_siw_refuses_send_rtr[crc]", "iwarp-active",
+                   "skip", 0.0, "Linux 6.1 iw_cm BUG()"),
+        CaseResult("c", "guest_boots_with_siw_device", "harness", "xfail", 0.1, "known"),
+    ]  # fmt: skip
+
+
+def test_matrix_rows_columns_cells_reasons_totals() -> None:
+    text = render_matrix(_results(), capture_dir="/tmp/caps", wall_seconds=61.4)
+    lines = text.splitlines()
+    assert lines[0].split() == ["case", "siw-active", "iwarp-active", "harness"]
+    row = next(line for line in lines if line.startswith("rping_mpa_20_rev1 "))
+    assert row.split() == ["rping_mpa_20_rev1", "pass", "2.3s", "FAIL", "3.0s", "-"]
+    row = next(line for line in lines if line.startswith("rping_erc_09_siw_refuses_send_rtr"))
+    assert row.split()[1:] == ["pass", "2.4s", "skip", "-"]
+    row = next(line for line in lines if line.startswith("guest_boots"))
+    assert row.split()[1:] == ["-", "-", "xfail"]
+    assert "FAIL  rping_mpa_20_rev1 [iwarp-active]: AssertionError: post send error missing" in text
+    assert "SKIP  rping_erc_09_siw_refuses_send_rtr[crc] [iwarp-active]: Linux 6.1" in text
+    assert "totals: 2 pass, 1 fail, 1 xfail, 1 skip (5 tests) in 61 s" in text
+    assert lines[-1] == "captures: /tmp/caps"
+    assert failed(_results())
+    assert not failed([r for r in _results() if r.outcome != "fail"])
+
+
+def test_matrix_of_listed_cases_shows_no_totals() -> None:
+    listed = [CaseResult(n, *split_nodeid(n), "listed") for n in (RPING + "test_x[siw-active]",)]
+    text = render_matrix(listed)
+    assert text.splitlines()[2].split() == ["x", "listed"]
+    assert text.endswith("1 tests in 1 cases (not run)") and "totals" not in text
+
+
+def _report(when: str, outcome: str, **extra: object) -> SimpleNamespace:
+    return SimpleNamespace(
+        nodeid="t.py::test_rping_mpa_20_rev1[iwarp-active]",
+        when=when,
+        duration=1.0,
+        passed=outcome == "passed",
+        failed=outcome == "failed",
+        skipped=outcome == "skipped",
+        longrepr=extra.pop("longrepr", None),
+        **extra,
+    )
+
+
+def _merged(*reports: SimpleNamespace) -> CaseResult:
+    recorder = _Recorder()
+    for r in reports:
+        recorder.pytest_runtest_logreport(r)
+    [result] = recorder.results()
+    return result
+
+
+def test_recorder_merges_setup_call_teardown() -> None:
+    ok = _merged(*(_report(when, "passed") for when in ("setup", "call", "teardown")))
+    assert (ok.case, ok.direction, ok.outcome, ok.seconds) == (
+        "rping_mpa_20_rev1", "iwarp-active", "pass", 3.0
+    )  # fmt: skip
+    crash = SimpleNamespace(reprcrash=SimpleNamespace(message="AssertionError: no ping\nmore"))
+    bad = _merged(_report("setup", "passed"), _report("call", "failed", longrepr=crash))
+    assert (bad.outcome, bad.reason) == ("fail", "AssertionError: no ping")
+    oops = _merged(
+        _report("call", "passed"), _report("teardown", "failed", longrepr="the guest oopsed")
+    )
+    assert (oops.outcome, oops.reason) == ("error", "the guest oopsed")
+    skip = _merged(_report("setup", "skipped", longrepr=("f.py", 3, "Skipped: iw_cm BUG()")))
+    assert (skip.outcome, skip.reason) == ("skip", "iw_cm BUG()")
+    xfail = _merged(_report("call", "skipped", wasxfail="siw quirk"))
+    assert (xfail.outcome, xfail.reason) == ("xfail", "siw quirk")
+
+
+def test_interop_list_needs_no_vm() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.iwarp_cli", "interop", "--list", "-k", "rdmacm"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("rdmacm_ucmatose["))
+    assert row.split()[1:] == ["listed", "listed"]
+    assert "(not run)" in out.stdout
+
+
+def test_interop_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["interop", "--peer", "chelsio"]) == 2
+    assert "unknown peer 'chelsio'" in capsys.readouterr().err
