@@ -45,19 +45,21 @@ from perftest's sources and from captures of siw <-> siw runs; no perftest code 
   SYNC, DESTS, SYNC (the server has posted its receives), run, SYNC.  With ``-a`` a Write
   or Read client runs every size back to back; a Send pair brackets each size with SYNCs.
 * The run.  Write/Read: the client keeps ``-t`` WRs outstanding, every ``-Q``-th and the
-  last signalled, all at the address the server advertised (offset 0); the server does
-  nothing.  Send: the server keeps receives posted and, every ``max(1, rx_depth // 3)``
-  receives, RDMA-Writes its receive count as a 4-byte LITTLE-endian u32 (x86 host order,
-  perftest writes memory as is) to the client's credit slot; the client keeps
-  ``posted - credit < rx_depth``.  ``rx_depth`` is perftest's: ``min(-r, -n)`` (default
-  ``-r`` 512), plus one when odd (single size only).
+  last signalled, all at the address the server advertised (perftest cycles through a
+  page there; we stay at offset 0); the server does nothing.  Send (iWARP has no RNR
+  retry, so perftest adds credits): the server keeps receives posted and, whenever its
+  receive count ``n`` per QP has ``(n % rx_depth) % (rx_depth // 3) == 0``, RDMA-Writes
+  ``n`` as a 4-byte LITTLE-endian u32 (x86 host order: perftest writes its memory as is)
+  to the client's credit slot; the client keeps ``posted + 1 - credit < rx_depth`` and
+  zeroes its credits before each size.  ``rx_depth`` is perftest's: ``min(-r, -n)``
+  (default ``-r`` 512), plus one when odd (single size only).  This server keeps at least
+  512 receives posted and credits every ``max(1, rx_depth // 3)``.
 * The end: after the last SYNC the client disconnects its data connections, then the
   exchange connection; the server does the same.
 
-perftest's exchange before the data connections (siw-vm pitfall 9) and siw's stall of an
-FPDU that arrives right after its MPA Reply (pitfall 3) are why a client waits
-``--first-fpdu-delay`` (0.2 s) after each connection before its first message on it;
-perftest's own ``ib_write_bw`` client sleeps 1 s there.
+siw stalls an FPDU that arrives right after its MPA Reply (siw-vm pitfall 3), so a client
+waits ``--first-fpdu-delay`` (0.2 s) after each connection before its first FPDU on it
+(perftest's own ``ib_write_bw`` client sleeps 1 s after the exchange connection).
 """
 
 from __future__ import annotations
@@ -720,10 +722,12 @@ def _address_line(side: str, d: PingpongDest, test: str) -> str:
 
 
 def _result(size: int, iters: int, num_qps: int, start: float, end: float, peak: float) -> BwResult:
+    """A result row; perftest counts the iterations of all QPs together."""
     messages = iters * num_qps
     elapsed = max(end - start, 1e-9)
     rate = messages / elapsed
-    return BwResult(size, iters, (peak or rate) * size / MB, rate * size / MB, rate / 1e6, messages)
+    peak_bw, avg_bw = (peak or rate) * size / MB, rate * size / MB
+    return BwResult(size, messages, peak_bw, avg_bw, rate / 1e6, messages)
 
 
 # --------------------------------------------------------------------------- client
@@ -956,12 +960,7 @@ class PerftestServer(_Side):
     def on_peer_report(self, report: BwReport) -> None:
         """perftest's server prints the client's figures."""
         result = BwResult(
-            report.size,
-            report.iters,
-            report.bw_peak,
-            report.bw_avg,
-            report.msg_rate,
-            report.iters * self.opts.num_qps,
+            report.size, report.iters, report.bw_peak, report.bw_avg, report.msg_rate, report.iters
         )
         self.results.append(result)
         self.say(format_bw(result, False))

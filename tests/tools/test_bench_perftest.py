@@ -303,14 +303,14 @@ def test_two_qps(test: str) -> None:
     assert [d.qpn for d in client.theirs] == [d.qp.qp_num for d in server.data]
     if test == "send":
         assert [d.received for d in server.data] == [5, 5]
-    assert client.results[0].messages == 10
+    assert client.results[0].messages == client.results[0].iterations == 10  # as perftest
+    if test == "write":
+        assert server.peer_report is not None and server.peer_report.iters == 10
 
 
 def test_client_without_server_fails_clearly() -> None:
     async def main() -> None:
-        with trio.socket.socket() as sock:  # a port nobody listens on
-            await sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = await _unused_port()
         opts = PerftestOptions.build(
             "write", host="127.0.0.1", port=port, timeout=0.3, out=io.StringIO()
         )
@@ -318,3 +318,21 @@ def test_client_without_server_fails_clearly() -> None:
 
     with pytest.raises(PerftestError, match="cannot open the exchange connection"):
         trio.run(main)
+
+
+def test_cli_client_without_server_exits_1_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tools.cli import run
+
+    port = trio.run(_unused_port)
+    argv = ["bench", "ib_write_bw", "-R", "-n", "5", "--timeout", "0.3", "-p", str(port)]
+    assert run("iwarp", "test", [*argv, "127.0.0.1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("iwarp bench ib_write_bw: error: cannot open")
+
+
+async def _unused_port() -> int:
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
