@@ -71,7 +71,7 @@ import re
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NoReturn, TextIO
@@ -143,6 +143,8 @@ CACHE_LINE = 64
 MAX_DEVICE_READS = Rnic().max_ord
 CONNECT_RETRY_SECONDS = 0.1
 CREDIT_POLL_SECONDS = 0.0005
+WATCH_SECONDS = 0.5
+"""How often a side waiting for an exchange message looks at its data connections."""
 COMM_SLOTS = 4
 COMM_SLOT_LEN = 64
 """Receives of the exchange connection (perftest's messages are at most 56 bytes)."""
@@ -454,15 +456,42 @@ class PerftestOptions:
 # --------------------------------------------------------------------------- exchange channel
 
 
+class ByteMeter:
+    """A capture tap that only counts the bytes received on every connection: the progress
+    a passive side sees while its peer Writes or Reads (no completions there)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def __call__(self, stream: trio.SocketStream, initiator: bool) -> ByteMeter:
+        return self  # one meter for all connections (the manager's tap factory)
+
+    def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
+        if not outbound:
+            self.received += len(data)
+
+
 class Comm:
     """perftest's exchange connection: alternating Sends of at most 56 bytes.
 
     The active side (client) Sends then receives; the passive side receives then Sends.
+    Waiting for the peer fails after ``timeout`` seconds without any byte arriving on any
+    connection (``meter``), or at once when ``broken()`` names a broken data connection.
     """
 
-    def __init__(self, rnic: Rnic, pd: ProtectionDomain, active: bool, timeout: float) -> None:
+    def __init__(
+        self,
+        rnic: Rnic,
+        pd: ProtectionDomain,
+        active: bool,
+        timeout: float,
+        meter: ByteMeter,
+        broken: Callable[[], str],
+    ) -> None:
         self.active = active
         self.timeout = timeout
+        self.meter = meter
+        self.broken = broken
         self.send_cq = rnic.create_cq(16)
         self.recv_cq = rnic.create_cq(16)
         cap = QpCap(max_send_wr=8, max_recv_wr=COMM_SLOTS)
@@ -499,10 +528,18 @@ class Comm:
         _check(wc.status, f"{what} Send")
 
     async def _receive(self, what: str) -> bytes:
-        with trio.move_on_after(self.timeout) as scope:
-            wc = await self.recv_cq.next()
-        if scope.cancelled_caught:
-            raise PerftestError(f"no {what} from the peer within {self.timeout} s")
+        seen, deadline = self.meter.received, trio.current_time() + self.timeout
+        while True:
+            with trio.move_on_after(min(WATCH_SECONDS, self.timeout)):
+                wc = await self.recv_cq.next()
+                break
+            broken = self.broken()
+            if broken:
+                raise PerftestError(f"waiting for the {what}: {broken}")
+            if self.meter.received != seen:  # the peer is still busy on a data connection
+                seen, deadline = self.meter.received, trio.current_time() + self.timeout
+            elif trio.current_time() >= deadline:
+                raise PerftestError(f"no {what} from the peer within {self.timeout} s")
         _check(wc.status, f"receive of the {what}")
         start = wc.wr_id * COMM_SLOT_LEN
         data = bytes(self.mr.buf[start : start + wc.byte_len])
@@ -544,7 +581,8 @@ class _Side:
         self.out = opts.out or sys.stdout
         self.rnic = Rnic("perftest")
         self.pd = self.rnic.alloc_pd()
-        self.comm = Comm(self.rnic, self.pd, self.active, opts.timeout)
+        self.meter = ByteMeter()
+        self.comm = Comm(self.rnic, self.pd, self.active, opts.timeout, self.meter, self.broken)
         self.data: list[DataQp] = []
         self.recv_cq = self.rnic.create_cq(1 << 16)
         self.credit: MemoryRegion | None = None
@@ -558,6 +596,7 @@ class _Side:
         self.peer_report: BwReport | None = None
         self._run = 0
         self._printed = False
+        self.closing = False
 
     def say(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
@@ -565,7 +604,10 @@ class _Side:
     async def walk(self, cm: ConnectionManager) -> None:
         """Run every step of the script in order."""
         o = self.opts
-        for step in script(o.test, len(o.sizes), o.all_sizes):
+        steps = script(o.test, len(o.sizes), o.all_sizes)
+        for index, step in enumerate(steps):
+            # The closing sync: the peer may tear its data connections down right after it.
+            self.closing = index == len(steps) - 1
             if step is Step.HELLO:
                 await self.hello()
             elif step is Step.SYNC:
@@ -583,6 +625,26 @@ class _Side:
                 self._run += 1
             elif step is Step.REPORTS:
                 await self.reports()
+
+    def broken(self) -> str:
+        """The data connections that closed before the end ('' when none)."""
+        if self.closing:
+            return ""
+        return "; ".join(
+            f"data QP {i} is {d.qp.state.value}: {d.conn.error or d.qp.error or 'closed'}"
+            for i, d in enumerate(self.data)
+            if d.conn is not None and d.conn.closed.is_set()
+        )
+
+    async def walk_explained(self, cm: ConnectionManager) -> None:
+        """:meth:`walk`; a failure names the data connections that went wrong."""
+        try:
+            await self.walk(cm)
+        except PerftestError as exc:
+            broken = self.broken()
+            if broken and broken not in str(exc):
+                raise PerftestError(f"{exc} ({broken})") from None
+            raise
 
     async def hello(self) -> None:
         """Version, cycle buffer, cache line and MTU (``exchange_versions`` ... ``check_mtu``)."""
@@ -743,11 +805,11 @@ class PerftestClient(_Side):
         assert o.host is not None
         self.header("client")
         try:
-            async with ConnectionManager.open(self.rnic) as cm:
+            async with ConnectionManager.open(self.rnic, tap_factory=self.meter) as cm:
                 self.comm.conn = await self._connect(cm, self.comm.qp, 0, "exchange")
                 await trio.sleep(o.first_fpdu_delay)
                 try:
-                    await self.walk(cm)
+                    await self.walk_explained(cm)
                 finally:
                     await self.close()
         except BaseExceptionGroup as group:
@@ -860,7 +922,7 @@ class PerftestServer(_Side):
     ) -> None:
         self.header("server")
         try:
-            async with ConnectionManager.open(self.rnic) as cm:
+            async with ConnectionManager.open(self.rnic, tap_factory=self.meter) as cm:
                 await self._serve(cm, task_status)
         except BaseExceptionGroup as group:
             _reraise_lone(group)
@@ -877,7 +939,7 @@ class PerftestServer(_Side):
         except IwarpError as exc:
             raise PerftestError(f"accepting the exchange connection failed: {exc}") from None
         try:
-            await self.walk(cm)
+            await self.walk_explained(cm)
         finally:
             await self.close()
             await listener.aclose()

@@ -11,10 +11,14 @@ import math
 
 import pytest
 import trio
+from trio.testing import MockClock
 
+from stack.rnic import Rnic, WcOpcode, WcStatus, WorkCompletion
 from tools.bench_perftest import (
     DEST,
     BwReport,
+    ByteMeter,
+    Comm,
     PerftestClient,
     PerftestError,
     PerftestOptions,
@@ -336,3 +340,58 @@ async def _unused_port() -> int:
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+def _comm(broken: str = "") -> tuple[Comm, ByteMeter]:
+    rnic = Rnic()
+    meter = ByteMeter()
+    return Comm(rnic, rnic.alloc_pd(), False, 2.0, meter, lambda: broken), meter
+
+
+def _deliver(comm: Comm, data: bytes) -> None:
+    """A receive completion as the RNIC would report it (slot 0 holds ``data``)."""
+    comm.mr.buf[: len(data)] = data
+    comm.qp._rq.popleft()  # the RNIC consumed the receive that the message landed in
+    comm.recv_cq.push(WorkCompletion(0, WcStatus.SUCCESS, WcOpcode.RECV, 1, len(data)))
+
+
+def test_waiting_side_keeps_waiting_while_data_flows() -> None:
+    """A slow Write run (no completions at the target) must not time out the next sync."""
+
+    async def main() -> bytes:
+        comm, meter = _comm()
+
+        async def peer() -> None:
+            for _ in range(20):  # 10 s of traffic, five times the 2 s timeout
+                await trio.sleep(0.5)
+                meter.record(False, b"x" * 1448)
+            _deliver(comm, b"late but fine")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            return await comm._receive("sync")
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == b"late but fine"
+
+
+def test_waiting_side_times_out_without_progress() -> None:
+    async def main() -> None:
+        comm, meter = _comm()
+        meter.record(True, b"outbound bytes are no progress")
+        await comm._receive("sync")
+
+    with pytest.raises(PerftestError, match="no sync from the peer within 2.0 s"):
+        trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_waiting_side_fails_fast_when_a_data_connection_broke() -> None:
+    async def main() -> None:
+        comm, _ = _comm("data QP 0 is ERROR: closed")
+        with trio.fail_after(1):
+            await comm._receive("sync")
+
+    with pytest.raises(PerftestError, match="waiting for the sync: data QP 0 is ERROR"):
+        trio.run(main, clock=MockClock(autojump_threshold=0))
