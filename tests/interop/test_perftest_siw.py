@@ -39,6 +39,9 @@ REPO = Path(__file__).resolve().parents[2]
 ITERS = 5
 SIZES = (64, 5000)
 TESTS = ("write", "read", "send")
+CAPTURE_SETTLE = 1.0
+"""Seconds tcpdump gets to write the last packets: under TCG it can lag the harness's
+"file stopped growing" check, and the closing exchange went missing (1 case in ~60)."""
 DATA_OPCODES = {
     "write": Opcode.RDMA_WRITE,
     "read": Opcode.RDMA_READ_REQUEST,
@@ -95,6 +98,7 @@ def siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
         client = _ours(test, "-s", str(size), "-p", str(host_port), "127.0.0.1")
         rc, output = _finish(client)
         server_rc = server.wait(30) if rc == 0 else server.stop()
+        time.sleep(CAPTURE_SETTLE)
     siw_said = server.output()
     assert rc == 0, f"iwarp client failed ({rc}):\n{output}\nperftest server:\n{siw_said}"
     assert server_rc == 0, f"perftest server failed ({server_rc}):\n{siw_said}"
@@ -115,6 +119,7 @@ def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
             time.sleep(0.05)
         client = vm.run(f"ib_{test}_bw -R -n {ITERS} -s {size} -p {port} {HOST_ADDR}", timeout=60)
         rc, output = _finish(server)
+        time.sleep(CAPTURE_SETTLE)
     assert client.ok, f"perftest client failed:\n{client.output}\niwarp server:\n{output}"
     assert rc == 0, f"iwarp server failed ({rc}):\n{output}\nperftest client:\n{client.output}"
     assert _result_row(client.stdout, size), client.output
