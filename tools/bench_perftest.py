@@ -166,8 +166,8 @@ class PerftestError(Exception):
 class PingpongDest:
     """perftest's ``struct pingpong_dest`` (56 bytes big-endian on the wire, :data:`DEST`).
 
-    Fields: lid, out_reads, qpn, psn, rkey, vaddr, gid (16 bytes), srqn, gid_index.  Only
-    out_reads, qpn, psn, rkey, vaddr and gid are read by perftest's receiver.
+    Fields: lid, out_reads, qpn, psn, rkey, vaddr, gid (16 bytes), srqn, gid_index.  srqn and
+    gid_index are not read by perftest's receiver.
     """
 
     lid: int = 0
