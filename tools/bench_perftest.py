@@ -106,7 +106,7 @@ from tools.bench_rdma import (
     parse_size,
     peak_rate,
 )
-from tools.cli import CliError, lone_exception, trio_run
+from tools.cli import CliError, lone_exception, port_number, positive_int, trio_run
 
 PERFTEST_VERSION = "6.06"
 """What perftest 4.5+0.17 sends as its version (configure.ac's AC_INIT)."""
@@ -1036,16 +1036,6 @@ async def run_client(opts: PerftestOptions) -> list[BwResult]:
 # --------------------------------------------------------------------------- CLI
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -1060,16 +1050,6 @@ def _timeout(text: str) -> float:
     value = _seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
     return value
 
 
@@ -1091,20 +1071,24 @@ def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "-n",
         "--iters",
-        type=_positive_int,
+        type=positive_int,
         help=f"iterations (default {DEFAULT_ITERS[test]}; give the server the same)",
     )
-    parser.add_argument("-q", "--qp", type=_positive_int, default=1, help="number of QPs")
+    parser.add_argument("-q", "--qp", type=positive_int, default=1, help="number of QPs")
     parser.add_argument(
-        "-p", "--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+        "-p",
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT})",
     )
-    parser.add_argument("-t", "--tx-depth", type=_positive_int, help="WRs outstanding (128)")
-    parser.add_argument("-Q", "--cq-mod", type=_positive_int, help="signal every Nth WR (100)")
+    parser.add_argument("-t", "--tx-depth", type=positive_int, help="WRs outstanding (128)")
+    parser.add_argument("-Q", "--cq-mod", type=positive_int, help="signal every Nth WR (100)")
     if test == "send":
-        parser.add_argument("-r", "--rx-depth", type=_positive_int, help="receives (512)")
+        parser.add_argument("-r", "--rx-depth", type=positive_int, help="receives (512)")
     if test == "read":
         parser.add_argument(
-            "-o", "--outs", type=_positive_int, help=f"outstanding reads ({MAX_DEVICE_READS})"
+            "-o", "--outs", type=positive_int, help=f"outstanding reads ({MAX_DEVICE_READS})"
         )
     parser.add_argument(
         "--bind", default="0.0.0.0", help="server: address to listen on (default all)"
@@ -1115,7 +1099,7 @@ def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         default=None,
         help="request MPA CRC (default: client on, server off; CRC is on if either asks)",
     )
-    parser.add_argument("--emss", type=_positive_int, help="EMSS for the MULPDU (MPA-13)")
+    parser.add_argument("--emss", type=positive_int, help="EMSS for the MULPDU (MPA-13)")
     parser.add_argument(
         "--timeout", type=_timeout, default=30.0, help="seconds without progress (default 30)"
     )

@@ -82,7 +82,7 @@ from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection
 from stack.wire.events import CrcPolicy, MpaSettings, Negotiated
-from tools.cli import CliError, one_line_errors, trio_run
+from tools.cli import CliError, one_line_errors, port_number, trio_run
 
 TESTS = ("write", "read", "send", "atomic")
 DEFAULT_PORT = 18515
@@ -1631,23 +1631,13 @@ def parse_host_port(text: str) -> tuple[str, int]:
         if rest:
             if not rest.startswith(":"):
                 raise argparse.ArgumentTypeError(f"invalid address {text!r}")
-            port = _port(rest[1:])
+            port = port_number(rest[1:])
     elif text.count(":") == 1:
         host, port_text = text.split(":")
-        port = _port(port_text)
+        port = port_number(port_text)
     if not host:
         raise argparse.ArgumentTypeError(f"invalid address {text!r}")
     return host, port
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
-    return value
 
 
 def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: str) -> None:
@@ -1744,7 +1734,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "-p",
         "--port",
-        type=_port,
+        type=port_number,
         default=DEFAULT_PORT,
         help=f"--server: port to listen on (default {DEFAULT_PORT})",
     )
@@ -1818,7 +1808,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-p",
         "--port",
-        type=_port,
+        type=port_number,
         default=DEFAULT_PORT,
         help=f"iWARP port (default {DEFAULT_PORT}; 0: any)",
     )

@@ -42,6 +42,28 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
     parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``0x`` prefixes accepted)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
+    return value
+
+
 class CliError(Exception):
     """A user-facing error: printed as ``<prog>: error: <message>``, exit status 2."""
 

@@ -40,7 +40,7 @@ from stack.errors import IwarpError
 from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
-from tools.cli import CliError, one_line_errors
+from tools.cli import CliError, one_line_errors, port_number, positive_int
 
 DEFAULT_PORT = 18700
 DEFAULT_BLOCK_SIZE = 64 * 1024
@@ -74,16 +74,6 @@ def parse_size(text: str) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -91,16 +81,6 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
     return value
 
 
