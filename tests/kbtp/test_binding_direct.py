@@ -102,9 +102,13 @@ async def test_s6_7_ticket_timeout_invalidates_reclaims_and_a_late_bind_is_aband
                 # Ticket Timeout: the Partition and Ring STags are invalidated first ...
                 await _until(lambda: not target.stag_valid(ack.partition_stag))
                 assert not target.stag_valid(ack.ring_stag)
-                # ... then the block is reclaimed into the ring; usage drops to zero.
-                await _until(lambda: alloc.block_offset in ring.available_blocks())
+                # ... then the block is reclaimed into the ring; usage drops to zero.  (Its
+                # slot stays unconsumed until the reclaim, so the block counts as available
+                # all along: wait for the ticket to leave the outstanding set instead.)
+                await _until(lambda: alloc.ticket not in ring.outstanding)
                 assert target.core.usage(b"c") == 0
+                assert ring.ready_block(alloc.ticket) is None  # its slot was consumed
+                assert alloc.block_offset in ring.available_blocks()
                 assert alloc.ticket in ring.abandoned
                 before = snapshot(target)
                 with pytest.raises(KbtpStatusError) as info:
