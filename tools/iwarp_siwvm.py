@@ -78,8 +78,14 @@ def register(subparsers: Any) -> None:
                 help="forward 127.0.0.1:HOST to guest port GUEST (repeatable)",
             )
             p.add_argument("--timeout", type=float, default=120.0, help="command timeout (s)")
-            p.add_argument("--capture", metavar="PCAP", help="tcpdump in the guest to this file")
+            p.add_argument("--capture", metavar="PCAP", help="capture the command's traffic here")
             p.add_argument("--iface", default="eth0", help="capture interface (eth0 or lo)")
+            p.add_argument(
+                "--via",
+                choices=("netdev", "tcpdump"),
+                help="netdev: QEMU's dump of the guest NIC (eth0 only, lossless; the default"
+                " for eth0); tcpdump: in the guest (the default for lo)",
+            )
             p.add_argument("cmd", nargs=argparse.REMAINDER, help="shell command (after --)")
 
 
@@ -162,7 +168,8 @@ def run_shell(args: argparse.Namespace) -> int:
     vm = _boot(args, _forwards(args.forward))
     try:
         if args.capture:
-            with vm.capture(Path(args.capture).stem, iface=args.iface, dest=args.capture):
+            name = Path(args.capture).stem
+            with vm.capture(name, iface=args.iface, via=args.via, dest=args.capture):
                 result = vm.run(" ".join(cmd), timeout=args.timeout)
             print(f"capture: {args.capture}", file=sys.stderr)
         else:

@@ -7,9 +7,8 @@ Directions are named after who opens the connection (the MPA initiator):
 * ``iwarp-active``: our client connects through a hostfwd to the guest's server tool.
 
 Both return a :class:`PeerRun` with both sides' exit status and output and the capture
-taken in the guest.  :func:`check_decode` decodes the capture with our dissector and
-fails on findings the case does not expect; tcpdump's own drops (siw-vm pitfall 10) are
-the only excuse for a TCP gap.
+of the guest's NIC (QEMU's lossless netdev dump).  :func:`check_decode` decodes the capture
+with our dissector and fails on findings the case does not expect, TCP gaps included.
 """
 
 from __future__ import annotations
@@ -27,10 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from stack.dissect.pcapio import CaptureReader
 from tests.interop.helpers import Decode, dissect
 from tools.siwvm import HOST_ADDR, SiwVM, free_port
-from tools.siwvm.vm import CAPTURE_DIR_GUEST
 
 REPO = Path(__file__).resolve().parents[2]
 SIW_ACTIVE = "siw-active"
@@ -131,7 +128,7 @@ def siw_active(
     """Our server (``iwarp`` + ``ours(port)``) on 127.0.0.1; the guest runs
     ``guest(HOST_ADDR, port)`` in the foreground; both are waited for."""
     port = free_port()
-    with vm.capture(case, bpf=f"tcp port {port}") as pcap:
+    with vm.capture(case, ports=(port,)) as pcap:
         server = HostTool(*ours(port))
         wait_host_listen(port, server)
         client = vm.run(guest(HOST_ADDR, port), timeout=timeout)
@@ -154,7 +151,7 @@ def iwarp_active(
     ``guest_exit`` seconds to finish after ours succeeded (1.5 s after ours failed), then
     it is stopped (siw-vm pitfall 8: a rejected rping -s never exits)."""
     host_port = vm.hostfwd(guest_port)
-    with vm.capture(case, bpf=f"tcp port {guest_port}") as pcap:
+    with vm.capture(case, ports=(guest_port,)) as pcap:
         server = vm.run(guest(guest_port), background=True, timeout=timeout + guest_exit)
         vm.wait_listen(guest_port)
         rc, out = HostTool(*ours(host_port)).finish(timeout)
@@ -186,45 +183,7 @@ def no_guest_oops(vm: SiwVM) -> Iterator[None]:
     assert not new, "the guest kernel oopsed:\n" + "\n".join(new[:20])
 
 
-def tcpdump_drops(vm: SiwVM, pcap: Path) -> int:
-    """Packets tcpdump said it dropped while taking ``pcap`` (its log stays in the guest)."""
-    log = vm.read_file(f"{CAPTURE_DIR_GUEST}/{pcap.stem}.tcpdump.log").decode(errors="replace")
-    found = re.search(r"(\d+) packets? dropped by kernel", log)
-    return int(found.group(1)) if found else 0
-
-
-def unacked_holes(pcap: Path) -> list[tuple[str, int, int]]:
-    """Holes in the captured byte streams that the receiver never acknowledged past:
-    (flow, start, end), relative sequence numbers.  A hole the receiver did acknowledge
-    was on the wire and only missed by tcpdump (siw-vm pitfall 10)."""
-    data: dict[tuple[str, int, str, int], list[tuple[int, int]]] = {}
-    base: dict[tuple[str, int, str, int], int] = {}
-    acked: dict[tuple[str, int, str, int], int] = {}
-    segments = list(CaptureReader(str(pcap)))
-    for seg in segments:
-        flow = (seg.src, seg.sport, seg.dst, seg.dport)
-        if seg.payload and len(seg.payload):
-            start = base.setdefault(flow, seg.seq)
-            rel = (seg.seq - start) % (1 << 32)
-            data.setdefault(flow, []).append((rel, rel + len(seg.payload)))
-    for seg in segments:
-        flow = (seg.dst, seg.dport, seg.src, seg.sport)
-        if flow in base and seg.flags & TCP_ACK:
-            rel = (seg.ack - base[flow]) % (1 << 32)
-            if rel < 1 << 31:
-                acked[flow] = max(acked.get(flow, 0), rel)
-    holes = []
-    for flow, spans in data.items():
-        end = None
-        for lo, hi in sorted(spans):
-            if end is not None and lo > end and acked.get(flow, 0) < lo:
-                holes.append((f"{flow[0]}:{flow[1]}", end, lo))
-            end = hi if end is None else max(end, hi)
-    return holes
-
-
 def check_decode(
-    vm: SiwVM,
     pcap: Path,
     *,
     expect_kinds: tuple[str, ...] = ("mpa_req", "mpa_rep"),
@@ -235,10 +194,8 @@ def check_decode(
     """Decode ``pcap``; it holds ``expect_kinds``, no finding outside ``allowed_rules`` and
     no stream note outside ``allowed_notes`` but the end.
 
-    When tcpdump reported drops (it cannot keep up with long bursts under TCG) or missed
-    segments the receiver acknowledged, the capture, not the connection, has holes: the
-    first TCP gap and everything decoded after it are not held against the peers (a lost
-    Read Request makes its Response look wrong).
+    The captures come from QEMU's dump of the guest NIC (:meth:`SiwVM.capture`), which
+    misses nothing, so a TCP gap is a finding like any other.
     """
     decode = dissect(pcap, **options)
     kinds = decode.kinds()
@@ -246,18 +203,13 @@ def check_decode(
         assert kind in kinds, f"{pcap.name}: no {kind} in the decode (kinds {kinds[:12]})"
     allowed = set(allowed_rules)
     notes_ok = {"trailing", *allowed_notes}
-    hole = min((n.frame for n in decode.notes if n.kind == "gap"), default=None)
-    if hole is not None and unacked_holes(pcap) and not tcpdump_drops(vm, pcap):
-        hole = None  # not explained by the capture: report it
-    trusted = (lambda frame: True) if hole is None else (lambda frame: frame < hole)
     unexpected = [
         (record.frame, f.rule, f.detail)
         for record in decode.records
-        if trusted(record.frame)
         for f in record.findings
         if f.rule not in allowed
     ]
     assert not unexpected, f"{pcap.name}: unexpected findings {unexpected[:6]}"
-    bad_notes = [n for n in decode.notes if n.kind not in notes_ok and trusted(n.frame)]
+    bad_notes = [n for n in decode.notes if n.kind not in notes_ok]
     assert not bad_notes, f"{pcap.name}: unexpected stream notes {bad_notes[:6]}"
     return decode

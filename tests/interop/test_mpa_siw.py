@@ -52,7 +52,7 @@ def _siw_active_to_our_responder(
     """Guest rping client -> our responder: the Request, the peer, and (negotiated values,
     siw's first FPDU, the capture); ``segments`` FPDUs are read (all in ``peer.segments``)."""
     srv, port = listen_local()
-    with srv, vm.capture(case, bpf=f"tcp port {port}") as pcap:
+    with srv, vm.capture(case, ports=(port,)) as pcap:
         client = vm.run(f"rping -c -a {HOST_ADDR} -p {port} -C 1 -v", background=True, timeout=20)
         sock, _ = srv.accept()
         with sock:
@@ -143,7 +143,7 @@ def _our_initiator_to_siw_passive(
     rping Send: a decoded Segment, or with ``answered=False`` the next MPA event) and the
     capture."""
     host_port = vm.hostfwd(GUEST_RPING_PORT)
-    with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
+    with vm.capture(case, ports=(GUEST_RPING_PORT,)) as pcap:
         server = vm.run(
             f"rping -s -a 0.0.0.0 -p {GUEST_RPING_PORT} -C 1 -v", background=True, timeout=20
         )
@@ -239,7 +239,7 @@ def test_erc_09_our_p2p_initiator_write_rtr_to_siw_passive(vm: SiwVM, case: str)
     and then answers rping's Send with its Read Request."""
     settings = MpaSettings(crc=CrcPolicy.REQUEST, p2p=True, rtr=RtrType.WRITE, ird=1, ord=1)
     host_port = vm.hostfwd(GUEST_RPING_PORT)
-    with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
+    with vm.capture(case, ports=(GUEST_RPING_PORT,)) as pcap:
         server = vm.run(
             f"rping -s -a 0.0.0.0 -p {GUEST_RPING_PORT} -C 1 -v", background=True, timeout=20
         )
@@ -290,7 +290,7 @@ def test_mpa_09_siw_rejects_our_markers_request(vm: SiwVM, case: str) -> None:
 def test_mpa_21_our_private_data_reaches_siw(vm: SiwVM, case: str) -> None:
     """Rev 2 with 6 bytes of ULP private data after the IRD/ORD word: siw accepts."""
     host_port = vm.hostfwd(GUEST_RPING_PORT)
-    with vm.capture(case, bpf=f"tcp port {GUEST_RPING_PORT}") as pcap:
+    with vm.capture(case, ports=(GUEST_RPING_PORT,)) as pcap:
         server = vm.run(
             f"rping -s -a 0.0.0.0 -p {GUEST_RPING_PORT} -C 1 -v", background=True, timeout=20
         )

@@ -39,9 +39,6 @@ REPO = Path(__file__).resolve().parents[2]
 ITERS = 5
 SIZES = (64, 5000)
 TESTS = ("write", "read", "send")
-CAPTURE_SETTLE = 1.0
-"""Seconds tcpdump gets to write the last packets: under TCG it can lag the harness's
-"file stopped growing" check, and the closing exchange went missing (1 case in ~60)."""
 DATA_OPCODES = {
     "write": Opcode.RDMA_WRITE,
     "read": Opcode.RDMA_READ_REQUEST,
@@ -90,7 +87,7 @@ def _result_row(output: str, size: int) -> bool:
 def siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
     """Guest ``ib_<test>_bw -R`` server <- ``iwarp bench ib_<test>_bw`` client via hostfwd."""
     host_port = vm.hostfwd(DEFAULT_PORT)
-    with vm.capture(case, bpf=f"tcp port {DEFAULT_PORT}") as pcap:
+    with vm.capture(case, ports=(DEFAULT_PORT,)) as pcap:
         server = vm.run(
             f"ib_{test}_bw -R -n {ITERS} -s {size} -p {DEFAULT_PORT}", background=True, timeout=60
         )
@@ -98,7 +95,6 @@ def siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
         client = _ours(test, "-s", str(size), "-p", str(host_port), "127.0.0.1")
         rc, output = _finish(client)
         server_rc = server.wait(30) if rc == 0 else server.stop()
-        time.sleep(CAPTURE_SETTLE)
     siw_said = server.output()
     assert rc == 0, f"iwarp client failed ({rc}):\n{output}\nperftest server:\n{siw_said}"
     assert server_rc == 0, f"perftest server failed ({server_rc}):\n{siw_said}"
@@ -110,7 +106,7 @@ def siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
 def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
     """``iwarp bench ib_<test>_bw`` server on 127.0.0.1 <- guest client to 10.0.2.2."""
     port = free_port()
-    with vm.capture(case, bpf=f"tcp port {port}") as pcap:
+    with vm.capture(case, ports=(port,)) as pcap:
         server = _ours(test, "-s", str(size), "-p", str(port), "--bind", "127.0.0.1")
         deadline = time.monotonic() + 30
         while not _host_listening(port):
@@ -119,7 +115,6 @@ def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
             time.sleep(0.05)
         client = vm.run(f"ib_{test}_bw -R -n {ITERS} -s {size} -p {port} {HOST_ADDR}", timeout=60)
         rc, output = _finish(server)
-        time.sleep(CAPTURE_SETTLE)
     assert client.ok, f"perftest client failed:\n{client.output}\niwarp server:\n{output}"
     assert rc == 0, f"iwarp server failed ({rc}):\n{output}\nperftest client:\n{client.output}"
     assert _result_row(client.stdout, size), client.output

@@ -86,7 +86,7 @@ def test_rdmacm_rdma_server_rdma_client(vm: SiwVM, case: str, direction: str) ->
     assert run.ours_rc == 0 and run.siw_rc == 0, run.describe()
     server, client = (run.ours, run.siw) if direction == SIW_ACTIVE else (run.siw, run.ours)
     assert "rdma_server: end 0" in server and "rdma_client: end 0" in client, run.describe()
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     assert decode.kinds().count("mpa_req") == 1
     assert messages(decode, "i2r") == [MESSAGE_LEN] and messages(decode, "r2i") == [MESSAGE_LEN]
     assert set(decode.opcodes()) == {Opcode.SEND}
@@ -130,7 +130,7 @@ def test_rdmacm_ucmatose(
     for out in (run.ours, run.siw):
         assert "data transfers complete" in out and "return status 0" in out, run.describe()
     siw_responder = direction == IWARP_ACTIVE
-    decode = check_decode(vm, run.pcap, allowed_rules=("MPA-25",) if siw_responder else ())
+    decode = check_decode(run.pcap, allowed_rules=("MPA-25",) if siw_responder else ())
     flagged = {r.direction for r in decode.fpdus() if any(f.rule == "MPA-25" for f in r.findings)}
     assert flagged <= {"r2i"}, "MPA-25 on our side"
     assert decode.kinds().count("mpa_req") == conns
@@ -158,6 +158,6 @@ def test_rdmacm_ucmatose_mpa_25_without_p2p_our_responder_waits(
     so our server gives up after its --timeout and says so."""
     run = ucmatose(vm, case, direction, conns=1, count=2, size=100, timeout=3)
     assert run.ours_rc == 1 and "cmatose: timed out" in run.ours, run.describe()
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     assert decode.kinds().count("mpa_rep") == 1
     assert [r for r in decode.fpdus() if r.direction == "r2i"] == [], "we sent before siw"

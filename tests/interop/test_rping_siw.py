@@ -125,7 +125,7 @@ def test_rping_mpa_22_rev2_defaults_without_crc(vm: SiwVM, case: str, direction:
     """siw's defaults (rev 2, E, IRD/ORD 1/1, no CRC) against ours with --no-crc."""
     run = rping(vm, case, direction, count=3, ours=("--no-crc",))
     assert_pinged(run, 3)
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     req, rep = handshake(decode)
     assert (req.rev, rep.rev) == (2, 2) and req.enhanced and rep.enhanced
     assert not (req.crc or rep.crc or req.markers or rep.markers or rep.reject)
@@ -138,7 +138,7 @@ def test_rping_mpa_11_crc_requested_by_iwarp(vm: SiwVM, case: str, direction: st
     """Our C=1 (Request or Reply) turns CRC on both ways; siw's CRCs check out (MPA-12)."""
     run = rping(vm, case, direction, count=3, ours=("--crc",))
     assert_pinged(run, 3)
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     req, rep = handshake(decode)
     ours = rep if direction == SIW_ACTIVE else req
     assert ours.crc and not (req.reject or rep.reject)
@@ -157,7 +157,7 @@ def test_rping_mpa_11_crc_requested_by_siw(vm: SiwVM, case: str, direction: str)
     vm.set_siw(crc_required=True)
     run = rping(vm, case, direction, count=2, ours=("--no-crc",))
     assert_pinged(run, 2)
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     req, rep = handshake(decode)
     crc = direction == SIW_ACTIVE
     assert (req.crc, rep.crc) == (crc, crc)
@@ -173,7 +173,7 @@ def test_rping_mpa_23_siw_crc_strict_refuses_our_crc(vm: SiwVM, case: str, direc
     """
     vm.set_siw(crc_strict=True)
     run = rping(vm, case, direction, ours=("--crc",))
-    decode = check_decode(vm, run.pcap, allowed_notes=("rejected",))
+    decode = check_decode(run.pcap, allowed_notes=("rejected",))
     req, rep = handshake(decode)
     assert decode.fpdus() == [], run.describe()
     if direction == IWARP_ACTIVE:
@@ -200,7 +200,7 @@ def test_rping_erc_09_p2p_rtr(vm: SiwVM, case: str, direction: str, rtr: str) ->
         vm.set_siw(p2p=True)
     run = rping(vm, case, direction, count=2, ours=("--p2p", rtr))
     assert_pinged(run, 2)
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     req, rep = handshake(decode)
     assert req.ird_ord is not None and rep.ird_ord is not None
     assert req.ird_ord.p2p and rep.ird_ord.p2p and rep.ird_ord.rtr == kind
@@ -238,7 +238,7 @@ def test_rping_erc_09_siw_refuses_send_rtr(vm: SiwVM, case: str, direction: str,
     run = rping(vm, case, direction, ours=("--p2p", "send", "--crc" if crc else "--no-crc"))
     assert run.siw_rc not in (0, None) and "CONNECT_ERROR" in run.siw, run.describe()
     assert run.ours_rc == 1, run.describe()
-    decode = check_decode(vm, run.pcap, allowed_rules=("MPA-12",) if crc else ())
+    decode = check_decode(run.pcap, allowed_rules=("MPA-12",) if crc else ())
     _req, rep = handshake(decode)
     assert rep.ird_ord is not None and rep.ird_ord.rtr == RtrType.SEND
     term = from_side(decode, initiator=True)
@@ -269,7 +269,7 @@ def test_rping_mpa_20_rev1(vm: SiwVM, case: str, direction: str) -> None:
         run = rping(vm, case, direction, ours=("--mpa-rev", "1"))
         assert "post send error" in run.siw, run.describe()
         assert run.ours_rc == 1 and "closed by the peer" in run.ours, run.describe()
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     req, rep = handshake(decode)
     assert (req.rev, rep.rev) == (1, 1) and not req.enhanced and not rep.enhanced
 
@@ -279,7 +279,7 @@ def test_rping_mpa_09_siw_refuses_markers(vm: SiwVM, case: str, direction: str) 
     """Markers asked for by us: siw supports none.  iwarp-active: Reply R=1 and our rping
     names the markers; siw-active: siw drops our Reply with M=1 and rping reports a reject."""
     run = rping(vm, case, direction, ours=("--markers",))
-    decode = check_decode(vm, run.pcap, allowed_notes=("rejected",))
+    decode = check_decode(run.pcap, allowed_notes=("rejected",))
     req, rep = handshake(decode)
     assert decode.fpdus() == [], run.describe()
     if direction == IWARP_ACTIVE:
@@ -299,7 +299,7 @@ def test_rping_mpa_21_private_data(vm: SiwVM, case: str, direction: str) -> None
     """Our ULP private data after the IRD/ORD word; siw accepts it (rping sends none)."""
     run = rping(vm, case, direction, ours=("--private-data", PRIVATE_DATA))
     assert_pinged(run, 1)
-    req, rep = handshake(check_decode(vm, run.pcap))
+    req, rep = handshake(check_decode(run.pcap))
     ours, theirs = (rep, req) if direction == SIW_ACTIVE else (req, rep)
     assert ours.private_data == PRIVATE_DATA.encode() and ours.ird_ord is not None
     assert theirs.private_data == b""
@@ -317,7 +317,7 @@ def test_rping_ddp_02_sizes(vm: SiwVM, case: str, direction: str, count: int, si
     Writes) span several FPDUs from each side, none above the MSS (ours with --emss)."""
     run = rping(vm, case, direction, count=count, size=size, ours=("--emss", str(GUEST_MSS)))
     assert_pinged(run, count)
-    decode = check_decode(vm, run.pcap)
+    decode = check_decode(run.pcap)
     assert {r.crc_ok for r in decode.fpdus()} == {True}
     assert max(r.ulpdu_len for r in decode.fpdus()) <= GUEST_MSS
     if size > GUEST_MSS:
@@ -341,7 +341,7 @@ def test_rping_first_fpdu_delay_20_of_20(vm: SiwVM, case: str, direction: str) -
     for n in range(20):
         run = rping(vm, f"{case}_{n:02d}", direction, ours=("--crc" if n % 2 else "--no-crc",))
         assert_pinged(run, 1)
-        decode = check_decode(vm, run.pcap)
+        decode = check_decode(run.pcap)
         _req, rep = (r for r in decode.records if r.kind in ("mpa_req", "mpa_rep"))
         first = from_side(decode, initiator=True)[0]
         assert first.timestamp - rep.timestamp >= 0.19, f"run {n + 1}: no first-FPDU delay"

@@ -20,7 +20,7 @@ from tools.siwvm.agent import AgentClient
 from tools.siwvm.errors import AgentError, BuildError, CaptureError, SiwVmError
 from tools.siwvm.image import Artifacts, find_artifacts
 from tools.siwvm.knobs import SIW_DEFAULTS, normalize, param_name, parse_kv
-from tools.siwvm.pcap import read_pcap, stream_bytes, tcp_segments
+from tools.siwvm.pcap import filter_tcp_ports, read_pcap, stream_bytes, tcp_segments
 from tools.siwvm.vm import AGENT_GUEST_PORT, SiwVM, free_port
 
 AGENT = Path(build_mod.FILES_DIR) / "guest-agent.py"
@@ -171,6 +171,31 @@ def test_pcap_reader_and_stream_reassembly(tmp_path: Path) -> None:
     assert [s.dport for s in segments] == [7174, 7174, 7174, 4000]
     assert stream_bytes(segments, dport=7174) == b"MPA ID Req Frame"
     assert stream_bytes(segments, sport=7174) == b"reply"
+
+
+def test_pcap_port_filter_keeps_what_tcp_port_would(tmp_path: Path) -> None:
+    """QEMU's netdev dump has no capture filter: the harness keeps the frames tcpdump's
+    ``tcp port P`` would have, and never the agent's."""
+    arp = b"\xff" * 6 + b"\0" * 6 + b"\x08\x06" + b"\0" * 28
+    frames = [
+        _tcp_frame(4000, 7174, 1, b"wanted-1"),
+        _tcp_frame(51000, AGENT_GUEST_PORT, 1, b"agent"),
+        arp,
+        _tcp_frame(7174, 4000, 9, b"wanted-2"),
+        _tcp_frame(4001, 9999, 1, b"other"),
+    ]
+    src, dst = tmp_path / "raw.pcap", tmp_path / "kept.pcap"
+    src.write_bytes(_pcap(frames))
+    assert filter_tcp_ports(src, dst, ports=(7174,), exclude=(AGENT_GUEST_PORT,)) == 2
+    kept = read_pcap(dst)
+    assert [r.data for r in kept.records] == [frames[0], frames[3]]
+    assert [r.ts for r in kept.records] == [0.0, 3.0]  # record headers kept as they were
+    assert dst.read_bytes()[:24] == src.read_bytes()[:24]
+    assert filter_tcp_ports(src, dst, exclude=(AGENT_GUEST_PORT,)) == 4  # ARP too
+    assert [r.data for r in read_pcap(dst).records] == [frames[0], arp, frames[3], frames[4]]
+    src.write_bytes(_pcap(frames)[:-3])
+    with pytest.raises(CaptureError):
+        filter_tcp_ports(src, dst, ports=(7174,))
 
 
 @pytest.mark.parametrize("cut", [3, 30, 50])

@@ -2,8 +2,9 @@
 
 Build from Debian packages (:func:`build`), boot once (:class:`SiwVM`), run guest commands
 through an agent, forward ports both ways, set siw's knobs per case and capture each case
-with tcpdump in the guest.  See ``/work/shared/specs/siw-vm.md`` for the findings behind it
-and ``iwarp siwvm --help`` for the command line.
+(QEMU's lossless dump of the guest NIC, or tcpdump in the guest).  See
+``/work/shared/specs/siw-vm.md`` for the findings behind it and ``iwarp siwvm --help`` for
+the command line.
 """
 
 from tools.siwvm.errors import (

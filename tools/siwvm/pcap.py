@@ -1,13 +1,15 @@
-"""Just enough pcap reading to check that a guest capture came out whole.
+"""Just enough pcap handling to check that a capture came out whole and to filter it.
 
 The real decoding is ``iwarp dissect``'s job; the harness only proves that a file is a
-well-formed classic pcap (tcpdump's format) and offers the TCP payloads per direction, so
-smoke tests can look for MPA frames without depending on the dissector.
+well-formed classic pcap (tcpdump's and QEMU's filter-dump format), offers the TCP payloads
+per direction, so smoke tests can look for MPA frames without depending on the dissector,
+and keeps the frames of chosen TCP ports (QEMU's netdev dump has no capture filter).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,3 +152,46 @@ def _ipv4_payload(linktype: int, frame: bytes) -> bytes | None:
         if len(frame) >= 16 and frame[14:16] == b"\x08\x00":
             return frame[16:]
     return None
+
+
+def _tcp_ports(linktype: int, frame: bytes) -> tuple[int, int] | None:
+    """(sport, dport) of an IPv4 TCP frame, None for anything else."""
+    ip = _ipv4_payload(linktype, frame)
+    if ip is None or len(ip) < 20 or ip[0] >> 4 != 4 or ip[9] != 6:
+        return None
+    ihl = (ip[0] & 0x0F) * 4
+    if len(ip) < ihl + 4:
+        return None
+    sport, dport = struct.unpack(">HH", ip[ihl : ihl + 4])
+    return sport, dport
+
+
+def filter_tcp_ports(
+    src: Path | str,
+    dst: Path | str,
+    *,
+    ports: Iterable[int] = (),
+    exclude: Iterable[int] = (),
+) -> int:
+    """Copy the frames of pcap ``src`` to ``dst`` (same header) that are TCP with a port in
+    ``ports`` (any frame when ``ports`` is empty) and no port in ``exclude``: what tcpdump's
+    ``tcp port P`` filter would have kept.  Returns the number of frames kept."""
+    raw = Path(src).read_bytes()
+    pcap = read_pcap(src)
+    wanted, unwanted = frozenset(ports), frozenset(exclude)
+    out = bytearray(raw[:_GLOBAL_HDR])
+    kept = 0
+    offset = _GLOBAL_HDR
+    for rec in pcap.records:
+        incl = len(rec.data)
+        header = raw[offset : offset + _RECORD_HDR]
+        offset += _RECORD_HDR + incl
+        tcp = _tcp_ports(pcap.linktype, rec.data)
+        if tcp is not None and unwanted.intersection(tcp):
+            continue
+        if wanted and (tcp is None or not wanted.intersection(tcp)):
+            continue
+        out += header + rec.data
+        kept += 1
+    Path(dst).write_bytes(bytes(out))
+    return kept

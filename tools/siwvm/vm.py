@@ -60,7 +60,7 @@ from tools.siwvm.errors import (
     SiwVmError,
 )
 from tools.siwvm.image import Artifacts, find_artifacts
-from tools.siwvm.pcap import read_pcap
+from tools.siwvm.pcap import filter_tcp_ports, read_pcap
 
 GUEST_ADDR = "10.0.2.15"
 """The guest's address on QEMU user networking (eth0; siw0 sits on it)."""
@@ -69,6 +69,8 @@ HOST_ADDR = "10.0.2.2"
 AGENT_GUEST_PORT = 7000
 """Guest port of the agent: tests must not use it (pitfall 11)."""
 NETDEV_ID = "n0"
+CaptureVia = Literal["netdev", "tcpdump"]
+"""How :meth:`SiwVM.capture` captures: QEMU's dump of the guest NIC, or tcpdump in the guest."""
 DEFAULT_BOOT_TIMEOUT = 180.0
 CAPTURE_DIR_GUEST = "/tmp/siwvm-cap"
 SHARE_GUEST = "/mnt/host"
@@ -250,6 +252,7 @@ class SiwVM:
         self._pump: threading.Thread | None = None
         self._stopped = False
         self._fwd_lock = threading.Lock()
+        self._dumps = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -595,24 +598,46 @@ class SiwVM:
         name: str,
         *,
         iface: str = "eth0",
+        ports: Iterable[int] = (),
         bpf: str | None = None,
+        via: CaptureVia | None = None,
         dest: Path | str | None = None,
         start_timeout: float = 15.0,
     ) -> Iterator[Path]:
-        """Capture guest traffic with tcpdump for the ``with`` block; yield the host pcap path.
+        """Capture guest traffic for the ``with`` block; yield the host pcap path.
 
-        The pcap is written to the guest's tmpfs, copied out through the share when the
-        block ends (also when it raises) and checked to be a well-formed pcap.  ``iface``:
-        ``eth0`` for host<->guest traffic, ``lo`` for siw<->siw inside the guest.  The
-        agent's own port is always filtered out; ``bpf`` adds a filter.  Set
-        ``zcopy_tx=False`` for complete captures of siw TX (pitfall 10).
+        ``via``: ``"netdev"`` (the default for ``eth0``) dumps every frame that crosses the
+        guest's NIC from inside QEMU (a ``filter-dump`` object added and removed over QMP):
+        the host<->guest wire, lossless, since QEMU writes each frame before delivering it.
+        ``"tcpdump"`` (the default for ``lo``, siw<->siw inside the guest) runs tcpdump in
+        the guest to its tmpfs and copies the pcap out; under TCG tcpdump can miss segments
+        of long bursts without counting them as drops, so the interop suite uses netdev.
+        The agent's own port is always left out; ``ports`` keeps only TCP segments with one
+        of these ports (both methods); ``bpf`` adds a tcpdump filter expression (tcpdump
+        only).  The pcap is checked to be well formed when the block ends without error.
         """
         self._require_running()
+        method = via or ("netdev" if iface == "eth0" else "tcpdump")
+        if method not in ("netdev", "tcpdump"):
+            raise CaptureError(f"unknown capture method {method!r} (netdev or tcpdump)")
+        if method == "netdev" and iface != "eth0":
+            raise CaptureError(f"netdev captures see eth0 only, not {iface!r}: use via='tcpdump'")
+        if method == "netdev" and bpf:
+            raise CaptureError("netdev captures take ports=, not a bpf expression")
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "capture"
+        host_path = Path(dest) if dest else self.capture_dir / f"{safe}.pcap"
+        host_path.parent.mkdir(parents=True, exist_ok=True)
+        wanted = tuple(ports)
+        if method == "netdev":
+            with self._netdev_dump(safe, host_path, wanted):
+                yield host_path
+            return
+        port_expr = " or ".join(f"tcp port {p}" for p in wanted)
+        expr = " and ".join(
+            [f"not tcp port {AGENT_GUEST_PORT}", *(f"({e})" for e in (port_expr, bpf) if e)]
+        )
         gpcap = f"{CAPTURE_DIR_GUEST}/{safe}.pcap"
         glog = f"{CAPTURE_DIR_GUEST}/{safe}.tcpdump.log"
-        expr = f"not tcp port {AGENT_GUEST_PORT}" + (f" and ({bpf})" if bpf else "")
-        host_path = Path(dest) if dest else self.capture_dir / f"{safe}.pcap"
         tcpdump = self.run(
             f"exec tcpdump -i {shlex.quote(iface)} -s 0 -U --immediate-mode -Z root"
             f" -w {gpcap} {shlex.quote(expr)}",
@@ -627,6 +652,46 @@ class SiwVM:
             failed = False
         finally:
             self._finish_capture(tcpdump, gpcap, host_path, check=not failed)
+
+    @contextmanager
+    def _netdev_dump(self, safe: str, host_path: Path, ports: tuple[int, ...]) -> Iterator[None]:
+        """QEMU's filter-dump on the guest NIC for the block, then keep ``ports``' frames."""
+        self._dumps += 1
+        dump_id = f"cap{self._dumps}"
+        raw = self.workdir / f"{safe}.{dump_id}.netdev.pcap"
+        try:
+            self.qmp.execute(
+                "object-add",
+                **{"qom-type": "filter-dump", "id": dump_id, "netdev": NETDEV_ID, "file": str(raw)},
+            )
+        except SiwVmError as exc:
+            raise CaptureError(f"QEMU filter-dump did not start: {exc}") from exc
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            self._finish_netdev_dump(dump_id, raw, host_path, ports, check=not failed)
+
+    def _finish_netdev_dump(
+        self, dump_id: str, raw: Path, host_path: Path, ports: tuple[int, ...], check: bool
+    ) -> None:
+        # The peers have exited; let their last segments (FIN, final ACKs) cross the NIC.
+        last, deadline = -1, time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            size = raw.stat().st_size if raw.exists() else 0
+            if size == last:
+                break
+            last = size
+            time.sleep(0.3)
+        try:
+            self.qmp.execute("object-del", id=dump_id)
+            filter_tcp_ports(raw, host_path, ports=ports, exclude=(AGENT_GUEST_PORT,))
+        except (SiwVmError, OSError) as exc:
+            if check:
+                raise CaptureError(f"capture {host_path.name} did not come out: {exc}") from exc
+        finally:
+            raw.unlink(missing_ok=True)
 
     def _wait_tcpdump(self, tcpdump: GuestProcess, timeout: float) -> None:
         deadline = time.monotonic() + timeout
