@@ -68,6 +68,7 @@ from stack.rnic import (
     Access,
     CompletionQueue,
     MemoryRegion,
+    ProtectionDomain,
     QpCap,
     QpState,
     QueuePair,
@@ -132,11 +133,15 @@ def receive_buffer_size(config: TargetConfig) -> int:
 
 @dataclass(eq=False)
 class TargetSession:
-    """One connection of the target.  Fields: sid, qp, cq, peer (address), conn,
-    identity (after HELLO), regions (MRs to deregister when it ends), close (the
-    CloseSession waiting for its last Send), reason (why it ended)."""
+    """One connection of the target.  Fields: sid, pd (the session's own protection domain:
+    its QP and every STag it is given, SEC-03), local_mr (the target buffer registered in
+    that PD, for the SGEs of its Writes and Reads), qp, cq, peer (address), conn, identity
+    (after HELLO), regions (MRs to deregister when it ends), close (the CloseSession waiting
+    for its last Send), reason (why it ended)."""
 
     sid: int
+    pd: ProtectionDomain
+    local_mr: MemoryRegion
     qp: QueuePair
     cq: CompletionQueue
     peer: tuple[str, int]
@@ -175,7 +180,7 @@ class KbtpTarget:
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.rnic = rnic or Rnic("kbtp-target")
-        self.pd = self.rnic.alloc_pd()
+        self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs
         self.settings = settings or MpaSettings()
         self.tap_factory = tap_factory
         self.on_event = on_event
@@ -212,14 +217,17 @@ class KbtpTarget:
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
 
     def _register(self, kind: RegionKind, offset: int, length: int) -> int:
-        """Registrar: an MR over [offset, offset + length) whose TOs are the core's TOs."""
+        """Registrar: an MR over [offset, offset + length) whose TOs are the core's TOs, in
+        the protection domain of the session whose HELLO is being handled (SEC-03)."""
+        sess = self._registering
+        if sess is None:  # pragma: no cover - the core registers only while handling HELLO
+            raise LocalError(f"{kind.value} region registered outside a session")
         view = self.local_mr.buf[offset : offset + length]
-        mr = self.pd.reg_mr(view, REGION_ACCESS[kind])
+        mr = sess.pd.reg_mr(view, REGION_ACCESS[kind])
         if mr.base != self.config.base_to + offset:  # pragma: no cover - VA arithmetic
             raise LocalError("registered region does not start at its Tagged Offset")
         self.regions[mr.stag] = mr
-        if self._registering is not None:
-            self._registering.regions.append(mr)
+        sess.regions.append(mr)
         return mr.stag
 
     # ----------------------------------------------------------------------------------
@@ -264,11 +272,15 @@ class KbtpTarget:
         size = receive_buffer_size(self.config)
         cq = self.rnic.create_cq(max(256, 8 * credits + 64))
         cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=credits + 1)
-        qp = self.rnic.create_qp(self.pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
-        recv_mr = self.pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
-        marker_mr = self.pd.reg_mr(bytearray(1), Access.LOCAL_WRITE)
-        sess = TargetSession(sid, qp, cq, request.remote, recv_mr, size, marker_mr)
-        sess.regions += [recv_mr, marker_mr]
+        # A protection domain per session (RFC 5042 §6.1.1, SEC-03): no stream can use an
+        # STag given to another (SEC-01), and no STag is shared across streams (SEC-07).
+        pd = self.rnic.alloc_pd()
+        local_mr = pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
+        qp = self.rnic.create_qp(pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
+        recv_mr = pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
+        marker_mr = pd.reg_mr(bytearray(1), Access.LOCAL_WRITE)
+        sess = TargetSession(sid, pd, local_mr, qp, cq, request.remote, recv_mr, size, marker_mr)
+        sess.regions += [local_mr, recv_mr, marker_mr]
         # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
         qp.post_recv([sess.recv_wr(slot) for slot in range(credits)])
         self.core.open_session(sid)
@@ -403,7 +415,7 @@ class KbtpTarget:
                     if self._post(sess, wr):
                         work.extend(self.core.rdma_completed(action.op_id, trio.current_time()))
                     continue
-                sge = Sge(action.local_to, action.length, self.local_mr.lkey)
+                sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
                 wr = SendWR(
                     action.op_id,
                     WrOpcode.RDMA_WRITE,
@@ -413,7 +425,7 @@ class KbtpTarget:
                 )
                 self._post(sess, wr)
             elif isinstance(action, ReadFromInitiator):
-                sge = Sge(action.local_to, action.length, self.local_mr.lkey)
+                sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
                 wr = SendWR(
                     action.op_id,
                     WrOpcode.RDMA_READ,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from kbtp.constants import (
@@ -243,6 +243,8 @@ class _Session:
     identity: bytes | None = None
     capabilities: Capability = Capability.NONE
     inflight: int = 0
+    table_stag: int = 0
+    pool_stag: int = 0
     ring_stag: int = 0
     partition_stag: int = 0
     direct_alloc: bool = False  # DIRECT_ALLOC currently usable (STags valid)
@@ -336,12 +338,6 @@ class TargetCore:
             if ic.direct_alloc:
                 ring, part_index = part_index, part_index + 1
             self._initiators[ic.identity] = _Initiator(ic, ring)
-
-        self.table_stag = 0
-        self.pool_stag = 0
-        if any(i.direct_load for i in config.initiators):
-            self.table_stag = self.registrar(RegionKind.TABLE, *lay.table_region)
-            self.pool_stag = self.registrar(RegionKind.POOL, *lay.pool_region)
 
         self._sessions: dict[int, _Session] = {}
         self._ops: dict[int, _Op] = {}
@@ -440,16 +436,7 @@ class TargetCore:
             for k, v in self._initiators.items()
         }
         new._sessions = {
-            k: _Session(
-                v.identity,
-                v.capabilities,
-                v.inflight,
-                v.ring_stag,
-                v.partition_stag,
-                v.direct_alloc,
-                set(v.invalidating),
-            )
-            for k, v in self._sessions.items()
+            k: replace(v, invalidating=set(v.invalidating)) for k, v in self._sessions.items()
         }
         new._ops = {
             k: _Op(v.kind, v.session, v.request, v.ring, v.ticket, v.block, v.entry)
@@ -829,9 +816,12 @@ class TargetCore:
             max_inline=self.config.max_inline,
         )
         if granted & Capability.DIRECT_LOAD:
+            # Per session, like every STag this target exposes (docs/kbtp.md §3.6, SEC-03).
+            sess.table_stag = self.registrar(RegionKind.TABLE, *lay.table_region)
+            sess.pool_stag = self.registrar(RegionKind.POOL, *lay.pool_region)
             ack.update(
-                table_stag=self.table_stag,
-                pool_stag=self.pool_stag,
+                table_stag=sess.table_stag,
+                pool_stag=sess.pool_stag,
                 table_offset=lay.to(lay.table_offset),
                 table_base_handle=lay.table_base_handle,
                 pool_offset=lay.to(lay.pool_offset),

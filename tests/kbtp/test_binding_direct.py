@@ -12,9 +12,14 @@ import trio
 
 from kbtp.constants import RING_ADD_DATA, Status, ring_add_mask
 from kbtp.initiator import KbtpStatusError, SessionClosed
-from kbtp.initiator_core import FetchAddOp, WriteOp
-from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from tests.kbtp.test_binding_ops import BLOCK, C, connect, data, serving, snapshot
+from kbtp.initiator_core import FetchAddOp, ReadOp, WriteOp
+from kbtp.target_core import InitiatorConfig
+from stack.constants import (
+    TERM_DDP_T_STAG_NOT_ASSOCIATED,
+    TERM_RDMAP_OP_UNSPECIFIED,
+    TERM_RDMAP_STAG_NOT_ASSOCIATED,
+)
+from tests.kbtp.test_binding_ops import BLOCK, A, B, C, connect, data, serving, snapshot
 
 
 async def _until(predicate: object, timeout: float = 5.0) -> None:
@@ -161,3 +166,48 @@ async def test_s3_4_direct_tickets_beyond_the_quota_close_the_session() -> None:
             async with connect(target, "c") as c2:
                 for k in range(C.quota):
                     assert (await c2.direct_alloc(C.handle_base + k, b"ok")).ok
+
+
+D = InitiatorConfig(b"d", 192, 64, 4, "green", direct_load=True, direct_alloc=True)
+
+
+async def test_sec_03_every_session_has_its_own_pd_and_stags() -> None:
+    """RFC 5042 §6.1.1 (SEC-01, SEC-03, SEC-07; docs/kbtp.md §3.6): each session's QP and
+    STags live in a protection domain of its own, so even a trusted initiator cannot use
+    the STags another session was given; the target's RNIC terminates the stream."""
+    with trio.fail_after(30):
+        async with serving(initiators=(A, B, C, D)) as target:
+            async with connect(target, "c") as c:
+                await c.alloc_store(130, data(7, 900), seal=True)
+                stored = await c.direct_alloc(131, data(8, 300))
+                assert c.ack is not None
+                async with connect(target, "d") as d:
+                    assert d.ack is not None
+                    mine = {c.ack.table_stag, c.ack.pool_stag, c.ack.ring_stag}
+                    mine.add(c.ack.partition_stag)
+                    theirs = {d.ack.table_stag, d.ack.pool_stag, d.ack.ring_stag}
+                    theirs.add(d.ack.partition_stag)
+                    assert len(mine | theirs) == 8 and all(map(target.stag_valid, mine | theirs))
+                    assert await d.direct_load(130) == data(7, 900)  # through its own STags
+                    # d reads an entry through c's Table STag: not associated with d's stream.
+                    with pytest.raises(SessionClosed, match="remote access error"):
+                        await d.one_sided(ReadOp(c.ack.table_stag, c.ack.entry_to(130), 16))
+                    assert d.conn is not None
+                    await d.conn.wait_closed()
+                    term = d.qp.peer_terminate
+                    assert term is not None and term.cause == TERM_RDMAP_STAG_NOT_ASSOCIATED
+                await _until(lambda: all(s.identity != b"d" for s in target.sessions.values()))
+                assert not any(map(target.stag_valid, theirs))  # gone with d's session
+                async with connect(target, "d") as d2:
+                    before = snapshot(target)
+                    # A Write through c's Partition STag into c's block: no placement.
+                    await d2.one_sided(WriteOp(c.ack.partition_stag, stored.block_offset, b"x"))
+                    assert d2.conn is not None
+                    await d2.conn.wait_closed()
+                    term = d2.qp.peer_terminate
+                    assert term is not None and term.cause == TERM_DDP_T_STAG_NOT_ASSOCIATED
+                    assert snapshot(target) == before
+                # c never noticed: its STags and data are intact.
+                assert all(map(target.stag_valid, mine))
+                assert await c.direct_load(131) == data(8, 300)
+                assert await c.load(130) == data(7, 900)
