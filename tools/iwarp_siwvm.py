@@ -5,7 +5,7 @@ Actions:
   info        show the cache and the built artifacts
   boot-check  boot once, show boot time, the siw device and its knobs, power off
   shell-run   boot, run one shell command in the guest (optionally forwarding ports, setting
-              siw knobs and capturing with tcpdump), print its output, exit with its status
+              siw knobs and capturing the traffic), print its output, exit with its status
 
 All guest traffic stays on loopback and QEMU user networking: the guest reaches the host's
 127.0.0.1 as 10.0.2.2, and ``-f HOST:GUEST`` forwards 127.0.0.1:HOST to the guest.

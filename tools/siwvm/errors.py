@@ -28,4 +28,4 @@ class GuestCommandError(SiwVmError):
 
 
 class CaptureError(SiwVmError):
-    """tcpdump in the guest did not start, or its pcap did not come out whole."""
+    """A capture (QEMU netdev dump or guest tcpdump) did not start or did not come out whole."""
