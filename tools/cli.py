@@ -68,23 +68,43 @@ class CliError(Exception):
     """A user-facing error: printed as ``<prog>: error: <message>``, exit status 2."""
 
 
-def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(prog: str, description: str, only: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser with every discovered subcommand, or, with ``only``, just the
+    subcommand of that name when the module ``<prog>_<only>`` registers it (so a command
+    imports only what it needs: ``iwarp dissect`` starts without trio or the RNIC)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     prefix = f"{prog}_"
-    for info in sorted(pkgutil.iter_modules(tools.__path__), key=lambda m: m.name):
-        if info.name.startswith(prefix) and info.name != f"{prog}_cli":
-            module = importlib.import_module(f"tools.{info.name}")
-            register = getattr(module, "register", None)
-            if register is not None:
-                register(sub)
+    names = sorted(
+        info.name
+        for info in pkgutil.iter_modules(tools.__path__)
+        if info.name.startswith(prefix) and info.name != f"{prog}_cli"
+    )
+    if only is not None:
+        name = prefix + only.replace("-", "_")
+        if name in names:
+            _register(name, sub)
+            if only in sub.choices:
+                return parser
+        return build_parser(prog, description)
+    for name in names:
+        _register(name, sub)
     return parser
 
 
+def _register(module_name: str, sub: argparse._SubParsersAction) -> None:
+    module = importlib.import_module(f"tools.{module_name}")
+    register = getattr(module, "register", None)
+    if register is not None:
+        register(sub)
+
+
 def run(prog: str, description: str, argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(prog, description)
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    first = args_in[0] if args_in and not args_in[0].startswith("-") else None
+    parser = build_parser(prog, description, only=first)
+    args = parser.parse_args(args_in)
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
