@@ -302,6 +302,8 @@ class KbtpTarget:
                 sess.reason = f"connection ended ({error})" if error else "closed by the initiator"
         finally:
             del self.sessions[sid]
+            if not sess.reason:
+                sess.reason = "the target is stopping"
             with trio.CancelScope(shield=True):
                 self._apply(self.core.close_session(sid, trio.current_time()))
                 for mr in sess.regions:

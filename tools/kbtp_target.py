@@ -23,6 +23,8 @@ This module also holds the argument helpers the other ``kbtp`` commands share.
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 
@@ -372,20 +374,25 @@ def run_target(args: argparse.Namespace) -> int:
     except IwarpError as exc:
         raise CliError(str(exc)) from None
 
+    stopped_by: list[int] = []
+
     async def main() -> None:
-        try:
-            async with target.running(args.host, args.port):
-                print(f"kbtp target: listening on {target.host}:{target.port}", flush=True)
-                for line in describe(target.config):
-                    print(f"  {line}", flush=True)
-                if args.duration:
-                    await trio.sleep(args.duration)
-                else:
-                    await trio.sleep_forever()
-        except OSError as exc:
-            raise CliError(
-                f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
-            ) from None
+        # SIGINT/SIGTERM stop the target in order: every session ends (and says so) and
+        # the capture is complete, rather than a KeyboardInterrupt landing mid-cleanup.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            try:
+                async with target.running(args.host, args.port):
+                    print(f"kbtp target: listening on {target.host}:{target.port}", flush=True)
+                    for line in describe(target.config):
+                        print(f"  {line}", flush=True)
+                    with trio.move_on_after(args.duration or math.inf):
+                        async for signum in signals:
+                            stopped_by.append(signum)
+                            break
+            except OSError as exc:
+                raise CliError(
+                    f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+                ) from None
 
     try:
         run_trio(main)
@@ -393,4 +400,8 @@ def run_target(args: argparse.Namespace) -> int:
         if writer is not None:
             writer.close()
             print(f"kbtp target: capture written to {args.capture}", file=sys.stderr)
+    if stopped_by:
+        name = signal.Signals(stopped_by[0]).name
+        print(f"kbtp target: stopped by {name}", file=sys.stderr)
+        return 128 + stopped_by[0]
     return 0

@@ -117,7 +117,44 @@ def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> N
             proc.wait()
     assert proc.returncode == 130, err
     assert "HELLO from 'dec' accepted" in out and "ended after" in out
+    assert "stopped by SIGINT" in err
     assert pcap.stat().st_size > 1000
+
+
+def test_target_command_stops_in_order_on_sigterm_with_a_session_open() -> None:
+    """SIGTERM while an initiator is connected: the session ends and says why, the
+    initiator sees its session closed, the process exits with 128 + 15."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.kbtp_cli", "target", "-p", "0", "--block-size", "4K",
+         "-F", "8", "--initiator", "only"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "listening on 127.0.0.1:" in first, first
+        port = int(first.rsplit(":", 1)[1])
+
+        async def client() -> tuple[str, str]:
+            with trio.fail_after(30):
+                async with KbtpInitiator.connect("127.0.0.1", port, "only") as ini:
+                    await ini.alloc_store(0, b"kept until the end", seal=True)
+                    proc.send_signal(signal.SIGTERM)
+                    out, err = await trio.to_thread.run_sync(proc.communicate)
+                    assert ini.conn is not None
+                    await ini.conn.wait_closed()
+                    return out, err
+
+        out, err = trio.run(client)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "(only): ended after 2 messages: the target is stopping" in out, out
+    assert "stopped by SIGTERM" in err
 
 
 @pytest.mark.parametrize(
