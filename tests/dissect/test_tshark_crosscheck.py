@@ -15,11 +15,8 @@ machine and FAIL in CI (CI=true), so a broken setup cannot pass silently.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,8 +28,7 @@ from stack.constants import (
     RtrType,
 )
 from stack.dissect.pcapio import read_tcp_segments
-from stack.dissect.report import record_json
-from stack.dissect.stream import DissectOptions, PduRecord, dissect
+from stack.dissect.stream import DissectOptions
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
@@ -45,18 +41,17 @@ from stack.wire.events import (
 from stack.wire.framing import FpduFramer
 from stack.wire.rdmap import build_terminate, encode_message
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
+from tests.dissect.tshark_oracle import (
+    TSHARK,
+    compare,
+    field_hex,
+    field_int,
+    ours,
+    tshark_pdus,
+    tshark_reliable,
+)
 
 pytestmark = pytest.mark.tshark
-
-TSHARK = shutil.which("tshark")
-OPTIONS = [
-    "--disable-heuristic",
-    "rpcrdma_iwarp",
-    "--disable-heuristic",
-    "smb_direct_iwarp",
-    "-o",
-    "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
-]
 
 
 @pytest.fixture(scope="module")
@@ -68,174 +63,6 @@ def tshark() -> str:
     version = subprocess.run([TSHARK, "--version"], capture_output=True, text=True, check=False)
     print(version.stdout.splitlines()[0] if version.stdout else "tshark: unknown version")
     return TSHARK
-
-
-# ======================================================================================
-# reading tshark's PDML
-# ======================================================================================
-
-
-def _fields(element: ET.Element, out: dict[str, list[ET.Element]]) -> None:
-    for field in element.findall("field"):
-        out.setdefault(field.get("name", ""), []).append(field)
-        _fields(field, out)
-
-
-def tshark_pdus(tshark: str, path: Path) -> list[dict[str, Any]]:
-    """Every MPA PDU tshark dissected, in order: {'frame', 'kind', 'f': {name: [fields]}}."""
-    proc = subprocess.run(
-        [tshark, "-n", "-r", str(path), *OPTIONS, "-T", "pdml"],
-        capture_output=True,
-        check=True,
-    )
-    pdus: list[dict[str, Any]] = []
-    for packet in ET.fromstring(proc.stdout).findall("packet"):
-        frame = 0
-        for proto in packet.findall("proto"):
-            name = proto.get("name")
-            if name == "frame":
-                for f in proto.iter("field"):
-                    if f.get("name") == "frame.number":
-                        frame = int(f.get("show", "0"))
-            elif name == "iwarp_mpa":
-                fields: dict[str, list[ET.Element]] = {}
-                _fields(proto, fields)
-                kind = "mpa_req" if "iwarp_mpa.req" in fields else (
-                    "mpa_rep" if "iwarp_mpa.rep" in fields else "fpdu"
-                )  # fmt: skip
-                pdus.append({"frame": frame, "kind": kind, "f": fields})
-            elif name == "iwarp_ddp_rdmap" and pdus:
-                _fields(proto, pdus[-1]["f"])
-    return pdus
-
-
-def _show(pdu: dict[str, Any], name: str) -> str | None:
-    fields = pdu["f"].get(name)
-    return fields[0].get("show") if fields else None
-
-
-def _int(pdu: dict[str, Any], name: str) -> int | None:
-    text = _show(pdu, name)
-    return None if text is None else int(text, 0)
-
-
-def _hexbytes(pdu: dict[str, Any], name: str) -> str | None:
-    fields = pdu["f"].get(name)
-    return fields[0].get("value") if fields else None
-
-
-def ours(path: Path, options: DissectOptions | None = None) -> list[dict[str, Any]]:
-    recs = [r for r in dissect(read_tcp_segments(path.read_bytes()), options)
-            if isinstance(r, PduRecord)]  # fmt: skip
-    out = []
-    for r in recs:
-        j = record_json(r)
-        j["_crc_field"] = r.crc_field
-        out.append(j)
-    return out
-
-
-def compare(mine: dict[str, Any], theirs: dict[str, Any], crc_on: bool) -> None:
-    """Our JSON record against tshark's fields for one PDU (only where tshark is right)."""
-    where = f"frame {mine['frame']} {mine['type']}"
-    assert mine["frame"] == theirs["frame"], where
-    assert mine["type"] == theirs["kind"], where
-    t = theirs
-    if mine["type"] != "fpdu":
-        assert _int(t, "iwarp_mpa.marker_flag") == int(mine["marker_flag"]), where
-        assert _int(t, "iwarp_mpa.crc_flag") == int(mine["crc_flag"]), where
-        assert _int(t, "iwarp_mpa.rej_flag") == int(mine["rej_flag"]), where
-        assert _int(t, "iwarp_mpa.rev") == mine["rev"], where
-        assert _int(t, "iwarp_mpa.pdlength") == mine["pd_len"], where
-        if mine["pd_len"]:
-            assert _hexbytes(t, "iwarp_mpa.privatedata") == mine["private_data"], where
-        return
-    assert _int(t, "iwarp_mpa.ulpdulength") == mine["ulpdu_len"], where
-    if crc_on:
-        (check,) = t["f"]["iwarp_mpa.crc_check"]
-        good = "Good CRC32" in check.get("showname", "")
-        assert good is mine["crc_ok"], where
-        # tshark shows the big-endian reading of the LSB-first wire bytes (tshark.md)
-        assert int(check.get("show"), 16) == int.from_bytes(
-            mine["_crc_field"].to_bytes(4, "little"), "big"
-        ), where
-    else:
-        assert mine["crc_ok"] is None and "iwarp_mpa.crc" in t["f"], where
-    if mine["markers"]:
-        ptrs = [int(f.get("show"), 0) for f in t["f"].get("iwarp_mpa.marker_fpduptr", [])]
-        assert ptrs == mine["marker_ptrs"], where
-    assert _int(t, "iwarp_ddp.tagged_flag") == int(mine["tagged"]), where
-    assert _int(t, "iwarp_ddp.last_flag") == int(mine["last"]), where
-    assert _int(t, "iwarp_ddp.dv") == mine["ddp_version"], where
-    assert _int(t, "iwarp_rdma.version") == mine["rdmap_version"], where
-    assert _int(t, "iwarp_rdma.opcode") == mine["opcode"], where
-    if mine["tagged"]:
-        assert _int(t, "iwarp_ddp.stag") == mine["stag"], where
-        assert _int(t, "iwarp_ddp.tagged_offset") == mine["to"], where
-    else:
-        assert _int(t, "iwarp_ddp.qn") == mine["qn"], where
-        assert _int(t, "iwarp_ddp.msn") == mine["msn"], where
-        assert _int(t, "iwarp_ddp.mo") == mine["mo"], where
-    op = mine["opcode"]
-    if op in (4, 6):
-        assert _int(t, "iwarp_rdma.inval_stag") == mine["inval_stag"], where
-    if op == 1:
-        for theirs_name, my_name in (
-            ("iwarp_rdma.sinkstag", "read_sink_stag"),
-            ("iwarp_rdma.sinkto", "read_sink_to"),
-            ("iwarp_rdma.rdmardsz", "read_size"),
-            ("iwarp_rdma.srcstag", "read_src_stag"),
-            ("iwarp_rdma.srcto", "read_src_to"),
-        ):
-            assert _int(t, theirs_name) == mine[my_name], (where, my_name)
-    if op == 7:
-        _compare_terminate(mine, t, where)
-    if op == 10:
-        assert _int(t, "iwarp_rdma.atomic.opcode") == mine["atomic_opcode"], where
-        assert _int(t, "iwarp_rdma.atomic.request_identifier") == mine["atomic_req_id"], where
-        assert _int(t, "iwarp_rdma.atomic.remote_stag") == mine["atomic_remote_stag"], where
-        remote_to = _int(t, "iwarp_rdma.atomic.remote_tagged_offset")
-        assert remote_to == mine["atomic_remote_to"], where
-        data = _int(t, "iwarp_rdma.atomic.add_data") or _int(t, "iwarp_rdma.atomic.swap_data")
-        assert data == mine["atomic_add_swap_data"], where
-        assert _int(t, "iwarp_rdma.atomic.compare_data") == mine["atomic_compare_data"], where
-        assert _int(t, "iwarp_rdma.atomic.compare_mask") == mine["atomic_compare_mask"], where
-    if op == 11:
-        orig_id = _int(t, "iwarp_rdma.atomic.original_request_identifier")
-        assert orig_id == mine["atomic_orig_req_id"], where
-        value = _int(t, "iwarp_rdma.atomic.original_remote_data_value")
-        assert value == mine["atomic_orig_value"], where
-
-
-def _compare_terminate(mine: dict[str, Any], t: dict[str, Any], where: str) -> None:
-    assert _int(t, "iwarp_rdma.term_layer") == mine["term_layer"], where
-    etype = next(
-        _int(t, n)
-        for n in ("iwarp_rdma.term_etype_rdma", "iwarp_rdma.term_etype_ddp",
-                  "iwarp_rdma.term_etype_llp", "iwarp_rdma.term_etype")
-        if n in t["f"]
-    )  # fmt: skip
-    assert etype == mine["term_etype"], where
-    code = next(
-        _int(t, n)
-        for n in ("iwarp_rdma.term_errcode_rdma", "iwarp_rdma.term_errcode_ddp_tagged",
-                  "iwarp_rdma.term_errcode_ddp_untagged", "iwarp_rdma.term_errcode_llp",
-                  "iwarp_rdma.term_errcode")
-        if n in t["f"]
-    )  # fmt: skip
-    assert code == mine["term_errcode"], where
-    assert _int(t, "iwarp_rdma.term_hdrct_m") == int(mine["term_m"]), where
-    assert _int(t, "iwarp_rdma.hdrct_d") == int(mine["term_d"]), where
-    assert _int(t, "iwarp_rdma.hdrct_r") == int(mine["term_r"]), where
-    if mine["term_d"]:
-        seg_len = _hexbytes(t, "iwarp_rdma.term_ddp_seg_len")
-        assert seg_len is not None and int(seg_len, 16) == mine["term_ddp_seg_len"], where
-        copied = _hexbytes(t, "iwarp_rdma.term_ddp_h")
-        if (mine["term_layer"], mine["term_etype"]) == (0, 1):
-            # tshark sizes the copied header by EType 1 = "tagged": 14 bytes (tshark.md)
-            assert copied == mine["term_ddp_hdr"][:28], where
-        else:
-            assert copied == mine["term_ddp_hdr"], where
 
 
 # ======================================================================================
@@ -355,8 +182,8 @@ def test_rfc6581_word_and_immediate_data_against_known_content(tshark: str, tmp_
     assert (imm_se["opcode"], imm_se["immediate_data"]) == (9, "a1a2a3a4a5a6a7a8")
     theirs = tshark_pdus(tshark, path)
     # tshark keeps the raw private data (our private_data) and knows opcode 8 only by number
-    assert _hexbytes(theirs[0], "iwarp_mpa.privatedata") == req["private_data"]
-    assert [_int(t, "iwarp_rdma.opcode") for t in theirs[3:]] == [8, 9]
+    assert field_hex(theirs[0], "iwarp_mpa.privatedata") == req["private_data"]
+    assert [field_int(t, "iwarp_rdma.opcode") for t in theirs[3:]] == [8, 9]
 
 
 def test_multi_marker_asymmetric_reply_segment_and_mid_stream_known_content(
@@ -402,23 +229,11 @@ def test_multi_marker_asymmetric_reply_segment_and_mid_stream_known_content(
 PCAPS = sorted((Path(__file__).resolve().parents[2] / "pcaps").glob("*.pcap"))
 
 
-def _tshark_reliable(mine: list[dict[str, Any]]) -> bool:
-    """False for captures tshark.md lists as misdecoded: markers (8a-8f: several per FPDU,
-    one direction only, several FPDUs per marked segment, FPDUs ending on a boundary; the
-    single-marker cases are cross-checked by test_single_markers_agree_with_tshark), an
-    FPDU in the Reply's segment, or no MPA startup (mid-stream)."""
-    startup = {r["type"]: r for r in mine if r["type"] != "fpdu"}
-    req, rep = startup.get("mpa_req"), startup.get("mpa_rep")
-    if req is None or rep is None or req["marker_flag"] or rep["marker_flag"]:
-        return False
-    return not any(r["type"] == "fpdu" and r["frame"] == rep["frame"] for r in mine)
-
-
 @pytest.mark.parametrize("path", PCAPS, ids=lambda p: p.name)
 def test_reference_captures_agree_with_tshark(tshark: str, path: Path) -> None:
     mine = ours(path)
     assert mine and all(r["findings"] == [] for r in mine)
-    if not _tshark_reliable(mine):
+    if not tshark_reliable(mine):
         # tshark misdecodes these (tshark.md 8): every CRC must verify instead; the content
         # itself is checked against the scenario by the reference captures' own tests
         assert all(r["crc_ok"] is not False for r in mine if r["type"] == "fpdu")

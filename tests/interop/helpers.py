@@ -7,6 +7,7 @@ reaches a guest listener through a QEMU hostfwd.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -28,6 +29,7 @@ from stack.wire.events import (
 )
 from stack.wire.mpa import MpaConnection
 from stack.wire.rdmap import Segment, decode_ulpdu, encode_message
+from tests.dissect.tshark_oracle import TSHARK, check_against_tshark
 
 SIW_PASSIVE_FIRST_FPDU_DELAY = 0.2
 """siw 6.1 can stall an FPDU that arrives right after its MPA Reply (siw-vm pitfall 3)."""
@@ -172,6 +174,18 @@ def dissect(pcap: Path, **options: object) -> Decode:
         _collect(out, dissector.feed(segment))
     _collect(out, dissector.finish())
     return out
+
+
+def tshark_cross_check(pcap: Path) -> int:
+    """Our decode of a real capture equals Debian tshark's, field by field, wherever
+    tshark is reliable (tests/dissect/tshark_oracle.py): an independent decoder agrees on
+    third-party traffic.  Returns the PDUs compared (0: a capture tshark misdecodes, e.g.
+    markers).  Without tshark: a failure in CI (CI=true), nothing on a developer machine."""
+    if TSHARK is None:
+        if os.environ.get("CI", "").lower() == "true":
+            raise AssertionError("tshark is missing in CI: .ci/setup.d/tshark.sh installs it")
+        return 0
+    return check_against_tshark(TSHARK, pcap)
 
 
 def _collect(out: Decode, items: list[PduRecord | Note]) -> None:
