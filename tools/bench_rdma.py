@@ -82,7 +82,7 @@ from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection
 from stack.wire.events import CrcPolicy, MpaSettings, Negotiated
-from tools.cli import CliError, one_line_errors, port_number, trio_run
+from tools.cli import CliError, binary_size, one_line_errors, port_number, trio_run
 
 TESTS = ("write", "read", "send", "atomic")
 DEFAULT_PORT = 18515
@@ -1578,19 +1578,7 @@ def format_idle(r: IdleResult, layout: str) -> list[str]:
 
 def parse_size(text: str) -> int:
     """``65536``, ``64K``, ``1M``, ``1MiB`` -> bytes (binary suffixes)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = 1
-    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if t.endswith(suffix):
-            t, scale = t[:-1], factor
-            break
-    try:
-        value = int(t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
-    if not 1 <= value <= MAX_SIZE:
-        raise argparse.ArgumentTypeError(f"size must be 1 to {MAX_SIZE} bytes, got {text!r}")
-    return value
+    return binary_size(text, MAX_SIZE, unit=" bytes")
 
 
 def _positive_int(text: str) -> int:

@@ -53,6 +53,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+def binary_size(text: str, maximum: int, *, base: int = 10, unit: str = "") -> int:
+    """``65536``, ``64K``, ``1M``, ``1MiB`` -> octets (binary suffixes), 1 to ``maximum``.
+
+    ``base``: as :func:`int` (0 also takes ``0x`` prefixes); ``unit`` ends the range in the
+    error message (" bytes").
+    """
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, scale = t[:-1], factor
+            break
+    try:
+        value = int(t, base) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
+    if not 1 <= value <= maximum:
+        raise argparse.ArgumentTypeError(f"size must be 1 to {maximum}{unit}, got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 0 to 65535."""
     try:

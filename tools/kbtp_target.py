@@ -42,7 +42,7 @@ from stack.errors import IwarpError
 from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
-from tools.cli import CliError, one_line_errors, port_number, positive_int
+from tools.cli import CliError, binary_size, one_line_errors, port_number, positive_int
 
 DEFAULT_PORT = 18700
 DEFAULT_BLOCK_SIZE = 64 * 1024
@@ -60,20 +60,8 @@ MAX_BLOCK_SIZE = 1 << 30
 
 
 def parse_size(text: str) -> int:
-    """``65536``, ``64K``, ``1M``, ``1MiB`` -> octets (binary suffixes)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = 1
-    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if t.endswith(suffix):
-            t, scale = t[:-1], factor
-            break
-    try:
-        value = int(t, 0) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
-    if not 1 <= value <= MAX_BLOCK_SIZE:
-        raise argparse.ArgumentTypeError(f"size must be 1 to {MAX_BLOCK_SIZE}, got {text!r}")
-    return value
+    """``65536``, ``64K``, ``1M``, ``1MiB``, ``0x10000`` -> octets (binary suffixes)."""
+    return binary_size(text, MAX_BLOCK_SIZE, base=0)
 
 
 def positive_float(text: str) -> float:
