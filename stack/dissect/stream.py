@@ -1066,7 +1066,8 @@ class _Half:
                 pad_len = end_body - pos - 2 - ulen
                 pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
                 ulpdu = data[pos + 2 : pos + 2 + ulen]
-            if (
+            segment = None
+            if not (
                 odd
                 or (crc_on and crc_value != crc_field)
                 or first_missing
@@ -1074,22 +1075,14 @@ class _Half:
                 or (pad_len and any(pad))
                 or ulen > MULPDU_MAX
             ):
-                # the general path (findings, first-FPDU checks, lost framing)
+                try:
+                    segment = make_view(ulpdu, rfc7306, siw)
+                except ProtocolError:
+                    pass
+            if segment is None:
+                # the general path (findings, first-FPDU checks, lost framing, bad ULPDU)
                 self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
-                self.base = offset + pos
-                self.chunks = [data[pos:]]
-                self.buffered = n - pos
-                self.ends.append((offset + n, frame, ts))
-                self.run(False)
-                return
-            try:
-                segment = make_view(ulpdu, rfc7306, siw)
-            except ProtocolError:
-                self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
-                self.base = offset + pos
-                self.chunks = [data[pos:]]
-                self.buffered = n - pos
-                self.ends.append((offset + n, frame, ts))
+                self._hold_rest(data, pos, offset, frame, ts)
                 self.run(False)
                 return
             findings: list[Finding] = list(segment.findings) if segment.findings else []
@@ -1108,10 +1101,7 @@ class _Half:
         if frame > conn.last_frame:
             conn.last_frame = frame
         if pos < n:
-            self.base = offset + pos
-            self.chunks = [data[pos:]]
-            self.buffered = n - pos
-            self.ends.append((offset + n, frame, ts))
+            self._hold_rest(data, pos, offset, frame, ts)
             left = n - pos
             if markers:
                 rel = offset + pos - seq_start
@@ -1127,6 +1117,14 @@ class _Half:
                 self.need = 2
         else:
             self.base = offset + n
+
+    def _hold_rest(self, data: memoryview, pos: int, offset: int, frame: int, ts: float) -> None:
+        """Buffer ``data[pos:]`` (stream offset ``offset + pos``) for :meth:`push` / :meth:`run`."""
+        n = len(data)
+        self.base = offset + pos
+        self.chunks = [data[pos:]]
+        self.buffered = n - pos
+        self.ends.append((offset + n, frame, ts))
 
     def _count(self, fpdus: int, wire_bytes: int, ulpdu_bytes: int, payload_bytes: int) -> None:
         if fpdus:
