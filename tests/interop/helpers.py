@@ -202,16 +202,23 @@ def assert_clean_capture(
     expect_kinds: tuple[str, ...] = ("mpa_req", "mpa_rep"),
     allowed_rules: tuple[str, ...] = (),
     allowed_notes: tuple[str, ...] = ("trailing",),
+    **options: object,
 ) -> Decode:
-    """The capture decodes, holds the expected PDU kinds and has no unexpected findings."""
-    decode = dissect(pcap)
+    """The capture decodes (``options``: decoding hints), holds the expected PDU kinds and
+    has no finding outside ``allowed_rules`` and no stream note outside ``allowed_notes``."""
+    decode = dissect(pcap, **options)
     kinds = decode.kinds()
     for kind in expect_kinds:
-        assert kind in kinds, f"{pcap.name}: no {kind} in the decode (kinds {kinds})"
-    unexpected = [(rule, d) for rule, d in decode.findings() if rule not in allowed_rules]
-    assert not unexpected, f"{pcap.name}: unexpected findings {unexpected}"
+        assert kind in kinds, f"{pcap.name}: no {kind} in the decode (kinds {kinds[:12]})"
+    unexpected = [
+        (record.frame, f.rule, f.detail)
+        for record in decode.records
+        for f in record.findings
+        if f.rule not in allowed_rules
+    ]
+    assert not unexpected, f"{pcap.name}: unexpected findings {unexpected[:6]}"
     bad_notes = [n for n in decode.notes if n.kind not in allowed_notes]
-    assert not bad_notes, f"{pcap.name}: unexpected stream notes {bad_notes}"
+    assert not bad_notes, f"{pcap.name}: unexpected stream notes {bad_notes[:6]}"
     return decode
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.helpers import Decode, dissect
+from tests.interop.helpers import Decode, assert_clean_capture
 from tools.siwvm import HOST_ADDR, SiwVM, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,25 +191,15 @@ def check_decode(
     allowed_notes: tuple[str, ...] = (),
     **options: object,
 ) -> Decode:
-    """Decode ``pcap``; it holds ``expect_kinds``, no finding outside ``allowed_rules`` and
-    no stream note outside ``allowed_notes`` but the end.
+    """:func:`assert_clean_capture` with the end of the capture always allowed as a note.
 
     The captures come from QEMU's dump of the guest NIC (:meth:`SiwVM.capture`), which
     misses nothing, so a TCP gap is a finding like any other.
     """
-    decode = dissect(pcap, **options)
-    kinds = decode.kinds()
-    for kind in expect_kinds:
-        assert kind in kinds, f"{pcap.name}: no {kind} in the decode (kinds {kinds[:12]})"
-    allowed = set(allowed_rules)
-    notes_ok = {"trailing", *allowed_notes}
-    unexpected = [
-        (record.frame, f.rule, f.detail)
-        for record in decode.records
-        for f in record.findings
-        if f.rule not in allowed
-    ]
-    assert not unexpected, f"{pcap.name}: unexpected findings {unexpected[:6]}"
-    bad_notes = [n for n in decode.notes if n.kind not in notes_ok]
-    assert not bad_notes, f"{pcap.name}: unexpected stream notes {bad_notes[:6]}"
-    return decode
+    return assert_clean_capture(
+        pcap,
+        expect_kinds=expect_kinds,
+        allowed_rules=allowed_rules,
+        allowed_notes=("trailing", *allowed_notes),
+        **options,
+    )
