@@ -417,25 +417,9 @@ class KbtpTarget:
                     if self._post(sess, wr):
                         work.extend(self.core.rdma_completed(action.op_id, trio.current_time()))
                     continue
-                sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
-                wr = SendWR(
-                    action.op_id,
-                    WrOpcode.RDMA_WRITE,
-                    (sge,),
-                    rkey=action.remote_stag,
-                    remote_addr=action.remote_to,
-                )
-                self._post(sess, wr)
+                self._post_rdma(sess, action, WrOpcode.RDMA_WRITE)
             elif isinstance(action, ReadFromInitiator):
-                sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
-                wr = SendWR(
-                    action.op_id,
-                    WrOpcode.RDMA_READ,
-                    (sge,),
-                    rkey=action.remote_stag,
-                    remote_addr=action.remote_to,
-                )
-                self._post(sess, wr)
+                self._post_rdma(sess, action, WrOpcode.RDMA_READ)
             elif isinstance(action, InvalidateStag):
                 self._post(
                     sess, SendWR(action.op_id, WrOpcode.LOCAL_INV, invalidate_rkey=action.stag)
@@ -451,6 +435,16 @@ class KbtpTarget:
                 )
                 if not self._post(sess, marker):
                     self._terminate(sess)
+
+    def _post_rdma(
+        self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode
+    ) -> None:
+        """A signalled RDMA Write or Read between the target buffer and the initiator's."""
+        sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
+        wr = SendWR(
+            action.op_id, opcode, (sge,), rkey=action.remote_stag, remote_addr=action.remote_to
+        )
+        self._post(sess, wr)
 
     def _post(self, sess: TargetSession, wr: SendWR) -> bool:
         """Post ``wr`` on the session's QP; False if the QP no longer takes work."""
