@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,25 @@ def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
     return pcap
 
 
+PERFTEST_UNCALIBRATED = "Can't produce a report"
+"""perftest's own clock calibration failed in the guest (it compares its cycle counter with
+gettimeofday and needs r^2 >= 0.9, which TCG's timing sometimes misses): the transfer ran,
+but perftest printed no result row."""
+
+
+def calibrated(
+    run: Callable[[SiwVM, str, str, int], Path], vm: SiwVM, case: str, test: str, size: int
+) -> Path:
+    """``run(vm, case, test, size)``, repeated once (new capture) when, and only when, the
+    guest's perftest failed its clock calibration (:data:`PERFTEST_UNCALIBRATED`)."""
+    try:
+        return run(vm, case, test, size)
+    except AssertionError as exc:
+        if PERFTEST_UNCALIBRATED not in str(exc):
+            raise
+        return run(vm, f"{case}-again", test, size)
+
+
 def _last_dest(decode: Decode, stream: int, direction: str) -> PingpongDest:
     """The last non-zero pingpong_dest one side sent on the exchange connection."""
     dests = [
@@ -219,7 +239,7 @@ def check_capture(pcap: Path, test: str, size: int) -> Decode:
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("test", TESTS)
 def test_perftest_siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> None:
-    pcap = siw_server_iwarp_client(vm, case, test, size)
+    pcap = calibrated(siw_server_iwarp_client, vm, case, test, size)
     decode = check_capture(pcap, test, size)
     assert all(r.crc_ok is True for r in decode.fpdus()), "our client requests CRC"
 
@@ -227,6 +247,6 @@ def test_perftest_siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size:
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("test", TESTS)
 def test_perftest_siw_client_iwarp_server(vm: SiwVM, case: str, test: str, size: int) -> None:
-    pcap = iwarp_server_siw_client(vm, case, test, size)
+    pcap = calibrated(iwarp_server_siw_client, vm, case, test, size)
     decode = check_capture(pcap, test, size)
     assert all(r.crc_ok is None for r in decode.fpdus()), "neither side asked for CRC"
