@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ from kbtp.messages import (
     peek_header,
 )
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from stack.errors import IwarpError, LocalError, RdmapError
+from stack.errors import IwarpError, LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
     MemoryRegion,
@@ -101,30 +101,6 @@ RECEIVE_SIZE = HELLO_ACK_LEN
 """Initiator receive buffers hold a HELLO_ACK (136 octets) or a COMPLETION (40)."""
 DIRECT_LOAD_ATTEMPTS = 3
 """DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
-
-
-def leaf_exceptions(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, or ``[exc]``."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return [exc]
-    return [leaf for inner in exc.exceptions for leaf in leaf_exceptions(inner)]
-
-
-@contextmanager
-def single_exception() -> Iterator[None]:
-    """Re-raise a lone exception out of the groups trio's nurseries wrap it in.
-
-    The async context managers of this package run the caller's block inside nurseries;
-    an error raised there (a :class:`KbtpStatusError`, say) comes out as itself, not as a
-    group, when it is the only one.
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = leaf_exceptions(group)
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
 
 
 class KbtpStatusError(IwarpError):

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
-from kbtp.initiator import single_exception
 from kbtp.layout import plan_layout
 from kbtp.target_core import (
     Action,
@@ -63,7 +62,7 @@ from kbtp.target_core import (
     WriteToInitiator,
 )
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from stack.errors import LocalError, RdmapError
+from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
     CompletionQueue,

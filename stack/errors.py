@@ -8,6 +8,9 @@ where no Terminate can be sent (e.g. before Full Operation).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from stack.constants import TermCode
 
 
@@ -51,3 +54,36 @@ class LocalError(IwarpError):
 
 class ConnectionTimeout(IwarpError):
     """A startup timer ran out (MPA-27)."""
+
+
+# -- trio's exception groups --------------------------------------------------------------
+
+
+def leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order, or ``[exc]``."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in leaf_exceptions(inner)]
+
+
+def lone_exception(exc: BaseException) -> BaseException:
+    """The single exception inside nested exception groups (trio nurseries), else ``exc``."""
+    leaves = leaf_exceptions(exc)
+    return leaves[0] if len(leaves) == 1 else exc
+
+
+@contextmanager
+def single_exception() -> Iterator[None]:
+    """Re-raise a lone exception out of the groups trio's nurseries wrap it in.
+
+    Code that runs the caller's block inside nurseries (async context managers, ``trio.run``)
+    then lets an error raised there come out as itself, not as a group, when it is the only
+    one; several errors stay a group.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        inner = lone_exception(group)
+        if inner is group:
+            raise
+        raise inner from None

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         # the cache goes to the temporary directory, not into the source tree.
         _ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         _ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
-        _once([sys.executable, "-m", "tools.iwarp_cli", "dissect", "--help"])
+        _once([sys.executable, "-m", "stack.cli.iwarp", "dissect", "--help"])
         path = args.keep or os.path.join(tmp, "bench.pcap")
         t0 = time.perf_counter()
         count = generate(path, args.fpdus, args.markers)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             f"capture: {count} FPDUs, {size / 1e6:.1f} MB, markers "
             f"{'on' if args.markers else 'off'} (generated in {time.perf_counter() - t0:.1f} s)"
         )
-        ours = [sys.executable, "-m", "tools.iwarp_cli", "dissect", path]
+        ours = [sys.executable, "-m", "stack.cli.iwarp", "dissect", path]
         pairs = [("summary", ours, [tshark, "-n", "-r", path, *TSHARK_OPTS, "-Y", "iwarp_mpa"])]
         if not args.no_json:
             pairs.append(

@@ -23,7 +23,7 @@ if ((${#need[@]})); then
   echo "siwvm: apt done in $((SECONDS - t0)) s"
 fi
 t0=$SECONDS
-if bash tools/siwvm/files/build.sh; then
+if bash stack/siwvm/files/build.sh; then
   echo "siwvm: guest image ready in $((SECONDS - t0)) s"
 else
   echo "siwvm: WARNING: guest build failed after $((SECONDS - t0)) s; tests/interop will fail" >&2

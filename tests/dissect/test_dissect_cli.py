@@ -1,4 +1,4 @@
-"""``iwarp dissect`` (tools/iwarp_dissect.py) and its presentation layer (stack.dissect.report)."""
+"""``iwarp dissect`` (stack/cli/dissect.py) and its presentation layer (stack.dissect.report)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stack.cli.iwarp import main
 from stack.constants import TERM_RDMAP_INVALID_STAG
 from stack.dissect.report import FIELDS, FilterError, compile_filter
 from stack.wire.events import (
@@ -21,7 +22,6 @@ from stack.wire.events import (
 )
 from stack.wire.rdmap import build_terminate
 from tests.dissect.synth import I2R, R2I, CaptureBuilder
-from tools.iwarp_cli import main
 
 CONTRACT_COMMON = {"stream", "frame", "direction", "src", "dst", "type", "findings"}
 CONTRACT_MPA = {"rev", "marker_flag", "crc_flag", "rej_flag", "enhanced", "pd_len",

@@ -14,7 +14,7 @@ import trio
 
 from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.stream import PduRecord, dissect
-from tools.make_pcaps import SCENARIOS, Scenario, run_scenario
+from stack.scenarios import SCENARIOS, Scenario, run_scenario
 
 PCAPS = Path(__file__).resolve().parents[2] / "pcaps"
 

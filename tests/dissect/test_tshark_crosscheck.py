@@ -29,6 +29,15 @@ from stack.constants import (
 )
 from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.stream import DissectOptions
+from stack.interop.tshark import (
+    TSHARK,
+    compare,
+    field_hex,
+    field_int,
+    ours,
+    tshark_pdus,
+    tshark_reliable,
+)
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
@@ -41,15 +50,6 @@ from stack.wire.events import (
 from stack.wire.framing import FpduFramer
 from stack.wire.rdmap import build_terminate, encode_message
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
-from tests.dissect.tshark_oracle import (
-    TSHARK,
-    compare,
-    field_hex,
-    field_int,
-    ours,
-    tshark_pdus,
-    tshark_reliable,
-)
 
 pytestmark = pytest.mark.tshark
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from kbtp.cli import main
 from kbtp.constants import Capability
 from kbtp.initiator import KbtpInitiator
-from tools.iwarp_cli import main as iwarp_main
-from tools.kbtp_cli import main
+from stack.cli.iwarp import main as iwarp_main
 
 
 def _run(argv: list[str]) -> int:
@@ -68,7 +68,7 @@ def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> N
         [
             sys.executable,
             "-m",
-            "tools.kbtp_cli",
+            "kbtp.cli",
             "target",
             "-p",
             "0",
@@ -125,7 +125,7 @@ def test_target_command_stops_in_order_on_sigterm_with_a_session_open() -> None:
     """SIGTERM while an initiator is connected: the session ends and says why, the
     initiator sees its session closed, the process exits with 128 + 15."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.kbtp_cli", "target", "-p", "0", "--block-size", "4K",
+        [sys.executable, "-m", "kbtp.cli", "target", "-p", "0", "--block-size", "4K",
          "-F", "8", "--initiator", "only"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,8 +13,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from stack.rnic import Rnic, WcOpcode, WcStatus, WorkCompletion
-from tools.bench_perftest import (
+from stack.cli import build_parser
+from stack.cli.iwarp import COMMANDS
+from stack.peers.perftest import (
     DEST,
     BwReport,
     ByteMeter,
@@ -38,7 +39,7 @@ from tools.bench_perftest import (
     message_sizes,
     script,
 )
-from tools.cli import build_parser
+from stack.rnic import Rnic, WcOpcode, WcStatus, WorkCompletion
 
 # The client's pingpong_dest of a siw run: lid 0, out_reads 1, QPN 3, PSN 0x1b1c5e, rkey
 # 0x47f10200, 4 uninitialised padding bytes (1e56 0000), vaddr 0x561e48d36000, GID of
@@ -212,9 +213,9 @@ def test_options_follow_perftest_defaults() -> None:
 
 
 def test_cli_parses_perftest_command_lines() -> None:
-    parser = build_parser("iwarp", "test")
+    parser = build_parser("iwarp", "test", COMMANDS)
     args = parser.parse_args(["bench", "ib_send_bw", "-R", "-n", "5", "-s", "2K", "10.0.2.15"])
-    from tools.bench_perftest import options_from_args
+    from stack.peers.perftest import options_from_args
 
     client = options_from_args(args, "send")
     assert (client.host, client.iters, client.sizes, client.crc) == ("10.0.2.15", 5, (2048,), True)
@@ -327,11 +328,11 @@ def test_client_without_server_fails_clearly() -> None:
 def test_cli_client_without_server_exits_1_with_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tools.cli import run
+    from stack.cli import run
 
     port = trio.run(_unused_port)
     argv = ["bench", "ib_write_bw", "-R", "-n", "5", "--timeout", "0.3", "-p", str(port)]
-    assert run("iwarp", "test", [*argv, "127.0.0.1"]) == 1
+    assert run("iwarp", "test", COMMANDS, [*argv, "127.0.0.1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("iwarp bench ib_write_bw: error: cannot open")
 

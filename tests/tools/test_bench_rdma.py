@@ -17,9 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stack.rnic import Rnic
-from stack.transport.cm import ConnectionManager, ConnectRejected
-from tools.bench_rdma import (
+from stack.bench.rdma import (
     BenchError,
     BenchOptions,
     BenchServer,
@@ -33,7 +31,9 @@ from tools.bench_rdma import (
     peak_rate,
     server_for,
 )
-from tools.iwarp_cli import main
+from stack.cli.iwarp import main
+from stack.rnic import Rnic
+from stack.transport.cm import ConnectionManager, ConnectRejected
 
 # perftest's strings, spelled out here independently of the module's constants.
 DASHES = "-" * 87
@@ -275,7 +275,7 @@ def test_two_processes_by_default(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_server_and_client_run_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.iwarp_cli", "bench", "write", "--server", "-p", "0"],
+        [sys.executable, "-m", "stack.cli.iwarp", "bench", "write", "--server", "-p", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.iwarp_cli import main as iwarp
-from tools.kbtp_cli import main as kbtp
+from kbtp.cli import main as kbtp
+from stack.cli.iwarp import main as iwarp
 
 
 @pytest.fixture(scope="module")

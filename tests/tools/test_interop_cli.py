@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.iwarp_cli import main
-from tools.iwarp_interop import CaseResult, _Recorder, failed, render_matrix, split_nodeid
+from stack.cli.interop import CaseResult, _Recorder, failed, render_matrix, split_nodeid
+from stack.cli.iwarp import main
 
 REPO = Path(__file__).resolve().parents[2]
-RPING = "tests/interop/test_rping_siw.py::"
+RPING = "stack/interop/siw/test_rping_siw.py::"
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_recorder_merges_setup_call_teardown() -> None:
 
 def test_interop_list_needs_no_vm() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tools.iwarp_cli", "interop", "--list", "-k", "rdmacm"],
+        [sys.executable, "-m", "stack.cli.iwarp", "interop", "--list", "-k", "rdmacm"],
         cwd=REPO,
         capture_output=True,
         text=True,

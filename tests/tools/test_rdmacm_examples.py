@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tools.iwarp_cli import main
+from stack.cli.iwarp import main
 
 
 def _free_port() -> str:
@@ -20,7 +20,7 @@ def _free_port() -> str:
 
 def _run_pair(server_args: list[str], client_args: list[str], capsys) -> tuple[str, str]:  # noqa: ANN001
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.iwarp_cli", *server_args], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "stack.cli.iwarp", *server_args], stdout=subprocess.PIPE, text=True
     )
     try:
         for _ in range(50):
@@ -68,12 +68,12 @@ def test_rdma_client_without_server_fails_cleanly(capsys: pytest.CaptureFixture[
 def test_rdma_server_timeout_is_reported_as_timed_out() -> None:
     """A client that connects (MPA rev 2, no CRC) and never sends: the server gives up
     after --timeout and says so (the timeout error has no text of its own)."""
+    from stack.interop.helpers import MpaSocketPeer, connect_local
     from stack.wire.events import CrcPolicy, MpaSettings
-    from tests.interop.helpers import MpaSocketPeer, connect_local
 
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.iwarp_cli", "rdma-server", "-s", "127.0.0.1", "-p", port,
+        [sys.executable, "-m", "stack.cli.iwarp", "rdma-server", "-s", "127.0.0.1", "-p", port,
          "--timeout", "0.5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

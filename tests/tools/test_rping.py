@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tools.iwarp_cli import main
-from tools.iwarp_rping import ping_pattern
+from stack.cli.iwarp import main
+from stack.cli.rping import ping_pattern
 
 
 def _free_port() -> int:
@@ -35,7 +35,7 @@ def test_rping_client_and_server(extra: list[str], capsys: pytest.CaptureFixture
         [
             sys.executable,
             "-m",
-            "tools.iwarp_cli",
+            "stack.cli.iwarp",
             "rping",
             "-s",
             "-a",
@@ -76,7 +76,7 @@ def test_erc_09_server_reports_the_peer_terminate(capsys: pytest.CaptureFixture[
     the server exit 1 with the Terminate on stderr (not a silent 0)."""
     port = str(_free_port())
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.iwarp_cli", "rping", "-s", "-a", "127.0.0.1", "-p", port,
+        [sys.executable, "-m", "stack.cli.iwarp", "rping", "-s", "-a", "127.0.0.1", "-p", port,
          "--p2p", "write", "--timeout", "10"],
         stderr=subprocess.PIPE,
         text=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.iwarp_cli import main
+from stack.cli.iwarp import main
 
 
 def test_selfcheck_passes_and_keeps_captures(

@@ -1,0 +1,5 @@
+"""``python -m kbtp``: the ``kbtp`` command."""
+
+from kbtp.cli import main
+
+raise SystemExit(main())

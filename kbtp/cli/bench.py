@@ -1,0 +1,432 @@
+"""``kbtp bench``: KBTP throughput over iWARP against a raw TCP request/response baseline.
+
+For each block size (default 4K, 16K, 64K, 256K, 1M) one target and one initiator run in
+this process over loopback TCP, and N requests are kept in flight (default 16, one worker
+task each; Request Credits = N):
+
+* **LOAD**: every worker loads its own sealed block into its own buffer (the target
+  RDMA-writes it, then sends the COMPLETION);
+* **STORE**: every worker stores its buffer into its own unsealed block (INLINE up to Max
+  Inline, otherwise the target RDMA-reads the buffer in place);
+* **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
+
+The baseline, in the same run, is raw trio TCP with the same shape: one connection, N
+requests in flight, a 40-octet request and a 40-octet response, with the block's octets in
+the response (LOAD) or after the request (STORE, ALLOC_STORE); the server copies stored
+octets into its memory, as the target places them.  Figures: operations per second and
+GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
+per operation of each (both ends run in this process, so CPU per operation is the figure
+that survives a busy machine best).  Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from kbtp.cli.target import (
+    LOOPBACK_EMSS,
+    add_mpa_arguments,
+    mpa_settings,
+    parse_size,
+    positive_int,
+    run_trio,
+)
+from kbtp.constants import DEFAULT_MAX_INLINE
+from kbtp.initiator import KbtpInitiator
+from kbtp.target import KbtpTarget
+from kbtp.target_core import InitiatorConfig, TargetConfig
+from stack.cli import CliError, one_line_errors
+from stack.transport.driver import RECEIVE_SIZE
+from stack.wire.events import MpaSettings
+from stack.wire.framing import mulpdu_for
+
+DEFAULT_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+DEFAULT_INFLIGHT = 16
+DEFAULT_BYTES = 32 << 20
+MIN_ITERS = 64
+MAX_ITERS = 8192
+OPS = ("store", "load", "alloc_store")
+"""Run order: LOAD needs the blocks the STOREs wrote (then sealed)."""
+
+_RAW_HEADER = struct.Struct(">B3xI32x")
+"""A raw request or response: op, length, padding to 40 octets (a KBTP request's size)."""
+RAW_LOAD, RAW_STORE = 1, 2
+JOIN_LIMIT = 64 * 1024
+"""Up to this size a raw message goes out in one ``send_all`` (header and data joined)."""
+
+
+@dataclass(slots=True)
+class Result:
+    """One row: an operation at one size, KBTP and (optionally) the raw baseline."""
+
+    op: str
+    size: int
+    iters: int
+    seconds: float
+    path: str
+    cpu: float = 0.0
+    raw_seconds: float | None = None
+    raw_cpu: float | None = None
+
+    @property
+    def ops(self) -> float:
+        return self.iters / self.seconds
+
+    @property
+    def gbps(self) -> float:
+        return self.iters * self.size / self.seconds / 1e9
+
+    @property
+    def raw_gbps(self) -> float | None:
+        if self.raw_seconds is None:
+            return None
+        return self.iters * self.size / self.raw_seconds / 1e9
+
+    @property
+    def ratio(self) -> float | None:
+        raw = self.raw_gbps
+        return self.gbps / raw if raw else None
+
+
+def iterations(size: int, total: int, fixed: int | None) -> int:
+    if fixed is not None:
+        return fixed
+    return max(MIN_ITERS, min(MAX_ITERS, total // size))
+
+
+def size_label(size: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+HEADER = (
+    f"{'operation':<12} {'size':>5} {'path':<6} {'iters':>5} {'ops/s':>7} {'GB/s':>6}"
+    f" {'raw ops/s':>9} {'raw GB/s':>8} {'ratio':>5}  {'CPU us/op':>9} {'raw CPU':>7}"
+)
+
+
+def format_row(r: Result) -> str:
+    raw = "" if r.raw_seconds is None else f"{r.iters / r.raw_seconds:.0f}"
+    raw_gb = "" if r.raw_gbps is None else f"{r.raw_gbps:.3f}"
+    ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
+    raw_cpu = "" if r.raw_cpu is None else f"{r.raw_cpu / r.iters * 1e6:.0f}"
+    return (
+        f"{r.op.upper():<12} {size_label(r.size):>5} {r.path:<6} {r.iters:>5} {r.ops:>7.0f}"
+        f" {r.gbps:>6.3f} {raw:>9} {raw_gb:>8} {ratio:>5}  {r.cpu / r.iters * 1e6:>9.0f}"
+        f" {raw_cpu:>7}"
+    )
+
+
+# ======================================================================================
+# KBTP
+# ======================================================================================
+
+
+async def _workers(inflight: int, iters: int, job: object) -> tuple[float, float]:
+    """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
+
+    Returns (wall-clock seconds, process CPU seconds); both ends run in this process.
+    """
+    counter = iter(range(iters))
+
+    async def worker(w: int) -> None:
+        for i in counter:
+            await job(w, i)  # type: ignore[operator]
+
+    cpu = time.process_time()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for w in range(inflight):
+            nursery.start_soon(worker, w)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+async def bench_kbtp_size(
+    size: int,
+    ops: list[str],
+    iters: int,
+    inflight: int,
+    settings: MpaSettings,
+    inline: bool | None,
+    max_inline: int = DEFAULT_MAX_INLINE,
+) -> list[Result]:
+    """KBTP figures at one block size (one target, one session)."""
+    alloc_iters = iters if "alloc_store" in ops else 0
+    blocks = alloc_iters + inflight
+    config = TargetConfig(
+        block_size=size,
+        pool_blocks=blocks,
+        initiators=(InitiatorConfig(b"bench", 0, blocks, blocks),),
+        request_credits=max(inflight, 1),
+        max_inline=max_inline,
+    )
+    target = KbtpTarget(config, settings=settings)
+    data = bytearray(os.urandom(size))
+    buffers = [bytearray(size) for _ in range(inflight)]
+    results = []
+    path = "inline" if (size <= config.max_inline if inline is None else inline) else "rdma"
+    async with (
+        target.running(),
+        KbtpInitiator.connect("127.0.0.1", target.port, "bench", settings=settings) as ini,
+    ):
+        for w in range(inflight):
+            await ini.alloc_store(w, data)
+
+        async def store(w: int, i: int) -> None:
+            await ini.store(w, data, inline=inline)
+
+        async def load(w: int, i: int) -> None:
+            await ini.load_into(w, buffers[w])
+
+        async def alloc_store(w: int, i: int) -> None:
+            await ini.alloc_store(inflight + i, data, inline=inline)
+
+        for op in OPS:
+            if op not in ops:
+                continue
+            if op == "load":
+                for w in range(inflight):
+                    await ini.store(w, data, seal=True)
+                seconds, cpu = await _workers(inflight, iters, load)
+                if any(buf != data for buf in buffers):
+                    raise CliError("LOAD returned wrong data")
+                results.append(Result(op, size, iters, seconds, "rdma", cpu))
+            elif op == "store":
+                seconds, cpu = await _workers(inflight, iters, store)
+                results.append(Result(op, size, iters, seconds, path, cpu))
+            else:
+                seconds, cpu = await _workers(inflight, iters, alloc_store)
+                results.append(Result(op, size, iters, seconds, path, cpu))
+    return results
+
+
+# ======================================================================================
+# raw TCP baseline
+# ======================================================================================
+
+
+class _Reader:
+    """Exact reads from a trio stream (one copy of each octet into its destination)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.pending = bytearray()
+
+    async def read_into(self, dest: memoryview) -> bool:
+        """Fill ``dest``; False at a clean end of stream before the first octet."""
+        want = len(dest)
+        pos = min(want, len(self.pending))
+        if pos:
+            dest[:pos] = self.pending[:pos]
+            del self.pending[:pos]
+        while pos < want:
+            chunk = await self.stream.receive_some(RECEIVE_SIZE)
+            if not chunk:
+                if pos == 0:
+                    return False
+                raise trio.BrokenResourceError("short read")
+            take = min(want - pos, len(chunk))
+            dest[pos : pos + take] = memoryview(chunk)[:take]
+            pos += take
+            if take < len(chunk):
+                self.pending += memoryview(chunk)[take:]
+        return True
+
+
+async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
+    """The baseline server: LOAD answers with octets, STORE copies them into memory."""
+    reader = _Reader(stream)
+    header = memoryview(bytearray(_RAW_HEADER.size))
+    memory = memoryview(bytearray(max_size))
+    source = memoryview(bytearray(os.urandom(max_size)))
+    reply = _RAW_HEADER.pack(0, 0)
+    try:
+        while await reader.read_into(header):
+            op, length = _RAW_HEADER.unpack(header)
+            if op == RAW_LOAD and length <= JOIN_LIMIT:
+                await stream.send_all(_RAW_HEADER.pack(op, length) + source[:length])
+            elif op == RAW_LOAD:
+                await stream.send_all(_RAW_HEADER.pack(op, length))
+                await stream.send_all(source[:length])
+            else:
+                await reader.read_into(memory[:length])
+                await stream.send_all(reply)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def bench_raw(
+    port: int, op: str, size: int, iters: int, inflight: int
+) -> tuple[float, float]:
+    """(seconds, CPU seconds) of ``iters`` raw exchanges with ``inflight`` outstanding."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    reader = _Reader(stream)
+    lock = trio.Lock()
+    waiting: deque[tuple[memoryview | None, trio.Event]] = deque()
+    data = memoryview(bytearray(os.urandom(size)))
+    buffers = [memoryview(bytearray(size)) for _ in range(inflight)]
+    kind = RAW_LOAD if op == "load" else RAW_STORE
+    request = _RAW_HEADER.pack(kind, size)
+    joined = request + data if kind == RAW_STORE and size <= JOIN_LIMIT else None
+
+    async def responses() -> None:
+        header = memoryview(bytearray(_RAW_HEADER.size))
+        while await reader.read_into(header):
+            dest, done = waiting.popleft()
+            if dest is not None:
+                await reader.read_into(dest)
+            done.set()
+
+    async def job(w: int, i: int) -> None:
+        done = trio.Event()
+        async with lock:
+            waiting.append((buffers[w] if kind == RAW_LOAD else None, done))
+            if joined is not None:
+                await stream.send_all(joined)
+            else:
+                await stream.send_all(request)
+                if kind == RAW_STORE:
+                    await stream.send_all(data)
+        await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responses)
+        seconds = await _workers(inflight, iters, job)
+        nursery.cancel_scope.cancel()
+    await stream.aclose()
+    return seconds
+
+
+# ======================================================================================
+# the command
+# ======================================================================================
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="ops/s and GB/s of LOAD, STORE, ALLOC_STORE against raw TCP",
+        description="Measure KBTP LOAD, STORE and ALLOC_STORE over iWARP on loopback TCP, "
+        "N requests in flight, next to a raw trio TCP request/response baseline moving the "
+        "same octets.",
+    )
+    parser.add_argument(
+        "-s",
+        "--sizes",
+        default=",".join(size_label(s) for s in DEFAULT_SIZES),
+        metavar="LIST",
+        help="block sizes, comma separated (default 4K,16K,64K,256K,1M)",
+    )
+    parser.add_argument(
+        "-t",
+        "--inflight",
+        type=positive_int,
+        default=DEFAULT_INFLIGHT,
+        metavar="N",
+        help=f"requests in flight (default {DEFAULT_INFLIGHT})",
+    )
+    parser.add_argument(
+        "--ops",
+        default=",".join(OPS),
+        metavar="LIST",
+        help="operations, comma separated (default store,load,alloc_store)",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-n", "--iters", type=positive_int, metavar="N", help="operations per row (fixed)"
+    )
+    group.add_argument(
+        "--bytes",
+        type=parse_size,
+        default=DEFAULT_BYTES,
+        metavar="SIZE",
+        help=f"octets per row, {MIN_ITERS}..{MAX_ITERS} operations (default 32M)",
+    )
+    parser.add_argument(
+        "--inline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="force INLINE stores on or off (default: inline up to Max Inline)",
+    )
+    parser.add_argument(
+        "--max-inline",
+        type=positive_int,
+        default=DEFAULT_MAX_INLINE,
+        metavar="OCTETS",
+        help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE})",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
+    add_mpa_arguments(parser, LOOPBACK_EMSS)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    one_line_errors(parser)
+    parser.set_defaults(func=run_bench)
+
+
+def _parse_list(text: str, what: str) -> list[str]:
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not items:
+        raise CliError(f"empty {what} list")
+    return items
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    try:
+        sizes = [parse_size(s) for s in _parse_list(args.sizes, "size")]
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"argument --sizes: {exc}") from None
+    ops = _parse_list(args.ops, "operation")
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
+    settings = mpa_settings(args)
+    mulpdu = mulpdu_for(settings.emss, settings.want_markers)
+    print(
+        f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, "
+        f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
+    )
+    print(HEADER, flush=True)
+    results: list[Result] = []
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            print(f"kbtp bench: {text}", file=sys.stderr, flush=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = 0
+            if not args.no_baseline:
+                listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+                port = listeners[0].socket.getsockname()[1]
+                nursery.start_soon(
+                    trio.serve_listeners,
+                    lambda s: raw_server(s, max(sizes)),
+                    listeners,
+                )
+            for size in sizes:
+                iters = iterations(size, args.bytes, args.iters)
+                progress(f"{size_label(size)}: KBTP, {iters} operations per row")
+                rows = await bench_kbtp_size(
+                    size, ops, iters, args.inflight, settings, args.inline, args.max_inline
+                )
+                for row in rows:
+                    if not args.no_baseline:
+                        progress(f"{size_label(size)}: raw TCP {row.op}")
+                        row.raw_seconds, row.raw_cpu = await bench_raw(
+                            port, row.op, size, iters, args.inflight
+                        )
+                    print(format_row(row), flush=True)
+                    results.append(row)
+            nursery.cancel_scope.cancel()
+
+    run_trio(main)
+    return 0

@@ -1,0 +1,5 @@
+"""``python -m stack``: the ``iwarp`` command."""
+
+from stack.cli.iwarp import main
+
+raise SystemExit(main())

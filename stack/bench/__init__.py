@@ -1,0 +1,1 @@
+"""Benchmarks of the stack, with raw-TCP baselines in the same run (``iwarp bench``)."""

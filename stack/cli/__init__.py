@@ -1,0 +1,160 @@
+"""Shared machinery of the ``iwarp`` and ``kbtp`` commands.
+
+Each command names its subcommands in a table, subcommand -> module
+(:data:`stack.cli.iwarp.COMMANDS`, :data:`kbtp.cli.COMMANDS`); the module defines
+``register(subparsers)``, which adds the subcommand(s) and calls
+``parser.set_defaults(func=...)`` with a function taking the parsed namespace and returning
+an exit status.  Only the named subcommand's module is imported (``iwarp dissect`` starts
+without trio or the RNIC).  User errors are raised as :class:`CliError` and printed as one
+line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from importlib import metadata
+from typing import NoReturn, TypeVar
+
+from stack.errors import single_exception
+
+T = TypeVar("T")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump)."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parse_known_args = parser.parse_known_args
+
+    def strict_parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # As a subparser, leftovers would reach the top parser's usage-dumping error.
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``0x`` prefixes accepted)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def binary_size(text: str, maximum: int, *, base: int = 10, unit: str = "") -> int:
+    """``65536``, ``64K``, ``1M``, ``1MiB`` -> octets (binary suffixes), 1 to ``maximum``.
+
+    ``base``: as :func:`int` (0 also takes ``0x`` prefixes); ``unit`` ends the range in the
+    error message (" bytes").
+    """
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, scale = t[:-1], factor
+            break
+    try:
+        value = int(t, base) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
+    if not 1 <= value <= maximum:
+        raise argparse.ArgumentTypeError(f"size must be 1 to {maximum}{unit}, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
+    return value
+
+
+class CliError(Exception):
+    """A user-facing error: printed as ``<prog>: error: <message>``, exit status 2."""
+
+
+def version() -> str:
+    """The installed distribution's version (``iwarp --version``, ``kbtp --version``)."""
+    try:
+        return metadata.version("iwarp-kbtp")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown (not installed)"
+
+
+def build_parser(
+    prog: str, description: str, commands: Mapping[str, str], only: str | None = None
+) -> argparse.ArgumentParser:
+    """The command's parser with every subcommand of ``commands`` (name -> module), or, with
+    ``only``, just that subcommand when ``commands`` names it (so a command imports only
+    what it needs)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    if only is not None and only in commands:
+        _register(commands[only], sub)
+        if only in sub.choices:
+            return parser
+        return build_parser(prog, description, commands)
+    for module_name in dict.fromkeys(commands[name] for name in sorted(commands)):
+        _register(module_name, sub)
+    return parser
+
+
+def _register(module_name: str, sub: argparse._SubParsersAction) -> None:
+    module = importlib.import_module(module_name)
+    module.register(sub)
+
+
+def run(
+    prog: str,
+    description: str,
+    commands: Mapping[str, str],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen subcommand, return its exit
+    status; a :class:`CliError` is one ``prog: error: ...`` line and status 2."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    first = args_in[0] if args_in and not args_in[0].startswith("-") else None
+    parser = build_parser(prog, description, commands, only=first)
+    args = parser.parse_args(args_in)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def trio_run(fn: Callable[..., Awaitable[T]], *args: object) -> T:
+    """``trio.run`` that lifts a lone error out of trio's exception groups.
+
+    A tool's ``except BenchError`` (or any user-facing error) then works whether the error
+    was raised in a nursery or not.
+    """
+    import trio  # here, not at module level: `iwarp dissect` starts faster without trio
+
+    with single_exception():
+        return trio.run(fn, *args)

@@ -1,0 +1,211 @@
+"""Peers compatible with librdmacm's example programs, on the software RNIC.
+
+* ``iwarp rdma-server`` / ``iwarp rdma-client``: ``rdma_server`` / ``rdma_client``. The
+  client posts a 16-byte receive, connects, Sends 16 bytes; the server, having posted a
+  16-byte receive before accepting, answers with a 16-byte Send; both disconnect.
+* ``iwarp cmatose``: ``ucmatose`` (cmatose.c). ``-c`` connections, each side posts ``-C``
+  receives of ``-S`` bytes before connecting/accepting, then Sends ``-C`` messages on each
+  connection, waits for its send completions, then for its receives; the server disconnects.
+
+Output lines follow the originals, so scripts that read them work with either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+
+from stack.cli import CliError, trio_run
+from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
+from stack.rnic.qp import QpCap, QueuePair
+from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
+from stack.transport.driver import RdmaConnection
+
+RDMA_EXAMPLES_PORT = 7471
+SIW_RACE_DELAY = 0.2
+"""Seconds the client holds its first FPDU after the MPA Reply (Linux siw's passive race)."""
+MESSAGE_LEN = 16
+
+
+class _Side:
+    """One RNIC with a PD and a CQ, making QPs with message buffers."""
+
+    def __init__(self, name: str) -> None:
+        self.rnic = Rnic(name)
+        self.pd = self.rnic.alloc_pd()
+        self.cq = self.rnic.create_cq(65536)
+
+    def qp(self, depth: int) -> QueuePair:
+        cap = QpCap(max_send_wr=max(depth, 16), max_recv_wr=max(depth, 16))
+        return self.rnic.create_qp(self.pd, self.cq, cap=cap, ird=1, ord=1)
+
+    def buffer(self, size: int) -> tuple[Any, Sge]:
+        mr = self.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)
+        return mr, Sge(mr.addr, size, mr.lkey)
+
+
+async def _completions(side: _Side, count: int, what: str, timeout: float) -> None:
+    with trio.fail_after(timeout):
+        for _ in range(count):
+            wc = await side.cq.next()
+            if wc.status is not WcStatus.SUCCESS:
+                raise ConnectFailed(f"{what}: completion failed: {wc.status.value}")
+
+
+# --------------------------------------------------------------------- rdma_server / client
+async def rdma_server(args: argparse.Namespace) -> int:
+    print("rdma_server: start", flush=True)
+    side = _Side("rdma_server")
+    qp = side.qp(1)
+    _mr, recv_sge = side.buffer(MESSAGE_LEN)
+    async with ConnectionManager.open(side.rnic) as cm:
+        listener = await cm.listen(args.bind or "0.0.0.0", args.port)
+        request = await listener.get_request()
+        qp.post_recv(RecvWR(1, (recv_sge,)))
+        conn = await request.accept(qp)
+        try:
+            await _completions(side, 1, "rdma_get_recv_comp", args.timeout)
+            qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=bytes(MESSAGE_LEN)))
+            await _completions(side, 1, "rdma_get_send_comp", args.timeout)
+        except (ConnectFailed, trio.TooSlowError) as exc:
+            print(f"rdma_server: {str(exc) or 'timed out'}", file=sys.stderr)
+            print("rdma_server: end -1", flush=True)
+            return 1
+        finally:
+            await conn.disconnect()
+    print("rdma_server: end 0", flush=True)
+    return 0
+
+
+async def rdma_client(args: argparse.Namespace) -> int:
+    print("rdma_client: start", flush=True)
+    side = _Side("rdma_client")
+    qp = side.qp(1)
+    _mr, recv_sge = side.buffer(MESSAGE_LEN)
+    qp.post_recv(RecvWR(1, (recv_sge,)))
+    async with ConnectionManager.open(side.rnic) as cm:
+        try:
+            conn = await cm.connect(args.server, args.port, qp, first_fpdu_delay=SIW_RACE_DELAY)
+        except (ConnectFailed, ConnectRejected, OSError) as exc:
+            print(f"rdma_connect: {exc}", file=sys.stderr)
+            print("rdma_client: end -1", flush=True)
+            return 1
+        try:
+            qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=bytes(MESSAGE_LEN)))
+            await _completions(side, 2, "completions", args.timeout)
+        except (ConnectFailed, trio.TooSlowError) as exc:
+            print(f"rdma_client: {str(exc) or 'timed out'}", file=sys.stderr)
+            print("rdma_client: end -1", flush=True)
+            return 1
+        finally:
+            await conn.disconnect()
+    print("rdma_client: end 0", flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------- cmatose
+async def _transfer(side: _Side, qps: list[QueuePair], args: argparse.Namespace) -> None:
+    print("initiating data transfers", flush=True)
+    for qp in qps:
+        qp.post_send(
+            [SendWR(i, WrOpcode.SEND, inline_data=bytes(args.size)) for i in range(args.messages)]
+        )
+    print("completing sends", flush=True)
+    # Sends and receives share the CQ here; count both kinds together.
+    total = 2 * args.messages * len(qps)
+    print("receiving data transfers", flush=True)
+    await _completions(side, total, "data transfer", args.timeout)
+    print("data transfers complete", flush=True)
+
+
+def _post_recvs(side: _Side, qp: QueuePair, args: argparse.Namespace) -> None:
+    _mr, sge = side.buffer(max(args.size, 1) * max(args.messages, 1))
+    qp.post_recv(
+        [
+            RecvWR(i, (Sge(sge.addr + i * args.size, args.size, sge.lkey),))
+            for i in range(args.messages)
+        ]
+    )
+
+
+async def cmatose(args: argparse.Namespace) -> int:
+    side = _Side("cmatose")
+    status = 0
+    try:
+        if args.server is None:
+            print("cmatose: starting server", flush=True)
+            async with ConnectionManager.open(side.rnic) as cm:
+                listener = await cm.listen(args.bind or "0.0.0.0", args.port)
+                conns: list[RdmaConnection] = []
+                qps = []
+                for _ in range(args.connections):
+                    request = await listener.get_request()
+                    qp = side.qp(args.messages)
+                    _post_recvs(side, qp, args)
+                    conns.append(await request.accept(qp))
+                    qps.append(qp)
+                if args.messages:
+                    await _transfer(side, qps, args)
+                print("cmatose: disconnecting", flush=True)
+                for conn in conns:
+                    await conn.disconnect()
+                print("disconnected", flush=True)
+        else:
+            print("cmatose: starting client", flush=True)
+            async with ConnectionManager.open(side.rnic) as cm:
+                print("cmatose: connecting", flush=True)
+                conns = []
+                qps = []
+                for _ in range(args.connections):
+                    qp = side.qp(args.messages)
+                    _post_recvs(side, qp, args)
+                    conns.append(
+                        await cm.connect(
+                            args.server, args.port, qp, first_fpdu_delay=SIW_RACE_DELAY
+                        )
+                    )
+                    qps.append(qp)
+                if args.messages:
+                    await _transfer(side, qps, args)
+                with trio.fail_after(args.timeout):
+                    for conn in conns:
+                        await conn.wait_closed()
+    except* (ConnectFailed, ConnectRejected, OSError, trio.TooSlowError) as group:
+        print(f"cmatose: {str(group.exceptions[0]) or 'timed out'}", file=sys.stderr)
+        status = 1
+    print(f"test complete\nreturn status {status}", flush=True)
+    return status
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0 < args.port < 65536:
+        raise CliError("port must be 1..65535")
+    if getattr(args, "connections", 1) < 1:
+        raise CliError("-c connections must be >= 1")
+    if getattr(args, "messages", 0) < 0 or getattr(args, "size", 1) < 1:
+        raise CliError("-C must be >= 0 and -S >= 1")
+
+
+def register(subparsers: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-p", dest="port", type=int, default=RDMA_EXAMPLES_PORT, help="port (7471)")
+    common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
+
+    p = subparsers.add_parser("rdma-server", parents=[common], help="librdmacm rdma_server peer")
+    p.add_argument("-s", dest="bind", help="address to bind (default all)")
+    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_server, a))[1])
+
+    p = subparsers.add_parser("rdma-client", parents=[common], help="librdmacm rdma_client peer")
+    p.add_argument("-s", dest="server", required=True, help="server address")
+    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_client, a))[1])
+
+    p = subparsers.add_parser("cmatose", parents=[common], help="librdmacm ucmatose peer")
+    p.add_argument("-s", dest="server", help="server address (client mode; omit for server)")
+    p.add_argument("-b", dest="bind", help="bind address (server)")
+    p.add_argument("-c", dest="connections", type=int, default=1, help="connections (1)")
+    p.add_argument("-C", dest="messages", type=int, default=10, help="messages per connection (10)")
+    p.add_argument("-S", dest="size", type=int, default=100, help="message size (100)")
+    p.set_defaults(func=lambda a: (_check(a), trio_run(cmatose, a))[1])

@@ -1,0 +1,1 @@
+"""The Linux siw interop suite and its helpers (shipped with the wheel; ``iwarp interop``)."""

@@ -1,0 +1,1 @@
+"""The siw interop suite: pytest modules run by ``iwarp interop --peer siw-vm``."""

@@ -1,0 +1,109 @@
+"""Fixtures of the interop suite against Linux siw in a QEMU guest .
+
+Tests marked ``interop`` need the guest; the harness's own unit tests here do not.
+One guest boots per test session (``siw_vm``); every test gets it through ``vm``, which
+resets siw's knobs first (upstream defaults, with ``zcopy_tx=N`` so captures are complete)
+and kills the test's leftover guest processes afterwards.  The suite runs unless
+``IWARP_SKIP_INTEROP=1``; when the VM cannot be built or booted the tests FAIL with the
+reason (they never skip for that).  Captures go to ``$IWARP_CAPTURE_DIR`` or to
+``<pytest basetemp>/siw-captures``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stack.siwvm import SiwVM, SiwVmError, build
+
+SKIP_ENV = "IWARP_SKIP_INTEROP"
+
+
+def _skip_requested() -> bool:
+    return os.environ.get(SKIP_ENV) == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's markers, also when ``iwarp interop`` runs it outside the checkout."""
+    config.addinivalue_line("markers", "interop: needs the Linux siw guest")
+    config.addinivalue_line("markers", "slow: long-running (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "tshark: cross-checks against Debian's tshark")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _skip_requested():
+        return
+    skip = pytest.mark.skip(reason=f"{SKIP_ENV}=1: Linux siw interop tests skipped")
+    for item in items:
+        if item.get_closest_marker("interop") is not None:
+            item.add_marker(skip)
+
+
+class _Session:
+    """The session's VM, or the reason there is none (reported by every test)."""
+
+    vm: SiwVM | None = None
+    error: str | None = None
+    build_seconds: float = 0.0
+
+
+@pytest.fixture(scope="session")
+def siw_vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiwVM]:
+    """The booted siw guest, shared by the whole session."""
+    if _Session.error:
+        pytest.fail(_Session.error, pytrace=False)
+    t0 = time.monotonic()
+    try:
+        artifacts = build(progress=lambda line: print(line, file=sys.stderr))
+    except SiwVmError as exc:
+        _Session.error = f"the siw VM could not be built, so interop cannot run:\n{exc}"
+        pytest.fail(_Session.error, pytrace=False)
+    _Session.build_seconds = time.monotonic() - t0
+    captures = Path(
+        os.environ.get("IWARP_CAPTURE_DIR") or tmp_path_factory.getbasetemp() / "siw-captures"
+    )
+    vm = SiwVM(
+        artifacts,
+        capture_dir=captures,
+        workdir=tmp_path_factory.mktemp("siwvm"),
+    )
+    try:
+        vm.start()
+    except SiwVmError as exc:
+        vm.stop()
+        _Session.error = f"the siw VM did not boot, so interop cannot run:\n{exc}"
+        pytest.fail(_Session.error, pytrace=False)
+    _Session.vm = vm
+    print(
+        f"\nsiw VM: build check {_Session.build_seconds:.1f} s, boot {vm.boot_seconds:.1f} s "
+        f"(accel {vm.accel}), captures in {captures}",
+        file=sys.stderr,
+    )
+    try:
+        yield vm
+    finally:
+        vm.stop()
+        _Session.vm = None
+
+
+@pytest.fixture
+def vm(siw_vm: SiwVM) -> Iterator[SiwVM]:
+    """The session's guest with siw's knobs at their defaults (``zcopy_tx=N``)."""
+    if not siw_vm.running:
+        pytest.fail("the siw VM died earlier in this session:\n" + siw_vm.console_tail(30))
+    siw_vm.reset_siw(zcopy_tx=False)
+    yield siw_vm
+    if siw_vm.running:
+        siw_vm.reap()
+
+
+@pytest.fixture
+def case(request: pytest.FixtureRequest) -> str:
+    """A capture name for this test case (its node name, made file-safe)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name).strip("_")

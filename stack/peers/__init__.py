@@ -1,0 +1,1 @@
+"""Interop peers that speak third-party tools' out-of-band protocols (perftest)."""
