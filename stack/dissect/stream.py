@@ -26,7 +26,7 @@ reassembles each direction (:mod:`stack.dissect.tcp`) and hands the in-order byt
 
 Each ULPDU is decoded by :func:`stack.wire.rdmap.decode_ulpdu` in lenient mode (stateless
 checks: versions, reserved bits, opcode, T bit, QN/opcode pairing, header lengths,
-Terminate form including siw's swapped nibbles), then :class:`_Sequencer` adds the
+Terminate form including siw's swapped nibbles), then :class:`_Receiver` adds the
 stateful checks: MSN sequence per queue and MO continuity (DDP-05, DDP-06), L on message
 boundaries (DDP-02), constant opcode/RsvdULP/STag within a message (DDP-04), nothing after a
 Terminate (RDMAP-10), Terminate header inclusion (RDMAP-12), Read Responses and Atomic
@@ -120,6 +120,7 @@ from stack.wire.events import (
 )
 from stack.wire.mpa import decode_frame
 from stack.wire.rdmap import Checker, Finding, RdmapHeader, Segment, check_ddp, check_rdmap
+from stack.wire.sequence import MessageSequencer, RequestTracker
 
 __all__ = [
     "DissectOptions",
@@ -463,157 +464,72 @@ def _strip(buf: memoryview, start: int, lead: int, end_body: int, marks: list[in
 # ======================================================================================
 
 
-class _Sequencer:
-    """MSN/MO/L tracking of one sending direction (RFC 5041 §4.3, §5.2; RFC 5040 §5)."""
+class _Receiver:
+    """What is tracked of one sending direction: the wire engines' :class:`MessageSequencer`
+    and :class:`RequestTracker`, run leniently, plus nothing after a Terminate (RDMAP-10).
 
-    __slots__ = (
-        "next_msn",
-        "open_untagged",
-        "open_tagged",
-        "terminated",
-        "known",
-        "reads",
-        "atomics",
-        "first_fpdu",
-    )
+    ``requests`` holds the Read and Atomic Requests this direction sent; the other
+    direction's responses are matched against them.
+    """
+
+    __slots__ = ("messages", "requests", "terminated", "chk")
 
     def __init__(self, known: bool) -> None:
-        self.known = known  # True when the stream start was seen: MSNs start at 1
-        self.next_msn: dict[int, int] = {}
-        self.open_untagged: dict[int, tuple[int, int, int, int]] = {}  # qn -> msn, mo, ctrl, inv
-        self.open_tagged: tuple[int, int, int] | None = None  # stag, next to, opcode
+        self.messages = MessageSequencer(known)
+        self.requests = RequestTracker(known)
         self.terminated = False
-        # requests this direction sent, answered by the other direction (FIFO)
-        self.reads: deque[list[int]] = deque()  # [sink_stag, sink_to, size, done]
-        self.atomics: deque[int] = deque()  # req ids
-        self.first_fpdu = True
+        self.chk = Checker(False)
+
+    @property
+    def known(self) -> bool:
+        """True when the stream start was seen: MSNs start at 1, no request is unknown."""
+        return self.messages.known
+
+    @known.setter
+    def known(self, value: bool) -> None:
+        self.messages.known = self.requests.known = value
 
     def forget(self) -> None:
-        """After lost data: MSNs and open messages are unknown."""
-        self.known = False
-        self.next_msn.clear()
-        self.open_untagged.clear()
-        self.open_tagged = None
-        self.reads.clear()
-        self.atomics.clear()
+        """After lost data: MSNs, open messages and outstanding requests are unknown."""
+        self.messages.forget()
+        self.requests.forget()
 
-    def check(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
+    def check(self, seg: SegmentView, out: list[Finding], peer: _Receiver) -> None:
         op = seg.opcode
-        if op == _OP_WRITE and seg.last and self.open_tagged is None and not self.terminated:
+        messages = self.messages
+        if op == _OP_WRITE and seg.last and messages.open_tagged is None and not self.terminated:
             return  # a one-segment RDMA Write with nothing open: nothing to track
-
+        chk = self.chk
+        chk.findings = out
         if self.terminated:
             out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
         if seg.tagged:
-            self._tagged(seg, out, peer)
+            size = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
+            messages.tagged(seg.stag, seg.to, op, size, seg.last, chk)  # type: ignore[arg-type]
+            if op == _OP_READ_RESPONSE:
+                peer.requests.read_response(seg.stag, seg.to, size, seg.last, chk)  # type: ignore[arg-type]
         elif seg.qn is not None:
-            self._untagged(seg, out)
+            messages.untagged(
+                seg.qn,
+                seg.msn,  # type: ignore[arg-type]
+                seg.mo,  # type: ignore[arg-type]
+                (seg.rdmap_version << 6) | seg.rdmap_rsvd | op,
+                seg.inval_stag or 0,
+                seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN,
+                seg.last,
+                chk,
+            )
+        header = seg.header
         if op == _OP_TERMINATE:
             self.terminated = True
-            if isinstance(seg.header, Terminate):
-                _check_terminate_form(seg.header, out)
-        elif op == _OP_READ_REQUEST and isinstance(seg.header, ReadRequest):
-            h = seg.header
-            self.reads.append([h.sink_stag, h.sink_to, h.size, 0])
-        elif op == _OP_ATOMIC_REQUEST and isinstance(seg.header, AtomicRequest):
-            self.atomics.append(seg.header.req_id)
-        elif op == _OP_ATOMIC_RESPONSE and isinstance(seg.header, AtomicResponse):
-            if peer.atomics:
-                want = peer.atomics.popleft()
-                if seg.header.req_id != want:
-                    out.append(
-                        Finding(
-                            "EXT-03",
-                            f"Atomic Response for request 0x{seg.header.req_id:08X}, "
-                            f"expected 0x{want:08X} (responses go in request order)",
-                        )
-                    )
-            elif peer.known:
-                out.append(Finding("EXT-03", "Atomic Response without an outstanding request"))
-
-    def _untagged(self, seg: SegmentView, out: list[Finding]) -> None:
-        qn = seg.qn
-        msn = seg.msn
-        mo = seg.mo
-        # (hot path: no assert; the DDP header kind guarantees these fields)
-        ctrl = seg.opcode
-        inv = seg.inval_stag or 0
-        size = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN  # the RDMAP header counts as payload
-        open_msg = self.open_untagged.get(qn)
-        if open_msg is not None and open_msg[0] == msn:
-            if mo != open_msg[1]:
-                out.append(Finding("DDP-06", f"QN {qn} MSN {msn}: MO {mo}, expected {open_msg[1]}"))
-            if ctrl != open_msg[2] or inv != open_msg[3]:
-                out.append(
-                    Finding("DDP-04", f"QN {qn} MSN {msn}: opcode or RsvdULP changed mid-message")
-                )
-        else:
-            if open_msg is not None:
-                out.append(
-                    Finding("DDP-02", f"QN {qn} MSN {open_msg[0]} ended without a Last segment")
-                )
-                self.next_msn[qn] = (open_msg[0] + 1) % _SEQ_MOD
-            expected = self.next_msn.get(qn, 1 if self.known else None)
-            if expected is not None and msn != expected:
-                out.append(Finding("DDP-05", f"QN {qn}: MSN {msn}, expected {expected}"))
-            if mo != 0 and (expected is not None or open_msg is not None):
-                out.append(Finding("DDP-05", f"QN {qn} MSN {msn}: first segment has MO {mo}"))
-        if seg.last:
-            self.open_untagged.pop(qn, None)
-            self.next_msn[qn] = (msn + 1) % _SEQ_MOD
-        else:
-            self.open_untagged[qn] = (msn, mo + size, ctrl, inv)
-
-    def _tagged(self, seg: SegmentView, out: list[Finding], peer: _Sequencer) -> None:
-        stag = seg.stag
-        to = seg.to
-        # (hot path: no assert; the DDP header kind guarantees these fields)
-        size = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
-        op = seg.opcode
-        ot = self.open_tagged
-        if ot is not None:
-            if stag != ot[0] or op != ot[2]:
-                out.append(
-                    Finding(
-                        "DDP-02",
-                        f"tagged message to STag 0x{ot[0]:08X} ended without a Last segment",
-                    )
-                )
-            elif to != ot[1]:
-                out.append(
-                    Finding("DDP-06", f"STag 0x{stag:08X}: TO 0x{to:X}, expected 0x{ot[1]:X}")
-                )
-        self.open_tagged = None if seg.last else (stag, (to + size) & ((1 << 64) - 1), op)
-        if op == _OP_READ_RESPONSE:
-            self._read_response(seg, stag, to, size, out, peer)
-
-    @staticmethod
-    def _read_response(
-        seg: SegmentView, stag: int, to: int, size: int, out: list[Finding], peer: _Sequencer
-    ) -> None:
-        if not peer.reads:
-            if peer.known:
-                out.append(Finding("RDMAP-04", "Read Response without an outstanding Read Request"))
-            return
-        req = peer.reads[0]
-        sink_stag, sink_to, total, done = req
-        if stag != sink_stag or to != (sink_to + done) & ((1 << 64) - 1):
-            out.append(
-                Finding(
-                    "RDMAP-04",
-                    f"Read Response to 0x{stag:08X}/0x{to:X}, the request's sink is "
-                    f"0x{sink_stag:08X}/0x{(sink_to + done) & ((1 << 64) - 1):X}",
-                )
-            )
-        req[3] = done = done + size
-        if seg.last:
-            if done != total:
-                out.append(
-                    Finding("RDMAP-04", f"Read Response carried {done} bytes, {total} requested")
-                )
-            peer.reads.popleft()
-        elif done > total:
-            out.append(Finding("RDMAP-04", f"Read Response exceeds the {total} bytes requested"))
+            if isinstance(header, Terminate):
+                _check_terminate_form(header, out)
+        elif op == _OP_READ_REQUEST and isinstance(header, ReadRequest):
+            self.requests.read_request(header.sink_stag, header.sink_to, header.size)
+        elif op == _OP_ATOMIC_REQUEST and isinstance(header, AtomicRequest):
+            self.requests.atomic_request(header.req_id)
+        elif op == _OP_ATOMIC_RESPONSE and isinstance(header, AtomicResponse):
+            peer.requests.atomic_response(header.req_id, chk)
 
 
 def _check_terminate_form(t: Terminate, out: list[Finding]) -> None:
@@ -702,7 +618,7 @@ class _Half:
         self.markers: bool | None = None
         self.seq_start = 0
         self.aligned = False  # FPDU starts are known to be 4-aligned to seq_start
-        self.seq = _Sequencer(known=False)  # True once Full Operation starts in view
+        self.seq = _Receiver(known=False)  # True once Full Operation starts in view
         self.searched = 0
         self._scan_base = -1
         self._bulk: tuple | None = None  # walk_plain's per-direction constants

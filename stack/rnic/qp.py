@@ -32,8 +32,6 @@ from enum import Enum
 from stack.constants import (
     IMMEDIATE_DATA_LEN,
     SOLICITED_OPCODES,
-    TERM_DDP_T_BASE_BOUNDS,
-    TERM_DDP_T_INVALID_STAG,
     TERM_DDP_U_NO_BUFFER,
     TERM_DDP_U_TOO_LONG,
     TERM_RDMAP_CATASTROPHIC,
@@ -83,6 +81,8 @@ from stack.wire.events import (
     TerminateReceived,
     WriteSegment,
 )
+from stack.wire.rdmap import Checker
+from stack.wire.sequence import RequestTracker
 
 _LE64 = struct.Struct("<Q")
 # Plain ints for the hot path: IntFlag operators cost several microseconds per WR.
@@ -215,8 +215,8 @@ class QueuePair:
         self.peer_terminate: Terminate | None = None
         self._pending: deque[_SqEntry] = deque()  # posted, not yet turned into messages
         self._inflight: deque[_SqEntry] = deque()  # turned into messages, not completed
-        self._reads: deque[_SqEntry] = deque()  # awaiting Read Responses, in order
-        self._atomics: deque[_SqEntry] = deque()  # awaiting Atomic Responses, in order
+        self._requests = RequestTracker()  # Reads and atomics awaiting responses, in order
+        self._checker = Checker(strict=True)
         self._out: deque[_OutItem] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
         self._rq: deque[RecvWR] = deque()
@@ -241,7 +241,7 @@ class QueuePair:
     @property
     def outstanding_remote(self) -> int:
         """Reads and atomics sent and not yet answered (counted against ORD)."""
-        return len(self._reads) + len(self._atomics)
+        return len(self._requests)
 
     # ------------------------------------------------------------------ posting
     def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
@@ -332,7 +332,7 @@ class QueuePair:
             sge = wr.sg_list[0]
             mr, view = self._local(sge, _LOCAL_WRITE)
             entry.sink, entry.sink_stag, entry.sink_to = view, mr.stag, sge.addr
-            self._reads.append(entry)
+            self._requests.read_request(mr.stag, sge.addr, sge.length, entry)
             req = ReadRequest(mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr)
             self._emit(entry, [req], completes=False)
         elif op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP):
@@ -361,7 +361,7 @@ class QueuePair:
                     compare_mask=wr.compare_add_mask or (1 << 64) - 1,
                     swap_mask=wr.swap_mask,
                 )
-            self._atomics.append(entry)
+            self._requests.atomic_request(entry.req_id, entry)
             self._emit(entry, [atomic], completes=False)
         elif op is WrOpcode.LOCAL_INV:
             mr = self.table.lookup(wr.invalidate_rkey)
@@ -562,31 +562,18 @@ class QueuePair:
         self._queue_response(ReadResponse(req.sink_stag, req.sink_to, view))
 
     def _on_read_response(self, seg: ReadResponseSegment) -> None:
-        if not self._reads:
-            raise DdpError(
-                "RDMAP-05", "Read Response with no Read outstanding", TERM_DDP_T_INVALID_STAG
-            )
-        entry = self._reads[0]
-        if seg.data or seg.last:
-            if len(seg.data) and seg.stag != entry.sink_stag:
-                raise DdpError(
-                    "RDMAP-04",
-                    f"Read Response to STag 0x{seg.stag:08x}, expected 0x{entry.sink_stag:08x}",
-                    TERM_DDP_T_INVALID_STAG,
-                )
-            offset = seg.to - entry.sink_to
-            assert entry.sink is not None
-            if len(seg.data) and (offset < 0 or offset + len(seg.data) > len(entry.sink)):
-                raise DdpError(
-                    "RDMAP-04",
-                    f"Read Response TO 0x{seg.to:x}+{len(seg.data)} outside the Read sink",
-                    TERM_DDP_T_BASE_BOUNDS,
-                )
-            if len(seg.data):
-                entry.sink[offset : offset + len(seg.data)] = seg.data
-                entry.received += len(seg.data)
+        """Place a Read Response segment in its Read's sink (matched by the request tracker,
+        RDMAP-04: Sink STag, continuing Sink TO, the requested size)."""
+        size = len(seg.data)
+        match = self._requests.read_response(seg.stag, seg.to, size, seg.last, self._checker)
+        assert match is not None  # strict: no outstanding Read raises
+        request, offset = match
+        entry = request.context
+        assert isinstance(entry, _SqEntry) and entry.sink is not None
+        if size:
+            entry.sink[offset : offset + size] = seg.data
+            entry.received += size
         if seg.last:
-            self._reads.popleft()
             entry.byte_len = entry.received
             entry.done = True
             self._reap_sq()
@@ -608,21 +595,9 @@ class QueuePair:
         self._queue_response(AtomicResponse(req.req_id, mr.atomic(req)))
 
     def _on_atomic_response(self, resp: AtomicResponse) -> None:
-        if not self._atomics:
-            raise RdmapError(
-                "EXT-03",
-                "Atomic Response with no atomic outstanding",
-                TERM_RDMAP_CATASTROPHIC_STREAM,
-            )
-        entry = self._atomics[0]
-        if resp.req_id != entry.req_id:
-            raise RdmapError(
-                "EXT-03",
-                f"Atomic Response for request {resp.req_id}, expected {entry.req_id}",
-                TERM_RDMAP_CATASTROPHIC_STREAM,
-            )
-        self._atomics.popleft()
-        assert entry.sink is not None
+        """Return an atomic's original value to its WR (matched in order, EXT-03)."""
+        _matched, entry = self._requests.atomic_response(resp.req_id, self._checker)
+        assert isinstance(entry, _SqEntry) and entry.sink is not None
         entry.sink[:] = _LE64.pack(resp.orig_value)
         entry.done = True
         self._reap_sq()
@@ -700,8 +675,8 @@ class QueuePair:
             self._push_wc(self.send_cq, self._wc(entry, status))
         self._inflight.clear()
         self._pending.clear()
-        self._reads.clear()
-        self._atomics.clear()
+        self._requests.reads.clear()
+        self._requests.atomics.clear()
         if self._recv is not None:
             self._complete_recv(self._recv.wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
             self._recv = None

@@ -11,13 +11,12 @@ and returns the segments of a message.
 
 Receive validation runs in RFC layer order, and every failure is raised before any event
 for that segment (DDP-10): DDP version, header length and QN (stateless, see
-:mod:`stack.wire.rdmap`); then per-queue sequencing: every message on a QN carries the
-next MSN (starting at 1, +1 per message, wrapping at 2^32; DDP-05) and its segments share
-it, the first MO is 0 and each next MO is the previous MO plus the previous payload length
-(DDP-06), and RsvdULP (opcode and Invalidate STag) stays the same within a message
-(DDP-04); then RDMAP version, opcode, T bit, QN/opcode match and the RDMAP header.
-STag, protection domain and bounds checks are the RNIC's (RFC 5041 §7.1, SEC-*); so is
-the receive-buffer accounting (TERM_DDP_U_NO_BUFFER / TOO_LONG for Sends).
+:mod:`stack.wire.rdmap`); then per-queue sequencing by the
+:class:`~stack.wire.sequence.MessageSequencer` the capture decoder uses too, run strictly
+(MSN, MO, RsvdULP and Last flag: DDP-02, DDP-04, DDP-05, DDP-06); then RDMAP version,
+opcode, T bit, QN/opcode match and the RDMAP header.  STag, protection domain and bounds
+checks are the RNIC's (RFC 5041 §7.1, SEC-*); so is the receive-buffer accounting
+(TERM_DDP_U_NO_BUFFER / TOO_LONG for Sends).
 
 Tagged and Send data come out per segment (WriteSegment, ReadResponseSegment,
 SendSegment) so the RNIC places them directly; one-segment messages come out whole.
@@ -57,14 +56,10 @@ from stack.constants import (
     MULPDU_MIN,
     RDMAP_OPCODE_MASK,
     SEND_OPCODES,
-    TERM_DDP_U_INVALID_MO,
-    TERM_DDP_U_MSN_RANGE,
-    TERM_RDMAP_OP_UNSPECIFIED,
-    TERM_RDMAP_UNEXPECTED_OPCODE,
     Opcode,
     QueueNumber,
 )
-from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
+from stack.errors import LocalError, ProtocolError, RdmapError
 from stack.wire import ddp
 from stack.wire.events import (
     AtomicRequest,
@@ -86,7 +81,6 @@ from stack.wire.events import (
 )
 from stack.wire.rdmap import (
     Checker,
-    DdpFields,
     Finding,
     build_terminate,
     check_ddp,
@@ -97,6 +91,7 @@ from stack.wire.rdmap import (
     rdmap_ctrl,
     terminate_for,
 )
+from stack.wire.sequence import MessageSequencer
 
 _MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
@@ -165,9 +160,8 @@ class RdmapStream:
         self.findings: list[Finding] = []
         self.findings_dropped = 0
         self._tx_msn = [1] * _NUM_QN
-        self._rx_msn = [1] * _NUM_QN
-        self._rx_mo = [0] * _NUM_QN
-        self._rx_ulp: list[tuple[int, int] | None] = [None] * _NUM_QN
+        self.sequencer = MessageSequencer()
+        """Receive sequencing: MSN, MO and RsvdULP per queue (DDP-02, DDP-04..06)."""
 
     # -- configuration -----------------------------------------------------------------
 
@@ -188,7 +182,10 @@ class RdmapStream:
 
     def expected_msn(self, qn: int) -> int:
         """The MSN the next segment received on ``qn`` must carry."""
-        return self._rx_msn[qn]
+        open_msg = self.sequencer.open_untagged.get(qn)
+        if open_msg is not None:
+            return open_msg[0]
+        return self.sequencer.next_msn.get(qn, 1)
 
     # -- send --------------------------------------------------------------------------
 
@@ -270,23 +267,17 @@ class RdmapStream:
         if op is None:
             return None
         _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
-        started = self._rx_ulp[0]
-        if (
-            qn != 0
-            or msn != self._rx_msn[0]
-            or mo != self._rx_mo[0]
-            or (inval and op not in _INVALIDATE_OPS)
-            or (started is not None and started != (b1, inval))
-        ):
+        if qn or (inval and op not in _INVALIDATE_OPS):
+            return None
+        seq = self.sequencer
+        open_msg = seq.open_untagged.get(0)
+        if open_msg is None:
+            if mo or msn != seq.next_msn.get(0, 1):
+                return None
+        elif msn != open_msg[0] or mo != open_msg[1] or b1 != open_msg[2] or inval != open_msg[3]:
             return None
         last = b0 == _UNTAGGED_LAST
-        if last:
-            self._rx_msn[0] = (msn + 1) & _MASK32
-            self._rx_mo[0] = 0
-            self._rx_ulp[0] = None
-        else:
-            self._rx_mo[0] = mo + n - DDP_UNTAGGED_HDR_LEN
-            self._rx_ulp[0] = (b1, inval)
+        seq.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
         data = view[DDP_UNTAGGED_HDR_LEN:]
         return [SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None)]
 
@@ -295,7 +286,16 @@ class RdmapStream:
         try:
             f = check_ddp(view, chk, self.rfc7306)
             if not f.tagged:
-                self._check_sequence(f, chk)
+                self.sequencer.untagged(
+                    f.qn,  # type: ignore[arg-type]
+                    f.msn,  # type: ignore[arg-type]
+                    f.mo,  # type: ignore[arg-type]
+                    f.ulp_ctrl,
+                    f.inval_stag,  # type: ignore[arg-type]
+                    len(view) - f.hlen,
+                    f.last,
+                    chk,
+                )
             op, header, payload = check_rdmap(f, chk, self.rfc7306, self.siw_layout)
         except ProtocolError as exc:
             self._keep(chk.findings)
@@ -308,15 +308,7 @@ class RdmapStream:
             if op == Opcode.RDMA_WRITE:
                 return [WriteSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
             return [ReadResponseSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
-        qn: int = f.qn  # type: ignore[assignment]
         msn: int = f.msn  # type: ignore[assignment]
-        if f.last:
-            self._rx_msn[qn] = (msn + 1) & _MASK32
-            self._rx_mo[qn] = 0
-            self._rx_ulp[qn] = None
-        else:
-            self._rx_mo[qn] = f.mo + len(view) - f.hlen  # type: ignore[operator]
-            self._rx_ulp[qn] = (f.ulp_ctrl, f.inval_stag)  # type: ignore[assignment]
         if header is None:
             inval = f.inval_stag if op in _INVALIDATE_OPS else None
             return [SendSegment(_SEND_EVENT_OPS[op], msn, f.mo, payload, f.last, inval)]  # type: ignore[arg-type]
@@ -331,36 +323,6 @@ class RdmapStream:
         self.terminate_received = header
         self.recv_state = RecvState.TERMINATED
         return [TerminateReceived(header)]
-
-    def _check_sequence(self, f: DdpFields, chk: Checker) -> None:
-        """Per-queue MSN, MO and RsvdULP continuity (DDP-04, DDP-05, DDP-06)."""
-        qn: int = f.qn  # type: ignore[assignment]
-        expected = self._rx_msn[qn]
-        if f.msn != expected:
-            detail = f"MSN {f.msn} on QN {qn}, expected {expected}"
-            if qn == QueueNumber.TERMINATE:
-                # A Terminate is always delivered (RDMAP-10); a wrong MSN is only noted.
-                chk.note("DDP-05", detail)
-                return
-            chk.fail(DdpError("DDP-05", detail, TERM_DDP_U_MSN_RANGE))
-        if f.mo != self._rx_mo[qn]:
-            chk.fail(
-                DdpError(
-                    "DDP-06",
-                    f"MO {f.mo} for MSN {f.msn} on QN {qn}, expected {self._rx_mo[qn]}",
-                    TERM_DDP_U_INVALID_MO,
-                )
-            )
-        started = self._rx_ulp[qn]
-        if started is not None and started != (f.ulp_ctrl, f.inval_stag):
-            same_op = (started[0] & RDMAP_OPCODE_MASK) == (f.ulp_ctrl & RDMAP_OPCODE_MASK)
-            chk.fail(
-                RdmapError(
-                    "DDP-04",
-                    f"RsvdULP changed within MSN {f.msn} on QN {qn}",
-                    TERM_RDMAP_OP_UNSPECIFIED if same_op else TERM_RDMAP_UNEXPECTED_OPCODE,
-                )
-            )
 
     def _refuse(self, view: memoryview) -> list[RdmapEvent]:
         assert self.error is not None

@@ -208,4 +208,5 @@ def test_stream_fast_path_matches_full_validation(plan: list[tuple[object, list]
                     data[pos] = value
             assert outcome(fast, bytes(data)) == outcome(slow, bytes(data))
             assert fast.recv_state == slow.recv_state and fast.findings == slow.findings
-            assert fast._rx_msn == slow._rx_msn and fast._rx_mo == slow._rx_mo
+            assert fast.sequencer.next_msn == slow.sequencer.next_msn
+            assert fast.sequencer.open_untagged == slow.sequencer.open_untagged

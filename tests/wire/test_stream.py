@@ -97,16 +97,18 @@ def test_ddp_05_msn_starts_at_one_and_counts_per_queue() -> None:
 def test_ddp_05_msn_wraps_to_zero() -> None:
     tx, rx = pair()
     tx._tx_msn[QueueNumber.SEND] = 0xFFFFFFFF
-    rx._rx_msn[QueueNumber.SEND] = 0xFFFFFFFF
+    rx.sequencer.next_msn[QueueNumber.SEND] = 0xFFFFFFFF
     assert [e.msn for e in deliver(tx, rx, Send(b"x"))] == [0xFFFFFFFF]  # type: ignore[attr-defined]
     assert [e.msn for e in deliver(tx, rx, Send(b"y"))] == [0]  # type: ignore[attr-defined]
     assert rx.expected_msn(QueueNumber.SEND) == 1
 
 
 def test_ddp_05_segments_of_one_message_share_the_msn() -> None:
+    """A new MSN while a message waits for its Last segment: that message ended without L
+    (DDP-02, the rule the capture decoder reports too), Terminate MSN out of range."""
     rx = RdmapStream(1442)
     rx.receive_ulpdu(send_segment(1, 0, False, b"abcd"))
-    raises(rx, send_segment(2, 4, True, b"ef"), DdpError, "DDP-05", TERM_DDP_U_MSN_RANGE)
+    raises(rx, send_segment(2, 4, True, b"ef"), DdpError, "DDP-02", TERM_DDP_U_MSN_RANGE)
 
 
 @pytest.mark.parametrize("msn", [0, 2, 7, 0xFFFFFFFF])
@@ -135,8 +137,9 @@ def test_ddp_05_queues_are_sequenced_independently() -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_ddp_06_first_mo_must_be_zero() -> None:
-    raises(RdmapStream(1442), send_segment(1, 4, True), DdpError, "DDP-06", TERM_DDP_U_INVALID_MO)
+def test_ddp_05_ddp_06_first_mo_must_be_zero() -> None:
+    """The first MO is 0 (DDP-05, as the capture decoder reports it); Terminate invalid MO."""
+    raises(RdmapStream(1442), send_segment(1, 4, True), DdpError, "DDP-05", TERM_DDP_U_INVALID_MO)
 
 
 @pytest.mark.parametrize("mo", [0, 3, 5, 100])
