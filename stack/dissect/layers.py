@@ -98,16 +98,15 @@ from stack.constants import (
     TERM_LAYER_NAMES,
     TERM_RSVD_MASK,
     AtomicOpcode,
-    DdpEType,
     MpaFlag,
     Opcode,
     QueueNumber,
-    RdmapEType,
     TermLayer,
     term_name,
 )
 from stack.crc import crc32c
 from stack.errors import DecodeError
+from stack.wire.rdmap import terminate_headers
 
 __all__ = [
     "ATOMIC_OPCODE_DISPLAY",
@@ -866,15 +865,6 @@ def atomic_response_fpdu(req_id: int, orig_value: int, *, msn: int = 1, crc: boo
     return _frame(crc) / DDP_Untagged(msn=msn) / hdr
 
 
-def _fig10_wants_ddp(layer: int, etype: int) -> bool:
-    """Whether Fig. 10 includes the DDP segment length and header (digest §5.4)."""
-    if layer == TermLayer.RDMAP:
-        return etype != RdmapEType.LOCAL_CATASTROPHIC
-    if layer == TermLayer.DDP:
-        return etype != DdpEType.LOCAL_CATASTROPHIC
-    return False  # LLP (MPA) errors and unknown layers
-
-
 def terminate_fpdu(
     layer: int,
     etype: int,
@@ -891,13 +881,15 @@ def terminate_fpdu(
 
     ``offending`` is the FPDU that caused it (bytes or packet, no markers); its
     ULPDU_Length, DDP header and, for a Read Request, 28-byte RDMA header are copied.
-    M/D/R default to RFC 5040 Fig. 10 and digest §8: D = M = a DDP header is copied and
-    the cause is neither LLP nor local catastrophic; R = a Read Request header was copied
-    for an RDMAP remote protection error.  Explicit m/d/r/ddp_seg_len win.
+    M/D/R default to RFC 5040 Fig. 10 (:func:`stack.wire.rdmap.terminate_headers`): D = M
+    = a DDP header is copied and the cause is neither LLP nor local catastrophic; R = a Read
+    Request header was copied for an RDMAP remote protection error.  Explicit
+    m/d/r/ddp_seg_len win.
     """
     hdr: Packet | None = None
     rdma: Packet | None = None
     seg_len = 0
+    opcode: int | None = None
     if offending is not None:
         raw = bytes(offending)
         seg_len = _BE16.unpack_from(raw)[0] if len(raw) >= MPA_LENGTH_LEN else 0
@@ -907,16 +899,18 @@ def terminate_fpdu(
             n = DDP_TAGGED_HDR_LEN if tagged else DDP_UNTAGGED_HDR_LEN
             hdr = DDP(ulpdu[:n]) if len(ulpdu) >= n else conf.raw_layer(ulpdu)
             hdr.remove_payload()
-            opcode = ulpdu[1] & RDMAP_OPCODE_MASK if len(ulpdu) > 1 else None
+            if not tagged and len(ulpdu) > 1:
+                opcode = ulpdu[1] & RDMAP_OPCODE_MASK
             rr = ulpdu[n : n + READ_REQUEST_HDR_LEN]
             if not tagged and opcode == Opcode.RDMA_READ_REQUEST and rr:
                 rdma = RDMAP_ReadRequest(rr) if len(rr) == READ_REQUEST_HDR_LEN else Raw(rr)
+    want_ddp, want_rdma = terminate_headers(layer, etype, opcode)
     if d is None:
-        d = hdr is not None and _fig10_wants_ddp(layer, etype)
+        d = hdr is not None and want_ddp
     if m is None:
         m = d
     if r is None:
-        r = rdma is not None and layer == TermLayer.RDMAP and etype == RdmapEType.REMOTE_PROTECTION
+        r = rdma is not None and want_rdma
     term = RDMAP_Terminate(
         layer=layer,
         etype=etype,

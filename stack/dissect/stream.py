@@ -87,9 +87,7 @@ from stack.constants import (
     TERM_LLP_NO_MATCHING_RTR,
     MpaFlag,
     Opcode,
-    RdmapEType,
     RtrType,
-    TermLayer,
 )
 from stack.crc import crc32c
 
@@ -119,7 +117,15 @@ from stack.wire.events import (
     Terminate,
 )
 from stack.wire.mpa import decode_frame
-from stack.wire.rdmap import Checker, Finding, RdmapHeader, Segment, check_ddp, check_rdmap
+from stack.wire.rdmap import (
+    Checker,
+    Finding,
+    RdmapHeader,
+    Segment,
+    check_ddp,
+    check_rdmap,
+    check_terminate_headers,
+)
 from stack.wire.sequence import MessageSequencer, RequestTracker
 
 __all__ = [
@@ -523,50 +529,13 @@ class _Receiver:
         if op == _OP_TERMINATE:
             self.terminated = True
             if isinstance(header, Terminate):
-                _check_terminate_form(header, out)
+                check_terminate_headers(header, chk)
         elif op == _OP_READ_REQUEST and isinstance(header, ReadRequest):
             self.requests.read_request(header.sink_stag, header.sink_to, header.size)
         elif op == _OP_ATOMIC_REQUEST and isinstance(header, AtomicRequest):
             self.requests.atomic_request(header.req_id)
         elif op == _OP_ATOMIC_RESPONSE and isinstance(header, AtomicResponse):
             peer.requests.atomic_response(header.req_id, chk)
-
-
-def _check_terminate_form(t: Terminate, out: list[Finding]) -> None:
-    """Header inclusion per RFC 5040 Fig. 10 (RDMAP-12, a SHOULD: noted, not fatal)."""
-    layer, etype = t.layer, t.etype
-    if layer == TermLayer.LLP or (
-        layer == TermLayer.RDMAP and etype == RdmapEType.LOCAL_CATASTROPHIC
-    ):
-        if t.d or t.r:
-            out.append(Finding("RDMAP-12", f"{layer}/{etype} Terminate should carry no headers"))
-    elif layer == TermLayer.DDP:
-        if not (t.d and t.m):
-            out.append(Finding("RDMAP-12", "DDP Terminate should carry the DDP header (M, D)"))
-        if t.r:
-            out.append(Finding("RDMAP-12", "DDP Terminate should not carry an RDMA header"))
-    elif layer == TermLayer.RDMAP:
-        copied_op = t.ddp_header[1] & RDMAP_OPCODE_MASK if len(t.ddp_header) > 1 else None
-        if t.r and copied_op is not None and copied_op != Opcode.RDMA_READ_REQUEST:
-            out.append(Finding("RDMAP-12", "R set for a message that is not a Read Request"))
-        if (
-            etype == RdmapEType.REMOTE_PROTECTION
-            and copied_op == Opcode.RDMA_READ_REQUEST
-            and not t.r
-        ):
-            out.append(Finding("RDMAP-12", "Read Request protection error without its header"))
-    if t.d and not t.m:
-        out.append(Finding("RDMAP-11", "D set without M: the segment length is not valid"))
-    if t.d and t.ddp_header and t.m:
-        hlen = len(t.ddp_header)
-        if t.ddp_seg_len < hlen:
-            out.append(
-                Finding(
-                    "RDMAP-11",
-                    f"DDP Segment Length {t.ddp_seg_len} is shorter than the copied "
-                    f"{hlen}-byte DDP header (payload length, as siw sends?)",
-                )
-            )
 
 
 def _plausible_ulpdu(u: memoryview | bytes, rfc7306: bool) -> bool:

@@ -584,15 +584,60 @@ def encode_terminate(t: Terminate) -> bytes:
     return b"".join(parts)
 
 
-def _headers_for(cause: TermCode) -> tuple[bool, bool]:
-    """(copy DDP header with M/D, may copy the RDMA header with R) per Fig. 10 / digest §8."""
-    if cause.layer == TermLayer.RDMAP:
-        if cause.etype == RdmapEType.LOCAL_CATASTROPHIC:
+def terminate_headers(layer: int, etype: int, opcode: int | None) -> tuple[bool, bool]:
+    """Which headers RFC 5040 Fig. 10 puts in a Terminate (§4.8, §7.1; RDMAP-12).
+
+    For a cause ``layer``/``etype`` about a message with ``opcode`` (from its DDP header;
+    None when unknown): ``(ddp, rdma)``, whether the DDP segment length and header are
+    copied (M=D=1) and whether the 28-byte Read Request header is copied (R=1).  DDP-layer
+    and RDMAP remote errors copy the DDP header; local catastrophic errors (either layer)
+    and LLP (MPA) errors copy nothing; only an RDMAP remote protection error about a Read
+    Request copies its RDMA header (Sends and RFC 7306 messages never get R, EXT-11).  The
+    one table behind :func:`build_terminate`, :func:`check_terminate_headers` and the Scapy
+    ``terminate_fpdu``.
+    """
+    if layer == TermLayer.RDMAP:
+        if etype == RdmapEType.LOCAL_CATASTROPHIC:
             return False, False
-        return True, cause.etype == RdmapEType.REMOTE_PROTECTION
-    if cause.layer == TermLayer.DDP:
-        return cause.etype != 0, False  # DDP local catastrophic carries no headers
+        return True, etype == RdmapEType.REMOTE_PROTECTION and opcode == Opcode.RDMA_READ_REQUEST
+    if layer == TermLayer.DDP:
+        return etype != 0, False  # DDP local catastrophic carries no headers
     return False, False  # LLP (MPA) errors and unknown layers
+
+
+def check_terminate_headers(t: Terminate, chk: Checker) -> None:
+    """Note where a received Terminate's headers differ from Fig. 10 (RDMAP-11, RDMAP-12).
+
+    Header inclusion is a SHOULD (RDMAP-12), so these are noted, never fatal.  An RDMAP
+    remote error without the DDP header is not noted (RFC 5040 §7.1 lets a Terminate carry
+    only what is available, and Linux siw omits it for version and opcode errors).
+    """
+    layer, etype = t.layer, t.etype
+    copied_op = t.ddp_header[1] & RDMAP_OPCODE_MASK if len(t.ddp_header) > 1 else None
+    want_ddp, want_rdma = terminate_headers(layer, etype, copied_op)
+    if not want_ddp:
+        if t.d or t.r:
+            chk.note("RDMAP-12", f"{layer}/{etype} Terminate should carry no headers")
+    elif layer == TermLayer.DDP:
+        if not (t.d and t.m):
+            chk.note("RDMAP-12", "DDP Terminate should carry the DDP header (M, D)")
+        if t.r:
+            chk.note("RDMAP-12", "DDP Terminate should not carry an RDMA header")
+    elif layer == TermLayer.RDMAP:
+        if t.r and copied_op is not None and copied_op != Opcode.RDMA_READ_REQUEST:
+            chk.note("RDMAP-12", "R set for a message that is not a Read Request")
+        if want_rdma and not t.r:
+            chk.note("RDMAP-12", "Read Request protection error without its header")
+    if t.d and not t.m:
+        chk.note("RDMAP-11", "D set without M: the segment length is not valid")
+    if t.d and t.ddp_header and t.m:
+        hlen = len(t.ddp_header)
+        if t.ddp_seg_len < hlen:
+            chk.note(
+                "RDMAP-11",
+                f"DDP Segment Length {t.ddp_seg_len} is shorter than the copied "
+                f"{hlen}-byte DDP header (payload length, as siw sends?)",
+            )
 
 
 def build_terminate(
@@ -603,7 +648,7 @@ def build_terminate(
 ) -> Terminate:
     """The Terminate reporting ``cause`` about ``offending_ulpdu`` (RFC 5040 §4.8, §7.1).
 
-    Headers follow Fig. 10 as digested in §5.4/§8: DDP-layer errors (except local
+    Headers follow Fig. 10 (:func:`terminate_headers`): DDP-layer errors (except local
     catastrophic) and RDMAP remote protection/operation errors copy the segment length
     (the offending ULPDU_Length) and its 14- or 18-byte DDP header (M=D=1, chosen by the
     copied T bit); only an RDMAP remote protection error about a Read Request also copies
@@ -613,20 +658,18 @@ def build_terminate(
     message, §7.1 case 1), LLP errors and local catastrophic errors give M=D=R=0.
     """
     cause = TermCode(*cause)
-    copy_ddp, may_copy_rdma = _headers_for(cause)
-    if offending_ulpdu is None or not copy_ddp:
+    if offending_ulpdu is None:
         return Terminate(cause.layer, cause.etype, cause.code)
     view = ddp.byte_view(offending_ulpdu)
-    if len(view) < 1 or len(view) < ddp.header_len_for(view[0]):
+    if len(view) < 2 or len(view) < ddp.header_len_for(view[0]):
         return Terminate(cause.layer, cause.etype, cause.code)
     hlen = ddp.header_len_for(view[0])
+    opcode = None if view[0] & DDP_TAGGED else view[1] & RDMAP_OPCODE_MASK
+    copy_ddp, copy_rdma = terminate_headers(cause.layer, cause.etype, opcode)
+    if not copy_ddp:
+        return Terminate(cause.layer, cause.etype, cause.code)
     rdma_header = b""
-    is_read_request = (
-        not view[0] & DDP_TAGGED
-        and view[1] & RDMAP_OPCODE_MASK == Opcode.RDMA_READ_REQUEST
-        and len(view) >= hlen + READ_REQUEST_HDR_LEN
-    )
-    if may_copy_rdma and is_read_request:
+    if copy_rdma and len(view) >= hlen + READ_REQUEST_HDR_LEN:
         sink_stag, sink_to, size, src_stag, src_to = READ_REQUEST.unpack_from(view, hlen)
         p = max(0, min(read_progress, size))
         rdma_header = READ_REQUEST.pack(
