@@ -17,7 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stack.bench.rdma import (
+from stack.bench import (
     BenchError,
     BenchOptions,
     BenchServer,
