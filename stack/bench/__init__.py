@@ -4,15 +4,14 @@ One concept a module: :mod:`~stack.bench.options` (a run's options, perftest's d
 :mod:`~stack.bench.protocol` (MPA private data and the raw-TCP port),
 :mod:`~stack.bench.results` and :mod:`~stack.bench.report` (figures and tables),
 :mod:`~stack.bench.server` and :mod:`~stack.bench.client` (the two halves),
-:mod:`~stack.bench.baseline` (raw TCP), :mod:`~stack.bench.run` (a run end to end),
-:mod:`~stack.bench.cli` (``iwarp bench write|read|send|atomic|server|idle-qps``) and
-:mod:`~stack.bench.codec` (``iwarp bench codec``).
+:mod:`~stack.bench.baseline` (raw TCP) and :mod:`~stack.bench.run` (a run end to end).
+The commands are modules of their own, not imported here (each also runs with
+``python -m``): :mod:`~stack.bench.cli` (``iwarp bench write|read|send|atomic|server|
+idle-qps``) and :mod:`~stack.bench.codec` (``iwarp bench codec``).
 """
 
 from stack.bench.baseline import raw_bandwidth, raw_latency
-from stack.bench.cli import options_from_args, parse_host_port, register_bench
 from stack.bench.client import Client, ClientQp, measure_bw, measure_lat
-from stack.bench.codec import CodecResult
 from stack.bench.memory import REMOTE_ALL, wait_for_byte
 from stack.bench.options import (
     ALL_SIZES,
@@ -67,7 +66,6 @@ __all__ = [
     "BwResult",
     "Client",
     "ClientQp",
-    "CodecResult",
     "CpuCost",
     "CpuMeter",
     "IdleResult",
@@ -84,14 +82,11 @@ __all__ = [
     "measure_bw",
     "measure_lat",
     "mpa_settings",
-    "options_from_args",
-    "parse_host_port",
     "parse_size",
     "peak_rate",
     "raise_nofile",
     "raw_bandwidth",
     "raw_latency",
-    "register_bench",
     "rss_bytes",
     "run_benchmark",
     "run_idle_qps",

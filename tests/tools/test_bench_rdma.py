@@ -26,11 +26,11 @@ from stack.bench import (
     SessionSpec,
     latency_stats,
     measure_bw,
-    parse_host_port,
     parse_size,
     peak_rate,
     server_for,
 )
+from stack.bench.cli import parse_host_port
 from stack.cli.iwarp import main
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected
