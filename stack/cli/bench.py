@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES = ("stack.bench.codec", "stack.bench.rdma", "stack.peers.perftest")
+BENCH_MODULES = ("stack.bench.codec", "stack.bench.cli", "stack.peers.perftest.cli")
 """The modules whose ``register_bench`` add the benchmarks and perftest-compatible peers."""
 
 

@@ -17,7 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stack.bench.rdma import (
+from stack.bench import (
     BenchError,
     BenchOptions,
     BenchServer,
@@ -26,11 +26,11 @@ from stack.bench.rdma import (
     SessionSpec,
     latency_stats,
     measure_bw,
-    parse_host_port,
     parse_size,
     peak_rate,
     server_for,
 )
+from stack.bench.cli import parse_host_port
 from stack.cli.iwarp import main
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected

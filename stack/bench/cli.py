@@ -1,0 +1,416 @@
+"""``iwarp bench write|read|send|atomic``: perftest-style RDMA benchmarks over the software RNIC.
+
+Modelled on perftest (``ib_write_bw``, ``ib_read_lat``, ...): the same options where they make
+sense (``-s``, ``-a``, ``-n``, ``-D``, ``-q``, ``--post-list``, ``--cq-mod``, ``-t``), the same
+table headers and dashed separators, the same split into a passive server and an active
+client.  By default the client spawns the server half (``iwarp bench server``) on 127.0.0.1
+and drives it; ``--server`` and ``--connect HOST:PORT`` run the halves by hand,
+``--in-process`` runs both in one trio run.  ``iwarp bench idle-qps`` measures the memory
+of idle connected QPs.  Also runnable as ``python -m stack.bench.cli``.
+
+Speed is measured and reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from stack.bench.options import (
+    ALL_SIZES,
+    ATOMIC_SIZE,
+    DEFAULT_CQ_MOD,
+    DEFAULT_IDLE_QPS,
+    DEFAULT_PORT,
+    DEFAULT_TX_DEPTH,
+    TESTS,
+    BenchError,
+    BenchOptions,
+    parse_size,
+)
+from stack.bench.process import raise_nofile
+from stack.bench.report import TEST_NAMES
+from stack.bench.run import run_benchmark, run_idle_qps
+from stack.bench.server import BenchServer, serve_forever
+from stack.cli import CliError, one_line_errors, port_number, trio_run
+from stack.errors import IwarpError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _emss(text: str) -> int:
+    value = _positive_int(text)
+    if not 64 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
+    return value
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT``; the port defaults to perftest's 18515."""
+    host, port = text, DEFAULT_PORT
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise argparse.ArgumentTypeError(f"invalid address {text!r}")
+        host, rest = text[1:end], text[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise argparse.ArgumentTypeError(f"invalid address {text!r}")
+            port = port_number(rest[1:])
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+        port = port_number(port_text)
+    if not host:
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}")
+    return host, port
+
+
+def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: str) -> None:
+    parser.add_argument(
+        "--crc",
+        action=argparse.BooleanOptionalAction,
+        default=crc_default,
+        help=f"MPA CRC32c ({who}; CRC is on when either side asks)",
+    )
+    parser.add_argument(
+        "--markers", action="store_true", help="MPA markers (both directions when both sides ask)"
+    )
+    parser.add_argument(
+        "-m",
+        "--mtu",
+        type=_emss,
+        metavar="EMSS",
+        help="EMSS the MULPDU is derived from (default: the stack's, 1448)",
+    )
+
+
+def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument(
+        "-s",
+        "--size",
+        type=parse_size,
+        help="message size in bytes, K/M suffixes allowed (default 65536; atomic: 8)",
+    )
+    sizes.add_argument("-a", "--all", action="store_true", help="all sizes from 2 to 2^23")
+    count = parser.add_mutually_exclusive_group()
+    count.add_argument(
+        "-n",
+        "--iters",
+        type=_positive_int,
+        help="iterations per size (default 5000 bandwidth / 1000 latency, "
+        "fewer for big messages: about 256 / 64 MiB per size)",
+    )
+    count.add_argument(
+        "-D", "--duration", type=_positive_float, metavar="SECONDS", help="run for SECONDS per size"
+    )
+    parser.add_argument(
+        "-q", "--qps", type=_positive_int, default=1, help="number of QPs (default 1)"
+    )
+    parser.add_argument(
+        "--post-list",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="post N WRs per post_send (default 1)",
+    )
+    parser.add_argument(
+        "--cq-mod",
+        type=_positive_int,
+        metavar="N",
+        help=f"signal every Nth WR (default {DEFAULT_CQ_MOD}, at most the tx depth)",
+    )
+    parser.add_argument(
+        "-t",
+        "--tx-depth",
+        type=_positive_int,
+        default=DEFAULT_TX_DEPTH,
+        help=f"WRs outstanding per QP (default {DEFAULT_TX_DEPTH})",
+    )
+    parser.add_argument(
+        "--rx-depth",
+        type=_positive_int,
+        metavar="N",
+        help="receives the server keeps posted for Sends (default: enough for the size)",
+    )
+    _add_mpa_arguments(parser, True, "requested by the client; default on")
+    parser.add_argument("--lat", action="store_true", help="latency test (perftest's *_lat)")
+    parser.add_argument(
+        "--baseline", action="store_true", help="also run raw trio TCP and print the ratio"
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print the CPU time per message of client and server (perftest --cpu_util)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--server", action="store_true", help="run the server half here (as `iwarp bench server`)"
+    )
+    where.add_argument(
+        "--connect",
+        type=parse_host_port,
+        metavar="HOST[:PORT]",
+        help="run the client half against a server started by hand",
+    )
+    where.add_argument(
+        "--in-process", action="store_true", help="run server and client in this process"
+    )
+    parser.add_argument(
+        "-p",
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"--server: port to listen on (default {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="--server: address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    one_line_errors(parser)
+
+
+def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
+    """Check the combination of arguments; raises CliError with one clear line."""
+    if test == "atomic":
+        if args.all:
+            raise CliError("atomic operations are 8 bytes: -a does not apply")
+        if args.size not in (None, ATOMIC_SIZE):
+            raise CliError(f"atomic operations are 8 bytes: -s {args.size} does not apply")
+        sizes: tuple[int, ...] = (ATOMIC_SIZE,)
+    elif args.all:
+        sizes = ALL_SIZES
+    else:
+        sizes = (args.size or 65536,)
+    tx_depth = args.tx_depth
+    if args.lat:
+        if args.qps != 1:
+            raise CliError("--lat measures one QP: -q must be 1")
+        if args.post_list != 1:
+            raise CliError("--post-list applies to bandwidth tests, not --lat")
+        if args.cq_mod is not None:
+            raise CliError("--cq-mod applies to bandwidth tests, not --lat")
+    if args.post_list > tx_depth:
+        raise CliError(f"--post-list {args.post_list} exceeds the tx depth {tx_depth}")
+    if args.cq_mod is not None and args.cq_mod > tx_depth:
+        raise CliError(f"--cq-mod {args.cq_mod} exceeds the tx depth {tx_depth}")
+    cq_mod = args.cq_mod if args.cq_mod is not None else min(DEFAULT_CQ_MOD, tx_depth)
+    if args.rx_depth is not None and test != "send":
+        raise CliError("--rx-depth applies to the send test")
+    if args.connect is not None:
+        mode, (host, port) = "connect", args.connect
+    elif args.in_process:
+        mode, host, port = "in-process", "127.0.0.1", 0
+    else:
+        mode, host, port = "spawn", "127.0.0.1", 0
+    return BenchOptions(
+        test=test,
+        sizes=sizes,
+        iters=args.iters,
+        duration=args.duration,
+        num_qps=args.qps,
+        post_list=args.post_list,
+        cq_mod=cq_mod,
+        tx_depth=tx_depth,
+        rx_depth=args.rx_depth,
+        crc=args.crc,
+        markers=args.markers,
+        emss=args.mtu,
+        latency=args.lat,
+        baseline=args.baseline,
+        cpu=args.cpu,
+        mode=mode,
+        host=host,
+        port=port,
+        progress=not args.quiet,
+    )
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "-p",
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"iWARP port (default {DEFAULT_PORT}; 0: any)",
+    )
+    _add_mpa_arguments(parser, False, "default off: the client decides")
+    parser.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
+    one_line_errors(parser)
+
+
+def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-q",
+        "--qps",
+        type=_positive_int,
+        default=DEFAULT_IDLE_QPS,
+        help=f"idle QPs to connect (default {DEFAULT_IDLE_QPS})",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--connect",
+        type=parse_host_port,
+        metavar="HOST[:PORT]",
+        help="measure a server started by hand",
+    )
+    where.add_argument(
+        "--in-process", action="store_true", help="server in this process (counts both ends)"
+    )
+    parser.add_argument(
+        "--crc", action=argparse.BooleanOptionalAction, default=True, help="MPA CRC32c (default on)"
+    )
+    parser.add_argument("--markers", action="store_true", help="MPA markers")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--parallel",
+        type=_positive_int,
+        default=32,
+        help="connections set up at a time (default 32)",
+    )
+    one_line_errors(parser)
+
+
+def _fail(prog: str, exc: BaseException) -> int:
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def run_test_command(args: argparse.Namespace) -> int:
+    test = args.bench_test
+    if args.server:
+        server = BenchServer(
+            host=args.host, port=args.port, crc=args.crc, markers=args.markers, emss=args.mtu
+        )
+        return _serve(server, False)
+    opts = options_from_args(args, test)
+    try:
+        trio_run(run_benchmark, opts)
+    except (BenchError, IwarpError, OSError) as exc:
+        return _fail(f"iwarp bench {test}", exc)
+    return 0
+
+
+def run_server_command(args: argparse.Namespace) -> int:
+    server = BenchServer(
+        host=args.host, port=args.port, crc=args.crc, markers=args.markers, emss=args.mtu
+    )
+    return _serve(server, args.exit_on_stdin_eof)
+
+
+def _serve(server: BenchServer, exit_on_stdin_eof: bool) -> int:
+    raise_nofile(1 << 20)
+    try:
+        trio_run(
+            lambda: serve_forever(server, announce=sys.stdout, exit_on_stdin_eof=exit_on_stdin_eof)
+        )
+    except (BenchError, IwarpError, OSError) as exc:
+        return _fail("iwarp bench server", exc)
+    return 0
+
+
+def run_idle_command(args: argparse.Namespace) -> int:
+    count = args.qps
+    fds_per_qp = 2 if args.in_process else 1
+    limit = raise_nofile(count * fds_per_qp + 256)
+    usable = (limit - 256) // fds_per_qp
+    if usable < count:
+        print(
+            f"iwarp bench idle-qps: RLIMIT_NOFILE allows {limit} descriptors: "
+            f"measuring {usable} QPs",
+            file=sys.stderr,
+        )
+        count = max(1, usable)
+    if args.connect is not None:
+        mode, (host, port) = "connect", args.connect
+    else:
+        mode, host, port = ("in-process" if args.in_process else "spawn"), "127.0.0.1", 0
+
+    async def main() -> None:
+        await run_idle_qps(
+            count,
+            mode=mode,
+            host=host,
+            port=port,
+            crc=args.crc,
+            markers=args.markers,
+            parallel=args.parallel,
+            progress=not args.quiet,
+        )
+
+    try:
+        trio_run(main)
+    except (BenchError, IwarpError, OSError) as exc:
+        return _fail("iwarp bench idle-qps", exc)
+    return 0
+
+
+def register_bench(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``write``, ``read``, ``send``, ``atomic``, ``server`` and ``idle-qps``."""
+    for test in TESTS:
+        parser = subparsers.add_parser(
+            test,
+            help=f"{TEST_NAMES[test]} bandwidth or latency (perftest ib_{test}_bw/_lat)",
+            description=f"{TEST_NAMES[test]} benchmark over the software RNIC, perftest style.",
+        )
+        add_test_arguments(parser, test)
+        parser.set_defaults(func=run_test_command, bench_test=test)
+    server = subparsers.add_parser(
+        "server",
+        help="the server half of the RDMA benchmarks",
+        description="Serve `iwarp bench write|read|send|atomic|idle-qps` clients (and raw TCP "
+        "baselines); prints `PORT <iwarp> <raw>`.",
+    )
+    add_server_arguments(server)
+    server.set_defaults(func=run_server_command)
+    idle = subparsers.add_parser(
+        "idle-qps",
+        help="memory of idle connected QPs (server RSS growth per QP)",
+        description="Connect N idle QPs to one server process; report its RSS growth / N.",
+    )
+    add_idle_arguments(idle)
+    idle.set_defaults(func=run_idle_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stack.bench.cli write|read|send|atomic|server|idle-qps ...``."""
+    parser = argparse.ArgumentParser(prog="iwarp bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    sub.required = True
+    register_bench(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"iwarp bench {args.benchmark}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("iwarp bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Options of one benchmark run (:class:`BenchOptions`) and perftest's defaults behind them.
+
+Iteration counts, depths and the port are perftest's (``ib_write_bw`` and friends); a run
+moves at most about ``BW_BYTES_PER_SIZE`` / ``LAT_BYTES_PER_SIZE`` per size unless ``-n``
+says otherwise.  The MPA choices carry the device's IRD/ORD (the RFC 6581 IRD/ORD word,
+ERC-03).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stack.cli import binary_size
+from stack.rnic import Rnic
+from stack.transport.driver import RECEIVE_SIZE
+from stack.wire.events import CrcPolicy, MpaSettings
+
+TESTS = ("write", "read", "send", "atomic")
+DEFAULT_PORT = 18515
+"""perftest's default port."""
+ALL_SIZES = tuple(2**k for k in range(1, 24))
+"""``-a``: 2 bytes to 8 MiB, as perftest."""
+MAX_SIZE = 1 << 30
+ATOMIC_SIZE = 8
+"""Bytes an atomic operation moves (a 64-bit operand, RFC 7306 §4)."""
+DEFAULT_TX_DEPTH = 128
+DEFAULT_CQ_MOD = 100
+DEFAULT_BW_ITERS = 5000
+DEFAULT_LAT_ITERS = 1000
+BW_BYTES_PER_SIZE = 1 << 28
+"""Without ``-n``, a bandwidth run moves at most about this much per size."""
+LAT_BYTES_PER_SIZE = 1 << 26
+MIN_DEFAULT_ITERS = 16
+WARMUP_ITERS = 16
+"""Latency round trips run before recording (both iWARP and raw)."""
+DEFAULT_IDLE_QPS = 1000
+RX_HEADROOM = 64
+DEVICE_MAX_IRD = Rnic().max_ird
+DEVICE_MAX_ORD = Rnic().max_ord
+
+
+class BenchError(Exception):
+    """A benchmark run failed (connection refused, error completion, server died)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """One client run.
+
+    Fields: test (write/read/send/atomic); sizes; iters (None: default per size) or duration
+    (seconds); num_qps; post_list; cq_mod; tx_depth; rx_depth (server receives for Send,
+    None: enough for two full TCP reads of the smallest Sends); crc; markers; emss (None:
+    the stack's default); latency; baseline; cpu (CPU time per message columns); mode
+    ("spawn", "in-process" or "connect");
+    host, port (connect mode); progress (report on stderr).
+    """
+
+    test: str
+    sizes: tuple[int, ...]
+    iters: int | None = None
+    duration: float | None = None
+    num_qps: int = 1
+    post_list: int = 1
+    cq_mod: int = DEFAULT_CQ_MOD
+    tx_depth: int = DEFAULT_TX_DEPTH
+    rx_depth: int | None = None
+    crc: bool = True
+    markers: bool = False
+    emss: int | None = None
+    latency: bool = False
+    baseline: bool = False
+    cpu: bool = False
+    mode: str = "spawn"
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    progress: bool = True
+
+    def iterations_for(self, size: int) -> int:
+        """Iterations for ``size`` (perftest's defaults, fewer for big messages)."""
+        if self.iters is not None:
+            return self.iters
+        if self.latency:
+            return min(DEFAULT_LAT_ITERS, max(MIN_DEFAULT_ITERS, LAT_BYTES_PER_SIZE // size))
+        return min(DEFAULT_BW_ITERS, max(MIN_DEFAULT_ITERS, BW_BYTES_PER_SIZE // size))
+
+    def rx_depth_for(self, size: int) -> int:
+        """Receives the server keeps posted for Sends of ``size`` bytes.
+
+        iWARP has no receiver-not-ready retry: a Send finding no receive is fatal.  The
+        server reposts after each batch of completions, and the driver reads at most
+        RECEIVE_SIZE bytes per batch, so two reads' worth of the smallest FPDUs is enough.
+        """
+        if self.rx_depth is not None:
+            return self.rx_depth
+        fpdu = size + 24  # MPA length + untagged DDP/RDMAP header (18) + CRC
+        return max(512, 2 * RECEIVE_SIZE // fpdu + self.tx_depth + RX_HEADROOM)
+
+    @property
+    def mpa_settings(self) -> MpaSettings:
+        """The client's MPA choices (CRC requested or not, markers towards the client)."""
+        return mpa_settings(self.crc, self.markers, self.emss)
+
+    @property
+    def ord(self) -> int:
+        """Reads and atomics outstanding per QP (perftest's ``-o``): the tx depth, capped."""
+        return min(self.tx_depth, DEVICE_MAX_ORD)
+
+
+def mpa_settings(crc: bool, markers: bool, emss: int | None) -> MpaSettings:
+    """MPA settings with the device's IRD/ORD (the QPs enforce their own).
+
+    ``crc``: request CRC, else offer none (MPA-11); ``markers``: want markers in the FPDUs
+    sent to this end (MPA-09); ``emss``: None leaves the stack's default (MPA-13).
+    """
+    policy = CrcPolicy.REQUEST if crc else CrcPolicy.OFF
+    if emss is None:
+        return MpaSettings(crc=policy, want_markers=markers, ird=DEVICE_MAX_IRD, ord=DEVICE_MAX_ORD)
+    return MpaSettings(
+        crc=policy, want_markers=markers, ird=DEVICE_MAX_IRD, ord=DEVICE_MAX_ORD, emss=emss
+    )
+
+
+def parse_size(text: str) -> int:
+    """``65536``, ``64K``, ``1M``, ``1MiB`` -> bytes (binary suffixes), 1 to MAX_SIZE."""
+    return binary_size(text, MAX_SIZE, unit=" bytes")

@@ -1,0 +1,125 @@
+"""What the benchmark's client and server say besides RDMA: MPA private data and raw TCP.
+
+* The MPA Request's private data (:class:`SessionSpec`, JSON) says which test a QP runs;
+  the Reply's (:class:`Advert`, JSON) advertises the target region and the raw-TCP port
+  (private data is the ULP's, RFC 5044 §7.1).
+* The server's second, raw-TCP port: a 16-byte header (:data:`RAW_HEADER`), then the
+  mode's traffic.  ``RAW_SINK``: the client streams bytes and half-closes; the server
+  answers with the byte count (u64).  ``RAW_REQRESP``: every ``request``-byte request is
+  answered with ``size`` bytes.  ``RAW_STATS``: the server answers with a JSON object
+  (rss, qps, pid, cpu_ns) and closes; ``size`` 1 asks it to collect garbage first.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import trio
+
+from stack.bench.options import MAX_SIZE, TESTS, BenchError
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What a client asks of the server for one QP (the MPA Request's private data, JSON).
+
+    Fields: test (one of TESTS, or "idle": no memory at all); size; latency; rx_depth
+    (receives to keep posted for Sends); pong (the client's region for Write-latency
+    pongs: rkey, tagged offset, length).
+    """
+
+    test: str
+    size: int
+    latency: bool = False
+    rx_depth: int = 0
+    pong: tuple[int, int, int] | None = None
+
+    def encode(self) -> bytes:
+        obj: dict[str, object] = {"t": self.test, "s": self.size}
+        if self.latency:
+            obj["l"] = 1
+        if self.rx_depth:
+            obj["rx"] = self.rx_depth
+        if self.pong is not None:
+            obj["pong"] = list(self.pong)
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> SessionSpec:
+        """Parse private data; raises BenchError on anything malformed."""
+        try:
+            obj = json.loads(data)
+            test, size = obj["t"], obj["s"]
+            latency = bool(obj.get("l", 0))
+            rx_depth = obj.get("rx", 0)
+            pong = obj.get("pong")
+            if test not in (*TESTS, "idle"):
+                raise ValueError(f"unknown test {test!r}")
+            if not isinstance(size, int) or not 0 <= size <= MAX_SIZE:
+                raise ValueError(f"bad size {size!r}")
+            if not isinstance(rx_depth, int) or not 0 <= rx_depth <= 1 << 20:
+                raise ValueError(f"bad rx depth {rx_depth!r}")
+            if pong is not None:
+                if len(pong) != 3 or not all(isinstance(v, int) for v in pong):
+                    raise ValueError("bad pong region")
+                pong = (pong[0], pong[1], pong[2])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BenchError(f"bad session request: {exc}") from None
+        return cls(test, size, latency, rx_depth, pong)
+
+
+@dataclass(frozen=True, slots=True)
+class Advert:
+    """The server's Reply private data: target region (rkey, TO, length) and raw-TCP port."""
+
+    rkey: int
+    addr: int
+    length: int
+    raw_port: int
+
+    def encode(self) -> bytes:
+        obj = {"rkey": self.rkey, "addr": self.addr, "len": self.length, "raw": self.raw_port}
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Advert:
+        try:
+            obj = json.loads(data)
+            return cls(int(obj["rkey"]), int(obj["addr"]), int(obj["len"]), int(obj["raw"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BenchError(f"server sent a malformed advertisement: {exc}") from None
+
+
+RAW_HEADER = struct.Struct(">4sBxxxII")
+"""magic, mode, 3 pad bytes, size, request."""
+RAW_MAGIC = b"IWBR"
+RAW_SINK, RAW_REQRESP, RAW_STATS = 1, 2, 3
+RAW_COUNT = struct.Struct(">Q")
+"""The sink's answer: bytes received (u64)."""
+RAW_REQUEST = 16
+"""Bytes of a raw-TCP baseline request (an RDMA Read Request FPDU is 34 to 38 bytes)."""
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, count: int) -> bytearray:
+    """``count`` bytes from ``stream``; BenchError when it ends first."""
+    buf = bytearray()
+    while len(buf) < count:
+        data = await stream.receive_some(count - len(buf))
+        if not data:
+            raise BenchError("raw TCP peer closed early")
+        buf += data
+    return buf
+
+
+async def open_raw(
+    host: str, port: int, mode: int, size: int = 0, request: int = 0
+) -> trio.SocketStream:
+    """Connect to the server's raw-TCP port and send the header of ``mode``."""
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        raise BenchError(f"cannot reach the raw-TCP port {host}:{port}: {exc}") from None
+    await stream.send_all(RAW_HEADER.pack(RAW_MAGIC, mode, size, request))
+    return stream

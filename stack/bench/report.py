@@ -1,0 +1,186 @@
+"""The benchmark tables, perftest's layout: headers, dashed lines, one row per size.
+
+Column names and spacing are perftest's (``ib_write_bw``, ``ib_read_lat``, ...); a value
+starts under its column name.  ``--baseline`` appends the raw-TCP figure and the ratio,
+``--cpu`` the CPU time per message; ``iwarp bench idle-qps`` has its own table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stack.bench.options import BenchOptions
+from stack.bench.results import BwResult, IdleResult, LatResult
+from stack.wire.events import MpaSettings, Negotiated
+
+RESULT_LINE = "-" * 87
+BW_HEADER = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+LAT_HEADER = (
+    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]"
+    "    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+)
+BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio"
+LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio"
+CPU_HEADER = "   CPU cli/srv[usec/msg]"
+RAW_CPU_HEADER = "   raw CPU cli/srv[usec/msg]"
+BW_COLUMNS = ("#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
+LAT_COLUMNS = (
+    "#bytes",
+    "#iterations",
+    "t_min[usec]",
+    "t_max[usec]",
+    "t_typical[usec]",
+    "t_avg[usec]",
+    "t_stdev[usec]",
+    "99% percentile[usec]",
+    "99.9% percentile[usec]",
+)
+IDLE_HEADER = (
+    " #qps     server RSS before[KiB]   server RSS after[KiB]   per QP[KiB]   client per QP[KiB]"
+)
+IDLE_COLUMNS = (
+    "#qps",
+    "server RSS before[KiB]",
+    "server RSS after[KiB]",
+    "per QP[KiB]",
+    "client per QP[KiB]",
+)
+TRANSPORT = "iWARP (userspace, TCP)"
+TEST_NAMES = {
+    "write": "RDMA_Write",
+    "read": "RDMA_Read",
+    "send": "Send",
+    "atomic": "Atomic FETCH_AND_ADD",
+}
+
+
+def _row(header: str, names: Sequence[str], values: Sequence[str]) -> str:
+    """Place each value under its column name (left-aligned, perftest style)."""
+    line = ""
+    pos = 0
+    for name, value in zip(names, values, strict=True):
+        start = header.index(name, pos)
+        pos = start + len(name)
+        if len(line) >= start:
+            line += " "
+        line = line.ljust(start) + value
+    return line
+
+
+def _extra_header(baseline: bool, cpu: bool) -> str:
+    return (CPU_HEADER if cpu else "") + (RAW_CPU_HEADER if cpu and baseline else "")
+
+
+def bw_header(baseline: bool, cpu: bool = False) -> str:
+    """The bandwidth table's column line (perftest's ``*_bw``, then the extra columns)."""
+    return BW_HEADER + (BW_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
+
+
+def lat_header(baseline: bool, cpu: bool = False) -> str:
+    """The latency table's column line (perftest's ``*_lat``, then the extra columns)."""
+    return LAT_HEADER + (LAT_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
+
+
+def _cpu_columns(
+    result: BwResult | LatResult, baseline: bool, cpu: bool
+) -> tuple[list[str], list[str]]:
+    if not cpu:
+        return [], []
+    names, values = ["CPU cli/srv[usec/msg]"], [str(result.cpu or "-")]
+    if baseline:
+        names.append("raw CPU cli/srv[usec/msg]")
+        values.append(str(result.raw_cpu or "-"))
+    return names, values
+
+
+def format_bw(result: BwResult, baseline: bool, cpu: bool = False) -> str:
+    """One bandwidth row under :func:`bw_header`."""
+    values = [
+        str(result.size),
+        str(result.iterations),
+        f"{result.bw_peak:.2f}",
+        f"{result.bw_average:.2f}",
+        f"{result.msg_rate:.6f}",
+    ]
+    names = list(BW_COLUMNS)
+    if baseline:
+        names += ["raw TCP[MB/sec]", "ratio"]
+        values += [f"{result.raw_bw or 0:.2f}", f"{result.ratio or 0:.2f}"]
+    cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
+    return _row(bw_header(baseline, cpu), names + cpu_names, values + cpu_values)
+
+
+def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
+    """One latency row under :func:`lat_header`."""
+    values = [str(result.size), str(result.iterations)] + [
+        f"{v:.2f}"
+        for v in (
+            result.t_min,
+            result.t_max,
+            result.t_typical,
+            result.t_avg,
+            result.t_stdev,
+            result.p99,
+            result.p999,
+        )
+    ]
+    names = list(LAT_COLUMNS)
+    if baseline:
+        names += ["raw t_typical[usec]", "ratio"]
+        values += [f"{result.raw_typical or 0:.2f}", f"{result.ratio or 0:.2f}"]
+    cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
+    return _row(lat_header(baseline, cpu), names + cpu_names, values + cpu_values)
+
+
+def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
+    """perftest's opening block: test name and the connection's parameters."""
+    kind = "Latency" if opts.latency else "BW"
+    title = f"{TEST_NAMES[opts.test]} {kind} Test"
+
+    def pair(left: str, lval: object, right: str, rval: object) -> str:
+        return f" {left:<16}: {lval!s:<14}{right:<15}: {rval}"
+
+    def one(name: str, value: object) -> str:
+        return f" {name:<16}: {value}"
+
+    markers = f"{'ON' if neg.markers_tx else 'OFF'} (to server), "
+    markers += f"{'ON' if neg.markers_rx else 'OFF'} (to client)"
+    emss = opts.emss if opts.emss is not None else MpaSettings().emss
+    return [
+        RESULT_LINE,
+        title.center(len(RESULT_LINE)).rstrip(),
+        pair("Number of qps", opts.num_qps, "Transport type", TRANSPORT),
+        pair("Connection type", "RC", "Using SRQ", "OFF"),
+        pair("MPA revision", neg.rev, "CRC", "ON" if neg.crc else "OFF"),
+        one("Markers", markers),
+        one("Mtu", f"{emss}[B] (EMSS), MULPDU {neg.mulpdu}[B]"),
+        one("TX depth", 1 if opts.latency else opts.tx_depth),
+        one("Post list", opts.post_list),
+        one("CQ Moderation", 1 if opts.latency else opts.cq_mod),
+        one("Outstand reads", opts.ord if opts.test in ("read", "atomic") else "-"),
+        one("Data ex. method", "MPA private data"),
+        one("Server", layout),
+        RESULT_LINE,
+    ]
+
+
+def format_idle(r: IdleResult, layout: str) -> list[str]:
+    """The idle-QP memory table, opening block included."""
+    lines = [
+        RESULT_LINE,
+        "Idle QP memory".center(len(RESULT_LINE)).rstrip(),
+        f" {'Transport type':<16}: {TRANSPORT}",
+        f" {'Server':<16}: {layout}",
+        f" {'Method':<16}: server RSS growth over {r.qps} idle connected QPs / {r.qps}",
+    ]
+    if r.shared_process:
+        lines.append(f" {'Note':<16}: client and server share one process: both ends counted")
+    values = [
+        str(r.qps),
+        str(r.server_before // 1024),
+        str(r.server_after // 1024),
+        f"{r.per_qp / 1024:.2f}",
+        f"{r.client_per_qp / 1024:.2f}",
+    ]
+    lines += [RESULT_LINE, IDLE_HEADER, _row(IDLE_HEADER, IDLE_COLUMNS, values), RESULT_LINE]
+    return lines

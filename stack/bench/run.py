@@ -1,0 +1,273 @@
+"""Benchmark runs end to end: the server half as asked, the client, the tables.
+
+:func:`run_benchmark` runs one ``iwarp bench write|read|send|atomic``: by default it spawns
+the server half (``iwarp bench server``) on 127.0.0.1 and drives it; ``--connect`` uses a
+server started by hand, ``--in-process`` runs both in one trio run.  ``--cpu``
+(perftest's ``--cpu_util``, per message here) adds the CPU time (user + system) each
+process spent per message, for iWARP and for the baseline: a figure that survives a busy
+machine better than wall-clock rates do.  :func:`run_idle_qps` connects N idle QPs to one
+server process and reports its RSS growth per QP.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TextIO
+
+import trio
+
+import stack
+from stack.bench.baseline import raw_bandwidth, raw_latency
+from stack.bench.client import Client, measure_bw, measure_lat
+from stack.bench.options import WARMUP_ITERS, BenchError, BenchOptions, mpa_settings
+from stack.bench.process import rss_bytes
+from stack.bench.progress import Progress
+from stack.bench.protocol import SessionSpec
+from stack.bench.report import (
+    RESULT_LINE,
+    bw_header,
+    format_bw,
+    format_idle,
+    format_lat,
+    header_block,
+    lat_header,
+)
+from stack.bench.results import BwResult, CpuCost, IdleResult, LatResult
+from stack.bench.server import BenchServer
+from stack.rnic import Rnic
+from stack.transport.cm import ConnectionManager
+
+
+def _project_root() -> str:
+    """The directory holding the ``stack`` package (a checkout, or site-packages)."""
+    return str(Path(stack.__file__).resolve().parent.parent)
+
+
+def server_command(crc: bool, markers: bool, emss: int | None) -> list[str]:
+    """The spawned server half: ``iwarp bench server`` (run as ``python -m stack.cli.iwarp``)."""
+    cmd = [sys.executable, "-m", "stack.cli.iwarp", "bench", "server", "--port", "0"]
+    cmd += ["--host", "127.0.0.1", "--exit-on-stdin-eof", "--crc" if crc else "--no-crc"]
+    if markers:
+        cmd.append("--markers")
+    if emss is not None:
+        cmd += ["--mtu", str(emss)]
+    return cmd
+
+
+@asynccontextmanager
+async def server_for(
+    mode: str, *, host: str, port: int, crc: bool, markers: bool, emss: int | None
+) -> AsyncIterator[tuple[str, int, str]]:
+    """The server half for a run: (host, port, description of the layout)."""
+    if mode == "connect":
+        yield host, port, f"{host}:{port} (run by hand)"
+        return
+    if mode == "in-process":
+        server = BenchServer(crc=crc, markers=markers, emss=emss)
+        async with trio.open_nursery() as nursery:
+            iwarp_port, _raw = await nursery.start(server.run)
+            yield "127.0.0.1", iwarp_port, "in this process"
+            nursery.cancel_scope.cancel()
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
+    proc = await trio.lowlevel.open_process(
+        server_command(crc, markers, emss),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        line = bytearray()
+        with trio.move_on_after(60):
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                if not chunk:
+                    break
+                line += chunk
+        words = line.split()
+        if len(words) != 3 or words[0] != b"PORT":
+            raise BenchError("the server process did not start (see its error above)")
+        yield "127.0.0.1", int(words[1]), f"127.0.0.1:{int(words[1])} (process {proc.pid})"
+    finally:
+        with trio.CancelScope(shield=True):
+            await proc.stdin.aclose()
+            with trio.move_on_after(10):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def run_benchmark(
+    opts: BenchOptions, out: TextIO | None = None, err: TextIO | None = None
+) -> list[BwResult | LatResult]:
+    """Run ``opts`` end to end: tables on ``out`` (stdout), progress on ``err`` (stderr)."""
+    out = out or sys.stdout
+    progress = Progress((err or sys.stderr) if opts.progress else None)
+    results: list[BwResult | LatResult] = []
+    async with server_for(
+        opts.mode,
+        host=opts.host,
+        port=opts.port,
+        crc=opts.crc,
+        markers=opts.markers,
+        emss=opts.emss,
+    ) as (host, port, layout):
+        async with ConnectionManager.open(Rnic("bench-client")) as cm:
+            client = Client(cm, host, port)
+            tx_depth = 1 if opts.latency else opts.tx_depth
+            printed = shared = False
+            for size in opts.sizes:
+                spec = SessionSpec(
+                    opts.test,
+                    size,
+                    opts.latency,
+                    opts.rx_depth_for(size) if opts.test == "send" and not opts.latency else 0,
+                )
+                qps = await client.connect_many(
+                    spec, opts.mpa_settings, opts.num_qps, tx_depth=tx_depth, ord=opts.ord
+                )
+                if not printed:
+                    neg = qps[0].conn.negotiated
+                    assert neg is not None
+                    lines = header_block(opts, neg, layout)
+                    header = lat_header if opts.latency else bw_header
+                    lines.append(header(opts.baseline, opts.cpu))
+                    out.write("\n".join(lines) + "\n")
+                    out.flush()
+                    printed = True
+                    if opts.cpu:
+                        shared = (await client.server_stats())["pid"] == os.getpid()
+                try:
+                    result: BwResult | LatResult
+                    meter = CpuMeter(client, shared) if opts.cpu else None
+                    if meter:
+                        await meter.start()
+                    if opts.latency:
+                        result = await measure_lat(qps[0], opts, size, progress)
+                    else:
+                        result = await measure_bw(qps, opts, size, progress)
+                    if meter:
+                        result = replace(result, cpu=await meter.stop(_messages(result)))
+                finally:
+                    await client.close(qps)
+                if opts.baseline:
+                    meter = CpuMeter(client, shared) if opts.cpu else None
+                    if meter:
+                        await meter.start()
+                    if isinstance(result, LatResult):
+                        count = result.iterations
+                        raw = await raw_latency(host, client.raw_port, opts, size, count)
+                        result = replace(result, raw_typical=raw)
+                    else:
+                        count = result.messages
+                        raw = await raw_bandwidth(host, client.raw_port, opts, size, count)
+                        result = replace(result, raw_bw=raw)
+                    if meter:
+                        result = replace(result, raw_cpu=await meter.stop(_messages(result)))
+                results.append(result)
+                if isinstance(result, LatResult):
+                    out.write(format_lat(result, opts.baseline, opts.cpu) + "\n")
+                else:
+                    out.write(format_bw(result, opts.baseline, opts.cpu) + "\n")
+                out.flush()
+            out.write(RESULT_LINE + "\n")
+            out.flush()
+    return results
+
+
+def _messages(result: BwResult | LatResult) -> int:
+    """Messages (latency: round trips, warm-up included) a CPU measurement covers."""
+    if isinstance(result, LatResult):
+        return result.iterations + WARMUP_ITERS
+    return result.messages
+
+
+class CpuMeter:
+    """CPU time of both processes across one measurement (``--cpu``)."""
+
+    def __init__(self, client: Client, shared: bool) -> None:
+        self.client = client
+        self.shared = shared
+        self._own = 0
+        self._server = 0
+
+    async def _server_ns(self) -> int:
+        return 0 if self.shared else (await self.client.server_stats())["cpu_ns"]
+
+    async def start(self) -> None:
+        self._server = await self._server_ns()
+        self._own = time.process_time_ns()
+
+    async def stop(self, messages: int) -> CpuCost:
+        own = time.process_time_ns() - self._own
+        server = await self._server_ns() - self._server
+        per = 1e-3 / max(messages, 1)
+        return CpuCost(own * per, None if self.shared else server * per)
+
+
+async def run_idle_qps(
+    count: int,
+    *,
+    mode: str,
+    host: str,
+    port: int,
+    crc: bool,
+    markers: bool,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    progress: bool = True,
+    parallel: int = 32,
+) -> IdleResult:
+    """Connect ``count`` idle QPs to one server process and report its RSS growth per QP."""
+    out = out or sys.stdout
+    report = Progress((err or sys.stderr) if progress else None)
+    settings = mpa_settings(crc, markers, None)
+    spec = SessionSpec("idle", 0)
+    async with server_for(mode, host=host, port=port, crc=crc, markers=markers, emss=None) as (
+        host,
+        port,
+        layout,
+    ):
+        async with ConnectionManager.open(Rnic("bench-client")) as cm:
+            client = Client(cm, host, port)
+            # One QP first: the server's lazily built state (imports, caches) is not per QP.
+            warm = await client.connect_many(spec, settings, 1, tx_depth=1, ord=1)
+            await trio.sleep(0.1)
+            before = await client.server_stats(collect=True)
+            gc.collect()
+            client_before = rss_bytes()
+            report.start(f"connecting {count} idle QPs", count)
+            qps = await client.connect_many(
+                spec, settings, count, tx_depth=1, ord=1, parallel=parallel, progress=report
+            )
+            report.finish()
+            await trio.sleep(0.2)  # let the last handshakes' buffers go
+            after = await client.server_stats(collect=True)
+            gc.collect()
+            client_after = rss_bytes()
+            if after["qps"] != count + 1:
+                raise BenchError(f"server reports {after['qps']} QPs, expected {count + 1}")
+            result = IdleResult(
+                count,
+                before["rss"],
+                after["rss"],
+                client_before,
+                client_after,
+                after["pid"] == os.getpid(),
+            )
+            await client.close(warm + qps)
+    for line in format_idle(result, layout):
+        out.write(line + "\n")
+    out.flush()
+    return result

@@ -1,0 +1,262 @@
+"""The passive half of the RDMA benchmarks (``iwarp bench server``): :class:`BenchServer`.
+
+Generic: each QP's MPA Request says what it runs (:class:`~stack.bench.protocol.SessionSpec`).
+The server registers a target region, keeps a receive queue full for Sends (iWARP has no
+receiver-not-ready retry: a Send finding no receive is fatal), answers latency
+ping-pongs, and serves the raw-TCP baselines and statistics on a second port.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from typing import TextIO
+
+import trio
+
+from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte
+from stack.bench.options import DEFAULT_TX_DEPTH, BenchError, mpa_settings
+from stack.bench.process import rss_bytes
+from stack.bench.protocol import (
+    RAW_COUNT,
+    RAW_HEADER,
+    RAW_MAGIC,
+    RAW_REQRESP,
+    RAW_SINK,
+    RAW_STATS,
+    Advert,
+    SessionSpec,
+    receive_exactly,
+)
+from stack.constants import ATOMIC_ALIGNMENT
+from stack.rnic import (
+    Access,
+    CompletionQueue,
+    QpCap,
+    QueuePair,
+    RecvWR,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from stack.rnic.memory import MemoryRegion, ProtectionDomain
+from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
+from stack.transport.driver import RECEIVE_SIZE
+
+
+class BenchServer:
+    """The passive half: accepts QPs as :class:`SessionSpec` asks and serves raw TCP.
+
+    ``crc``: request CRC (otherwise follow the client, which decides); ``markers``: want
+    markers in FPDUs sent to the server.  :meth:`run` listens on ``port`` (0: any) for
+    iWARP and on an ephemeral port for the raw-TCP baselines, and reports both through
+    ``task_status``.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        crc: bool = False,
+        markers: bool = False,
+        emss: int | None = None,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.settings = mpa_settings(crc, markers, emss)
+        self.rnic = Rnic("bench-server")
+        self.pd: ProtectionDomain = self.rnic.alloc_pd()
+        self.port = 0
+        self.raw_port = 0
+        self.active = 0
+        """QPs connected right now."""
+
+    async def run(self, *, task_status: trio.TaskStatus[tuple[int, int]]) -> None:
+        async with ConnectionManager.open(self.rnic) as cm:
+            try:
+                listener = await cm.listen(
+                    self.host, self.requested_port, settings=self.settings, backlog=4096
+                )
+                raw = await trio.open_tcp_listeners(0, host=self.host)
+            except OSError as exc:
+                where = f"{self.host}:{self.requested_port}"
+                raise BenchError(f"cannot listen on {where}: {exc}") from None
+            self.port = listener.port
+            self.raw_port = raw[0].socket.getsockname()[1]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.serve_listeners, self._raw_connection, raw)
+                task_status.started((self.port, self.raw_port))
+                async for request in listener:
+                    nursery.start_soon(self._session, request)
+
+    async def _session(self, request: ConnectRequest) -> None:
+        try:
+            spec = SessionSpec.decode(request.private_data)
+        except BenchError as exc:
+            await request.reject(str(exc).encode()[:200])
+            return
+        depth = max(spec.rx_depth, 1)
+        cq = self.rnic.create_cq(depth + 2 * DEFAULT_TX_DEPTH)
+        qp = self.rnic.create_qp(
+            self.pd,
+            cq,
+            cap=QpCap(max_send_wr=1024, max_recv_wr=depth),
+            ird=self.rnic.max_ird,
+            ord=self.rnic.max_ord,
+        )
+        regions: list[MemoryRegion] = []
+        advert = Advert(0, 0, 0, self.raw_port)
+        target = source = inbox = None
+        if spec.test != "idle":
+            # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
+            target = self.pd.reg_mr(bytearray(spec.size + ATOMIC_ALIGNMENT), REMOTE_ALL)
+            regions.append(target)
+            pad = (-target.addr) % ATOMIC_ALIGNMENT
+            advert = Advert(target.rkey, target.base + pad, spec.size, self.raw_port)
+            if spec.latency and spec.test in ("write", "send"):
+                source = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
+                regions.append(source)
+            if spec.test == "send":
+                inbox = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
+                regions.append(inbox)
+                qp.post_recv([RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))] * depth)
+        try:
+            conn = await request.accept(qp, advert.encode())
+        except ConnectFailed:
+            self.rnic.destroy_qp(qp)
+            return
+        self.active += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                if inbox is not None:
+                    nursery.start_soon(self._serve_sends, qp, cq, inbox, source, spec)
+                elif spec.test == "write" and spec.latency and target is not None:
+                    assert source is not None and spec.pong is not None
+                    nursery.start_soon(self._pong_writes, qp, target, pad, source, spec)
+                await conn.wait_closed()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.active -= 1
+            self.rnic.destroy_qp(qp)
+            for mr in regions:
+                dereg(mr)
+
+    @staticmethod
+    async def _serve_sends(
+        qp: QueuePair,
+        cq: CompletionQueue,
+        inbox: MemoryRegion,
+        source: MemoryRegion | None,
+        spec: SessionSpec,
+    ) -> None:
+        """Keep the receive queue full; in latency mode answer each Send with a Send."""
+        recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
+        echo = None
+        if source is not None:
+            echo = SendWR(
+                0, WrOpcode.SEND, (Sge(source.base, spec.size, source.lkey),), SendFlags.NONE
+            )
+        while True:
+            first = await cq.next()
+            received = 0
+            for wc in [first, *cq.poll(len(cq))]:
+                if wc.status is not WcStatus.SUCCESS:
+                    return
+                received += wc.opcode is WcOpcode.RECV
+            if received:
+                qp.post_recv([recv] * received)
+                if echo is not None:
+                    qp.post_send([echo] * received)
+
+    @staticmethod
+    async def _pong_writes(
+        qp: QueuePair,
+        target: MemoryRegion,
+        pad: int,
+        source: MemoryRegion,
+        spec: SessionSpec,
+    ) -> None:
+        """Write latency: poll the last byte of the target, answer each ping with a Write."""
+        assert spec.pong is not None
+        rkey, to, _length = spec.pong
+        last = pad + spec.size - 1
+        tbuf, sbuf = target.buf, source.buf
+        pong = SendWR(
+            0,
+            WrOpcode.RDMA_WRITE,
+            (Sge(source.base, spec.size, source.lkey),),
+            SendFlags.NONE,
+            rkey=rkey,
+            remote_addr=to,
+        )
+        expected = 1
+        while True:
+            try:
+                await wait_for_byte(tbuf, last, expected, qp)
+            except BenchError:
+                return
+            sbuf[spec.size - 1] = expected
+            qp.post_send(pong)
+            expected = expected % 255 + 1
+
+    async def _raw_connection(self, stream: trio.SocketStream) -> None:
+        """One raw-TCP connection: a baseline or the statistics (:mod:`stack.bench.protocol`)."""
+        try:
+            header = await receive_exactly(stream, RAW_HEADER.size)
+            magic, mode, size, request = RAW_HEADER.unpack(header)
+            if magic != RAW_MAGIC:
+                return
+            if mode == RAW_SINK:
+                total = 0
+                while True:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        break
+                    total += len(data)
+                await stream.send_all(RAW_COUNT.pack(total))
+            elif mode == RAW_REQRESP and request > 0:
+                reply = bytes(size)
+                pending = 0
+                while True:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        break
+                    count, pending = divmod(pending + len(data), request)
+                    for _ in range(count):
+                        await stream.send_all(reply)
+            elif mode == RAW_STATS:
+                if size:  # asked to collect garbage first (memory figures)
+                    gc.collect()
+                stats = {
+                    "rss": rss_bytes(),
+                    "qps": self.active,
+                    "pid": os.getpid(),
+                    "cpu_ns": time.process_time_ns(),
+                }
+                await stream.send_all(json.dumps(stats).encode())
+        except (BenchError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+async def serve_forever(server: BenchServer, *, announce: TextIO, exit_on_stdin_eof: bool) -> None:
+    """Run ``server``; print ``PORT <iwarp> <raw>``; with ``exit_on_stdin_eof``, stop at EOF."""
+    async with trio.open_nursery() as nursery:
+        port, raw_port = await nursery.start(server.run)
+        announce.write(f"PORT {port} {raw_port}\n")
+        announce.flush()
+        if exit_on_stdin_eof:
+            stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+            async with stdin:
+                while await stdin.receive_some(4096):
+                    pass
+            nursery.cancel_scope.cancel()
