@@ -106,6 +106,7 @@ from stack.constants import (
 )
 from stack.crc import crc32c
 from stack.errors import DecodeError
+from stack.wire.framing import mark_fpdu
 from stack.wire.rdmap import terminate_headers
 
 __all__ = [
@@ -972,42 +973,25 @@ def insert_markers(
     ``seq_start_offset`` is the TCP sequence number of the first FPDU byte minus SeqStart
     (mod 2^32); markers go where ``(seq_start_offset + position) % 512 == 0``, a marker
     just before an FPDU gets FPDUPTR 0, the others the distance back to their FPDU's
-    ULPDU_Length.  With ``adjust_crc`` each CRC is recomputed to cover the markers
-    (§2.4) while keeping its error: a CRC that was wrong by some XOR stays wrong by it.
-    Pass ``adjust_crc=False`` for CRC-off streams.
+    ULPDU_Length (:func:`stack.wire.framing.mark_fpdu`, the framer's geometry).  With
+    ``adjust_crc`` each CRC is recomputed to cover the markers (MPA-12) while keeping its
+    error: a CRC that was wrong by some XOR stays wrong by it.  Pass ``adjust_crc=False``
+    for CRC-off streams.
     """
     clean = _as_bytes(fpdus)
     out = bytearray()
-
-    def at_marker() -> bool:
-        return (seq_start_offset + len(out)) % MPA_MARKER_INTERVAL == 0
-
-    def copy(chunk: bytes, fpdu_start: int) -> None:
-        i = 0
-        while i < len(chunk):
-            if at_marker():
-                out.extend(_MARKER.pack(0, (len(out) - fpdu_start) & 0xFFFF))
-            room = MPA_MARKER_INTERVAL - (seq_start_offset + len(out)) % MPA_MARKER_INTERVAL
-            out.extend(chunk[i : i + room])
-            i += room
-
     spans = _fpdu_spans(clean)
     for start, crc_start, end in spans:
         cov_start = len(out)
-        if at_marker():
-            out.extend(_MARKER.pack(0, 0))
-        fpdu_start = len(out)
-        copy(clean[start:crc_start], fpdu_start)
-        crc_bytes = clean[crc_start:end]
-        if crc_bytes and at_marker():
-            out.extend(_MARKER.pack(0, (len(out) - fpdu_start) & 0xFFFF))
-        crc_pos = len(out)
-        copy(crc_bytes, fpdu_start)
-        if adjust_crc and len(crc_bytes) == MPA_CRC_LEN and len(out) - crc_pos == MPA_CRC_LEN:
-            error = _LE32.unpack(crc_bytes)[0] ^ crc32c(clean[start:crc_start])
-            fixed = crc32c(bytes(out[cov_start:crc_pos])) ^ error
-            out[crc_pos:] = _LE32.pack(fixed)
-    copy(clean[spans[-1][2] if spans else 0 :], len(out))  # a tail too short to frame
+        out += mark_fpdu(clean[start:end], seq_start_offset + cov_start)
+        if adjust_crc and end - crc_start == MPA_CRC_LEN:
+            error = _LE32.unpack_from(clean, crc_start)[0] ^ crc32c(clean[start:crc_start])
+            fixed = crc32c(bytes(out[cov_start:-MPA_CRC_LEN])) ^ error
+            out[-MPA_CRC_LEN:] = _LE32.pack(fixed)
+    tail = clean[spans[-1][2] if spans else 0 :]  # too short to hold a length field
+    if tail and (seq_start_offset + len(out)) % MPA_MARKER_INTERVAL == 0:
+        out += _MARKER.pack(0, 0)
+    out += tail
     return bytes(out)
 
 

@@ -116,6 +116,7 @@ from stack.wire.events import (
     ReadRequest,
     Terminate,
 )
+from stack.wire.framing import fpdu_layout, unmarked_body
 from stack.wire.mpa import decode_frame
 from stack.wire.rdmap import (
     Checker,
@@ -304,7 +305,7 @@ _FAST_SEND_OPS = frozenset(_RV | op for op in SEND_OPCODES)
 _FAST_INVALIDATE_OPS = frozenset(_RV | op for op in INVALIDATE_OPCODES)
 _MARKER_UNPACK = struct.Struct(">HH").unpack_from
 _ZEROS = tuple((0,) * k for k in range(64))
-_LAYOUTS: dict[tuple[int, int], tuple[int, int, list[int]]] = {}
+_LAYOUTS: dict[tuple[int, int], tuple[int, int, tuple[int, ...]]] = {}
 """fpdu_layout results by (offset from SeqStart mod 512, ULPDU_Length); never mutated."""
 _TAGGED_UNPACK = ddp.TAGGED_HDR.unpack_from
 _UNTAGGED_UNPACK = ddp.UNTAGGED_HDR.unpack_from
@@ -414,55 +415,6 @@ class SegmentView:
     def to_segment(self) -> Segment:
         """The equivalent :class:`stack.wire.rdmap.Segment`."""
         return Segment(*(getattr(self, name) for name in self.__slots__))
-
-
-# ======================================================================================
-# FPDU layout with markers (RFC 5044 §4.2, §4.3)
-# ======================================================================================
-
-
-def fpdu_layout(rel: int, ulpdu_len: int, markers: bool) -> tuple[int, int, list[int]]:
-    """Where an FPDU's parts fall when its first byte is ``rel`` bytes after SeqStart.
-
-    Returns ``(length_at, wire_len, marker_rels)``: the position of ULPDU_Length relative to
-    the FPDU's first byte (4 when a marker leads it, else 0), the bytes it occupies
-    through the CRC, and the offsets (relative to the FPDU's first byte) of every marker
-    it contains (MPA-07, MPA-08).
-    """
-    body = (ulpdu_len + 5) & ~3
-    if not markers:
-        return 0, body + MPA_CRC_LEN, []
-    lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
-    # positions of body bytes advance past every 512 boundary they meet
-    marks: list[int] = [0] if lead else []
-    pos = rel + lead
-    remaining = body
-    while True:
-        room = MPA_MARKER_INTERVAL - pos % MPA_MARKER_INTERVAL
-        if remaining < room:
-            pos += remaining
-            break
-        pos += room
-        remaining -= room
-        marks.append(pos - rel)
-        pos += MPA_MARKER_LEN
-        if remaining == 0:
-            break  # marker between PAD and CRC
-    return lead, pos - rel + MPA_CRC_LEN, marks
-
-
-def _strip(buf: memoryview, start: int, lead: int, end_body: int, marks: list[int]) -> bytes:
-    """The FPDU body (length field through PAD) with its inner markers cut out."""
-    pieces = []
-    pos = start + lead
-    for m in marks:
-        at = start + m
-        if at < pos:  # the leading marker
-            continue
-        pieces.append(buf[pos:at])
-        pos = at + MPA_MARKER_LEN
-    pieces.append(buf[pos:end_body])
-    return b"".join(pieces)
 
 
 # ======================================================================================
@@ -810,7 +762,7 @@ class _Half:
             crc_field = _LE32.unpack_from(buf, end_body)[0]
             crc_value = crc32c(buf[pos:end_body])
             if marks:
-                body = _strip(buf, pos, lead, end_body, marks)
+                body = unmarked_body(buf, pos, lead, end_body, marks)
                 ulpdu: bytes | memoryview = body[2 : 2 + ulen]
                 pad = body[2 + ulen :]
             else:
@@ -939,7 +891,7 @@ class _Half:
                         odd = True
                         break
                     found.append(ptr)
-                body = _strip(data, pos, lead, end_body, marks)
+                body = unmarked_body(data, pos, lead, end_body, marks)
                 ulpdu: bytes | memoryview = body[2 : 2 + ulen]
                 pad = body[2 + ulen :]
                 pad_len = len(pad)
@@ -1213,7 +1165,7 @@ class _Half:
                     want = 0 if m == 0 and lead else m - lead
                     if reserved or (ptr & MPA_FPDUPTR_MASK) != want:
                         return False
-                body = _strip(buf, pos, lead, end_body, marks)
+                body = unmarked_body(buf, pos, lead, end_body, marks)
                 ulpdu: bytes | memoryview = body[2 : 2 + ulen]
             else:
                 ulpdu = buf[pos + 2 : pos + 2 + ulen]
@@ -1508,7 +1460,7 @@ class _Conn:
         buf: memoryview,
         pos: int,
         lead: int,
-        marks: list[int],
+        marks: tuple[int, ...],
         ulpdu: bytes | memoryview,
         frame: int,
         ts: float,

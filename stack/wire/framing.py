@@ -15,8 +15,9 @@ lands only (a) right before an FPDU (FPDUPTR 0; it belongs to that FPDU and is c
 its CRC), (b) inside the ULPDU/PAD, or (c) between the PAD and the CRC.  With ``r`` the
 offset of the length field modulo 512, the first marker inside an FPDU sits ``512 - r``
 bytes after the length field and the following ones every 508 data bytes.  That closed
-form (:func:`_markers_in`) lets both directions compute an FPDU's wire length up front,
-so the receiver waits for whole FPDUs and never re-parses partial input.
+form (:func:`fpdu_layout`, the one geometry every marker user shares) lets both directions
+compute an FPDU's wire length up front, so the receiver waits for whole FPDUs and never
+re-parses partial input.
 
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
 CRC32c over it once.  With markers no Python object is made per marker or per 508-byte
@@ -60,9 +61,12 @@ __all__ = [
     "FpduDeframer",
     "FpduFramer",
     "RX_ULPDU_SLACK",
+    "fpdu_layout",
     "fpdu_wire_length",
+    "mark_fpdu",
     "mulpdu_for",
     "stream_offset",
+    "unmarked_body",
 ]
 
 RX_ULPDU_SLACK = 512
@@ -100,14 +104,97 @@ _SEPARATORS = tuple(bytearray(3) + table[3:4] for table in _MARKERS)
 _PTR_HIGH = tuple(bytearray(table[2::MPA_MARKER_LEN]) for table in _MARKERS)
 _FPDUPTR_LOW_MASK = MPA_FPDUPTR_MASK & 0xFF
 _PAD_AND_CRC = struct.Struct(f"{3 + MPA_CRC_LEN + 1}x")  # zeroes PAD, CRC slot and slack
+
+
+# ======================================================================================
+# FPDU geometry with markers (RFC 5044 §4.2, §4.3): the one definition
+# ======================================================================================
+
+
+def _lead_and_first(phase: int) -> tuple[int, int]:
+    """For an FPDU whose first byte is ``phase`` (mod 512, a multiple of 4) bytes after
+    SeqStart: the leading marker's length (4 when the FPDU starts on a marker position,
+    FPDUPTR 0, MPA-07) and the distance from the length field to the first inner marker."""
+    lead = 0 if phase else MPA_MARKER_LEN
+    return lead, MPA_MARKER_INTERVAL - (phase + lead)
+
+
+def _marker_count(first: int, body: int) -> int:
+    """Markers inside an FPDU body (length field through PAD) of ``body`` bytes whose first
+    inner marker would be ``first`` bytes after the length field; a marker exactly at the
+    end sits between PAD and CRC and counts (it is covered by the CRC, MPA-12)."""
+    return 0 if body < first else 1 + (body - first) // _MARKER_DATA
+
+
+def fpdu_layout(offset: int, ulpdu_length: int, markers: bool) -> tuple[int, int, tuple[int, ...]]:
+    """Where an FPDU's parts fall when its first byte is ``offset`` bytes after SeqStart.
+
+    Returns ``(lead, wire_len, marks)``: the position of ULPDU_Length relative to the FPDU's
+    first byte (4 when a marker leads it, else 0), the bytes it occupies through the CRC,
+    and the positions (relative to the FPDU's first byte) of every marker it holds, the
+    leading one included (MPA-07).  A marker at position ``m`` carries FPDUPTR
+    ``m - lead``, the leading one 0 (MPA-08).  The framer, the deframer, the capture
+    decoder and the Scapy marker helpers all place markers by this geometry.
+    """
+    body = (MPA_LENGTH_LEN + ulpdu_length + 3) & ~3
+    if not markers:
+        return 0, body + MPA_CRC_LEN, ()
+    lead, first = _lead_and_first(offset % MPA_MARKER_INTERVAL)
+    count = _marker_count(first, body)
+    inner = tuple(lead + first + MPA_MARKER_INTERVAL * k for k in range(count))
+    marks = (0, *inner) if lead else inner
+    return lead, lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN, marks
+
+
+def unmarked_body(
+    buf: Buffer, start: int, lead: int, end_body: int, marks: tuple[int, ...]
+) -> bytes:
+    """The FPDU body at ``buf[start:]`` (length field through PAD) with its markers cut out
+    (MPA-10); ``lead`` and ``marks`` as :func:`fpdu_layout` gives them, ``end_body`` the
+    position of the CRC field in ``buf``."""
+    view = memoryview(buf)
+    pieces = []
+    pos = start + lead
+    for m in marks:
+        at = start + m
+        if at < pos:  # the leading marker
+            continue
+        pieces.append(view[pos:at])
+        pos = at + MPA_MARKER_LEN
+    pieces.append(view[pos:end_body])
+    return b"".join(pieces)
+
+
+def mark_fpdu(fpdu: Buffer, offset: int) -> bytearray:
+    """An unmarked FPDU (length field through CRC) with markers inserted as a sender puts
+    them when its first byte is ``offset`` bytes after SeqStart (MPA-07, MPA-08).
+
+    The CRC field is copied as it is: recompute it over the marked bytes (MPA-12) if it
+    must be valid.  A cut-short FPDU gets the markers that fall before its last byte.
+    """
+    data = bytes(fpdu)
+    ulpdu_length = _U16.unpack_from(data)[0] if len(data) >= MPA_LENGTH_LEN else 0
+    lead, _wire, marks = fpdu_layout(offset, ulpdu_length, True)
+    out = bytearray()
+    pos = 0
+    for m in marks:
+        take = m - len(out)
+        if pos + take >= len(data):
+            break  # no byte follows this marker position
+        out += data[pos : pos + take]
+        pos += take
+        out += _MARKER.pack(0, 0 if (m == 0 and lead) else m - lead)
+    out += data[pos:]
+    return out
+
+
+_MARKER = struct.Struct(">HH")
 # Receive geometry per stream offset mod 512 (index ``offset % 512 >> 2``): leading marker
-# length (4 at a marker position), distance from the length field to the first inner marker,
-# and the _MARKERS entry (0 when there is a leading marker).
+# length, distance from the length field to the first inner marker, and the _MARKERS entry
+# (0 when there is a leading marker).
 _RX_GEOMETRY = tuple(
-    (0, MPA_MARKER_INTERVAL - r, (MPA_MARKER_INTERVAL - r) >> 2)
-    if r
-    else (MPA_MARKER_LEN, _MARKER_DATA, 0)
-    for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN)
+    (lead, first, first >> 2 if lead == 0 else 0)
+    for lead, first in map(_lead_and_first, range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN))
 )
 _STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a ULPDU
 _TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
@@ -134,30 +221,10 @@ def stream_offset(seq: int, seq_start: int) -> int:
     return (seq - seq_start) % _SEQ_MOD
 
 
-def _markers_in(r: int, body: int) -> int:
-    """Markers inside/after an FPDU body of ``body`` bytes whose length field is at ``r``.
-
-    ``r`` is the length field's offset mod 512 (4..508); a marker exactly at the end of
-    the body sits between PAD and CRC and counts (it is covered by the CRC).
-    """
-    first = MPA_MARKER_INTERVAL - r
-    if body < first:
-        return 0
-    return 1 + (body - first) // _MARKER_DATA
-
-
 def fpdu_wire_length(ulpdu_length: int, offset: int = 0, markers: bool = False) -> int:
-    """Bytes an FPDU with this ULPDU_Length occupies on the wire starting at ``offset``.
-
-    Includes a leading marker (when ``offset`` is a marker position) and inner markers.
-    """
-    body = (MPA_LENGTH_LEN + ulpdu_length + 3) & ~3
-    if not markers:
-        return body + MPA_CRC_LEN
-    r = offset % MPA_MARKER_INTERVAL
-    lead = MPA_MARKER_LEN if r == 0 else 0
-    r += lead
-    return lead + body + MPA_MARKER_LEN * _markers_in(r, body) + MPA_CRC_LEN
+    """Bytes an FPDU with this ULPDU_Length occupies on the wire starting at ``offset``
+    (after SeqStart), leading and inner markers included (:func:`fpdu_layout`)."""
+    return fpdu_layout(offset, ulpdu_length, markers)[1]
 
 
 class FpduFramer:
@@ -332,9 +399,9 @@ class FpduFramer:
         )
         geometry = []
         for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN):
-            at = r or MPA_MARKER_LEN
+            lead, first = _lead_and_first(r)  # first: length field -> first inner marker
+            at = r + lead
             start = r  # with a leading marker: stage[0:4], always zero
-            first = MPA_MARKER_INTERVAL - at  # length field -> first inner marker
             mark = at - start + first  # first inner marker in the FPDU
             index = first >> 2
             geometry.append(
@@ -544,7 +611,7 @@ class FpduDeframer:
         if n > self.max_ulpdu:
             raise self._fail(self._length_error(n))
         body = (MPA_LENGTH_LEN + n + 3) & ~3
-        count = 0 if body < first else 1 + (body - first) // _MARKER_DATA
+        count = _marker_count(first, body)
         wire = lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN
         if wire > avail:
             if wire > avail + self._more_len:
