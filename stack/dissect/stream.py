@@ -65,10 +65,6 @@ from stack.constants import (
     MPA_MARKER_LEN,
     MPA_MAX_PRIVATE_DATA,
     MPA_RESERVED_MASK,
-    MPA_REV_1,
-    MPA_REV_2,
-    MPA_REV_RDMAC,
-    MPA_V2_NO_NEGOTIATION,
     MPA_V2_RTR_READ,
     MPA_V2_RTR_SEND,
     MPA_V2_RTR_WRITE,
@@ -117,7 +113,8 @@ from stack.wire.events import (
     Terminate,
 )
 from stack.wire.framing import fpdu_layout, unmarked_body
-from stack.wire.mpa import decode_frame
+from stack.wire.mpa_frames import decode_frame
+from stack.wire.mpa_rules import StartupContext, check_startup_frame
 from stack.wire.rdmap import (
     Checker,
     Finding,
@@ -1307,21 +1304,16 @@ class _Conn:
                     TERM_LLP_INVALID_STARTUP,
                 )
             )
-        if rev not in (MPA_REV_RDMAC, MPA_REV_1, MPA_REV_2):
-            findings.append(Finding("MPA-20", f"unknown MPA revision {rev}"))
-        if flags & MpaFlag.ENHANCED and rev < MPA_REV_2:
-            findings.append(Finding("ERC-01", f"S bit set in a Rev {rev} frame (not enhanced)"))
-        if ird_ord is not None and not ird_ord.p2p and ird_ord.rtr:
-            findings.append(Finding("ERC-07", "RTR bits set without peer-to-peer (A=0)"))
-        if flags & MpaFlag.SIW_GSO:
-            findings.append(Finding("MPA-19", "reserved flag 0x08 set (siw's GSO bit)", None))
+        # the startup rule tables of the MPA engine, run leniently
+        if is_reply:
+            expect = "request" if self.request is None or self.initiator == side else None
+        else:
+            expect = "reply" if self.initiator is not None and self.initiator != side else None
+        chk = Checker(False)
+        chk.findings = findings
+        answered = self.request if is_reply and expect is None else None
+        check_startup_frame(StartupContext(mpa, expect=expect, request=answered), chk)
         if not is_reply:
-            if self.initiator is not None and self.initiator != side:
-                findings.append(
-                    Finding("MPA-26", "MPA Request from both sides (initiator/initiator)")
-                )
-            if mpa.reject:
-                findings.append(Finding("MPA-19", "R set in an MPA Request"))
             if self.request is None:
                 self.initiator = side
                 self.request = mpa
@@ -1337,34 +1329,8 @@ class _Conn:
             half.seq_start = half.base
             return
         # a Reply
-        if self.request is None or self.initiator == side:
-            what = "MPA Reply without a Request from the other side"
-            findings.append(Finding("MPA-18", what, TERM_LLP_INVALID_STARTUP))
-            if self.initiator is None:
-                self.initiator = 1 - side
-        else:
-            req = self.request
-            if req.enhanced != enhanced:
-                findings.append(
-                    Finding("ERC-11", "Reply enhanced format does not follow the Request's S bit")
-                )
-            if req.ird_ord is not None and ird_ord is not None:
-                if req.ird_ord.p2p != ird_ord.p2p:
-                    findings.append(Finding("ERC-08", "Reply does not echo the P2P bit (A)"))
-                if ird_ord.p2p and not ird_ord.rtr and not mpa.reject:
-                    findings.append(Finding("ERC-08", "P2P Reply signals no RTR type"))
-                if (
-                    req.ird_ord.ird != MPA_V2_NO_NEGOTIATION
-                    and ird_ord.ord != MPA_V2_NO_NEGOTIATION
-                    and ird_ord.ord > req.ird_ord.ird
-                    and not mpa.reject
-                ):
-                    findings.append(
-                        Finding(
-                            "ERC-04",
-                            f"responder ORD {ird_ord.ord} exceeds initiator IRD {req.ird_ord.ird}",
-                        )
-                    )
+        if expect is not None and self.initiator is None:
+            self.initiator = 1 - side
         self.reply = mpa
         self.reply_word = word
         self._emit_startup(

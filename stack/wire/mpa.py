@@ -1,10 +1,12 @@
-"""MPA startup frames and the sans-IO MPA connection engine (RFC 5044 §7, RFC 6581).
+"""The sans-IO MPA connection engine: startup, then FPDU framing (RFC 5044 §7, RFC 6581).
 
 Theory of operation
 -------------------
-:func:`encode_frame` / :func:`decode_frame` turn Request/Reply frames into bytes and back
-(MPA-18..21, ERC-02/03).  :class:`MpaConnection` runs one endpoint: the driver feeds TCP
-bytes with :meth:`~MpaConnection.receive_data`, pulls events with
+Frames are encoded and decoded by :mod:`stack.wire.mpa_frames` (re-exported here); the
+startup rules a peer's frame can break are the tables of :mod:`stack.wire.mpa_rules`, which
+this engine runs strictly (the capture decoder runs the same tables leniently), and the
+RFC 6581 negotiation arithmetic is there too.  :class:`MpaConnection` runs one endpoint:
+the driver feeds TCP bytes with :meth:`~MpaConnection.receive_data`, pulls events with
 :meth:`~MpaConnection.next_event` (vocabulary in :mod:`stack.wire.events`), and collects
 outbound bytes with :meth:`~MpaConnection.data_to_send` (h2/aioquic style).  Time is an
 argument: :meth:`~MpaConnection.timer_deadline` says when to call
@@ -28,8 +30,8 @@ Leniency (documented deviations of real peers):
 * A responder that receives bytes after the Request before the ULP has accepted buffers
   them and parses them as FPDUs after accepting (siw drops the connection instead).
 * An initiator accepts FPDUs in the same chunk as the Reply.
-* Bytes after a failed startup are ignored (siw sends a Terminate 2/0/4 after a bad Reply
-  key, digest §10.2 item 7).
+* Bytes after a failed startup are ignored (Linux siw sends a Terminate 2/0/4 after a bad
+  Reply key, though RFC 5044 §7.1.2 only says to close).
 
 A failure after a valid accepting Reply (IRD/ORD or RTR mismatch, a CRC or marker error in
 Full Operation) moves to :attr:`MpaState.ERROR`: nothing more is delivered (MPA-28) but
@@ -40,36 +42,20 @@ Full Operation) moves to :attr:`MpaState.ERROR`: nothing more is delivered (MPA-
 from __future__ import annotations
 
 import enum
-import struct
 from collections import deque
 from collections.abc import Iterable
 
 from stack.constants import (
     DEFAULT_EMSS,
-    MPA_FRAME_HEADER_LEN,
-    MPA_IRD_ORD_LEN,
-    MPA_KEY_LEN,
-    MPA_KEY_REP,
-    MPA_KEY_REQ,
     MPA_MAX_PRIVATE_DATA,
-    MPA_RESERVED_MASK,
     MPA_REV_1,
     MPA_REV_2,
     MPA_REV_RDMAC,
-    MPA_V2_IRD_MASK,
-    MPA_V2_IRD_ORD_MAX,
     MPA_V2_NO_NEGOTIATION,
-    MPA_V2_ORD_MASK,
-    MPA_V2_PEER_TO_PEER,
-    MPA_V2_RTR_READ,
-    MPA_V2_RTR_SEND,
-    MPA_V2_RTR_WRITE,
     TERM_LLP_CONNECTION_LOST,
-    TERM_LLP_INSUFFICIENT_IRD,
     TERM_LLP_INVALID_STARTUP,
     TERM_LLP_LOCAL_CATASTROPHIC,
     TERM_LLP_NO_MATCHING_RTR,
-    MpaFlag,
     RtrType,
     TermCode,
 )
@@ -93,6 +79,19 @@ from stack.wire.events import (
     UlpduReceived,
 )
 from stack.wire.framing import FpduDeframer, FpduFramer, mulpdu_for
+from stack.wire.mpa_frames import (
+    decode_frame,
+    decode_ird_ord,
+    encode_frame,
+    encode_ird_ord,
+)
+from stack.wire.mpa_rules import (
+    StartupContext,
+    check_startup_frame,
+    initiator_rtr,
+    responder_ird_ord,
+)
+from stack.wire.rdmap import Checker, Finding
 
 Buffer = bytes | bytearray | memoryview
 
@@ -105,144 +104,8 @@ __all__ = [
     "encode_ird_ord",
 ]
 
-_U32 = struct.Struct(">I")
-_KNOWN_REVS = (MPA_REV_1, MPA_REV_2)
-_RTR_BITS = (
-    (RtrType.SEND, MPA_V2_RTR_SEND),
-    (RtrType.WRITE, MPA_V2_RTR_WRITE),
-    (RtrType.READ, MPA_V2_RTR_READ),
-)
-_ALL_RTR = RtrType.SEND | RtrType.WRITE | RtrType.READ
-_RTR_ORDER = (RtrType.WRITE, RtrType.READ, RtrType.SEND)
-
-# ======================================================================================
-# Frames (RFC 5044 §7.1.1, RFC 6581 §6, §9)
-# ======================================================================================
-
-
-def encode_ird_ord(value: IrdOrd) -> bytes:
-    """The 4-byte RFC 6581 §9 word: A B IRD(14) | C D ORD(14), network order (ERC-03)."""
-    for name, v in (("IRD", value.ird), ("ORD", value.ord)):
-        if not 0 <= v <= MPA_V2_IRD_ORD_MAX:
-            raise LocalError(f"{name} {v} does not fit in 14 bits (ERC-03)")
-    rtr = RtrType(value.rtr)
-    if rtr & ~_ALL_RTR:
-        raise LocalError(f"unknown RTR bits {rtr!r}")
-    word = (value.ird << 16) | value.ord
-    if value.p2p:
-        word |= MPA_V2_PEER_TO_PEER
-    for kind, bit in _RTR_BITS:
-        if rtr & kind:
-            word |= bit
-    return _U32.pack(word)
-
-
-def decode_ird_ord(data: Buffer) -> IrdOrd:
-    """Parse the RFC 6581 §9 IRD/ORD word (exactly 4 bytes)."""
-    if len(data) != MPA_IRD_ORD_LEN:
-        raise MpaError(
-            "ERC-03",
-            f"IRD/ORD word must be {MPA_IRD_ORD_LEN} bytes, got {len(data)}",
-            TERM_LLP_INVALID_STARTUP,
-        )
-    (word,) = _U32.unpack(bytes(data))
-    rtr = RtrType.NONE
-    for kind, bit in _RTR_BITS:
-        if word & bit:
-            rtr |= kind
-    return IrdOrd(
-        ird=(word & MPA_V2_IRD_MASK) >> 16,
-        ord=word & MPA_V2_ORD_MASK,
-        p2p=bool(word & MPA_V2_PEER_TO_PEER),
-        rtr=rtr,
-    )
-
-
-def _reserved_mask(rev: int) -> int:
-    """Reserved flag bits: 0x0F, plus the S bit (0x10) below Rev 2 (RFC 5044 Res = 0x1F)."""
-    return MPA_RESERVED_MASK if rev >= MPA_REV_2 else MPA_RESERVED_MASK | MpaFlag.ENHANCED
-
-
-def encode_frame(frame: MpaFrame, *, max_private_data: int | None = MPA_MAX_PRIVATE_DATA) -> bytes:
-    """Encode an MPA Request or Reply (RFC 5044 §7.1.1; RFC 6581 §6 when ``ird_ord``).
-
-    ``max_private_data`` limits PD_Length including the IRD/ORD word (MPA-21, ERC-02);
-    ``None`` allows up to 65535 bytes (for building malformed frames in tests).
-    """
-    if not 0 <= frame.rev <= 0xFF:
-        raise LocalError(f"Rev {frame.rev} does not fit in a byte")
-    pd = bytes(frame.private_data)
-    flags = (
-        (MpaFlag.MARKERS if frame.markers else 0)
-        | (MpaFlag.CRC if frame.crc else 0)
-        | (MpaFlag.REJECT if frame.reject else 0)
-        | (frame.reserved & _reserved_mask(frame.rev))
-    )
-    if frame.ird_ord is not None:
-        if frame.rev < MPA_REV_2:
-            raise LocalError(f"the IRD/ORD word needs Rev >= 2, frame has Rev {frame.rev}")
-        flags |= MpaFlag.ENHANCED
-        pd = encode_ird_ord(frame.ird_ord) + pd
-    limit = 0xFFFF if max_private_data is None else max_private_data
-    if len(pd) > limit:
-        raise LocalError(f"private data of {len(pd)} bytes exceeds the limit {limit} (MPA-21)")
-    key = MPA_KEY_REP if frame.reply else MPA_KEY_REQ
-    return key + bytes((flags, frame.rev)) + len(pd).to_bytes(2, "big") + pd
-
-
-def decode_frame(
-    buf: Buffer, *, max_private_data: int = MPA_MAX_PRIVATE_DATA
-) -> tuple[MpaFrame, int] | None:
-    """Decode a Request or Reply at the start of ``buf``.
-
-    Returns ``(frame, bytes consumed)`` or None while the frame is incomplete.  A wrong key
-    is reported as soon as the received prefix cannot start either key (MPA-18).  Raises
-    :class:`MpaError` with Terminate 2/0/4 for a bad key, PD_Length over the limit (MPA-21)
-    or an S bit with no room for the IRD/ORD word (ERC-02).  The R bit is decoded as sent
-    (the engine ignores it in a Request, MPA-19); Rev is not judged here (MPA-20).
-    """
-    have = min(len(buf), MPA_KEY_LEN)
-    prefix = bytes(buf[:have])
-    if prefix != MPA_KEY_REQ[:have] and prefix != MPA_KEY_REP[:have]:
-        raise MpaError("MPA-18", f"invalid MPA key {prefix!r}", TERM_LLP_INVALID_STARTUP)
-    if len(buf) < MPA_FRAME_HEADER_LEN:
-        return None
-    flags = buf[16]
-    rev = buf[17]
-    pd_len = (buf[18] << 8) | buf[19]
-    if pd_len > max_private_data:
-        raise MpaError(
-            "MPA-21",
-            f"PD_Length {pd_len} exceeds the limit {max_private_data}",
-            TERM_LLP_INVALID_STARTUP,
-        )
-    enhanced = rev >= MPA_REV_2 and bool(flags & MpaFlag.ENHANCED)
-    if enhanced and pd_len < MPA_IRD_ORD_LEN:
-        raise MpaError(
-            "ERC-02",
-            f"S bit set but PD_Length {pd_len} leaves no room for the IRD/ORD word",
-            TERM_LLP_INVALID_STARTUP,
-        )
-    end = MPA_FRAME_HEADER_LEN + pd_len
-    if len(buf) < end:
-        return None
-    pd = bytes(buf[MPA_FRAME_HEADER_LEN:end])
-    ird_ord = None
-    if enhanced:
-        ird_ord = decode_ird_ord(pd[:MPA_IRD_ORD_LEN])
-        pd = pd[MPA_IRD_ORD_LEN:]
-    frame = MpaFrame(
-        reply=prefix == MPA_KEY_REP,
-        markers=bool(flags & MpaFlag.MARKERS),
-        crc=bool(flags & MpaFlag.CRC),
-        reject=bool(flags & MpaFlag.REJECT),
-        rev=rev,
-        ird_ord=ird_ord,
-        private_data=pd,
-        reserved=flags & _reserved_mask(rev),
-    )
-    return frame, end
-
+_KNOWN_REVS = frozenset({MPA_REV_1, MPA_REV_2})
+_ANY_REV = frozenset(range(256))
 
 # ======================================================================================
 # The connection engine
@@ -320,6 +183,8 @@ class MpaConnection:
         self.state = MpaState.IDLE
         self.negotiated: Negotiated | None = None
         self.peer_frame: MpaFrame | None = None
+        self.peer_findings: list[Finding] = []
+        """Deviations of the peer's startup frame that are only noted (MPA-19, ERC-01...)."""
         self._local_frame: MpaFrame | None = None
         self._events: deque[MpaEvent] = deque()
         self._out = bytearray()
@@ -418,8 +283,8 @@ class MpaConnection:
         final_ird, final_ord, rtr_used = cap_ird, cap_ord, RtrType.NONE
         peer = request.ird_ord
         if peer is not None:
-            reply_word, final_ird, final_ord, rtr_used = self._responder_ird_ord(
-                peer, cap_ird, cap_ord, supported
+            reply_word, final_ird, final_ord, rtr_used = responder_ird_ord(
+                peer, cap_ird, cap_ord, supported, s.rtr_preference
             )
         frame = MpaFrame(
             reply=True,
@@ -615,25 +480,22 @@ class MpaConnection:
         self._events.append(ConnectionFailed(error, close=False, terminate=None))
 
     def _on_request(self, frame: MpaFrame) -> None:
-        """Validate a Request (MPA-22) and apply the responder's policies."""
+        """Validate a Request (MPA-22) by :data:`~stack.wire.mpa_rules.FRAME_RULES`, then
+        apply the responder's policies (revisions, RFC 6581, CRC)."""
         s = self.settings
-        if frame.reply:
-            self._fail_startup(
-                MpaError(
-                    "MPA-18",
-                    "Reply key received while waiting for a Request",
-                    TERM_LLP_INVALID_STARTUP,
-                )
-            )
-            return
-        if frame.rev not in _KNOWN_REVS:
-            error = MpaError("MPA-20", f"Request has Rev {frame.rev}", TERM_LLP_INVALID_STARTUP)
-            if s.rev_policy is RevPolicy.CLOSE:
+        chk = Checker(strict=False)
+        ctx = StartupContext(frame, expect="request", revisions=_KNOWN_REVS)
+        for row, detail in check_startup_frame(ctx, chk):
+            if not row.fatal:
+                continue
+            error = MpaError(row.rule, detail, row.term)
+            if row.rule != "MPA-20" or s.rev_policy is RevPolicy.CLOSE:
                 self._fail_startup(error)
                 return
             if s.rev_policy is RevPolicy.REJECT:
                 self._auto_reject(frame, error)
                 return
+        self.peer_findings = chk.findings
         if frame.ird_ord is not None and not self._supports_enhanced():
             self._fail_startup(
                 MpaError(
@@ -656,58 +518,18 @@ class MpaConnection:
         self._transition(_Input.REQUEST)
         self._events.append(RequestReceived(frame))
 
-    def _responder_ird_ord(
-        self, peer: IrdOrd, cap_ird: int, cap_ord: int, supported: RtrType
-    ) -> tuple[IrdOrd, int, int, RtrType]:
-        """Responder side of RFC 6581 §9.1-9.2: the Reply word, final IRD/ORD, RTR kind."""
-        # ERC-04/06: our ORD never exceeds the initiator's IRD; 0x3FFF opts out.
-        if peer.ird == MPA_V2_NO_NEGOTIATION or cap_ord == MPA_V2_NO_NEGOTIATION:
-            final_ord, wire_ord = cap_ord, MPA_V2_NO_NEGOTIATION
-        else:
-            final_ord = wire_ord = min(cap_ord, peer.ird)
-        if peer.ord == MPA_V2_NO_NEGOTIATION or cap_ird == MPA_V2_NO_NEGOTIATION:
-            final_ird, wire_ird = cap_ird, MPA_V2_NO_NEGOTIATION
-        else:
-            final_ird = wire_ird = min(cap_ird, peer.ord)
-        rtr_used = RtrType.NONE
-        flags = RtrType.NONE
-        if peer.p2p:
-            if cap_ird < 1:
-                supported &= ~RtrType.READ  # a zero-length Read needs an IRD credit
-            if not supported:
-                raise LocalError("a responder must support at least one RTR type (ERC-08)")
-            offered = RtrType(peer.rtr)
-            for kind in self.settings.rtr_preference:
-                if kind & offered & supported:
-                    rtr_used = RtrType(kind)
-                    break
-            if rtr_used:
-                flags = rtr_used
-            else:  # ERC-08: flag a supported type even though none was offered
-                flags = next(
-                    RtrType(k)
-                    for k in (*self.settings.rtr_preference, *_RTR_ORDER)
-                    if k & supported
-                )
-            if rtr_used is RtrType.READ and final_ird == 0 and wire_ird == 0:
-                final_ird = wire_ird = 1  # §9.1: MAY raise IRD for the Read RTR
-        word = IrdOrd(wire_ird, wire_ord, peer.p2p, flags)
-        return word, final_ird, final_ord, rtr_used
-
     def _on_reply(self, frame: MpaFrame) -> None:
-        """Validate a Reply (MPA-24) and finish negotiation on the initiator side."""
+        """Validate a Reply (MPA-24) by the startup rule tables and finish negotiation on the
+        initiator side (RFC 6581 §9.1-9.2)."""
         s = self.settings
         local = self._local_frame
         assert local is not None
         if not frame.reply:
-            self._fail_startup(
-                MpaError(
-                    "MPA-26",
-                    "Request key received while waiting for a Reply: initiator/initiator",
-                    TERM_LLP_INVALID_STARTUP,
-                )
-            )
-            return
+            ctx = StartupContext(frame, expect="reply")
+            for row, detail in check_startup_frame(ctx, Checker(strict=False)):
+                if row.fatal:
+                    self._fail_startup(MpaError(row.rule, detail, row.term))
+                    return
         if frame.reject:
             self._transition(_Input.REPLY_REJECT)
             self._inbuf.clear()
@@ -721,25 +543,21 @@ class MpaConnection:
                 reason += "; we asked for CRC (C=1), the Reply has C=0"
             self._events.append(Rejected(frame, reason))
             return
-        known = frame.rev in _KNOWN_REVS and frame.rev <= s.rev
-        if not known and s.rev_policy is not RevPolicy.ACCEPT:
-            self._fail_startup(
-                MpaError(
-                    "MPA-20",
-                    f"Reply has Rev {frame.rev} to our Rev {s.rev} Request",
-                    TERM_LLP_INVALID_STARTUP,
-                )
-            )
-            return
-        if (frame.ird_ord is None) != (local.ird_ord is None):
-            self._fail_startup(
-                MpaError(
-                    "ERC-11",
-                    "Reply format does not follow the Request's S bit",
-                    TERM_LLP_INVALID_STARTUP,
-                )
-            )
-            return
+        chk = Checker(strict=False)
+        ctx = StartupContext(
+            frame,
+            expect="reply",
+            request=local,
+            revisions=_KNOWN_REVS if s.rev_policy is not RevPolicy.ACCEPT else _ANY_REV,
+            max_rev=s.rev if s.rev_policy is not RevPolicy.ACCEPT else None,
+        )
+        fatal = [(row, detail) for row, detail in check_startup_frame(ctx, chk) if row.fatal]
+        self.peer_findings = chk.findings
+        # Before Full Operation: a malformed Reply closes TCP (2/0/4, MPA-28).
+        for row, detail in fatal:
+            if row.term == TERM_LLP_INVALID_STARTUP:
+                self._fail_startup(MpaError(row.rule, detail, row.term))
+                return
         # From here the Reply is valid: Full Operation has begun for sending, so a
         # refusal is reported with the Terminate the ULP should send (ERC-04/09/10).
         enhanced = frame.ird_ord is not None
@@ -760,45 +578,19 @@ class MpaConnection:
                 frame,
             )
             return
+        if fatal:
+            row, detail = fatal[0]
+            self._bad_reply(MpaError(row.rule, detail, row.term), row.term, crc, frame)
+            return
         ird, ord_ = s.ird, s.ord
         rtr_used = RtrType.NONE
         peer = frame.ird_ord
         if peer is not None:
             assert local.ird_ord is not None
-            if peer.p2p != local.ird_ord.p2p:
-                self._bad_reply(
-                    MpaError(
-                        "ERC-08",
-                        f"Reply A bit {int(peer.p2p)} does not echo the Request's "
-                        f"{int(local.ird_ord.p2p)}",
-                        TERM_LLP_NO_MATCHING_RTR,
-                    ),
-                    TERM_LLP_NO_MATCHING_RTR,
-                    crc,
-                    frame,
-                )
-                return
-            # ERC-04/06: IRD >= responder ORD (or fail with 2/0/6), ORD <= responder IRD.
-            if (
-                peer.ord != MPA_V2_NO_NEGOTIATION
-                and ird != MPA_V2_NO_NEGOTIATION
-                and peer.ord > ird
-            ):
-                self._bad_reply(
-                    MpaError(
-                        "ERC-04",
-                        f"responder ORD {peer.ord} exceeds our IRD {ird}",
-                        TERM_LLP_INSUFFICIENT_IRD,
-                    ),
-                    TERM_LLP_INSUFFICIENT_IRD,
-                    crc,
-                    frame,
-                )
-                return
             if peer.ird != MPA_V2_NO_NEGOTIATION and ord_ != MPA_V2_NO_NEGOTIATION:
                 ord_ = min(ord_, peer.ird)
             if peer.p2p:
-                rtr_used = self._initiator_rtr(local.ird_ord.rtr, peer, ord_)
+                rtr_used = initiator_rtr(local.ird_ord.rtr, peer, ord_, s.rtr_preference)
                 if not rtr_used:
                     self._bad_reply(
                         MpaError(
@@ -820,16 +612,6 @@ class MpaConnection:
         rest = bytes(self._inbuf)
         self._inbuf.clear()
         self._feed_fpdus(rest)
-
-    def _initiator_rtr(self, offered: RtrType, peer: IrdOrd, ord_: int) -> RtrType:
-        """The one RTR kind flagged by both sides, by our preference (ERC-09)."""
-        common = RtrType(offered) & RtrType(peer.rtr)
-        if ord_ == 0:
-            common &= ~RtrType.READ  # no ORD credit for a zero-length Read RTR
-        for kind in (*self.settings.rtr_preference, *_RTR_ORDER):
-            if kind & common:
-                return RtrType(kind)
-        return RtrType.NONE
 
     def _bad_reply(
         self, error: MpaError, terminate: TermCode | None, crc: bool, frame: MpaFrame
