@@ -95,7 +95,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("EXT", "RFC 7306", "RDMAP extensions: atomic operations and immediate data"),
     Family("SEC", "RFC 5042", "Security of DDP and RDMAP"),
     Family("KBTP", "docs/kbtp.md", "KBTP over iWARP"),
-    Family("TCP", "RFC 9293", "Capture facts (pseudo rules, not requirements)"),
+    Family("TCP", "RFC 9293", "Capture facts: pseudo rules, not requirements"),
 )
 """Every family, in catalog order."""
 

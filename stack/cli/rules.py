@@ -2,7 +2,7 @@
 
 Prints the catalog of :mod:`stack.rules` grouped by document and section, one line per
 rule: ID, level, section(s), text.  Arguments pick rules by ID (``MPA-12``, ``ddp_05``) or
-prefix (``DDP``, ``SEC-1``); ``-v`` adds each rule's Terminate causes; ``--json`` prints a
+prefix (``DDP``, ``SEC``); ``-v`` adds each rule's Terminate causes; ``--json`` prints a
 list of objects, ``--markdown`` the tables of docs/rules.md.  An unknown ID is one error
 line and exit status 2.
 """
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
         "patterns",
         nargs="*",
         metavar="ID-OR-PREFIX",
-        help="rule IDs (MPA-12) or prefixes (DDP, SEC-1); default: every rule",
+        help="rule IDs (MPA-12) or prefixes (DDP, SEC); default: every rule",
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also print each rule's Terminate causes"
@@ -90,7 +90,7 @@ def markdown(rules: tuple[Rule, ...]) -> str:
     """The catalog as Markdown: an introduction, then one table per document."""
     out = [MARKDOWN_INTRO]
     for family, members in groups(rules):
-        out.append(f"\n## {family.doc}: {family.title}\n\n")
+        out.append(f"\n## {family.title} ({family.doc})\n\n")
         out.append("| Rule | Level | Section | Requirement | Terminate |\n")
         out.append("|---|---|---|---|---|\n")
         for r in members:
