@@ -74,9 +74,6 @@ LEVELS = ("MUST", "SHOULD", "MAY")
 """Requirement keywords; a rule's level is one of them or two joined by ``/`` (MPA-23's
 "SHOULD/MUST": the first part SHOULD, the second MUST).  Pseudo rules have level ``NOTE``."""
 
-ID_PATTERN = re.compile(r"[A-Z]+-[0-9]+(?:\.[0-9]+)?")
-"""What a rule ID looks like: ``MPA-12``, ``KBTP-5.1``."""
-
 
 @dataclass(frozen=True, slots=True)
 class Family:
@@ -124,7 +121,7 @@ class Rule:
 
     Fields: ``id``; ``layer`` (the family prefix: MPA, ERC, DDP, RDMAP, EXT, SEC, KBTP,
     TCP); ``level`` (:data:`LEVELS`, ``SHOULD/MUST``-style mixtures, or ``NOTE``);
-    ``text`` (one line); ``refs`` (document sections, the family's document first);
+    ``text`` (one line); ``refs`` (the document sections cited, in citation order);
     ``terminates`` (the Terminate causes a violation is reported with; empty when none is
     sent); ``ulp`` (a requirement on the ULP rather than the stack); ``pseudo`` (a fact,
     not a requirement).
@@ -141,7 +138,8 @@ class Rule:
 
     @property
     def doc(self) -> str:
-        """The document of the first reference (the family's)."""
+        """The document of the first reference (the family's, or for some SEC rules
+        RFC 5040 or RFC 5041)."""
         return self.refs[0].doc
 
     @property

@@ -396,6 +396,8 @@ def test_ddp_13_graceful_close_flushes_queued_messages_and_fails_new_requests() 
 
 
 def test_ddp_13_fin_is_reported_and_later_data_is_an_error() -> None:
+    """The peer's graceful close is reported to the ULP; bytes claimed to arrive after it
+    are refused, never decoded."""
     p = Pair()
     engine = p.b.engine
     engine.receive_data(b"")
@@ -430,10 +432,10 @@ def test_ddp_13_invalid_ddp_header_is_fatal_but_the_terminate_still_goes_out() -
     assert stream.send(stream.terminate_message(info.value, bad))  # transmit still open
     p = Pair()
     p.b.qp.post_recv(RecvWR(7, ()))
-    assert p.a.endpoint is not None
+    assert p.b.endpoint is not None
     p.a.engine.mpa.send_ulpdu(bad)
-    p.b.endpoint.feed(bytes(p.a.engine.data_to_send()))  # type: ignore[union-attr]
-    assert isinstance(p.b.endpoint.error, DdpError)  # type: ignore[union-attr]
+    p.b.endpoint.feed(bytes(p.a.engine.data_to_send()))
+    assert isinstance(p.b.endpoint.error, DdpError)
     assert [(wc.wr_id, wc.status) for wc in p.b.cq.poll()] == [(7, WcStatus.WR_FLUSH_ERR)]
     p.step(p.b, p.a)
     term = p.a.qp.peer_terminate
