@@ -14,6 +14,7 @@ COMMANDS = {
     "rdma-client": "stack.cli.rdmacm",
     "rdma-server": "stack.cli.rdmacm",
     "rping": "stack.cli.rping",
+    "rules": "stack.cli.rules",
     "selfcheck": "stack.cli.selfcheck",
     "siwvm": "stack.cli.siwvm",
 }
