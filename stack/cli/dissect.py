@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from stack.cli import CliError
 from stack.constants import SEND_OPCODES
+from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
 from stack.dissect.pcapio import CaptureError, CaptureReader, TruncatedCapture
 from stack.dissect.report import (
     FilterError,
@@ -32,7 +33,6 @@ from stack.dissect.report import (
     summary_line,
     verbose_lines,
 )
-from stack.dissect.stream import DissectOptions, Dissector, Note, PduRecord
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 

@@ -35,7 +35,7 @@ from stack.constants import (
     TermCode,
     term_name,
 )
-from stack.dissect.stream import Note, PduRecord, StreamInfo
+from stack.dissect.decoder import Note, PduRecord, StreamInfo
 from stack.errors import IwarpError
 from stack.wire.events import (
     AtomicRequest,

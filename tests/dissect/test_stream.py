@@ -1,4 +1,4 @@
-"""Capture stream decoder (stack.dissect.stream): every opcode, negotiation variants, markers
+"""Capture stream decoder (stack.dissect.decoder): every opcode, negotiation variants, markers
 under any segmentation, mid-stream starts, gaps, retransmissions and findings by rule ID.
 
 Captures are synthesized with our encoders and the capture-tap writer (tests/dissect/synth.py);
@@ -23,8 +23,7 @@ from stack.constants import (
     RtrType,
 )
 from stack.crc import crc_field
-from stack.dissect.pcapio import CaptureReader, read_tcp_segments
-from stack.dissect.stream import (
+from stack.dissect.decoder import (
     DissectOptions,
     Dissector,
     Note,
@@ -33,6 +32,7 @@ from stack.dissect.stream import (
     dissect,
     fpdu_layout,
 )
+from stack.dissect.pcapio import CaptureReader, read_tcp_segments
 from stack.errors import IwarpError
 from stack.transport.pcap import Direction, PcapWriter
 from stack.wire.events import (
@@ -781,6 +781,6 @@ def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch, markers: b
         return out + [repr(info) for info in d.streams()]  # per-direction counters too
 
     fast = records()
-    monkeypatch.setattr("stack.dissect.stream._Half.bulk", False)
+    monkeypatch.setattr("stack.dissect.decoder.walker.DirectionDecoder.bulk", False)
     assert records() == fast
     assert any("MPA-12" in r["findings"] for r in fast if isinstance(r, dict))

@@ -27,8 +27,8 @@ from stack.constants import (
     TERM_RDMAP_UNEXPECTED_OPCODE,
     RtrType,
 )
+from stack.dissect.decoder import DissectOptions
 from stack.dissect.pcapio import read_tcp_segments
-from stack.dissect.stream import DissectOptions
 from stack.interop.tshark import (
     TSHARK,
     compare,

@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from stack.constants import Opcode, RtrType
-from stack.dissect.stream import SegmentView
+from stack.dissect.decoder import SegmentView
 from stack.interop.helpers import Decode
 from stack.interop.peers import (
     IWARP_ACTIVE,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import pytest
 
 from stack.constants import DDP_UNTAGGED_HDR_LEN, TERM_LLP_NO_MATCHING_RTR, Opcode, RtrType
-from stack.dissect.stream import PduRecord
+from stack.dissect.decoder import PduRecord
 from stack.interop.helpers import Decode, dissect, tshark_cross_check
 from stack.interop.peers import (
     GUEST_MSS,

@@ -1,0 +1,157 @@
+"""The dissector: TCP segments in, PDU records and notes out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from stack.dissect.decoder.common import _TCP_SPECIAL
+from stack.dissect.decoder.connection import ConnectionDecoder
+from stack.dissect.decoder.records import DissectOptions, Note, PduRecord, StreamInfo
+from stack.dissect.decoder.walker import DirectionDecoder
+from stack.dissect.pcapio import TcpSegment
+from stack.dissect.tcp import (
+    Connection,
+    HalfStream,
+    TcpReassembler,
+)
+
+# ======================================================================================
+# The dissector
+# ======================================================================================
+
+Output = PduRecord | Note
+_Route = tuple[HalfStream, HalfStream, "ConnectionDecoder", "DirectionDecoder"]
+"""(sender's TCP half, the other TCP half, MPA connection, sender's MPA half)."""
+
+
+def _frame_of(item: Output) -> int:
+    return item.frame
+
+
+class Dissector:
+    """Feed TCP segments in capture order; collect :class:`PduRecord` and :class:`Note`.
+
+    ``feed(segment)`` returns the records completed by that segment; ``finish()``
+    flushes the reassembly and returns what the end of the capture completes.
+    ``streams()`` lists :class:`StreamInfo` of every connection seen.
+    """
+
+    def __init__(self, options: DissectOptions | None = None) -> None:
+        self.options = options or DissectOptions()
+        self.tcp = TcpReassembler()
+        self._routes: dict[
+            tuple[str, int, str, int],
+            tuple[HalfStream, HalfStream, ConnectionDecoder, DirectionDecoder],
+        ] = {}
+        self._conns: dict[int, ConnectionDecoder] = {}
+        self._out: list[Output] = []
+        self.searching: set[DirectionDecoder] = set()
+        self._held = False
+        self.last_frame = 0
+        self.last_ts = 0.0
+
+    def _emit(self, item: Output) -> None:
+        self._out.append(item)
+
+    def _conn(self, tcp_conn: Connection) -> ConnectionDecoder:
+        conn = tcp_conn.user
+        if conn is None:
+            conn = self._conns[tcp_conn.stream] = ConnectionDecoder(self, tcp_conn)
+            tcp_conn.user = conn
+        assert isinstance(conn, ConnectionDecoder)
+        return conn
+
+    def feed(self, segment: TcpSegment) -> list[Output]:
+        frame = self.last_frame = segment.frame
+        ts = self.last_ts = segment.timestamp
+        flags = segment.flags
+        if not flags & _TCP_SPECIAL and not segment.missing:
+            # bulk path: the next in-order bytes of a known connection, straight to MPA
+            # (the same steps as TcpReassembler.feed's fast path, without event objects)
+            route = self._routes.get((segment.src, segment.sport, segment.dst, segment.dport))
+            if route is not None:
+                half, other, conn, mpa_half = route
+                base_seq = half.base_seq
+                if (
+                    base_seq is not None
+                    and half.fin_offset is None
+                    and not half._pending
+                    and not other._pending
+                ):
+                    nxt = half.next_offset
+                    if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
+                        payload = segment.payload
+                        size = len(payload)
+                        if size:
+                            half.next_offset = nxt + size
+                            half.delivered_bytes += size
+                            half._recent.append((nxt, payload))
+                            if frame > conn.last_frame:
+                                conn.last_frame = frame
+                            if mpa_half.mode == "fpdu" and not mpa_half.chunks and mpa_half.bulk:
+                                mpa_half.walk_plain(payload, nxt, frame, ts)
+                            else:
+                                mpa_half.push(payload, nxt, frame, ts)
+                            out = self._out
+                            if not out:
+                                return []
+                            if self.searching:
+                                self._held = True
+                                return []
+                            return self._release()
+                        return []
+        tcp_conn, side, events = self.tcp.feed(segment)
+        conn = tcp_conn.user or self._conn(tcp_conn)
+        assert isinstance(conn, ConnectionDecoder)
+        # the route the bulk path takes for this direction from now on
+        self._routes[(segment.src, segment.sport, segment.dst, segment.dport)] = (
+            tcp_conn.halves[side],
+            tcp_conn.halves[1 - side],
+            conn,
+            conn.halves[side],
+        )
+        if events:
+            conn.events(side, events, segment.timestamp)
+        deferred = self.tcp.deferred
+        if deferred:
+            for other_conn, other_side, other_events in deferred:
+                self._conn(other_conn).events(other_side, other_events, ts)
+            deferred.clear()
+        out = self._out
+        if not out:
+            return []
+        if self.searching:  # a direction is still looking for FPDUs: hold the output
+            self._held = True
+            return []
+        return self._release()
+
+    def _release(self) -> list[Output]:
+        items = self._out[:]
+        self._out.clear()
+        if self._held:  # held output from several directions: back into capture order
+            self._held = False
+            items.sort(key=_frame_of)
+        return items
+
+    def finish(self) -> list[Output]:
+        for tcp_conn, side, events in self.tcp.flush(self.last_frame):
+            self._conn(tcp_conn).events(side, events, self.last_ts)
+        for conn in self._conns.values():
+            conn.finish(self.last_frame)
+        self.searching.clear()
+        return self._release()
+
+    def streams(self) -> list[StreamInfo]:
+        return [self._conns[k].info for k in sorted(self._conns)]
+
+
+def dissect(
+    segments: Iterable[TcpSegment], options: DissectOptions | None = None
+) -> Iterator[Output]:
+    """Decode TCP segments into records and notes, in capture order."""
+    dissector = Dissector(options)
+    for segment in segments:
+        out = dissector.feed(segment)
+        if out:
+            yield from out
+    yield from dissector.finish()

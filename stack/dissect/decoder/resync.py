@@ -1,0 +1,239 @@
+"""Mid-stream resynchronisation: finding FPDU boundaries without the stream start."""
+
+from __future__ import annotations
+
+import struct
+
+from stack.constants import (
+    DDP_UNTAGGED_HDR_LEN,
+    MPA_CRC_LEN,
+    MPA_FPDUPTR_MASK,
+    MPA_MARKER_INTERVAL,
+    MPA_MARKER_LEN,
+)
+from stack.crc import crc32c
+from stack.dissect.decoder.checks import _plausible_ulpdu
+from stack.dissect.decoder.common import (
+    _LE32,
+    _MIN_ULPDU,
+    _SEARCH_GIVE_UP,
+    _SEARCH_MIN_FPDUS,
+    _SEARCH_SPAN,
+)
+from stack.wire.framing import fpdu_layout, unmarked_body
+
+
+class Resync:
+    """Mid-stream synchronisation of a :class:`~stack.dissect.decoder.walker.DirectionDecoder`:
+    finding FPDU boundaries when the capture starts mid-connection or a TCP gap lost them
+    (the ``search`` mode)."""
+
+    def _next_plausible(self, buf: memoryview, pos: int) -> bool:
+        """Whether an FPDU plausibly starts at ``pos`` (True when the bytes are not there)."""
+        if self.markers and (self.base + pos - self.seq_start) % MPA_MARKER_INTERVAL == 0:
+            pos += MPA_MARKER_LEN
+        if pos + 2 + _MIN_ULPDU > len(buf):
+            return True
+        ulen = (buf[pos] << 8) | buf[pos + 1]
+        return ulen >= _MIN_ULPDU and _plausible_ulpdu(
+            buf[pos + 2 : pos + 2 + min(ulen, DDP_UNTAGGED_HDR_LEN)], self.conn.opts.rfc7306
+        )
+
+    def _lose_sync(self) -> None:
+        self.mode = "search"
+        self.searched = 0
+        self.seq.forget()
+        self.need = 1
+        # skip the bad start itself
+        self._consume(min(self.buffered, 4 if self.aligned else 1))
+
+    # ---- mid-stream search ----------------------------------------------------------
+    def _settings(self) -> list[tuple[bool, bool]]:
+        opts = self.conn.opts
+        crcs = (
+            [self.crc]
+            if self.crc is not None
+            else ([opts.crc] if opts.crc is not None else [True, False])
+        )
+        stated = self.conn.stated_markers(self.side)
+        if self.markers is not None:
+            marks = [self.markers]
+        elif stated is not None:
+            marks = [stated]
+        else:
+            marks = [True, False]
+        return [(c, m) for c in crcs for m in marks]  # CRC-verified and marked chains first
+
+    def _search(self, final: bool) -> bool:
+        searching = self.conn.dissector.searching
+        searching.discard(self)
+        buf = self._joined()
+        n = len(buf)
+        best: tuple[int, bool, bool, int] | None = None  # start, crc, markers, seq_start
+        decided = final or n >= _SEARCH_GIVE_UP
+        for crc_on, markers in self._settings():
+            found = self._search_one(buf, crc_on, markers, decided)
+            if found is None:
+                continue
+            if found == "wait":
+                self.need = n + 1
+                searching.add(self)  # output waits, so that it stays in capture order
+                return False
+            assert not isinstance(found, str)
+            best = (found[0], crc_on, markers, found[1])
+            break
+        if best is not None:
+            start, crc_on, markers, seq_start = best
+            skipped = start
+            self._consume(start)
+            self.crc = crc_on
+            self.markers = markers
+            self.seq_start = seq_start
+            self.aligned = True
+            self.info.crc = crc_on
+            self.info.markers = markers
+            if self.info.seq_start is None:
+                self.info.seq_start = seq_start
+            self.mode = "fpdu"
+            self.info.undecoded_bytes += skipped
+            self.conn.note(
+                self.side,
+                self._frame_at(self.base + 1)[0],
+                "resync",
+                f"FPDU chain found at offset {self.base} after {skipped} skipped bytes "
+                f"(CRC {'on' if crc_on else 'off'}, markers {'on' if markers else 'off'})",
+                self.base,
+            )
+            return True
+        if final or n >= _SEARCH_GIVE_UP:
+            if self.conn.ever_synced(self.side):
+                self.info.undecoded_bytes += n
+                self._drop_all()
+                return False
+            self.conn.not_iwarp(self, "no consistent chain of FPDUs found")
+            return False
+        self.need = n + 1
+        searching.add(self)
+        return False
+
+    def _search_one(
+        self, buf: memoryview, crc_on: bool, markers: bool, final: bool
+    ) -> tuple[int, int] | str | None:
+        """Earliest consistent chain start under one setting; 'wait' if undecided."""
+        n = len(buf)
+        base = self.base
+        final = final or n >= _SEARCH_GIVE_UP
+        # What earlier passes over the same bytes ruled out (the bytes never change while
+        # searching): dead marker phases, and the first start not yet ruled out.  Keeps the
+        # search linear in the data however it arrives.
+        if self._scan_base != base:
+            self._scan_base = base
+            self._scan.clear()
+        if markers:
+            if self.aligned:
+                phases = [(self.seq_start - base) % MPA_MARKER_INTERVAL]
+            else:
+                phases = list(range(min(MPA_MARKER_INTERVAL, n)))
+            dead = self._scan.setdefault((crc_on, True), set())
+            assert isinstance(dead, set)
+            waiting = False
+            best: tuple[int, int] | None = None
+            for phase in phases:
+                if phase in dead:
+                    continue
+                res = self._try_phase(buf, phase, crc_on, final)
+                if res is None:
+                    dead.add(phase)
+                elif res == "wait":
+                    waiting = True
+                elif isinstance(res, int):
+                    # the markers only point at FPDUs they sit in: look for an earlier start
+                    for start in range(phase % 4, res, 4):
+                        if self._chain(buf, start, crc_on, True, phase, final) is True:
+                            res = start
+                            break
+                    if best is None or res < best[0]:
+                        best = (res, base + phase)
+            if best is not None:
+                return best
+            return "wait" if waiting else None
+        step = 4 if self.aligned else 1
+        first = (self.seq_start - base) % 4 if self.aligned else 0
+        resume = self._scan.get((crc_on, False), first)
+        assert isinstance(resume, int)
+        for start in range(resume, max(resume, n - 7), step):
+            res = self._chain(buf, start, crc_on, False, 0, final)
+            if res == "wait":
+                self._scan[(crc_on, False)] = start
+                return "wait"
+            if res:
+                return start, base + start
+        self._scan[(crc_on, False)] = max(resume, n - 7 - (n - 7 - resume) % step)
+        return "wait" if n < _SEARCH_GIVE_UP and not final else None
+
+    def _try_phase(
+        self, buf: memoryview, phase: int, crc_on: bool, final: bool
+    ) -> int | None | str:
+        """A marker phase: the first FPDU start its markers point to, if its chain holds."""
+        n = len(buf)
+        pos = phase
+        count = 0
+        while pos + MPA_MARKER_LEN <= n:
+            reserved, ptr = struct.unpack_from(">HH", buf, pos)
+            if reserved or ptr & 3:
+                return None
+            count += 1
+            start = pos - ptr
+            if ptr and (start - phase) % MPA_MARKER_INTERVAL == MPA_MARKER_LEN:
+                start -= MPA_MARKER_LEN  # the FPDU opens with a marker (FPDUPTR 0)
+            if start >= 0:
+                res = self._chain(buf, start, crc_on, True, phase, final)
+                if res == "wait":
+                    return "wait"
+                return start if res else None
+            pos += MPA_MARKER_INTERVAL
+        return None if final else "wait"
+
+    def _chain(
+        self, buf: memoryview, start: int, crc_on: bool, markers: bool, phase: int, final: bool
+    ) -> bool | str:
+        """Whether a consistent FPDU chain begins at ``start`` (phase: a marker position)."""
+        n = len(buf)
+        pos = start
+        count = 0
+        rfc7306 = self.conn.opts.rfc7306
+        while True:
+            rel = (pos - phase) % MPA_MARKER_INTERVAL if markers else 1
+            lead = MPA_MARKER_LEN if markers and rel == 0 else 0
+            if pos + lead + 2 > n:
+                break
+            ulen = (buf[pos + lead] << 8) | buf[pos + lead + 1]
+            if ulen < _MIN_ULPDU:
+                return False
+            lead, wire, marks = fpdu_layout(rel, ulen, markers)
+            if pos + wire > n:
+                break
+            end_body = pos + wire - MPA_CRC_LEN
+            if markers:
+                for m in marks:
+                    at = pos + m
+                    reserved, ptr = struct.unpack_from(">HH", buf, at)
+                    want = 0 if m == 0 and lead else m - lead
+                    if reserved or (ptr & MPA_FPDUPTR_MASK) != want:
+                        return False
+                body = unmarked_body(buf, pos, lead, end_body, marks)
+                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
+            else:
+                ulpdu = buf[pos + 2 : pos + 2 + ulen]
+            if not _plausible_ulpdu(ulpdu, rfc7306):
+                return False
+            if crc_on:
+                if crc32c(buf[pos:end_body]) != _LE32.unpack_from(buf, end_body)[0]:
+                    return False
+            count += 1
+            pos += wire
+            if count >= _SEARCH_MIN_FPDUS and pos - start >= _SEARCH_SPAN:
+                return True
+        if final or n >= _SEARCH_GIVE_UP:
+            return count >= (1 if crc_on else 2) or (count >= 1 and pos == n)
+        return "wait"

@@ -1,0 +1,493 @@
+"""One direction of a connection: startup frame, then FPDUs (the per-direction walker)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from stack.constants import (
+    MPA_CRC_LEN,
+    MPA_FRAME_HEADER_LEN,
+    MPA_KEY_LEN,
+    MPA_KEY_REP,
+    MPA_KEY_REQ,
+    MPA_MARKER_INTERVAL,
+    MPA_MARKER_LEN,
+    MULPDU_MAX,
+)
+from stack.crc import crc32c
+
+try:  # the C function itself, without stack.crc's wrapper call, on the bulk path
+    from crc32c import crc32c as _crc32c
+except ImportError:  # pragma: no cover - crcmod backend
+    _crc32c = crc32c
+from stack.dissect.decoder.checks import DirectionChecks, _plausible_ulpdu
+from stack.dissect.decoder.common import _LAYOUTS, _LE32, _MARKER_UNPACK, _MPA_HDR, _ZEROS
+from stack.dissect.decoder.records import DirectionInfo, PduRecord, SegmentView
+from stack.dissect.decoder.resync import Resync
+from stack.errors import ProtocolError
+from stack.wire.framing import fpdu_layout, unmarked_body
+from stack.wire.rdmap import (
+    Finding,
+)
+
+if TYPE_CHECKING:
+    from stack.dissect.decoder.connection import ConnectionDecoder
+
+
+# ======================================================================================
+# Per-direction decoder
+# ======================================================================================
+
+
+class DirectionDecoder(Resync):
+    """One direction's byte stream: startup frame, then FPDUs (see module docstring)."""
+
+    bulk = True
+    """Use :meth:`walk_plain` in Full Operation (tests turn it off to compare both paths)."""
+
+    def __init__(self, conn: ConnectionDecoder, side: int) -> None:
+        self.conn = conn
+        self.side = side
+        self.mode = "start"
+        self.chunks: list[memoryview | bytes] = []
+        self.buffered = 0
+        self.need = MPA_KEY_LEN
+        self.base = 0  # stream offset of the first buffered byte
+        self.ends: deque[tuple[int, int, float]] = deque()  # (end offset, frame, ts)
+        self.crc: bool | None = None
+        self.markers: bool | None = None
+        self.seq_start = 0
+        self.aligned = False  # FPDU starts are known to be 4-aligned to seq_start
+        self.seq = DirectionChecks(known=False)  # True once Full Operation starts in view
+        self.searched = 0
+        self._scan_base = -1
+        self._bulk: tuple | None = None  # walk_plain's per-direction constants
+        self._scan: dict[tuple[bool, bool], set[int] | int] = {}
+        self.sent_request = False
+        self.info = DirectionInfo()
+
+    # ---- buffering ------------------------------------------------------------------
+    def push(self, data: memoryview | bytes, offset: int, frame: int, ts: float) -> None:
+        if not self.chunks:
+            self.base = offset
+        self.chunks.append(data)
+        self.buffered += len(data)
+        self.ends.append((offset + len(data), frame, ts))
+        if self.mode == "dead":
+            self.info.undecoded_bytes += len(data)
+            self._drop_all()
+            return
+        if self.buffered >= self.need:
+            if self.mode == "fpdu" and self.bulk:
+                # the waiting partial FPDU is now complete: walk the joined bytes in bulk
+                joined = self._joined()
+                base = self.base
+                self.chunks = []
+                self.buffered = 0
+                self.ends.clear()
+                self.walk_plain(joined, base, frame, ts)
+                return
+            self.run(False)
+
+    def _joined(self) -> memoryview:
+        chunks = self.chunks
+        if len(chunks) == 1:
+            buf = chunks[0]
+            return buf if isinstance(buf, memoryview) else memoryview(buf)
+        joined = b"".join(chunks)
+        self.chunks = [joined]
+        return memoryview(joined)
+
+    def _consume(self, n: int) -> None:
+        """Drop the first ``n`` buffered bytes."""
+        if not n:
+            return
+        if n == self.buffered:
+            self._drop_all()
+            return
+        buf = self._joined()
+        rest = buf[n:]
+        self.chunks = [rest] if len(rest) else []
+        self.buffered -= n
+        self.base += n
+        ends = self.ends
+        while ends and ends[0][0] <= self.base:
+            ends.popleft()
+
+    def _drop_all(self) -> None:
+        self.base += self.buffered
+        if self.chunks:
+            self.chunks = []
+        self.buffered = 0
+        if self.ends:
+            self.ends.clear()
+
+    def _frame_at(self, end: int) -> tuple[int, float]:
+        ends = self.ends
+        if len(ends) == 1:
+            e, frame, ts = ends[0]
+            if e >= end:
+                return frame, ts
+        for e, frame, ts in ends:
+            if e >= end:
+                return frame, ts
+        last = self.ends[-1] if self.ends else (0, self.conn.last_frame, 0.0)
+        return last[1], last[2]
+
+    # ---- gaps -----------------------------------------------------------------------
+    def gap(self, offset: int, length: int, frame: int) -> None:
+        self.info.gap_bytes += length
+        lost = self.buffered
+        self._drop_all()
+        self.base = offset + length
+        what = f"TCP gap: {length} bytes never captured at offset {offset}"
+        if lost:
+            what += f"; {lost} buffered bytes of a partial PDU dropped"
+        self.conn.note(self.side, frame, "gap", what, offset)
+        if self.mode in ("fpdu", "search"):
+            if self.mode == "fpdu":
+                self.conn.pending_findings[self.side].append(Finding("TCP-GAP", what))
+            self.mode = "search"
+            self.searched = 0
+            self.seq.forget()
+            self.need = 1
+        elif self.mode in ("start", "hold"):
+            self.mode = "search"
+            self.aligned = False
+            self.searched = 0
+            self.seq.forget()
+            self.need = 1
+
+    def finish(self, frame: int) -> None:
+        if self.buffered and self.mode not in ("dead",):
+            self.run(True)
+        if self.buffered:
+            if self.mode != "dead":
+                self.conn.note(
+                    self.side,
+                    frame,
+                    "trailing",
+                    f"{self.buffered} bytes at the end of the stream do not complete a PDU",
+                    self.base,
+                )
+            self.info.undecoded_bytes += self.buffered
+            self._drop_all()
+
+    # ---- main loop ------------------------------------------------------------------
+    def run(self, final: bool) -> None:
+        while self.buffered:
+            mode = self.mode
+            if mode == "fpdu":
+                if not self._walk():
+                    return
+            elif mode == "start":
+                if not self._startup(final):
+                    return
+            elif mode == "search":
+                if not self._search(final):
+                    return
+            else:  # hold, dead
+                return
+
+    # ---- startup frames -------------------------------------------------------------
+    def _startup(self, final: bool) -> bool:
+        conn = self.conn
+        if self.base != 0 or not conn.tcp.halves[self.side].syn_seen:
+            return self._begin_midstream()
+        buf = self._joined()
+        if len(buf) < MPA_KEY_LEN:
+            self.need = MPA_KEY_LEN
+            return False
+        key = bytes(buf[:MPA_KEY_LEN])
+        if key not in (MPA_KEY_REQ, MPA_KEY_REP):
+            if conn.opts.mid_stream:
+                return self._begin_midstream()
+            if conn.request is not None and conn.initiator != self.side:
+                why = "the answer to the MPA Request is not an MPA Reply (MPA-18)"
+            else:
+                why = "the connection does not start with an MPA Request"
+            conn.not_iwarp(self, why, both=True)
+            return False
+        if len(buf) < MPA_FRAME_HEADER_LEN:
+            self.need = MPA_FRAME_HEADER_LEN
+            return False
+        _, flags, rev, pd_len = _MPA_HDR.unpack_from(buf)
+        total = MPA_FRAME_HEADER_LEN + pd_len
+        if len(buf) < total:
+            if pd_len > conn.opts.max_private_data and not final:
+                # malformed: a receiver would close now; still show what arrived
+                pass
+            self.need = total
+            if not final:
+                return False
+            total = len(buf)
+        frame_no, ts = self._frame_at(self.base + total)
+        raw = bytes(buf[:total])
+        offset = self.base
+        self._consume(total)
+        conn.startup_frame(self, key == MPA_KEY_REP, raw, offset, flags, rev, pd_len, frame_no, ts)
+        return True
+
+    def _begin_midstream(self) -> bool:
+        self.mode = "search"
+        self.seq.forget()
+        self.conn.midstream(self)
+        self.need = 1
+        return True
+
+    def enter_fpdu(self, crc: bool, markers: bool) -> None:
+        """Full Operation starts at the current base (RFC 5044 §7.1.2)."""
+        self.crc = crc
+        self.markers = markers
+        self.seq_start = self.base
+        self.aligned = True
+        self.info.crc = crc
+        self.info.markers = markers
+        self.info.seq_start = self.base
+        self.mode = "fpdu"
+        self.seq.known = True
+        self.need = MPA_MARKER_LEN + 2 if markers else 2
+
+    # ---- FPDU walk ------------------------------------------------------------------
+    def _walk(self) -> bool:
+        buf = self._joined()
+        n = len(buf)
+        pos = 0
+        markers = self.markers
+        crc_on = self.crc
+        base = self.base
+        seq_start = self.seq_start
+        while True:
+            if markers:
+                rel = base + pos - seq_start
+                lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
+                if pos + lead + 2 > n:
+                    self.need = pos + lead + 2 - pos
+                    break
+                ulen = (buf[pos + lead] << 8) | buf[pos + lead + 1]
+                lead, wire, marks = fpdu_layout(rel, ulen, True)
+            else:
+                if pos + 2 > n:
+                    self.need = 2
+                    break
+                ulen = (buf[pos] << 8) | buf[pos + 1]
+                lead = 0
+                wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+                marks = []
+            if pos + wire > n:
+                self.need = wire
+                break
+            end_body = pos + wire - MPA_CRC_LEN
+            crc_field = _LE32.unpack_from(buf, end_body)[0]
+            crc_value = crc32c(buf[pos:end_body])
+            if marks:
+                body = unmarked_body(buf, pos, lead, end_body, marks)
+                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
+                pad = body[2 + ulen :]
+            else:
+                ulpdu = buf[pos + 2 : pos + 2 + ulen]
+                pad = bytes(buf[pos + 2 + ulen : end_body]) if end_body - pos - 2 - ulen else b""
+            good = crc_value == crc_field
+            if (
+                crc_on
+                and not good
+                and not _plausible_ulpdu(ulpdu, self.conn.opts.rfc7306)
+                and not self._next_plausible(buf, pos + wire)
+            ):
+                # bad CRC, a header that makes no sense and no FPDU where the length points:
+                # the framing is lost (MPA-16); a corrupted FPDU alone is shown with MPA-12
+                self._consume(pos)
+                self.conn.note(
+                    self.side,
+                    self._frame_at(self.base + 1)[0],
+                    "lost_sync",
+                    f"FPDU framing lost at offset {self.base} (bad CRC, implausible header); "
+                    "searching for the next FPDU",
+                    self.base,
+                )
+                self._lose_sync()
+                return True
+            ends = self.ends
+            if len(ends) == 1 and ends[0][0] >= base + pos + wire:
+                _, frame_no, ts = ends[0]
+            else:
+                frame_no, ts = self._frame_at(base + pos + wire)
+            self.conn.fpdu(
+                self,
+                base + pos,
+                wire,
+                ulen,
+                good if crc_on else None,
+                crc_field,
+                crc_value,
+                pad,
+                buf,
+                pos,
+                lead,
+                marks,
+                ulpdu,
+                frame_no,
+                ts,
+            )
+            pos += wire
+            if self.mode != "fpdu":
+                break
+        self._consume(pos)
+        return self.mode != "fpdu" and bool(self.buffered)
+
+    def walk_plain(self, data: memoryview, offset: int, frame: int, ts: float) -> None:
+        """The bulk path of :meth:`push` + :meth:`_walk` for an empty buffer.
+
+        Every FPDU that ``data`` completes is decoded straight from the capture bytes
+        (markers checked and cut out when the direction has them); a partial FPDU at the
+        end is buffered for :meth:`push`.  Anything unusual (bad CRC, a marker that is
+        not as expected, non-zero PAD, an undecodable ULPDU, the first FPDU of a direction,
+        a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
+        """
+        conn = self.conn
+        n = len(data)
+        pos = 0
+        side = self.side
+        ctx = self._bulk
+        if ctx is None or ctx[0] != conn.initiator:
+            ctx = self._bulk = (
+                conn.initiator,
+                conn.emit,
+                conn.stream,
+                conn.direction(side),
+                conn.names[side],
+                conn.names[1 - side],
+                self.seq,
+                conn.halves[1 - side].seq,
+                self.info,
+                conn.rfc7306,
+                conn.siw_layout,
+                conn.pending_findings[side],
+            )
+        _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
+        crc_on = self.crc
+        verdict = True if crc_on else None
+        check = seq.check
+        make_view = SegmentView
+        make_record = PduRecord
+        crc_of = _crc32c
+        read_crc = _LE32.unpack_from
+        fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
+        markers = self.markers
+        seq_start = self.seq_start
+        first_missing = conn.first_fpdu_frame[side] is None
+        ptrs: tuple[int, ...] = ()
+        offsets: tuple[int, ...] = ()
+        reserved: tuple[int, ...] = ()
+        while pos + 2 <= n:
+            if markers:
+                phase = (offset + pos - seq_start) % MPA_MARKER_INTERVAL
+                lead = 0 if phase else MPA_MARKER_LEN
+                if pos + lead + 2 > n:
+                    break
+                ulen = (data[pos + lead] << 8) | data[pos + lead + 1]
+                layout = _LAYOUTS.get((phase, ulen))
+                if layout is None:
+                    layout = fpdu_layout(phase, ulen, True)
+                    if len(_LAYOUTS) < 65536:
+                        _LAYOUTS[(phase, ulen)] = layout
+                lead, wire, marks = layout
+            else:
+                ulen = (data[pos] << 8) | data[pos + 1]
+                wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+            end = pos + wire
+            if end > n:
+                break
+            end_body = end - MPA_CRC_LEN
+            crc_field = read_crc(data, end_body)[0]
+            crc_value = crc_of(data[pos:end_body])
+            odd = False
+            if markers:
+                found = []
+                for m in marks:
+                    res, ptr = _MARKER_UNPACK(data, pos + m)
+                    if res or ptr != (0 if (m == 0 and lead) else m - lead):
+                        odd = True
+                        break
+                    found.append(ptr)
+                body = unmarked_body(data, pos, lead, end_body, marks)
+                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
+                pad = body[2 + ulen :]
+                pad_len = len(pad)
+                ptrs = tuple(found)
+                at = offset + pos
+                offsets = tuple([at + m for m in marks])
+                reserved = _ZEROS[len(marks)] if len(marks) < 64 else (0,) * len(marks)
+            else:
+                pad_len = end_body - pos - 2 - ulen
+                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+                ulpdu = data[pos + 2 : pos + 2 + ulen]
+            segment = None
+            if not (
+                odd
+                or (crc_on and crc_value != crc_field)
+                or first_missing
+                or pending
+                or (pad_len and any(pad))
+                or ulen > MULPDU_MAX
+            ):
+                try:
+                    segment = make_view(ulpdu, rfc7306, siw)
+                except ProtocolError:
+                    pass
+            if segment is None:
+                # the general path (findings, first-FPDU checks, lost framing, bad ULPDU)
+                self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+                self._hold_rest(data, pos, offset, frame, ts)
+                self.run(False)
+                return
+            findings: list[Finding] = list(segment.findings) if segment.findings else []
+            check(segment, findings, peer)
+            payload_bytes += len(segment.payload)
+            emit(
+                make_record(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
+                            findings, None, 0, 0, 0, b"", ulen, verdict, crc_field, crc_value,
+                            pad, offsets, ptrs, reserved, segment, ulpdu)
+            )  # fmt: skip
+            fpdus += 1
+            wire_bytes += wire
+            ulpdu_bytes += ulen
+            pos = end
+        self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+        if frame > conn.last_frame:
+            conn.last_frame = frame
+        if pos < n:
+            self._hold_rest(data, pos, offset, frame, ts)
+            left = n - pos
+            if markers:
+                rel = offset + pos - seq_start
+                lead = MPA_MARKER_LEN if rel % MPA_MARKER_INTERVAL == 0 else 0
+                if left >= lead + 2:
+                    ulen = (data[pos + lead] << 8) | data[pos + lead + 1]
+                    self.need = fpdu_layout(rel, ulen, True)[1]
+                else:
+                    self.need = lead + 2
+            elif left >= 2:
+                self.need = ((((data[pos] << 8) | data[pos + 1]) + 5) & ~3) + MPA_CRC_LEN
+            else:
+                self.need = 2
+        else:
+            self.base = offset + n
+
+    def _hold_rest(self, data: memoryview, pos: int, offset: int, frame: int, ts: float) -> None:
+        """Buffer ``data[pos:]`` (stream offset ``offset + pos``) for :meth:`push` / :meth:`run`."""
+        n = len(data)
+        self.base = offset + pos
+        self.chunks = [data[pos:]]
+        self.buffered = n - pos
+        self.ends.append((offset + n, frame, ts))
+
+    def _count(self, fpdus: int, wire_bytes: int, ulpdu_bytes: int, payload_bytes: int) -> None:
+        if fpdus:
+            info = self.info
+            info.pdus += fpdus
+            info.fpdus += fpdus
+            info.wire_bytes += wire_bytes
+            info.ulpdu_bytes += ulpdu_bytes
+            info.payload_bytes += payload_bytes
