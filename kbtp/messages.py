@@ -1,9 +1,10 @@
 """KBTP messages: frozen dataclasses with byte-exact encode/decode (draft §5, docs/kbtp.md §5).
 
 Every message starts with the 24-octet common header of draft §5.1; all fields are
-big-endian.  :func:`decode_message` is strict: anything that does not match
-docs/kbtp.md raises :class:`KbtpError` carrying the status code a target answers with
-(and the request ID when the header could be read), never another exception.
+big-endian, laid out as the table of :mod:`kbtp.formats` says (the structs here are built
+from it).  :func:`decode_message` is strict: anything that does not match docs/kbtp.md
+raises :class:`KbtpError` carrying the status code a target answers with (and the request
+ID when the header could be read), never another exception.
 
 The dataclasses themselves do not validate, so tests can build bad messages on purpose;
 ``encode()`` only refuses values that do not fit their fields (:class:`LocalError`).
@@ -12,8 +13,10 @@ The dataclasses themselves do not validate, so tests can build bad messages on p
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, ClassVar
 
 from kbtp.constants import (
     ALLOWED_FLAGS,
@@ -34,20 +37,22 @@ from kbtp.constants import (
     RequestFlag,
     Status,
 )
+from kbtp.formats import (
+    BIND_BODY,
+    COMPLETION_BODY,
+    COMPLETION_DESCRIPTOR,
+    COMPLETION_RECORD,
+    DATA_DESCRIPTOR,
+    HEADER,
+    HELLO_ACK_BODY,
+    HELLO_BODY,
+    Part,
+)
 from stack.errors import LocalError, ProtocolError
 
 Buffer = bytes | bytearray | memoryview
 
-_HEADER = struct.Struct(">BBHQQHH")
-_DESCRIPTOR = struct.Struct(">IQI")
-_HELLO_BODY = struct.Struct(">IHH")
-_HELLO_ACK_BODY = struct.Struct(">IIIIQIIHBBIIIQQQIIQQQQ")
-_COMPLETION_BODY = struct.Struct(">IB3xQ")
-_BIND_BODY = struct.Struct(">IIQ")
-_RECORD = struct.Struct(">QHHIQ")
-
-assert _HEADER.size == COMMON_HEADER_LEN
-assert _HELLO_ACK_BODY.size + COMMON_HEADER_LEN == HELLO_ACK_LEN
+_HEADER = HEADER.codec
 
 
 class KbtpError(ProtocolError):
@@ -85,6 +90,51 @@ def _pack(st: struct.Struct, *values: int) -> bytes:
         raise LocalError(f"KBTP field out of range: {exc}") from None
 
 
+class _Codec:
+    """Encode and decode one :class:`~kbtp.formats.Part` by its field names."""
+
+    __slots__ = ("codec", "names", "_of")
+
+    def __init__(self, part: Part) -> None:
+        self.codec = part.codec
+        self.names = part.names
+        if len(part.names) < 2:
+            raise ValueError(f"{part.name}: a codec needs two fields or more")
+        self._of = attrgetter(*part.names)
+
+    def pack(self, obj: object) -> bytes:
+        """The part with the values of ``obj``'s attributes of the same names."""
+        return _pack(self.codec, *self._of(obj))
+
+    def pack_values(self, values: Mapping[str, int]) -> bytes:
+        return _pack(self.codec, *(values[n] for n in self.names))
+
+    def values(self, data: Buffer, offset: int = 0) -> tuple[Any, ...]:
+        """The named fields' values in table order."""
+        return self.codec.unpack_from(data, offset)
+
+    def unpack(self, data: Buffer, offset: int = 0) -> dict[str, Any]:
+        """The named fields' values by name."""
+        return dict(zip(self.names, self.codec.unpack_from(data, offset), strict=True))
+
+    def check_order(self, cls: type) -> None:
+        """Check that ``cls``'s first dataclass fields are this part's, in table order, so
+        that decoders may pass :meth:`values` positionally."""
+        first = tuple(f.name for f in fields(cls))[: len(self.names)]
+        if first != self.names:
+            raise TypeError(f"{cls.__name__} fields {first} are not in table order {self.names}")
+
+
+_HEADER_CODEC = _Codec(HEADER)
+_DESCRIPTOR = _Codec(DATA_DESCRIPTOR)
+_COMPLETION_DESCRIPTOR = _Codec(COMPLETION_DESCRIPTOR)
+_RECORD = _Codec(COMPLETION_RECORD)
+_HELLO = _Codec(HELLO_BODY)
+_HELLO_ACK = _Codec(HELLO_ACK_BODY)
+_COMPLETION = _Codec(COMPLETION_BODY)
+_BIND = _Codec(BIND_BODY)
+
+
 # ======================================================================================
 # Building blocks
 # ======================================================================================
@@ -106,16 +156,7 @@ class CommonHeader:
     version: int = KBTP_VERSION
 
     def encode(self) -> bytes:
-        return _pack(
-            _HEADER,
-            self.version,
-            self.opcode,
-            int(self.flags),
-            self.request_id,
-            self.handle,
-            self.generation,
-            int(self.status),
-        )
+        return _HEADER_CODEC.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CommonHeader:
@@ -127,8 +168,7 @@ class CommonHeader:
                 rule="KBTP-5.1",
                 fatal=True,
             )
-        version, opcode, flags, request_id, handle, generation, status = _HEADER.unpack_from(data)
-        return cls(opcode, flags, request_id, handle, generation, status, version)
+        return cls(**_HEADER_CODEC.unpack(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +180,11 @@ class DataDescriptor:
     length: int
 
     def encode(self) -> bytes:
-        return _pack(_DESCRIPTOR, self.stag, self.to, self.length)
+        return _DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> DataDescriptor:
-        return cls(*_DESCRIPTOR.unpack_from(data, offset))
+        return cls(*_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +195,11 @@ class CompletionDescriptor:
     to: int
 
     def encode(self) -> bytes:
-        return _pack(_DESCRIPTOR, self.stag, self.to, 0)
+        return _COMPLETION_DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> CompletionDescriptor:
-        stag, to, _reserved = _DESCRIPTOR.unpack_from(data, offset)
-        return cls(stag, to)
+        return cls(*_COMPLETION_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,20 +216,13 @@ class CompletionRecord:
     block_offset: int
 
     def encode(self) -> bytes:
-        return _pack(
-            _RECORD,
-            self.request_id,
-            int(self.status),
-            self.generation,
-            self.data_length,
-            self.block_offset,
-        )
+        return _RECORD.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CompletionRecord:
         if len(data) != COMPLETION_RECORD_LEN:
             raise KbtpError(Status.MALFORMED, f"completion record of {len(data)} octets")
-        return cls(*_RECORD.unpack(data))
+        return cls(*_RECORD.values(data))
 
 
 # ======================================================================================
@@ -212,7 +244,9 @@ class Hello:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id).encode()
-        body = _pack(_HELLO_BODY, int(self.capabilities), len(self.identity), 0)
+        body = _HELLO.pack_values(
+            {"capabilities": self.capabilities, "identity_length": len(self.identity)}
+        )
         return header + body + bytes(self.identity)
 
 
@@ -255,32 +289,7 @@ class HelloAck:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)
-        body = _pack(
-            _HELLO_ACK_BODY,
-            int(self.capabilities),
-            self.block_size,
-            self.pool_blocks,
-            self.quota,
-            self.handle_base,
-            self.handle_count,
-            self.ticket_timeout_ms,
-            self.request_credits,
-            self.ring_order,
-            0,
-            self.max_inline,
-            self.table_stag,
-            self.pool_stag,
-            self.table_offset,
-            self.table_base_handle,
-            self.pool_offset,
-            self.ring_stag,
-            self.partition_stag,
-            self.ring_offset,
-            self.head_offset,
-            self.partition_offset,
-            self.partition_length,
-        )
-        return header.encode() + body
+        return header.encode() + _HELLO_ACK.pack(self)
 
     def entry_to(self, handle: int) -> int:
         """Tagged Offset of ``handle``'s table entry under the Table STag (draft §3.2)."""
@@ -412,7 +421,7 @@ class Bind:
         header = CommonHeader(
             self.opcode, self.flags, self.request_id, self.handle, self.generation
         ).encode()
-        body = _pack(_BIND_BODY, self.ticket, self.data_length, self.block_offset)
+        body = _BIND.pack(self)
         return header + body + (self.completion.encode() if self.completion is not None else b"")
 
 
@@ -438,13 +447,16 @@ class Completion:
         header = CommonHeader(
             self.opcode, 0, self.request_id, self.handle, self.generation, self.status
         ).encode()
-        body = _pack(_COMPLETION_BODY, self.data_length, self.request_opcode, self.block_offset)
-        return header + body
+        return header + _COMPLETION.pack(self)
 
     @property
     def ok(self) -> bool:
         return self.status == Status.SUCCESS
 
+
+_DESCRIPTOR.check_order(DataDescriptor)
+_COMPLETION_DESCRIPTOR.check_order(CompletionDescriptor)
+_RECORD.check_order(CompletionRecord)
 
 Request = Load | Store | AllocStore | Free | Bind
 Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completion
@@ -459,7 +471,7 @@ class _Hdr:
 
     __slots__ = ("version", "opcode", "flags", "request_id", "handle", "generation", "status")
 
-    def __init__(self, fields: tuple[int, ...]) -> None:
+    def __init__(self, values: tuple[int, ...]) -> None:
         (
             self.version,
             self.opcode,
@@ -468,7 +480,11 @@ class _Hdr:
             self.handle,
             self.generation,
             self.status,
-        ) = fields
+        ) = values
+
+
+if _Hdr.__slots__ != HEADER.names:  # pragma: no cover - the table is the source
+    raise TypeError(f"_Hdr slots {_Hdr.__slots__} are not the header fields {HEADER.names}")
 
 
 _OPCODES = {int(o): o for o in MessageOpcode}
@@ -503,26 +519,25 @@ def _completion_descriptor(
 def _decode_hello(data: Buffer, h: _Hdr) -> Hello:
     if len(data) < HELLO_FIXED_LEN:
         raise _err(Status.MALFORMED, f"HELLO of {len(data)} octets", h)
-    caps, id_len, _reserved = _HELLO_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    body = _HELLO.unpack(data, COMMON_HEADER_LEN)
+    id_len = body["identity_length"]
     if id_len > MAX_IDENTITY_LEN:
         raise _err(Status.MALFORMED, f"identity length {id_len} > {MAX_IDENTITY_LEN}", h)
     _expect_len(data, HELLO_FIXED_LEN + id_len, h, "HELLO")
-    return Hello(h.request_id, Capability(caps), bytes(data[HELLO_FIXED_LEN:]))
+    return Hello(h.request_id, Capability(body["capabilities"]), bytes(data[HELLO_FIXED_LEN:]))
 
 
 def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
     _expect_len(data, HELLO_ACK_LEN, h, "HELLO_ACK")
-    v = list(_HELLO_ACK_BODY.unpack_from(data, COMMON_HEADER_LEN))
-    del v[9]  # reserved octet after Ring Order
-    return HelloAck(h.request_id, h.status, Capability(v[0]), *v[1:])
+    body = _HELLO_ACK.unpack(data, COMMON_HEADER_LEN)
+    body["capabilities"] = Capability(body["capabilities"])
+    return HelloAck(h.request_id, h.status, **body)
 
 
 def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
-    length, req_opcode, block_offset = _COMPLETION_BODY.unpack_from(data, COMMON_HEADER_LEN)
-    return Completion(
-        h.request_id, h.handle, h.generation, h.status, length, block_offset, req_opcode
-    )
+    body = _COMPLETION.unpack(data, COMMON_HEADER_LEN)
+    return Completion(h.request_id, h.handle, h.generation, h.status, **body)
 
 
 def _decode_load(data: Buffer, h: _Hdr) -> Load:
@@ -564,22 +579,20 @@ def _decode_free(data: Buffer, h: _Hdr) -> Free:
 def _decode_bind(data: Buffer, h: _Hdr) -> Bind:
     if len(data) < BIND_LEN:
         raise _err(Status.MALFORMED, f"BIND of {len(data)} octets", h)
-    ticket, length, block_offset = _BIND_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    body = _BIND.unpack(data, COMMON_HEADER_LEN)
     comp, end = _completion_descriptor(data, BIND_LEN, h)
     _expect_len(data, end, h, "BIND")
     return Bind(
         h.request_id,
         h.handle,
-        ticket,
-        length,
-        block_offset,
-        h.generation,
-        _FLAGS[h.flags],
-        comp,
+        **body,
+        generation=h.generation,
+        flags=_FLAGS[h.flags],
+        completion=comp,
     )
 
 
-_DECODERS = {
+_DECODERS: dict[MessageOpcode, Callable[[Buffer, _Hdr], Message]] = {
     MessageOpcode.HELLO: _decode_hello,
     MessageOpcode.HELLO_ACK: _decode_hello_ack,
     MessageOpcode.COMPLETION: _decode_completion,
