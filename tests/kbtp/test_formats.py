@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -104,7 +105,7 @@ def _scapy_fields(layer: type[Packet], form_tail: Tail) -> list[str]:
 
 def _probe(layer: type[Packet], part: Part, f: Field) -> tuple[int, int]:
     """Where setting ``f`` alone to all ones changes the layer's octets: (offset, size)."""
-    zero = {g.name: 0 for g in part.fields}
+    zero: dict[str, Any] = {g.name: 0 for g in part.fields}
     base = bytes(layer(**zero))
     ones = bytes(layer(**{**zero, f.name: (1 << (8 * f.size)) - 1}))
     assert len(base) == len(ones) == part.size
