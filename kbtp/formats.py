@@ -14,8 +14,11 @@ the Scapy layers (:mod:`kbtp.scapy_layers`) are written independently and tested
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from enum import Enum
+from operator import attrgetter
+from typing import Any
 
 from kbtp.constants import (
     BIND_LEN,
@@ -29,6 +32,7 @@ from kbtp.constants import (
     REQUEST_OPCODES,
     MessageOpcode,
 )
+from stack.errors import LocalError
 
 __all__ = [
     "COMPLETION_DESCRIPTOR",
@@ -93,7 +97,18 @@ class Part:
     and ``names`` are the fields that are not reserved, ``keys`` every field's JSON key.
     """
 
-    __slots__ = ("name", "fields", "key_prefix", "size", "named", "names", "keys", "full", "codec")
+    __slots__ = (
+        "name",
+        "fields",
+        "key_prefix",
+        "size",
+        "named",
+        "names",
+        "keys",
+        "full",
+        "codec",
+        "_of",
+    )
 
     def __init__(self, name: str, fields: tuple[Field, ...], key_prefix: str = "") -> None:
         at = 0
@@ -111,9 +126,44 @@ class Part:
         self.full = struct.Struct(">" + "".join(f.code for f in fields))
         codes = (f"{f.size}x" if f.reserved else f.code for f in fields)
         self.codec = struct.Struct(">" + "".join(codes))
+        self._of: Callable[[object], Any]
+        if len(self.names) > 1:
+            self._of = attrgetter(*self.names)
+        else:  # a tuple of one value, or of none
+            self._of = lambda obj: tuple(getattr(obj, n) for n in self.names)
 
     def __repr__(self) -> str:
         return f"Part({self.name!r}, {self.size} octets)"
+
+    # -- the codec (big-endian, reserved fields zero) ----------------------------------------
+    def pack(self, obj: object) -> bytes:
+        """The part's octets from ``obj``'s attributes of the named fields' names."""
+        return self._pack(self._of(obj))
+
+    def pack_values(self, values: Mapping[str, int]) -> bytes:
+        """The part's octets from the named fields' values by name."""
+        return self._pack(tuple(values[n] for n in self.names))
+
+    def _pack(self, values: tuple[Any, ...]) -> bytes:
+        try:
+            return self.codec.pack(*values)
+        except struct.error as exc:
+            raise LocalError(f"KBTP {self.name} field out of range: {exc}") from None
+
+    def values(self, data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Any, ...]:
+        """The named fields' values at ``data[offset:]``, in table order."""
+        return self.codec.unpack_from(data, offset)
+
+    def unpack(self, data: bytes | bytearray | memoryview, offset: int = 0) -> dict[str, Any]:
+        """The named fields' values at ``data[offset:]``, by name."""
+        return dict(zip(self.names, self.codec.unpack_from(data, offset), strict=True))
+
+    def check_order(self, cls: type) -> None:
+        """Refuse (TypeError) a dataclass whose first fields are not this part's named
+        fields in table order: decoders pass :meth:`values` to it positionally."""
+        first = tuple(f.name for f in fields(cls))[: len(self.names)]
+        if first != self.names:
+            raise TypeError(f"{cls.__name__} fields {first} are not in table order {self.names}")
 
 
 def _part(name: str, spec: tuple[tuple[str, int, str, Display], ...], key_prefix: str = "") -> Part:

@@ -12,11 +12,9 @@ The dataclasses themselves do not validate, so tests can build bad messages on p
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from operator import attrgetter
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kbtp.constants import (
     ALLOWED_FLAGS,
@@ -46,13 +44,10 @@ from kbtp.formats import (
     HEADER,
     HELLO_ACK_BODY,
     HELLO_BODY,
-    Part,
 )
-from stack.errors import LocalError, ProtocolError
+from stack.errors import ProtocolError
 
 Buffer = bytes | bytearray | memoryview
-
-_HEADER = HEADER.codec
 
 
 class KbtpError(ProtocolError):
@@ -83,58 +78,6 @@ class KbtpError(ProtocolError):
         self.fatal = status in SESSION_FATAL_STATUSES if fatal is None else fatal
 
 
-def _pack(st: struct.Struct, *values: int) -> bytes:
-    try:
-        return st.pack(*values)
-    except struct.error as exc:
-        raise LocalError(f"KBTP field out of range: {exc}") from None
-
-
-class _Codec:
-    """Encode and decode one :class:`~kbtp.formats.Part` by its field names."""
-
-    __slots__ = ("codec", "names", "_of")
-
-    def __init__(self, part: Part) -> None:
-        self.codec = part.codec
-        self.names = part.names
-        if len(part.names) < 2:
-            raise ValueError(f"{part.name}: a codec needs two fields or more")
-        self._of = attrgetter(*part.names)
-
-    def pack(self, obj: object) -> bytes:
-        """The part with the values of ``obj``'s attributes of the same names."""
-        return _pack(self.codec, *self._of(obj))
-
-    def pack_values(self, values: Mapping[str, int]) -> bytes:
-        return _pack(self.codec, *(values[n] for n in self.names))
-
-    def values(self, data: Buffer, offset: int = 0) -> tuple[Any, ...]:
-        """The named fields' values in table order."""
-        return self.codec.unpack_from(data, offset)
-
-    def unpack(self, data: Buffer, offset: int = 0) -> dict[str, Any]:
-        """The named fields' values by name."""
-        return dict(zip(self.names, self.codec.unpack_from(data, offset), strict=True))
-
-    def check_order(self, cls: type) -> None:
-        """Check that ``cls``'s first dataclass fields are this part's, in table order, so
-        that decoders may pass :meth:`values` positionally."""
-        first = tuple(f.name for f in fields(cls))[: len(self.names)]
-        if first != self.names:
-            raise TypeError(f"{cls.__name__} fields {first} are not in table order {self.names}")
-
-
-_HEADER_CODEC = _Codec(HEADER)
-_DESCRIPTOR = _Codec(DATA_DESCRIPTOR)
-_COMPLETION_DESCRIPTOR = _Codec(COMPLETION_DESCRIPTOR)
-_RECORD = _Codec(COMPLETION_RECORD)
-_HELLO = _Codec(HELLO_BODY)
-_HELLO_ACK = _Codec(HELLO_ACK_BODY)
-_COMPLETION = _Codec(COMPLETION_BODY)
-_BIND = _Codec(BIND_BODY)
-
-
 # ======================================================================================
 # Building blocks
 # ======================================================================================
@@ -156,7 +99,7 @@ class CommonHeader:
     version: int = KBTP_VERSION
 
     def encode(self) -> bytes:
-        return _HEADER_CODEC.pack(self)
+        return HEADER.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CommonHeader:
@@ -168,7 +111,7 @@ class CommonHeader:
                 rule="KBTP-5.1",
                 fatal=True,
             )
-        return cls(**_HEADER_CODEC.unpack(data))
+        return cls(**HEADER.unpack(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +123,11 @@ class DataDescriptor:
     length: int
 
     def encode(self) -> bytes:
-        return _DESCRIPTOR.pack(self)
+        return DATA_DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> DataDescriptor:
-        return cls(*_DESCRIPTOR.values(data, offset))
+        return cls(*DATA_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +138,11 @@ class CompletionDescriptor:
     to: int
 
     def encode(self) -> bytes:
-        return _COMPLETION_DESCRIPTOR.pack(self)
+        return COMPLETION_DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> CompletionDescriptor:
-        return cls(*_COMPLETION_DESCRIPTOR.values(data, offset))
+        return cls(*COMPLETION_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +159,13 @@ class CompletionRecord:
     block_offset: int
 
     def encode(self) -> bytes:
-        return _RECORD.pack(self)
+        return COMPLETION_RECORD.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CompletionRecord:
         if len(data) != COMPLETION_RECORD_LEN:
             raise KbtpError(Status.MALFORMED, f"completion record of {len(data)} octets")
-        return cls(*_RECORD.values(data))
+        return cls(*COMPLETION_RECORD.values(data))
 
 
 # ======================================================================================
@@ -244,7 +187,7 @@ class Hello:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id).encode()
-        body = _HELLO.pack_values(
+        body = HELLO_BODY.pack_values(
             {"capabilities": self.capabilities, "identity_length": len(self.identity)}
         )
         return header + body + bytes(self.identity)
@@ -289,7 +232,7 @@ class HelloAck:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)
-        return header.encode() + _HELLO_ACK.pack(self)
+        return header.encode() + HELLO_ACK_BODY.pack(self)
 
     def entry_to(self, handle: int) -> int:
         """Tagged Offset of ``handle``'s table entry under the Table STag (draft §3.2)."""
@@ -421,7 +364,7 @@ class Bind:
         header = CommonHeader(
             self.opcode, self.flags, self.request_id, self.handle, self.generation
         ).encode()
-        body = _BIND.pack(self)
+        body = BIND_BODY.pack(self)
         return header + body + (self.completion.encode() if self.completion is not None else b"")
 
 
@@ -447,16 +390,16 @@ class Completion:
         header = CommonHeader(
             self.opcode, 0, self.request_id, self.handle, self.generation, self.status
         ).encode()
-        return header + _COMPLETION.pack(self)
+        return header + COMPLETION_BODY.pack(self)
 
     @property
     def ok(self) -> bool:
         return self.status == Status.SUCCESS
 
 
-_DESCRIPTOR.check_order(DataDescriptor)
-_COMPLETION_DESCRIPTOR.check_order(CompletionDescriptor)
-_RECORD.check_order(CompletionRecord)
+DATA_DESCRIPTOR.check_order(DataDescriptor)
+COMPLETION_DESCRIPTOR.check_order(CompletionDescriptor)
+COMPLETION_RECORD.check_order(CompletionRecord)
 
 Request = Load | Store | AllocStore | Free | Bind
 Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completion
@@ -519,7 +462,7 @@ def _completion_descriptor(
 def _decode_hello(data: Buffer, h: _Hdr) -> Hello:
     if len(data) < HELLO_FIXED_LEN:
         raise _err(Status.MALFORMED, f"HELLO of {len(data)} octets", h)
-    body = _HELLO.unpack(data, COMMON_HEADER_LEN)
+    body = HELLO_BODY.unpack(data, COMMON_HEADER_LEN)
     id_len = body["identity_length"]
     if id_len > MAX_IDENTITY_LEN:
         raise _err(Status.MALFORMED, f"identity length {id_len} > {MAX_IDENTITY_LEN}", h)
@@ -529,14 +472,14 @@ def _decode_hello(data: Buffer, h: _Hdr) -> Hello:
 
 def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
     _expect_len(data, HELLO_ACK_LEN, h, "HELLO_ACK")
-    body = _HELLO_ACK.unpack(data, COMMON_HEADER_LEN)
+    body = HELLO_ACK_BODY.unpack(data, COMMON_HEADER_LEN)
     body["capabilities"] = Capability(body["capabilities"])
     return HelloAck(h.request_id, h.status, **body)
 
 
 def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
-    body = _COMPLETION.unpack(data, COMMON_HEADER_LEN)
+    body = COMPLETION_BODY.unpack(data, COMMON_HEADER_LEN)
     return Completion(h.request_id, h.handle, h.generation, h.status, **body)
 
 
@@ -579,7 +522,7 @@ def _decode_free(data: Buffer, h: _Hdr) -> Free:
 def _decode_bind(data: Buffer, h: _Hdr) -> Bind:
     if len(data) < BIND_LEN:
         raise _err(Status.MALFORMED, f"BIND of {len(data)} octets", h)
-    body = _BIND.unpack(data, COMMON_HEADER_LEN)
+    body = BIND_BODY.unpack(data, COMMON_HEADER_LEN)
     comp, end = _completion_descriptor(data, BIND_LEN, h)
     _expect_len(data, end, h, "BIND")
     return Bind(
@@ -614,7 +557,7 @@ def decode_message(data: Buffer) -> Message:
     """
     if len(data) < COMMON_HEADER_LEN:
         CommonHeader.decode(data)  # raises MALFORMED (fatal)
-    h = _Hdr(_HEADER.unpack_from(data))
+    h = _Hdr(HEADER.values(data))
     if h.version != KBTP_VERSION:
         raise _err(Status.BAD_VERSION, f"version {h.version}, not {KBTP_VERSION}", h, "KBTP-5.1")
     opcode = _OPCODES.get(h.opcode)
