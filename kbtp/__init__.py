@@ -1,0 +1,202 @@
+"""KBTP, a KV-cache block transfer protocol over iWARP (docs/kbtp.md).
+
+The names an application or a second implementation imports: the trio target and
+initiator on the software RNIC (:class:`KbtpTarget`, :class:`KbtpInitiator`), their
+configuration (:class:`TargetConfig`, :class:`InitiatorConfig`), the messages and their
+codec (:mod:`kbtp.messages`), the sans-IO cores with their actions and events
+(:class:`TargetCore`, :class:`InitiatorCore`), the wire constants and the errors.  Each is
+imported from its module on first use, so ``import kbtp.messages`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
+    from kbtp.initiator import (
+        HelloRefused,
+        KbtpInitiator,
+        KbtpStatusError,
+        OpStats,
+        SessionClosed,
+    )
+    from kbtp.initiator_core import (
+        AllocState,
+        DirectAlloc,
+        DirectLoad,
+        FetchAddOp,
+        InitiatorCore,
+        InitiatorEvent,
+        ReadOp,
+        RequestCompleted,
+        SessionReady,
+        SessionRefused,
+        WriteOp,
+    )
+    from kbtp.messages import (
+        AllocStore,
+        Bind,
+        CommonHeader,
+        Completion,
+        CompletionDescriptor,
+        CompletionRecord,
+        DataDescriptor,
+        Free,
+        Hello,
+        HelloAck,
+        KbtpError,
+        Load,
+        Message,
+        Request,
+        Store,
+        decode_message,
+        encode_message,
+        inline_descriptor,
+        peek_header,
+    )
+    from kbtp.target import KbtpTarget
+    from kbtp.target_actions import (
+        Action,
+        CloseSession,
+        DeregisterMemory,
+        InvalidateStag,
+        ReadFromInitiator,
+        RegionKind,
+        RegisterMemory,
+        SendMessage,
+        WriteToInitiator,
+    )
+    from kbtp.target_config import InitiatorConfig, TargetConfig
+    from kbtp.target_core import TargetCore
+
+__all__ = [
+    "Action",
+    "AllocState",
+    "AllocStore",
+    "Bind",
+    "Capability",
+    "CloseSession",
+    "CommonHeader",
+    "Completion",
+    "CompletionDescriptor",
+    "CompletionRecord",
+    "DataDescriptor",
+    "DeregisterMemory",
+    "DirectAlloc",
+    "DirectLoad",
+    "FetchAddOp",
+    "Free",
+    "Hello",
+    "HelloAck",
+    "HelloRefused",
+    "InitiatorConfig",
+    "InitiatorCore",
+    "InitiatorEvent",
+    "InvalidateStag",
+    "KbtpError",
+    "KbtpInitiator",
+    "KbtpStatusError",
+    "KbtpTarget",
+    "Load",
+    "Message",
+    "MessageOpcode",
+    "OpStats",
+    "ReadFromInitiator",
+    "ReadOp",
+    "RegionKind",
+    "RegisterMemory",
+    "Request",
+    "RequestCompleted",
+    "RequestFlag",
+    "SendMessage",
+    "SessionClosed",
+    "SessionReady",
+    "SessionRefused",
+    "Status",
+    "Store",
+    "TableFlag",
+    "TargetConfig",
+    "TargetCore",
+    "WriteOp",
+    "WriteToInitiator",
+    "decode_message",
+    "encode_message",
+    "inline_descriptor",
+    "peek_header",
+]
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
+    "kbtp.initiator": (
+        "HelloRefused",
+        "KbtpInitiator",
+        "KbtpStatusError",
+        "OpStats",
+        "SessionClosed",
+    ),
+    "kbtp.initiator_core": (
+        "AllocState",
+        "DirectAlloc",
+        "DirectLoad",
+        "FetchAddOp",
+        "InitiatorCore",
+        "InitiatorEvent",
+        "ReadOp",
+        "RequestCompleted",
+        "SessionReady",
+        "SessionRefused",
+        "WriteOp",
+    ),
+    "kbtp.messages": (
+        "AllocStore",
+        "Bind",
+        "CommonHeader",
+        "Completion",
+        "CompletionDescriptor",
+        "CompletionRecord",
+        "DataDescriptor",
+        "Free",
+        "Hello",
+        "HelloAck",
+        "KbtpError",
+        "Load",
+        "Message",
+        "Request",
+        "Store",
+        "decode_message",
+        "encode_message",
+        "inline_descriptor",
+        "peek_header",
+    ),
+    "kbtp.target": ("KbtpTarget",),
+    "kbtp.target_actions": (
+        "Action",
+        "CloseSession",
+        "DeregisterMemory",
+        "InvalidateStag",
+        "ReadFromInitiator",
+        "RegionKind",
+        "RegisterMemory",
+        "SendMessage",
+        "WriteToInitiator",
+    ),
+    "kbtp.target_config": ("InitiatorConfig", "TargetConfig"),
+    "kbtp.target_core": ("TargetCore",),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+"""The module each public name lives in."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kbtp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,6 +1,7 @@
 """Describe the KBTP message in a Send payload: summary line, JSON fields, ``-V`` tree.
 
-For the capture decoder and ``iwarp dissect``; pure and fast (no Scapy, no I/O).
+For the capture decoder and ``iwarp dissect``; pure and fast (no Scapy, no I/O).  The
+fields, their octets and labels are those of the format table :mod:`kbtp.formats`.
 :func:`describe_payload` returns None for bytes that do not look like KBTP
 (:func:`looks_like_kbtp`: at least the 24-octet common header, Version 1, a known opcode,
 docs/kbtp.md §5.1) and otherwise a :class:`KbtpSummary`.  Fields are read leniently, as
@@ -17,7 +18,6 @@ The summary line is built at once; the JSON fields and the tree only when asked 
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,18 +25,19 @@ from kbtp.constants import (
     COMMON_HEADER_LEN,
     KBTP_VERSION,
     NO_BLOCK_OFFSET,
+    REQUEST_OPCODES,
     Capability,
     MessageOpcode,
     RequestFlag,
     Status,
 )
+from kbtp.formats import COMPLETION_DESCRIPTOR, FORMATS, HEADER, Display, Part, Tail
 from kbtp.messages import KbtpError, Message, decode_message
 from stack.wire.rdmap import Finding
 
 __all__ = ["KbtpSummary", "describe_payload", "looks_like_kbtp"]
 
 Buffer = bytes | bytearray | memoryview
-Layout = tuple[tuple[str, int], ...]
 
 _OPCODES = {int(o): o for o in MessageOpcode}
 _STATUS_NAMES = {int(s): s.name for s in Status}
@@ -52,98 +53,18 @@ _HELLO, _HELLO_ACK, _COMPLETION = (
 )
 _LOAD, _BIND = MessageOpcode.LOAD, MessageOpcode.BIND
 _STORES = frozenset({MessageOpcode.STORE, MessageOpcode.ALLOC_STORE})
-_REQUESTS = frozenset(
-    {MessageOpcode.LOAD, MessageOpcode.STORE, MessageOpcode.ALLOC_STORE, MessageOpcode.FREE, _BIND}
-)
 _MAX_PAD = 1 << 20
 """Largest missing tail (complete=False) still validated by zero-padding the message."""
 _HEXDUMP_LIMIT = 64
 
-_HEADER = struct.Struct(">BBHQQHH")
-_DESCRIPTOR: Layout = (("desc_stag", 4), ("desc_to", 8), ("desc_length", 4))
-_LAYOUTS: dict[MessageOpcode, Layout] = {
-    _HELLO: (("capabilities", 4), ("identity_length", 2), ("reserved", 2)),
-    _HELLO_ACK: (
-        ("capabilities", 4),
-        ("block_size", 4),
-        ("pool_blocks", 4),
-        ("quota", 4),
-        ("handle_base", 8),
-        ("handle_count", 4),
-        ("ticket_timeout_ms", 4),
-        ("request_credits", 2),
-        ("ring_order", 1),
-        ("reserved", 1),
-        ("max_inline", 4),
-        ("table_stag", 4),
-        ("pool_stag", 4),
-        ("table_offset", 8),
-        ("table_base_handle", 8),
-        ("pool_offset", 8),
-        ("ring_stag", 4),
-        ("partition_stag", 4),
-        ("ring_offset", 8),
-        ("head_offset", 8),
-        ("partition_offset", 8),
-        ("partition_length", 8),
-    ),
-    _COMPLETION: (("data_length", 4), ("request_opcode", 1), ("reserved", 3), ("block_offset", 8)),
-    MessageOpcode.LOAD: _DESCRIPTOR,
-    MessageOpcode.STORE: _DESCRIPTOR,
-    MessageOpcode.ALLOC_STORE: _DESCRIPTOR,
-    MessageOpcode.FREE: (),
-    _BIND: (("ticket", 4), ("data_length", 4), ("block_offset", 8)),
+_HEADER = HEADER.full
+_BODIES: dict[MessageOpcode, Part] = {op: f.body for op, f in FORMATS.items()}
+"""Body of each opcode (docs/kbtp.md §5.2-5.8); keys of the values are the parts' keys."""
+_BYTES_FIELDS = {
+    part: any(f.code.endswith("s") for f in part.fields)
+    for part in (*_BODIES.values(), COMPLETION_DESCRIPTOR)
 }
-"""Body layouts (docs/kbtp.md §5.2-5.8): (key, octets), big-endian; keys are JSON keys."""
-_RECORD_LAYOUT: Layout = (("record_stag", 4), ("record_to", 8), ("record_reserved", 4))
-
-_WIDTH_FORMAT = {1: "B", 2: "H", 3: "3s", 4: "I", 8: "Q"}
-
-
-def _struct(layout: Layout) -> struct.Struct:
-    return struct.Struct(">" + "".join(_WIDTH_FORMAT[n] for _, n in layout))
-
-
-_STRUCTS = {
-    id(lay): (_struct(lay), tuple(k for k, _ in lay), any(n == 3 for _, n in lay))
-    for lay in (*_LAYOUTS.values(), _RECORD_LAYOUT)
-}
-"""Per layout: its struct, its keys, whether a 3-octet field needs converting to int."""
-
-# Tree labels: key -> (label, format); formats: d decimal, x hex, b block offset, n names.
-_LABELS: dict[str, tuple[str, str]] = {
-    "capabilities": ("Capabilities", "n"),
-    "identity_length": ("Identity Length", "d"),
-    "block_size": ("Block Size", "d"),
-    "pool_blocks": ("Pool Size (F)", "d"),
-    "quota": ("Allocation Quota", "d"),
-    "handle_base": ("Handle Base", "x"),
-    "handle_count": ("Handle Count", "d"),
-    "ticket_timeout_ms": ("Ticket Timeout (ms)", "d"),
-    "request_credits": ("Request Credits", "d"),
-    "ring_order": ("Ring Order", "d"),
-    "max_inline": ("Max Inline", "d"),
-    "table_stag": ("Table STag", "x"),
-    "pool_stag": ("Pool STag", "x"),
-    "table_offset": ("Table Offset", "x"),
-    "table_base_handle": ("Table Base Handle", "x"),
-    "pool_offset": ("Pool Offset", "x"),
-    "ring_stag": ("Ring STag", "x"),
-    "partition_stag": ("Partition STag", "x"),
-    "ring_offset": ("Ring Offset", "x"),
-    "head_offset": ("Head Offset", "x"),
-    "partition_offset": ("Partition Offset", "x"),
-    "partition_length": ("Partition Length", "x"),
-    "data_length": ("Data Length", "d"),
-    "request_opcode": ("Request Opcode", "o"),
-    "block_offset": ("Block Offset", "b"),
-    "desc_stag": ("Data Descriptor STag", "x"),
-    "desc_to": ("Data Descriptor Tagged Offset", "x"),
-    "desc_length": ("Data Descriptor Length", "d"),
-    "ticket": ("Ticket", "d"),
-    "record_stag": ("Completion Descriptor STag", "x"),
-    "record_to": ("Completion Descriptor Tagged Offset", "x"),
-}
+"""Per part: whether a field of odd size (3 octets) is unpacked as bytes, to convert."""
 
 
 def looks_like_kbtp(payload: Buffer) -> bool:
@@ -208,19 +129,42 @@ def _quoted(identity: bytes) -> str:
     return "0x" + identity.hex()
 
 
-def _take(data: Buffer, at: int, layout: Layout, out: dict[str, Any]) -> int:
-    """Read ``layout`` from ``data[at:]`` into ``out``; fields past the end are None."""
-    st, keys, odd = _STRUCTS[id(layout)]
+def _show(display: Display, value: int | None, size: int) -> str:
+    """A field's value as the ``-V`` tree shows it."""
+    if display is Display.DEC:
+        return _dec(value)
+    if display is Display.HEX:
+        return _hex(value)
+    if display is Display.BLOCK:
+        return _block(value)
+    if display is Display.CAPABILITIES:
+        return f"{_hex(value)} ({_joined(value, _CAP_NAMES)})"
+    if display is Display.REQUEST_OPCODE:
+        return f"{_hex(value)} ({_opcode_name(value) or '?'})"
+    if value is None:
+        return "?"
+    if display is Display.OPCODE:
+        return f"0x{value:02x} ({_opcode_name(value)})"
+    if display is Display.FLAGS:
+        return f"0x{value:0{2 * size}x} ({_joined(value, _FLAG_NAMES)})"
+    if display is Display.STATUS:
+        return f"{value} ({_status_name(value)})"
+    return f"{value} (0x{value:x})"  # DEC_HEX
+
+
+def _take(data: Buffer, at: int, part: Part, out: dict[str, Any]) -> int:
+    """Read ``part`` from ``data[at:]`` into ``out``; fields past the end are None."""
+    st = part.full
     if at + st.size <= len(data):
         values = st.unpack_from(data, at)
-        if odd:
+        if _BYTES_FIELDS[part]:
             values = tuple(int.from_bytes(x, "big") if type(x) is bytes else x for x in values)
-        out.update(zip(keys, values, strict=True))
+        out.update(zip(part.keys, values, strict=True))
         return at + st.size
     end = len(data)
-    for key, size in layout:
-        out[key] = int.from_bytes(data[at : at + size], "big") if at + size <= end else None
-        at += size
+    for key, f in zip(part.keys, part.fields, strict=True):
+        out[key] = int.from_bytes(data[at : at + f.size], "big") if at + f.size <= end else None
+        at += f.size
     return at
 
 
@@ -289,8 +233,9 @@ class KbtpSummary:
             "kbtp_error": self.error.name if self.error is not None else None,
             "kbtp_error_detail": error,
         }
-        for key, _ in _LAYOUTS[op]:
-            if not key.startswith("reserved"):
+        body = _BODIES[op]
+        for key, f in zip(body.keys, body.fields, strict=True):
+            if not f.reserved:
                 out["kbtp_" + key] = v[key]
         if op in (_HELLO, _HELLO_ACK):
             caps = v["capabilities"]
@@ -301,7 +246,7 @@ class KbtpSummary:
             out["kbtp_identity_hex"] = self.data.hex() if known else None
         elif op == _COMPLETION:
             out["kbtp_request_opcode_name"] = _opcode_name(v["request_opcode"])
-        elif op in _REQUESTS:
+        elif op in REQUEST_OPCODES:
             if op in _STORES:
                 out["kbtp_inline_length"] = len(self.data)
             record = "record_stag" in v
@@ -317,37 +262,17 @@ class KbtpSummary:
         ``stack.dissect.report.verbose_lines`` indents its layers."""
         v = self.values
         op = self.opcode
-        flags, status = v["flags"] or 0, v["status"] or 0
-        rid, handle = v["request_id"] or 0, v["handle"] or 0
-        lines = [
-            f"  KBTP {op.name}",
-            f"    Version: {v['version']}",
-            f"    Opcode: 0x{int(op):02x} ({op.name})",
-            f"    Flags: 0x{flags:04x} ({_joined(flags, _FLAG_NAMES)})",
-            f"    Request ID: {rid} (0x{rid:x})",
-            f"    Block Handle: {handle} (0x{handle:x})",
-            f"    Generation: {v['generation']}",
-            f"    Status: {status} ({_status_name(status)})",
-        ]
-        layout = _LAYOUTS[op] + (_RECORD_LAYOUT if "record_stag" in v else ())
-        for key, _ in layout:
-            value = v[key]
-            if key.startswith("reserved") or key == "record_reserved":
-                if value:
-                    lines.append(f"    Reserved ({key}): 0x{value:x}, not zero (ignored)")
-                continue
-            label, fmt = _LABELS[key]
-            if fmt == "n":
-                text = f"{_hex(value)} ({_joined(value, _CAP_NAMES)})"
-            elif fmt == "o":
-                text = f"{_hex(value)} ({_opcode_name(value) or '?'})"
-            elif fmt == "x":
-                text = _hex(value)
-            elif fmt == "b":
-                text = _block(value)
-            else:
-                text = _dec(value)
-            lines.append(f"    {label}: {text}")
+        flags = v["flags"] or 0
+        lines = [f"  KBTP {op.name}"]
+        parts = (HEADER, _BODIES[op]) + ((COMPLETION_DESCRIPTOR,) if "record_stag" in v else ())
+        for part in parts:
+            for key, fld in zip(part.keys, part.fields, strict=True):
+                value = v[key]
+                if fld.reserved:
+                    if value:
+                        lines.append(f"    Reserved ({key}): 0x{value:x}, not zero (ignored)")
+                    continue
+                lines.append(f"    {fld.label}: {_show(fld.display, value, fld.size)}")
         if op == _HELLO and v["identity_length"] is not None:
             lines.append(f"    Identity: {_quoted(self.data)}")
         elif op in _STORES and flags & _INLINE:
@@ -381,24 +306,18 @@ def describe_payload(payload: Buffer, *, complete: bool = True) -> KbtpSummary |
     """
     if not looks_like_kbtp(payload):
         return None
-    version, op_byte, flags, request_id, handle, generation, status = _HEADER.unpack_from(payload)
-    opcode = _OPCODES[op_byte]
-    v: dict[str, Any] = {
-        "version": version,
-        "opcode": op_byte,
-        "flags": flags,
-        "request_id": request_id,
-        "handle": handle,
-        "generation": generation,
-        "status": status,
-    }
-    at = _take(payload, COMMON_HEADER_LEN, _LAYOUTS[opcode], v)
-    if opcode in _REQUESTS and flags & _RECORD:
-        at = _take(payload, at, _RECORD_LAYOUT, v)
+    v: dict[str, Any] = dict(zip(HEADER.keys, _HEADER.unpack_from(payload), strict=True))
+    opcode = _OPCODES[v["opcode"]]
+    flags, request_id, handle = v["flags"], v["request_id"], v["handle"]
+    generation, status = v["generation"], v["status"]
+    form = FORMATS[opcode]
+    at = _take(payload, COMMON_HEADER_LEN, form.body, v)
+    if form.request and flags & _RECORD:
+        at = _take(payload, at, COMPLETION_DESCRIPTOR, v)
     variable = 0
-    if opcode == _HELLO:
+    if form.tail is Tail.IDENTITY:
         variable = v["identity_length"] or 0
-    elif opcode in _STORES and flags & _INLINE:
+    elif form.tail is Tail.INLINE and flags & _INLINE:
         variable = v["desc_length"] or 0
     expected = at + variable
     length = len(payload)

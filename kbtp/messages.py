@@ -1,9 +1,10 @@
 """KBTP messages: frozen dataclasses with byte-exact encode/decode (draft §5, docs/kbtp.md §5).
 
 Every message starts with the 24-octet common header of draft §5.1; all fields are
-big-endian.  :func:`decode_message` is strict: anything that does not match
-docs/kbtp.md raises :class:`KbtpError` carrying the status code a target answers with
-(and the request ID when the header could be read), never another exception.
+big-endian, laid out as the table of :mod:`kbtp.formats` says (the structs here are built
+from it).  :func:`decode_message` is strict: anything that does not match docs/kbtp.md
+raises :class:`KbtpError` carrying the status code a target answers with (and the request
+ID when the header could be read), never another exception.
 
 The dataclasses themselves do not validate, so tests can build bad messages on purpose;
 ``encode()`` only refuses values that do not fit their fields (:class:`LocalError`).
@@ -11,7 +12,7 @@ The dataclasses themselves do not validate, so tests can build bad messages on p
 
 from __future__ import annotations
 
-import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,20 +35,19 @@ from kbtp.constants import (
     RequestFlag,
     Status,
 )
-from stack.errors import LocalError, ProtocolError
+from kbtp.formats import (
+    BIND_BODY,
+    COMPLETION_BODY,
+    COMPLETION_DESCRIPTOR,
+    COMPLETION_RECORD,
+    DATA_DESCRIPTOR,
+    HEADER,
+    HELLO_ACK_BODY,
+    HELLO_BODY,
+)
+from stack.errors import ProtocolError
 
 Buffer = bytes | bytearray | memoryview
-
-_HEADER = struct.Struct(">BBHQQHH")
-_DESCRIPTOR = struct.Struct(">IQI")
-_HELLO_BODY = struct.Struct(">IHH")
-_HELLO_ACK_BODY = struct.Struct(">IIIIQIIHBBIIIQQQIIQQQQ")
-_COMPLETION_BODY = struct.Struct(">IB3xQ")
-_BIND_BODY = struct.Struct(">IIQ")
-_RECORD = struct.Struct(">QHHIQ")
-
-assert _HEADER.size == COMMON_HEADER_LEN
-assert _HELLO_ACK_BODY.size + COMMON_HEADER_LEN == HELLO_ACK_LEN
 
 
 class KbtpError(ProtocolError):
@@ -78,13 +78,6 @@ class KbtpError(ProtocolError):
         self.fatal = status in SESSION_FATAL_STATUSES if fatal is None else fatal
 
 
-def _pack(st: struct.Struct, *values: int) -> bytes:
-    try:
-        return st.pack(*values)
-    except struct.error as exc:
-        raise LocalError(f"KBTP field out of range: {exc}") from None
-
-
 # ======================================================================================
 # Building blocks
 # ======================================================================================
@@ -106,16 +99,7 @@ class CommonHeader:
     version: int = KBTP_VERSION
 
     def encode(self) -> bytes:
-        return _pack(
-            _HEADER,
-            self.version,
-            self.opcode,
-            int(self.flags),
-            self.request_id,
-            self.handle,
-            self.generation,
-            int(self.status),
-        )
+        return HEADER.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CommonHeader:
@@ -127,8 +111,7 @@ class CommonHeader:
                 rule="KBTP-5.1",
                 fatal=True,
             )
-        version, opcode, flags, request_id, handle, generation, status = _HEADER.unpack_from(data)
-        return cls(opcode, flags, request_id, handle, generation, status, version)
+        return cls(**HEADER.unpack(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +123,11 @@ class DataDescriptor:
     length: int
 
     def encode(self) -> bytes:
-        return _pack(_DESCRIPTOR, self.stag, self.to, self.length)
+        return DATA_DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> DataDescriptor:
-        return cls(*_DESCRIPTOR.unpack_from(data, offset))
+        return cls(*DATA_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +138,11 @@ class CompletionDescriptor:
     to: int
 
     def encode(self) -> bytes:
-        return _pack(_DESCRIPTOR, self.stag, self.to, 0)
+        return COMPLETION_DESCRIPTOR.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer, offset: int = 0) -> CompletionDescriptor:
-        stag, to, _reserved = _DESCRIPTOR.unpack_from(data, offset)
-        return cls(stag, to)
+        return cls(*COMPLETION_DESCRIPTOR.values(data, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,20 +159,13 @@ class CompletionRecord:
     block_offset: int
 
     def encode(self) -> bytes:
-        return _pack(
-            _RECORD,
-            self.request_id,
-            int(self.status),
-            self.generation,
-            self.data_length,
-            self.block_offset,
-        )
+        return COMPLETION_RECORD.pack(self)
 
     @classmethod
     def decode(cls, data: Buffer) -> CompletionRecord:
         if len(data) != COMPLETION_RECORD_LEN:
             raise KbtpError(Status.MALFORMED, f"completion record of {len(data)} octets")
-        return cls(*_RECORD.unpack(data))
+        return cls(*COMPLETION_RECORD.values(data))
 
 
 # ======================================================================================
@@ -212,7 +187,9 @@ class Hello:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id).encode()
-        body = _pack(_HELLO_BODY, int(self.capabilities), len(self.identity), 0)
+        body = HELLO_BODY.pack_values(
+            {"capabilities": self.capabilities, "identity_length": len(self.identity)}
+        )
         return header + body + bytes(self.identity)
 
 
@@ -255,32 +232,7 @@ class HelloAck:
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)
-        body = _pack(
-            _HELLO_ACK_BODY,
-            int(self.capabilities),
-            self.block_size,
-            self.pool_blocks,
-            self.quota,
-            self.handle_base,
-            self.handle_count,
-            self.ticket_timeout_ms,
-            self.request_credits,
-            self.ring_order,
-            0,
-            self.max_inline,
-            self.table_stag,
-            self.pool_stag,
-            self.table_offset,
-            self.table_base_handle,
-            self.pool_offset,
-            self.ring_stag,
-            self.partition_stag,
-            self.ring_offset,
-            self.head_offset,
-            self.partition_offset,
-            self.partition_length,
-        )
-        return header.encode() + body
+        return header.encode() + HELLO_ACK_BODY.pack(self)
 
     def entry_to(self, handle: int) -> int:
         """Tagged Offset of ``handle``'s table entry under the Table STag (draft §3.2)."""
@@ -412,7 +364,7 @@ class Bind:
         header = CommonHeader(
             self.opcode, self.flags, self.request_id, self.handle, self.generation
         ).encode()
-        body = _pack(_BIND_BODY, self.ticket, self.data_length, self.block_offset)
+        body = BIND_BODY.pack(self)
         return header + body + (self.completion.encode() if self.completion is not None else b"")
 
 
@@ -438,13 +390,16 @@ class Completion:
         header = CommonHeader(
             self.opcode, 0, self.request_id, self.handle, self.generation, self.status
         ).encode()
-        body = _pack(_COMPLETION_BODY, self.data_length, self.request_opcode, self.block_offset)
-        return header + body
+        return header + COMPLETION_BODY.pack(self)
 
     @property
     def ok(self) -> bool:
         return self.status == Status.SUCCESS
 
+
+DATA_DESCRIPTOR.check_order(DataDescriptor)
+COMPLETION_DESCRIPTOR.check_order(CompletionDescriptor)
+COMPLETION_RECORD.check_order(CompletionRecord)
 
 Request = Load | Store | AllocStore | Free | Bind
 Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completion
@@ -459,7 +414,7 @@ class _Hdr:
 
     __slots__ = ("version", "opcode", "flags", "request_id", "handle", "generation", "status")
 
-    def __init__(self, fields: tuple[int, ...]) -> None:
+    def __init__(self, values: tuple[int, ...]) -> None:
         (
             self.version,
             self.opcode,
@@ -468,7 +423,11 @@ class _Hdr:
             self.handle,
             self.generation,
             self.status,
-        ) = fields
+        ) = values
+
+
+if _Hdr.__slots__ != HEADER.names:  # pragma: no cover - the table is the source
+    raise TypeError(f"_Hdr slots {_Hdr.__slots__} are not the header fields {HEADER.names}")
 
 
 _OPCODES = {int(o): o for o in MessageOpcode}
@@ -503,26 +462,25 @@ def _completion_descriptor(
 def _decode_hello(data: Buffer, h: _Hdr) -> Hello:
     if len(data) < HELLO_FIXED_LEN:
         raise _err(Status.MALFORMED, f"HELLO of {len(data)} octets", h)
-    caps, id_len, _reserved = _HELLO_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    body = HELLO_BODY.unpack(data, COMMON_HEADER_LEN)
+    id_len = body["identity_length"]
     if id_len > MAX_IDENTITY_LEN:
         raise _err(Status.MALFORMED, f"identity length {id_len} > {MAX_IDENTITY_LEN}", h)
     _expect_len(data, HELLO_FIXED_LEN + id_len, h, "HELLO")
-    return Hello(h.request_id, Capability(caps), bytes(data[HELLO_FIXED_LEN:]))
+    return Hello(h.request_id, Capability(body["capabilities"]), bytes(data[HELLO_FIXED_LEN:]))
 
 
 def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
     _expect_len(data, HELLO_ACK_LEN, h, "HELLO_ACK")
-    v = list(_HELLO_ACK_BODY.unpack_from(data, COMMON_HEADER_LEN))
-    del v[9]  # reserved octet after Ring Order
-    return HelloAck(h.request_id, h.status, Capability(v[0]), *v[1:])
+    body = HELLO_ACK_BODY.unpack(data, COMMON_HEADER_LEN)
+    body["capabilities"] = Capability(body["capabilities"])
+    return HelloAck(h.request_id, h.status, **body)
 
 
 def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
-    length, req_opcode, block_offset = _COMPLETION_BODY.unpack_from(data, COMMON_HEADER_LEN)
-    return Completion(
-        h.request_id, h.handle, h.generation, h.status, length, block_offset, req_opcode
-    )
+    body = COMPLETION_BODY.unpack(data, COMMON_HEADER_LEN)
+    return Completion(h.request_id, h.handle, h.generation, h.status, **body)
 
 
 def _decode_load(data: Buffer, h: _Hdr) -> Load:
@@ -564,22 +522,20 @@ def _decode_free(data: Buffer, h: _Hdr) -> Free:
 def _decode_bind(data: Buffer, h: _Hdr) -> Bind:
     if len(data) < BIND_LEN:
         raise _err(Status.MALFORMED, f"BIND of {len(data)} octets", h)
-    ticket, length, block_offset = _BIND_BODY.unpack_from(data, COMMON_HEADER_LEN)
+    body = BIND_BODY.unpack(data, COMMON_HEADER_LEN)
     comp, end = _completion_descriptor(data, BIND_LEN, h)
     _expect_len(data, end, h, "BIND")
     return Bind(
         h.request_id,
         h.handle,
-        ticket,
-        length,
-        block_offset,
-        h.generation,
-        _FLAGS[h.flags],
-        comp,
+        **body,
+        generation=h.generation,
+        flags=_FLAGS[h.flags],
+        completion=comp,
     )
 
 
-_DECODERS = {
+_DECODERS: dict[MessageOpcode, Callable[[Buffer, _Hdr], Message]] = {
     MessageOpcode.HELLO: _decode_hello,
     MessageOpcode.HELLO_ACK: _decode_hello_ack,
     MessageOpcode.COMPLETION: _decode_completion,
@@ -601,7 +557,7 @@ def decode_message(data: Buffer) -> Message:
     """
     if len(data) < COMMON_HEADER_LEN:
         CommonHeader.decode(data)  # raises MALFORMED (fatal)
-    h = _Hdr(_HEADER.unpack_from(data))
+    h = _Hdr(HEADER.values(data))
     if h.version != KBTP_VERSION:
         raise _err(Status.BAD_VERSION, f"version {h.version}, not {KBTP_VERSION}", h, "KBTP-5.1")
     opcode = _OPCODES.get(h.opcode)

@@ -1,7 +1,9 @@
 """Scapy layers for KBTP messages (draft §5, docs/kbtp.md §5), bound above the RDMAP Sends.
 
-For crafting, fuzzing and dissecting; the data path uses :mod:`kbtp.messages`.  Importing
-this module binds the layers (and only then does Scapy decode KBTP)::
+For crafting, fuzzing and dissecting; the data path uses :mod:`kbtp.messages`.  The layers
+are written independently of the format table :mod:`kbtp.formats` on purpose, as an oracle
+the tests hold equal to it.  Importing this module binds the layers (and only then does
+Scapy decode KBTP)::
 
     import kbtp.scapy_layers  # noqa: F401
     pkt = MPA_FPDU(raw)  # ... / RDMAP_Send / KBTP / KBTP_Load [/ KBTP_CompletionDescriptor]
@@ -412,7 +414,9 @@ def kbtp_layers(message: Message) -> Packet:
         body = KBTP_Hello(capabilities=int(message.capabilities), identity=message.identity)
     elif isinstance(message, HelloAck):
         header.status = int(message.status)
-        values = {f.name: getattr(message, f.name, 0) for f in KBTP_HelloAck.fields_desc}
+        values: dict[str, Any] = {
+            f.name: getattr(message, f.name, 0) for f in KBTP_HelloAck.fields_desc
+        }
         values["capabilities"] = int(message.capabilities)
         body = KBTP_HelloAck(**values)
     elif isinstance(message, Completion):

@@ -7,11 +7,12 @@ Theory of operation
 
 * **Memory.**  One anonymous mapping holds the table, the pool and the rings.  Tagged
   Offsets are virtual addresses (VA-based STags), so the core's ``base_to`` is the
-  mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's registrar
-  registers sub-ranges of the mapping with the access of docs/kbtp.md §3.6: Table and Pool
-  (remote read) at startup, Ring (remote read + atomic) and Partition (remote write) per
-  session at HELLO.  A local-only MR over the whole mapping is the source and sink of the
-  target's own RDMA Writes and Reads.
+  mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's
+  ``RegisterMemory`` actions register sub-ranges of the mapping in the session's protection
+  domain with the access of docs/kbtp.md §3.6 (Table and Pool remote read, Ring remote
+  read + atomic, Partition remote write) when a HELLO grants a direct mode, and its
+  ``DeregisterMemory`` actions drop them when the connection is gone.  A local-only MR
+  over the whole mapping is the source and sink of the target's own RDMA Writes and Reads.
 * **Atomics.**  The core's ``fetch_add`` runs in that MR's atomic engine
   (``MemoryRegion.atomic``), the code inbound Atomic Requests run, so the target's Head and
   Tail FetchAdds are atomic with respect to the initiators' FetchAdds on the wire (RFC 7306
@@ -49,18 +50,19 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
-from kbtp.layout import plan_layout
-from kbtp.target_core import (
+from kbtp.target_actions import (
     Action,
     CloseSession,
+    DeregisterMemory,
     InvalidateStag,
     ReadFromInitiator,
     RegionKind,
+    RegisterMemory,
     SendMessage,
-    TargetConfig,
-    TargetCore,
     WriteToInitiator,
 )
+from kbtp.target_config import TargetConfig, plan_target_layout
+from kbtp.target_core import TargetCore
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
@@ -106,23 +108,8 @@ WRITE_COPY_LIMIT = 256 * 1024
 
 
 def layout_size(config: TargetConfig) -> int:
-    """Octets of target memory ``config`` needs (the planning TargetCore does, any base_to)."""
-    if not config.initiators:
-        raise LocalError("a target needs at least one initiator identity")
-    entries = config.table_entries
-    if entries is None:
-        entries = max(
-            i.handle_base + i.handle_count - config.table_base_handle for i in config.initiators
-        )
-    return plan_layout(
-        block_size=config.block_size,
-        pool_blocks=config.pool_blocks,
-        partition_sizes=[i.quota for i in config.initiators if i.direct_alloc],
-        table_entries=entries,
-        table_base_handle=config.table_base_handle,
-        shared_ring_order=config.shared_ring_order,
-        byteorder=config.counter_byteorder,
-    ).size
+    """Octets of target memory ``config`` needs (the size does not depend on base_to)."""
+    return plan_target_layout(config).size
 
 
 def receive_buffer_size(config: TargetConfig) -> int:
@@ -135,8 +122,8 @@ class TargetSession:
     """One connection of the target.  Fields: sid, pd (the session's own protection domain:
     its QP and every STag it is given, SEC-03), local_mr (the target buffer registered in
     that PD, for the SGEs of its Writes and Reads), qp, cq, peer (address), conn, identity
-    (after HELLO), regions (MRs to deregister when it ends), close (the CloseSession waiting
-    for its last Send), reason (why it ended)."""
+    (after HELLO), regions (the driver's own MRs of the session, deregistered when it
+    ends), close (the CloseSession waiting for its last Send), reason (why it ended)."""
 
     sid: int
     pd: ProtectionDomain
@@ -186,14 +173,8 @@ class KbtpTarget:
         self._mapping = mmap.mmap(-1, layout_size(config))
         self.local_mr = self.pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
         self.config = replace(config, base_to=self.local_mr.base)
-        self.regions: dict[int, MemoryRegion] = {}
-        self._registering: TargetSession | None = None
-        self.core = TargetCore(
-            self.config,
-            self.local_mr.buf,
-            fetch_add=self._fetch_add,
-            registrar=self._register,
-        )
+        self.regions: dict[int, MemoryRegion] = {}  # the core's RegisterMemory MRs by STag
+        self.core = TargetCore(self.config, self.local_mr.buf, fetch_add=self._fetch_add)
         self.sessions: dict[int, TargetSession] = {}
         self.port = 0
         self.host = ""
@@ -215,19 +196,20 @@ class KbtpTarget:
         mr = self.local_mr
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
 
-    def _register(self, kind: RegionKind, offset: int, length: int) -> int:
-        """Registrar: an MR over [offset, offset + length) whose TOs are the core's TOs, in
-        the protection domain of the session whose HELLO is being handled (SEC-03)."""
-        sess = self._registering
-        if sess is None:  # pragma: no cover - the core registers only while handling HELLO
-            raise LocalError(f"{kind.value} region registered outside a session")
-        view = self.local_mr.buf[offset : offset + length]
-        mr = sess.pd.reg_mr(view, REGION_ACCESS[kind])
-        if mr.base != self.config.base_to + offset:  # pragma: no cover - VA arithmetic
-            raise LocalError("registered region does not start at its Tagged Offset")
+    def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
+        """RegisterMemory: an MR over the action's range whose TOs are the core's TOs, in
+        the protection domain of the session (SEC-03); the STag goes back to the core."""
+        now = trio.current_time()
+        start, end = action.offset, action.offset + action.length
+        try:
+            mr = sess.pd.reg_mr(self.local_mr.buf[start:end], REGION_ACCESS[action.kind])
+        except LocalError as exc:
+            return self.core.rdma_failed(action.op_id, now, f"cannot register: {exc}")
         self.regions[mr.stag] = mr
-        sess.regions.append(mr)
-        return mr.stag
+        if mr.base != self.config.base_to + start:  # pragma: no cover - VA arithmetic
+            failed = self.core.rdma_failed(action.op_id, now, "region not at its Tagged Offset")
+            return [DeregisterMemory(sess.sid, mr.stag), *failed]
+        return self.core.memory_registered(action.op_id, mr.stag, now)
 
     # ----------------------------------------------------------------------------------
     # serving
@@ -347,11 +329,7 @@ class KbtpTarget:
             sess.qp.post_recv(sess.recv_wr(wc.wr_id))
             sess.messages += 1
             fresh = sess.identity is None
-            self._registering = sess
-            try:
-                actions = self.core.handle_message(sess.sid, data, now)
-            finally:
-                self._registering = None
+            actions = self.core.handle_message(sess.sid, data, now)
             if fresh:
                 sess.identity = self.core.session_identity(sess.sid)
                 if sess.identity is not None:
@@ -383,9 +361,17 @@ class KbtpTarget:
         work = deque(actions)
         while work:
             action = work.popleft()
+            if isinstance(action, DeregisterMemory):
+                mr = self.regions.pop(action.stag, None)
+                if mr is not None:
+                    mr.dereg()
+                continue
             sess = self.sessions.get(action.session)
             if sess is None:
                 continue  # the session has gone; the core has dropped its operations
+            if isinstance(action, RegisterMemory):
+                work.extend(self._register(sess, action))
+                continue
             if isinstance(action, SendMessage):
                 data = action.encode()
                 if action.invalidate_stag is None:
@@ -478,7 +464,7 @@ class KbtpTarget:
     # inspection
     # ----------------------------------------------------------------------------------
     def region(self, stag: int) -> MemoryRegion | None:
-        """The MR the registrar created for ``stag`` (None once its session ended)."""
+        """The MR registered for the core under ``stag`` (None once its session ended)."""
         return self.regions.get(stag)
 
     def stag_valid(self, stag: int) -> bool:

@@ -1,59 +1,48 @@
-"""The KBTP target as a sans-IO engine (draft §3, §6; docs/kbtp.md §6-§9).
+"""The KBTP target as a sans-IO engine (draft §3, §6; docs/kbtp.md §4, §6-§9).
 
 Theory of operation
 -------------------
 :class:`TargetCore` owns one memory buffer holding the block table, the block pool and the
-free-block rings (layouts of :mod:`kbtp.layout`).  A binding to an RNIC registers that
-buffer, then feeds the core what happens and carries out the actions it returns:
+free-block rings (layouts of :mod:`kbtp.layout`, planned from a
+:class:`~kbtp.target_config.TargetConfig`).  A binding to an RNIC registers that buffer,
+then feeds the core what happens and carries out the actions (:mod:`kbtp.target_actions`)
+it returns:
 
 * ``open_session(sid)`` when an RDMAP stream is established; ``handle_message(sid, bytes,
   now)`` for every received Send; ``rdma_completed(op_id, now)`` / ``rdma_failed(op_id,
   now)`` when an RDMA Write, RDMA Read or local invalidation it asked for finishes;
+  ``memory_registered(op_id, stag, now)`` when a region it asked for is registered;
   ``tick(now)`` periodically (Ticket Timeout); ``close_session(sid, now)`` when the
   connection is gone.
 * Actions: :class:`SendMessage` (HELLO_ACK or COMPLETION as a Send, or a Send with
-  Invalidate), :class:`WriteToInitiator` (RDMA Write of block octets), :class:`ReadFromInitiator`
-  (RDMA Read of the initiator's buffer into a block), :class:`InvalidateStag` (local
-  invalidation of a Partition or Ring STag), :class:`CloseSession`.
+  Invalidate), :class:`WriteToInitiator` (RDMA Write of block octets),
+  :class:`ReadFromInitiator` (RDMA Read of the initiator's buffer into a block),
+  :class:`InvalidateStag` (local invalidation of a Partition or Ring STag),
+  :class:`RegisterMemory` / :class:`DeregisterMemory` (the per-session regions of the
+  direct modes, docs/kbtp.md §3.6), :class:`CloseSession`.
 
 The core never blocks: a request that needs an RDMA operation stays pending until the
 binding reports its completion, and the table is updated only then (a STORE's data is in
 the block before Data Length changes; a LOAD's COMPLETION is sent after its Write).
 Requests naming the same handle are executed one at a time in arrival order; requests on
-different handles overlap freely (pipelining).  Time is an argument; the Ring FetchAdds go
-through an injected atomic engine and STags come from an injected registrar.
+different handles overlap freely (pipelining).  A HELLO granting a direct mode asks for
+its session's regions to be registered; its HELLO_ACK goes out once every STag is known
+(messages arriving meanwhile wait), and the regions are deregistered when the binding
+reports the connection gone.  Time is an argument; the Ring FetchAdds go through an
+injected atomic engine.
+
+The engine is one class in parts: :mod:`kbtp.target_ops` (requests, draft §6),
+:mod:`kbtp.target_tickets` (blocks back to rings, direct tickets, draft §3.4), this module
+(sessions, HELLO, feedback), over the state of :mod:`kbtp.target_state`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from typing import Any
 
-from kbtp.constants import (
-    DEFAULT_MAX_INLINE,
-    DEFAULT_REQUEST_CREDITS,
-    DEFAULT_TICKET_TIMEOUT,
-    GENERATION_ANY,
-    NO_BLOCK_OFFSET,
-    RDMAP_BINDING_CAPABILITIES,
-    Capability,
-    RequestFlag,
-    Status,
-    TableFlag,
-    next_generation,
-)
-from kbtp.layout import (
-    ByteOrder,
-    PartitionLayout,
-    TableEntry,
-    TargetLayout,
-    init_table,
-    plan_layout,
-    read_entry,
-    write_entry,
-)
+from kbtp.constants import RDMAP_BINDING_CAPABILITIES, Capability, Status
+from kbtp.layout import PartitionLayout, TargetLayout, init_table
 from kbtp.messages import (
     AllocStore,
     Bind,
@@ -64,214 +53,46 @@ from kbtp.messages import (
     KbtpError,
     Load,
     Message,
-    Request,
     Store,
     decode_message,
 )
-from kbtp.ring import FetchAdd, FreeRing, TicketOwner, make_local_fetch_add
-from stack.constants import TERM_RDMAP_OP_UNSPECIFIED, TermCode
+from kbtp.ring import FetchAdd, FreeRing, make_local_fetch_add
+from kbtp.target_actions import (
+    Action,
+    CloseSession,
+    DeregisterMemory,
+    RegionKind,
+    RegisterMemory,
+)
+from kbtp.target_config import (
+    TargetConfig,
+    check_config,
+    check_handle_ranges,
+    plan_target_layout,
+)
+from kbtp.target_ops import RequestOps
+from kbtp.target_state import (
+    SHARED_RING,
+    InitiatorState,
+    OpKind,
+    PendingOp,
+    SessionState,
+)
+from kbtp.target_tickets import TicketOps
 from stack.errors import LocalError
 
-SHARED_RING = -1
-"""Ring id of the shared ring; partition rings are numbered 0.. in configuration order."""
+__all__ = ["TargetCore"]
+
+_STAG_OF: dict[RegionKind, str] = {
+    RegionKind.TABLE: "table_stag",
+    RegionKind.POOL: "pool_stag",
+    RegionKind.RING: "ring_stag",
+    RegionKind.PARTITION: "partition_stag",
+}
+"""The SessionState and HelloAck field carrying each region's STag."""
 
 
-# ======================================================================================
-# Configuration
-# ======================================================================================
-
-
-@dataclass(frozen=True, slots=True)
-class InitiatorConfig:
-    """What the target grants one initiator identity (docs/kbtp.md §4.2).
-
-    Fields: identity (the HELLO identity), handle_base, handle_count (its range),
-    quota (Allocation Quota), trust_domain (blocks are cleared when they move between
-    domains), direct_load, direct_alloc (offer the direct modes; only to trusted
-    initiators, draft §6.6; direct_alloc gives it a partition of ``quota`` blocks).
-    """
-
-    identity: bytes
-    handle_base: int
-    handle_count: int
-    quota: int
-    trust_domain: str = "default"
-    direct_load: bool = False
-    direct_alloc: bool = False
-
-    def owns(self, handle: int) -> bool:
-        return 0 <= handle - self.handle_base < self.handle_count
-
-
-@dataclass(frozen=True, slots=True)
-class TargetConfig:
-    """A target's pool, table and policy.
-
-    Fields: block_size, pool_blocks (F), initiators, table_base_handle, table_entries
-    (None: up to the highest configured handle), request_credits, max_inline,
-    ticket_timeout (seconds), base_to (Tagged Offset of memory byte 0),
-    counter_byteorder, shared_ring_order (None: smallest N >= shared blocks).
-    """
-
-    block_size: int
-    pool_blocks: int
-    initiators: tuple[InitiatorConfig, ...]
-    table_base_handle: int = 0
-    table_entries: int | None = None
-    request_credits: int = DEFAULT_REQUEST_CREDITS
-    max_inline: int = DEFAULT_MAX_INLINE
-    ticket_timeout: float = DEFAULT_TICKET_TIMEOUT
-    base_to: int = 0
-    counter_byteorder: ByteOrder = "little"
-    shared_ring_order: int | None = None
-
-
-class RegionKind(Enum):
-    """Memory regions the core asks the binding to register (docs/kbtp.md §3.6)."""
-
-    TABLE = "table"  # remote read (DIRECT_LOAD)
-    POOL = "pool"  # remote read (DIRECT_LOAD)
-    RING = "ring"  # remote read + remote atomic: one partition ring's slots and Head
-    PARTITION = "partition"  # remote write: one partition's blocks
-
-
-Registrar = Callable[[RegionKind, int, int], int]
-"""(kind, byte offset, length) -> STag of a new registration over that part of memory."""
-
-
-class CountingRegistrar:
-    """A registrar for tests: hands out STags 0x100, 0x200, ... and remembers the regions."""
-
-    def __init__(self) -> None:
-        self.regions: dict[int, tuple[RegionKind, int, int]] = {}
-
-    def __call__(self, kind: RegionKind, offset: int, length: int) -> int:
-        stag = 0x100 * (len(self.regions) + 1)
-        self.regions[stag] = (kind, offset, length)
-        return stag
-
-
-# ======================================================================================
-# Actions
-# ======================================================================================
-
-
-@dataclass(frozen=True, slots=True)
-class SendMessage:
-    """Send ``message`` (Send, or Send with Invalidate of ``invalidate_stag``)."""
-
-    session: int
-    message: HelloAck | Completion
-    invalidate_stag: int | None = None
-
-    def encode(self) -> bytes:
-        return self.message.encode()
-
-
-@dataclass(frozen=True, slots=True)
-class WriteToInitiator:
-    """RDMA Write ``length`` octets at target Tagged Offset ``local_to`` to the initiator."""
-
-    op_id: int
-    session: int
-    local_to: int
-    length: int
-    remote_stag: int
-    remote_to: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadFromInitiator:
-    """RDMA Read ``length`` octets of the initiator's buffer into target TO ``local_to``."""
-
-    op_id: int
-    session: int
-    remote_stag: int
-    remote_to: int
-    length: int
-    local_to: int
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidateStag:
-    """Invalidate a local STag (Partition or Ring STag); report completion like an RDMA op."""
-
-    op_id: int
-    session: int
-    stag: int
-
-
-@dataclass(frozen=True, slots=True)
-class CloseSession:
-    """Close the stream (Terminate ``term``, then TCP close) after the preceding Sends."""
-
-    session: int
-    status: Status
-    reason: str
-    term: TermCode = TERM_RDMAP_OP_UNSPECIFIED
-
-
-Action = SendMessage | WriteToInitiator | ReadFromInitiator | InvalidateStag | CloseSession
-
-
-# ======================================================================================
-# Internal state (plain containers: see TargetCore.clone)
-# ======================================================================================
-
-
-class _OpKind(Enum):
-    LOAD_WRITE = "load-write"
-    STORE_READ = "store-read"
-    ALLOC_WAIT = "alloc-wait"  # ticket taken, slot not yet filled
-    ALLOC_READ = "alloc-read"  # block consumed, RDMA Read in flight
-    INVALIDATE = "invalidate"
-
-
-@dataclass(slots=True)
-class _Op:
-    kind: _OpKind
-    session: int
-    request: Request | None
-    ring: int = SHARED_RING
-    ticket: int = 0
-    block: int = NO_BLOCK_OFFSET
-    entry: TableEntry | None = None
-
-
-@dataclass(slots=True)
-class _Session:
-    identity: bytes | None = None
-    capabilities: Capability = Capability.NONE
-    inflight: int = 0
-    table_stag: int = 0
-    pool_stag: int = 0
-    ring_stag: int = 0
-    partition_stag: int = 0
-    direct_alloc: bool = False  # DIRECT_ALLOC currently usable (STags valid)
-    invalidating: set[int] = field(default_factory=set)  # op ids of pending invalidations
-
-
-@dataclass(slots=True)
-class _Initiator:
-    config: InitiatorConfig
-    ring: int
-    session: int | None = None
-    bound: int = 0
-    allocating: int = 0  # target-executed allocations holding a ticket or block
-
-
-OVER_QUOTA = "direct allocations exceed the Allocation Quota"
-
-_RECLAIM = -1
-"""Waiter marker: an abandoned ticket whose block is reclaimed when its slot is filled."""
-
-
-# ======================================================================================
-# The engine
-# ======================================================================================
-
-
-class TargetCore:
+class TargetCore(RequestOps, TicketOps):
     """Sans-IO KBTP target (draft §3, §6).  See the module docstring for the protocol."""
 
     def __init__(
@@ -280,27 +101,11 @@ class TargetCore:
         memory: memoryview | bytearray | None = None,
         *,
         fetch_add: FetchAdd | None = None,
-        registrar: Registrar | None = None,
     ) -> None:
+        check_config(config)
         self.config = config
-        self._validate_config()
-        partitioned = [i for i in config.initiators if i.direct_alloc]
-        table_entries = config.table_entries
-        if table_entries is None:
-            table_entries = max(
-                i.handle_base + i.handle_count - config.table_base_handle for i in config.initiators
-            )
-        self.layout: TargetLayout = plan_layout(
-            block_size=config.block_size,
-            pool_blocks=config.pool_blocks,
-            partition_sizes=[i.quota for i in partitioned],
-            table_entries=table_entries,
-            table_base_handle=config.table_base_handle,
-            shared_ring_order=config.shared_ring_order,
-            base_to=config.base_to,
-            byteorder=config.counter_byteorder,
-        )
-        self._check_ranges()
+        self.layout: TargetLayout = plan_target_layout(config)
+        check_handle_ranges(config, self.layout)
         if memory is None:
             memory = bytearray(self.layout.size)
         mem = memoryview(memory).cast("B")
@@ -308,10 +113,9 @@ class TargetCore:
             raise LocalError(f"memory of {len(mem)} octets, the layout needs {self.layout.size}")
         self.memory = mem
         self.fetch_add = fetch_add or make_local_fetch_add(config.counter_byteorder)
-        self.registrar: Registrar = registrar or CountingRegistrar()
 
         # rings
-        self._rings: dict[int, FreeRing] = {}
+        self._rings = {}
         lay = self.layout
         shared_users = [i for i in config.initiators if not i.direct_alloc]
         if lay.shared_ring is not None:
@@ -331,49 +135,21 @@ class TargetCore:
         for index, part in enumerate(lay.partitions):
             self._rings[index].initialize(self._partition_blocks(part))
 
-        self._initiators: dict[bytes, _Initiator] = {}
+        self._initiators = {}
         part_index = 0
         for ic in config.initiators:
-            ring = SHARED_RING
+            rid = SHARED_RING
             if ic.direct_alloc:
-                ring, part_index = part_index, part_index + 1
-            self._initiators[ic.identity] = _Initiator(ic, ring)
+                rid, part_index = part_index, part_index + 1
+            self._initiators[ic.identity] = InitiatorState(ic, rid)
 
-        self._sessions: dict[int, _Session] = {}
-        self._ops: dict[int, _Op] = {}
+        self._sessions = {}
+        self._ops = {}
         self._next_op = 1
-        self._busy: dict[int, deque[tuple[int, Request]]] = {}
-        self._waiters: dict[tuple[int, int], int] = {}
-
-    # ----------------------------------------------------------------------------------
-    # configuration checks
-    # ----------------------------------------------------------------------------------
-    def _validate_config(self) -> None:
-        c = self.config
-        if not c.initiators:
-            raise LocalError("a target needs at least one initiator identity")
-        if len({i.identity for i in c.initiators}) != len(c.initiators):
-            raise LocalError("initiator identities must be distinct")
-        if sum(i.quota for i in c.initiators) > c.pool_blocks:
-            raise LocalError("the sum of Allocation Quotas exceeds the pool size F (draft §3.4)")
-        if c.request_credits < 1 or c.request_credits > 0xFFFF:
-            raise LocalError("request credits must be 1..65535")
-        if c.ticket_timeout <= 0:
-            raise LocalError("the Ticket Timeout must be positive")
-        for i in c.initiators:
-            if i.quota < 0 or i.handle_count < 0 or (i.direct_alloc and i.quota < 1):
-                raise LocalError(f"bad quota or handle range for {i.identity!r}")
-
-    def _check_ranges(self) -> None:
-        spans = sorted(
-            (i.handle_base, i.handle_base + i.handle_count) for i in self.config.initiators
-        )
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
-            if start < end:
-                raise LocalError("initiator handle ranges overlap")
-        for start, end in spans:
-            if end > start and not (self.layout.serves(start) and self.layout.serves(end - 1)):
-                raise LocalError("an initiator handle range lies outside the table")
+        self._busy = {}
+        self._waiters = {}
+        self._registered = {}  # session -> STags registered for it, until close_session
+        self._orphans = {}  # op id -> session: registrations asked for by a closed session
 
     def _partition_blocks(self, part: PartitionLayout) -> list[int]:
         return [
@@ -383,12 +159,6 @@ class TargetCore:
     # ----------------------------------------------------------------------------------
     # inspection (tests, tools, the state-space exploration)
     # ----------------------------------------------------------------------------------
-    def entry(self, handle: int) -> TableEntry:
-        """The table entry of ``handle`` as stored in memory."""
-        if not self.layout.serves(handle):
-            raise LocalError(f"handle {handle} is not served")
-        return read_entry(self.memory, self.layout.entry_offset(handle))
-
     def ring_of(self, identity: bytes | None = None) -> FreeRing:
         """The ring an identity allocates from (the shared ring for None)."""
         rid = SHARED_RING if identity is None else self._initiators[identity].ring
@@ -398,15 +168,9 @@ class TargetCore:
     def rings(self) -> dict[int, FreeRing]:
         return dict(self._rings)
 
-    def usage(self, identity: bytes) -> int:
-        """Bound handles + tickets taken and not bound (draft §3.4)."""
-        ini = self._initiators[identity]
-        direct = self._rings[ini.ring].direct_outstanding() if ini.config.direct_alloc else 0
-        return ini.bound + ini.allocating + direct
-
     def held_blocks(self) -> list[int]:
         """Blocks consumed from a ring by a pending ALLOC_STORE and not yet in the table."""
-        return [op.block for op in self._ops.values() if op.kind is _OpKind.ALLOC_READ]
+        return [op.block for op in self._ops.values() if op.kind is OpKind.ALLOC_READ]
 
     def block_bytes(self, block_offset: int, length: int | None = None) -> bytes:
         start = self.layout.offset_of(block_offset)
@@ -424,59 +188,6 @@ class TargetCore:
         s = self._sessions.get(session)
         return s is not None and s.direct_alloc
 
-    def clone(self) -> TargetCore:
-        """An independent copy (memory and bookkeeping) for state-space exploration."""
-        new = object.__new__(TargetCore)
-        new.__dict__.update(self.__dict__)
-        new.memory = memoryview(bytearray(self.memory))
-        new._rings = {rid: ring.clone(new.memory) for rid, ring in self._rings.items()}
-        # Requests, configs and table entries are immutable; everything else is copied.
-        new._initiators = {
-            k: _Initiator(v.config, v.ring, v.session, v.bound, v.allocating)
-            for k, v in self._initiators.items()
-        }
-        new._sessions = {
-            k: replace(v, invalidating=set(v.invalidating)) for k, v in self._sessions.items()
-        }
-        new._ops = {
-            k: _Op(v.kind, v.session, v.request, v.ring, v.ticket, v.block, v.entry)
-            for k, v in self._ops.items()
-        }
-        new._busy = {k: deque(v) for k, v in self._busy.items()}
-        new._waiters = dict(self._waiters)
-        return new
-
-    def state_key(self, now: float) -> tuple[object, ...]:
-        """Hashable summary of everything that determines future behaviour (op ids aside)."""
-        timeout = self.config.ticket_timeout
-        ops = tuple(
-            sorted(
-                (op.kind.value, op.session, repr(op.request), op.ring, op.ticket, op.block)
-                for op in self._ops.values()
-            )
-        )
-        return (
-            bytes(self.memory),
-            tuple((rid, r.state_key(now, timeout)) for rid, r in sorted(self._rings.items())),
-            tuple(
-                (k, v.session, v.bound, v.allocating) for k, v in sorted(self._initiators.items())
-            ),
-            tuple(
-                (
-                    sid,
-                    s.identity,
-                    int(s.capabilities),
-                    s.inflight,
-                    s.direct_alloc,
-                    len(s.invalidating),
-                )
-                for sid, s in sorted(self._sessions.items())
-            ),
-            ops,
-            tuple(sorted((h, tuple(repr(x) for x in q)) for h, q in self._busy.items())),
-            tuple(sorted((k, v if v == _RECLAIM else 0) for k, v in self._waiters.items())),
-        )
-
     # ----------------------------------------------------------------------------------
     # sessions
     # ----------------------------------------------------------------------------------
@@ -484,16 +195,18 @@ class TargetCore:
         """An RDMAP stream is established; the next message on it must be HELLO."""
         if session in self._sessions:
             raise LocalError(f"session {session} already open")
-        self._sessions[session] = _Session()
+        self._sessions[session] = SessionState()
 
     def close_session(self, session: int, now: float) -> list[Action]:
         """The connection is gone (closed, reset, Terminated): release what it held.
 
         Returns actions for other sessions' requests that were waiting behind this
-        session's operations.  Unknown or already closed sessions are ignored.
+        session's operations, then the deregistration of every region registered for it.
+        Unknown or already closed sessions are ignored.
         """
         out: list[Action] = []
         self._teardown(session, now, out)
+        out.extend(DeregisterMemory(session, s) for s in self._registered.pop(session, ()))
         return out
 
     # ----------------------------------------------------------------------------------
@@ -510,6 +223,9 @@ class TargetCore:
         out: list[Action] = []
         sess = self._sessions.get(session)
         if sess is None:
+            return out
+        if sess.hello_ack is not None:
+            sess.early.append(bytes(data))  # processed after the HELLO_ACK
             return out
         try:
             message = decode_message(data)
@@ -536,6 +252,9 @@ class TargetCore:
         out: list[Action] = []
         sess = self._sessions.get(session)
         if sess is None:
+            return out
+        if sess.hello_ack is not None:
+            sess.early.append(message)  # processed after the HELLO_ACK
             return out
         if isinstance(message, Hello):
             self._hello(session, sess, message, now, out)
@@ -572,18 +291,45 @@ class TargetCore:
     # ----------------------------------------------------------------------------------
     # feedback from the binding
     # ----------------------------------------------------------------------------------
+    def memory_registered(self, op_id: int, stag: int, now: float) -> list[Action]:
+        """The region a :class:`RegisterMemory` asked for is registered under ``stag``.
+
+        The last registration of a HELLO sends its HELLO_ACK.  A registration whose
+        session has meanwhile closed is deregistered at once.  Raises LocalError for an
+        ``op_id`` that is no pending registration.
+        """
+        out: list[Action] = []
+        orphaned = self._orphans.pop(op_id, None)
+        if orphaned is not None:
+            out.append(DeregisterMemory(orphaned, stag))
+            return out
+        op = self._ops.get(op_id)
+        if op is None or op.kind is not OpKind.REGISTER or op.region is None:
+            raise LocalError(f"op {op_id} is not a pending registration")
+        del self._ops[op_id]
+        sess = self._sessions[op.session]  # closing a session orphans its registrations
+        self._registered.setdefault(op.session, []).append(stag)
+        setattr(sess, _STAG_OF[op.region], stag)
+        sess.registering.discard(op_id)
+        if not sess.registering:
+            self._send_hello_ack(op.session, sess, now, out)
+        return out
+
     def rdma_completed(self, op_id: int, now: float) -> list[Action]:
         """An RDMA Write/Read or invalidation the core asked for has completed."""
         out: list[Action] = []
-        op = self._ops.pop(op_id, None)
+        op = self._ops.get(op_id)
         if op is None:
             return out  # aborted with its session
-        if op.kind is _OpKind.INVALIDATE:
+        if op.kind is OpKind.REGISTER:
+            raise LocalError(f"op {op_id} is a registration: report it with memory_registered")
+        del self._ops[op_id]
+        if op.kind is OpKind.INVALIDATE:
             self._invalidated(op_id, op, now, out)
             return out
         req = op.request
         assert req is not None
-        if op.kind is _OpKind.LOAD_WRITE:
+        if op.kind is OpKind.LOAD_WRITE:
             assert op.entry is not None
             self._complete(
                 out,
@@ -594,10 +340,10 @@ class TargetCore:
                 op.entry.data_length,
                 op.entry.block_offset,
             )
-        elif op.kind is _OpKind.STORE_READ:
+        elif op.kind is OpKind.STORE_READ:
             assert isinstance(req, Store)
             self._finish_store(op.session, req, out)
-        elif op.kind is _OpKind.ALLOC_READ:
+        elif op.kind is OpKind.ALLOC_READ:
             assert isinstance(req, AllocStore)
             self._finish_alloc(op.session, req, op.block, out)
         else:  # pragma: no cover - ALLOC_WAIT ops are resumed by slot fills, not completions
@@ -608,14 +354,23 @@ class TargetCore:
     def rdma_failed(
         self, op_id: int, now: float, reason: str = "RDMA operation failed"
     ) -> list[Action]:
-        """An RDMA operation failed (remote access error: the stream is being terminated)."""
+        """An operation the core asked for failed: an RDMA operation (remote access error:
+        the stream is being terminated), an invalidation or a registration (the target
+        failed; a HELLO waiting for the registration is answered TARGET_FAILURE)."""
         out: list[Action] = []
         op = self._ops.get(op_id)
         if op is None:
             return out
-        status = (
-            Status.TARGET_FAILURE if op.kind is _OpKind.INVALIDATE else Status.REMOTE_ACCESS_ERROR
-        )
+        if op.kind is OpKind.REGISTER:
+            del self._ops[op_id]
+            sess = self._sessions[op.session]
+            sess.registering.discard(op_id)
+            if sess.hello_ack is not None:
+                ack = HelloAck(sess.hello_ack["request_id"], Status.TARGET_FAILURE)
+                sess.hello_ack = None
+                self._send(out, op.session, ack)
+        local = op.kind in (OpKind.INVALIDATE, OpKind.REGISTER)
+        status = Status.TARGET_FAILURE if local else Status.REMOTE_ACCESS_ERROR
         self._close(op.session, now, status, reason, out)
         return out
 
@@ -649,49 +404,8 @@ class TargetCore:
         return deadline
 
     # ==================================================================================
-    # internals: plumbing
+    # internals: handle queues, closing
     # ==================================================================================
-    def _new_op(self, op: _Op) -> int:
-        op_id = self._next_op
-        self._next_op += 1
-        self._ops[op_id] = op
-        return op_id
-
-    def _send(
-        self, out: list[Action], session: int, msg: HelloAck | Completion, inv: int | None = None
-    ) -> None:
-        out.append(SendMessage(session, msg, inv))
-
-    def _complete(
-        self,
-        out: list[Action],
-        session: int,
-        req: Request,
-        status: Status,
-        generation: int = 0,
-        data_length: int = 0,
-        block_offset: int = NO_BLOCK_OFFSET,
-    ) -> None:
-        """Send the COMPLETION of ``req`` (draft §6.5) and return its credit."""
-        inv = None
-        if req.flags & RequestFlag.INVALIDATE and isinstance(req, Load | Store | AllocStore):
-            inv = req.descriptor.stag
-        msg = Completion(
-            req.request_id, req.handle, generation, status, data_length, block_offset, req.opcode
-        )
-        self._send(out, session, msg, inv)
-        sess = self._sessions.get(session)
-        if sess is not None:
-            sess.inflight -= 1
-
-    def _fail(self, out: list[Action], session: int, req: Request, status: Status) -> bool:
-        """Complete ``req`` with an error status; the request changed nothing."""
-        generation = 0
-        if self.layout.serves(req.handle):
-            generation = self.entry(req.handle).generation
-        self._complete(out, session, req, status, generation)
-        return True
-
     def _release(self, handle: int, now: float, out: list[Action]) -> None:
         """The operation on ``handle`` is over: run the requests queued behind it."""
         while True:
@@ -734,16 +448,18 @@ class TargetCore:
         doomed = [(op_id, op) for op_id, op in self._ops.items() if op.session == session]
         for op_id, op in doomed:
             del self._ops[op_id]
-            if op.kind is _OpKind.ALLOC_WAIT:
+            if op.kind is OpKind.ALLOC_WAIT:
                 self._waiters.pop((op.ring, op.ticket), None)
+            elif op.kind is OpKind.REGISTER:
+                self._orphans[op_id] = session
         partitioned = ini is not None and ini.config.direct_alloc
         for _, op in doomed:
-            if op.kind in (_OpKind.ALLOC_READ, _OpKind.ALLOC_WAIT):
+            if op.kind in (OpKind.ALLOC_READ, OpKind.ALLOC_WAIT):
                 assert ini is not None
                 ini.allocating -= 1
                 if partitioned:
                     continue  # the partition ring is rebuilt below
-                if op.kind is _OpKind.ALLOC_READ:
+                if op.kind is OpKind.ALLOC_READ:
                     self._return_block(op.ring, op.block, out, now)
                 else:
                     self._reclaim(op.ring, op.ticket, out, now)
@@ -755,7 +471,7 @@ class TargetCore:
             if op.request is not None:
                 self._release(op.request.handle, now, out)
 
-    def _reset_partition(self, ini: _Initiator) -> None:
+    def _reset_partition(self, ini: InitiatorState) -> None:
         """Rebuild a partition's ring from its unbound blocks (no session can reach it now)."""
         part = self.layout.partitions[ini.ring]
         bound = set()
@@ -772,10 +488,10 @@ class TargetCore:
         ini.allocating = 0
 
     # ==================================================================================
-    # internals: HELLO (docs/kbtp.md §4.2)
+    # internals: HELLO (docs/kbtp.md §4.2, §4.4)
     # ==================================================================================
     def _hello(
-        self, session: int, sess: _Session, hello: Hello, now: float, out: list[Action]
+        self, session: int, sess: SessionState, hello: Hello, now: float, out: list[Action]
     ) -> None:
         def refuse(status: Status, reason: str) -> None:
             self._send(out, session, HelloAck(hello.request_id, status))
@@ -802,7 +518,7 @@ class TargetCore:
         sess.capabilities = granted
         ini.session = session
         lay = self.layout
-        ack = dict(
+        ack: dict[str, Any] = dict(
             request_id=hello.request_id,
             status=Status.SUCCESS,
             capabilities=granted,
@@ -815,377 +531,53 @@ class TargetCore:
             request_credits=self.config.request_credits,
             max_inline=self.config.max_inline,
         )
+        # Regions are registered per session, like every STag this target exposes
+        # (docs/kbtp.md §3.6, SEC-03); the HELLO_ACK waits for their STags.
+        regions: list[tuple[RegionKind, int, int]] = []
         if granted & Capability.DIRECT_LOAD:
-            # Per session, like every STag this target exposes (docs/kbtp.md §3.6, SEC-03).
-            sess.table_stag = self.registrar(RegionKind.TABLE, *lay.table_region)
-            sess.pool_stag = self.registrar(RegionKind.POOL, *lay.pool_region)
+            regions.append((RegionKind.TABLE, *lay.table_region))
+            regions.append((RegionKind.POOL, *lay.pool_region))
             ack.update(
-                table_stag=sess.table_stag,
-                pool_stag=sess.pool_stag,
                 table_offset=lay.to(lay.table_offset),
                 table_base_handle=lay.table_base_handle,
                 pool_offset=lay.to(lay.pool_offset),
             )
         if granted & Capability.DIRECT_ALLOC:
             part = lay.partitions[ini.ring]
-            ring = self._rings[ini.ring]
-            sess.ring_stag = self.registrar(RegionKind.RING, *lay.ring_region(part.ring))
             p_off, p_len = lay.partition_region(part)
-            sess.partition_stag = self.registrar(RegionKind.PARTITION, p_off, p_len)
-            sess.direct_alloc = True
-            ring.observe(now)
+            regions.append((RegionKind.RING, *lay.ring_region(part.ring)))
+            regions.append((RegionKind.PARTITION, p_off, p_len))
+            self._rings[ini.ring].observe(now)
             ack.update(
                 ring_order=part.ring.order,
-                ring_stag=sess.ring_stag,
-                partition_stag=sess.partition_stag,
                 ring_offset=lay.to(part.ring.slots_offset),
                 head_offset=lay.to(part.ring.head_offset),
                 partition_offset=lay.to(p_off),
                 partition_length=p_len,
             )
-        self._send(out, session, HelloAck(**ack))  # type: ignore[arg-type]
+        sess.hello_ack = ack
+        if not regions:
+            self._send_hello_ack(session, sess, now, out)
+            return
+        for kind, offset, length in regions:
+            op_id = self._new_op(PendingOp(OpKind.REGISTER, session, None, region=kind))
+            sess.registering.add(op_id)
+            out.append(RegisterMemory(op_id, session, kind, offset, length))
 
-    # ==================================================================================
-    # internals: requests (draft §6)
-    # ==================================================================================
-    def _execute(self, session: int, req: Request, now: float, out: list[Action]) -> bool:
-        """Run ``req`` (its handle is locked); True if it completed, False if pending."""
-        sess = self._sessions[session]
-        assert sess.identity is not None
-        ini = self._initiators[sess.identity]
-        if req.flags & RequestFlag.RECORD:
-            # RECORD_COMPLETION is never offered on the RDMAP binding (draft §6.5, §9.1).
-            return self._fail(out, session, req, Status.NOT_OFFERED)
-        if isinstance(req, Load):
-            return self._load(session, req, out)
-        if isinstance(req, Store):
-            return self._store(session, ini, req, out)
-        if isinstance(req, AllocStore):
-            return self._alloc_store(session, ini, req, now, out)
-        if isinstance(req, Free):
-            return self._free(session, ini, req, now, out)
-        return self._bind(session, sess, ini, req, now, out)
-
-    def _entry_checks(
-        self, req: Request, ini: _Initiator | None
-    ) -> tuple[Status, TableEntry | None]:
-        """Handle range (initiator's, or the table's when ``ini`` is None) and Generation."""
-        if not self.layout.serves(req.handle) or (
-            ini is not None and not ini.config.owns(req.handle)
-        ):
-            return Status.HANDLE_OUT_OF_RANGE, None
-        entry = self.entry(req.handle)
-        if req.generation != GENERATION_ANY and req.generation != entry.generation:
-            return Status.WRONG_GENERATION, entry
-        return Status.SUCCESS, entry
-
-    # -- §6.1 Block Load -----------------------------------------------------------------
-    def _load(self, session: int, req: Load, out: list[Action]) -> bool:
-        status, entry = self._entry_checks(req, None)
-        if status is not Status.SUCCESS or entry is None:
-            return self._fail(out, session, req, status)
-        if not entry.valid:
-            return self._fail(out, session, req, Status.NOT_VALID)
-        if not entry.sealed and not req.flags & RequestFlag.ALLOW_UNSEALED:
-            return self._fail(out, session, req, Status.NOT_SEALED)
-        if entry.data_length > req.descriptor.length:
-            return self._fail(out, session, req, Status.TOO_LONG_FOR_DESCRIPTOR)
-        if entry.data_length == 0:
-            self._complete(
-                out, session, req, Status.SUCCESS, entry.generation, 0, entry.block_offset
-            )
-            return True
-        op_id = self._new_op(_Op(_OpKind.LOAD_WRITE, session, req, entry=entry))
-        d = req.descriptor
-        out.append(
-            WriteToInitiator(op_id, session, entry.block_offset, entry.data_length, d.stag, d.to)
-        )
-        return False
-
-    # -- §6.2 Block Mapped Store ---------------------------------------------------------
-    def _data_checks(self, req: Store | AllocStore) -> Status:
-        if req.descriptor.length > self.config.block_size:
-            return Status.TOO_LONG_FOR_BLOCK
-        if req.inline and len(req.data) > self.config.max_inline:
-            return Status.INLINE_TOO_LONG
-        if req.inline and len(req.data) != req.descriptor.length:
-            return Status.MALFORMED
-        return Status.SUCCESS
-
-    def _store(self, session: int, ini: _Initiator, req: Store, out: list[Action]) -> bool:
-        status, entry = self._entry_checks(req, ini)
-        if status is not Status.SUCCESS or entry is None:
-            return self._fail(out, session, req, status)
-        if not entry.valid:
-            return self._fail(out, session, req, Status.NOT_VALID)
-        if entry.sealed:
-            return self._fail(out, session, req, Status.SEALED)
-        status = self._data_checks(req)
-        if status is not Status.SUCCESS:
-            return self._fail(out, session, req, status)
-        if req.inline or req.descriptor.length == 0:
-            self._write_block(entry.block_offset, req.data)
-            self._finish_store(session, req, out)
-            return True
-        op_id = self._new_op(_Op(_OpKind.STORE_READ, session, req))
-        d = req.descriptor
-        out.append(ReadFromInitiator(op_id, session, d.stag, d.to, d.length, entry.block_offset))
-        return False
-
-    def _finish_store(self, session: int, req: Store, out: list[Action]) -> None:
-        """§6.2 steps 3-4: Data Length (and SEALED) after the data is in the block."""
-        at = self.layout.entry_offset(req.handle)
-        entry = read_entry(self.memory, at)
-        flags = entry.flags | (TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE)
-        updated = TableEntry(flags, entry.generation, req.descriptor.length, entry.block_offset)
-        write_entry(self.memory, at, updated)
-        self._complete(
-            out,
-            session,
-            req,
-            Status.SUCCESS,
-            updated.generation,
-            updated.data_length,
-            updated.block_offset,
-        )
-
-    def _write_block(self, block_offset: int, data: bytes) -> None:
-        start = self.layout.offset_of(block_offset)
-        self.memory[start : start + len(data)] = data
-
-    # -- §6.3 Block Unmapped Store -------------------------------------------------------
-    def _alloc_store(
-        self, session: int, ini: _Initiator, req: AllocStore, now: float, out: list[Action]
-    ) -> bool:
-        status, entry = self._entry_checks(req, ini)
-        if status is not Status.SUCCESS or entry is None:
-            return self._fail(out, session, req, status)
-        if entry.valid:
-            return self._fail(out, session, req, Status.ALREADY_VALID)
-        status = self._data_checks(req)
-        if status is not Status.SUCCESS:
-            return self._fail(out, session, req, status)
-        if self._direct_over_quota(ini, now):
-            return self._over_quota(session, req, entry.generation, now, out)
-        if self.usage(ini.config.identity) + 1 > ini.config.quota:
-            return self._fail(out, session, req, Status.NO_SPACE)
-        ring = self._rings[ini.ring]
-        ticket = ring.take(now)
-        ini.allocating += 1
-        if self.usage(ini.config.identity) > ini.config.quota:
-            # A direct FetchAdd raced ours and went over the quota (draft §3.4: NO_SPACE,
-            # MAY terminate).  The ticket cannot be given back; closing resets the partition.
-            ini.allocating -= 1
-            return self._over_quota(session, req, entry.generation, now, out)
-        op_id = self._new_op(_Op(_OpKind.ALLOC_WAIT, session, req, ring=ini.ring, ticket=ticket))
-        block = ring.ready_block(ticket)
-        if block is None:
-            self._waiters[(ini.ring, ticket)] = op_id
-            return False
-        return self._alloc_got_block(op_id, now, out)
-
-    def _alloc_got_block(self, op_id: int, now: float, out: list[Action]) -> bool:
-        """§6.3 steps 2-3: consume the slot, then place the data into the block."""
-        op = self._ops[op_id]
-        req = op.request
-        assert isinstance(req, AllocStore)
-        block, ready = self._rings[op.ring].consume(op.ticket)
-        op.block = block
-        self._wake(op.ring, ready, out, now)
-        if req.inline or req.descriptor.length == 0:
-            del self._ops[op_id]
-            self._write_block(block, req.data)
-            self._finish_alloc(op.session, req, block, out)
-            return True
-        op.kind = _OpKind.ALLOC_READ
-        d = req.descriptor
-        out.append(ReadFromInitiator(op_id, op.session, d.stag, d.to, d.length, block))
-        return False
-
-    def _finish_alloc(
-        self, session: int, req: AllocStore | Bind, block: int, out: list[Action]
+    def _send_hello_ack(
+        self, session: int, sess: SessionState, now: float, out: list[Action]
     ) -> None:
-        """§6.3 steps 4-5 (and BIND): entry written after the data; then complete."""
-        sess = self._sessions[session]
-        assert sess.identity is not None
-        ini = self._initiators[sess.identity]
-        at = self.layout.entry_offset(req.handle)
-        old = read_entry(self.memory, at)
-        flags = TableFlag.VALID | (
-            TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE
-        )
-        length = req.data_length if isinstance(req, Bind) else req.descriptor.length
-        entry = TableEntry(flags, next_generation(old.generation), length, block)
-        write_entry(self.memory, at, entry)
-        ini.bound += 1
-        if isinstance(req, AllocStore):
-            ini.allocating -= 1
-        self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
-
-    # -- §6.4 Block Free -----------------------------------------------------------------
-    def _free(
-        self, session: int, ini: _Initiator, req: Free, now: float, out: list[Action]
-    ) -> bool:
-        status, entry = self._entry_checks(req, ini)
-        if status is not Status.SUCCESS or entry is None:
-            return self._fail(out, session, req, status)
-        if not entry.valid:
-            return self._fail(out, session, req, Status.NOT_VALID)
-        at = self.layout.entry_offset(req.handle)
-        generation = next_generation(entry.generation)
-        write_entry(
-            self.memory,
-            at,
-            TableEntry(TableFlag.NONE, generation, entry.data_length, entry.block_offset),
-        )
-        ini.bound -= 1
-        self._return_block(self._ring_of_block(entry.block_offset), entry.block_offset, out, now)
-        self._complete(out, session, req, Status.SUCCESS, generation, 0, entry.block_offset)
-        return True
-
-    def _ring_of_block(self, block_offset: int) -> int:
-        index = self.layout.block_index(block_offset)
-        if index is None:
-            raise LocalError(f"table names block offset 0x{block_offset:x} outside the pool")
-        for rid, part in enumerate(self.layout.partitions):
-            if part.first_block <= index < part.first_block + part.blocks:
-                return rid
-        return SHARED_RING
-
-    def _return_block(self, rid: int, block: int, out: list[Action], now: float) -> None:
-        """§6.4 step 3: clear the block if it may change trust domain, then free it."""
-        ring = self._rings[rid]
-        if ring.clear_on_free:
-            self._write_block(block, bytes(self.config.block_size))
-        outcome = ring.free(block)
-        self._wake(rid, outcome.ready, out, now)
-
-    def _wake(self, rid: int, ready: tuple[int, ...], out: list[Action], now: float) -> None:
-        """Tickets whose slots were just filled: resume their waiting allocation or reclaim."""
-        work = list(ready)
-        while work:
-            ticket = work.pop()
-            waiter = self._waiters.pop((rid, ticket), None)
-            if waiter is None:
-                continue
-            if waiter == _RECLAIM:
-                work.extend(self._reclaim_now(rid, ticket, out, now))
-                continue
-            op = self._ops[waiter]
-            assert op.request is not None
-            if self._alloc_got_block(waiter, now, out):
-                self._release(op.request.handle, now, out)
-
-    def _reclaim(self, rid: int, ticket: int, out: list[Action], now: float) -> None:
-        """Reclaim an abandoned ticket's block now, or as soon as its slot is filled."""
-        if self._rings[rid].ready_block(ticket) is None:
-            self._waiters[(rid, ticket)] = _RECLAIM
-            return
-        self._wake(rid, self._reclaim_now(rid, ticket, out, now), out, now)
-
-    def _reclaim_now(self, rid: int, ticket: int, out: list[Action], now: float) -> tuple[int, ...]:
-        """Consume the abandoned ticket's slot and free its block with a new ticket (§3.4)."""
-        ring = self._rings[rid]
-        block, ready = ring.consume(ticket)
-        if ring.clear_on_free:
-            self._write_block(block, bytes(self.config.block_size))
-        outcome = ring.free(block)
-        return ready + outcome.ready
-
-    # -- §6.6 BIND -------------------------------------------------------------------------
-    def _bind(
-        self,
-        session: int,
-        sess: _Session,
-        ini: _Initiator,
-        req: Bind,
-        now: float,
-        out: list[Action],
-    ) -> bool:
-        if not sess.capabilities & Capability.DIRECT_ALLOC:
-            return self._fail(out, session, req, Status.NOT_OFFERED)
-        status, entry = self._entry_checks(req, ini)
-        if status is not Status.SUCCESS or entry is None:
-            return self._fail(out, session, req, status)
-        if entry.valid:
-            return self._fail(out, session, req, Status.ALREADY_VALID)
-        if req.data_length > self.config.block_size:
-            return self._fail(out, session, req, Status.TOO_LONG_FOR_BLOCK)
-        ring = self._rings[ini.ring]
-        if req.ticket in ring.abandoned:
-            return self._fail(out, session, req, Status.TICKET_ABANDONED)
-        if self._direct_over_quota(ini, now):
-            return self._over_quota(session, req, entry.generation, now, out)
-        held = ring.outstanding.get(req.ticket)
-        if held is None or held.owner is not TicketOwner.DIRECT or held.abandoned:
-            return self._fail(out, session, req, Status.BAD_BIND)
-        if ring.ready_block(req.ticket) != req.block_offset:
-            return self._fail(out, session, req, Status.BAD_BIND)
-        # Within quota: usage (which counts this ticket) was checked by _direct_over_quota.
-        _, ready = ring.consume(req.ticket)
-        self._wake(ini.ring, ready, out, now)
-        self._finish_alloc(session, req, req.block_offset, out)
-        return True
-
-    # ==================================================================================
-    # internals: DIRECT_ALLOC tickets and the Ticket Timeout (draft §3.4)
-    # ==================================================================================
-    def _direct_over_quota(self, ini: _Initiator, now: float) -> bool:
-        """Account for direct tickets taken since the last look; True if over the quota."""
-        if not ini.config.direct_alloc:
-            return False
-        limit = ini.config.quota
-        found = self._rings[ini.ring].observe(now, limit=limit)
-        return found > limit or self.usage(ini.config.identity) > limit
-
-    def _over_quota(
-        self, session: int, req: Request, generation: int, now: float, out: list[Action]
-    ) -> bool:
-        """Draft §3.4: an allocation beyond the quota gets NO_SPACE; this target also closes
-        the session (the partition ring is then rebuilt).  The request is finished."""
-        self._complete(out, session, req, Status.NO_SPACE, generation)
-        self._close(session, now, Status.NO_SPACE, OVER_QUOTA, out)
-        return True
-
-    def _check_tickets(self, session: int, sess: _Session, now: float, out: list[Action]) -> None:
-        assert sess.identity is not None
-        ini = self._initiators[sess.identity]
-        if self._direct_over_quota(ini, now):
-            self._close(session, now, Status.NO_SPACE, OVER_QUOTA, out)
-            return
-        ring = self._rings[ini.ring]
-        expired = ring.expired(now, self.config.ticket_timeout)
-        if not expired:
-            return
-        for ticket in expired:
-            ring.abandon(ticket)
-        if sess.direct_alloc:
-            # Before any block is reclaimed, no RDMA Write of the initiator may reach it:
-            # invalidate the Partition STag (and the Ring STag, so no new tickets appear).
-            sess.direct_alloc = False
-            for stag in (sess.partition_stag, sess.ring_stag):
-                op_id = self._new_op(_Op(_OpKind.INVALIDATE, session, None, ring=ini.ring))
-                sess.invalidating.add(op_id)
-                out.append(InvalidateStag(op_id, session, stag))
-        elif not sess.invalidating:
-            self._reclaim_abandoned(ini, out, now)
-
-    def _invalidated(self, op_id: int, op: _Op, now: float, out: list[Action]) -> None:
-        sess = self._sessions.get(op.session)
-        if sess is None:
-            return
-        sess.invalidating.discard(op_id)
-        if sess.invalidating or sess.identity is None:
-            return
-        ini = self._initiators[sess.identity]
-        # The Ring STag is invalid now: Head is final; account for the last direct tickets.
-        if self._direct_over_quota(ini, now):
-            self._close(op.session, now, Status.NO_SPACE, OVER_QUOTA, out)
-        else:
-            self._reclaim_abandoned(ini, out, now)
-
-    def _reclaim_abandoned(self, ini: _Initiator, out: list[Action], now: float) -> None:
-        ring = self._rings[ini.ring]
-        for ticket in sorted(t for t, o in ring.outstanding.items() if o.abandoned):
-            if (ini.ring, ticket) not in self._waiters:
-                self._reclaim(ini.ring, ticket, out, now)
+        """Every region of the HELLO is registered: send the HELLO_ACK (docs/kbtp.md §5.4),
+        then process the messages that arrived meanwhile."""
+        ack = sess.hello_ack
+        assert ack is not None
+        sess.hello_ack = None
+        ack.update({name: getattr(sess, name) for name in _STAG_OF.values()})
+        sess.direct_alloc = bool(sess.capabilities & Capability.DIRECT_ALLOC)
+        self._send(out, session, HelloAck(**ack))
+        early, sess.early = sess.early, deque()
+        for item in early:
+            if isinstance(item, bytes):
+                out.extend(self.handle_message(session, item, now))
+            else:
+                out.extend(self.handle_request(session, item, now))

@@ -42,7 +42,7 @@ from kbtp.cli.target import (
 from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.initiator import KbtpInitiator
 from kbtp.target import KbtpTarget
-from kbtp.target_core import InitiatorConfig, TargetConfig
+from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
 from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.events import MpaSettings

@@ -44,7 +44,7 @@ from kbtp.constants import Capability, RequestFlag, Status, next_generation
 from kbtp.initiator import KbtpInitiator, KbtpStatusError, OpStats
 from kbtp.messages import Bind, CompletionDescriptor, DataDescriptor, Load, Store
 from kbtp.target import KbtpTarget
-from kbtp.target_core import InitiatorConfig, TargetConfig
+from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
 from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory

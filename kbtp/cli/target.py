@@ -37,7 +37,7 @@ from kbtp.constants import (
     MAX_IDENTITY_LEN,
 )
 from kbtp.target import KbtpTarget
-from kbtp.target_core import InitiatorConfig, TargetConfig
+from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, binary_size, one_line_errors, port_number, positive_int
 from stack.errors import IwarpError, leaf_exceptions
 from stack.transport.pcap import PcapWriter

@@ -14,19 +14,19 @@ from dataclasses import dataclass
 from kbtp.constants import RING_ADD_DATA, Capability, Status, ring_add_mask
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import Completion, Hello, HelloAck, Message, decode_message
-from kbtp.target_core import (
+from kbtp.target_actions import (
     Action,
     CloseSession,
-    CountingRegistrar,
-    InitiatorConfig,
+    DeregisterMemory,
     InvalidateStag,
     ReadFromInitiator,
     RegionKind,
+    RegisterMemory,
     SendMessage,
-    TargetConfig,
-    TargetCore,
     WriteToInitiator,
 )
+from kbtp.target_config import InitiatorConfig, TargetConfig
+from kbtp.target_core import TargetCore
 
 A = InitiatorConfig(b"a", 0, 8, 2, "red", direct_load=True)
 B = InitiatorConfig(b"b", 16, 8, 2, "blue")
@@ -46,6 +46,33 @@ def default_config(**overrides: object) -> TargetConfig:
     return TargetConfig(**base)  # type: ignore[arg-type]
 
 
+class CountingRegistrar:
+    """Plays the binding's registrations: STags 0x100, 0x200, ... in the order asked for;
+    ``regions`` maps each live STag to its (kind, byte offset, length)."""
+
+    def __init__(self) -> None:
+        self.regions: dict[int, tuple[RegionKind, int, int]] = {}
+        self.deregistered: list[int] = []
+        self._count = 0
+
+    def serve(self, core: TargetCore, actions: list[Action], now: float) -> list[Action]:
+        """``actions`` with every RegisterMemory carried out and replaced by the core's
+        answer, and every DeregisterMemory carried out (kept in the list)."""
+        out: list[Action] = []
+        for action in actions:
+            if isinstance(action, RegisterMemory):
+                self._count += 1
+                stag = 0x100 * self._count
+                self.regions[stag] = (action.kind, action.offset, action.length)
+                out += self.serve(core, core.memory_registered(action.op_id, stag, now), now)
+                continue
+            if isinstance(action, DeregisterMemory):
+                del self.regions[action.stag]
+                self.deregistered.append(action.stag)
+            out.append(action)
+        return out
+
+
 @dataclass
 class Snapshot:
     memory: bytes
@@ -58,7 +85,6 @@ class Harness:
         self.registrar = CountingRegistrar()
         self.core = TargetCore(
             config or default_config(),
-            registrar=self.registrar,
             **core_kwargs,  # type: ignore[arg-type]
         )
         self.buffers: dict[int, bytearray] = {}
@@ -79,7 +105,9 @@ class Harness:
         self, session: int, identity: bytes, caps: Capability = Capability.NONE
     ) -> HelloAck:
         self.core.open_session(session)
-        actions = self.core.handle_message(session, Hello(99, caps, identity).encode(), self.now)
+        actions = self.registered(
+            self.core.handle_message(session, Hello(99, caps, identity).encode(), self.now)
+        )
         assert len(actions) == 1 and isinstance(actions[0], SendMessage), actions
         ack = actions[0].message
         assert isinstance(ack, HelloAck)
@@ -87,15 +115,21 @@ class Harness:
         self.acks[session] = ack
         return ack
 
+    def registered(self, actions: list[Action]) -> list[Action]:
+        """``actions`` with the registrations carried out (:meth:`CountingRegistrar.serve`)."""
+        return self.registrar.serve(self.core, actions, self.now)
+
     def send(self, session: int, message: Message | bytes, auto: bool = True) -> list[Action]:
         """Deliver a message as bytes; execute RDMA ops now if ``auto``; return the actions."""
         data = message if isinstance(message, bytes) else message.encode()
-        actions = self.core.handle_message(session, data, self.now)
+        actions = self.registered(self.core.handle_message(session, data, self.now))
         self.absorb(actions, auto)
         return actions
 
     def absorb(self, actions: list[Action], auto: bool = True) -> None:
-        for action in actions:
+        for action in self.registered(actions):
+            if isinstance(action, DeregisterMemory):
+                continue
             if isinstance(action, SendMessage):
                 msg = action.message
                 assert decode_message(action.encode()) == msg

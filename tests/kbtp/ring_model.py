@@ -36,18 +36,18 @@ from kbtp.messages import (
     inline_descriptor,
 )
 from kbtp.ring import TicketOwner
-from kbtp.target_core import (
-    SHARED_RING,
+from kbtp.target_actions import (
     Action,
     CloseSession,
-    InitiatorConfig,
     InvalidateStag,
     ReadFromInitiator,
     SendMessage,
-    TargetConfig,
-    TargetCore,
     WriteToInitiator,
 )
+from kbtp.target_config import InitiatorConfig, TargetConfig
+from kbtp.target_core import TargetCore
+from kbtp.target_state import SHARED_RING
+from tests.kbtp.helpers import CountingRegistrar
 
 
 class ModelViolation(AssertionError):
@@ -207,13 +207,15 @@ def initial_world(mc: ModelConfig) -> World:
         shared_ring_order=mc.shared_order,
     )
     core = TargetCore(cfg)
+    registrar = CountingRegistrar()
     actors = []
     for session, (ic, kind, budget) in enumerate(
         zip(cfg.initiators, ("inline", "read", "direct"), mc.budgets, strict=True), start=1
     ):
         core.open_session(session)
         caps = Capability.DIRECT_ALLOC if kind == "direct" else Capability.NONE
-        acts = core.handle_request(session, Hello(0, caps, ic.identity), 0.0)
+        hello = core.handle_request(session, Hello(0, caps, ic.identity), 0.0)
+        acts = registrar.serve(core, hello, 0.0)
         assert isinstance(acts[0], SendMessage) and acts[0].message.status == Status.SUCCESS
         handles = tuple(range(ic.handle_base, ic.handle_base + ic.handle_count))
         actors.append(Actor(ic.identity.decode(), session, kind, handles, ic.quota, budget))

@@ -33,7 +33,7 @@ from kbtp.messages import (
     inline_descriptor,
 )
 from kbtp.target import KbtpTarget, receive_buffer_size
-from kbtp.target_core import InitiatorConfig, TargetConfig
+from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.rnic import QpState
 from stack.wire.events import MpaSettings

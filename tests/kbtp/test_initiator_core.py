@@ -32,7 +32,7 @@ from kbtp.messages import (
     Load,
     inline_descriptor,
 )
-from kbtp.target_core import Action, InvalidateStag, RegionKind, SendMessage
+from kbtp.target_actions import Action, InvalidateStag, RegionKind, SendMessage
 from stack.errors import LocalError
 from tests.kbtp.helpers import Harness
 
@@ -46,7 +46,9 @@ class Pair:
         self.h, self.sid = h, sid
         self.ini = InitiatorCore(identity, caps)
         h.core.open_session(sid)
-        self.events = self._deliver(h.core.handle_message(sid, self.ini.hello(), h.now))
+        self.events = self._deliver(
+            h.registered(h.core.handle_message(sid, self.ini.hello(), h.now))
+        )
 
     def _deliver(self, actions: list[Action]) -> list[InitiatorEvent]:
         before = len(self.h.completions)
@@ -65,7 +67,9 @@ class Pair:
         """Send what the credits allow; optionally complete the target's RDMA operations."""
         events: list[InitiatorEvent] = []
         for data in self.ini.outgoing():
-            events += self._deliver(self.h.core.handle_message(self.sid, data, self.h.now))
+            events += self._deliver(
+                self.h.registered(self.h.core.handle_message(self.sid, data, self.h.now))
+            )
         while finish and self.h.pending:
             op_id = min(self.h.pending)
             before = len(self.h.completions)

@@ -36,17 +36,18 @@ from kbtp.messages import (
     Store,
     inline_descriptor,
 )
-from kbtp.target_core import (
-    SHARED_RING,
+from kbtp.target_actions import (
     CloseSession,
-    InitiatorConfig,
+    DeregisterMemory,
     InvalidateStag,
     ReadFromInitiator,
     RegionKind,
     SendMessage,
-    TargetCore,
     WriteToInitiator,
 )
+from kbtp.target_config import InitiatorConfig
+from kbtp.target_core import TargetCore
+from kbtp.target_state import SHARED_RING
 from stack.errors import LocalError
 from tests.kbtp.helpers import A, Harness, default_config
 
@@ -717,7 +718,10 @@ def test_close_session_while_an_allocation_waits() -> None:
     h.request(SC, Free(4, 33))  # ticket 3's write defers behind ticket 1
     h.send(SC, inline_alloc(5, 34, b"waits"))  # ticket 3: waits
     assert h.core.pending_ops() == 1 and h.completions[-1][1].request_id == 4
-    assert h.core.close_session(SC, 0.0) == []
+    closing = h.core.close_session(SC, 0.0)
+    # Nothing for other sessions; the session's Ring and Partition regions go.
+    assert [a for a in closing if not isinstance(a, DeregisterMemory)] == []
+    assert {a.stag for a in closing} == {h.acks[SC].ring_stag, h.acks[SC].partition_stag}
     ring = h.core.ring_of(b"c")
     assert len(ring.available_blocks()) == 2 and ring.deferred == {} and ring.outstanding == {}
     assert h.core.usage(b"c") == 0 and h.core.pending_ops() == 0

@@ -1,0 +1,273 @@
+"""The target's requests: LOAD, STORE, ALLOC_STORE, FREE and BIND (draft §6; docs/kbtp.md §6).
+
+Part of :class:`~kbtp.target_core.TargetCore` (see :mod:`kbtp.target_state`).  A request
+runs with its handle locked (docs/kbtp.md §6.0); its checks run in the order of the draft's
+steps and the first failing one completes it without changing anything.  A request that
+needs an RDMA operation returns False and is finished when the binding reports it: the
+table changes only after the data has moved.
+"""
+
+from __future__ import annotations
+
+from kbtp.constants import (
+    GENERATION_ANY,
+    Capability,
+    RequestFlag,
+    Status,
+    TableFlag,
+    next_generation,
+)
+from kbtp.layout import TableEntry, read_entry, write_entry
+from kbtp.messages import AllocStore, Bind, Free, Load, Request, Store
+from kbtp.ring import TicketOwner
+from kbtp.target_actions import Action, ReadFromInitiator, WriteToInitiator
+from kbtp.target_state import (
+    SHARED_RING,
+    CoreState,
+    InitiatorState,
+    OpKind,
+    PendingOp,
+    SessionState,
+)
+from stack.errors import LocalError
+
+
+class RequestOps(CoreState):
+    """The operations of draft §6, executed by the target."""
+
+    def _execute(self, session: int, req: Request, now: float, out: list[Action]) -> bool:
+        """Run ``req`` (its handle is locked); True if it completed, False if pending."""
+        sess = self._sessions[session]
+        assert sess.identity is not None
+        ini = self._initiators[sess.identity]
+        if req.flags & RequestFlag.RECORD:
+            # RECORD_COMPLETION is never offered on the RDMAP binding (draft §6.5, §9.1).
+            return self._fail(out, session, req, Status.NOT_OFFERED)
+        if isinstance(req, Load):
+            return self._load(session, req, out)
+        if isinstance(req, Store):
+            return self._store(session, ini, req, out)
+        if isinstance(req, AllocStore):
+            return self._alloc_store(session, ini, req, now, out)
+        if isinstance(req, Free):
+            return self._free(session, ini, req, now, out)
+        return self._bind(session, sess, ini, req, now, out)
+
+    def _entry_checks(
+        self, req: Request, ini: InitiatorState | None
+    ) -> tuple[Status, TableEntry | None]:
+        """Handle range (initiator's, or the table's when ``ini`` is None) and Generation."""
+        if not self.layout.serves(req.handle) or (
+            ini is not None and not ini.config.owns(req.handle)
+        ):
+            return Status.HANDLE_OUT_OF_RANGE, None
+        entry = self.entry(req.handle)
+        if req.generation != GENERATION_ANY and req.generation != entry.generation:
+            return Status.WRONG_GENERATION, entry
+        return Status.SUCCESS, entry
+
+    # -- §6.1 Block Load -----------------------------------------------------------------
+    def _load(self, session: int, req: Load, out: list[Action]) -> bool:
+        status, entry = self._entry_checks(req, None)
+        if status is not Status.SUCCESS or entry is None:
+            return self._fail(out, session, req, status)
+        if not entry.valid:
+            return self._fail(out, session, req, Status.NOT_VALID)
+        if not entry.sealed and not req.flags & RequestFlag.ALLOW_UNSEALED:
+            return self._fail(out, session, req, Status.NOT_SEALED)
+        if entry.data_length > req.descriptor.length:
+            return self._fail(out, session, req, Status.TOO_LONG_FOR_DESCRIPTOR)
+        if entry.data_length == 0:
+            self._complete(
+                out, session, req, Status.SUCCESS, entry.generation, 0, entry.block_offset
+            )
+            return True
+        op_id = self._new_op(PendingOp(OpKind.LOAD_WRITE, session, req, entry=entry))
+        d = req.descriptor
+        out.append(
+            WriteToInitiator(op_id, session, entry.block_offset, entry.data_length, d.stag, d.to)
+        )
+        return False
+
+    # -- §6.2 Block Mapped Store ---------------------------------------------------------
+    def _data_checks(self, req: Store | AllocStore) -> Status:
+        if req.descriptor.length > self.config.block_size:
+            return Status.TOO_LONG_FOR_BLOCK
+        if req.inline and len(req.data) > self.config.max_inline:
+            return Status.INLINE_TOO_LONG
+        if req.inline and len(req.data) != req.descriptor.length:
+            return Status.MALFORMED
+        return Status.SUCCESS
+
+    def _store(self, session: int, ini: InitiatorState, req: Store, out: list[Action]) -> bool:
+        status, entry = self._entry_checks(req, ini)
+        if status is not Status.SUCCESS or entry is None:
+            return self._fail(out, session, req, status)
+        if not entry.valid:
+            return self._fail(out, session, req, Status.NOT_VALID)
+        if entry.sealed:
+            return self._fail(out, session, req, Status.SEALED)
+        status = self._data_checks(req)
+        if status is not Status.SUCCESS:
+            return self._fail(out, session, req, status)
+        if req.inline or req.descriptor.length == 0:
+            self._write_block(entry.block_offset, req.data)
+            self._finish_store(session, req, out)
+            return True
+        op_id = self._new_op(PendingOp(OpKind.STORE_READ, session, req))
+        d = req.descriptor
+        out.append(ReadFromInitiator(op_id, session, d.stag, d.to, d.length, entry.block_offset))
+        return False
+
+    def _finish_store(self, session: int, req: Store, out: list[Action]) -> None:
+        """§6.2 steps 3-4: Data Length (and SEALED) after the data is in the block."""
+        at = self.layout.entry_offset(req.handle)
+        entry = read_entry(self.memory, at)
+        flags = entry.flags | (TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE)
+        updated = TableEntry(flags, entry.generation, req.descriptor.length, entry.block_offset)
+        write_entry(self.memory, at, updated)
+        self._complete(
+            out,
+            session,
+            req,
+            Status.SUCCESS,
+            updated.generation,
+            updated.data_length,
+            updated.block_offset,
+        )
+
+    # -- §6.3 Block Unmapped Store -------------------------------------------------------
+    def _alloc_store(
+        self, session: int, ini: InitiatorState, req: AllocStore, now: float, out: list[Action]
+    ) -> bool:
+        status, entry = self._entry_checks(req, ini)
+        if status is not Status.SUCCESS or entry is None:
+            return self._fail(out, session, req, status)
+        if entry.valid:
+            return self._fail(out, session, req, Status.ALREADY_VALID)
+        status = self._data_checks(req)
+        if status is not Status.SUCCESS:
+            return self._fail(out, session, req, status)
+        if self._direct_over_quota(ini, now):
+            return self._over_quota(session, req, entry.generation, now, out)
+        if self.usage(ini.config.identity) + 1 > ini.config.quota:
+            return self._fail(out, session, req, Status.NO_SPACE)
+        ring = self._rings[ini.ring]
+        ticket = ring.take(now)
+        ini.allocating += 1
+        if self.usage(ini.config.identity) > ini.config.quota:
+            # A direct FetchAdd raced ours and went over the quota (draft §3.4: NO_SPACE,
+            # MAY terminate).  The ticket cannot be given back; closing resets the partition.
+            ini.allocating -= 1
+            return self._over_quota(session, req, entry.generation, now, out)
+        op_id = self._new_op(
+            PendingOp(OpKind.ALLOC_WAIT, session, req, ring=ini.ring, ticket=ticket)
+        )
+        block = ring.ready_block(ticket)
+        if block is None:
+            self._waiters[(ini.ring, ticket)] = op_id
+            return False
+        return self._alloc_got_block(op_id, now, out)
+
+    def _alloc_got_block(self, op_id: int, now: float, out: list[Action]) -> bool:
+        """§6.3 steps 2-3: consume the slot, then place the data into the block."""
+        op = self._ops[op_id]
+        req = op.request
+        assert isinstance(req, AllocStore)
+        block, ready = self._rings[op.ring].consume(op.ticket)
+        op.block = block
+        self._wake(op.ring, ready, out, now)
+        if req.inline or req.descriptor.length == 0:
+            del self._ops[op_id]
+            self._write_block(block, req.data)
+            self._finish_alloc(op.session, req, block, out)
+            return True
+        op.kind = OpKind.ALLOC_READ
+        d = req.descriptor
+        out.append(ReadFromInitiator(op_id, op.session, d.stag, d.to, d.length, block))
+        return False
+
+    def _finish_alloc(
+        self, session: int, req: AllocStore | Bind, block: int, out: list[Action]
+    ) -> None:
+        """§6.3 steps 4-5 (and BIND): entry written after the data; then complete."""
+        sess = self._sessions[session]
+        assert sess.identity is not None
+        ini = self._initiators[sess.identity]
+        at = self.layout.entry_offset(req.handle)
+        old = read_entry(self.memory, at)
+        flags = TableFlag.VALID | (
+            TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE
+        )
+        length = req.data_length if isinstance(req, Bind) else req.descriptor.length
+        entry = TableEntry(flags, next_generation(old.generation), length, block)
+        write_entry(self.memory, at, entry)
+        ini.bound += 1
+        if isinstance(req, AllocStore):
+            ini.allocating -= 1
+        self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
+
+    # -- §6.4 Block Free -----------------------------------------------------------------
+    def _free(
+        self, session: int, ini: InitiatorState, req: Free, now: float, out: list[Action]
+    ) -> bool:
+        status, entry = self._entry_checks(req, ini)
+        if status is not Status.SUCCESS or entry is None:
+            return self._fail(out, session, req, status)
+        if not entry.valid:
+            return self._fail(out, session, req, Status.NOT_VALID)
+        at = self.layout.entry_offset(req.handle)
+        generation = next_generation(entry.generation)
+        write_entry(
+            self.memory,
+            at,
+            TableEntry(TableFlag.NONE, generation, entry.data_length, entry.block_offset),
+        )
+        ini.bound -= 1
+        self._return_block(self._ring_of_block(entry.block_offset), entry.block_offset, out, now)
+        self._complete(out, session, req, Status.SUCCESS, generation, 0, entry.block_offset)
+        return True
+
+    def _ring_of_block(self, block_offset: int) -> int:
+        index = self.layout.block_index(block_offset)
+        if index is None:
+            raise LocalError(f"table names block offset 0x{block_offset:x} outside the pool")
+        for rid, part in enumerate(self.layout.partitions):
+            if part.first_block <= index < part.first_block + part.blocks:
+                return rid
+        return SHARED_RING
+
+    # -- §6.6 BIND -------------------------------------------------------------------------
+    def _bind(
+        self,
+        session: int,
+        sess: SessionState,
+        ini: InitiatorState,
+        req: Bind,
+        now: float,
+        out: list[Action],
+    ) -> bool:
+        if not sess.capabilities & Capability.DIRECT_ALLOC:
+            return self._fail(out, session, req, Status.NOT_OFFERED)
+        status, entry = self._entry_checks(req, ini)
+        if status is not Status.SUCCESS or entry is None:
+            return self._fail(out, session, req, status)
+        if entry.valid:
+            return self._fail(out, session, req, Status.ALREADY_VALID)
+        if req.data_length > self.config.block_size:
+            return self._fail(out, session, req, Status.TOO_LONG_FOR_BLOCK)
+        ring = self._rings[ini.ring]
+        if req.ticket in ring.abandoned:
+            return self._fail(out, session, req, Status.TICKET_ABANDONED)
+        if self._direct_over_quota(ini, now):
+            return self._over_quota(session, req, entry.generation, now, out)
+        held = ring.outstanding.get(req.ticket)
+        if held is None or held.owner is not TicketOwner.DIRECT or held.abandoned:
+            return self._fail(out, session, req, Status.BAD_BIND)
+        if ring.ready_block(req.ticket) != req.block_offset:
+            return self._fail(out, session, req, Status.BAD_BIND)
+        # Within quota: usage (which counts this ticket) was checked by _direct_over_quota.
+        _, ready = ring.consume(req.ticket)
+        self._wake(ini.ring, ready, out, now)
+        self._finish_alloc(session, req, req.block_offset, out)
+        return True
