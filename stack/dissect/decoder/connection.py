@@ -19,6 +19,7 @@ from stack.constants import (
     RtrType,
 )
 from stack.dissect.decoder.common import _U32, _endpoint
+from stack.dissect.decoder.modes import Cause, Mode
 from stack.dissect.decoder.records import Note, PduRecord, SegmentView, StreamInfo
 from stack.dissect.decoder.walker import DirectionDecoder
 from stack.dissect.tcp import (
@@ -105,7 +106,7 @@ class ConnectionDecoder:
     def not_iwarp(self, half: DirectionDecoder, why: str, both: bool = False) -> None:
         """Stop decoding ``half`` (and its peer when ``both``): not MPA traffic."""
         for h in (half, self.halves[1 - half.side]) if both else (half,):
-            h.mode = "dead"
+            h.enter(Cause.ENDED)
             h.info.undecoded_bytes += h.buffered
             h._drop_all()
         if self.info.state in ("start", "midstream") and not any(self._synced):
@@ -190,7 +191,7 @@ class ConnectionDecoder:
             self._emit_startup(
                 half, mpa, "mpa_req", raw, offset, flags, rev, pd_len, pd, findings, frame, ts
             )
-            half.mode = "hold"
+            half.enter(Cause.REQUEST)
             half.need = 1 << 62
             half.seq_start = half.base
             return
@@ -207,7 +208,7 @@ class ConnectionDecoder:
         if mpa.reject:
             self.info.state = "rejected"
             for h in (half, ini):
-                h.mode = "dead"
+                h.enter(Cause.ENDED)
                 h.info.undecoded_bytes += h.buffered
                 h._drop_all()
             self.note(side, frame, "rejected", "connection rejected (R=1); MPA ends here")
@@ -224,9 +225,9 @@ class ConnectionDecoder:
         # r2i markers were requested by the initiator (Request M); i2r by the responder (Reply M)
         half.enter_fpdu(crc, req.markers if req is not None else False)
         self._synced[side] = True
-        if ini is not half and ini.mode in ("hold", "start"):
-            held_base = ini.seq_start if ini.mode == "hold" else ini.base
-            ini.mode = "fpdu"
+        if ini is not half and ini.mode in (Mode.HOLD, Mode.START):
+            held_base = ini.seq_start if ini.mode is Mode.HOLD else ini.base
+            ini.enter(Cause.FULL_OPERATION)
             ini.crc = crc
             ini.markers = mpa.markers
             ini.seq_start = held_base
@@ -465,7 +466,7 @@ class ConnectionDecoder:
 
     def finish(self, frame: int) -> None:
         for half in self.halves:
-            if half.mode == "hold":
+            if half.mode is Mode.HOLD:
                 # a Request never answered: its sender's later bytes cannot be framed
                 if half.buffered:
                     self.note(

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from stack.dissect.decoder.common import _TCP_SPECIAL
 from stack.dissect.decoder.connection import ConnectionDecoder
+from stack.dissect.decoder.modes import Mode
 from stack.dissect.decoder.records import DissectOptions, Note, PduRecord, StreamInfo
 from stack.dissect.decoder.walker import DirectionDecoder
 from stack.dissect.pcapio import TcpSegment
@@ -88,7 +89,7 @@ class Dissector:
                             half._recent.append((nxt, payload))
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            if mpa_half.mode == "fpdu" and not mpa_half.chunks and mpa_half.bulk:
+                            if mpa_half.mode is Mode.FPDU and not mpa_half.chunks and mpa_half.bulk:
                                 mpa_half.walk_plain(payload, nxt, frame, ts)
                             else:
                                 mpa_half.push(payload, nxt, frame, ts)

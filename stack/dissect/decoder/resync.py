@@ -20,6 +20,7 @@ from stack.dissect.decoder.common import (
     _SEARCH_MIN_FPDUS,
     _SEARCH_SPAN,
 )
+from stack.dissect.decoder.modes import Cause
 from stack.wire.framing import fpdu_layout, unmarked_body
 
 
@@ -40,7 +41,7 @@ class Resync:
         )
 
     def _lose_sync(self) -> None:
-        self.mode = "search"
+        self.enter(Cause.LOST_SYNC)
         self.searched = 0
         self.seq.forget()
         self.need = 1
@@ -94,7 +95,7 @@ class Resync:
             self.info.markers = markers
             if self.info.seq_start is None:
                 self.info.seq_start = seq_start
-            self.mode = "fpdu"
+            self.enter(Cause.SYNCED)
             self.info.undecoded_bytes += skipped
             self.conn.note(
                 self.side,

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - crcmod backend
     _crc32c = crc32c
 from stack.dissect.decoder.checks import DirectionChecks, _plausible_ulpdu
 from stack.dissect.decoder.common import _LAYOUTS, _LE32, _MARKER_UNPACK, _MPA_HDR, _ZEROS
+from stack.dissect.decoder.modes import Cause, Mode, next_mode
 from stack.dissect.decoder.records import DirectionInfo, PduRecord, SegmentView
 from stack.dissect.decoder.resync import Resync
 from stack.errors import ProtocolError
@@ -49,7 +50,7 @@ class DirectionDecoder(Resync):
     def __init__(self, conn: ConnectionDecoder, side: int) -> None:
         self.conn = conn
         self.side = side
-        self.mode = "start"
+        self.mode = Mode.START
         self.chunks: list[memoryview | bytes] = []
         self.buffered = 0
         self.need = MPA_KEY_LEN
@@ -67,6 +68,10 @@ class DirectionDecoder(Resync):
         self.sent_request = False
         self.info = DirectionInfo()
 
+    def enter(self, cause: Cause) -> None:
+        """Change mode by the transition table (:data:`~.modes.TRANSITIONS`)."""
+        self.mode = next_mode(self.mode, cause)
+
     # ---- buffering ------------------------------------------------------------------
     def push(self, data: memoryview | bytes, offset: int, frame: int, ts: float) -> None:
         if not self.chunks:
@@ -74,12 +79,12 @@ class DirectionDecoder(Resync):
         self.chunks.append(data)
         self.buffered += len(data)
         self.ends.append((offset + len(data), frame, ts))
-        if self.mode == "dead":
+        if self.mode is Mode.DEAD:
             self.info.undecoded_bytes += len(data)
             self._drop_all()
             return
         if self.buffered >= self.need:
-            if self.mode == "fpdu" and self.bulk:
+            if self.mode is Mode.FPDU and self.bulk:
                 # the waiting partial FPDU is now complete: walk the joined bytes in bulk
                 joined = self._joined()
                 base = self.base
@@ -145,25 +150,25 @@ class DirectionDecoder(Resync):
         if lost:
             what += f"; {lost} buffered bytes of a partial PDU dropped"
         self.conn.note(self.side, frame, "gap", what, offset)
-        if self.mode in ("fpdu", "search"):
-            if self.mode == "fpdu":
+        if self.mode in (Mode.FPDU, Mode.SEARCH):
+            if self.mode is Mode.FPDU:
                 self.conn.pending_findings[self.side].append(Finding("TCP-GAP", what))
-            self.mode = "search"
+            self.enter(Cause.GAP)
             self.searched = 0
             self.seq.forget()
             self.need = 1
-        elif self.mode in ("start", "hold"):
-            self.mode = "search"
+        elif self.mode in (Mode.START, Mode.HOLD):
+            self.enter(Cause.GAP)
             self.aligned = False
             self.searched = 0
             self.seq.forget()
             self.need = 1
 
     def finish(self, frame: int) -> None:
-        if self.buffered and self.mode not in ("dead",):
+        if self.buffered and self.mode is not Mode.DEAD:
             self.run(True)
         if self.buffered:
-            if self.mode != "dead":
+            if self.mode is not Mode.DEAD:
                 self.conn.note(
                     self.side,
                     frame,
@@ -178,13 +183,13 @@ class DirectionDecoder(Resync):
     def run(self, final: bool) -> None:
         while self.buffered:
             mode = self.mode
-            if mode == "fpdu":
+            if mode is Mode.FPDU:
                 if not self._walk():
                     return
-            elif mode == "start":
+            elif mode is Mode.START:
                 if not self._startup(final):
                     return
-            elif mode == "search":
+            elif mode is Mode.SEARCH:
                 if not self._search(final):
                     return
             else:  # hold, dead
@@ -230,7 +235,7 @@ class DirectionDecoder(Resync):
         return True
 
     def _begin_midstream(self) -> bool:
-        self.mode = "search"
+        self.enter(Cause.MIDSTREAM)
         self.seq.forget()
         self.conn.midstream(self)
         self.need = 1
@@ -245,7 +250,7 @@ class DirectionDecoder(Resync):
         self.info.crc = crc
         self.info.markers = markers
         self.info.seq_start = self.base
-        self.mode = "fpdu"
+        self.enter(Cause.FULL_OPERATION)
         self.seq.known = True
         self.need = MPA_MARKER_LEN + 2 if markers else 2
 
@@ -331,10 +336,10 @@ class DirectionDecoder(Resync):
                 ts,
             )
             pos += wire
-            if self.mode != "fpdu":
+            if self.mode is not Mode.FPDU:
                 break
         self._consume(pos)
-        return self.mode != "fpdu" and bool(self.buffered)
+        return self.mode is not Mode.FPDU and bool(self.buffered)
 
     def walk_plain(self, data: memoryview, offset: int, frame: int, ts: float) -> None:
         """The bulk path of :meth:`push` + :meth:`_walk` for an empty buffer.
