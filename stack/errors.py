@@ -1,7 +1,8 @@
 """Exception hierarchy of the stack: every protocol failure carries its rule ID and Terminate.
 
 Design: one base class (:class:`IwarpError`); protocol violations by a peer are
-:class:`ProtocolError` with the digest rule ID (``MPA-18``, ``DDP-10``, ...) and the
+:class:`ProtocolError` with the rule ID (``MPA-18``, ``DDP-10``, ...; catalog in
+:mod:`stack.rules`) and the
 Terminate cause (:class:`~stack.constants.TermCode`) the RFCs map them to, or ``None``
 where no Terminate can be sent (e.g. before Full Operation).
 """
@@ -21,13 +22,17 @@ class IwarpError(Exception):
 class ProtocolError(IwarpError):
     """The peer (or a capture) broke a protocol rule.
 
-    Fields: ``rule`` (digest rule ID), ``term`` (Terminate cause or None), ``detail``.
+    Fields: ``rule`` (rule ID, :mod:`stack.rules`), ``term`` (Terminate cause or None),
+    ``detail``, ``ulpdu`` (the offending ULPDU the Terminate copies headers from, RFC 5040
+    §4.8 Fig. 10; set by the layer that knows it, None before Full Operation or for local
+    errors).
     """
 
     def __init__(self, rule: str, detail: str, term: TermCode | None = None) -> None:
         self.rule = rule
         self.term = term
         self.detail = detail
+        self.ulpdu: memoryview | None = None
         suffix = f" [Terminate {term}]" if term is not None else ""
         super().__init__(f"{rule}: {detail}{suffix}")
 

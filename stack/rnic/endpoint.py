@@ -77,7 +77,7 @@ class QpEndpoint:
                     self.error = self.error or PeerTerminated(event.terminate)
                     self.closing = True
                     return self._stop()
-                self.qp.handle_event(event)  # type: ignore[arg-type]
+                self.qp.handle_event(event)
         except ProtocolError as exc:
             self.fail(exc)
             return self._stop()
@@ -96,7 +96,7 @@ class QpEndpoint:
         self.qp.terminate_pending = None
         if isinstance(exc, ProtocolError):
             log.info("qp %d: %s", self.qp.qp_num, exc)
-            self.engine.send_terminate(exc, self.engine.last_ulpdu if offending else None)
+            self.engine.send_terminate(exc, exc.ulpdu if offending else None)
         self.qp.fatal(exc if isinstance(exc, ProtocolError) else None, send_terminate=False)
         self.closing = True
 

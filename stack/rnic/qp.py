@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from stack.constants import (
     IMMEDIATE_DATA_LEN,
@@ -448,44 +449,48 @@ class QueuePair:
 
     # ------------------------------------------------------------------ receive side
     def handle_event(self, event: RdmapEvent) -> None:
-        """Apply one inbound RDMAP event.  Raises ProtocolError (with Terminate cause)."""
+        """Apply one inbound RDMAP event.  Raises ProtocolError (with Terminate cause), which
+        names the event's ULPDU (``ulpdu``) for the Terminate's header copies."""
         if self.state is QpState.ERROR:
             return
-        if self._lazy and not isinstance(event, ReadRequestReceived):
+        if self._lazy and type(event) is not ReadRequestReceived:
             self._snapshot_reads()
-        if isinstance(event, WriteSegment):
-            if event.data:
-                view = check_remote_access(
-                    self.table,
-                    self.pd,
-                    event.stag,
-                    event.to,
-                    len(event.data),
-                    _REMOTE_WRITE,
-                    DDP_TAGGED_CODES,
-                )
-                view[:] = event.data
-        elif isinstance(event, SendSegment):
-            self._on_send_segment(event)
-        elif isinstance(event, ReadResponseSegment):
-            self._on_read_response(event)
-        elif isinstance(event, ReadRequestReceived):
-            self._take_ird("Read Request")
-            self._on_read_request(event.request)
-        elif isinstance(event, AtomicRequestReceived):
-            self._take_ird("Atomic Request")
-            self._on_atomic_request(event.request)
-        elif isinstance(event, AtomicResponseReceived):
-            self._on_atomic_response(event.response)
-        elif isinstance(event, ImmediateDataReceived):
-            wr = self._take_recv()
-            flags = WcFlags.WITH_IMM | (WcFlags.SOLICITED if event.solicited else WcFlags.NONE)
-            self._complete_recv(
-                wr, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, imm=event.data, flags=flags
-            )
-        elif isinstance(event, TerminateReceived):
-            self.peer_terminate = event.terminate
-            self.fatal(None, send_terminate=False)
+        try:
+            _RECEIVE_HANDLERS[type(event)](self, event)
+        except ProtocolError as exc:
+            if exc.ulpdu is None and not isinstance(event, TerminateReceived):
+                exc.ulpdu = event.ulpdu
+            raise
+
+    def _on_write_segment(self, seg: WriteSegment) -> None:
+        if seg.data:
+            view = check_remote_access(
+                self.table, self.pd, seg.stag, seg.to, len(seg.data), _REMOTE_WRITE,
+                DDP_TAGGED_CODES,
+            )  # fmt: skip
+            view[:] = seg.data
+
+    def _on_read_request_received(self, event: ReadRequestReceived) -> None:
+        self._take_ird("Read Request")
+        self._on_read_request(event.request)
+
+    def _on_atomic_request_received(self, event: AtomicRequestReceived) -> None:
+        self._take_ird("Atomic Request")
+        self._on_atomic_request(event.request)
+
+    def _on_atomic_response_received(self, event: AtomicResponseReceived) -> None:
+        self._on_atomic_response(event.response)
+
+    def _on_immediate_data(self, event: ImmediateDataReceived) -> None:
+        wr = self._take_recv()
+        flags = WcFlags.WITH_IMM | (WcFlags.SOLICITED if event.solicited else WcFlags.NONE)
+        self._complete_recv(
+            wr, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, imm=event.data, flags=flags
+        )
+
+    def _on_terminate(self, event: TerminateReceived) -> None:
+        self.peer_terminate = event.terminate
+        self.fatal(None, send_terminate=False)
 
     def _take_ird(self, what: str) -> None:
         if self._inbound_pending >= self.ird:
@@ -731,3 +736,16 @@ def _scatter(views: list[memoryview], offset: int, data: memoryview | bytes) -> 
         offset = 0
         if pos >= len(data):
             return
+
+
+_RECEIVE_HANDLERS: dict[type, Callable[[QueuePair, Any], None]] = {
+    WriteSegment: QueuePair._on_write_segment,
+    SendSegment: QueuePair._on_send_segment,
+    ReadResponseSegment: QueuePair._on_read_response,
+    ReadRequestReceived: QueuePair._on_read_request_received,
+    AtomicRequestReceived: QueuePair._on_atomic_request_received,
+    AtomicResponseReceived: QueuePair._on_atomic_response_received,
+    ImmediateDataReceived: QueuePair._on_immediate_data,
+    TerminateReceived: QueuePair._on_terminate,
+}
+"""Receive dispatch by event type (every :data:`~stack.wire.events.RdmapEvent` kind)."""

@@ -6,8 +6,9 @@ CRC, markers) and, once Full Operation starts, an :class:`~stack.wire.stream.Rdm
 (DDP segmentation and validation, RDMAP messages).  Bytes go in with
 :meth:`receive_data`; :meth:`next_event` returns MPA events (``RequestReceived``,
 ``Established``, ``Rejected``, ``ConnectionFailed``, ``PeerClosed``) and RDMAP receive
-events (``WriteSegment``, ``SendSegment``, ...), and :attr:`last_ulpdu` is the ULPDU that
-produced the last RDMAP event, so the caller can copy its headers into a Terminate.
+events (``WriteSegment``, ``SendSegment``, ...): :data:`ConnectionEvent`.  Each RDMAP
+event and each :class:`~stack.errors.ProtocolError` raised for one carries the ULPDU it came
+from (``ulpdu``), so :meth:`send_terminate` copies the right headers (RFC 5040 Fig. 10).
 Messages go out with :meth:`send_message`; :meth:`data_to_send` hands over the bytes.
 
 Peer-to-peer RTR (RFC 6581 §5, ERC-09) is handled here, invisibly to the ULP: the
@@ -25,6 +26,7 @@ from stack.errors import ProtocolError
 from stack.wire.events import (
     ConnectionFailed,
     Established,
+    MpaEvent,
     MpaSettings,
     NeedData,
     Negotiated,
@@ -49,7 +51,8 @@ from stack.wire.stream import RdmapStream
 WRITE_RTR_STAG = 1
 """STag of a zero-length Write RTR (siw's choice; Chelsio hardware rejects STag 0)."""
 
-Event = object
+ConnectionEvent = MpaEvent | RdmapEvent | NeedData
+"""What :meth:`IwarpConnection.next_event` returns."""
 
 
 class IwarpConnection:
@@ -62,9 +65,8 @@ class IwarpConnection:
         self.rfc7306 = rfc7306
         self.stream: RdmapStream | None = None
         self.negotiated: Negotiated | None = None
-        self.last_ulpdu: memoryview | None = None
         self.terminate_sent = False
-        self._events: deque[Event] = deque()
+        self._events: deque[ConnectionEvent] = deque()
         self._rtr_pending: RtrType = RtrType.NONE  # responder: RTR still to absorb
         self._rtr_read_outstanding = False  # initiator: zero-length Read RTR unanswered
 
@@ -91,18 +93,17 @@ class IwarpConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self.mpa.receive_data(data)
 
-    def next_event(self) -> Event:
+    def next_event(self) -> ConnectionEvent:
         """The next MPA or RDMAP event, or ``NEED_DATA``.  Raises ProtocolError on bad input.
 
-        A ProtocolError from DDP/RDMAP validation leaves :attr:`last_ulpdu` set to the
-        offending ULPDU; call :meth:`send_terminate` with it.
+        A ProtocolError from DDP/RDMAP validation carries the offending ULPDU (``ulpdu``);
+        pass it to :meth:`send_terminate`.
         """
         while True:
             if self._events:
                 return self._events.popleft()
             event = self.mpa.next_event()
             if isinstance(event, UlpduReceived):
-                self.last_ulpdu = event.ulpdu
                 assert self.stream is not None
                 for rdmap_event in self.stream.receive_ulpdu(event.ulpdu):
                     if not self._absorb_rtr(rdmap_event):
@@ -170,7 +171,8 @@ class IwarpConnection:
         self.mpa.send_ulpdu_parts(self.stream.send_parts(message))
 
     def send_terminate(self, error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
-        """Send the Terminate for ``error`` (at most one per stream, RDMAP-10)."""
+        """Send the Terminate for ``error`` about ``offending_ulpdu`` (usually
+        ``error.ulpdu``; None for a local error), at most one per stream (RDMAP-10)."""
         if self.terminate_sent or self.stream is None or error.term is None:
             return
         self.terminate_sent = True
@@ -181,4 +183,4 @@ class IwarpConnection:
         return self.mpa.data_to_send()
 
 
-__all__ = ["IwarpConnection", "WRITE_RTR_STAG", "ConnectionFailed", "NeedData"]
+__all__ = ["ConnectionEvent", "IwarpConnection", "WRITE_RTR_STAG", "ConnectionFailed", "NeedData"]

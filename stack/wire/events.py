@@ -24,7 +24,7 @@ MPA events (what :class:`stack.wire.mpa.MpaConnection` yields):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from stack.constants import (
@@ -186,6 +186,9 @@ RdmapMessage = (
 # ======================================================================================
 # Receive events of the RDMAP stream (one per DDP segment for data, one per message else)
 # ======================================================================================
+# Each carries ``ulpdu``, the ULPDU it came from (not compared, not shown), so an error the
+# RNIC finds while applying it names the ULPDU its Terminate copies headers from (RFC 5040
+# §4.8, Fig. 10).
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,7 @@ class WriteSegment:
     to: int
     data: memoryview
     last: bool
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,7 @@ class ReadResponseSegment:
     to: int
     data: memoryview
     last: bool
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +230,7 @@ class SendSegment:
     data: memoryview
     last: bool
     invalidate_stag: int | None = None
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +239,7 @@ class ReadRequestReceived:
 
     msn: int
     request: ReadRequest
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +248,7 @@ class AtomicRequestReceived:
 
     msn: int
     request: AtomicRequest
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +257,7 @@ class AtomicResponseReceived:
 
     msn: int
     response: AtomicResponse
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +267,7 @@ class ImmediateDataReceived:
     msn: int
     data: bytes
     solicited: bool
+    ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

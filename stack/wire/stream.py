@@ -43,6 +43,7 @@ RDMAP-10).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 from stack.constants import (
@@ -122,17 +123,6 @@ class SendState(Enum):
 
     OPEN = "open"
     TERMINATED = "terminated"
-
-
-_RECV_ACTIONS: dict[tuple[RecvState, bool], str] = {
-    (RecvState.OPEN, False): "_process",
-    (RecvState.OPEN, True): "_process",
-    (RecvState.FAILED, False): "_refuse",
-    (RecvState.FAILED, True): "_terminate_after_error",
-    (RecvState.TERMINATED, False): "_data_after_terminate",
-    (RecvState.TERMINATED, True): "_second_terminate",
-}
-"""(state, input is a Terminate) -> handler name."""
 
 
 class RdmapStream:
@@ -237,8 +227,7 @@ class RdmapStream:
             and not view[0] & DDP_TAGGED
             and view[1] & RDMAP_OPCODE_MASK == Opcode.TERMINATE
         )
-        handler = getattr(self, _RECV_ACTIONS[(self.recv_state, is_terminate)])
-        return handler(view)
+        return _RECV_ACTIONS[self.recv_state, is_terminate](self, view)
 
     def _fast_path(self, view: memoryview) -> list[RdmapEvent] | None:
         """Tagged data and in-sequence Send segments whose header bytes are exactly valid.
@@ -254,11 +243,13 @@ class RdmapStream:
         if b0 == _TAGGED_LAST or b0 == _TAGGED_MORE:
             if b1 == _RDMAP_WRITE:
                 _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
-                return [WriteSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST)]
+                return [WriteSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST, view)]
             if b1 == _RDMAP_READ_RESPONSE:
                 _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
                 return [
-                    ReadResponseSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST)
+                    ReadResponseSegment(
+                        stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST, view
+                    )
                 ]
             return None
         if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
@@ -279,7 +270,9 @@ class RdmapStream:
         last = b0 == _UNTAGGED_LAST
         seq.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
         data = view[DDP_UNTAGGED_HDR_LEN:]
-        return [SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None)]
+        return [
+            SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None, view)
+        ]
 
     def _process(self, view: memoryview) -> list[RdmapEvent]:
         chk = Checker(strict=True)
@@ -299,6 +292,8 @@ class RdmapStream:
             op, header, payload = check_rdmap(f, chk, self.rfc7306, self.siw_layout)
         except ProtocolError as exc:
             self._keep(chk.findings)
+            if exc.ulpdu is None:
+                exc.ulpdu = view
             self.error = exc
             self.recv_state = RecvState.FAILED
             raise
@@ -306,20 +301,22 @@ class RdmapStream:
             self._keep(chk.findings)
         if f.tagged:
             if op == Opcode.RDMA_WRITE:
-                return [WriteSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
-            return [ReadResponseSegment(f.stag, f.to, payload, f.last)]  # type: ignore[arg-type]
+                return [WriteSegment(f.stag, f.to, payload, f.last, view)]  # type: ignore[arg-type]
+            return [ReadResponseSegment(f.stag, f.to, payload, f.last, view)]  # type: ignore[arg-type]
         msn: int = f.msn  # type: ignore[assignment]
         if header is None:
             inval = f.inval_stag if op in _INVALIDATE_OPS else None
-            return [SendSegment(_SEND_EVENT_OPS[op], msn, f.mo, payload, f.last, inval)]  # type: ignore[arg-type]
+            return [
+                SendSegment(_SEND_EVENT_OPS[op], msn, f.mo, payload, f.last, inval, view)  # type: ignore[arg-type]
+            ]
         if isinstance(header, ReadRequest):
-            return [ReadRequestReceived(msn, header)]
+            return [ReadRequestReceived(msn, header, view)]
         if isinstance(header, AtomicRequest):
-            return [AtomicRequestReceived(msn, header)]
+            return [AtomicRequestReceived(msn, header, view)]
         if isinstance(header, AtomicResponse):
-            return [AtomicResponseReceived(msn, header)]
+            return [AtomicResponseReceived(msn, header, view)]
         if isinstance(header, ImmediateData):
-            return [ImmediateDataReceived(msn, header.data, header.solicited)]
+            return [ImmediateDataReceived(msn, header.data, header.solicited, view)]
         self.terminate_received = header
         self.recv_state = RecvState.TERMINATED
         return [TerminateReceived(header)]
@@ -341,7 +338,9 @@ class RdmapStream:
         return [TerminateReceived(seg.header)]
 
     def _data_after_terminate(self, view: memoryview) -> list[RdmapEvent]:
-        raise RdmapError("RDMAP-10", "segment received after the peer's Terminate")
+        error = RdmapError("RDMAP-10", "segment received after the peer's Terminate")
+        error.ulpdu = view
+        raise error
 
     def _second_terminate(self, view: memoryview) -> list[RdmapEvent]:
         self._keep([Finding("RDMAP-10", "second Terminate ignored", None, False)])
@@ -351,3 +350,15 @@ class RdmapStream:
         room = MAX_FINDINGS - len(self.findings)
         self.findings.extend(findings[:room])
         self.findings_dropped += max(0, len(findings) - room)
+
+
+_RecvAction = Callable[[RdmapStream, memoryview], list[RdmapEvent]]
+_RECV_ACTIONS: dict[tuple[RecvState, bool], _RecvAction] = {
+    (RecvState.OPEN, False): RdmapStream._process,
+    (RecvState.OPEN, True): RdmapStream._process,
+    (RecvState.FAILED, False): RdmapStream._refuse,
+    (RecvState.FAILED, True): RdmapStream._terminate_after_error,
+    (RecvState.TERMINATED, False): RdmapStream._data_after_terminate,
+    (RecvState.TERMINATED, True): RdmapStream._second_terminate,
+}
+"""(state, input is a Terminate) -> action: the receive table of the module docstring."""
