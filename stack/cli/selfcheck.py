@@ -21,8 +21,8 @@ from typing import Any
 import trio
 
 from stack.constants import OPCODE_NAMES
-from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.stream import PduRecord, dissect
+from stack.pcap import read_tcp_segments
 from stack.scenarios import SCENARIOS, run_scenario
 from stack.wire.events import (
     AtomicRequest,

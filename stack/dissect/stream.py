@@ -97,7 +97,6 @@ try:  # the C function itself, without stack.crc's wrapper call, on the bulk pat
     from crc32c import crc32c as _crc32c
 except ImportError:  # pragma: no cover - crcmod backend
     _crc32c = crc32c
-from stack.dissect.pcapio import TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.dissect.tcp import (
     Connection,
     Gap,
@@ -110,6 +109,7 @@ from stack.dissect.tcp import (
     TcpReassembler,
 )
 from stack.errors import MpaError, ProtocolError
+from stack.pcap import TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.wire import ddp
 from stack.wire.events import (
     AtomicRequest,

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stack.constants import Opcode
-from stack.dissect.pcapio import CaptureReader
 from stack.dissect.stream import DissectOptions, Dissector, Note, PduRecord
 from stack.interop.tshark import TSHARK, check_against_tshark
+from stack.pcap import CaptureReader
 from stack.wire.events import (
     Established,
     MpaEvent,

@@ -16,9 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.report import record_json
 from stack.dissect.stream import DissectOptions, PduRecord, dissect
+from stack.pcap import read_tcp_segments
 
 TSHARK = shutil.which("tshark")
 OPTIONS = [

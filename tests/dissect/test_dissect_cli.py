@@ -298,9 +298,9 @@ def test_mid_stream_flag_searches_connections_that_start_without_mpa(
 
 
 def test_summary_fast_lines_match_the_general_form(capture: Path) -> None:
-    from stack.dissect.pcapio import read_tcp_segments
     from stack.dissect.report import _fields, summary_line
     from stack.dissect.stream import PduRecord, dissect
+    from stack.pcap import read_tcp_segments
 
     recs = [r for r in dissect(read_tcp_segments(capture.read_bytes()))
             if isinstance(r, PduRecord) and r.kind == "fpdu"]  # fmt: skip

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.stream import PduRecord, dissect
+from stack.pcap import read_tcp_segments
 from stack.scenarios import SCENARIOS, Scenario, run_scenario
 
 PCAPS = Path(__file__).resolve().parents[2] / "pcaps"

@@ -27,7 +27,6 @@ from stack.constants import (
     TERM_RDMAP_UNEXPECTED_OPCODE,
     RtrType,
 )
-from stack.dissect.pcapio import read_tcp_segments
 from stack.dissect.stream import DissectOptions
 from stack.interop.tshark import (
     TSHARK,
@@ -38,6 +37,7 @@ from stack.interop.tshark import (
     tshark_pdus,
     tshark_reliable,
 )
+from stack.pcap import read_tcp_segments
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
