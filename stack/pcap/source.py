@@ -59,7 +59,9 @@ class CaptureInput:
 
         Reads until ``need`` bytes are there, so a pipe gives back each record as soon as
         it is complete; ``wait`` (the caller's hook) runs before each read from a source
-        that may block.  The old window is left intact for the views into it.
+        that may block.  The window grows by at most a chunk beyond what has arrived, so
+        a length field promising more than the file holds costs no memory.  The old
+        window is left intact for the views into it.
         """
         self.base += pos
         if self._eof:
@@ -67,25 +69,26 @@ class CaptureInput:
         readinto = self._readinto
         assert readinto is not None
         tail = len(buf) - pos
-        capacity = max(need, CHUNK)
-        self.peak = max(self.peak, capacity)
-        new = bytearray(capacity)
+        new = bytearray(tail + CHUNK)
         new[:tail] = buf[pos:]
         filled = tail
-        with memoryview(new) as view:
-            while filled < need:
-                if self._wait is not None:
-                    self._wait()
-                try:
+        while filled < need:
+            if filled == len(new):
+                new.extend(bytes(min(len(new), need - filled)))
+            if self._wait is not None:
+                self._wait()
+            try:
+                with memoryview(new) as view:
                     count = readinto(view[filled:])
-                except (OSError, ValueError) as exc:
-                    raise CaptureError(f"cannot read ({_reason(exc)})", self.name) from None
-                if count is None:
-                    raise CaptureError("non-blocking input is not supported", self.name)
-                if not count:
-                    self._eof = True
-                    break
-                filled += count
+            except (OSError, ValueError) as exc:
+                raise CaptureError(f"cannot read ({_reason(exc)})", self.name) from None
+            if count is None:
+                raise CaptureError("non-blocking input is not supported", self.name)
+            if not count:
+                self._eof = True
+                break
+            filled += count
+        self.peak = max(self.peak, len(new))
         del new[filled:]
         return memoryview(new)
 
