@@ -16,14 +16,23 @@ import os
 import stat
 import sys
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from stack.pcap.errors import CaptureError
 
 CHUNK = 1 << 20
 """Bytes asked of the source per read; a window holds at most this or one record."""
 
-Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
+Source = (
+    str
+    | os.PathLike[str]
+    | bytes
+    | bytearray
+    | memoryview
+    | IO[bytes]
+    | io.RawIOBase
+    | io.BufferedIOBase
+)
 """A path (``-``: standard input), an open binary file or pipe, or the capture's bytes."""
 
 
@@ -74,7 +83,7 @@ class CaptureInput:
         filled = tail
         while filled < need:
             if filled == len(new):
-                new.extend(bytes(min(len(new), need - filled)))
+                new.extend(bytes(min(CHUNK, need - filled)))
             if self._wait is not None:
                 self._wait()
             try:

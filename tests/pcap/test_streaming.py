@@ -322,9 +322,9 @@ def test_unreadable_sources(tmp_path: Path) -> None:
 
 
 def test_copy_capture_keeps_chosen_records_byte_for_byte(tmp_path: Path) -> None:
-    raw = bytearray(SAMPLES["pcap"])
-    struct.pack_into("<I", raw, 0, 0xA1B23C4D)  # nanosecond timestamps: copied, not rebuilt
-    raw = bytes(raw)
+    nanos = bytearray(SAMPLES["pcap"])
+    struct.pack_into("<I", nanos, 0, 0xA1B23C4D)  # nanosecond timestamps: copied, not rebuilt
+    raw = bytes(nanos)
     ends = _frame_offsets(raw)
     starts = [24, *ends[:-1]]
     dst = tmp_path / "odd.pcap"
