@@ -1,15 +1,16 @@
 """Streaming pcap / pcapng reader: frames and TCP segments as the bytes arrive.
 
-Theory of operation: a capture is read through a window of at most a few chunks (1 MiB,
-or one record when a record is longer) that refills from the source, so a file, a pipe
-or standard input (``-``) of any size is decoded in bounded memory and the first records
-come out before the input ends.  Each record is walked with ``struct.unpack_from`` and
-becomes a :class:`~stack.pcap.packet.Frame` (the link-layer bytes as a zero-copy
-``memoryview`` of the window; a window is never reused, so every view stays valid), or,
-for :class:`CaptureReader`'s iteration, directly a
-:class:`~stack.pcap.packet.TcpSegment` (the common Ethernet/IPv4/TCP case is parsed
-inline, every other frame goes through :func:`~stack.pcap.packet.parse_tcp`).  Bytes,
-bytearray and memoryview inputs are read in place.
+Theory of operation: a capture is read through a window (a chunk of 1 MiB plus the start
+of the record it cut, or one record when that is longer) that refills from the source
+(:mod:`stack.pcap.source`), so a file, a pipe or standard input (``-``) of any size is
+decoded in bounded memory and the first records come out before the input ends.  Each
+record is walked with ``struct.unpack_from`` and becomes a
+:class:`~stack.pcap.packet.Frame` (the link-layer bytes as a zero-copy ``memoryview`` of
+the window; a window is never reused, so every view stays valid), or, for
+:class:`CaptureReader`'s iteration, directly a :class:`~stack.pcap.packet.TcpSegment`
+(the common Ethernet/IPv4/TCP case is parsed inline, every other frame goes through
+:func:`~stack.pcap.packet.parse_tcp`).  Bytes, bytearray and memoryview inputs are read
+in place.
 
 Errors: an unreadable or unknown file raises :class:`CaptureError` before anything is
 yielded; a file cut short raises :class:`TruncatedCapture` *after* every complete record
@@ -370,7 +371,8 @@ class CaptureReader:
         self._source = source
         self._on_wait = on_wait
         self._input: CaptureInput | None = None
-        self._inputs: list[CaptureInput] = []
+        self._inputs: list[CaptureInput] = []  # the passes not yet closed
+        self._peak = 0  # max_buffer of the passes already closed
         self.stats = CaptureStats()
         self.name: str | None = None
         self.format = self._open()
@@ -384,7 +386,8 @@ class CaptureReader:
             inp.close()
             raise exc.named(inp.name) from None
         self._input = inp
-        self._inputs = [inp]
+        self._peak = self.max_buffer
+        self._inputs = [i for i in self._inputs if not i.closed] + [inp]
         return form
 
     def _take(self) -> CaptureInput:
@@ -404,7 +407,8 @@ class CaptureReader:
 
     @property
     def max_buffer(self) -> int:
-        return max((inp.peak for inp in self._inputs), default=0)
+        """The largest window any pass allocated so far (bytes; 0 for in-memory input)."""
+        return max([self._peak, *(inp.peak for inp in self._inputs)])
 
     def frames(self) -> Iterator[Frame]:
         """Every record, TCP or not."""
@@ -465,7 +469,8 @@ def copy_capture(
     """Copy the file header and the records ``keep`` accepts of a classic pcap, byte for byte.
 
     ``keep`` sees each Frame with its ``record``.  Returns the number of records kept;
-    on a :class:`CaptureError` the partial ``target`` is removed.
+    when anything fails (a :class:`CaptureError`, ``keep`` raising) the partial ``target``
+    is removed.
     """
     reader = CaptureReader(source)
     inp = reader._take()
@@ -483,7 +488,7 @@ def copy_capture(
                     assert frame.record is not None
                     out.write(frame.record)
                     kept += 1
-    except CaptureError:
+    except BaseException:
         os.unlink(target)
         raise
     return kept

@@ -101,6 +101,10 @@ class CaptureInput:
         del new[filled:]
         return memoryview(new)
 
+    @property
+    def closed(self) -> bool:
+        return self._eof and self._close is None
+
     def close(self) -> None:
         close, self._close = self._close, None
         self._eof = True
