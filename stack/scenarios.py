@@ -16,11 +16,11 @@ from pathlib import Path
 import trio
 
 from stack.constants import RtrType
+from stack.pcap import PcapWriter
 from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WrOpcode
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.qp import QueuePair
 from stack.transport.cm import ConnectionManager, ConnectRejected
-from stack.transport.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
 

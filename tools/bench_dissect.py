@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from stack.constants import MPA_MAX_PRIVATE_DATA
-from stack.transport.pcap import Direction, PcapWriter
+from stack.pcap import Direction, PcapWriter
 from stack.wire.events import IrdOrd, MpaFrame, RdmaWrite, ReadRequest, ReadResponse, Send
 from stack.wire.framing import FpduFramer, mulpdu_for
 from stack.wire.mpa import encode_frame

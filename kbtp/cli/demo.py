@@ -46,7 +46,7 @@ from kbtp.messages import Bind, CompletionDescriptor, DataDescriptor, Load, Stor
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
-from stack.transport.pcap import PcapWriter
+from stack.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import MpaSettings
 

@@ -40,7 +40,7 @@ from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, binary_size, one_line_errors, port_number, positive_int
 from stack.errors import IwarpError, leaf_exceptions
-from stack.transport.pcap import PcapWriter
+from stack.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
 

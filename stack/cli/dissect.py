@@ -5,7 +5,8 @@ findings); ``-V`` prints the full tree; ``--json`` one JSON object per PDU (issu
 ``-Y`` filters on the JSON keys (``opcode == 3 and "MPA-12" in findings`` is written
 ``opcode == 3 and findings contains "MPA-12"``); ``-z`` prints statistics at the end.
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``
-state what the capture cannot show.
+state what the capture cannot show.  ``FILE`` may be ``-`` (standard input) or a pipe: the
+capture is decoded as it arrives, in bounded memory.
 
 Exit status: 0 when iWARP traffic was decoded; 1 when the capture holds none; 2 for an
 unreadable, corrupt or truncated file (after printing what was decoded) or a bad option;
@@ -23,7 +24,6 @@ from typing import Any, TextIO
 from stack.cli import CliError
 from stack.constants import SEND_OPCODES
 from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
-from stack.dissect.pcapio import CaptureError, CaptureReader, TruncatedCapture
 from stack.dissect.report import (
     FilterError,
     Statistics,
@@ -33,6 +33,7 @@ from stack.dissect.report import (
     summary_line,
     verbose_lines,
 )
+from stack.pcap import CaptureError, CaptureReader, TruncatedCapture
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 
@@ -86,7 +87,7 @@ def register(subparsers: Any) -> None:
         help="decode and check the iWARP PDUs of a pcap/pcapng capture",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("file", metavar="FILE", help="pcap or pcapng capture")
+    parser.add_argument("file", metavar="FILE", help="pcap or pcapng capture (- for stdin)")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("-V", "--verbose", action="store_true", help="print the full decode tree")
     out.add_argument("--json", action="store_true", help="one JSON object per PDU")
@@ -283,8 +284,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     options = options_from(args)
     printer = _Printer(args, out)
+
+    def flush_decoded() -> None:  # before a read that may wait: show what is decoded
+        printer.flush()
+        out.flush()
+
     try:
-        reader = CaptureReader(args.file)
+        reader = CaptureReader(args.file, on_wait=flush_decoded)
     except CaptureError as exc:
         raise CliError(str(exc)) from None
     dissector = Dissector(options)
@@ -306,6 +312,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                         break
     except CaptureError as exc:
         error = exc
+    finally:
+        reader.close()
     if not printer.done:
         printer.emit(dissector.finish())
     streams = dissector.streams()
@@ -313,10 +321,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         printer.lines.extend(printer.stats.render(streams))
     printer.flush()
     out.flush()
-    name = args.file
+    name = reader.name
     if error is not None:
         kind = "truncated" if isinstance(error, TruncatedCapture) else "corrupt"
-        print(f"iwarp dissect: {name}: {kind} capture: {error}", file=sys.stderr)
+        print(f"iwarp dissect: {name}: {kind} capture: {error.message}", file=sys.stderr)
         return 2
     if printer.pdus == 0:
         tcp = reader.stats.tcp

@@ -22,7 +22,7 @@ import trio
 
 from stack.constants import OPCODE_NAMES
 from stack.dissect.decoder import PduRecord, dissect
-from stack.dissect.pcapio import read_tcp_segments
+from stack.pcap import read_tcp_segments
 from stack.scenarios import SCENARIOS, run_scenario
 from stack.wire.events import (
     AtomicRequest,

@@ -24,7 +24,7 @@ import bisect
 from collections import deque
 from typing import NamedTuple
 
-from stack.dissect.pcapio import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
+from stack.pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 
 SEQ_MOD = 1 << 32
 HALF_SEQ = 1 << 31

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from stack.constants import Opcode
 from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
-from stack.dissect.pcapio import CaptureReader
 from stack.interop.tshark import TSHARK, check_against_tshark
+from stack.pcap import CaptureReader
 from stack.wire.events import (
     Established,
     MpaEvent,

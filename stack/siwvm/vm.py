@@ -60,7 +60,7 @@ from stack.siwvm.errors import (
     SiwVmError,
 )
 from stack.siwvm.image import Artifacts, find_artifacts
-from stack.siwvm.pcap import filter_tcp_ports, read_pcap
+from stack.siwvm.pcap import check_capture, filter_tcp_ports
 
 GUEST_ADDR = "10.0.2.15"
 """The guest's address on QEMU user networking (eth0; siw0 sits on it)."""
@@ -728,7 +728,7 @@ class SiwVM:
                 raise CaptureError(f"capture {host_path.name} did not come out: {exc}") from exc
             return
         if check:
-            read_pcap(host_path)
+            check_capture(host_path)
 
     # ------------------------------------------------------------------ helpers
 

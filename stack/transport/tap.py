@@ -12,7 +12,7 @@ import time
 
 import trio
 
-from stack.transport.pcap import ConnectionRecorder, Direction, PcapWriter
+from stack.pcap import ConnectionRecorder, Direction, PcapWriter
 
 
 class CaptureTap:

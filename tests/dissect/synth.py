@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stack.constants import RtrType
-from stack.dissect.pcapio import read_tcp_segments
-from stack.transport.pcap import ConnectionRecorder, Direction, PcapWriter
+from stack.pcap import ConnectionRecorder, Direction, PcapWriter, read_tcp_segments
 from stack.wire.events import IrdOrd, MpaFrame, RdmapMessage
 from stack.wire.framing import FpduFramer
 from stack.wire.mpa import encode_frame

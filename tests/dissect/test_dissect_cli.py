@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import select
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from stack.cli.iwarp import main
 from stack.constants import TERM_RDMAP_INVALID_STAG
 from stack.dissect.report import FIELDS, FilterError, compile_filter
+from stack.pcap import iter_frames
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
@@ -44,6 +48,9 @@ PER_OPCODE = {
         "term_ddp_seg_len", "term_ddp_hdr", "term_rdmap_hdr"},
 }  # fmt: skip
 ALL_PER_OPCODE = set().union(*PER_OPCODE.values())
+REPO = Path(__file__).resolve().parents[2]
+GUARD = 60.0
+"""Seconds to wait for the child before giving up (a hang guard, not a speed check)."""
 
 
 @pytest.fixture
@@ -241,6 +248,56 @@ def test_non_iwarp_tcp(tmp_path: Path, capsys) -> None:
     assert "not iWARP" in captured.out and "no iWARP (MPA) traffic" in captured.err
 
 
+@pytest.mark.parametrize("name", ["-", "/dev/stdin"])
+def test_a_pipe_is_decoded_as_it_arrives(capture: Path, capsys, name: str) -> None:
+    """The first PDUs are printed while the writer still holds back the rest of the capture;
+    the whole output is the same as for the file."""
+    raw = capture.read_bytes()
+    assert main(["dissect", str(capture)]) == 0
+    expected = capsys.readouterr().out
+    ends = [24]
+    for frame in iter_frames(raw):
+        ends.append(ends[-1] + 16 + len(frame.data))
+    half = ends[len(ends) // 2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stack.cli.iwarp", "dissect", name],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(raw[:half])
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], GUARD)
+        assert ready, "nothing was printed before the input ended"
+        first = proc.stdout.readline()
+        proc.stdin.write(raw[half:])
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(GUARD) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first and (first + rest).decode() == expected
+
+
+def test_a_truncated_pipe_prints_what_it_decoded(capture: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stack.cli.iwarp", "dissect", "-", "--json"],
+        cwd=REPO,
+        input=capture.read_bytes()[:-30],
+        capture_output=True,
+        timeout=GUARD,
+    )
+    assert done.returncode == 2
+    assert len(done.stdout.splitlines()) >= 10
+    err = done.stderr.decode().strip()
+    assert err.startswith("iwarp dissect: <stdin>: truncated capture: file is cut short")
+    assert "\n" not in err
+
+
 # ---- the filter language -------------------------------------------------------------
 
 RECORD = {"opcode": 3, "opcode_name": "Send", "findings": ["MPA-12", "DDP-05"], "stag": None,
@@ -299,8 +356,8 @@ def test_mid_stream_flag_searches_connections_that_start_without_mpa(
 
 def test_summary_fast_lines_match_the_general_form(capture: Path) -> None:
     from stack.dissect.decoder import PduRecord, dissect
-    from stack.dissect.pcapio import read_tcp_segments
     from stack.dissect.report import _fields, summary_line
+    from stack.pcap import read_tcp_segments
 
     recs = [r for r in dissect(read_tcp_segments(capture.read_bytes()))
             if isinstance(r, PduRecord) and r.kind == "fpdu"]  # fmt: skip

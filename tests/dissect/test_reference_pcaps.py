@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from stack.dissect.decoder import PduRecord, dissect
-from stack.dissect.pcapio import read_tcp_segments
+from stack.pcap import read_tcp_segments
 from stack.scenarios import SCENARIOS, Scenario, run_scenario
 
 PCAPS = Path(__file__).resolve().parents[2] / "pcaps"

@@ -32,9 +32,8 @@ from stack.dissect.decoder import (
     dissect,
     fpdu_layout,
 )
-from stack.dissect.pcapio import CaptureReader, read_tcp_segments
 from stack.errors import IwarpError
-from stack.transport.pcap import Direction, PcapWriter
+from stack.pcap import CaptureReader, Direction, PcapWriter, parse_tcp, read_tcp_segments
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
@@ -753,9 +752,11 @@ def test_capture_reader_fast_path_equals_generic_path() -> None:
     data, _ = build_every_opcode(markers_i2r=True)
     reader = CaptureReader(data)
     fast = [(s.frame, s.src, s.dst, s.sport, s.seq, s.flags, bytes(s.payload)) for s in reader]
+    parsed = (parse_tcp(frame) for frame in CaptureReader(data).frames())
     generic = [
         (s.frame, s.src, s.dst, s.sport, s.seq, s.flags, bytes(s.payload))
-        for s in CaptureReader(data)._iter_generic()
+        for s in parsed
+        if s is not None
     ]
     assert fast == generic
 

@@ -7,13 +7,13 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stack.dissect.pcapio import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 from stack.dissect.tcp import (
     HalfStream,
     Retransmission,
     StreamData,
     TcpReassembler,
 )
+from stack.pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 
 ISN = 1000
 

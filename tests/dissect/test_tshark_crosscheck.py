@@ -28,7 +28,6 @@ from stack.constants import (
     RtrType,
 )
 from stack.dissect.decoder import DissectOptions
-from stack.dissect.pcapio import read_tcp_segments
 from stack.interop.tshark import (
     TSHARK,
     compare,
@@ -38,6 +37,7 @@ from stack.interop.tshark import (
     tshark_pdus,
     tshark_reliable,
 )
+from stack.pcap import read_tcp_segments
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`Dissector` takes TCP segments in capture order (from :mod:`stack.dissect.pcapio`),
+:class:`Dissector` takes TCP segments in capture order (from :mod:`stack.pcap`),
 reassembles each direction (:mod:`stack.dissect.tcp`) and hands the in-order bytes to a
 :class:`~.walker.DirectionDecoder` per direction, which runs one of these modes:
 

@@ -18,7 +18,7 @@ from stack.constants import (
     Opcode,
     RtrType,
 )
-from stack.dissect.pcapio import TCP_FIN, TCP_RST, TCP_SYN
+from stack.pcap import TCP_FIN, TCP_RST, TCP_SYN
 from stack.wire import ddp
 
 _SEQ_MOD = 1 << 32

@@ -9,12 +9,12 @@ from stack.dissect.decoder.connection import ConnectionDecoder
 from stack.dissect.decoder.modes import Mode
 from stack.dissect.decoder.records import DissectOptions, Note, PduRecord, StreamInfo
 from stack.dissect.decoder.walker import DirectionDecoder
-from stack.dissect.pcapio import TcpSegment
 from stack.dissect.tcp import (
     Connection,
     HalfStream,
     TcpReassembler,
 )
+from stack.pcap import TcpSegment
 
 # ======================================================================================
 # The dissector

@@ -20,7 +20,13 @@ from stack.siwvm.agent import AgentClient
 from stack.siwvm.errors import AgentError, BuildError, CaptureError, SiwVmError
 from stack.siwvm.image import Artifacts, find_artifacts
 from stack.siwvm.knobs import SIW_DEFAULTS, normalize, param_name, parse_kv
-from stack.siwvm.pcap import filter_tcp_ports, read_pcap, stream_bytes, tcp_segments
+from stack.siwvm.pcap import (
+    check_capture,
+    filter_tcp_ports,
+    read_frames,
+    stream_bytes,
+    tcp_segments,
+)
 from stack.siwvm.vm import AGENT_GUEST_PORT, SiwVM, free_port
 
 AGENT = Path(build_mod.FILES_DIR) / "guest-agent.py"
@@ -165,9 +171,9 @@ def test_pcap_reader_and_stream_reassembly(tmp_path: Path) -> None:
     ]
     path = tmp_path / "ok.pcap"
     path.write_bytes(_pcap(frames))
-    pcap = read_pcap(path)
-    assert pcap.linktype == 1 and len(pcap.records) == 4
-    segments = tcp_segments(pcap)
+    frames = read_frames(path)
+    assert [f.linktype for f in frames] == [1] * 4 and check_capture(path) == 4
+    segments = tcp_segments(path)
     assert [s.dport for s in segments] == [7174, 7174, 7174, 4000]
     assert stream_bytes(segments, dport=7174) == b"MPA ID Req Frame"
     assert stream_bytes(segments, sport=7174) == b"reply"
@@ -187,15 +193,16 @@ def test_pcap_port_filter_keeps_what_tcp_port_would(tmp_path: Path) -> None:
     src, dst = tmp_path / "raw.pcap", tmp_path / "kept.pcap"
     src.write_bytes(_pcap(frames))
     assert filter_tcp_ports(src, dst, ports=(7174,), exclude=(AGENT_GUEST_PORT,)) == 2
-    kept = read_pcap(dst)
-    assert [r.data for r in kept.records] == [frames[0], frames[3]]
-    assert [r.ts for r in kept.records] == [0.0, 3.0]  # record headers kept as they were
+    kept = read_frames(dst)
+    assert [bytes(r.data) for r in kept] == [frames[0], frames[3]]
+    assert [r.timestamp for r in kept] == [0.0, 3.0]  # record headers kept as they were
     assert dst.read_bytes()[:24] == src.read_bytes()[:24]
     assert filter_tcp_ports(src, dst, exclude=(AGENT_GUEST_PORT,)) == 4  # ARP too
-    assert [r.data for r in read_pcap(dst).records] == [frames[0], arp, frames[3], frames[4]]
+    assert [bytes(r.data) for r in read_frames(dst)] == [frames[0], arp, frames[3], frames[4]]
     src.write_bytes(_pcap(frames)[:-3])
-    with pytest.raises(CaptureError):
+    with pytest.raises(CaptureError, match="raw.pcap: file is cut short"):
         filter_tcp_ports(src, dst, ports=(7174,))
+    assert not dst.exists()  # no half-written copy left behind
 
 
 @pytest.mark.parametrize("cut", [3, 30, 50])
@@ -203,11 +210,11 @@ def test_pcap_reader_rejects_garbage_and_truncation(tmp_path: Path, cut: int) ->
     whole = _pcap([_tcp_frame(1, 2, 0, b"x" * 40)])
     path = tmp_path / "bad.pcap"
     path.write_bytes(whole[:cut])
-    with pytest.raises(CaptureError):
-        read_pcap(path)
+    with pytest.raises(CaptureError, match="bad.pcap"):
+        check_capture(path)
     path.write_bytes(b"not a pcap at all, just text....")
-    with pytest.raises(CaptureError):
-        read_pcap(path)
+    with pytest.raises(CaptureError, match="bad.pcap: not a pcap"):
+        read_frames(path)
 
 
 def _fake_artifacts(tmp_path: Path) -> Artifacts:

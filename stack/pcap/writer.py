@@ -26,22 +26,29 @@ from enum import Enum
 from typing import BinaryIO
 
 from stack.errors import LocalError
+from stack.pcap.format import (
+    ETHERTYPE_IPV4,
+    ETHERTYPE_IPV6,
+    IPPROTO_TCP,
+    IPV4_DONT_FRAGMENT,
+    IPV4_NO_OPTIONS,
+    LINKTYPE_ETHERNET,
+    MAXIMUM_SNAPLEN,
+    PCAP_MAGIC_US,
+    PCAP_VERSION,
+    TCP_ACK,
+    TCP_FIN,
+    TCP_PSH,
+    TCP_RST,
+    TCP_SYN,
+)
 
-PCAP_MAGIC = 0xA1B2C3D4
-PCAP_VERSION = (2, 4)
-LINKTYPE_ETHERNET = 1
-DEFAULT_SNAPLEN = 262144
+DEFAULT_SNAPLEN = MAXIMUM_SNAPLEN
 DEFAULT_MSS = 1460
 MAX_MSS = 65495  # largest TCP payload an IPv4 packet can carry with a 20-byte header
 
-TCP_FIN = 0x01
-TCP_SYN = 0x02
-TCP_RST = 0x04
-TCP_PSH = 0x08
-TCP_ACK = 0x10
-
-_ETH_IPV4 = b"\x08\x00"
-_ETH_IPV6 = b"\x86\xdd"
+_ETH_IPV4 = ETHERTYPE_IPV4.to_bytes(2, "big")
+_ETH_IPV6 = ETHERTYPE_IPV6.to_bytes(2, "big")
 _REC_HDR = struct.Struct("<IIII")
 _IPV4_HDR = struct.Struct(">BBHHHBBH4s4s")
 _IPV6_HDR = struct.Struct(">IHBB16s16s")
@@ -259,7 +266,7 @@ class PcapWriter:
         self._ip_id = 0
         self._closed = False
         self._file.write(
-            struct.pack("<IHHiIII", PCAP_MAGIC, *PCAP_VERSION, 0, 0, snaplen, LINKTYPE_ETHERNET)
+            struct.pack("<IHHiIII", PCAP_MAGIC_US, *PCAP_VERSION, 0, 0, snaplen, LINKTYPE_ETHERNET)
         )
 
     def __enter__(self) -> PcapWriter:
@@ -314,21 +321,30 @@ class PcapWriter:
         )
         tcp += payload
         if len(half.src) == 4:
-            pseudo = half.src + half.dst + struct.pack(">BBH", 0, 6, tcp_len)
+            pseudo = half.src + half.dst + struct.pack(">BBH", 0, IPPROTO_TCP, tcp_len)
         else:
-            pseudo = half.src + half.dst + struct.pack(">IxxxB", tcp_len, 6)
+            pseudo = half.src + half.dst + struct.pack(">IxxxB", tcp_len, IPPROTO_TCP)
         struct.pack_into(">H", tcp, 16, internet_checksum(pseudo + tcp))
         if len(half.src) == 4:
             self._ip_id = (self._ip_id + 1) & 0xFFFF
             ip = bytearray(
                 _IPV4_HDR.pack(
-                    0x45, 0, 20 + tcp_len, self._ip_id, 0x4000, 64, 6, 0, half.src, half.dst
+                    IPV4_NO_OPTIONS,
+                    0,
+                    20 + tcp_len,
+                    self._ip_id,
+                    IPV4_DONT_FRAGMENT,
+                    64,
+                    IPPROTO_TCP,
+                    0,
+                    half.src,
+                    half.dst,
                 )
             )
             struct.pack_into(">H", ip, 10, internet_checksum(ip))
             ethertype = _ETH_IPV4
         else:
-            ip = bytearray(_IPV6_HDR.pack(6 << 28, tcp_len, 6, 64, half.src, half.dst))
+            ip = bytearray(_IPV6_HDR.pack(6 << 28, tcp_len, IPPROTO_TCP, 64, half.src, half.dst))
             ethertype = _ETH_IPV6
         frame = half.mac_dst + half.mac_src + ethertype + bytes(ip) + bytes(tcp)
         sec = int(ts)

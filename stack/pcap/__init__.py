@@ -1,0 +1,47 @@
+"""Capture files: one streaming pcap/pcapng reader and the capture-tap pcap writer.
+
+Floor 0: imports nothing of the stack but :mod:`stack.errors`.  :mod:`stack.pcap.format`
+holds the format numbers; :mod:`stack.pcap.reader` reads a path, ``-`` (stdin), a pipe,
+an open file or bytes in bounded memory; :mod:`stack.pcap.writer` synthesizes
+Ethernet/IP/TCP packets around recorded byte streams.
+"""
+
+from stack.pcap.errors import CaptureError, TruncatedCapture
+from stack.pcap.format import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
+from stack.pcap.packet import CaptureStats, Frame, TcpSegment, parse_tcp
+from stack.pcap.reader import (
+    CaptureReader,
+    capture_format,
+    copy_capture,
+    iter_frames,
+    read_tcp_segments,
+)
+from stack.pcap.source import CHUNK, CaptureInput, Source, open_capture
+from stack.pcap.writer import ConnectionRecorder, Direction, PcapWriter, internet_checksum
+
+__all__ = [
+    "CHUNK",
+    "TCP_ACK",
+    "TCP_FIN",
+    "TCP_PSH",
+    "TCP_RST",
+    "TCP_SYN",
+    "CaptureError",
+    "CaptureInput",
+    "CaptureReader",
+    "CaptureStats",
+    "ConnectionRecorder",
+    "Direction",
+    "Frame",
+    "PcapWriter",
+    "Source",
+    "TcpSegment",
+    "TruncatedCapture",
+    "capture_format",
+    "copy_capture",
+    "internet_checksum",
+    "iter_frames",
+    "open_capture",
+    "parse_tcp",
+    "read_tcp_segments",
+]
