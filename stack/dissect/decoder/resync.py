@@ -70,9 +70,12 @@ class Resync:
         searching.discard(self)
         buf = self._joined()
         n = len(buf)
-        best: tuple[int, bool, bool, int] | None = None  # start, crc, markers, seq_start
         decided = final or n >= _SEARCH_GIVE_UP
-        for crc_on, markers in self._settings():
+        # Every setting is tried; CRC-verified chains win over unverified ones (CRCs that
+        # hold are far stronger evidence), then the earliest first ULPDU_Length, then the
+        # chain that reaches furthest, then the settings' order (markers first).
+        found_all: list[tuple[bool, int, int, int, int, bool, bool, int]] = []
+        for rank, (crc_on, markers) in enumerate(self._settings()):
             found = self._search_one(buf, crc_on, markers, decided)
             if found is None:
                 continue
@@ -81,8 +84,18 @@ class Resync:
                 searching.add(self)  # output waits, so that it stays in capture order
                 return False
             assert not isinstance(found, str)
-            best = (found[0], crc_on, markers, found[1])
-            break
+            start, seq_start = found
+            phase = (seq_start - self.base) % MPA_MARKER_INTERVAL
+            lead = MPA_MARKER_LEN if markers and (start - phase) % MPA_MARKER_INTERVAL == 0 else 0
+            # the chain that reaches furthest explains the most bytes (a leading "marker" of
+            # zero bytes before an unmarked FPDU is no evidence of markers)
+            end = self._walk_chain(buf, start, crc_on, markers, phase, stop=False)[1]
+            found_all.append((not crc_on, start + lead, -end, rank, start, crc_on, markers,
+                              seq_start))  # fmt: skip
+        best: tuple[int, bool, bool, int] | None = None  # start, crc, markers, seq_start
+        if found_all:
+            *_, start, crc_on, markers, seq_start = min(found_all)
+            best = (start, crc_on, markers, seq_start)
         if best is not None:
             start, crc_on, markers, seq_start = best
             skipped = start
@@ -135,6 +148,13 @@ class Resync:
                 phases = [(self.seq_start - base) % MPA_MARKER_INTERVAL]
             else:
                 phases = list(range(min(MPA_MARKER_INTERVAL, n)))
+                # A phase whose first marker would lie past the data: no marker to see, so
+                # one phase per 4-byte residue stands for them all.
+                for residue in range(4):
+                    beyond = max(n - 3, 0)
+                    beyond += (residue - beyond) % 4
+                    if beyond < MPA_MARKER_INTERVAL and beyond not in phases:
+                        phases.append(beyond)
             dead = self._scan.setdefault((crc_on, True), set())
             assert isinstance(dead, set)
             waiting = False
@@ -143,7 +163,18 @@ class Resync:
                 if phase in dead:
                     continue
                 res = self._try_phase(buf, phase, crc_on, final)
-                if res is None:
+                if res == "cut" and final:
+                    # every marker seen belongs to an FPDU that began before the data: the
+                    # phase is unconfirmed, so try the starts it allows (the capture's tail)
+                    res = next(
+                        (
+                            start
+                            for start in range(phase % 4, n - 7, 4)
+                            if self._chain(buf, start, crc_on, True, phase, final) is True
+                        ),
+                        None,
+                    )
+                if res is None or res == "cut":
                     dead.add(phase)
                 elif res == "wait":
                     waiting = True
@@ -175,10 +206,15 @@ class Resync:
     def _try_phase(
         self, buf: memoryview, phase: int, crc_on: bool, final: bool
     ) -> int | None | str:
-        """A marker phase: the first FPDU start its markers point to, if its chain holds."""
+        """A marker phase: the first FPDU start its markers point to, if its chain holds.
+
+        None: the phase is ruled out; 'wait': undecided; 'cut': its markers look right but
+        all point before the data, so no FPDU start was found by them.
+        """
         n = len(buf)
         pos = phase
         count = 0
+        cut = False
         while pos + MPA_MARKER_LEN <= n:
             reserved, ptr = struct.unpack_from(">HH", buf, pos)
             if reserved or ptr & 3:
@@ -192,13 +228,32 @@ class Resync:
                 if res == "wait":
                     return "wait"
                 return start if res else None
+            cut = True
             pos += MPA_MARKER_INTERVAL
-        return None if final else "wait"
+        if not final:
+            return "wait"
+        return "cut" if cut or phase + MPA_MARKER_LEN > n else None
 
     def _chain(
         self, buf: memoryview, start: int, crc_on: bool, markers: bool, phase: int, final: bool
     ) -> bool | str:
         """Whether a consistent FPDU chain begins at ``start`` (phase: a marker position)."""
+        count, pos, broken = self._walk_chain(buf, start, crc_on, markers, phase, stop=True)
+        if broken:
+            return False
+        if count >= _SEARCH_MIN_FPDUS and pos - start >= _SEARCH_SPAN:
+            return True
+        n = len(buf)
+        if final or n >= _SEARCH_GIVE_UP:
+            return count >= (1 if crc_on else 2) or (count >= 1 and pos == n)
+        return "wait"
+
+    def _walk_chain(
+        self, buf: memoryview, start: int, crc_on: bool, markers: bool, phase: int, *,
+        stop: bool,
+    ) -> tuple[int, int, bool]:  # fmt: skip
+        """Walk consistent FPDUs from ``start``: (FPDUs, end of the last one, whether one
+        failed the checks).  ``stop``: stop once the chain is long enough to be trusted."""
         n = len(buf)
         pos = start
         count = 0
@@ -207,13 +262,13 @@ class Resync:
             rel = (pos - phase) % MPA_MARKER_INTERVAL if markers else 1
             lead = MPA_MARKER_LEN if markers and rel == 0 else 0
             if pos + lead + 2 > n:
-                break
+                return count, pos, False
             ulen = (buf[pos + lead] << 8) | buf[pos + lead + 1]
             if ulen < _MIN_ULPDU:
-                return False
+                return count, pos, True
             lead, wire, marks = fpdu_layout(rel, ulen, markers)
             if pos + wire > n:
-                break
+                return count, pos, False
             end_body = pos + wire - MPA_CRC_LEN
             if markers:
                 for m in marks:
@@ -221,20 +276,17 @@ class Resync:
                     reserved, ptr = struct.unpack_from(">HH", buf, at)
                     want = 0 if m == 0 and lead else m - lead
                     if reserved or (ptr & MPA_FPDUPTR_MASK) != want:
-                        return False
+                        return count, pos, True
                 body = unmarked_body(buf, pos, lead, end_body, marks)
                 ulpdu: bytes | memoryview = body[2 : 2 + ulen]
             else:
                 ulpdu = buf[pos + 2 : pos + 2 + ulen]
             if not _plausible_ulpdu(ulpdu, rfc7306):
-                return False
+                return count, pos, True
             if crc_on:
                 if crc32c(buf[pos:end_body]) != _LE32.unpack_from(buf, end_body)[0]:
-                    return False
+                    return count, pos, True
             count += 1
             pos += wire
-            if count >= _SEARCH_MIN_FPDUS and pos - start >= _SEARCH_SPAN:
-                return True
-        if final or n >= _SEARCH_GIVE_UP:
-            return count >= (1 if crc_on else 2) or (count >= 1 and pos == n)
-        return "wait"
+            if stop and count >= _SEARCH_MIN_FPDUS and pos - start >= _SEARCH_SPAN:
+                return count, pos, False
