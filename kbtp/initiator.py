@@ -632,7 +632,8 @@ class KbtpInitiator:
                 return bytes(mr.buf)
             if isinstance(op, FetchAddOp):
                 assert mr is not None
-                return _LE64.unpack(mr.buf)[0]
+                value: int = _LE64.unpack(mr.buf)[0]
+                return value
             return b""
         finally:
             self._ops.pop(wr_id, None)

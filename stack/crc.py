@@ -32,7 +32,7 @@ try:
     BACKEND = "crc32c"
 except ImportError:  # pragma: no cover - exercised only where crc32c is absent
     crc32c_hw = None  # type: ignore[assignment]
-    crc32c = crc32c_crcmod
+    crc32c = crc32c_crcmod  # type: ignore[assignment]  # the same call shape
     BACKEND = "crcmod"
 
 _LE32 = struct.Struct("<I")
@@ -45,4 +45,5 @@ def crc_field(data: Buffer) -> bytes:
 
 def crc_from_field(field: Buffer) -> int:
     """The CRC32c value carried in a 4-byte MPA CRC field."""
-    return _LE32.unpack(field)[0]
+    value: int = _LE32.unpack(field)[0]
+    return value

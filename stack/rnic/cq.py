@@ -54,7 +54,7 @@ class CompletionQueue:
 
     def poll(self, n: int = 16) -> list[WorkCompletion]:
         """Take up to ``n`` completions, oldest first."""
-        out = []
+        out: list[WorkCompletion] = []
         while self._entries and len(out) < n:
             out.append(self._entries.popleft())
         return out

@@ -17,6 +17,7 @@ from stack.errors import IwarpError, ProtocolError
 from stack.rnic.qp import QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
+    RDMAP_EVENT_TYPES,
     ConnectionFailed,
     NeedData,
     PeerClosed,
@@ -77,7 +78,8 @@ class QpEndpoint:
                     self.error = self.error or PeerTerminated(event.terminate)
                     self.closing = True
                     return self._stop()
-                self.qp.handle_event(event)
+                if isinstance(event, RDMAP_EVENT_TYPES):
+                    self.qp.handle_event(event)
         except ProtocolError as exc:
             self.fail(exc)
             return self._stop()

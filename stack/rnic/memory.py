@@ -138,7 +138,7 @@ class MemoryRegion:
                 TERM_RDMAP_CATASTROPHIC_STREAM,
             )
         view = self.view(req.to, 8)
-        original = _LE64.unpack(view)[0]
+        original: int = _LE64.unpack(view)[0]
         view[:] = _LE64.pack(apply_atomic(req, original))
         return original
 

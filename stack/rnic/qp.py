@@ -365,10 +365,10 @@ class QueuePair:
             self._requests.atomic_request(entry.req_id, entry)
             self._emit(entry, [atomic], completes=False)
         elif op is WrOpcode.LOCAL_INV:
-            mr = self.table.lookup(wr.invalidate_rkey)
-            if mr is None or mr.pd is not self.pd:
+            target = self.table.lookup(wr.invalidate_rkey)
+            if target is None or target.pd is not self.pd:
                 raise _LocalWrError(WcStatus.LOC_PROT_ERR, "LOCAL_INV of an unknown STag")
-            mr.invalidate()
+            target.invalidate()
             entry.done = True
         else:  # pragma: no cover - enum is closed
             raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, f"unsupported opcode {op}")

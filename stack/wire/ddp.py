@@ -109,18 +109,17 @@ def parse_header(ulpdu: Data) -> DdpHeader:
             f"ULPDU of {n} bytes is shorter than a {kind} DDP header",
             TERM_DDP_CATASTROPHIC,
         )
-    common = {
-        "last": bool(ctrl & DDP_LAST),
-        "rsvd": ctrl & DDP_RSVD_MASK,
-        "dv": ctrl & DDP_DV_MASK,
-    }
+    last = bool(ctrl & DDP_LAST)
+    rsvd = ctrl & DDP_RSVD_MASK
+    dv = ctrl & DDP_DV_MASK
     if ctrl & DDP_TAGGED:
         _, ulp, stag, to = TAGGED_HDR.unpack_from(ulpdu)
-        return DdpHeader(tagged=True, rsvd_ulp=ulp, stag=stag, to=to, **common)
+        return DdpHeader(tagged=True, rsvd_ulp=ulp, stag=stag, to=to, last=last, rsvd=rsvd, dv=dv)
     _, ulp_hi, ulp_lo, qn, msn, mo = UNTAGGED_HDR.unpack_from(ulpdu)
     return DdpHeader(
-        tagged=False, rsvd_ulp=(ulp_hi << 32) | ulp_lo, qn=qn, msn=msn, mo=mo, **common
-    )
+        tagged=False, rsvd_ulp=(ulp_hi << 32) | ulp_lo, qn=qn, msn=msn, mo=mo, last=last,
+        rsvd=rsvd, dv=dv,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------

@@ -287,6 +287,17 @@ RdmapEvent = (
     | ImmediateDataReceived
     | TerminateReceived
 )
+RDMAP_EVENT_TYPES = (
+    WriteSegment,
+    ReadResponseSegment,
+    SendSegment,
+    ReadRequestReceived,
+    AtomicRequestReceived,
+    AtomicResponseReceived,
+    ImmediateDataReceived,
+    TerminateReceived,
+)
+"""The classes of :data:`RdmapEvent`, for ``isinstance``."""
 
 # ======================================================================================
 # MPA negotiation (RFC 5044 §7.1, RFC 6581)

@@ -649,7 +649,7 @@ class FpduDeframer:
         self.offset += wire
         return memoryview(words).cast("B")[MPA_LENGTH_LEN : MPA_LENGTH_LEN + n]
 
-    def _take_into(self, words: array, n: int) -> None:
+    def _take_into(self, words: array[int], n: int) -> None:
         """Append the next ``n`` received bytes (all arrived; ``n`` a multiple of 4) to
         ``words`` and consume them.
 
