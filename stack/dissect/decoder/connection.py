@@ -437,10 +437,10 @@ class ConnectionDecoder:
     def events(self, side: int, events: list[StreamEvent], ts: float) -> None:
         half = self.halves[side]
         if len(events) == 1 and type(events[0]) is StreamData:  # the common case
-            ev = events[0]
-            if ev.frame > self.last_frame:
-                self.last_frame = ev.frame
-            half.push(ev.data, ev.offset, ev.frame, ts)
+            one = events[0]
+            if one.frame > self.last_frame:
+                self.last_frame = one.frame
+            half.push(one.data, one.offset, one.frame, ts)
             return
         for ev in events:
             if type(ev) is StreamData:

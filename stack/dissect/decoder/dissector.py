@@ -102,8 +102,8 @@ class Dissector:
                             return self._release()
                         return []
         tcp_conn, side, events = self.tcp.feed(segment)
-        conn = tcp_conn.user or self._conn(tcp_conn)
-        assert isinstance(conn, ConnectionDecoder)
+        user = tcp_conn.user
+        conn = user if isinstance(user, ConnectionDecoder) else self._conn(tcp_conn)
         # the route the bulk path takes for this direction from now on
         self._routes[(segment.src, segment.sport, segment.dst, segment.dport)] = (
             tcp_conn.halves[side],

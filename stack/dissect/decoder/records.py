@@ -193,6 +193,24 @@ class SegmentView:
         "findings",
     )
 
+    tagged: bool
+    last: bool
+    ddp_version: int
+    rdmap_version: int
+    opcode: int
+    ddp_rsvd: int
+    rdmap_rsvd: int
+    stag: int | None
+    to: int | None
+    qn: int | None
+    msn: int | None
+    mo: int | None
+    inval_stag: int | None
+    header: RdmapHeader | None
+    payload: memoryview
+    ulpdu_len: int
+    findings: tuple[Finding, ...]
+
     def __init__(self, ulpdu: bytes | memoryview, rfc7306: bool, siw_layout: bool | None) -> None:
         view = ulpdu if type(ulpdu) is memoryview else ddp.byte_view(ulpdu)
         n = len(view)
@@ -239,23 +257,23 @@ class SegmentView:
         f = check_ddp(view, chk, rfc7306)
         op, header, payload = check_rdmap(f, chk, rfc7306, siw_layout)
         ctrl = f.ctrl
-        self.tagged: bool = f.tagged
-        self.last: bool = f.last
-        self.ddp_version: int = ctrl & DDP_DV_MASK
-        self.rdmap_version: int = f.ulp_ctrl >> 6
-        self.opcode: int = op
-        self.ddp_rsvd: int = ctrl & DDP_RSVD_MASK
-        self.rdmap_rsvd: int = f.ulp_ctrl & RDMAP_RSVD_MASK
-        self.stag: int | None = f.stag
-        self.to: int | None = f.to
-        self.qn: int | None = f.qn
-        self.msn: int | None = f.msn
-        self.mo: int | None = f.mo
-        self.inval_stag: int | None = f.inval_stag
-        self.header: RdmapHeader | None = header
-        self.payload: memoryview = payload
-        self.ulpdu_len: int = len(view)
-        self.findings: tuple[Finding, ...] = tuple(chk.findings) if chk.findings else ()
+        self.tagged = f.tagged
+        self.last = f.last
+        self.ddp_version = ctrl & DDP_DV_MASK
+        self.rdmap_version = f.ulp_ctrl >> 6
+        self.opcode = op
+        self.ddp_rsvd = ctrl & DDP_RSVD_MASK
+        self.rdmap_rsvd = f.ulp_ctrl & RDMAP_RSVD_MASK
+        self.stag = f.stag
+        self.to = f.to
+        self.qn = f.qn
+        self.msn = f.msn
+        self.mo = f.mo
+        self.inval_stag = f.inval_stag
+        self.header = header
+        self.payload = payload
+        self.ulpdu_len = len(view)
+        self.findings = tuple(chk.findings) if chk.findings else ()
 
     @property
     def opcode_name(self) -> str:

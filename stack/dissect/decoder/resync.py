@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING, cast
 
 from stack.constants import (
     DDP_UNTAGGED_HDR_LEN,
@@ -23,11 +24,45 @@ from stack.dissect.decoder.common import (
 from stack.dissect.decoder.modes import Cause
 from stack.wire.framing import fpdu_layout, unmarked_body
 
+if TYPE_CHECKING:
+    from stack.dissect.decoder.checks import DirectionChecks
+    from stack.dissect.decoder.connection import ConnectionDecoder
+    from stack.dissect.decoder.records import DirectionInfo
+    from stack.dissect.decoder.walker import DirectionDecoder
+
 
 class Resync:
     """Mid-stream synchronisation of a :class:`~stack.dissect.decoder.walker.DirectionDecoder`:
     finding FPDU boundaries when the capture starts mid-connection or a TCP gap lost them
     (the ``search`` mode)."""
+
+    # The direction's state, kept by DirectionDecoder (declared here for the type checker).
+    conn: ConnectionDecoder
+    side: int
+    base: int
+    buffered: int
+    need: int
+    crc: bool | None
+    markers: bool | None
+    seq_start: int
+    aligned: bool
+    seq: DirectionChecks
+    searched: int
+    info: DirectionInfo
+    _scan_base: int
+    _scan: dict[tuple[bool, bool], set[int] | int]
+
+    @property
+    def _decoder(self) -> DirectionDecoder:
+        return cast("DirectionDecoder", self)
+
+    if TYPE_CHECKING:
+
+        def enter(self, cause: Cause) -> None: ...
+        def _joined(self) -> memoryview: ...
+        def _consume(self, n: int) -> None: ...
+        def _drop_all(self) -> None: ...
+        def _frame_at(self, end: int) -> tuple[int, float]: ...
 
     def _next_plausible(self, buf: memoryview, pos: int) -> bool:
         """Whether an FPDU plausibly starts at ``pos`` (True when the bytes are not there)."""
@@ -81,7 +116,7 @@ class Resync:
                 continue
             if found == "wait":
                 self.need = n + 1
-                searching.add(self)  # output waits, so that it stays in capture order
+                searching.add(self._decoder)  # output waits, so that it stays in capture order
                 return False
             assert not isinstance(found, str)
             start, seq_start = found
@@ -124,10 +159,10 @@ class Resync:
                 self.info.undecoded_bytes += n
                 self._drop_all()
                 return False
-            self.conn.not_iwarp(self, "no consistent chain of FPDUs found")
+            self.conn.not_iwarp(self._decoder, "no consistent chain of FPDUs found")
             return False
         self.need = n + 1
-        searching.add(self)
+        searching.add(self._decoder)
         return False
 
     def _search_one(

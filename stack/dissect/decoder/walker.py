@@ -51,7 +51,7 @@ class DirectionDecoder(Resync):
         self.conn = conn
         self.side = side
         self.mode = Mode.START
-        self.chunks: list[memoryview | bytes] = []
+        self.chunks: list[bytes | bytearray | memoryview] = []
         self.buffered = 0
         self.need = MPA_KEY_LEN
         self.base = 0  # stream offset of the first buffered byte
@@ -73,7 +73,9 @@ class DirectionDecoder(Resync):
         self.mode = next_mode(self.mode, cause)
 
     # ---- buffering ------------------------------------------------------------------
-    def push(self, data: memoryview | bytes, offset: int, frame: int, ts: float) -> None:
+    def push(
+        self, data: bytes | bytearray | memoryview, offset: int, frame: int, ts: float
+    ) -> None:
         if not self.chunks:
             self.base = offset
         self.chunks.append(data)
@@ -279,7 +281,7 @@ class DirectionDecoder(Resync):
                 ulen = (buf[pos] << 8) | buf[pos + 1]
                 lead = 0
                 wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
-                marks = []
+                marks = ()
             if pos + wire > n:
                 self.need = wire
                 break
