@@ -1,7 +1,7 @@
 """Wire constants of MPA, DDP, RDMAP and the RFC 7306 extensions: the one source of truth.
 
 Every value here is exact to RFC 5044, RFC 6581, RFC 5041, RFC 5040, RFC 7306 and the
-RFC 6580 registries (digest: ``shared/specs/iwarp-wire.md``).  The stack, the dissector,
+RFC 6580 registries.  The stack, the dissector,
 KBTP and the tests all import these names; none of them spell a wire constant themselves.
 """
 

@@ -8,8 +8,8 @@ Responses, recorded through the capture-tap writer with an MSS of 1460 bytes, so
 share segments and straddle segment boundaries.  Both tools run as subprocesses writing
 to /dev/null, interpreter and program start-up included; the best of ``--repeat`` runs is
 kept.  Pairs compared: the one-line summary (tshark ``-Y iwarp_mpa``) and JSON
-(tshark ``-T json -J "iwarp_mpa iwarp_ddp_rdmap"``), tshark with the option set of
-``shared/specs/tshark.md``.  Speed is reported, never asserted.
+(tshark ``-T json -J "iwarp_mpa iwarp_ddp_rdmap"``), tshark with its iWARP dissectors
+enabled and the port decoded as iWARP.  Speed is reported, never asserted.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ COMMANDS = {
 }
 """Every ``kbtp`` subcommand and the module whose ``register`` adds it."""
 
+__all__ = ["COMMANDS", "main"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run(

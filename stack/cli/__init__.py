@@ -20,6 +20,18 @@ from typing import NoReturn, TypeVar
 
 from stack.errors import single_exception
 
+__all__ = [
+    "CliError",
+    "binary_size",
+    "build_parser",
+    "one_line_errors",
+    "port_number",
+    "positive_int",
+    "run",
+    "trio_run",
+    "version",
+]
+
 T = TypeVar("T")
 
 

@@ -1,7 +1,8 @@
 """``iwarp dissect FILE``: decode and check every MPA/DDP/RDMAP PDU of a pcap or pcapng capture.
 
 Default output is one line per PDU (frame, stream, direction, addresses, layers, key fields,
-findings); ``-V`` prints the full tree; ``--json`` one JSON object per PDU (issue #4 keys).
+findings); ``-V`` prints the full tree; ``--json`` one JSON object per PDU (keys listed in
+``--help``).
 ``-Y`` filters on the JSON keys (``opcode == 3 and "MPA-12" in findings`` is written
 ``opcode == 3 and findings contains "MPA-12"``); ``-z`` prints statistics at the end.
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``

@@ -32,7 +32,8 @@ from stack.wire.mpa import MpaConnection
 from stack.wire.rdmap import Segment, decode_ulpdu, encode_message
 
 SIW_PASSIVE_FIRST_FPDU_DELAY = 0.2
-"""siw 6.1 can stall an FPDU that arrives right after its MPA Reply (siw-vm pitfall 3)."""
+"""siw 6.1 can stall an FPDU that arrives right after its MPA Reply (its passive side races
+the first FPDU against its QP setup)."""
 
 RPING_INFO = struct.Struct(">QII")
 """rping's ``struct rping_rdma_info``: buf (be64), rkey (be32), size (be32)."""

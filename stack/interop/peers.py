@@ -149,7 +149,7 @@ def iwarp_active(
     """The guest runs ``guest(guest_port)`` in the background; once it listens, our client
     (``iwarp`` + ``ours(host_port)``) connects through a hostfwd.  The guest tool gets
     ``guest_exit`` seconds to finish after ours succeeded (1.5 s after ours failed), then
-    it is stopped (siw-vm pitfall 8: a rejected rping -s never exits)."""
+    it is stopped (a rejected rping -s on siw never exits)."""
     host_port = vm.hostfwd(guest_port)
     with vm.capture(case, ports=(guest_port,)) as pcap:
         server = vm.run(guest(guest_port), background=True, timeout=timeout + guest_exit)

@@ -1,4 +1,5 @@
-"""tshark as an independent oracle for ``iwarp dissect`` (shared/specs/tshark.md).
+"""tshark as an independent oracle for ``iwarp dissect`` (Debian's tshark decodes the same
+captures on its own).
 
 Shared by the tshark cross-check tests (tests/dissect/test_tshark_crosscheck.py) and the
 interop suite, which holds every real siw capture against tshark too.  Where tshark 4.0.17

@@ -4,7 +4,7 @@ A :class:`MemoryRegion` registers any writable Python buffer (bytearray, memoryv
 mmap, numpy array).  Registration pins the buffer the way the kernel pins pages: the
 region holds an exported view, so a bytearray cannot be resized while registered.
 
-STags follow siw's shape (digest §10.2 item 12): a 24-bit index that starts at a random
+STags follow Linux siw's shape: a 24-bit index that starts at a random
 value, shifted left by 8, OR an 8-bit key that changes every time the index is reused,
 so STags are hard to predict and are reused slowly (SEC-08).
 """
@@ -226,7 +226,8 @@ def check_remote_access(
     right: int,
     codes: _Codes,
 ) -> memoryview:
-    """Validate an inbound tagged access in the order of digest §7.1 and return the bytes.
+    """Validate an inbound tagged access in the order of RFC 5042 §6 and RFC 5040 §7.2 (valid,
+    PD, rights, wrap, bounds) and return the bytes.
 
     Order: STag valid and key matches; bound to this stream's PD (SEC-01); access right;
     64-bit TO wrap (checked before bounds so the specific code is reachable with Python's

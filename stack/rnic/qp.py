@@ -14,7 +14,7 @@ Theory of operation.  A :class:`QueuePair` is a synchronous engine (no I/O):
   submit order (rule 15), signalled ones only (selective signalling).
 * Inbound RDMAP events (already validated in form by :class:`stack.wire.stream.RdmapStream`)
   go in with :meth:`handle_event`.  Every protection check happens here, before any byte
-  is placed (digest §7.1, DDP-10); a failure raises a :class:`ProtocolError` carrying the
+  is placed (RFC 5042 §6.1-6.2, DDP-10); a failure raises a :class:`ProtocolError` carrying the
   Terminate cause, and the caller sends the Terminate and calls :meth:`fatal`, which moves
   the QP to ERROR and flushes every outstanding WR (WR_FLUSH_ERR).
 * Inbound Read Requests and Atomic Requests occupy an IRD slot until their response has been

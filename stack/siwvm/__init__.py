@@ -2,9 +2,8 @@
 
 Build from Debian packages (:func:`build`), boot once (:class:`SiwVM`), run guest commands
 through an agent, forward ports both ways, set siw's knobs per case and capture each case
-(QEMU's lossless dump of the guest NIC, or tcpdump in the guest).  See
-``/work/shared/specs/siw-vm.md`` for the findings behind it and ``iwarp siwvm --help`` for
-the command line.
+(QEMU's lossless dump of the guest NIC, or tcpdump in the guest).  ``iwarp siwvm --help``
+gives the command line; the README's "Interop with Linux siw" what was learned about siw.
 """
 
 from stack.siwvm.errors import (

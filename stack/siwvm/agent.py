@@ -34,7 +34,7 @@ class AgentClient:
         """Wait until the agent answers a ping.
 
         slirp accepts a forwarded connection before anything listens in the guest and then
-        closes it (siw-vm pitfall 7), so a successful ``connect()`` proves nothing: retry
+        closes it, so a successful ``connect()`` proves nothing: retry
         until a ping comes back.
         """
         deadline = time.monotonic() + timeout

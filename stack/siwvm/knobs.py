@@ -11,7 +11,7 @@ mpa_crc_strict     N        with crc_required N: refuse a peer that sets C
 peer_to_peer       N        initiator asks for RFC 6581 P2P and offers Write|Read RTR
 mpa_version        2        Rev of the MPA Request (1: no IRD/ORD word)
 try_gso            N        sets siw's private flag 0x08 in Request/Reply
-zcopy_tx           Y        sendpage TX; N keeps tcpdump captures complete (pitfall 10)
+zcopy_tx           Y        sendpage TX (tcpdump may miss its payloads); N: complete captures
 tcp_nagle          N        N sets TCP_NODELAY
 loopback_enabled   Y        allow siw links on lo
 =================  =======  ==========================================================

@@ -67,7 +67,7 @@ GUEST_ADDR = "10.0.2.15"
 HOST_ADDR = "10.0.2.2"
 """The host's 127.0.0.1 as the guest sees it."""
 AGENT_GUEST_PORT = 7000
-"""Guest port of the agent: tests must not use it (pitfall 11)."""
+"""Guest port of the agent: tests must not use it (the agent owns it)."""
 NETDEV_ID = "n0"
 CaptureVia = Literal["netdev", "tcpdump"]
 """How :meth:`SiwVM.capture` captures: QEMU's dump of the guest NIC, or tcpdump in the guest."""
@@ -495,7 +495,7 @@ class SiwVM:
         """Wait until something in the guest listens on TCP ``port`` (siw's kernel socket too).
 
         Needed before connecting through a hostfwd: slirp accepts the host's connection
-        even when nothing listens in the guest (pitfall 7).
+        even when nothing listens in the guest (QEMU's user network accepts for it).
         """
         deadline = time.monotonic() + timeout
         while not self.listening(port):
@@ -709,7 +709,7 @@ class SiwVM:
     def _finish_capture(
         self, tcpdump: GuestProcess, gpcap: str, host_path: Path, check: bool
     ) -> None:
-        # tcpdump drops packets it has not yet written when interrupted (pitfall 10):
+        # tcpdump drops packets it has not yet written when interrupted:
         # wait until the file stops growing, then SIGINT, then copy from tmpfs.
         try:
             last, deadline = -1, time.monotonic() + 10.0

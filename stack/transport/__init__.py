@@ -1,0 +1,24 @@
+"""The trio drivers (floor 3): an RDMA connection over a TCP stream, the connection manager
+(listen, connect, accept, reject; RFC 5044 §7.1 startup over a real socket) and the capture
+tap that records both directions of a connection into a pcap."""
+
+from stack.transport.cm import (
+    ConnectFailed,
+    ConnectionManager,
+    ConnectRejected,
+    ConnectRequest,
+    Listener,
+)
+from stack.transport.driver import RdmaConnection
+from stack.transport.tap import CaptureTap, pcap_tap_factory
+
+__all__ = [
+    "CaptureTap",
+    "ConnectFailed",
+    "ConnectRejected",
+    "ConnectRequest",
+    "ConnectionManager",
+    "Listener",
+    "RdmaConnection",
+    "pcap_tap_factory",
+]

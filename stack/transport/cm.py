@@ -337,7 +337,7 @@ class ConnectionManager:
         ``first_fpdu_delay`` holds the first FPDU back for that many seconds after the MPA
         Reply.  Linux siw as the passive side can leave an FPDU that arrives right after its
         Reply unprocessed until more data comes (it sends the Reply before it hands the
-        socket to the QP; siw-vm.md pitfall 3); 0.2 s avoids that race.
+        socket to the QP); 0.2 s avoids that race.
 
         Raises :class:`ConnectRejected` (with the peer's private data and IRD/ORD) or
         :class:`ConnectFailed`.

@@ -1,4 +1,4 @@
-"""Masked FetchAdd and CmpSwap of RFC 7306 §5.1 as pure functions (digest §6.4).
+"""Masked FetchAdd and CmpSwap of RFC 7306 §5.1 as pure functions (EXT-06).
 
 All values are unsigned 64-bit integers in host order; converting target memory (in the
 target's byte order) to and from these integers is the RNIC's business.

@@ -1,4 +1,4 @@
-"""DDP headers and segmentation (RFC 5041 §4, §5.2; digest §4), sans-IO.
+"""DDP headers and segmentation (RFC 5041 §4, §5.2), sans-IO.
 
 DDP puts one header in front of every segment (ULPDU) it hands to MPA:
 
@@ -169,7 +169,7 @@ Parts = tuple[bytes, memoryview]
 
 
 def segment_tagged(stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int) -> list[bytes]:
-    """Split a tagged message into segments <= ``mulpdu`` (RFC 5041 §5.2, digest §4.2).
+    """Split a tagged message into segments <= ``mulpdu`` (RFC 5041 §5.2).
 
     Each segment's TO is the message TO plus the offset of its first byte (modulo 2^64:
     a sender may deliberately aim at the peer's TO-wrap check); L is set only on the last.
@@ -179,7 +179,7 @@ def segment_tagged(stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int
 
 
 def segment_untagged(qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int) -> list[bytes]:
-    """Split an untagged message into segments <= ``mulpdu`` (RFC 5041 §5.2, digest §4.2).
+    """Split an untagged message into segments <= ``mulpdu`` (RFC 5041 §5.2).
 
     All segments share QN, MSN and RsvdULP (DDP-04); MO starts at 0 and advances by each
     segment's payload length (DDP-05); L is set only on the last (DDP-02).

@@ -101,7 +101,7 @@ class Terminate:
     d); ddp_header (the copied 14- or 18-byte DDP header, present iff d); rdma_header (the
     copied 28-byte Read Request header, present iff r and the bytes were sent);
     siw_swapped (decode only: the control word had siw's swapped nibble layout,
-    digest §10.2 item 8).
+    Linux siw on little-endian hosts).
     """
 
     layer: int
@@ -134,7 +134,7 @@ class AtomicRequest:
 
     Fields: atomic_opcode, req_id, stag, to, add_swap_data, add_swap_mask,
     compare_data, compare_mask.  For FetchAdd the compare fields are 0 / all-ones and an
-    Add Mask of 0 means a plain 64-bit add (digest §6.4 pitfall).
+    Add Mask of 0 means a plain 64-bit add (RFC 7306 §5.1: mask bits select the carry boundaries).
     """
 
     atomic_opcode: int

@@ -203,7 +203,7 @@ _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
 
 
 def mulpdu_for(emss: int, markers: bool) -> int:
-    """MULPDU for an EMSS (MPA-13, RFC 5044 §4.5, digest §2.6), clamped to 128..64768.
+    """MULPDU for an EMSS (MPA-13, RFC 5044 §4.5), clamped to 128..64768.
 
     No markers: ``EMSS - (6 + EMSS mod 4)``; markers: also minus 4 per possible marker,
     ``4 * ceil(EMSS / 512)``.

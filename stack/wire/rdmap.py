@@ -1,16 +1,17 @@
-"""RDMAP messages on DDP segments (RFC 5040 §4, RFC 7306 §4-6; digest §5, §6, §8), sans-IO.
+"""RDMAP messages on DDP segments (RFC 5040 §4, RFC 7306 §4-6), sans-IO.
 
 Three entry points:
 
 * :func:`encode_message` turns any message of :mod:`stack.wire.events` into its ULPDUs
-  (DDP segments no larger than MULPDU), byte-exact to the digest's §9 examples.
+  (DDP segments no larger than MULPDU), byte-exact to the RFCs' layouts (tests hold them to
+  worked examples).
 * :func:`decode_ulpdu` turns one ULPDU into a :class:`Segment` with every field of the
   DDP and RDMAP headers.  ``strict=True`` (the default) raises the first violation as a
   :class:`~stack.errors.ProtocolError` carrying its rule ID and Terminate cause;
   ``strict=False`` decodes as much as it can and lists the violations in
   :attr:`Segment.findings` (for the capture dissector, one call per FPDU).
 * :func:`build_terminate` builds the Terminate that reports an error about an offending
-  ULPDU, following RFC 5040 Fig. 10 and the digest's §5.4 and §8 tables.
+  ULPDU, following RFC 5040 Fig. 10 (:func:`terminate_headers`) and §7.1.
 
 Stateless checks live here (versions, opcodes, queue numbers, header lengths).  The
 per-queue MSN/MO sequence checks need state and live in :mod:`stack.wire.stream`, which
@@ -42,7 +43,7 @@ RDMAP control bits set (DDP-03, RDMAP-02), an Invalidate STag on an opcode other
 0x4/0x6 (RDMAP-03), reserved AOpCode bits (EXT-02), a Terminate in siw's swapped layout
 or with missing or extra bytes (RDMAP-11).
 
-siw's Terminate (digest §10.2 item 8): on little-endian hosts siw's bitfield swaps the
+Linux siw's Terminate: on little-endian hosts siw's bitfield swaps the
 Layer and EType nibbles of byte 0 and stores M/D/R in bits 0x01/0x02/0x04 of byte 2, so
 layer 1 / etype 2 / code 3 with M=D=1 arrives as ``21 03 03 00`` instead of ``12 03 c0
 00``.  Detection, in order: (1) caller's hint ``siw_layout`` when not None; (2) byte 2
@@ -175,8 +176,8 @@ _SINGLE_SEGMENT: dict[int, tuple[str, int | None]] = {
 class Finding:
     """A rule violation or deviation seen while decoding.
 
-    Fields: rule (digest rule ID), detail, term (the Terminate cause it maps to, None for
-    deviations that need none), fatal (True: strict decoding raises it; False: noted only).
+    Fields: rule (rule ID, :mod:`stack.rules`), detail, term (the Terminate cause it maps to,
+    None for deviations that need none), fatal (True: strict decoding raises it; False: noted only).
     """
 
     rule: str
@@ -461,7 +462,7 @@ def decode_ulpdu(
 
 
 # ======================================================================================
-# Terminate (RFC 5040 §4.8, digest §5.4)
+# Terminate (RFC 5040 §4.8, §7.1)
 # ======================================================================================
 
 _VALID_LAYER_ETYPES = frozenset(TERM_ETYPE_NAMES)

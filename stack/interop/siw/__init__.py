@@ -1,1 +1,3 @@
 """The siw interop suite: pytest modules run by ``iwarp interop --peer siw-vm``."""
+
+__all__: list[str] = []

@@ -153,7 +153,7 @@ def _our_initiator_to_siw_passive(
             event = peer.next_event()
             reply_to_send: object = None
             if not isinstance(event, Rejected):
-                time.sleep(SIW_PASSIVE_FIRST_FPDU_DELAY)  # siw passive race (pitfall 3)
+                time.sleep(SIW_PASSIVE_FIRST_FPDU_DELAY)  # siw passive race
                 peer.send(rping_info_send(0x1000, 0x1234, 64, peer.conn.mulpdu))
                 reply_to_send = peer.receive_segment() if answered else peer.next_event()
         server.stop()
@@ -217,7 +217,7 @@ def _rtr_write(mulpdu: int) -> bytes:
 
 def test_erc_07_erc_09_siw_active_p2p_sends_write_rtr(vm: SiwVM, case: str) -> None:
     """siw peer_to_peer: P2P with Write|Read RTR offered; we pick Write; its RTR comes first
-    as a zero-length RDMA Write with STag 1 (siw quirk, digest §10.2 item 6)."""
+    as a zero-length RDMA Write with STag 1 (siw quirk: Chelsio hardware refuses STag 0)."""
     vm.set_siw(p2p=True)
     settings = MpaSettings(crc=CrcPolicy.REQUEST, p2p=True, ird=1, ord=1)
     request, peer, (negotiated, first, pcap) = _siw_active_to_our_responder(
@@ -268,7 +268,7 @@ def test_mpa_20_our_rev1_request_to_siw(vm: SiwVM, case: str) -> None:
     assert isinstance(event, Established), event
     n = event.negotiated
     assert n.rev == 1 and n.crc and n.peer_frame.ird_ord is None and n.peer_ird is None
-    # siw pitfall 4: with Rev 1 siw gives rping IRD/ORD 0, so its RDMA Read fails and it
+    # with Rev 1 siw gives rping IRD/ORD 0, so its RDMA Read fails and it
     # closes instead of sending a Read Request.
     assert isinstance(answer, PeerClosed), answer
     decode = assert_clean_capture(pcap)
@@ -276,8 +276,8 @@ def test_mpa_20_our_rev1_request_to_siw(vm: SiwVM, case: str) -> None:
 
 
 def test_mpa_09_siw_rejects_our_markers_request(vm: SiwVM, case: str) -> None:
-    """siw implements no markers: a Request with M=1 gets a Reply with R=1 (digest §10.2.1),
-    which our initiator reports as a rejection."""
+    """siw implements no markers: a Request with M=1 gets a Reply with R=1 (RFC 5044 §4.3 says
+    every sender must be able to), which our initiator reports as a rejection."""
     _peer, (event, answer), pcap = _our_initiator_to_siw_passive(
         vm, case, MpaSettings(rev=1, crc=CrcPolicy.REQUEST, want_markers=True)
     )

@@ -3,7 +3,7 @@
 Every case runs in both directions where the tools allow (test ids ``siw-active``: the
 guest's ``rping -c`` connects to our ``rping -s``; ``iwarp-active``: our ``rping -c``
 connects to the guest's ``rping -s``), is captured in the guest and decoded by our
-dissector.  Covered (issue #5): MPA rev 2 defaults, CRC requested by either side, siw's
+dissector.  Covered: MPA rev 2 defaults, CRC requested by either side, siw's
 crc_strict against our CRC request, peer-to-peer with Write and Read RTR (and siw's refusal
 of a Send RTR), MPA rev 1, markers, private data, several -C/-S up to 20000 bytes, and
 siw's passive race on the first FPDU after its MPA Reply (20 of 20 runs).
@@ -12,10 +12,10 @@ siw behaviours these tests pin down (see siw-vm.md):
 
 * passive siw does not enforce ``mpa_crc_required`` (a Request without C is accepted);
 * an MPA rev 1 connection gives siw IRD/ORD 0, so ``rping -s`` on siw cannot Read
-  (pitfall 4) while ``rping -c`` on siw works;
+  (Rev 1 gives it IRD/ORD 0) while ``rping -c`` on siw works;
 * siw refuses markers (Reply R=1 as passive; as active it rejects our Reply with M=1);
-* siw's Terminate uses its swapped nibble layout (pitfall 5) and, sent before RTS, carries
-  CRC 0 even when CRC was negotiated;
+* siw's Terminate uses its swapped nibble layout (its Terminate bitfield on little-endian
+  hosts) and, sent before RTS, carries CRC 0 even when CRC was negotiated;
 * Linux 6.1's iw_cm hits BUG() (iwcm.c:969, cm_close_handler) when passive siw waiting for
   a peer-to-peer RTR gets a Terminate instead, so the Send-RTR case never runs iwarp-active:
   our initiator's Terminate 2/0/7 (RFC 6581 §9.2) would crash the guest kernel.
@@ -81,7 +81,7 @@ def rping(
 
 
 def siw_passive_race(run: PeerRun) -> str | None:
-    """The capture's sign of siw-vm pitfall 3: our first FPDU followed siw's MPA Reply and
+    """The capture's sign of siw's passive race: our first FPDU followed siw's MPA Reply and
     siw never sent an FPDU.  Returns the diagnosis, or None."""
     decode = dissect(run.pcap)
     ours = [r for r in decode.fpdus() if r.direction == "i2r"]
@@ -107,7 +107,7 @@ def rping_teardown_race(run: PeerRun) -> bool:
 def assert_pinged(run: PeerRun, count: int) -> None:
     """Both tools finished and printed every ping."""
     if run.ours_rc != 0 and (race := siw_passive_race(run)):
-        pytest.fail(f"siw passive race (siw-vm pitfall 3): {race}\n{run.describe()}")
+        pytest.fail(f"siw passive race: {race}\n{run.describe()}")
     assert run.ours_rc == 0 and (run.siw_rc == 0 or rping_teardown_race(run)), run.describe()
     for i in range(count):
         assert f"rdma-ping-{i}: " in run.ours, f"ping {i} missing\n{run.describe()}"
@@ -247,7 +247,7 @@ SEND_RTR_CRASHES_SIW = (
 @pytest.mark.parametrize("crc", [False, True], ids=["nocrc", "crc"])
 def test_rping_erc_09_siw_refuses_send_rtr(vm: SiwVM, case: str, direction: str, crc: bool) -> None:
     """siw (offering Write|Read RTR) gets our Reply flagging only Send (ERC-08): it sends
-    Terminate 2/0/7 in its swapped layout (pitfall 5) and rping reports a connect error.
+    Terminate 2/0/7 in its swapped layout and rping reports a connect error.
     With CRC negotiated siw's Terminate carries CRC 0 (sent before RTS): we report MPA-12."""
     vm.set_siw(p2p=True)
     run = rping(vm, case, direction, ours=("--p2p", "send", "--crc" if crc else "--no-crc"))
@@ -275,7 +275,7 @@ def test_rping_erc_09_siw_refuses_send_rtr(vm: SiwVM, case: str, direction: str,
 @BOTH
 def test_rping_mpa_20_rev1(vm: SiwVM, case: str, direction: str) -> None:
     """MPA rev 1 both ways.  siw-active works; iwarp-active leaves siw with ORD 0, so the
-    guest's rping -s cannot post its RDMA Read (pitfall 4) and closes: we report it."""
+    guest's rping -s cannot post its RDMA Read (Rev 1: IRD/ORD 0) and closes: we report it."""
     if direction == SIW_ACTIVE:
         vm.set_siw(mpa_version=1)
         run = rping(vm, case, direction, count=2)
@@ -351,7 +351,7 @@ def test_rping_ddp_02_sizes(vm: SiwVM, case: str, direction: str, count: int, si
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", [IWARP_ACTIVE])
 def test_rping_first_fpdu_delay_20_of_20(vm: SiwVM, case: str, direction: str) -> None:
-    """siw's passive race (pitfall 3) must not make our initiator flaky: 20 of 20 runs with
+    """siw's passive race must not make our initiator flaky: 20 of 20 runs with
     the default --first-fpdu-delay, CRC on and off, each first FPDU 0.2 s after the Reply."""
     for n in range(20):
         run = rping(vm, f"{case}_{n:02d}", direction, ours=("--crc" if n % 2 else "--no-crc",))
