@@ -33,7 +33,7 @@ from kbtp.constants import (
 )
 from kbtp.formats import COMPLETION_DESCRIPTOR, FORMATS, HEADER, Display, Part, Tail
 from kbtp.messages import KbtpError, Message, decode_message
-from stack.wire.rdmap import Finding
+from stack.wire.checker import Finding
 
 __all__ = ["KbtpSummary", "describe_payload", "looks_like_kbtp"]
 
@@ -183,7 +183,7 @@ class KbtpSummary:
     data of a store, else empty); length (octets given) and expected_length (what the
     header and body announce); complete (as passed); findings (at most one: the
     :class:`~kbtp.messages.KbtpError` of ``decode_message`` as a
-    :class:`~stack.wire.rdmap.Finding`); error (its Status, what a target would answer;
+    :class:`~stack.wire.checker.Finding`); error (its Status, what a target would answer;
     None when well-formed); message (the decoded message; None when malformed or
     incomplete).
     """

@@ -107,7 +107,7 @@ from stack.constants import (
 from stack.crc import crc32c
 from stack.errors import DecodeError
 from stack.wire.framing import mark_fpdu
-from stack.wire.rdmap import terminate_headers
+from stack.wire.terminate import terminate_headers
 
 __all__ = [
     "ATOMIC_OPCODE_DISPLAY",
@@ -882,7 +882,7 @@ def terminate_fpdu(
 
     ``offending`` is the FPDU that caused it (bytes or packet, no markers); its
     ULPDU_Length, DDP header and, for a Read Request, 28-byte RDMA header are copied.
-    M/D/R default to RFC 5040 Fig. 10 (:func:`stack.wire.rdmap.terminate_headers`): D = M
+    M/D/R default to RFC 5040 Fig. 10 (:func:`stack.wire.terminate.terminate_headers`): D = M
     = a DDP header is copied and the cause is neither LLP nor local catastrophic; R = a Read
     Request header was copied for an RDMAP remote protection error.  Explicit
     m/d/r/ddp_seg_len win.

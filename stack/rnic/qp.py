@@ -62,6 +62,7 @@ from stack.rnic.verbs import (
     WorkCompletion,
     WrOpcode,
 )
+from stack.wire.checker import Checker
 from stack.wire.events import (
     AtomicRequest,
     AtomicRequestReceived,
@@ -82,7 +83,6 @@ from stack.wire.events import (
     TerminateReceived,
     WriteSegment,
 )
-from stack.wire.rdmap import Checker
 from stack.wire.sequence import RequestTracker
 
 _LE64 = struct.Struct("<Q")

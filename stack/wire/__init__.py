@@ -15,6 +15,7 @@ conformance runner leniently (:class:`Checker`).
 * :mod:`~stack.wire.events`: the message and event vocabulary.
 """
 
+from stack.wire.checker import Checker, Finding
 from stack.wire.connection import ConnectionEvent, IwarpConnection
 from stack.wire.events import (
     RDMAP_EVENT_TYPES,
@@ -56,19 +57,15 @@ from stack.wire.framing import FpduDeframer, FpduFramer, fpdu_layout, mulpdu_for
 from stack.wire.mpa import MpaConnection, MpaState
 from stack.wire.mpa_frames import decode_frame, encode_frame
 from stack.wire.mpa_rules import FRAME_RULES, REPLY_RULES, check_startup_frame
-from stack.wire.rdmap import (
-    Checker,
-    Finding,
-    Segment,
+from stack.wire.rdmap import Segment, decode_ulpdu, encode_message
+from stack.wire.sequence import MessageSequencer, RequestTracker
+from stack.wire.stream import RdmapStream
+from stack.wire.terminate import (
     build_terminate,
     check_terminate_headers,
     decode_terminate,
-    decode_ulpdu,
-    encode_message,
     terminate_headers,
 )
-from stack.wire.sequence import MessageSequencer, RequestTracker
-from stack.wire.stream import RdmapStream
 
 __all__ = [
     "FRAME_RULES",

@@ -45,8 +45,8 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.mpa import MpaConnection
-from stack.wire.rdmap import build_terminate
 from stack.wire.stream import RdmapStream
+from stack.wire.terminate import build_terminate
 
 WRITE_RTR_STAG = 1
 """STag of a zero-length Write RTR (siw's choice; Chelsio hardware rejects STag 0)."""

@@ -60,6 +60,7 @@ from stack.constants import (
     TermCode,
 )
 from stack.errors import ConnectionTimeout, LocalError, MpaError, ProtocolError
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     NEED_DATA,
     ConnectionFailed,
@@ -91,7 +92,6 @@ from stack.wire.mpa_rules import (
     initiator_rtr,
     responder_ird_ord,
 )
-from stack.wire.rdmap import Checker, Finding
 
 Buffer = bytes | bytearray | memoryview
 

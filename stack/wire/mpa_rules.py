@@ -40,8 +40,8 @@ from stack.constants import (
     TermCode,
 )
 from stack.errors import LocalError, MpaError
+from stack.wire.checker import Checker
 from stack.wire.events import IrdOrd, MpaFrame
-from stack.wire.rdmap import Checker
 
 __all__ = [
     "DEFINED_REVISIONS",

@@ -17,7 +17,7 @@ Two small state machines hold every stateful receive rule of DDP and RDMAP, once
   responses come in request order (RDMAP-06, EXT-03).  Each request may carry a ``context``
   (the RNIC's work request), so the tracker is the only queue of outstanding requests.
 
-Both report through a :class:`~stack.wire.rdmap.Checker`: the endpoint runs them strictly
+Both report through a :class:`~stack.wire.checker.Checker`: the endpoint runs them strictly
 (the first violation is raised as a :class:`~stack.errors.ProtocolError` with its Terminate
 cause, and the state does not advance), the capture decoder leniently (every violation is
 recorded as a finding and the state follows what was actually sent, so one error does not
@@ -42,7 +42,7 @@ from stack.constants import (
     QueueNumber,
 )
 from stack.errors import DdpError, RdmapError
-from stack.wire.rdmap import Checker
+from stack.wire.checker import Checker
 
 __all__ = ["MessageSequencer", "OutstandingRead", "RequestTracker"]
 

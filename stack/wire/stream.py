@@ -62,6 +62,7 @@ from stack.constants import (
 )
 from stack.errors import LocalError, ProtocolError, RdmapError
 from stack.wire import ddp
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     AtomicRequest,
     AtomicRequestReceived,
@@ -81,18 +82,15 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.rdmap import (
-    Checker,
-    Finding,
-    build_terminate,
     check_ddp,
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
     message_qn,
     rdmap_ctrl,
-    terminate_for,
 )
 from stack.wire.sequence import MessageSequencer
+from stack.wire.terminate import build_terminate, terminate_for
 
 _MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
@@ -209,7 +207,7 @@ class RdmapStream:
         """The Terminate reporting ``error`` about ``offending_ulpdu`` (RFC 5040 §7.1).
 
         Pass it to :meth:`send`.  An error without a Terminate cause becomes RDMAP local
-        catastrophic.  See :func:`stack.wire.rdmap.build_terminate`.
+        catastrophic.  See :func:`stack.wire.terminate.build_terminate`.
         """
         return build_terminate(terminate_for(error), offending_ulpdu, read_progress=read_progress)
 

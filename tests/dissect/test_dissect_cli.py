@@ -24,7 +24,7 @@ from stack.wire.events import (
     ReadResponse,
     Send,
 )
-from stack.wire.rdmap import build_terminate
+from stack.wire.terminate import build_terminate
 from tests.dissect.synth import I2R, R2I, CaptureBuilder
 
 CONTRACT_COMMON = {"stream", "frame", "direction", "src", "dst", "type", "findings"}

@@ -1019,6 +1019,7 @@ def test_mpa_10_marker_helpers_never_crash_on_random_streams(data: bytes, offset
 rdmap = pytest.importorskip("stack.wire.rdmap")
 events = pytest.importorskip("stack.wire.events")
 framing = pytest.importorskip("stack.wire.framing")
+terminate = pytest.importorskip("stack.wire.terminate")
 
 
 def messages() -> st.SearchStrategy:
@@ -1107,5 +1108,5 @@ def test_rdmap_11_cross_check_terminates_with_wire_decoder(name: str) -> None:
     assert term.rdma_header == (bytes(ours.rdma_hdr) if ours.rdma_hdr is not None else b"")
     offending = E["E3"] if name == "E6" else bytes(e5_offending())
     cause = (ours.layer, ours.etype, ours.code)
-    built = rdmap.build_terminate(cause, offending[2 : 2 + MPA_FPDU(offending).ulpdu_length])
-    assert rdmap.encode_terminate(built) == bytes(ours)
+    built = terminate.build_terminate(cause, offending[2 : 2 + MPA_FPDU(offending).ulpdu_length])
+    assert terminate.encode_terminate(built) == bytes(ours)

@@ -45,7 +45,8 @@ from stack.wire.events import (
     Terminate,
 )
 from stack.wire.framing import FpduFramer
-from stack.wire.rdmap import build_terminate, decode_ulpdu
+from stack.wire.rdmap import decode_ulpdu
+from stack.wire.terminate import build_terminate
 from tests.dissect.synth import (
     I2R,
     R2I,

@@ -48,7 +48,8 @@ from stack.wire.events import (
     Send,
 )
 from stack.wire.framing import FpduFramer
-from stack.wire.rdmap import build_terminate, encode_message
+from stack.wire.rdmap import encode_message
+from stack.wire.terminate import build_terminate
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
 
 pytestmark = pytest.mark.tshark

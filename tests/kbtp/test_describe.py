@@ -37,7 +37,7 @@ from kbtp.messages import (
     decode_message,
     inline_descriptor,
 )
-from stack.wire.rdmap import Finding
+from stack.wire.checker import Finding
 from tests.kbtp.test_messages import EXAMPLES, messages
 from tests.kbtp.test_scapy_layers import all_messages
 

@@ -21,13 +21,9 @@ from stack.wire.events import (
     Send,
     Terminate,
 )
-from stack.wire.rdmap import (
-    build_terminate,
-    decode_terminate,
-    decode_ulpdu,
-    encode_message,
-)
+from stack.wire.rdmap import decode_ulpdu, encode_message
 from stack.wire.stream import RdmapStream
+from stack.wire.terminate import build_terminate, decode_terminate
 from tests.wire.test_rdmap import FPDUS, SEND_MSN7, ulpdu_of
 
 SEEDS: list[bytes] = [ulpdu_of(name) for name in sorted(FPDUS)] + [SEND_MSN7]

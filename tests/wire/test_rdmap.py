@@ -40,16 +40,8 @@ from stack.wire.events import (
     Send,
     Terminate,
 )
-from stack.wire.rdmap import (
-    Segment,
-    build_terminate,
-    decode_terminate,
-    decode_ulpdu,
-    encode_message,
-    encode_terminate,
-    message_qn,
-    terminate_for,
-)
+from stack.wire.rdmap import Segment, decode_ulpdu, encode_message, message_qn
+from stack.wire.terminate import build_terminate, decode_terminate, encode_terminate, terminate_for
 
 # Digest §9: whole FPDUs (CRC on, no markers) as hex.  The ULPDU is bytes [2 : 2+length].
 FPDUS: dict[str, str] = {

@@ -41,8 +41,9 @@ from stack.wire.events import (
     TerminateReceived,
     WriteSegment,
 )
-from stack.wire.rdmap import build_terminate, encode_message
+from stack.wire.rdmap import encode_message
 from stack.wire.stream import RdmapStream, RecvState, SendState
+from stack.wire.terminate import build_terminate
 from tests.wire.test_rdmap import SEND_MSN7, ulpdu_of
 
 

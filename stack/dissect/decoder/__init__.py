@@ -57,8 +57,8 @@ from stack.dissect.decoder.records import (
     SegmentView,
     StreamInfo,
 )
+from stack.wire.checker import Finding
 from stack.wire.framing import fpdu_layout
-from stack.wire.rdmap import Finding
 
 __all__ = [
     "DirectionInfo",

@@ -27,18 +27,15 @@ from stack.dissect.decoder.common import (
     _U32,
 )
 from stack.dissect.decoder.records import SegmentView
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
     ReadRequest,
     Terminate,
 )
-from stack.wire.rdmap import (
-    Checker,
-    Finding,
-    check_terminate_headers,
-)
 from stack.wire.sequence import MessageSequencer, RequestTracker
+from stack.wire.terminate import check_terminate_headers
 
 # ======================================================================================
 # Stateful per-direction validation

@@ -32,16 +32,13 @@ from stack.dissect.tcp import (
     StreamEvent,
 )
 from stack.errors import MpaError, ProtocolError
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     MpaFrame,
     ReadRequest,
 )
 from stack.wire.mpa_frames import decode_frame
 from stack.wire.mpa_rules import StartupContext, check_startup_frame
-from stack.wire.rdmap import (
-    Checker,
-    Finding,
-)
 
 if TYPE_CHECKING:
     from stack.dissect.decoder.dissector import Dissector

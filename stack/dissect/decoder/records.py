@@ -27,17 +27,11 @@ from stack.dissect.decoder.common import (
     _UNTAGGED_UNPACK,
 )
 from stack.wire import ddp
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     MpaFrame,
 )
-from stack.wire.rdmap import (
-    Checker,
-    Finding,
-    RdmapHeader,
-    Segment,
-    check_ddp,
-    check_rdmap,
-)
+from stack.wire.rdmap import RdmapHeader, Segment, check_ddp, check_rdmap
 
 # ======================================================================================
 # Public records

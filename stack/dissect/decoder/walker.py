@@ -27,10 +27,8 @@ from stack.dissect.decoder.modes import Cause, Mode, next_mode
 from stack.dissect.decoder.records import DirectionInfo, PduRecord, SegmentView
 from stack.dissect.decoder.resync import Resync
 from stack.errors import ProtocolError
+from stack.wire.checker import Finding
 from stack.wire.framing import fpdu_layout, unmarked_body
-from stack.wire.rdmap import (
-    Finding,
-)
 
 if TYPE_CHECKING:
     from stack.dissect.decoder.connection import ConnectionDecoder

@@ -41,7 +41,7 @@ from stack.interop.peers import (
 from stack.interop.tshark import TSHARK
 from stack.siwvm import SiwVM
 from stack.wire.events import MpaFrame, ReadRequest
-from stack.wire.rdmap import decode_terminate
+from stack.wire.terminate import decode_terminate
 
 pytestmark = [pytest.mark.interop, pytest.mark.usefixtures("no_guest_oops")]
 
