@@ -389,6 +389,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
     settings = mpa_settings(args)
+    assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
     print(
         f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, "

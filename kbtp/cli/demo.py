@@ -26,8 +26,9 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
@@ -164,7 +165,7 @@ async def _load_and_check(
     demo.check(who, f"{kind} of 0x{handle:x} ({stored.owner}'s)", got, stored.data)
 
 
-async def _gather(calls: list[Callable[[], Awaitable[object]]]) -> None:
+async def _gather(calls: Iterable[Callable[[], Awaitable[object]]]) -> None:
     """Run ``calls`` concurrently (pipelined on the session)."""
     async with trio.open_nursery() as nursery:
         for call in calls:
@@ -189,9 +190,9 @@ async def shared_scenario(demo: Demo, ini: KbtpInitiator, who: str) -> None:
         mine.append(handle)
 
     # ALLOC_STORE: more requests than credits, INLINE and by RDMA Read, even ones sealed.
-    await _gather([lambda k=k: alloc(k, 0, k % 2 == 0) for k in range(20)])
+    await _gather([partial(alloc, k, 0, k % 2 == 0) for k in range(20)])
     demo.progress(who, "ALLOC_STORE x20 (inline and RDMA Read, 0..64K octets)")
-    await _gather([lambda h=h: _load_and_check(demo, ini, who, h) for h in sorted(mine)])
+    await _gather([partial(_load_and_check, demo, ini, who, h) for h in sorted(mine)])
     demo.progress(who, "LOAD x20 checked (ALLOW_UNSEALED, INVALIDATE)")
 
     # Mapped STORE into the unsealed blocks, sealing all but the last.
@@ -201,8 +202,8 @@ async def shared_scenario(demo: Demo, ini: KbtpInitiator, who: str) -> None:
         demo.expected[handle] = Stored(data, c.generation, seal, who)
 
     unsealed = [h for h in sorted(mine) if not demo.expected[h].sealed]
-    await _gather([lambda h=h: restore(h, h != unsealed[-1]) for h in unsealed])
-    await _gather([lambda h=h: _load_and_check(demo, ini, who, h) for h in unsealed])
+    await _gather([partial(restore, h, h != unsealed[-1]) for h in unsealed])
+    await _gather([partial(_load_and_check, demo, ini, who, h) for h in unsealed])
     demo.progress(who, f"STORE x{len(unsealed)} (+SEAL) checked")
     await _cross(demo, ini, who, direct=False)
 
@@ -212,9 +213,9 @@ async def shared_scenario(demo: Demo, ini: KbtpInitiator, who: str) -> None:
         await ini.free(handle, generation=demo.expected[handle].generation)
         del demo.expected[handle]
         mine.remove(handle)
-    await _gather([lambda k=k: alloc(k, 2, True) for k in range(20, 30)])
+    await _gather([partial(alloc, k, 2, True) for k in range(20, 30)])
     await _gather(
-        [lambda h=h: _load_and_check(demo, ini, who, h) for h in range(base + 20, base + 30)]
+        [partial(_load_and_check, demo, ini, who, h) for h in range(base + 20, base + 30)]
     )
     demo.progress(who, "FREE x10, ALLOC_STORE x10 into reused blocks, checked")
     await shared_bad_requests(demo, ini, who, freed[0], mine)
@@ -318,7 +319,7 @@ async def shared_bad_requests(
         ),
     )
     # Nothing above changed the blocks: load them all again.
-    await _gather([lambda h=h: _load_and_check(demo, ini, who, h) for h in sorted(mine)])
+    await _gather([partial(_load_and_check, demo, ini, who, h) for h in sorted(mine)])
     demo.progress(who, "bad requests: every status as expected, blocks unchanged")
 
 
@@ -343,14 +344,14 @@ async def trusted_scenario(demo: Demo, ini: KbtpInitiator, who: str, abandon: bo
         demo.expected[handle] = Stored(data, c.generation, seal, who)
 
     # One-sided allocations next to target-executed ones on the same partition ring.
-    calls = [lambda k=k: direct(k, 0) for k in range(8)]
-    calls += [lambda k=k: alloc(k, k != 11) for k in range(8, 12)]
+    calls = [partial(direct, k, 0) for k in range(8)]
+    calls += [partial(alloc, k, k != 11) for k in range(8, 12)]
     await _gather(calls)
     demo.progress(who, "DIRECT_ALLOC+BIND x8 and ALLOC_STORE x4 on the partition ring")
     handles = list(range(base, base + 12))
-    await _gather([lambda h=h: _load_and_check(demo, ini, who, h) for h in handles])
+    await _gather([partial(_load_and_check, demo, ini, who, h) for h in handles])
     sealed = [h for h in handles if demo.expected[h].sealed]
-    await _gather([lambda h=h: _load_and_check(demo, ini, who, h, direct=True) for h in sealed])
+    await _gather([partial(_load_and_check, demo, ini, who, h, direct=True) for h in sealed])
     demo.progress(who, f"LOAD x{len(handles)} and DIRECT_LOAD x{len(sealed)} checked")
     await _cross(demo, ini, who, direct=True)
 
@@ -358,10 +359,8 @@ async def trusted_scenario(demo: Demo, ini: KbtpInitiator, who: str, abandon: bo
     for handle in handles[:4]:
         await ini.free(handle, generation=demo.expected[handle].generation)
         del demo.expected[handle]
-    await _gather([lambda k=k: direct(k, 1) for k in range(4)])
-    await _gather(
-        [lambda h=h: _load_and_check(demo, ini, who, h, direct=True) for h in handles[:4]]
-    )
+    await _gather([partial(direct, k, 1) for k in range(4)])
+    await _gather([partial(_load_and_check, demo, ini, who, h, direct=True) for h in handles[:4]])
     demo.progress(who, "FREE x4, DIRECT_ALLOC x4 into reused blocks, checked")
 
     x = demo.expect_status
@@ -425,9 +424,9 @@ async def _cross(demo: Demo, ini: KbtpInitiator, who: str, direct: bool) -> None
     await first.wait()
     theirs = [h for h, s in sorted(demo.expected.items()) if s.owner != who and s.sealed]
     picks = theirs[:: max(1, len(theirs) // 12)]
-    calls = [lambda h=h: _load_and_check(demo, ini, who, h) for h in picks]
+    calls = [partial(_load_and_check, demo, ini, who, h) for h in picks]
     if direct:
-        calls += [lambda h=h: _load_and_check(demo, ini, who, h, direct=True) for h in picks]
+        calls += [partial(_load_and_check, demo, ini, who, h, direct=True) for h in picks]
     await _gather(calls)
     demo.progress(who, f"loaded {len(picks)} blocks of other initiators{' (+direct)' * direct}")
     await second.wait()

@@ -48,7 +48,6 @@ DEFAULT_PORT = 18700
 DEFAULT_BLOCK_SIZE = 64 * 1024
 DEFAULT_POOL_BLOCKS = 1024
 DEFAULT_INITIATORS = 4
-STACK_EMSS = MpaSettings().emss
 LOOPBACK_EMSS = 65483
 """TCP MSS on Linux loopback (MTU 65536 - 40 - 12 option octets): FPDUs as large as MPA
 allows (MULPDU 64768, MPA-13) when both ends are on this host."""
@@ -81,7 +80,9 @@ def emss_value(text: str) -> int:
     return value
 
 
-def add_mpa_arguments(parser: argparse.ArgumentParser, emss_default: int) -> None:
+def add_mpa_arguments(parser: argparse.ArgumentParser, emss_default: int | None) -> None:
+    """``--crc``, ``--markers`` and ``--emss`` (``emss_default`` None: each connection's MSS)."""
+    shown = "from the connection's TCP MSS" if emss_default is None else emss_default
     parser.add_argument(
         "--crc",
         action=argparse.BooleanOptionalAction,
@@ -96,8 +97,7 @@ def add_mpa_arguments(parser: argparse.ArgumentParser, emss_default: int) -> Non
         type=emss_value,
         default=emss_default,
         metavar="OCTETS",
-        help=f"EMSS the MULPDU is derived from (default {emss_default}; "
-        f"{LOOPBACK_EMSS} = loopback MSS)",
+        help=f"EMSS the MULPDU is derived from (default {shown}; {LOOPBACK_EMSS} = loopback MSS)",
     )
 
 
@@ -318,7 +318,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help=f"Ticket Timeout of direct allocations (default {DEFAULT_TICKET_TIMEOUT:g})",
     )
-    add_mpa_arguments(parser, STACK_EMSS)
+    add_mpa_arguments(parser, None)
     parser.add_argument("--capture", metavar="PCAP", help="record every connection to PCAP")
     parser.add_argument(
         "--duration",

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import NoReturn, TypeVar
+from typing import NoReturn, TypeVar, overload
 
 from stack.errors import single_exception
 
@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+N = TypeVar("N")
 
 
 def one_line_errors(parser: argparse.ArgumentParser) -> None:
@@ -43,14 +44,25 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
 
     parse_known_args = parser.parse_known_args
 
+    # The overloads of ArgumentParser.parse_known_args, so the replacement has its type.
+    @overload
     def strict_parse_known_args(
-        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
+        args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def strict_parse_known_args(
+        args: Iterable[str] | None, namespace: N
+    ) -> tuple[N, list[str]]: ...
+    @overload
+    def strict_parse_known_args(*, namespace: N) -> tuple[N, list[str]]: ...
+    def strict_parse_known_args(
+        args: Iterable[str] | None = None, namespace: object = None
+    ) -> tuple[object, list[str]]:
         # As a subparser, leftovers would reach the top parser's usage-dumping error.
-        namespace, extras = parse_known_args(args, namespace)
+        parsed, extras = parse_known_args(args, namespace)
         if extras:
             error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
+        return parsed, extras
 
     parser.error = error  # type: ignore[method-assign]
     parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -189,6 +190,18 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("-C must be >= 0 and -S >= 1")
 
 
+def _checked(
+    main: Callable[[argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
+    """The subcommand's function: check the arguments, then run ``main`` under trio."""
+
+    def run(args: argparse.Namespace) -> int:
+        _check(args)
+        return trio_run(main, args)
+
+    return run
+
+
 def register(subparsers: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-p", dest="port", type=int, default=RDMA_EXAMPLES_PORT, help="port (7471)")
@@ -196,11 +209,11 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("rdma-server", parents=[common], help="librdmacm rdma_server peer")
     p.add_argument("-s", dest="bind", help="address to bind (default all)")
-    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_server, a))[1])
+    p.set_defaults(func=_checked(rdma_server))
 
     p = subparsers.add_parser("rdma-client", parents=[common], help="librdmacm rdma_client peer")
     p.add_argument("-s", dest="server", required=True, help="server address")
-    p.set_defaults(func=lambda a: (_check(a), trio_run(rdma_client, a))[1])
+    p.set_defaults(func=_checked(rdma_client))
 
     p = subparsers.add_parser("cmatose", parents=[common], help="librdmacm ucmatose peer")
     p.add_argument("-s", dest="server", help="server address (client mode; omit for server)")
@@ -208,4 +221,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("-c", dest="connections", type=int, default=1, help="connections (1)")
     p.add_argument("-C", dest="messages", type=int, default=10, help="messages per connection (10)")
     p.add_argument("-S", dest="size", type=int, default=100, help="message size (100)")
-    p.set_defaults(func=lambda a: (_check(a), trio_run(cmatose, a))[1])
+    p.set_defaults(func=_checked(cmatose))

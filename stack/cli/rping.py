@@ -23,7 +23,17 @@ import trio
 from stack.cli import CliError, trio_run
 from stack.constants import RtrType
 from stack.errors import IwarpError
-from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
+from stack.rnic import (
+    Access,
+    RecvWR,
+    Rnic,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.qp import QueuePair
@@ -85,8 +95,23 @@ class Endpoint:
             SendWR(2, WrOpcode.SEND, (Sge(self.send_mr.addr, RDMA_INFO.size, self.send_mr.lkey),))
         )
 
-    async def expect(self, opcode: WcOpcode) -> tuple[int, int, int] | None:
+    async def expect(self, opcode: WcOpcode) -> None:
         """Wait for the next completion; it must be ``opcode`` and succeed."""
+        if opcode is WcOpcode.RECV:
+            await self.receive_info()
+        else:
+            await self._completion(opcode)
+
+    async def receive_info(self) -> tuple[int, int, int]:
+        """Wait for the peer's buffer info (a RECV completion): (addr, rkey, length)."""
+        wc = await self._completion(WcOpcode.RECV)
+        if wc.byte_len != RDMA_INFO.size:
+            raise RpingError(f"Received bogus data, size {wc.byte_len}")
+        addr, rkey, length = RDMA_INFO.unpack(bytes(self.recv_mr.buf))
+        self.qp.post_recv(self._recv_wr())
+        return addr, rkey, length
+
+    async def _completion(self, opcode: WcOpcode) -> WorkCompletion:
         while True:
             wc = await self.cq.next()
             if wc.status is WcStatus.WR_FLUSH_ERR:
@@ -99,13 +124,7 @@ class Endpoint:
                 continue  # send completions are not waited for, as in rping
             if wc.opcode is not opcode:
                 raise RpingError(f"unexpected completion {wc.opcode.value}, wanted {opcode.value}")
-            if opcode is WcOpcode.RECV:
-                if wc.byte_len != RDMA_INFO.size:
-                    raise RpingError(f"Received bogus data, size {wc.byte_len}")
-                info = RDMA_INFO.unpack(bytes(self.recv_mr.buf))
-                self.qp.post_recv(self._recv_wr())
-                return info
-            return None
+            return wc
 
 
 def settings_from(args: argparse.Namespace) -> MpaSettings:
@@ -157,7 +176,7 @@ async def _server_loop(ep: Endpoint, conn: RdmaConnection, args: argparse.Namesp
 
         nursery.start_soon(watch)
         while True:
-            addr, rkey, length = await ep.expect(WcOpcode.RECV)
+            addr, rkey, length = await ep.receive_info()
             if length > ep.size:
                 raise RpingError(f"client buffer of {length} bytes exceeds -S {ep.size}")
             ep.qp.post_send(
@@ -169,7 +188,7 @@ async def _server_loop(ep: Endpoint, conn: RdmaConnection, args: argparse.Namesp
             if args.verbose:
                 print(f"server ping data: {data.decode(errors='replace')}", flush=True)
             ep.send_info(None)
-            addr, rkey, length = await ep.expect(WcOpcode.RECV)
+            addr, rkey, length = await ep.receive_info()
             ep.qp.post_send(
                 SendWR(4, WrOpcode.RDMA_WRITE,
                        (Sge(ep.rdma_mr.addr, min(len(data) + 1, length), ep.rdma_mr.lkey),),

@@ -28,6 +28,7 @@ from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
     ImmediateData,
+    RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadResponse,
@@ -38,7 +39,7 @@ from stack.wire.framing import FpduDeframer, FpduFramer
 from stack.wire.rdmap import decode_ulpdu
 from stack.wire.stream import RdmapStream
 
-MESSAGES = [
+MESSAGES: list[RdmapMessage] = [
     RdmaWrite(0x1234, 0x1000, bytes(range(200))),
     ReadRequest(0x11223344, 0x2000, 0x1000, 0x55667788, 0x3000),
     ReadResponse(0x11223344, 0x2000, b"response"),
@@ -88,6 +89,13 @@ def _name(msg: Any) -> str:
     }[type(msg)]
 
 
+def _kind(record: PduRecord) -> str | None:
+    """An MPA frame's kind, an FPDU's opcode name; None for an FPDU not decoded."""
+    if record.kind != "fpdu":
+        return record.kind
+    return None if record.segment is None else record.segment.opcode_name
+
+
 def live_scenarios(folder: Path) -> list[tuple[str, int, str, bool, float]]:
     rows = []
     for i, scenario in enumerate(SCENARIOS, 1):
@@ -97,11 +105,7 @@ def live_scenarios(folder: Path) -> list[tuple[str, int, str, bool, float]]:
         trio.run(run_scenario, scenario, path)
         elapsed = time.perf_counter() - start
         records = [r for r in dissect(read_tcp_segments(path)) if isinstance(r, PduRecord)]
-        kinds = [
-            (r.direction, r.kind if r.kind != "fpdu" else r.segment.opcode_name)
-            for r in records
-            if r.kind != "fpdu" or r.segment is not None
-        ]
+        kinds = [(r.direction, kind) for r in records if (kind := _kind(r)) is not None]
         findings = sum(len(r.findings) for r in records)
         ok = findings == 0 and all(
             [k for d, k in kinds if d == side] == [k for d, k in scenario.expect if d == side]

@@ -111,9 +111,10 @@ class HalfStream:
         self.conflicts = 0
         self.out_of_order = 0
         self.delivered_bytes = 0
-        # waiting segments: parallel sorted lists of start offsets and (data, missing)
+        # waiting segments: parallel sorted lists of start offsets and
+        # (start, data, missing, frame that carried them)
         self._pending_starts: list[int] = []
-        self._pending: list[tuple[int, Payload, int]] = []
+        self._pending: list[tuple[int, Payload, int, int]] = []
         self._pending_bytes = 0
         self._recent: deque[tuple[int, Payload]] = deque(maxlen=RECENT_SEGMENTS)
 

@@ -208,7 +208,7 @@ def tshark_reliable(mine: list[dict[str, Any]]) -> bool:
     single-marker cases are cross-checked by test_single_markers_agree_with_tshark), an
     FPDU in the Reply's segment, or no MPA startup (mid-stream), on any of its streams."""
     streams = {r["stream"] for r in mine}
-    frames = {r["type"]: set() for r in mine}
+    frames: dict[str, set[tuple[int, int]]] = {r["type"]: set() for r in mine}
     for r in mine:
         frames[r["type"]].add((r["stream"], r["frame"]))
         if r["type"] != "fpdu" and r["marker_flag"]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from stack.pcap.errors import CaptureError, TruncatedCapture
 from stack.pcap.format import (
@@ -96,9 +96,17 @@ def _pcap_header(buf: memoryview) -> tuple[struct.Struct, float, int, int]:
     return struct.Struct(endian + "IIII"), scale, linktype, limit
 
 
+@overload
+def _walk_pcap(
+    inp: CaptureInput, stats: CaptureStats, frames: Literal[True], records: bool = False
+) -> Iterator[Frame]: ...
+@overload
+def _walk_pcap(
+    inp: CaptureInput, stats: CaptureStats, frames: Literal[False], records: bool = False
+) -> Iterator[TcpSegment]: ...
 def _walk_pcap(
     inp: CaptureInput, stats: CaptureStats, frames: bool, records: bool = False
-) -> Iterator[Any]:
+) -> Iterator[Frame | TcpSegment]:
     """The records of a pcap: Frames (``frames``) or the TCP segments in them.
 
     Segments of Ethernet/IPv4 (no options)/TCP frames are parsed inline, every other
@@ -417,7 +425,7 @@ class CaptureReader:
     def __iter__(self) -> Iterator[TcpSegment]:
         inp = self._take()
         if self.format == "pcap":
-            return _walk_pcap(inp, self.stats, frames=False)  # type: ignore[no-any-return]
+            return _walk_pcap(inp, self.stats, frames=False)
         return self._segments(inp)
 
     def _segments(self, inp: CaptureInput) -> Iterator[TcpSegment]:
@@ -448,7 +456,7 @@ class CaptureReader:
 
 def _frames(inp: CaptureInput, form: str, records: bool = False) -> Iterator[Frame]:
     if form == "pcap":
-        return _walk_pcap(inp, CaptureStats(), frames=True, records=records)  # type: ignore[no-any-return]
+        return _walk_pcap(inp, CaptureStats(), frames=True, records=records)
     return _walk_pcapng(inp, records)
 
 

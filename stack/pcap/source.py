@@ -160,7 +160,8 @@ def _reader_of(stream: Any) -> Callable[[memoryview], int | None]:
     """At most one read of the stream into a buffer: readinto1, readinto, or read."""
     readinto = getattr(stream, "readinto1", None) or getattr(stream, "readinto", None)
     if readinto is not None:
-        return readinto  # type: ignore[no-any-return]
+        bound: Callable[[memoryview], int | None] = readinto
+        return bound
     read = getattr(stream, "read", None)
     if read is None:
         raise CaptureError(f"cannot read a {type(stream).__name__}: not a binary file")

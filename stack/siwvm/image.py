@@ -114,7 +114,7 @@ def build(
             tail.append(line.rstrip("\n"))
             if progress:
                 progress(line.rstrip("\n"))
-        rc = proc.wait()
+        rc: int | None = proc.wait()
     finally:
         watchdog.cancel()
         if proc.poll() is None:  # interrupted (KeyboardInterrupt): leave nothing behind

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from kbtp.cli import main
+from kbtp.cli import COMMANDS, main
+from kbtp.cli.target import mpa_settings
 from kbtp.constants import Capability
 from kbtp.initiator import KbtpInitiator
+from stack.cli import build_parser
 from stack.cli.iwarp import main as iwarp_main
 
 
@@ -60,6 +62,16 @@ def test_bench_tiny_run_prints_kbtp_and_raw_rows(capsys: pytest.CaptureFixture[s
     ]
     assert all(len(r) == 11 and float(r[4]) > 0 and float(r[8]) > 0 for r in rows), rows
     assert rows[0][2] == "inline" and rows[3][2] == "rdma"  # 4K <= Max Inline < 16K
+
+
+def test_target_emss_defaults_to_each_connection_mss(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --emss the target leaves EMSS to the socket's MSS (MPA-13), and says so."""
+    parser = build_parser("kbtp", "", COMMANDS, only="target")
+    assert mpa_settings(parser.parse_args(["target"])).emss is None
+    assert mpa_settings(parser.parse_args(["target", "--emss", "9000"])).emss == 9000
+    assert _run(["target", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "derived from (default from the connection's TCP MSS;" in text, text
 
 
 def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from stack.wire.events import (
     Negotiated,
     PeerClosed,
     RdmaWrite,
+    ReadRequest,
     Rejected,
     RequestReceived,
 )
@@ -175,7 +176,7 @@ def test_mpa_22_erc_04_our_initiator_to_siw_passive_rev2_crc(vm: SiwVM, case: st
     assert isinstance(answer, Segment)
     assert answer.opcode == Opcode.RDMA_READ_REQUEST and answer.qn == 1 and answer.msn == 1
     header = answer.header
-    assert header is not None
+    assert isinstance(header, ReadRequest), header
     assert (header.src_stag, header.src_to, header.size) == (0x1234, 0x1000, 64)
     decode = assert_clean_capture(pcap)
     assert Opcode.RDMA_READ_REQUEST in decode.opcodes()

@@ -171,8 +171,8 @@ def test_pcap_reader_and_stream_reassembly(tmp_path: Path) -> None:
     ]
     path = tmp_path / "ok.pcap"
     path.write_bytes(_pcap(frames))
-    frames = read_frames(path)
-    assert [f.linktype for f in frames] == [1] * 4 and check_capture(path) == 4
+    read = read_frames(path)
+    assert [f.linktype for f in read] == [1] * 4 and check_capture(path) == 4
     segments = tcp_segments(path)
     assert [s.dport for s in segments] == [7174, 7174, 7174, 4000]
     assert stream_bytes(segments, dport=7174) == b"MPA ID Req Frame"
