@@ -9,6 +9,7 @@ on one side of a connection only: tapping both ends into one file records every 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -33,7 +34,9 @@ class CaptureTap:
             self.recorder.close(time.time())
 
 
-def pcap_tap_factory(writer: PcapWriter, *, mss: int = 1448):
+def pcap_tap_factory(
+    writer: PcapWriter, *, mss: int = 1448
+) -> Callable[[trio.SocketStream, bool], CaptureTap]:
     """A ``tap_factory`` for the connection manager, writing to ``writer``."""
 
     def factory(stream: trio.SocketStream, is_active: bool) -> CaptureTap:
