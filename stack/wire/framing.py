@@ -48,12 +48,22 @@ from stack.constants import (
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
     MULPDU_MAX,
-    MULPDU_MIN,
     TERM_LLP_CRC_ERROR,
     TERM_LLP_MARKER_MISMATCH,
 )
 from stack.crc import crc32c
 from stack.errors import LocalError, MpaError
+from stack.wire.markers import (
+    MARKER_DATA,
+    fpdu_layout,
+    fpdu_wire_length,
+    lead_and_first,
+    mark_fpdu,
+    marker_count,
+    mulpdu_for,
+    stream_offset,
+    unmarked_body,
+)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -72,8 +82,6 @@ __all__ = [
 RX_ULPDU_SLACK = 512
 """Receive tolerance above MULPDU_MAX for peers that size FPDUs past the DDP limit."""
 
-_SEQ_MOD = 1 << 32
-_MARKER_DATA = MPA_MARKER_INTERVAL - MPA_MARKER_LEN  # data bytes between two markers: 508
 _U16 = struct.Struct(">H")
 _LE32 = struct.Struct("<I")
 _ZERO_MARKER = bytes(MPA_MARKER_LEN)
@@ -86,13 +94,13 @@ _MAX_LENGTH_FIELD = 0xFFFF
 # ``_MARKERS[first >> 2]`` holds them back to back (RESERVED 0, MPA-06).  Entry 0 (no FPDU
 # has first == 0) is a leading marker (FPDUPTR 0) followed by the markers of an FPDU that
 # starts right after it (first == 508).
-_MAX_MARKERS = 2 + ((MPA_LENGTH_LEN + _MAX_LENGTH_FIELD + 3) & ~3) // _MARKER_DATA
+_MAX_MARKERS = 2 + ((MPA_LENGTH_LEN + _MAX_LENGTH_FIELD + 3) & ~3) // MARKER_DATA
 
 
 def _marker_table(first: int) -> bytes:
     pointers = [first + MPA_MARKER_INTERVAL * k for k in range(_MAX_MARKERS)]
     if not first:
-        pointers = [0] + [p + _MARKER_DATA for p in pointers[:-1]]
+        pointers = [0] + [p + MARKER_DATA for p in pointers[:-1]]
     return b"".join(struct.pack(">HH", 0, p & 0xFFFF) for p in pointers)
 
 
@@ -106,125 +114,18 @@ _FPDUPTR_LOW_MASK = MPA_FPDUPTR_MASK & 0xFF
 _PAD_AND_CRC = struct.Struct(f"{3 + MPA_CRC_LEN + 1}x")  # zeroes PAD, CRC slot and slack
 
 
-# ======================================================================================
-# FPDU geometry with markers (RFC 5044 §4.2, §4.3): the one definition
-# ======================================================================================
-
-
-def _lead_and_first(phase: int) -> tuple[int, int]:
-    """For an FPDU whose first byte is ``phase`` (mod 512, a multiple of 4) bytes after
-    SeqStart: the leading marker's length (4 when the FPDU starts on a marker position,
-    FPDUPTR 0, MPA-07) and the distance from the length field to the first inner marker."""
-    lead = 0 if phase else MPA_MARKER_LEN
-    return lead, MPA_MARKER_INTERVAL - (phase + lead)
-
-
-def _marker_count(first: int, body: int) -> int:
-    """Markers inside an FPDU body (length field through PAD) of ``body`` bytes whose first
-    inner marker would be ``first`` bytes after the length field; a marker exactly at the
-    end sits between PAD and CRC and counts (it is covered by the CRC, MPA-12)."""
-    return 0 if body < first else 1 + (body - first) // _MARKER_DATA
-
-
-def fpdu_layout(offset: int, ulpdu_length: int, markers: bool) -> tuple[int, int, tuple[int, ...]]:
-    """Where an FPDU's parts fall when its first byte is ``offset`` bytes after SeqStart.
-
-    Returns ``(lead, wire_len, marks)``: the position of ULPDU_Length relative to the FPDU's
-    first byte (4 when a marker leads it, else 0), the bytes it occupies through the CRC,
-    and the positions (relative to the FPDU's first byte) of every marker it holds, the
-    leading one included (MPA-07).  A marker at position ``m`` carries FPDUPTR
-    ``m - lead``, the leading one 0 (MPA-08).  The framer, the deframer, the capture
-    decoder and the Scapy marker helpers all place markers by this geometry.
-    """
-    body = (MPA_LENGTH_LEN + ulpdu_length + 3) & ~3
-    if not markers:
-        return 0, body + MPA_CRC_LEN, ()
-    lead, first = _lead_and_first(offset % MPA_MARKER_INTERVAL)
-    count = _marker_count(first, body)
-    inner = tuple(lead + first + MPA_MARKER_INTERVAL * k for k in range(count))
-    marks = (0, *inner) if lead else inner
-    return lead, lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN, marks
-
-
-def unmarked_body(
-    buf: Buffer, start: int, lead: int, end_body: int, marks: tuple[int, ...]
-) -> bytes:
-    """The FPDU body at ``buf[start:]`` (length field through PAD) with its markers cut out
-    (MPA-10); ``lead`` and ``marks`` as :func:`fpdu_layout` gives them, ``end_body`` the
-    position of the CRC field in ``buf``."""
-    view = memoryview(buf)
-    pieces = []
-    pos = start + lead
-    for m in marks:
-        at = start + m
-        if at < pos:  # the leading marker
-            continue
-        pieces.append(view[pos:at])
-        pos = at + MPA_MARKER_LEN
-    pieces.append(view[pos:end_body])
-    return b"".join(pieces)
-
-
-def mark_fpdu(fpdu: Buffer, offset: int) -> bytearray:
-    """An unmarked FPDU (length field through CRC) with markers inserted as a sender puts
-    them when its first byte is ``offset`` bytes after SeqStart (MPA-07, MPA-08).
-
-    The CRC field is copied as it is: recompute it over the marked bytes (MPA-12) if it
-    must be valid.  A cut-short FPDU gets the markers that fall before its last byte.
-    """
-    data = bytes(fpdu)
-    ulpdu_length = _U16.unpack_from(data)[0] if len(data) >= MPA_LENGTH_LEN else 0
-    lead, _wire, marks = fpdu_layout(offset, ulpdu_length, True)
-    out = bytearray()
-    pos = 0
-    for m in marks:
-        take = m - len(out)
-        if pos + take >= len(data):
-            break  # no byte follows this marker position
-        out += data[pos : pos + take]
-        pos += take
-        out += _MARKER.pack(0, 0 if (m == 0 and lead) else m - lead)
-    out += data[pos:]
-    return out
-
-
 _MARKER = struct.Struct(">HH")
 # Receive geometry per stream offset mod 512 (index ``offset % 512 >> 2``): leading marker
 # length, distance from the length field to the first inner marker, and the _MARKERS entry
 # (0 when there is a leading marker).
 _RX_GEOMETRY = tuple(
     (lead, first, first >> 2 if lead == 0 else 0)
-    for lead, first in map(_lead_and_first, range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN))
+    for lead, first in map(lead_and_first, range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN))
 )
 _STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a ULPDU
 _TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
 _WORD = next(code for code in "IHLB" if array(code).itemsize == MPA_MARKER_LEN)
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
-
-
-def mulpdu_for(emss: int, markers: bool) -> int:
-    """MULPDU for an EMSS (MPA-13, RFC 5044 §4.5), clamped to 128..64768.
-
-    No markers: ``EMSS - (6 + EMSS mod 4)``; markers: also minus 4 per possible marker,
-    ``4 * ceil(EMSS / 512)``.
-    """
-    if emss <= 0:
-        raise LocalError(f"EMSS must be positive, got {emss}")
-    overhead = MPA_LENGTH_LEN + MPA_CRC_LEN + emss % 4
-    if markers:
-        overhead += MPA_MARKER_LEN * -(-emss // MPA_MARKER_INTERVAL)
-    return max(MULPDU_MIN, min(MULPDU_MAX, emss - overhead))
-
-
-def stream_offset(seq: int, seq_start: int) -> int:
-    """Offset of TCP sequence number ``seq`` from ``seq_start``, with wrap (MPA-08)."""
-    return (seq - seq_start) % _SEQ_MOD
-
-
-def fpdu_wire_length(ulpdu_length: int, offset: int = 0, markers: bool = False) -> int:
-    """Bytes an FPDU with this ULPDU_Length occupies on the wire starting at ``offset``
-    (after SeqStart), leading and inner markers included (:func:`fpdu_layout`)."""
-    return fpdu_layout(offset, ulpdu_length, markers)[1]
 
 
 class FpduFramer:
@@ -360,13 +261,13 @@ class FpduFramer:
             stage[at + MPA_LENGTH_LEN : end] = ulpdu
         _PAD_AND_CRC.pack_into(stage, end)  # zero PAD and CRC slot (and up to 4 bytes more)
         # A marker position at body_end sits between PAD and CRC and is covered by the CRC.
-        count = (body_end - MPA_MARKER_LEN) // _MARKER_DATA
+        count = (body_end - MPA_MARKER_LEN) // MARKER_DATA
         if count:
             pieces = self._stage_pieces.get(count)
             if pieces is None:
                 pieces = self._stage_pieces[count] = [head, *self._stage_runs[: count - 1], head]
             pieces[0] = head
-            pieces[-1] = view[MPA_MARKER_LEN + _MARKER_DATA * count : body_end + MPA_CRC_LEN]
+            pieces[-1] = view[MPA_MARKER_LEN + MARKER_DATA * count : body_end + MPA_CRC_LEN]
             out = separator.join(pieces)
             # Exactly ``count`` marker positions lie in out[high_at - 2:], as fewer than 512
             # bytes follow the last one.
@@ -394,12 +295,12 @@ class FpduFramer:
         stage = self._stage = bytearray(size)
         view = self._stage_view = memoryview(stage)
         self._stage_runs = tuple(
-            view[k : k + _MARKER_DATA]
-            for k in range(MPA_MARKER_INTERVAL, size - _MARKER_DATA + 1, _MARKER_DATA)
+            view[k : k + MARKER_DATA]
+            for k in range(MPA_MARKER_INTERVAL, size - MARKER_DATA + 1, MARKER_DATA)
         )
         geometry = []
         for r in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN):
-            lead, first = _lead_and_first(r)  # first: length field -> first inner marker
+            lead, first = lead_and_first(r)  # first: length field -> first inner marker
             at = r + lead
             start = r  # with a leading marker: stage[0:4], always zero
             mark = at - start + first  # first inner marker in the FPDU
@@ -611,7 +512,7 @@ class FpduDeframer:
         if n > self.max_ulpdu:
             raise self._fail(self._length_error(n))
         body = (MPA_LENGTH_LEN + n + 3) & ~3
-        count = _marker_count(first, body)
+        count = marker_count(first, body)
         wire = lead + body + MPA_MARKER_LEN * count + MPA_CRC_LEN
         if wire > avail:
             if wire > avail + self._more_len:
