@@ -44,6 +44,14 @@ from stack.wire.events import (
 
 log = logging.getLogger(__name__)
 
+MAX_STARTUPS = 256
+"""MPA startups (and requests waiting for the ULP) a listener holds at once, in all."""
+MAX_STARTUPS_PER_PEER = 64
+"""...and from one peer address, so one client cannot take every descriptor."""
+ACCEPT_BACKOFF_MIN = 0.05
+ACCEPT_BACKOFF_MAX = 1.0
+"""Seconds a listener waits after a failed accept() (doubling from the minimum)."""
+
 TapFactory = Callable[[trio.SocketStream, bool], Tap | None]
 """Called with (stream, is_initiator) for each new TCP connection; returns a capture tap."""
 
@@ -202,10 +210,26 @@ class ConnectRequest:
 class Listener:
     """A listening endpoint (``rdma_listen``); yields :class:`ConnectRequest` objects."""
 
-    def __init__(self, cm: ConnectionManager, settings: MpaSettings, backlog: int) -> None:
+    def __init__(
+        self,
+        cm: ConnectionManager,
+        settings: MpaSettings,
+        backlog: int,
+        *,
+        max_startups: int = MAX_STARTUPS,
+        max_startups_per_peer: int = MAX_STARTUPS_PER_PEER,
+    ) -> None:
         self.cm = cm
         self.settings = settings
         self._send, self._recv = trio.open_memory_channel[ConnectRequest](backlog)
+        self.max_startups = max_startups
+        self.max_startups_per_peer = max_startups_per_peer
+        self.startups: dict[str, int] = {}
+        """Connections per peer address still in MPA startup (or waiting for the ULP)."""
+        self.refused = 0
+        """Connections closed at once because a startup bound was reached."""
+        self.accept_errors = 0
+        """accept() failures survived (descriptor exhaustion and the like)."""
         self.failures: list[Exception] = []
         self.port = 0
         self.host = ""
@@ -231,25 +255,74 @@ class Listener:
             await lst.aclose()
 
     async def _accept_loop(self, lst: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept for ever; a failing accept() (out of descriptors: EMFILE, ENFILE, or a
+        kernel without memory) backs off and tries again, so the existing connections keep
+        running and new ones are served once descriptors free up."""
+        backoff = ACCEPT_BACKOFF_MIN
         while True:
-            stream = await lst.accept()
+            try:
+                stream = await lst.accept()
+            except OSError as exc:
+                self.accept_errors += 1
+                log.warning("listener: accept failed (%s); retrying in %.2f s", exc, backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
+                continue
+            backoff = ACCEPT_BACKOFF_MIN
             nursery.start_soon(self._handshake, stream)
 
     async def _handshake(self, stream: trio.SocketStream) -> None:
-        engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream))
-        engine.start(trio.current_time())
-        remote = stream.socket.getpeername()[:2]
-        tap = self.cm.tap_factory(stream, False) if self.cm.tap_factory else None
+        """One MPA startup as the responder.  Whatever the peer does (a reset before the
+        first byte, garbage, silence) ends this connection only."""
+        try:
+            remote = stream.socket.getpeername()[:2]
+        except OSError as exc:  # reset before we looked (ENOTCONN)
+            log.info("listener: connection gone before its startup: %s", exc)
+            await trio.aclose_forcefully(stream)
+            return
+        host = str(remote[0])
+        if (
+            sum(self.startups.values()) >= self.max_startups
+            or self.startups.get(host, 0) >= self.max_startups_per_peer
+        ):
+            self.refused += 1
+            log.warning("listener: %s: too many MPA startups in progress; closed", host)
+            await trio.aclose_forcefully(stream)
+            return
+        self.startups[host] = self.startups.get(host, 0) + 1
+        try:
+            await self._startup(stream, remote)
+        finally:
+            left = self.startups[host] - 1
+            if left:
+                self.startups[host] = left
+            else:
+                del self.startups[host]
+
+    async def _startup(self, stream: trio.SocketStream, remote: tuple[str, int]) -> None:
+        try:
+            engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream))
+            engine.start(trio.current_time())
+            tap = self.cm.tap_factory(stream, False) if self.cm.tap_factory else None
+        except OSError as exc:
+            log.info("listener: connection from %s gone during setup: %s", remote, exc)
+            await trio.aclose_forcefully(stream)
+            return
         try:
             event = await _startup_pump(stream, engine, tap)
         except (trio.BrokenResourceError, OSError) as exc:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
             request = ConnectRequest(self.cm, stream, engine, event.frame, remote, tap)
-            try:
-                self._send.send_nowait(request)
-            except (trio.WouldBlock, trio.ClosedResourceError):
-                await request.reject()
+            # The backlog queues requests for the ULP; one not taken within the startup
+            # timeout is rejected (MPA-23), as a full backlog would be.
+            with trio.move_on_after(self.settings.request_timeout):
+                try:
+                    await self._send.send(request)
+                    return
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            await request.reject()
             return
         error = event.error if isinstance(event, ConnectionFailed) else None
         self.failures.append(error or ConnectFailed(f"MPA startup ended with {event!r}"))
@@ -314,9 +387,22 @@ class ConnectionManager:
         *,
         settings: MpaSettings | None = None,
         backlog: int = 64,
+        max_startups: int = MAX_STARTUPS,
+        max_startups_per_peer: int = MAX_STARTUPS_PER_PEER,
     ) -> Listener:
-        """Listen for connections (``rdma_listen``); port 0 picks a free port."""
-        listener = Listener(self, settings or MpaSettings(), backlog)
+        """Listen for connections (``rdma_listen``); port 0 picks a free port.
+
+        ``backlog``: connection requests queued for the ULP (one not taken within the MPA
+        request timeout is rejected); ``max_startups`` / ``max_startups_per_peer``: MPA
+        startups in progress at once, beyond which a new connection is closed at once.
+        """
+        listener = Listener(
+            self,
+            settings or MpaSettings(),
+            backlog,
+            max_startups=max_startups,
+            max_startups_per_peer=max_startups_per_peer,
+        )
         sockets = await trio.open_tcp_listeners(port, host=host)
         listener.host, listener.port = sockets[0].socket.getsockname()[:2]
         await self.nursery.start(listener._serve, sockets)
