@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the cases (no DUT needed)")
     p.add_argument("--markdown", action="store_true", help="with --list: Markdown tables")
     p.add_argument(
-        "--json", nargs="?", const="-", metavar="FILE", help="JSON report (or list) to FILE or -"
+        "--json", metavar="FILE", help="JSON report (or, with --list, list) to FILE; - is stdout"
     )
     p.add_argument("--junit", metavar="FILE", help="JUnit XML report to FILE")
     p.add_argument("--pcap-dir", metavar="DIR", help="keep one capture per case in DIR")

@@ -61,7 +61,8 @@ class CaseContext:
 
     Fields: case, app, options, target ((host, port) of a listening DUT), listener (our
     socket listener when the DUT connects), progress (a callable printing one progress line),
-    peer (the case's connection once opened).
+    restarting (a restarter brings the DUT up: say so while waiting), peer (the case's
+    connection once opened).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class CaseContext:
         target: tuple[str, int] | None = None,
         listener: trio.SocketListener | None = None,
         progress: Callable[[str], None] = lambda line: None,
+        restarting: bool = False,
     ) -> None:
         self.case = case
         self.app = app
@@ -80,6 +82,7 @@ class CaseContext:
         self.target = target
         self.listener = listener
         self.progress = progress
+        self.restarting = restarting
         self.peer: Peer | None = None
 
     @property
@@ -113,9 +116,14 @@ class CaseContext:
                 if not told:
                     told = True
                     how = self.app.dut_command.format(host=host, port=port)
+                    hint = (
+                        "started by the restart command"
+                        if self.restarting
+                        else (f"restart it: {how}")
+                    )
                     self.progress(
                         f"waiting up to {self.options.wait:g} s for the DUT to listen on "
-                        f"{host}:{port} (restart it: {how})"
+                        f"{host}:{port} ({hint})"
                     )
                 await trio.sleep(RETRY_INTERVAL)
             except trio.TooSlowError:

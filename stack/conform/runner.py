@@ -37,6 +37,8 @@ __all__ = [
 
 MAX_EVIDENCE_FINDINGS = 6
 """Capture decoder findings added to a case's evidence at most."""
+GROUP_GRACE = 2.0
+"""Seconds a ``--restart-cmd`` process group gets to exit after SIGTERM (then SIGKILL)."""
 SETTLE = 0.25
 """Seconds between cases without a restarter: a DUT that exits after a connection closes
 its listener in that time, so the next case does not reach the old one."""
@@ -51,18 +53,24 @@ class Restarter(Protocol):
 
 
 class NoRestart:
-    """The DUT restarts itself (or serves many connections): nothing to do."""
+    """The DUT restarts itself (or serves many connections): nothing to do but, after each
+    case, give a DUT that exits after one connection ``settle`` seconds to close its
+    listener (0 for a DUT known to serve many)."""
+
+    def __init__(self, settle: float = SETTLE) -> None:
+        self.settle = settle
 
     async def before_case(self, case: Case) -> None:
         return None
 
     async def after_case(self, case: Case) -> None:
-        await trio.sleep(SETTLE)
+        if self.settle > 0:
+            await trio.sleep(self.settle)
 
 
 class CommandRestarter:
     """``--restart-cmd CMD``: a shell command started before each case (in its own process
-    group), ended after the case if it still runs (SIGTERM, then SIGKILL).
+    group), ended after the case if it still runs (SIGTERM to its group, then SIGKILL).
 
     The command may restart a remote DUT and return (``ssh dut systemctl restart ...``) or
     be the DUT itself (``rping -s -p 7174``; for ``--listen``, ``rping -c ...``).
@@ -89,14 +97,40 @@ class CommandRestarter:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            with trio.move_on_after(2.0):
-                await proc.wait()
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
         with trio.CancelScope(shield=True):
-            await proc.wait()
+            # The whole group must be gone (a shell's child outlives the shell): a DUT still
+            # dying holds the port, and the next case would reach it.
+            _signal_group(proc.pid, signal.SIGTERM)
+            with trio.move_on_after(GROUP_GRACE) as scope:
+                await proc.wait()  # reaps the shell: a zombie still counts as alive
+                while _group_alive(proc.pid):
+                    await trio.sleep(0.02)
+            if scope.cancelled_caught:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                with trio.move_on_after(GROUP_GRACE):
+                    while _group_alive(proc.pid):
+                        await trio.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not: they hold no socket,
+    and an init that does not reap them must not stall the run)."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for stat in proc.glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
+    try:  # pragma: no cover - no /proc (not Linux)
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):  # pragma: no cover
+        return False
+    return True  # pragma: no cover
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -188,7 +222,13 @@ async def _run_one(
 ) -> CaseResult:
     t0 = trio.current_time()
     ctx = CaseContext(
-        c, app, options, target=target, listener=listener, progress=lambda line: say(f"  {line}")
+        c,
+        app,
+        options,
+        target=target,
+        listener=listener,
+        progress=lambda line: say(f"  {line}"),
+        restarting=not isinstance(restarter, NoRestart),
     )
     verdict: Verdict
     try:

@@ -88,8 +88,9 @@ def describe_frame(frame: MpaFrame) -> str:
     word = ""
     if frame.ird_ord is not None:
         w = frame.ird_ord
-        rtr = "+".join(k.name.lower() for k in RtrType if k and k in RtrType(w.rtr)) or "-"
-        word = f" (IRD {w.ird:#x}, ORD {w.ord:#x}, A={int(w.p2p)}, RTR {rtr})"
+        kinds = ((RtrType.SEND, "send"), (RtrType.WRITE, "write"), (RtrType.READ, "read"))
+        rtr = "+".join(name for kind, name in kinds if kind & w.rtr) or "-"
+        word = f" (IRD {w.ird}, ORD {w.ord}, A={int(w.p2p)}, RTR {rtr})"
     return (
         f"{kind} Rev {frame.rev} M={int(frame.markers)} C={int(frame.crc)} "
         f"R={int(frame.reject)} Res=0x{frame.reserved:X}{word}, "
@@ -354,7 +355,14 @@ def need_established(s: Startup) -> Verdict | None:
 
 async def read_request(ctx: CaseContext) -> tuple[Peer, Answer]:
     """Wait for the DUT to connect and send its Request."""
-    ctx.progress(f"waiting up to {ctx.options.wait:g} s for the DUT to connect")
+    where = ctx.listener.socket.getsockname() if ctx.listener is not None else ("?", 0)
+    how = ctx.app.connect_command or f"start the {ctx.app.name} client"
+    hint = (
+        "started by the restart command"
+        if ctx.restarting
+        else ("run: " + how.format(host="THIS-HOST", port=where[1]))
+    )
+    ctx.progress(f"waiting up to {ctx.options.wait:g} s for the DUT to connect ({hint})")
     peer = await ctx.accept()
     return peer, await read_answer(peer, None, ctx.options.timeout, kind="request")
 
