@@ -45,8 +45,10 @@ async def test_fault_fails_exactly_its_cases(name: str) -> None:
         got = await _run(name, role, *extra)
         skips = BASELINE_SKIPS[role] if not extra else set()
         for cid, status in got.items():
-            want = Status(fault.fails[cid]) if cid in fault.fails else (
-                Status.SKIP if cid in skips else Status.PASS
+            want = (
+                Status(fault.fails[cid])
+                if cid in fault.fails
+                else (Status.SKIP if cid in skips else Status.PASS)
             )
             assert status is want, f"{name}: {cid} is {status.value}, expected {want.value}"
         seen.update(got)

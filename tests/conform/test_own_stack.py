@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from stack.cli.iwarp import main as iwarp_main
-from stack.conform.capture import read_tcp_segments
 from stack.conform import DutRole, NoRestart, Status, profile, run_cases, select
+from stack.conform.capture import read_tcp_segments
 from stack.conform.faults import injected
 from stack.constants import TERM_LLP_INVALID_STARTUP
 from stack.dissect.stream import PduRecord, dissect

@@ -23,19 +23,22 @@ from stack.constants import (
     Opcode,
 )
 from stack.crc import crc32c
-from stack.wire.events import MpaSettings, Role, Send
+from stack.wire.events import MpaFrame, MpaSettings, Role, Send
 from stack.wire.framing import FpduDeframer, FpduFramer
 from stack.wire.mpa import MpaConnection
+from stack.wire.mpa_frames import decode_frame
 from stack.wire.rdmap import decode_ulpdu
 
+DEFAULT = MpaSettings()
 
-def _request(settings: MpaSettings = MpaSettings()) -> bytes:
+
+def _request(settings: MpaSettings = DEFAULT) -> bytes:
     engine = MpaConnection(Role.INITIATOR, settings)
     engine.initiate(0.0)
     return bytes(engine.data_to_send())
 
 
-def _reply(request: bytes, settings: MpaSettings = MpaSettings()) -> bytes:
+def _reply(request: bytes, settings: MpaSettings = DEFAULT) -> bytes:
     engine = MpaConnection(Role.RESPONDER, settings)
     engine.start(0.0)
     engine.receive_data(request)
@@ -130,7 +133,7 @@ def test_reply_is_parsed_and_judged_against_the_request() -> None:
     reply = bytearray(_reply(request))
     reply[17] = 3  # Rev 3 to a Rev 2 Request
     core = PeerCore()
-    core.expect_startup("reply", _events_frame(request))
+    core.expect_startup("reply", _frame(request))
     core.receive(bytes(reply[:7]))
     assert _events(core) == []
     core.receive(bytes(reply[7:]))
@@ -139,9 +142,7 @@ def test_reply_is_parsed_and_judged_against_the_request() -> None:
     assert [f.rule for f in seen.findings if f.fatal] == ["MPA-20"]
 
 
-def _events_frame(raw: bytes):  # type: ignore[no-untyped-def]
-    from stack.wire.mpa_frames import decode_frame
-
+def _frame(raw: bytes) -> MpaFrame:
     decoded = decode_frame(raw)
     assert decoded is not None
     return decoded[0]
@@ -160,7 +161,7 @@ def test_fpdus_after_the_frame_in_the_same_chunk_wait_for_framing() -> None:
     reply = _reply(request)
     fpdu = bytes(FpduFramer().frame(b"\x41\x43" + bytes(16)))
     core = PeerCore()
-    core.expect_startup("reply", _events_frame(request))
+    core.expect_startup("reply", _frame(request))
     core.receive(reply + fpdu)
     (seen,) = _events(core)
     assert isinstance(seen, StartupSeen) and seen.length == len(reply)
@@ -191,7 +192,7 @@ def test_responder_expectations() -> None:
 
 def test_initiator_expectations() -> None:
     request = _request(MpaSettings(ird=1, ord=1))
-    frame = _events_frame(request)
+    frame = _frame(request)
     reply = _reply(request)
     assert initiator_expects(frame, reply).kind == "accept"
     big = _reply(request, MpaSettings(ird=1, ord=1))
