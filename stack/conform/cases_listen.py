@@ -10,20 +10,21 @@ first FPDU, Terminate or close.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
-from stack.conform.capture import DutFinding
 from stack.conform.context import CaseContext
-from stack.conform.expected import Expected, initiator_expects, startup_violations
+from stack.conform.expected import Expected, initiator_expects
 from stack.conform.model import DutRole, Verdict
 from stack.conform.peer import Peer
 from stack.conform.peer_core import Eof, FramingBad, PduSeen
 from stack.conform.registry import case
 from stack.conform.script import (
     Answer,
+    Reply,
     describe_frame,
     expect_close,
-    judge_terminate,
+    judge_first_terminate,
     read_request,
     reply_valid,
     terminate_line,
@@ -48,32 +49,40 @@ RESPONDER = MpaSettings()
 _L = DutRole.CONNECTS
 
 
-async def _request(ctx: CaseContext) -> tuple[Peer, Answer, Verdict | None]:
-    """Accept the DUT's connection and read its Request; the verdict is set when there is
-    no usable Request (the case cannot go on)."""
+@dataclass
+class _Asked:
+    """The DUT's connection and its Request: peer, answer, request (the frame), raw."""
+
+    peer: Peer
+    answer: Answer
+    request: MpaFrame
+    raw: bytes
+
+    def valid(self, settings: MpaSettings = RESPONDER) -> Reply:
+        """The responder engine's Reply to the Request under ``settings``."""
+        return reply_valid(self.raw, settings)
+
+
+async def _request(ctx: CaseContext) -> _Asked | Verdict:
+    """Accept the DUT's connection and read its Request; a verdict when there is no usable
+    Request (the case cannot go on)."""
     peer, answer = await read_request(ctx)
     if answer.kind != "request" or answer.seen is None:
-        return peer, answer, Verdict.broken(f"no usable Request from the DUT: {answer.describe()}")
-    return peer, answer, None
+        return Verdict.broken(f"no usable Request from the DUT: {answer.describe()}")
+    return _Asked(peer, answer, answer.seen.frame, answer.seen.raw)
 
 
 async def _answer(
-    ctx: CaseContext, peer: Peer, request: MpaFrame, reply: bytes
-) -> tuple[Expected, list[str], object]:
-    """Send ``reply``, start framing as the frames say, and watch the DUT: returns what the
-    wire core expects, lines about what the DUT did, and its first event (a PDU, a framing
-    error, the close, or None for silence)."""
-    expected = initiator_expects(request, reply)
-    await peer.send_raw(reply)
-    try:
-        decoded = decode_frame(reply, max_private_data=0xFFFF)
-    except Exception:  # noqa: BLE001 - a deliberately unreadable Reply
-        decoded = None
-    markers_rx = decoded[0].markers if decoded is not None else False
-    crc = request.crc or (decoded[0].crc if decoded is not None else False)
-    peer.core.start_framing(crc=crc, markers_tx=request.markers, markers_rx=markers_rx)
-    event = await peer.next_event(ctx.options.timeout)
-    return expected, [], event
+    ctx: CaseContext, asked: _Asked, valid: Reply, reply: bytes
+) -> tuple[Expected, object]:
+    """Send ``reply`` (``valid`` or an edit of it that keeps its C and M bits), frame as the
+    responder engine negotiated ``valid``, and watch the DUT: returns what the wire core
+    expects and the DUT's first event (a PDU, a framing error, the close; None: silence)."""
+    expected = initiator_expects(asked.request, reply)
+    await asked.peer.send_raw(reply)
+    neg = valid.negotiated
+    asked.peer.core.start_framing(crc=neg.crc, markers_tx=neg.markers_tx, markers_rx=neg.markers_rx)
+    return expected, await asked.peer.next_event(ctx.options.timeout)
 
 
 def _pdu_line(peer: Peer, pdu: PduSeen) -> tuple[str, int | None]:
@@ -86,20 +95,22 @@ def _pdu_line(peer: Peer, pdu: PduSeen) -> tuple[str, int | None]:
     return f"{seg.opcode_name}, {len(seg.payload)} bytes (frame {frame})", frame
 
 
-async def _must_close(ctx: CaseContext, peer: Peer, request: MpaFrame, reply: bytes) -> Verdict:
+async def _must_close(ctx: CaseContext, asked: _Asked, valid: Reply, reply: bytes) -> Verdict:
     """The DUT must refuse ``reply`` by closing, before any FPDU of Full Operation."""
-    expected, _lines, event = await _answer(ctx, peer, request, reply)
+    peer = asked.peer
+    expected, event = await _answer(ctx, asked, valid, reply)
     want = expected.line()
     if event is None:
-        return Verdict.not_met(f"neither closed nor sent anything within {ctx.options.timeout:g} s",
-                               want)  # fmt: skip
+        return Verdict.not_met(
+            f"neither closed nor sent anything within {ctx.options.timeout:g} s", want
+        )
     if isinstance(event, Eof):
         return Verdict.met("closed the connection without an FPDU", want)
     if isinstance(event, PduSeen):
         line, frame = _pdu_line(peer, event)
         seg = event.segment
         if seg is not None and seg.opcode == Opcode.TERMINATE:
-            closed, more = await expect_close(peer, ctx.options.timeout)
+            closed, _more = await expect_close(peer, ctx.options.timeout)
             if closed:
                 return Verdict.met(f"sent {line}, then closed", want,
                                    "RFC 5044 §7.1.2 only asks for the close")  # fmt: skip
@@ -110,30 +121,22 @@ async def _must_close(ctx: CaseContext, peer: Peer, request: MpaFrame, reply: by
     return Verdict.not_met("sent bytes that are no FPDU and stayed open", want, *more)
 
 
-async def _must_terminate(ctx: CaseContext, peer: Peer, request: MpaFrame, reply: bytes) -> Verdict:
+async def _must_terminate(ctx: CaseContext, asked: _Asked, valid: Reply, reply: bytes) -> Verdict:
     """The DUT must answer ``reply`` with the Terminate the wire core sends (ERC-04, ERC-09)."""
-    expected, _lines, event = await _answer(ctx, peer, request, reply)
+    expected, event = await _answer(ctx, asked, valid, reply)
     want = expected.line()
     if expected.kind != "terminate" or expected.term is None:  # pragma: no cover - case error
         return Verdict.broken(f"the wire core sends no Terminate here: {want}")
-    if isinstance(event, PduSeen):
-        line, frame = _pdu_line(peer, event)
-        seg = event.segment
-        if seg is not None and isinstance(seg.header, Terminate):
-            return judge_terminate(seg.header, expected.term, None, frame).with_evidence(want)
-        return Verdict.not_met(f"went on into Full Operation: {line}", want, frame=frame)
-    if isinstance(event, Eof):
-        return Verdict.not_met(f"closed without a Terminate {expected.term}", want)
-    if isinstance(event, FramingBad):
-        return Verdict.not_met(f"sent bytes that break framing: {event.error}", want)
-    return Verdict.not_met(f"no Terminate within {ctx.options.timeout:g} s", want)
+    verdict = judge_first_terminate(asked.peer, event, expected.term, ctx.options.timeout)
+    return verdict.with_evidence(want)
 
 
 async def _must_continue(
-    ctx: CaseContext, peer: Peer, request: MpaFrame, reply: bytes, what: str
+    ctx: CaseContext, asked: _Asked, valid: Reply, reply: bytes, what: str
 ) -> Verdict:
     """The Reply is acceptable: the DUT's first FPDU must follow and deframe cleanly."""
-    expected, _lines, event = await _answer(ctx, peer, request, reply)
+    peer = asked.peer
+    expected, event = await _answer(ctx, asked, valid, reply)
     want = expected.line()
     if isinstance(event, PduSeen):
         line, frame = _pdu_line(peer, event)
@@ -154,10 +157,11 @@ def _edit(raw: bytes, at: int, value: int) -> bytes:
     return raw[:at] + bytes([value]) + raw[at + 1 :]
 
 
-def _reframe(raw: bytes, **changes: object) -> bytes:
+def _reframe(raw: bytes, **changes: Any) -> bytes:
+    """The frame ``raw`` with fields changed, encoded even past the PD_Length limit."""
     decoded = decode_frame(raw, max_private_data=0xFFFF)
     assert decoded is not None
-    return encode_frame(replace(decoded[0], **changes), max_private_data=None)  # type: ignore[arg-type]
+    return encode_frame(replace(decoded[0], **changes), max_private_data=None)
 
 
 # ======================================================================================
@@ -203,12 +207,12 @@ async def dut_request(ctx: CaseContext) -> Verdict:
     expects="TCP closed before any FPDU (a Terminate first is tolerated)",
 )
 async def reply_wrong_key(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, RESPONDER).raw  # type: ignore[union-attr]
-    reply = reply[: MPA_KEY_LEN - 1] + b"X" + reply[MPA_KEY_LEN:]
-    return await _must_close(ctx, peer, answer.mpa, reply)
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    reply = valid.raw[: MPA_KEY_LEN - 1] + b"X" + valid.raw[MPA_KEY_LEN:]
+    return await _must_close(ctx, asked, valid, reply)
 
 
 @case(
@@ -220,11 +224,11 @@ async def reply_wrong_key(ctx: CaseContext) -> Verdict:
     expects="TCP closed before any FPDU",
 )
 async def reply_request_key(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, RESPONDER).raw  # type: ignore[union-attr]
-    return await _must_close(ctx, peer, answer.mpa, MPA_KEY_REQ + reply[MPA_KEY_LEN:])
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    return await _must_close(ctx, asked, valid, MPA_KEY_REQ + valid.raw[MPA_KEY_LEN:])
 
 
 @case(
@@ -235,11 +239,11 @@ async def reply_request_key(ctx: CaseContext) -> Verdict:
     expects="TCP closed before any FPDU",
 )
 async def reply_high_rev(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, RESPONDER).raw  # type: ignore[union-attr]
-    return await _must_close(ctx, peer, answer.mpa, _edit(reply, 17, answer.mpa.rev + 1))
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    return await _must_close(ctx, asked, valid, _edit(valid.raw, 17, asked.request.rev + 1))
 
 
 @case(
@@ -250,13 +254,13 @@ async def reply_high_rev(ctx: CaseContext) -> Verdict:
     expects="TCP closed before any FPDU",
 )
 async def reply_pd_513(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    valid = reply_valid(answer.seen.raw, RESPONDER)  # type: ignore[union-attr]
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
     word = 4 if valid.frame.ird_ord is not None else 0
     reply = _reframe(valid.raw, private_data=bytes(MPA_MAX_PRIVATE_DATA + 1 - word))
-    return await _must_close(ctx, peer, answer.mpa, reply)
+    return await _must_close(ctx, asked, valid, reply)
 
 
 @case(
@@ -267,11 +271,12 @@ async def reply_pd_513(ctx: CaseContext) -> Verdict:
     expects="no FPDU; the DUT leaves MPA (closing is allowed)",
 )
 async def reply_reject(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = _reframe(reply_valid(answer.seen.raw, RESPONDER).raw, reject=True)  # type: ignore[union-attr]
-    expected, _lines, event = await _answer(ctx, peer, answer.mpa, reply)
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    peer = asked.peer
+    expected, event = await _answer(ctx, asked, valid, _reframe(valid.raw, reject=True))
     if event is None:
         return Verdict.met(f"sent nothing for {ctx.options.timeout:g} s", expected.line())
     if isinstance(event, Eof):
@@ -292,10 +297,10 @@ async def reply_reject(ctx: CaseContext) -> Verdict:
     slow=True,
 )
 async def no_reply(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    closed, lines = await expect_close(peer, ctx.options.startup_timeout)
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    closed, lines = await expect_close(asked.peer, ctx.options.startup_timeout)
     if closed:
         return Verdict.met("closed the connection", *lines)
     return Verdict.not_met(f"still waiting after {ctx.options.startup_timeout:g} s", *lines)
@@ -314,12 +319,12 @@ async def no_reply(ctx: CaseContext) -> Verdict:
     expects="the DUT's first FPDU follows",
 )
 async def reply_reserved(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, RESPONDER).raw  # type: ignore[union-attr]
-    reply = _edit(reply, 16, reply[16] | MPA_RESERVED_MASK)
-    return await _must_continue(ctx, peer, answer.mpa, reply, "reserved bits were ignored")
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    reply = _edit(valid.raw, 16, valid.raw[16] | MPA_RESERVED_MASK)
+    return await _must_continue(ctx, asked, valid, reply, "reserved bits were ignored")
 
 
 @case(
@@ -332,12 +337,13 @@ async def reply_reserved(ctx: CaseContext) -> Verdict:
     "before its first FPDU); a close without FPDU declines markers (SKIP)",
 )
 async def reply_markers(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, replace(RESPONDER, want_markers=True)).raw  # type: ignore[union-attr]
-    verdict = await _must_continue(ctx, peer, answer.mpa, reply, "its markers were valid")
-    if peer.closed_by_dut and not any(isinstance(e, PduSeen | FramingBad) for e in peer.events):
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid(replace(RESPONDER, want_markers=True))
+    verdict = await _must_continue(ctx, asked, valid, valid.raw, "its markers were valid")
+    events = asked.peer.events
+    if asked.peer.closed_by_dut and not any(isinstance(e, PduSeen | FramingBad) for e in events):
         return Verdict.declined("closed without an FPDU: markers declined")
     return verdict
 
@@ -350,12 +356,12 @@ async def reply_markers(ctx: CaseContext) -> Verdict:
     expects="the DUT's first FPDU carries a valid CRC",
 )
 async def reply_crc(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    reply = reply_valid(answer.seen.raw, RESPONDER).raw  # type: ignore[union-attr]
-    assert reply[16] & 0x40
-    return await _must_continue(ctx, peer, answer.mpa, reply, "its CRC was valid")
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    valid = asked.valid()
+    assert valid.frame.crc and valid.negotiated.crc
+    return await _must_continue(ctx, asked, valid, valid.raw, "its CRC was valid")
 
 
 # ======================================================================================
@@ -363,9 +369,11 @@ async def reply_crc(ctx: CaseContext) -> Verdict:
 # ======================================================================================
 
 
-def _enhanced(answer: Answer) -> Verdict | None:
-    if answer.mpa.ird_ord is None:
-        return Verdict.not_applicable(f"the DUT's Request is not enhanced: {answer.describe()}")
+def _enhanced(asked: _Asked) -> Verdict | None:
+    if asked.request.ird_ord is None:
+        return Verdict.not_applicable(
+            f"the DUT's Request is not enhanced: {asked.answer.describe()}"
+        )
     return None
 
 
@@ -377,30 +385,34 @@ def _enhanced(answer: Answer) -> Verdict | None:
     expects="the wire core's Terminate for it (Insufficient IRD resources), no headers",
 )
 async def reply_ord_too_big(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    skip = _enhanced(answer)
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    skip = _enhanced(asked)
     if skip is not None:
         return skip
-    word = answer.mpa.ird_ord
+    word = asked.request.ird_ord
     assert word is not None
     if word.ird >= MPA_V2_IRD_ORD_MAX - 1 or word.ird == MPA_V2_NO_NEGOTIATION:
         return Verdict.not_applicable(f"the DUT's IRD {word.ird:#x} leaves no larger ORD")
-    valid = reply_valid(answer.seen.raw, RESPONDER)  # type: ignore[union-attr]
+    valid = asked.valid()
     assert valid.frame.ird_ord is not None
     reply = _reframe(valid.raw, ird_ord=replace(valid.frame.ird_ord, ord=word.ird + 1))
-    return await _must_terminate(ctx, peer, answer.mpa, reply)
+    return await _must_terminate(ctx, asked, valid, reply)
 
 
-def _p2p(answer: Answer) -> Verdict | None:
-    skip = _enhanced(answer)
+def _p2p(asked: _Asked) -> RtrType | Verdict:
+    """The RTR kinds the DUT offers, or the SKIP verdict of a DUT that is not peer-to-peer."""
+    skip = _enhanced(asked)
     if skip is not None:
         return skip
-    assert answer.mpa.ird_ord is not None
-    if not answer.mpa.ird_ord.p2p:
-        return Verdict.not_applicable(f"the DUT's Request is not peer-to-peer: {answer.describe()}")
-    return None
+    word = asked.request.ird_ord
+    assert word is not None
+    if not word.p2p:
+        return Verdict.not_applicable(
+            f"the DUT's Request is not peer-to-peer: {asked.answer.describe()}"
+        )
+    return RtrType(word.rtr)
 
 
 @case(
@@ -411,16 +423,16 @@ def _p2p(answer: Answer) -> Verdict | None:
     expects="the wire core's Terminate for it (No matching RTR model)",
 )
 async def reply_no_a(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    skip = _p2p(answer)
-    if skip is not None:
-        return skip
-    valid = reply_valid(answer.seen.raw, RESPONDER)  # type: ignore[union-attr]
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    offered = _p2p(asked)
+    if isinstance(offered, Verdict):
+        return offered
+    valid = asked.valid()
     assert valid.frame.ird_ord is not None
     word = replace(valid.frame.ird_ord, p2p=False, rtr=RtrType.NONE)
-    return await _must_terminate(ctx, peer, answer.mpa, _reframe(valid.raw, ird_ord=word))
+    return await _must_terminate(ctx, asked, valid, _reframe(valid.raw, ird_ord=word))
 
 
 @case(
@@ -431,19 +443,18 @@ async def reply_no_a(ctx: CaseContext) -> Verdict:
     expects="the DUT's first FPDU is that zero-length RTR (the capture decoder's ERC-09 check)",
 )
 async def first_fpdu_rtr(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    skip = _p2p(answer)
-    if skip is not None:
-        return skip
-    offered = RtrType(answer.mpa.ird_ord.rtr)  # type: ignore[union-attr]
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    offered = _p2p(asked)
+    if isinstance(offered, Verdict):
+        return offered
     kind = next((k for k in RTR_ORDER if k & offered), None)
     if kind is None:
-        return Verdict.not_met(f"offers no RTR kind: {answer.describe()}", rule="ERC-07")
-    valid = reply_valid(answer.seen.raw, replace(RESPONDER, rtr=kind))  # type: ignore[union-attr]
-    verdict = await _must_continue(ctx, peer, answer.mpa, valid.raw, f"{kind.name} RTR flagged")
-    found = [f for f in ctx.capture.dut_findings() if f.rule == "ERC-09"]  # type: ignore[union-attr]
+        return Verdict.not_met(f"offers no RTR kind: {asked.answer.describe()}", rule="ERC-07")
+    valid = asked.valid(replace(RESPONDER, rtr=kind))
+    verdict = await _must_continue(ctx, asked, valid, valid.raw, f"{kind.name} RTR flagged")
+    found = [f for f in asked.peer.capture.dut_findings() if f.rule == "ERC-09"]
     if found and verdict.outcome.value == "met":
         return Verdict.not_met(str(found[0]), describe_frame(valid.frame), frame=found[0].frame)
     return verdict
@@ -457,20 +468,16 @@ async def first_fpdu_rtr(ctx: CaseContext) -> Verdict:
     expects="the wire core's Terminate for it (No matching RTR model)",
 )
 async def no_common_rtr(ctx: CaseContext) -> Verdict:
-    peer, answer, broken = await _request(ctx)
-    if broken is not None:
-        return broken
-    skip = _p2p(answer)
-    if skip is not None:
-        return skip
-    offered = RtrType(answer.mpa.ird_ord.rtr)  # type: ignore[union-attr]
+    asked = await _request(ctx)
+    if isinstance(asked, Verdict):
+        return asked
+    offered = _p2p(asked)
+    if isinstance(offered, Verdict):
+        return offered
     other = next((k for k in RTR_ORDER if not k & offered), None)
     if other is None:
         return Verdict.not_applicable("the DUT offers every RTR kind: none can be missing")
-    valid = reply_valid(answer.seen.raw, RESPONDER)  # type: ignore[union-attr]
+    valid = asked.valid()
     assert valid.frame.ird_ord is not None
     reply = _reframe(valid.raw, ird_ord=replace(valid.frame.ird_ord, rtr=other))
-    return await _must_terminate(ctx, peer, answer.mpa, reply)
-
-
-_ = (DutFinding, startup_violations)
+    return await _must_terminate(ctx, asked, valid, reply)

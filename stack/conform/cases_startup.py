@@ -102,10 +102,6 @@ async def _refused(ctx: CaseContext, raw: bytes, *, reject_ok: bool = True) -> V
     return await judge_refusal(ctx, s, expected, reject_ok=reject_ok)
 
 
-async def _accepted(ctx: CaseContext, s: Startup, **kw: object) -> Verdict:
-    return await judge_accepted(ctx, s, **kw)  # type: ignore[arg-type]
-
-
 # ======================================================================================
 # Keys (RFC 5044 §7.1.1, §7.1.2(5))
 # ======================================================================================
@@ -204,7 +200,7 @@ async def responder_responder(ctx: CaseContext) -> Verdict:
 )
 async def rev1(ctx: CaseContext) -> Verdict:
     s = await start(ctx, settings=replace(_app(ctx), rev=1))
-    return await _accepted(ctx, s)
+    return await judge_accepted(ctx, s)
 
 
 @case(
@@ -221,7 +217,7 @@ async def rev1_s_bit(ctx: CaseContext) -> Verdict:
     )
     if s.answer.kind == "reply" and s.answer.mpa.ird_ord is not None:
         return Verdict.not_met(f"took S as enhanced: {s.answer.describe()}", frame=s.answer.frame)
-    return await _accepted(ctx, s)
+    return await judge_accepted(ctx, s)
 
 
 @case(
@@ -277,7 +273,7 @@ async def rev255(ctx: CaseContext) -> Verdict:
 )
 async def reserved_flags(ctx: CaseContext) -> Verdict:
     s = await start(ctx, edit=set_flags(MPA_RESERVED_MASK))
-    return await _accepted(ctx, s)
+    return await judge_accepted(ctx, s)
 
 
 @case(
@@ -288,7 +284,7 @@ async def reserved_flags(ctx: CaseContext) -> Verdict:
 )
 async def r_in_request(ctx: CaseContext) -> Verdict:
     s = await start(ctx, edit=set_flags(MpaFlag.REJECT))
-    return await _accepted(ctx, s)
+    return await judge_accepted(ctx, s)
 
 
 # ======================================================================================
@@ -306,7 +302,7 @@ async def r_in_request(ctx: CaseContext) -> Verdict:
 async def pd_zero(ctx: CaseContext) -> Verdict:
     raw = set_rev(2)(valid_request(replace(_app(ctx), rev=1)))
     s = await start(ctx, raw=raw)
-    return await _accepted(ctx, s)
+    return await judge_accepted(ctx, s)
 
 
 @case(
@@ -317,7 +313,7 @@ async def pd_zero(ctx: CaseContext) -> Verdict:
 )
 async def pd_256(ctx: CaseContext) -> Verdict:
     s = await start(ctx, raw=with_private_data(_app(ctx), 256))
-    return await _accepted(ctx, s, reject_ok="the ULP may refuse private data it cannot use")
+    return await judge_accepted(ctx, s, reject_ok="the ULP may refuse private data it cannot use")
 
 
 @case(
@@ -330,7 +326,7 @@ async def pd_512(ctx: CaseContext) -> Verdict:
     s = await start(ctx, raw=with_private_data(_app(ctx), MPA_MAX_PRIVATE_DATA))
     if s.answer.kind == "close":
         return Verdict.not_met(f"closed after {s.answer.seconds:.2f} s: a valid Request refused")
-    return await _accepted(ctx, s, reject_ok="the ULP may refuse private data it cannot use")
+    return await judge_accepted(ctx, s, reject_ok="the ULP may refuse private data it cannot use")
 
 
 @case(
@@ -396,7 +392,7 @@ async def s_without_word(ctx: CaseContext) -> Verdict:
 )
 async def ird_zero(ctx: CaseContext) -> Verdict:
     s = await start(ctx, settings=replace(_app(ctx), ird=0))
-    return await _accepted(
+    return await judge_accepted(
         ctx, s, exchange=False, reject_ok="a DUT that must issue RDMA Reads may refuse"
     )
 
@@ -410,7 +406,7 @@ async def ird_zero(ctx: CaseContext) -> Verdict:
 async def no_negotiation(ctx: CaseContext) -> Verdict:
     no = MPA_V2_NO_NEGOTIATION
     s = await start(ctx, settings=replace(_app(ctx), ird=no, ord=no))
-    return await _accepted(ctx, s, reject_ok="0x3FFF leaves IRD and ORD to the ULP")
+    return await judge_accepted(ctx, s, reject_ok="0x3FFF leaves IRD and ORD to the ULP")
 
 
 # ======================================================================================

@@ -28,7 +28,7 @@ from stack.conform.script import (
     expect_close,
     terminate_line,
 )
-from stack.constants import TermCode, term_name
+from stack.constants import RtrType, TermCode, term_name
 from stack.wire.events import (
     ConnectionFailed,
     CrcPolicy,
@@ -116,10 +116,15 @@ def settings_like(request: MpaFrame) -> MpaSettings:
             if base.rev == 1
             else MpaSettings(rev=1, crc=base.crc, want_markers=base.want_markers)
         )
-    kwargs: dict[str, object] = {"ird": w.ird, "ord": w.ord, "p2p": w.p2p}
-    if w.p2p and w.rtr:
-        kwargs["rtr"] = w.rtr
-    return MpaSettings(rev=2, crc=base.crc, want_markers=base.want_markers, **kwargs)  # type: ignore[arg-type]
+    return MpaSettings(
+        rev=2,
+        crc=base.crc,
+        want_markers=base.want_markers,
+        ird=w.ird,
+        ord=w.ord,
+        p2p=w.p2p,
+        rtr=RtrType(w.rtr) if w.p2p and w.rtr else base.rtr,
+    )
 
 
 def initiator_expects(request: MpaFrame, reply: bytes) -> Expected:

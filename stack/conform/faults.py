@@ -69,10 +69,10 @@ class Fault:
 def _crc_wrong_terminate(engine: IwarpConnection) -> None:
     send_terminate = engine.send_terminate
 
-    def wrong(error: ProtocolError, offending: Any) -> None:
+    def wrong(error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
         if error.rule == "MPA-12":  # a CRC error reported as an invalid startup frame
             error = MpaError(error.rule, error.detail, TERM_LLP_INVALID_STARTUP)
-        send_terminate(error, offending)
+        send_terminate(error, offending_ulpdu)
 
     engine.send_terminate = wrong  # type: ignore[method-assign]
 

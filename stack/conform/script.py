@@ -63,7 +63,9 @@ __all__ = [
     "describe_frame",
     "establish",
     "expect_close",
+    "expect_terminate",
     "expect_silence",
+    "judge_first_terminate",
     "judge_terminate",
     "read_answer",
     "read_request",
@@ -578,6 +580,39 @@ def _event_lines(peer: Peer, event: object) -> list[str]:
     if isinstance(event, Eof) and event.pending:
         return [f"{len(event.pending)} bytes before closing"]
     return []
+
+
+def judge_first_terminate(
+    peer: Peer,
+    event: object,
+    cause: TermCode,
+    timeout: float,
+    offending: bytes | None = None,
+) -> Verdict:
+    """The DUT's first event after a provocation must be the Terminate ``cause`` about
+    ``offending`` (:func:`judge_terminate`); anything else is not met."""
+    if isinstance(event, PduSeen):
+        frame = peer.frame_of_dut(event.offset + event.wire_len - 1)
+        seg = event.segment
+        if seg is not None and isinstance(seg.header, Terminate):
+            return judge_terminate(seg.header, cause, offending, frame)
+        what = seg.opcode_name if seg is not None else "an undecodable FPDU"
+        return Verdict.not_met(f"sent {what} instead of a Terminate (frame {frame})",
+                               frame=frame)  # fmt: skip
+    if isinstance(event, Eof):
+        return Verdict.not_met(f"closed without a Terminate {cause}")
+    if isinstance(event, FramingBad):
+        return Verdict.not_met(f"sent bytes that break framing: {event.error}",
+                               frame=peer.frame_of_dut(event.offset))  # fmt: skip
+    return Verdict.not_met(f"no Terminate within {timeout:g} s (expected {cause})")
+
+
+async def expect_terminate(
+    peer: Peer, cause: TermCode, within: float, offending: bytes | None = None
+) -> Verdict:
+    """Wait up to ``within`` seconds for the DUT's next event: it must be the Terminate the
+    wire core sends for ``cause`` about ``offending``."""
+    return judge_first_terminate(peer, await peer.next_event(within), cause, within, offending)
 
 
 def judge_terminate(
