@@ -28,7 +28,7 @@ from stack.conform.script import (
     expect_close,
     terminate_line,
 )
-from stack.constants import RtrType, TermCode, term_name
+from stack.constants import RtrType, TermCode
 from stack.wire.events import (
     ConnectionFailed,
     CrcPolicy,
@@ -50,6 +50,9 @@ __all__ = [
     "judge_accepted",
     "judge_refusal",
     "responder_expects",
+    "settings_like",
+    "startup_violations",
+    "work_verdict",
 ]
 
 _CLOSE_POLICY = MpaSettings(rev_policy=RevPolicy.CLOSE)
@@ -260,8 +263,3 @@ def work_verdict(conv: Conversation, reply_line: str) -> Verdict:
         return Verdict.not_met(f"{reply_line}; then it closed without delivering", *lines,
                                rule="MPA-03")  # fmt: skip
     return Verdict.not_met(f"{reply_line}; then no answer to valid traffic", *lines, rule="MPA-03")
-
-
-def cause_line(term: TermCode | None) -> str:
-    """``2/0/0x02 MPA CRC error`` or ``-``."""
-    return f"{term.layer}/{term.etype}/0x{term.code:02X} {term_name(term)}" if term else "-"

@@ -85,9 +85,15 @@ def report_text(report: RunReport, *, verbose: bool = False) -> str:
     lines += ["", summary_line(report.results, report.seconds)]
     failed = [r for r in report.results if r.status is Status.FAIL]
     if failed:
-        lines.append("failed: " + ", ".join(f"{r.case.id} ({r.rule_not_met} {r.level})"
-                                            for r in failed))  # fmt: skip
+        lines.append("failed: " + ", ".join(_failed(r) for r in failed))
     return "\n".join(lines) + "\n"
+
+
+def _failed(r: CaseResult) -> str:
+    """``MPA-12 (MUST)``, or with the rule when it is not the case's: ``MPA-12 (RDMAP-12
+    SHOULD)``."""
+    rule = "" if r.rule_not_met == r.case.rules[0] else f"{r.rule_not_met} "
+    return f"{r.case.id} ({rule}{r.level})"
 
 
 def _detail(r: CaseResult) -> list[str]:

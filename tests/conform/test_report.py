@@ -60,7 +60,7 @@ def test_text_report_groups_by_document_and_section_and_explains_failures() -> N
     assert text.splitlines()[-2] == (
         "5 cases: 1 passed, 1 failed, 1 warnings, 1 skipped, 1 errors (2.5 s)"
     )
-    assert text.splitlines()[-1] == "failed: MPA-12 (MPA-12 MUST)"
+    assert text.splitlines()[-1] == "failed: MPA-12 (MUST)"
 
 
 def test_strict_reports_the_should_as_a_failure() -> None:
