@@ -17,8 +17,8 @@ from typing import Any
 from stack.cli import CliError, one_line_errors, trio_run
 
 EPILOG = """\
-CASE selects cases: a case ID (MPA-12.2), a rule ID (MPA-12: all its cases), a family
-(MPA, ERC) or a section (5044/7.1.2, RFC6581/9.2).  Exit status: 0 when no case failed,
+CASE selects cases: a case ID (as --list shows them), a rule ID (MPA-12: all its cases), a
+family (MPA, ERC) or a section (5044/7.1.2, RFC6581/9.2).  Exit status: 0 when no case failed,
 1 when one did (a MUST; a SHOULD too with --strict), 3 when none failed but some could
 not be run (ERROR), 2 for bad arguments."""
 

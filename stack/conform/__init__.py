@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A *case* (:class:`~stack.conform.model.Case`) provokes one catalogued rule (its ID is the
-rule's: ``MPA-12``, ``MPA-12.2`` for the rule's second case) against a device under test
+rule's, with a suffix ``.2``, ``.3`` ... for the rule's later cases) against a device under test
 (DUT) reached over plain TCP, and says what a conforming DUT must do.  The runner
 (:func:`~stack.conform.runner.run_cases`) gives each case a fresh connection and capture,
 restarts the DUT if asked, and turns the case's :class:`~stack.conform.model.Verdict` into
@@ -31,6 +31,7 @@ from stack.conform.model import (
     Outcome,
     Status,
     Verdict,
+    case_id,
     exit_status,
     status_for,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Status",
     "Verdict",
     "case",
+    "case_id",
     "exit_status",
     "profile",
     "registry",

@@ -71,8 +71,9 @@ async def crc_requested(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-11.2",
+    "MPA-11",
     "Request with C=0: CRC iff the Reply asks for it",
+    n=2,
     sends="the app's Request with C=0; then traffic with CRCs iff the Reply has C=1",
     expects="an accepting Reply (or R=1: CRC required, SKIP); FPDUs as the Reply's C says",
 )

@@ -170,8 +170,9 @@ def _reframe(raw: bytes, **changes: Any) -> bytes:
 
 
 @case(
-    "MPA-19.3",
+    "MPA-19",
     "The DUT's Request: reserved bits 0, R=0, S only with Rev 2, RTR flags only with A=1",
+    n=3,
     rules=("MPA-18", "ERC-01", "ERC-07", "MPA-21"),
     dut=_L,
     sends="nothing: the runner reads the DUT's Request",
@@ -199,8 +200,9 @@ async def dut_request(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-18.3",
+    "MPA-18",
     "Reply with a wrong key: the DUT closes the connection",
+    n=3,
     rules=("MPA-28",),
     dut=_L,
     sends="the responder engine's Reply with the last key byte changed",
@@ -216,8 +218,9 @@ async def reply_wrong_key(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-26.2",
+    "MPA-26",
     "Request key in the Reply (initiator/initiator): the DUT closes the connection",
+    n=2,
     level="MUST",
     dut=_L,
     sends="the responder engine's Reply with the Request key",
@@ -232,8 +235,9 @@ async def reply_request_key(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-20.4",
+    "MPA-20",
     "Reply with a revision above the Request's: the DUT closes the connection",
+    n=4,
     dut=_L,
     sends="the responder engine's Reply with Rev = the Request's Rev + 1",
     expects="TCP closed before any FPDU",
@@ -247,8 +251,9 @@ async def reply_high_rev(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.7",
+    "MPA-21",
     "Reply with PD_Length 513: the DUT closes the connection",
+    n=7,
     dut=_L,
     sends="the responder engine's Reply with 513 bytes of private data",
     expects="TCP closed before any FPDU",
@@ -289,8 +294,9 @@ async def reply_reject(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-27.2",
+    "MPA-27",
     "No Reply: the DUT's startup timer closes the connection",
+    n=2,
     dut=_L,
     sends="nothing after the DUT's Request, for up to --startup-timeout seconds",
     expects="the DUT gives up waiting for the Reply and closes",
@@ -312,8 +318,9 @@ async def no_reply(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-19.4",
+    "MPA-19",
     "Reply with reserved flag bits (0x0F) set: not checked",
+    n=4,
     dut=_L,
     sends="the responder engine's Reply with flag bits 0x0F set",
     expects="the DUT's first FPDU follows",
@@ -328,8 +335,9 @@ async def reply_reserved(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-09.2",
+    "MPA-09",
     "Reply with M=1: the DUT puts markers in its FPDUs",
+    n=2,
     rules=("MPA-07", "MPA-08"),
     dut=_L,
     sends="the responder engine's Reply asking for markers (M=1)",
@@ -349,8 +357,9 @@ async def reply_markers(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-11.3",
+    "MPA-11",
     "Reply with C=1: CRC both ways",
+    n=3,
     dut=_L,
     sends="the responder engine's Reply with C=1",
     expects="the DUT's first FPDU carries a valid CRC",
@@ -378,8 +387,9 @@ def _enhanced(asked: _Asked) -> Verdict | None:
 
 
 @case(
-    "ERC-04.2",
+    "ERC-04",
     "Reply ORD above the DUT's IRD: the DUT sends Terminate 2/0/0x06",
+    n=2,
     dut=_L,
     sends="the responder engine's Reply with ORD = the DUT's IRD + 1",
     expects="the wire core's Terminate for it (Insufficient IRD resources), no headers",
@@ -416,8 +426,9 @@ def _p2p(asked: _Asked) -> RtrType | Verdict:
 
 
 @case(
-    "ERC-08.4",
+    "ERC-08",
     "Peer-to-peer Request, Reply with A=0: the DUT sends Terminate 2/0/0x07",
+    n=4,
     dut=_L,
     sends="the responder engine's Reply with the A bit cleared",
     expects="the wire core's Terminate for it (No matching RTR model)",
@@ -461,8 +472,9 @@ async def first_fpdu_rtr(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "ERC-09.2",
+    "ERC-09",
     "Peer-to-peer, no RTR kind in common: the DUT sends Terminate 2/0/0x07",
+    n=2,
     dut=_L,
     sends="a Reply flagging only an RTR kind the DUT did not offer",
     expects="the wire core's Terminate for it (No matching RTR model)",

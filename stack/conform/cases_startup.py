@@ -120,8 +120,9 @@ async def wrong_key(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-18.2",
+    "MPA-18",
     "Reply key in a Request: the DUT closes the connection",
+    n=2,
     rules=("MPA-28",),
     sends="the app's Request with the Reply key (MPA ID Rep Frame)",
     expects="TCP closed, no Reply",
@@ -204,8 +205,9 @@ async def rev1(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "ERC-01.2",
+    "ERC-01",
     "Rev 1 Request with the S bit set: S is reserved in Rev 1 and ignored",
+    n=2,
     rules=("MPA-19",),
     sends="a Rev 1 Request with flag 0x10 (S) set and 4 bytes of private data",
     expects="an accepting Rev 1 Reply without the IRD/ORD word (the 4 bytes are private data)",
@@ -241,8 +243,9 @@ async def rev0(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-20.2",
+    "MPA-20",
     "Request with Rev 3 (not defined): the DUT closes the connection",
+    n=2,
     sends="the app's Request with Rev 3",
     expects="TCP closed (an R=1 Reply first is tolerated); never an accepting Reply",
 )
@@ -251,8 +254,9 @@ async def rev3(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-20.3",
+    "MPA-20",
     "Request with Rev 255: the DUT closes the connection",
+    n=3,
     sends="the app's Request with Rev 255",
     expects="TCP closed (an R=1 Reply first is tolerated); never an accepting Reply",
 )
@@ -277,8 +281,9 @@ async def reserved_flags(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-19.2",
+    "MPA-19",
     "R bit set in a Request: not checked there",
+    n=2,
     sends="the app's Request with R (0x20) set",
     expects="an accepting Reply; then the application works",
 )
@@ -306,8 +311,9 @@ async def pd_zero(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.2",
+    "MPA-21",
     "PD_Length 256: accepted",
+    n=2,
     sends="the app's Request with 256 bytes of private data (IRD/ORD word included)",
     expects="an accepting Reply (or an R=1 Reply: the ULP's choice); then the app works",
 )
@@ -317,8 +323,9 @@ async def pd_256(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.3",
+    "MPA-21",
     "PD_Length 512, the maximum: accepted",
+    n=3,
     sends="the app's Request with 512 bytes of private data (IRD/ORD word included)",
     expects="an accepting Reply (or an R=1 Reply: the ULP's choice); not a close",
 )
@@ -330,8 +337,9 @@ async def pd_512(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.4",
+    "MPA-21",
     "PD_Length 513, one over the limit: the DUT closes the connection",
+    n=4,
     sends="the app's Request with 513 bytes of private data",
     expects="TCP closed; never an accepting Reply",
 )
@@ -340,8 +348,9 @@ async def pd_513(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.5",
+    "MPA-21",
     "PD_Length 65535 with all its bytes: the DUT closes the connection",
+    n=5,
     sends="the app's Request with 65535 bytes of private data",
     expects="TCP closed; never an accepting Reply",
 )
@@ -350,8 +359,9 @@ async def pd_65535(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "MPA-21.6",
+    "MPA-21",
     "PD_Length 100 with 40 bytes sent, then silence: no Reply",
+    n=6,
     rules=("MPA-22",),
     sends="a Request announcing 100 bytes of private data, and only 40 of them",
     expects="no Reply while the frame is incomplete (closing is allowed)",
@@ -468,8 +478,9 @@ async def p2p_send(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "ERC-08.2",
+    "ERC-08",
     "Peer-to-peer Request offering the Write RTR",
+    n=2,
     rules=("ERC-09",),
     sends="the app's Request with A=1 and C (zero-length Write) flagged; then that RTR",
     expects="a Reply with A=1 flagging an RTR it supports; a Write RTR absorbed, the app works",
@@ -479,8 +490,9 @@ async def p2p_write(ctx: CaseContext) -> Verdict:
 
 
 @case(
-    "ERC-08.3",
+    "ERC-08",
     "Peer-to-peer Request offering the Read RTR",
+    n=3,
     rules=("ERC-09", "RDMAP-07"),
     sends="the app's Request with A=1 and D (zero-length Read) flagged; then that RTR",
     expects="a Reply with A=1 flagging an RTR; a zero-length Read Response, then the app works",

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stack.conform.model import case_id
 from stack.constants import MPA_FRAME_HEADER_LEN, TERM_LLP_INVALID_STARTUP, MpaFlag, RtrType
 from stack.errors import MpaError, ProtocolError
 from stack.wire.connection import IwarpConnection
@@ -191,13 +192,13 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "markers-ignored",
             "the peer's M bit is read as 0: no markers in FPDUs to a peer that asked for them",
-            {"MPA-09": "FAIL", "MPA-09.2": "FAIL"},
+            {"MPA-09": "FAIL", case_id("MPA-09", 2): "FAIL"},
             _markers_ignored,
         ),
         Fault(
             "unknown-rev-accepted",
             "a Request with an undefined MPA revision is accepted instead of refused",
-            {"MPA-20.2": "FAIL", "MPA-20.3": "FAIL"},
+            {case_id("MPA-20", 2): "FAIL", case_id("MPA-20", 3): "FAIL"},
             _unknown_rev_accepted,
         ),
         Fault(

@@ -30,17 +30,25 @@ __all__ = [
     "Outcome",
     "Status",
     "Verdict",
+    "case_id",
     "exit_status",
     "level_parts",
     "status_for",
 ]
 
 CASE_ID = re.compile(r"(?P<rule>[A-Z]+-\d+)(?:\.(?P<n>[2-9]|[1-9]\d+))?")
-"""A case ID: a catalogued rule ID, then ``.N`` (N >= 2) for the rule's N-th case.
-
-Rule IDs with a dot of their own (``KBTP-5.1``) would make the suffix ambiguous, so cases
-are built only on rules without one (the pattern has no room for it).
+"""A case ID (:func:`case_id`): a catalogued rule ID, then ``.N`` (N >= 2) for the rule's
+N-th case.  Rule IDs with a dot of their own (the KBTP section rules) would make the suffix
+ambiguous, so cases are built only on rules without one (the pattern has no room for it).
 """
+
+
+def case_id(rule_id: str, n: int = 1) -> str:
+    """The ID of case ``n`` of rule ``rule_id``: the rule ID itself for the first case, the
+    rule ID and ``.n`` for the others."""
+    if n < 1:
+        raise ValueError(f"case numbers start at 1, got {n}")
+    return rule_id if n == 1 else f"{rule_id}.{n}"
 
 
 class DutRole(enum.Enum):
@@ -143,7 +151,7 @@ CaseBody = Callable[["CaseContext"], Awaitable[Verdict]]
 class Case:
     """One conformance case.
 
-    Fields: id (``MPA-12``, ``MPA-12.2``: built on the primary rule, :data:`CASE_ID`);
+    Fields: id (built on the primary rule: :func:`case_id`, :data:`CASE_ID`);
     title; rules (catalogued rule IDs, the primary first); level (the part of the primary
     rule's level this case tests: ``MUST`` of a ``SHOULD/MUST`` rule); role (what the DUT
     does, :class:`DutRole`); sends (what the runner sends); expects (what a conforming DUT

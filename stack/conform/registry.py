@@ -1,9 +1,10 @@
 """The case registry: every case by ID, checked against the rule catalog, and selection.
 
 :func:`case` is the decorator the case modules use; it checks that the ID is built on a
-catalogued rule (``MPA-12``, ``MPA-12.2``: the second case of MPA-12; the numbers of a
-rule's cases run 1..n), that every rule the case names is catalogued, and that its level is
-a part of the primary rule's level (``SHOULD/MUST`` -> ``SHOULD`` or ``MUST``).
+catalogued rule (:func:`~stack.conform.model.case_id`: the rule's ID for its first case,
+then a suffix ``.2``, ``.3`` ...; the numbers of a rule's cases run 1..n), that every
+rule the case names is catalogued, and that its level is a part of the primary rule's
+level (``SHOULD/MUST`` -> ``SHOULD`` or ``MUST``).
 :func:`select` picks cases by case ID, rule ID, family (``MPA``, ``ERC``) or section
 (``5044/7.1``: RFC 5044 §7.1 and its subsections), h2spec style.  Cases are kept in
 catalog order (family, section, rule, case number), whatever order the modules load in.
@@ -15,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from stack.conform.model import CASE_ID, Case, CaseBody, DutRole, level_parts
+from stack.conform.model import CASE_ID, Case, CaseBody, DutRole, case_id, level_parts
 from stack.rules import FAMILIES, UnknownRule, normalize, rule
 
 __all__ = ["Registry", "SelectionError", "case", "registry", "select"]
@@ -95,8 +96,8 @@ class Registry:
             matched = [c.id for c in self.cases if _matches(c, pattern)]
             if not matched:
                 raise SelectionError(
-                    f"{pattern!r} names no case (use a case or rule ID like MPA-12 or "
-                    "MPA-12.2, a family like ERC, or a section like 5044/7.1.2)"
+                    f"{pattern!r} names no case (use a case ID, a rule ID like MPA-12 "
+                    "(all its cases), a family like ERC, or a section like 5044/7.1.2)"
                 )
             chosen.update(matched)
         return [c for c in pool if c.id in chosen]
@@ -156,9 +157,10 @@ def select(
 
 
 def case(
-    case_id: str,
+    rule_id: str,
     title: str,
     *,
+    n: int = 1,
     rules: tuple[str, ...] = (),
     level: str | None = None,
     dut: DutRole = DutRole.LISTENS,
@@ -168,30 +170,28 @@ def case(
     apps: Iterable[str] = (),
     slow: bool = False,
 ) -> Callable[[CaseBody], CaseBody]:
-    """Register the decorated coroutine as a case (see :class:`~stack.conform.model.Case`).
+    """Register the decorated coroutine as case ``n`` of rule ``rule_id`` (its ID:
+    :func:`~stack.conform.model.case_id`; see :class:`~stack.conform.model.Case`).
 
-    ``rules``: further rules beyond the primary one in the ID; ``level``: default the
-    primary rule's level when it has one part.
+    ``rules``: further rules beyond the primary one; ``level``: default the primary rule's
+    level when it has one part.
     """
-    m = CASE_ID.fullmatch(case_id)
-    if m is None:
-        raise ValueError(f"case ID {case_id!r} is not RULE or RULE.N")
-    primary = m["rule"]
+    case_name = case_id(rule_id, n)
     try:
-        parts = level_parts(rule(primary).level)
+        parts = level_parts(rule(rule_id).level)
     except UnknownRule as exc:
-        raise ValueError(f"case {case_id}: {exc}") from None
+        raise ValueError(f"case {case_name}: {exc}") from None
     if level is None:
         if len(parts) != 1:
-            raise ValueError(f"case {case_id}: say which part of {'/'.join(parts)} it tests")
+            raise ValueError(f"case {case_name}: say which part of {'/'.join(parts)} it tests")
         level = parts[0]
 
     def register(body: CaseBody) -> CaseBody:
         _REGISTRY.add(
             Case(
-                id=case_id,
+                id=case_name,
                 title=title,
-                rules=(primary, *rules),
+                rules=(rule_id, *rules),
                 level=level,
                 role=dut,
                 sends=sends,
