@@ -241,8 +241,18 @@ async def judge_accepted(
 
 
 def work_verdict(conv: Conversation, reply_line: str) -> Verdict:
-    """The verdict on an application exchange over valid traffic: it must be delivered."""
+    """The verdict on an application exchange over valid traffic: it must be delivered, and
+    the DUT's own PDUs must break no rule (lenient decode and sequencing)."""
     lines = conv.delivery_lines() + conv.unexpected
+    if conv.violations:
+        finding, frame = conv.violations[0]
+        return Verdict.not_met(
+            f"{reply_line}; then the DUT sent a PDU that breaks {finding.rule}: "
+            f"{finding.detail} (frame {frame})",
+            *lines,
+            rule=finding.rule,
+            frame=frame,
+        )
     if conv.terminate is not None:
         t, _pdu = conv.terminate
         return Verdict.not_met(

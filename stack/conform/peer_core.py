@@ -9,8 +9,9 @@ deliberately broken (:class:`Craft`: a wrong CRC, non-zero PAD, a wrong marker, 
 ULPDU_Length that announces more than follows).  Inbound, the DUT's bytes are parsed as one
 startup frame (:func:`~stack.wire.mpa_frames.decode_frame`, judged leniently by
 :func:`~stack.wire.mpa_rules.check_startup_frame`), then deframed by
-:class:`~stack.wire.framing.FpduDeframer` and decoded leniently by
-:func:`~stack.wire.rdmap.decode_ulpdu` (``strict=False``).  What it saw comes out as
+:class:`~stack.wire.framing.FpduDeframer`, decoded leniently by
+:func:`~stack.wire.rdmap.decode_ulpdu` (``strict=False``) and their sequencing judged by a
+lenient :class:`~stack.wire.sequence.MessageSequencer`.  What it saw comes out as
 events (:class:`StartupSeen`, :class:`StartupBad`, :class:`PduSeen`, :class:`FramingBad`,
 :class:`Eof`), each with its offset in the DUT's byte stream, so the driver can name frames.
 """
@@ -22,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from stack.constants import (
+    DDP_UNTAGGED_HDR_LEN,
     DEFAULT_EMSS,
     MPA_CRC_LEN,
     MPA_MAX_PRIVATE_DATA,
@@ -33,6 +35,7 @@ from stack.wire.framing import FpduDeframer, FpduFramer, fpdu_layout, mark_fpdu,
 from stack.wire.mpa_frames import decode_frame
 from stack.wire.mpa_rules import DEFINED_REVISIONS, StartupContext, check_startup_frame
 from stack.wire.rdmap import Checker, Finding, Segment, decode_ulpdu, encode_message, message_qn
+from stack.wire.sequence import MessageSequencer
 
 __all__ = [
     "Craft",
@@ -81,13 +84,15 @@ class StartupBad:
 class PduSeen:
     """One valid FPDU from the DUT.  Fields: ulpdu (markers removed), segment (lenient
     decode; None when too short for its DDP header), error (that decode error), offset
-    (stream offset of its first byte, leading marker included), wire_len."""
+    (stream offset of its first byte, leading marker included), wire_len, findings (the
+    lenient decode's and the DUT direction's sequencing, :mod:`stack.wire.sequence`)."""
 
     ulpdu: bytes
     segment: Segment | None
     error: DecodeError | None
     offset: int
     wire_len: int
+    findings: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,7 @@ class PeerCore:
         self._rx_base = 0  # stream offset of SeqStart of the DUT's direction
         self._tx_base = 0
         self._msn: dict[int, int] = {}
+        self._sequencer = MessageSequencer()  # the DUT's direction, judged leniently
         self._eof = False
         self._dead = False  # framing failed: nothing more is decoded
         self.mulpdu = mulpdu_for(DEFAULT_EMSS, False)
@@ -370,6 +376,7 @@ class PeerCore:
                     err = None
                 except DecodeError as exc:
                     seg, err = None, exc
+                findings = () if seg is None else seg.findings + self._sequence(seg, raw)
                 self._events.append(
                     PduSeen(
                         raw,
@@ -377,11 +384,31 @@ class PeerCore:
                         err,
                         self._rx_base + deframer.fpdu_offset,
                         deframer.fpdu_wire_length,
+                        findings,
                     )
                 )
         except MpaError as exc:
             self._dead = True
             self._events.append(FramingBad(exc, self._rx_base + deframer.offset))
+
+    def _sequence(self, seg: Segment, raw: bytes) -> tuple[Finding, ...]:
+        """MSN, MO and message continuity of the DUT's segments (DDP-02, DDP-04..06)."""
+        chk = Checker(strict=False)
+        if seg.tagged:
+            assert seg.stag is not None and seg.to is not None
+            self._sequencer.tagged(seg.stag, seg.to, seg.opcode, len(seg.payload), seg.last, chk)
+        elif seg.qn is not None and seg.msn is not None and seg.mo is not None:
+            self._sequencer.untagged(
+                seg.qn,
+                seg.msn,
+                seg.mo,
+                raw[1],
+                seg.inval_stag or 0,
+                len(raw) - DDP_UNTAGGED_HDR_LEN,
+                seg.last,
+                chk,
+            )
+        return tuple(chk.findings)
 
 
 def expected_framing_error(

@@ -51,7 +51,7 @@ from stack.wire.events import (
 )
 from stack.wire.mpa import MpaConnection
 from stack.wire.mpa_frames import decode_frame
-from stack.wire.rdmap import Checker, Segment, build_terminate, check_terminate_headers
+from stack.wire.rdmap import Checker, Finding, Segment, build_terminate, check_terminate_headers
 
 __all__ = [
     "Answer",
@@ -412,8 +412,9 @@ class Conversation:
     terminate ((the Terminate, its PDU) if the DUT sent one); framing (the DUT's bytes
     broke framing); eof; unexpected (lines about segments outside the application's
     protocol); pdus (every PDU from the DUT); stalled (the DUT went quiet for the timeout
-    while the runner waited);
-    terminate_frame (the capture frame of the Terminate).
+    while the runner waited); terminate_frame (the capture frame of the Terminate);
+    violations ((finding, frame) of every fatal rule finding on the DUT's PDUs: lenient
+    decode and sequencing).
     """
 
     sent: list[Sent] = field(default_factory=list)
@@ -426,6 +427,7 @@ class Conversation:
     pdus: list[PduSeen] = field(default_factory=list)
     stalled: bool = False
     terminate_frame: int | None = None
+    violations: list[tuple[Finding, int | None]] = field(default_factory=list)
 
     def delivered(self) -> bool:
         return bool(self.deliveries)
@@ -483,6 +485,7 @@ async def converse(
         conv.pdus.append(event)
         seg = event.segment
         frame = peer.frame_of_dut(event.offset + event.wire_len - 1)
+        conv.violations += [(f, frame) for f in event.findings if f.fatal]
         if seg is None:
             conv.unexpected.append(f"undecodable ULPDU at frame {frame}: {event.error}")
             continue

@@ -200,3 +200,15 @@ def test_initiator_expectations() -> None:
     ord_bytes[22:24] = (5).to_bytes(2, "big")  # Reply ORD 5 > our IRD 1
     expected = initiator_expects(frame, bytes(ord_bytes))
     assert (expected.kind, expected.term) == ("terminate", TERM_LLP_INSUFFICIENT_IRD)
+
+
+def test_the_duts_sequencing_is_judged_leniently() -> None:
+    """A DUT whose first Send carries MSN 2 breaks DDP-05: the finding rides on the PDU."""
+    sender = _framed_core()
+    sender.ulpdus(Send(b"skipped"))  # MSN 1 is never sent
+    second = sender.ulpdus(Send(b"x"))[0]
+    core = _framed_core()
+    core.receive(bytes(FpduFramer().frame(second)))
+    (pdu,) = _events(core)
+    assert isinstance(pdu, PduSeen)
+    assert [(f.rule, f.fatal) for f in pdu.findings] == [("DDP-05", True)]
