@@ -15,9 +15,9 @@ send a Request or Reply, read the answer, play the application's client
 (:mod:`stack.conform.apps`), expect a Terminate, a close or silence.  Every judgement uses
 the stack's own rule code: the startup rule tables of :mod:`stack.wire.mpa_rules`, frames of
 :mod:`stack.wire.mpa_frames`, the FPDU framer and deframer of :mod:`stack.wire.framing`,
-lenient ULPDU decoding and ``build_terminate`` of :mod:`stack.wire.rdmap`, and the capture
-decoder for evidence; expected outcomes are asked of the engines
-(:mod:`stack.conform.expected`).  Reports: :mod:`stack.conform.report`.
+lenient ULPDU decoding and ``build_terminate`` of :mod:`stack.wire.rdmap`, the sequencing of
+:mod:`stack.wire.sequence`, and the capture decoder for evidence; expected outcomes are
+asked of the engines (:mod:`stack.conform.expected`).  Reports: :mod:`stack.conform.report`.
 :mod:`stack.conform.faults` breaks this project's own stack on purpose, to show each case
 can fail.
 """
