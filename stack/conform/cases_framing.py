@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from stack.conform.context import CaseContext
+from stack.conform.expect import expect_silence, judge_terminate
 from stack.conform.expected import framing_expects, judge_accepted, work_verdict
 from stack.conform.model import Outcome, Verdict
 from stack.conform.peer import Peer
@@ -23,8 +24,6 @@ from stack.conform.registry import case
 from stack.conform.script import (
     Conversation,
     converse,
-    expect_silence,
-    judge_terminate,
     need_established,
     start,
 )

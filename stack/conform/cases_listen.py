@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stack.conform.context import CaseContext
+from stack.conform.expect import expect_close, judge_first_terminate
 from stack.conform.expected import Expected, initiator_expects
 from stack.conform.model import DutRole, Verdict
 from stack.conform.peer import Peer
@@ -23,8 +24,6 @@ from stack.conform.script import (
     Answer,
     Reply,
     describe_frame,
-    expect_close,
-    judge_first_terminate,
     read_request,
     reply_valid,
     terminate_line,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stack.conform.context import CaseContext
+from stack.conform.expect import expect_close, expect_silence
 from stack.conform.expected import (
     judge_accepted,
     judge_refusal,
@@ -26,8 +27,6 @@ from stack.conform.script import (
     Startup,
     converse,
     describe_frame,
-    expect_close,
-    expect_silence,
     need_established,
     read_answer,
     send_request,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stack.conform.context import CaseContext
+from stack.conform.expect import expect_close
 from stack.conform.model import Verdict
 from stack.conform.peer_core import Sent, expected_framing_error
 from stack.conform.script import (
@@ -25,7 +26,6 @@ from stack.conform.script import (
     Conversation,
     Startup,
     converse,
-    expect_close,
     terminate_line,
 )
 from stack.constants import RtrType, TermCode

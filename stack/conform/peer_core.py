@@ -312,12 +312,10 @@ class PeerCore:
         return bytes(self._in)
 
     def _push_eof(self, reset: bool) -> None:
-        pending = b""
-        if self._deframer is None:
-            pending = bytes(self._in)
-            if self._expect is not None:
-                pending = b""  # reported by the startup parser
-        self._events.append(Eof(self.in_offset, reset, pending))
+        # Bytes no parser took (after a failed startup): the startup parser and the
+        # deframer report their own.
+        raw = self._deframer is None and self._expect is None
+        self._events.append(Eof(self.in_offset, reset, bytes(self._in) if raw else b""))
 
     def _parse_startup(self) -> None:
         if self._expect is None or not self._in:

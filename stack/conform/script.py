@@ -11,7 +11,7 @@ The steps a case is written in, packetdrill style (send this, expect that within
 * DUT connects: :func:`read_request`, then :func:`reply_valid` or a crafted Reply;
 * Full Operation: :func:`converse` plays the application's client (:mod:`stack.conform.apps`)
   and records deliveries, a Terminate, framing errors and the close;
-* expectations: :func:`expect_close`, :func:`expect_silence`, :func:`judge_terminate`.
+* expectations (a close, silence, a Terminate within a time): :mod:`stack.conform.expect`.
 
 Every expected Terminate comes from the wire core: the cause is the ``term`` of the error
 the wire core raises for the same input, the header copies are
@@ -29,7 +29,7 @@ from stack.conform.context import CaseContext, SetupError
 from stack.conform.model import Verdict
 from stack.conform.peer import Peer
 from stack.conform.peer_core import Craft, Eof, FramingBad, PduSeen, Sent, StartupBad, StartupSeen
-from stack.constants import MPA_MAX_PRIVATE_DATA, Opcode, RtrType, TermCode, term_name
+from stack.constants import MPA_MAX_PRIVATE_DATA, Opcode, RtrType, term_name
 from stack.errors import IwarpError
 from stack.wire.connection import WRITE_RTR_STAG
 from stack.wire.events import (
@@ -51,22 +51,17 @@ from stack.wire.events import (
 )
 from stack.wire.mpa import MpaConnection
 from stack.wire.mpa_frames import decode_frame
-from stack.wire.rdmap import Checker, Finding, Segment, build_terminate, check_terminate_headers
+from stack.wire.rdmap import Finding, Segment, build_terminate
 
 __all__ = [
     "Answer",
     "Conversation",
-    "Quiet",
     "Request",
     "Startup",
     "converse",
     "describe_frame",
+    "frame_note",
     "establish",
-    "expect_close",
-    "expect_terminate",
-    "expect_silence",
-    "judge_first_terminate",
-    "judge_terminate",
     "read_answer",
     "read_request",
     "reply_valid",
@@ -108,7 +103,7 @@ def terminate_line(t: Terminate) -> str:
     )
 
 
-def _frame_note(peer: Peer, offset: int, length: int) -> tuple[int | None, str]:
+def frame_note(peer: Peer, offset: int, length: int) -> tuple[int | None, str]:
     frame = peer.frame_of_dut(offset + max(length, 1) - 1)
     return frame, (f"frame {frame}" if frame is not None else f"stream offset {offset}")
 
@@ -228,13 +223,13 @@ async def read_answer(
     if event is None:
         return Answer("silence", seconds=seconds)
     if isinstance(event, StartupSeen):
-        frame, _ = _frame_note(peer, event.offset, event.length)
+        frame, _ = frame_note(peer, event.offset, event.length)
         what = "reject" if event.frame.reply and event.frame.reject else "reply"
         if kind == "request" and not event.frame.reply:
             what = "request"
         return Answer(what, seen=event, frame=frame, seconds=seconds)
     if isinstance(event, StartupBad):
-        frame, _ = _frame_note(peer, event.offset, len(event.raw))
+        frame, _ = frame_note(peer, event.offset, len(event.raw))
         return Answer("bad", bad=event, frame=frame, seconds=seconds)
     if isinstance(event, Eof):
         return Answer("close", eof=event, seconds=seconds)
@@ -506,153 +501,3 @@ async def converse(
             conv.done = True
             return conv
         await send(list(reaction.replies))
-
-
-# ======================================================================================
-# Expectations
-# ======================================================================================
-
-
-async def expect_close(peer: Peer, within: float) -> tuple[bool, list[str]]:
-    """Wait up to ``within`` seconds for the DUT to close; returns (closed, lines about
-    what it sent meanwhile)."""
-    lines: list[str] = []
-    deadline = trio.current_time() + within
-    while not peer.closed_by_dut:
-        left = deadline - trio.current_time()
-        if left <= 0:
-            return False, lines
-        event = await peer.next_event(left)
-        if event is None:
-            return False, lines
-        lines.extend(_event_lines(peer, event))
-    return True, lines
-
-
-@dataclass
-class Quiet:
-    """What the DUT sent while it should have been silent.  Fields: lines (one per event;
-    empty: it was silent), frame (capture frame of the first thing it sent)."""
-
-    lines: list[str]
-    frame: int | None = None
-
-
-async def expect_silence(peer: Peer, seconds: float) -> Quiet:
-    """Whatever the DUT sent within ``seconds`` (a close ends the wait and is not counted
-    as sending)."""
-    quiet = Quiet([])
-    for event in await peer.wait_for_more(seconds):
-        if isinstance(event, Eof):
-            continue
-        quiet.lines.extend(_event_lines(peer, event))
-        if quiet.frame is None:
-            quiet.frame = _event_frame(peer, event)
-    return quiet
-
-
-def _event_frame(peer: Peer, event: object) -> int | None:
-    if isinstance(event, StartupSeen):
-        return peer.frame_of_dut(event.offset + event.length - 1)
-    if isinstance(event, StartupBad):
-        return peer.frame_of_dut(event.offset)
-    if isinstance(event, PduSeen):
-        return peer.frame_of_dut(event.offset + event.wire_len - 1)
-    if isinstance(event, FramingBad):
-        return peer.frame_of_dut(event.offset)
-    return None
-
-
-def _event_lines(peer: Peer, event: object) -> list[str]:
-    if isinstance(event, StartupSeen):
-        frame, where = _frame_note(peer, event.offset, event.length)
-        return [f"{describe_frame(event.frame)} ({where})"]
-    if isinstance(event, StartupBad):
-        _, where = _frame_note(peer, event.offset, len(event.raw))
-        return [f"{len(event.raw)} bytes that are no MPA frame ({where})"]
-    if isinstance(event, PduSeen):
-        _, where = _frame_note(peer, event.offset, event.wire_len)
-        seg = event.segment
-        name = seg.opcode_name if seg is not None else "undecodable ULPDU"
-        if seg is not None and isinstance(seg.header, Terminate):
-            name = terminate_line(seg.header)
-        return [f"FPDU: {name} ({where})"]
-    if isinstance(event, FramingBad):
-        _, where = _frame_note(peer, event.offset, 1)
-        return [f"bytes that break FPDU framing: {event.error} ({where})"]
-    if isinstance(event, Eof) and event.pending:
-        return [f"{len(event.pending)} bytes before closing"]
-    return []
-
-
-def judge_first_terminate(
-    peer: Peer,
-    event: object,
-    cause: TermCode,
-    timeout: float,
-    offending: bytes | None = None,
-) -> Verdict:
-    """The DUT's first event after a provocation must be the Terminate ``cause`` about
-    ``offending`` (:func:`judge_terminate`); anything else is not met."""
-    if isinstance(event, PduSeen):
-        frame = peer.frame_of_dut(event.offset + event.wire_len - 1)
-        seg = event.segment
-        if seg is not None and isinstance(seg.header, Terminate):
-            return judge_terminate(seg.header, cause, offending, frame)
-        what = seg.opcode_name if seg is not None else "an undecodable FPDU"
-        return Verdict.not_met(f"sent {what} instead of a Terminate (frame {frame})",
-                               frame=frame)  # fmt: skip
-    if isinstance(event, Eof):
-        return Verdict.not_met(f"closed without a Terminate {cause}")
-    if isinstance(event, FramingBad):
-        return Verdict.not_met(f"sent bytes that break framing: {event.error}",
-                               frame=peer.frame_of_dut(event.offset))  # fmt: skip
-    return Verdict.not_met(f"no Terminate within {timeout:g} s (expected {cause})")
-
-
-async def expect_terminate(
-    peer: Peer, cause: TermCode, within: float, offending: bytes | None = None
-) -> Verdict:
-    """Wait up to ``within`` seconds for the DUT's next event: it must be the Terminate the
-    wire core sends for ``cause`` about ``offending``."""
-    return judge_first_terminate(peer, await peer.next_event(within), cause, within, offending)
-
-
-def judge_terminate(
-    got: Terminate,
-    cause: TermCode,
-    offending: bytes | None,
-    frame: int | None,
-    *,
-    header_rule: str = "RDMAP-12",
-) -> Verdict:
-    """A received Terminate against the expected one: ``cause`` (MUST) and the header copies
-    :func:`build_terminate` makes for ``offending`` (RDMAP-12, SHOULD)."""
-    expected = build_terminate(cause, offending)
-    where = f" (frame {frame})" if frame is not None else ""
-    notes = Checker(strict=False)
-    check_terminate_headers(got, notes)
-    extra = tuple(f"{f.rule}: {f.detail}" for f in notes.findings)
-    if got.cause != TermCode(*cause):
-        return Verdict.not_met(
-            f"{terminate_line(got)}{where}",
-            f"expected: {terminate_line(expected)}",
-            *extra,
-            frame=frame,
-        )
-    same = (
-        (got.m, got.d, got.r) == (expected.m, expected.d, expected.r)
-        and got.ddp_header == expected.ddp_header
-        and got.rdma_header == expected.rdma_header
-        and (not expected.m or got.ddp_seg_len == expected.ddp_seg_len)
-    )
-    if not same:
-        return Verdict.not_met(
-            f"{terminate_line(got)}{where}: the cause is right, the header copies are not",
-            f"expected: {terminate_line(expected)}",
-            *extra,
-            rule=header_rule,
-            level="SHOULD",
-            frame=frame,
-        )
-    return Verdict.met(f"{terminate_line(got)}{where}", *extra)
