@@ -9,6 +9,7 @@ from stack.cli import run
 COMMANDS = {
     "bench": "stack.cli.bench",
     "cmatose": "stack.cli.rdmacm",
+    "conform": "stack.cli.conform",
     "dissect": "stack.cli.dissect",
     "interop": "stack.cli.interop",
     "rdma-client": "stack.cli.rdmacm",

@@ -1,0 +1,151 @@
+"""Our own stack as the DUT, in-process: rping server and client, kbtp target.
+
+:class:`InProcessDut` is a :class:`~stack.conform.runner.Restarter`: before each case it
+starts a fresh DUT task (the same code ``iwarp rping -s`` / ``-c`` runs), after the case it
+cancels it and waits until it is gone, so no case ever reaches the previous DUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kbtp.cli.target import build_config, mpa_settings
+from kbtp.cli.target import register as register_target
+from kbtp.target import KbtpTarget
+from stack.cli import build_parser
+from stack.cli.iwarp import COMMANDS
+from stack.cli.rping import run_client, run_server
+from stack.conform import DutRole, RunOptions, RunReport, Status, profile, run_cases, select
+from stack.conform.model import Case
+
+QUICK = RunOptions(timeout=2.0, silence=0.25, startup_timeout=4.0, wait=5.0)
+"""Test timing: generous for a loaded machine, short silences; our DUT's startup timers are
+set to 1 s (:func:`stack.conform.faults.injected`) for the timer cases."""
+SHORT_TIMERS = {"request_timeout": 1.0, "reply_timeout": 1.0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rping_args(*argv: str) -> argparse.Namespace:
+    """The namespace ``iwarp rping ARGV`` runs with."""
+    parser = build_parser("iwarp", "", COMMANDS, only="rping")
+    return parser.parse_args(["rping", *argv])
+
+
+def kbtp_target_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register_target(parser.add_subparsers())
+    return parser.parse_args(["target", *argv])
+
+
+class InProcessDut:
+    """A DUT task restarted for every case (see the module docstring)."""
+
+    def __init__(self, nursery: trio.Nursery, main: Callable[[], Awaitable[object]]) -> None:
+        self.nursery = nursery
+        self.main = main
+        self.runs = 0
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    async def before_case(self, case: Case) -> None:
+        await self.stop()
+        scope = self._scope = trio.CancelScope()
+        done = self._done = trio.Event()
+        self.runs += 1
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await self.main()
+            except Exception:  # noqa: BLE001 - a DUT that fails is what the cases judge
+                pass
+            finally:
+                done.set()
+
+        self.nursery.start_soon(run)
+        await trio.sleep(0)
+
+    async def after_case(self, case: Case) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._scope is not None and self._done is not None:
+            self._scope.cancel()
+            await self._done.wait()
+        self._scope = self._done = None
+
+
+async def run_against_rping_server(
+    cases: Iterable[Case], *extra: str, options: RunOptions = QUICK, pcap_dir: Path | None = None
+) -> RunReport:
+    """Run ``cases`` against ``iwarp rping -s EXTRA`` (in-process, restarted per case)."""
+    port = free_port()
+    args = rping_args("-s", "-a", "127.0.0.1", "-p", str(port), *extra)
+    async with trio.open_nursery() as nursery:
+        dut = InProcessDut(nursery, lambda: run_server(args))
+        report = await run_cases(
+            list(cases),
+            profile("rping"),
+            options,
+            target=("127.0.0.1", port),
+            restarter=dut,
+            pcap_dir=pcap_dir,
+            progress=lambda line: None,
+        )
+        await dut.stop()
+    return report
+
+
+async def run_against_rping_client(
+    cases: Iterable[Case], *extra: str, options: RunOptions = QUICK
+) -> RunReport:
+    """Run DUT-connecting ``cases`` with ``iwarp rping -c EXTRA`` connecting (in-process)."""
+    port = free_port()
+    args = rping_args("-c", "-a", "127.0.0.1", "-p", str(port), "-C", "1", "--timeout", "3",
+                      *extra)  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        dut = InProcessDut(nursery, lambda: run_client(args))
+        report = await run_cases(
+            list(cases),
+            profile("rping"),
+            options,
+            listen=("127.0.0.1", port),
+            restarter=dut,
+            progress=lambda line: None,
+        )
+        await dut.stop()
+    return report
+
+
+@asynccontextmanager
+async def kbtp_target(*argv: str) -> Any:
+    """A running ``kbtp target ARGV`` (in-process); yields its port.  It serves every
+    connection, so it needs no restart."""
+    args = kbtp_target_args("--host", "127.0.0.1", "-p", "0", "--quiet", *argv)
+    target = KbtpTarget(build_config(args), settings=mpa_settings(args))
+    async with target.running("127.0.0.1", 0):
+        yield target.port
+
+
+def statuses(report: RunReport) -> dict[str, Status]:
+    return {r.case.id: r.status for r in report.results}
+
+
+def listens(app: str = "rping") -> list[Case]:
+    return select(role=DutRole.LISTENS, app=app)
+
+
+def connects(app: str = "rping") -> list[Case]:
+    return select(role=DutRole.CONNECTS, app=app)
