@@ -55,6 +55,7 @@ from stack.constants import (
 )
 
 __all__ = [
+    "section_key",
     "FAMILIES",
     "LEVELS",
     "Family",
@@ -542,7 +543,7 @@ def select(patterns: list[str] | tuple[str, ...]) -> tuple[Rule, ...]:
     return tuple(r for r in _RULES if r.id in chosen)
 
 
-def _section_key(section: str) -> tuple[tuple[int, str], ...]:
+def section_key(section: str) -> tuple[tuple[int, str], ...]:
     """``"7.1.2(5)"`` sorts after ``"7.1.1"`` and before ``"7.10"``; ``"A.1"`` after digits."""
     parts = re.findall(r"\d+|[A-Za-z]+", section)
     return tuple((int(p), "") if p.isdigit() else (1 << 30, p) for p in parts)
@@ -566,5 +567,5 @@ def _first_section(r: Rule, doc: str) -> tuple[tuple[int, str], ...]:
     """Sort key: the rule's first section in ``doc``; rules citing none of it go last."""
     for ref in r.refs:
         if ref.doc == doc:
-            return _section_key(ref.section)
+            return section_key(ref.section)
     return ((1 << 31, ""),)

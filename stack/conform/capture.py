@@ -1,8 +1,7 @@
 """One case's capture, and the single import point of the capture writer and decoder.
 
-Every pcap write and capture decode of ``iwarp conform`` goes through this module, so when
-the writer and the decoder move (``stack.transport.pcap`` -> ``stack.pcap``,
-``stack.dissect.stream`` -> ``stack.dissect``) only the imports below change.
+Every pcap write and capture decode of ``iwarp conform`` goes through this module (the
+writer and reader of :mod:`stack.pcap`, the decoder of :mod:`stack.dissect.decoder`).
 
 :class:`CaseCapture` records the two byte streams of a case's connection exactly as they
 crossed the socket (the writer synthesizes Ethernet/IPv4/TCP, each byte's sequence number
@@ -19,9 +18,9 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack.dissect.pcapio import read_tcp_segments
-from stack.dissect.stream import Note, PduRecord, dissect
-from stack.transport.pcap import DEFAULT_MSS, Direction, PcapWriter
+from stack.dissect.decoder import Note, PduRecord, dissect
+from stack.pcap import Direction, PcapWriter, read_tcp_segments
+from stack.pcap.writer import DEFAULT_MSS
 
 __all__ = ["CaseCapture", "DutFinding"]
 

@@ -18,8 +18,9 @@ from stack.conform.peer import Peer
 from stack.conform.peer_core import Eof, FramingBad, PduSeen, StartupBad, StartupSeen
 from stack.conform.script import describe_frame, frame_note, terminate_line
 from stack.constants import TermCode
+from stack.wire.checker import Checker
 from stack.wire.events import Terminate
-from stack.wire.rdmap import Checker, build_terminate, check_terminate_headers
+from stack.wire.terminate import build_terminate, check_terminate_headers
 
 __all__ = [
     "Quiet",

@@ -33,7 +33,7 @@ from typing import Any
 from stack.conform.model import case_id
 from stack.constants import MPA_FRAME_HEADER_LEN, TERM_LLP_INVALID_STARTUP, MpaFlag, RtrType
 from stack.errors import MpaError, ProtocolError
-from stack.wire.connection import IwarpConnection
+from stack.wire.connection import ConnectionEvent, IwarpConnection
 from stack.wire.events import (
     Established,
     RdmapMessage,
@@ -83,7 +83,7 @@ def _after_established(engine: IwarpConnection, action: Callable[[], None]) -> N
     next_event = engine.next_event
     done = False
 
-    def hooked() -> object:
+    def hooked() -> ConnectionEvent:
         nonlocal done
         event = next_event()
         if isinstance(event, Established) and not done:
@@ -141,9 +141,7 @@ def _terminate_headers(engine: IwarpConnection) -> None:
 
     def hooked(message: RdmapMessage) -> None:
         if isinstance(message, Terminate) and message.layer == 2 and not message.d:
-            header = bytes(engine.last_ulpdu[:18]) if engine.last_ulpdu is not None else b""
-            if len(header) not in (14, 18):
-                header = bytes([0x41, 0x43]) + bytes(16)
+            header = bytes([0x41, 0x43]) + bytes(16)  # an untagged Send's DDP header
             message = replace(message, m=True, d=True, ddp_seg_len=len(header), ddp_header=header)
         send_message(message)
 
@@ -233,7 +231,7 @@ def injected(*names: str, **settings: Any) -> Iterator[None]:
         engine = original(role, engine_settings, **kwargs)
         for fault in faults:
             fault.apply(engine)
-        return engine  # type: ignore[no-any-return]
+        return engine
 
     setattr(module, ENGINE_FACTORY[1], factory)
     try:

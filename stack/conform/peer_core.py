@@ -30,11 +30,12 @@ from stack.constants import (
 )
 from stack.crc import crc32c
 from stack.errors import DecodeError, MpaError, ProtocolError
+from stack.wire.checker import Checker, Finding
 from stack.wire.events import MpaFrame, RdmapMessage
 from stack.wire.framing import FpduDeframer, FpduFramer, fpdu_layout, mark_fpdu, mulpdu_for
 from stack.wire.mpa_frames import decode_frame
 from stack.wire.mpa_rules import DEFINED_REVISIONS, StartupContext, check_startup_frame
-from stack.wire.rdmap import Checker, Finding, Segment, decode_ulpdu, encode_message, message_qn
+from stack.wire.rdmap import Segment, decode_ulpdu, encode_message, message_qn
 from stack.wire.sequence import MessageSequencer
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from stack.conform.model import CASE_ID, Case, CaseBody, DutRole, case_id, level_parts
-from stack.rules import FAMILIES, UnknownRule, normalize, rule
+from stack.rules import FAMILIES, UnknownRule, normalize, rule, section_key
 
 __all__ = ["Registry", "SelectionError", "case", "registry", "select"]
 
@@ -104,12 +104,6 @@ class Registry:
 
 
 _FAMILY_ORDER = {f.prefix: i for i, f in enumerate(FAMILIES)}
-
-
-def section_key(section: str) -> tuple[tuple[int, str], ...]:
-    """Sort key of a section: ``7.1.2(5)`` after ``7.1.1``, before ``7.10``."""
-    parts = re.findall(r"\d+|[A-Za-z]+", section)
-    return tuple((int(p), "") if p.isdigit() else (1 << 30, p) for p in parts)
 
 
 def _order(c: Case) -> tuple[object, ...]:

@@ -31,6 +31,7 @@ from stack.conform.peer import Peer
 from stack.conform.peer_core import Craft, Eof, FramingBad, PduSeen, Sent, StartupBad, StartupSeen
 from stack.constants import MPA_MAX_PRIVATE_DATA, Opcode, RtrType, term_name
 from stack.errors import IwarpError
+from stack.wire.checker import Finding
 from stack.wire.connection import WRITE_RTR_STAG
 from stack.wire.events import (
     ConnectionFailed,
@@ -51,7 +52,9 @@ from stack.wire.events import (
 )
 from stack.wire.mpa import MpaConnection
 from stack.wire.mpa_frames import decode_frame
-from stack.wire.rdmap import Finding, Segment, build_terminate
+from stack.wire.mpa_rules import framing_of
+from stack.wire.rdmap import Segment
+from stack.wire.terminate import build_terminate
 
 __all__ = [
     "Answer",
@@ -289,9 +292,8 @@ async def establish(startup: Startup, *, send_rtr: bool = True) -> Startup:
         request = startup.request.frame
         assert request is not None
         reply = answer.seen.frame
-        peer.core.start_framing(
-            crc=request.crc or reply.crc, markers_tx=reply.markers, markers_rx=request.markers
-        )
+        crc, to_dut, to_us = framing_of(request, reply)
+        peer.core.start_framing(crc=crc, markers_tx=to_dut, markers_rx=to_us)
         await peer.send_message(build_terminate(event.terminate, None))
     return startup
 
@@ -304,9 +306,8 @@ def _establish_by_frames(startup: Startup) -> Startup:
     reply = seen.frame
     if request is None or not reply.reply or reply.reject or any(f.fatal for f in seen.findings):
         return startup
-    startup.peer.core.start_framing(
-        crc=request.crc or reply.crc, markers_tx=reply.markers, markers_rx=request.markers
-    )
+    crc, to_dut, to_us = framing_of(request, reply)
+    startup.peer.core.start_framing(crc=crc, markers_tx=to_dut, markers_rx=to_us)
     startup.established = True
     return startup
 

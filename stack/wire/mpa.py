@@ -89,6 +89,7 @@ from stack.wire.mpa_frames import (
 from stack.wire.mpa_rules import (
     StartupContext,
     check_startup_frame,
+    framing_of,
     initiator_rtr,
     responder_ird_ord,
 )
@@ -633,17 +634,20 @@ class MpaConnection:
         peer_word: IrdOrd | None,
         rtr: RtrType,
     ) -> Negotiated:
-        markers_tx = peer.markers  # the receiver of each direction decides (MPA-09)
+        reply = peer if peer.reply else local
+        request = local if peer.reply else peer
+        crc, to_responder, to_initiator = framing_of(request, reply)
+        initiator = self.role is Role.INITIATOR
+        markers_tx = to_responder if initiator else to_initiator  # the receiver decides
         mulpdu = self.settings.mulpdu
         if mulpdu is None:
             mulpdu = mulpdu_for(self.settings.emss or DEFAULT_EMSS, markers_tx)
-        reply = peer if peer.reply else local
         return Negotiated(
             role=self.role,
             rev=reply.rev,
-            crc=local.crc or peer.crc,
+            crc=crc,
             markers_tx=markers_tx,
-            markers_rx=local.markers,
+            markers_rx=to_initiator if initiator else to_responder,
             ird=ird,
             ord=ord,
             peer_ird=None if peer_word is None else peer_word.ird,

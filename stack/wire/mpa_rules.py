@@ -51,6 +51,7 @@ __all__ = [
     "StartupContext",
     "StartupRule",
     "check_startup_frame",
+    "framing_of",
     "initiator_rtr",
     "responder_ird_ord",
 ]
@@ -220,6 +221,13 @@ def check_startup_frame(
         else:
             chk.note(row.rule, detail)
     return out
+
+
+def framing_of(request: MpaFrame, reply: MpaFrame) -> tuple[bool, bool, bool]:
+    """The FPDU framing an accepted startup sets up: ``(crc, markers_to_responder,
+    markers_to_initiator)``.  C in either frame turns CRC on both ways (MPA-11); each side's
+    M asks for markers in the FPDUs sent to it (MPA-09)."""
+    return request.crc or reply.crc, reply.markers, request.markers
 
 
 # ======================================================================================

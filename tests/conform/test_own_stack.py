@@ -23,7 +23,7 @@ from stack.conform import DutRole, NoRestart, Status, profile, run_cases, select
 from stack.conform.capture import read_tcp_segments
 from stack.conform.faults import injected
 from stack.constants import TERM_LLP_INVALID_STARTUP
-from stack.dissect.stream import PduRecord, dissect
+from stack.dissect.decoder import PduRecord, dissect
 from stack.wire.events import Terminate
 from tests.conform.helpers import (
     QUICK,
