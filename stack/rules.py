@@ -441,7 +441,7 @@ _RULES: tuple[Rule, ...] = (
        "An STag can be bound to a buffer, a TO range and access rights, and unbound"),
     _R("SEC-06", "MUST", "5042 6.2.2; 5040 8.1.1(6)", _INVALID_STAG,
        "Once an STag is revoked, no inbound packet can change its buffer"),
-    _R("SEC-07", "MUST", "5040 8.1.1(7); 5042 6.4.5", (),
+    _R("SEC-07", "MUST", "5040 8.1.1(7); 5042 6.4.5", (TERM_RDMAP_PROT_CANNOT_INVALIDATE,),
        "STags shared by streams are not remotely invalidatable, and need trusting streams"),
     _R("SEC-08", "MUST/SHOULD", "5040 8.1.1(8); 5042 6.1.1", (),
        "STags are hard to guess, spread over the STag space, and reused slowly"),

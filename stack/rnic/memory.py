@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import secrets
 import struct
+import weakref
 from dataclasses import dataclass
 from enum import IntFlag
 from typing import Any
@@ -59,10 +60,20 @@ class ProtectionDomain:
         self.table = table
         self.handle = ProtectionDomain._next_handle
         ProtectionDomain._next_handle += 1
+        self.streams: weakref.WeakSet[object] = weakref.WeakSet()
+        """The QPs (streams) of this PD: an STag of a PD shared by several streams may not be
+        invalidated remotely (SEC-07)."""
 
-    def reg_mr(self, buffer: Any, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
-        """Register ``buffer`` (``ibv_reg_mr``)."""
-        return MemoryRegion(self, buffer, access)
+    def reg_mr(
+        self, buffer: Any, access: Access = Access.LOCAL_WRITE, *, qp: object | None = None
+    ) -> MemoryRegion:
+        """Register ``buffer`` (``ibv_reg_mr``).
+
+        ``qp``: associate the STag with that one stream instead of the whole PD (RFC 5041
+        §8.2 stream-based association, DDP-12): any other stream of the PD, and any other
+        PD, meets "STag not associated" (SEC-02).
+        """
+        return MemoryRegion(self, buffer, access, stream=qp)
 
     def __repr__(self) -> str:
         return f"<ProtectionDomain {self.handle}>"
@@ -83,7 +94,9 @@ class MemoryRegion:
     offset) unless registered with :attr:`Access.ZERO_BASED` (TO = offset).
     """
 
-    def __init__(self, pd: ProtectionDomain, buffer: Any, access: Access) -> None:
+    def __init__(
+        self, pd: ProtectionDomain, buffer: Any, access: Access, *, stream: object | None = None
+    ) -> None:
         try:
             view = memoryview(buffer)
         except TypeError as exc:
@@ -94,6 +107,8 @@ class MemoryRegion:
             raise LocalError("cannot register a non-contiguous buffer")
         self.buf = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self.pd = pd
+        self.stream = stream
+        """The one stream (QP) the STag is associated with, or None: every stream of the PD."""
         self.access = Access(access)
         self.access_bits = int(access)  # plain int for the per-segment checks
         self.length = len(self.buf)
@@ -225,11 +240,13 @@ def check_remote_access(
     length: int,
     right: int,
     codes: _Codes,
+    stream: object | None = None,
 ) -> memoryview:
     """Validate an inbound tagged access in the order of RFC 5042 §6 and RFC 5040 §7.2 (valid,
     PD, rights, wrap, bounds) and return the bytes.
 
-    Order: STag valid and key matches; bound to this stream's PD (SEC-01); access right;
+    Order: STag valid and key matches; bound to this stream's PD (SEC-01) and, for a
+    stream-scoped STag, to this stream (``stream``, DDP-12, SEC-02); access right;
     64-bit TO wrap (checked before bounds so the specific code is reachable with Python's
     unbounded integers); base and bounds, byte granular (SEC-04).  Raises the
     :class:`ProtocolError` with the Terminate cause for the failing check.
@@ -240,6 +257,10 @@ def check_remote_access(
     if mr.pd is not pd:
         raise codes.error(
             "SEC-01", f"STag 0x{stag:08x} belongs to another PD", codes.not_associated
+        )
+    if mr.stream is not None and mr.stream is not stream:
+        raise codes.error(
+            "SEC-02", f"STag 0x{stag:08x} is bound to another stream", codes.not_associated
         )
     if not mr.access_bits & right:
         name = Access(right).name

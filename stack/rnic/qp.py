@@ -202,6 +202,7 @@ class QueuePair:
         ord: int = 16,
     ) -> None:
         self.pd = pd
+        pd.streams.add(self)
         self.table = pd.table
         self.send_cq = send_cq
         self.recv_cq = recv_cq if recv_cq is not None else send_cq
@@ -466,7 +467,7 @@ class QueuePair:
         if seg.data:
             view = check_remote_access(
                 self.table, self.pd, seg.stag, seg.to, len(seg.data), _REMOTE_WRITE,
-                DDP_TAGGED_CODES,
+                DDP_TAGGED_CODES, self,
             )  # fmt: skip
             view[:] = seg.data
 
@@ -538,7 +539,15 @@ class QueuePair:
         invalidated = None
         if seg.invalidate_stag is not None:
             mr = self.table.lookup(seg.invalidate_stag)
-            if mr is None or not mr.valid or mr.pd is not self.pd:
+            shared = mr is not None and mr.stream is None and len(self.pd.streams) > 1
+            if shared:  # SEC-07: an STag several streams can use is not remotely invalidatable
+                raise RdmapError(
+                    "SEC-07",
+                    f"Send with Invalidate of STag 0x{seg.invalidate_stag:08x}, which other "
+                    "streams of its PD can use",
+                    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
+                )
+            if mr is None or not mr.valid or mr.pd is not self.pd or mr.stream not in (None, self):
                 raise RdmapError(
                     "RDMAP-09",
                     f"Send with Invalidate of STag 0x{seg.invalidate_stag:08x} not associated",
@@ -563,6 +572,7 @@ class QueuePair:
             req.size,
             _REMOTE_READ,
             RDMAP_REMOTE_CODES,
+            self,
         )
         self._queue_response(ReadResponse(req.sink_stag, req.sink_to, view))
 
@@ -593,6 +603,7 @@ class QueuePair:
             8,
             _REMOTE_ATOMIC,
             RDMAP_REMOTE_CODES,
+            self,
         )
         del view  # validated; the MR's atomic engine does the access
         mr = self.table.lookup(req.stag)

@@ -332,17 +332,10 @@ def test_ddp_12_pd_mismatch_places_nothing_and_is_a_local_error() -> None:
     assert bytes(target.buf[:8]) == b"owner!!!" and owner.b.qp.state is QpState.RTS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="DDP-12/SEC-02: stream-based STag association is not implemented: an STag is "
-    "bound to a protection domain only (ProtectionDomain.reg_mr takes no stream or QP and "
-    "there are no memory windows), so every stream of a PD can use every STag of it",
-)
 def test_ddp_12_sec_02_stream_scoped_stag_is_refused_on_another_stream_of_its_pd() -> None:
     first = Pair()
     second = SharedResponder(first.b.rnic, first.b.pd)  # same RNIC, same PD
-    target = first.b.pd.reg_mr(bytearray(16), RW, qp=first.b.qp)  # type: ignore[call-arg]
+    target = first.b.pd.reg_mr(bytearray(16), RW, qp=first.b.qp)
     first.a.qp.post_send(write(1, b"stream 1", target))
     first.pump()
     second.a.qp.post_send(write(1, b"stream 2", target, offset=8))
@@ -643,3 +636,41 @@ def test_sec_15_invalid_stag_use_reaches_the_ulp_and_ends_the_stream() -> None:
     p.a.qp.post_send(write(2, b"again!!!", target))
     assert [wc.status for wc in p.a.cq.poll()][-1] is WcStatus.WR_FLUSH_ERR
     assert bytes(target.buf) == bytes(8)
+
+
+# ======================================================================================
+# SEC-07: an STag several streams can use is not remotely invalidatable (RFC 5042 §6.4.5)
+# ======================================================================================
+
+
+def _send_invalidate(wr_id: int, stag: int) -> SendWR:
+    return SendWR(
+        wr_id, WrOpcode.SEND_WITH_INV, inline_data=b"x", send_flags=SendFlags.INLINE,
+        invalidate_rkey=stag,
+    )  # fmt: skip
+
+
+def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None:
+    first = Pair()
+    second = SharedResponder(first.b.rnic, first.b.pd)  # the PD now serves two streams
+    shared = first.b.pd.reg_mr(bytearray(16), RW)
+    second.b.qp.post_recv(RecvWR(1, [second.b.sge(second.b.mr(16))]))
+    second.a.qp.post_send(_send_invalidate(1, shared.rkey))
+    second.pump()
+    term = second.a.qp.peer_terminate
+    assert term is not None and term.cause == (0, 1, 0x09)  # cannot invalidate
+    assert shared.valid  # stream 1 still uses it
+    first.a.qp.post_send(write(1, b"still ok", shared))
+    first.pump()
+    assert bytes(shared.buf[:8]) == b"still ok"
+
+
+def test_sec_07_a_stream_scoped_stag_is_invalidated_by_its_own_streams_peer() -> None:
+    first = Pair()
+    SharedResponder(first.b.rnic, first.b.pd)
+    own = first.b.pd.reg_mr(bytearray(16), RW, qp=first.b.qp)
+    first.b.qp.post_recv(RecvWR(1, [first.b.sge(first.b.mr(16))]))
+    first.a.qp.post_send(_send_invalidate(1, own.rkey))
+    first.pump()
+    assert first.a.qp.peer_terminate is None
+    assert not own.valid
