@@ -21,6 +21,7 @@ from stack.wire.events import (
     ConnectionFailed,
     NeedData,
     PeerClosed,
+    RdmapEvent,
     RdmaWrite,
     ReadResponse,
     Send,
@@ -51,6 +52,9 @@ class QpEndpoint:
         self.peer_closed = False
         self.reading_done = False
         self.closing = False
+        self.stalled: RdmapEvent | None = None
+        """An event waiting until queued Read Responses have gone out (backpressure,
+        :meth:`QueuePair.must_wait`); the driver stops reading meanwhile."""
 
     def feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Feed received bytes (None: drain pending events only; b"": FIN).
@@ -63,6 +67,11 @@ class QpEndpoint:
         try:
             if data is not None:
                 engine.receive_data(data)
+            if self.stalled is not None:
+                if self.qp.must_wait(self.stalled):
+                    return True
+                waited, self.stalled = self.stalled, None
+                self.qp.handle_event(waited)
             while True:
                 event = engine.next_event()
                 if isinstance(event, NeedData):
@@ -79,6 +88,9 @@ class QpEndpoint:
                     self.closing = True
                     return self._stop()
                 if isinstance(event, RDMAP_EVENT_TYPES):
+                    if self.qp.must_wait(event):
+                        self.stalled = event
+                        return True
                     self.qp.handle_event(event)
         except ProtocolError as exc:
             self.fail(exc)
@@ -117,7 +129,10 @@ class QpEndpoint:
                     budget -= 64
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
-        return engine.data_to_send()
+        out = engine.data_to_send()
+        if self.stalled is not None and not self.qp.must_wait(self.stalled):
+            self.feed(None)  # the responses went out: apply what waited for them
+        return out
 
     @property
     def wants_close(self) -> bool:

@@ -97,6 +97,10 @@ _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 
 
+MAX_SNAPSHOT_BYTES = 4 << 20
+"""Default bound of :attr:`QueuePair.max_snapshot_bytes`."""
+
+
 class QpState(Enum):
     """RDMAP stream states (RFC 5040 §6), as a QP reports them."""
 
@@ -221,6 +225,8 @@ class QueuePair:
         self._checker = Checker(strict=True)
         self._out: deque[_OutItem] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
+        self.max_snapshot_bytes = MAX_SNAPSHOT_BYTES
+        """Queued Read Response bytes copied at most before a placement (:meth:`must_wait`)."""
         self._rq: deque[RecvWR] = deque()
         self._recv: _RecvInProgress | None = None
         self._inbound_pending = 0  # Read/Atomic Requests whose response is not drained yet
@@ -424,6 +430,23 @@ class QueuePair:
                 entry.done = True
                 self._reap_sq()
         return item.message
+
+    def must_wait(self, event: RdmapEvent) -> bool:
+        """Whether applying ``event`` now would copy more than :attr:`max_snapshot_bytes` of
+        queued Read Response data (the responses still view memory, and a later placement
+        must not show through them, RFC 5040 §5.5).  The driver then lets the responses go
+        out first: a peer that asks for many large Reads and does not read its socket makes
+        this connection hold at most that many bytes, not the sum of every Read."""
+        if not self._lazy or type(event) is ReadRequestReceived:
+            return False
+        queued = 0
+        for item in self._lazy:
+            message = item.message
+            assert isinstance(message, ReadResponse)
+            queued += len(message.data)
+            if queued > self.max_snapshot_bytes:
+                return True
+        return False
 
     def _queue_response(self, msg: RdmapMessage) -> None:
         was_empty = not self._out

@@ -59,6 +59,7 @@ class RdmaConnection:
         self.closed = trio.Event()
         self._wake = trio.Event()
         self._reader_done = trio.Event()
+        self._drained = trio.Event()
         self._closing = False
         self.on_closed: Callable[[RdmaConnection], None] | None = None
         self.endpoint = QpEndpoint(engine, qp)
@@ -125,6 +126,16 @@ class RdmaConnection:
             if not self._feed(data):
                 return
             self._kick()
+            # Backpressure: an event waits for queued Read Responses to go out; read no more
+            # until the writer has sent them (it resumes the event itself).
+            while self.endpoint.stalled is not None and not self.endpoint.reading_done:
+                self._drained = trio.Event()
+                self._kick()
+                await self._drained.wait()
+            self.error = self.endpoint.error
+            self.peer_closed = self.endpoint.peer_closed
+            if self.endpoint.reading_done:
+                return
 
     def _feed(self, data: bytes | bytearray | None) -> bool:
         ok = self.endpoint.feed(data)
@@ -143,6 +154,7 @@ class RdmaConnection:
             while True:
                 data = self.endpoint.produce()
                 if not data:
+                    self._drained.set()
                     break
                 if self.tap is not None:
                     self.tap.record(True, data)

@@ -1,0 +1,58 @@
+"""Read-response amplification is bounded (QueuePair.must_wait, QpEndpoint.stalled).
+
+A peer that asks for many large Reads and then sends a Write, without reading its socket,
+used to make the responder copy every queued response (the snapshot that keeps a later
+Write from showing through an earlier Read, RFC 5040 §5.5): 16 Reads of 6 MiB meant 96 MiB
+held for one connection.  Now the Write waits until the responses have gone out, the
+responder holds no copies, and the Reads still return the bytes from before the Write.
+"""
+
+from __future__ import annotations
+
+from stack.rnic import Access, SendWR, WrOpcode
+from stack.rnic.endpoint import QpEndpoint
+from stack.wire.events import ReadResponse
+from tests.rnic.helpers import Pair
+
+SIZE = 6 << 20
+READS = 16
+
+
+def _copied_bytes(qp: object) -> int:
+    """Bytes of queued Read Responses that are copies (not views of registered memory)."""
+    return sum(
+        len(item.message.data)
+        for item in qp._out  # type: ignore[attr-defined]
+        if isinstance(item.message, ReadResponse) and isinstance(item.message.data, bytes)
+    )
+
+
+def test_many_large_reads_then_a_write_hold_no_copies_and_keep_read_semantics() -> None:
+    p = Pair(a_qp={"ord": READS}, b_qp={"ird": READS})
+    region = p.b.mr(
+        bytes([7]) * SIZE, Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE
+    )
+    sinks = [p.a.mr(SIZE) for _ in range(READS)]
+    for i, sink in enumerate(sinks):
+        p.a.qp.post_send(
+            SendWR(
+                i, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base
+            )
+        )
+    p.a.qp.post_send(
+        SendWR(
+            99, WrOpcode.RDMA_WRITE, inline_data=b"\x01" * 64, rkey=region.rkey,
+            remote_addr=region.base,
+        )
+    )  # fmt: skip
+    # The requester's bytes reach the responder; the responder's never go out yet.
+    a_out = bytes(p.a.endpoint.produce())  # type: ignore[union-attr]
+    b_endpoint: QpEndpoint = p.b.endpoint  # type: ignore[assignment]
+    b_endpoint.feed(a_out)
+    assert b_endpoint.stalled is not None  # the Write waits for the responses
+    assert _copied_bytes(p.b.qp) == 0
+    assert bytes(region.buf[:64]) == bytes([7]) * 64  # not placed yet
+    p.pump()
+    assert b_endpoint.stalled is None
+    assert all(bytes(s.buf) == bytes([7]) * SIZE for s in sinks)  # the Reads saw before
+    assert bytes(region.buf[:64]) == b"\x01" * 64  # ...and the Write landed after
