@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from kbtp.initiator_core import (
         AllocState,
+        CompareSwapOp,
         DirectAlloc,
         DirectLoad,
         FetchAddOp,
@@ -79,6 +80,7 @@ __all__ = [
     "Capability",
     "CloseSession",
     "CommonHeader",
+    "CompareSwapOp",
     "Completion",
     "CompletionDescriptor",
     "CompletionRecord",
@@ -138,6 +140,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "kbtp.initiator_core": (
         "AllocState",
+        "CompareSwapOp",
         "DirectAlloc",
         "DirectLoad",
         "FetchAddOp",

@@ -49,6 +49,7 @@ from kbtp.constants import (
 )
 from kbtp.initiator_core import (
     AllocState,
+    CompareSwapOp,
     DirectAlloc,
     DirectLoad,
     DirectOp,
@@ -591,9 +592,10 @@ class KbtpInitiator:
     # direct modes (draft §6.6)
     # ----------------------------------------------------------------------------------
     async def one_sided(self, op: DirectOp) -> int | bytes:
-        """Perform one RDMA Read, FetchAdd or RDMA Write at the target and await it.
+        """Perform one RDMA Read, FetchAdd, Compare and Swap or RDMA Write at the target and
+        await it.
 
-        Returns the octets read, the FetchAdd's original value, or ``b""`` for a Write.
+        Returns the octets read, the atomic's original value, or ``b""`` for a Write.
         """
         self._check_open()
         wr_id = next(self._wr_ids)
@@ -618,6 +620,17 @@ class KbtpInitiator:
                 compare_add=op.add,
                 compare_add_mask=op.mask,
             )
+        elif isinstance(op, CompareSwapOp):
+            mr = self.pd.reg_mr(bytearray(8), Access.LOCAL_WRITE)
+            wr = SendWR(
+                wr_id,
+                WrOpcode.ATOMIC_CMP_AND_SWP,
+                (Sge(mr.base, 8, mr.lkey),),
+                rkey=op.stag,
+                remote_addr=op.to,
+                compare_add=op.compare,
+                swap=op.swap,
+            )
         else:
             wr = SendWR(
                 wr_id, WrOpcode.RDMA_WRITE, inline_data=op.data, rkey=op.stag, remote_addr=op.to
@@ -630,7 +643,7 @@ class KbtpInitiator:
             if isinstance(op, ReadOp):
                 assert mr is not None
                 return bytes(mr.buf)
-            if isinstance(op, FetchAddOp):
+            if isinstance(op, FetchAddOp | CompareSwapOp):
                 assert mr is not None
                 value: int = _LE64.unpack(mr.buf)[0]
                 return value

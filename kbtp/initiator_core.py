@@ -187,6 +187,17 @@ class FetchAddOp:
 
 
 @dataclass(frozen=True, slots=True)
+class CompareSwapOp:
+    """RFC 7306 Compare and Swap at (stag, to); feed the original value.  No KBTP procedure
+    uses it: it is here to probe what a target's STags allow (docs/kbtp.md §3.6)."""
+
+    stag: int
+    to: int
+    compare: int
+    swap: int
+
+
+@dataclass(frozen=True, slots=True)
 class WriteOp:
     """RDMA Write ``data`` at (stag, to) of the target; feed ``b""`` when it completed."""
 
@@ -195,7 +206,7 @@ class WriteOp:
     data: bytes
 
 
-DirectOp = ReadOp | FetchAddOp | WriteOp
+DirectOp = ReadOp | FetchAddOp | CompareSwapOp | WriteOp
 
 
 class DirectLoad:
@@ -289,7 +300,7 @@ class DirectAlloc:
         ack = self.ack
         if self.state is AllocState.FETCH:
             return FetchAddOp(
-                ack.ring_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
+                ack.head_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
             )
         if self.state in (AllocState.READ, AllocState.CONFIRM):
             return ReadOp(ack.ring_stag, ack.ring_offset + self.slot_offset, SLOT_LEN)

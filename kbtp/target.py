@@ -9,8 +9,8 @@ Theory of operation
   Offsets are virtual addresses (VA-based STags), so the core's ``base_to`` is the
   mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's
   ``RegisterMemory`` actions register sub-ranges of the mapping in the session's protection
-  domain with the access of docs/kbtp.md §3.6 (Table and Pool remote read, Ring remote
-  read + atomic, Partition remote write) when a HELLO grants a direct mode, and its
+  domain with the access of docs/kbtp.md §3.6 (Table, Pool and Ring remote read, Head
+  remote atomic, Partition remote write) when a HELLO grants a direct mode, and its
   ``DeregisterMemory`` actions drop them when the connection is gone.  A local-only MR
   over the whole mapping is the source and sink of the target's own RDMA Writes and Reads.
 * **Atomics.**  The core's ``fetch_add`` runs in that MR's atomic engine
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
+from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN, Status
 from kbtp.target_actions import (
     Action,
     CloseSession,
@@ -92,7 +92,8 @@ log = logging.getLogger(__name__)
 REGION_ACCESS: dict[RegionKind, Access] = {
     RegionKind.TABLE: Access.REMOTE_READ,
     RegionKind.POOL: Access.REMOTE_READ,
-    RegionKind.RING: Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+    RegionKind.RING: Access.REMOTE_READ,
+    RegionKind.HEAD: Access.REMOTE_ATOMIC,
     RegionKind.PARTITION: Access.REMOTE_WRITE,
 }
 """Access rights of each region the core registers (docs/kbtp.md §3.6)."""
@@ -286,7 +287,7 @@ class KbtpTarget:
             if not sess.reason:
                 sess.reason = "the target is stopping"
             with trio.CancelScope(shield=True):
-                self._apply(self.core.close_session(sid, trio.current_time()))
+                self._apply(self._guarded(sess, self.core.close_session, sid, trio.current_time()))
                 for mr in sess.regions:
                     self.regions.pop(mr.stag, None)
                     mr.dereg()
@@ -305,7 +306,8 @@ class KbtpTarget:
                 self._on_wc(sess, wc)
 
     async def _ticker(self) -> None:
-        """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7)."""
+        """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7),
+        each session under its own guard."""
         half = self.config.ticket_timeout / 2
         while True:
             now = trio.current_time()
@@ -314,7 +316,37 @@ class KbtpTarget:
             with trio.move_on_at(wake_at):
                 await self._tick_wake.wait()
             self._tick_wake = trio.Event()
-            self._apply(self.core.tick(trio.current_time()))
+            now = trio.current_time()
+            for sid, sess in list(self.sessions.items()):
+                self._apply(self._guarded(sess, self.core.tick, now, sid))
+
+    # ----------------------------------------------------------------------------------
+    # the last resort (docs/kbtp.md §9.3)
+    # ----------------------------------------------------------------------------------
+    def _guarded(
+        self, sess: TargetSession, call: Callable[..., list[Action]], *args: object
+    ) -> list[Action]:
+        """``call(*args)``, a core call on behalf of ``sess``; if it raises, whatever the
+        peer did, the exception ends that session only: a log line with the traceback, the
+        core releases what the session held, and the stream is Terminated (0/2/0xFF)."""
+        try:
+            return call(*args)
+        except Exception as exc:  # the boundary no peer may cross
+            log.exception("session %d: the target core failed", sess.sid)
+            return self._core_failed(sess, exc)
+
+    def _core_failed(self, sess: TargetSession, exc: Exception) -> list[Action]:
+        reason = f"{type(exc).__name__}: {exc}"
+        self._event(f"session {sess.sid}: target failure: {reason}")
+        actions: list[Action] = []
+        try:
+            actions = self.core.close_session(sess.sid, trio.current_time())
+        except Exception:  # still only this session's business
+            log.exception("session %d: releasing it failed too", sess.sid)
+        sess.close = CloseSession(sess.sid, Status.TARGET_FAILURE, reason)
+        sess.reason = f"closed by the target: TARGET_FAILURE: {reason}"
+        self._terminate(sess)
+        return actions
 
     # ----------------------------------------------------------------------------------
     # completions in, actions out
@@ -329,7 +361,7 @@ class KbtpTarget:
             sess.qp.post_recv(sess.recv_wr(wc.wr_id))
             sess.messages += 1
             fresh = sess.identity is None
-            actions = self.core.handle_message(sess.sid, data, now)
+            actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
             if fresh:
                 sess.identity = self.core.session_identity(sess.sid)
                 if sess.identity is not None:
@@ -344,10 +376,10 @@ class KbtpTarget:
         if wc.wr_id == _UNSIGNALLED or wc.status is WcStatus.WR_FLUSH_ERR:
             return  # a flushed WR: the session ends and the core drops its operations
         if wc.status is WcStatus.SUCCESS:
-            self._apply(self.core.rdma_completed(wc.wr_id, now))
+            self._apply(self._guarded(sess, self.core.rdma_completed, wc.wr_id, now))
         else:
             reason = f"{wc.opcode.value} failed: {wc.status.value}"
-            self._apply(self.core.rdma_failed(wc.wr_id, now, reason))
+            self._apply(self._guarded(sess, self.core.rdma_failed, wc.wr_id, now, reason))
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the core's actions as work requests on the QPs of their sessions.
@@ -370,7 +402,7 @@ class KbtpTarget:
             if sess is None:
                 continue  # the session has gone; the core has dropped its operations
             if isinstance(action, RegisterMemory):
-                work.extend(self._register(sess, action))
+                work.extend(self._guarded(sess, self._register, sess, action))
                 continue
             if isinstance(action, SendMessage):
                 data = action.encode()
@@ -400,7 +432,10 @@ class KbtpTarget:
                         send_flags=SendFlags.NONE,
                     )
                     if self._post(sess, wr):
-                        work.extend(self.core.rdma_completed(action.op_id, trio.current_time()))
+                        now = trio.current_time()
+                        work.extend(
+                            self._guarded(sess, self.core.rdma_completed, action.op_id, now)
+                        )
                     continue
                 self._post_rdma(sess, action, WrOpcode.RDMA_WRITE)
             elif isinstance(action, ReadFromInitiator):

@@ -87,6 +87,7 @@ _STAG_OF: dict[RegionKind, str] = {
     RegionKind.TABLE: "table_stag",
     RegionKind.POOL: "pool_stag",
     RegionKind.RING: "ring_stag",
+    RegionKind.HEAD: "head_stag",
     RegionKind.PARTITION: "partition_stag",
 }
 """The SessionState and HelloAck field carrying each region's STag."""
@@ -148,6 +149,7 @@ class TargetCore(RequestOps, TicketOps):
         self._next_op = 1
         self._busy = {}
         self._waiters = {}
+        self._bound_blocks = {}  # Block Offset -> the handle whose VALID entry holds it
         self._registered = {}  # session -> STags registered for it, until close_session
         self._orphans = {}  # op id -> session: registrations asked for by a closed session
 
@@ -374,17 +376,20 @@ class TargetCore(RequestOps, TicketOps):
         self._close(op.session, now, status, reason, out)
         return out
 
-    def tick(self, now: float) -> list[Action]:
+    def tick(self, now: float, session: int | None = None) -> list[Action]:
         """Advance time: find abandoned direct tickets (draft §3.4) and act on them.
 
         Call it at least every Ticket Timeout / 2 while a session has DIRECT_ALLOC, and at
-        :meth:`next_deadline`.
+        :meth:`next_deadline`.  With ``session``, only that session is looked at (a binding
+        ticks each session on its own, so that a failure ends that session only).
         """
         out: list[Action] = []
-        for session, sess in list(self._sessions.items()):
+        for sid, sess in list(self._sessions.items()):
+            if session is not None and sid != session:
+                continue
             if sess.identity is None or not sess.capabilities & Capability.DIRECT_ALLOC:
                 continue
-            self._check_tickets(session, sess, now, out)
+            self._check_tickets(sid, sess, now, out)
         return out
 
     def next_deadline(self, now: float) -> float | None:
@@ -546,8 +551,11 @@ class TargetCore(RequestOps, TicketOps):
             part = lay.partitions[ini.ring]
             p_off, p_len = lay.partition_region(part)
             regions.append((RegionKind.RING, *lay.ring_region(part.ring)))
+            regions.append((RegionKind.HEAD, *lay.head_region(part.ring)))
             regions.append((RegionKind.PARTITION, p_off, p_len))
-            self._rings[ini.ring].observe(now)
+            if self._direct_violation(ini, now) is not None:
+                # A late atomic of the identity's previous stream: start the ring afresh.
+                self._reset_partition(ini)
             ack.update(
                 ring_order=part.ring.order,
                 ring_offset=lay.to(part.ring.slots_offset),
