@@ -225,3 +225,14 @@ DEFAULT_REQUEST_CREDITS = 16
 DEFAULT_MAX_INLINE = 4096
 DEFAULT_TICKET_TIMEOUT = 2.0
 """Seconds (HELLO_ACK carries milliseconds)."""
+DEFAULT_RECEIVE_MARGIN = 64
+"""Receives a target posts beyond the Request Credits, so that requests sent beyond the
+credits are received and answered CREDIT_EXCEEDED (docs/kbtp.md §9.2)."""
+DEFAULT_HELLO_TIMEOUT = 5.0
+"""Seconds a target waits for HELLO after the connection is up (docs/kbtp.md §4.2)."""
+DEFAULT_IDLE_TIMEOUT = 600.0
+"""Seconds of silence after which a target closes a session (docs/kbtp.md §4.2)."""
+DEFAULT_HELLO_ACK_TIMEOUT = 10.0
+"""Seconds an initiator waits for HELLO_ACK after sending HELLO (docs/kbtp.md §4.2)."""
+DEFAULT_MAX_BLOCK_SIZE = 1 << 26
+"""Largest Block Size an initiator accepts from a HELLO_ACK, 64 MiB (docs/kbtp.md §4.2)."""

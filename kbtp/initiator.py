@@ -460,6 +460,32 @@ class KbtpInitiator:
         await waiter.wait()
         return waiter.completion
 
+    async def send_raw_burst(self, messages: list[tuple[bytes, int]]) -> list[Completion | None]:
+        """Send every ``(data, request_id)`` at once (one post, so they leave together),
+        bypassing credits, and await the answers: each COMPLETION, or None where the
+        session ended first.  For conformance tests of the target's credit accounting."""
+        self._check_open()
+        waiters = []
+        for _, rid in messages:
+            waiter = _Waiter()
+            self._raw[rid] = waiter
+            waiters.append(waiter)
+        self.qp.post_send(
+            [
+                SendWR(0, WrOpcode.SEND, inline_data=bytes(d), send_flags=SendFlags.NONE)
+                for d, _ in messages
+            ]
+        )
+        answers: list[Completion | None] = []
+        for waiter in waiters:
+            try:
+                await waiter.wait()
+            except SessionClosed:
+                answers.append(None)
+            else:
+                answers.append(waiter.completion)
+        return answers
+
     def _count(self, op: str, status: str, octets: int) -> None:
         entry = self.stats.setdefault((op, status), OpStats())
         entry.count += 1

@@ -19,7 +19,8 @@ Theory of operation
   §5.3, EXT-07).
 * **Sessions.**  Every accepted connection gets a QP and a CQ of its own and a task that
   feeds the core: each received Send goes to ``handle_message`` (its receive buffer is
-  reposted first, so Request Credits receives stay posted, docs/kbtp.md §9.2), each RDMA
+  reposted first, so Request Credits + the receive margin receives stay posted, docs/kbtp.md
+  §9.2; the core learns which messages arrived together), each RDMA
   Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
   the core returns are posted as work requests on the QP of the session they name (one
   session's request can release another session's request queued on the same handle).
@@ -251,20 +252,21 @@ class KbtpTarget:
     async def _run_session(self, request: ConnectRequest) -> None:
         sid = next(self._sids)
         credits = self.config.request_credits
+        receives = credits + self.config.receive_margin  # docs/kbtp.md §9.2
         size = receive_buffer_size(self.config)
-        cq = self.rnic.create_cq(max(256, 8 * credits + 64))
-        cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=credits + 1)
+        cq = self.rnic.create_cq(max(256, 8 * credits + receives + 64))
+        cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=receives)
         # A protection domain per session (RFC 5042 §6.1.1, SEC-03): no stream can use an
         # STag given to another (SEC-01), and no STag is shared across streams (SEC-07).
         pd = self.rnic.alloc_pd()
         local_mr = pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
         qp = self.rnic.create_qp(pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
-        recv_mr = pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
+        recv_mr = pd.reg_mr(bytearray(receives * size), Access.LOCAL_WRITE)
         marker_mr = pd.reg_mr(bytearray(1), Access.LOCAL_WRITE)
         sess = TargetSession(sid, pd, local_mr, qp, cq, request.remote, recv_mr, size, marker_mr)
         sess.regions += [local_mr, recv_mr, marker_mr]
         # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
-        qp.post_recv([sess.recv_wr(slot) for slot in range(credits)])
+        qp.post_recv([sess.recv_wr(slot) for slot in range(receives)])
         self.core.open_session(sid)
         self.sessions[sid] = sess
         self.sessions_served += 1
@@ -298,11 +300,16 @@ class KbtpTarget:
             )
 
     async def _pump(self, sess: TargetSession) -> None:
+        """Feed the core every completion of the session, a whole drain of the CQ at a time:
+        the messages of one drain all arrived before any answer to them was sent, which is
+        what the core's credit accounting needs to know (``receive_batch``, §9.2)."""
         cq = sess.cq
         while True:
-            wc = await cq.next()
-            self._on_wc(sess, wc)
-            for wc in cq.poll(256):
+            batch = [await cq.next()]
+            while more := cq.poll(256):
+                batch.extend(more)
+            self.core.receive_batch(sess.sid)
+            for wc in batch:
                 self._on_wc(sess, wc)
 
     async def _ticker(self) -> None:

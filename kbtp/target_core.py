@@ -214,6 +214,18 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # inbound messages
     # ----------------------------------------------------------------------------------
+    def receive_batch(self, session: int) -> None:
+        """The binding is about to hand over the messages that arrived since its last call
+        (one drain of the session's completion queue): they were all sent before the
+        initiator could see any COMPLETION the core sends from now on, so those do not
+        return credits until the next call (docs/kbtp.md §9.2).  A binding that never calls
+        this gets a credit back with every COMPLETION, and over-credit requests that are
+        answered in time go unnoticed."""
+        sess = self._sessions.get(session)
+        if sess is not None:
+            sess.batching = True
+            sess.uncredited = 0
+
     def handle_message(
         self, session: int, data: bytes | bytearray | memoryview, now: float
     ) -> list[Action]:
@@ -237,8 +249,8 @@ class TargetCore(RequestOps, TicketOps):
                 self._send(out, session, HelloAck(rid, exc.status))
                 self._close(session, now, exc.status, str(exc), out)
                 return out
-            if sess.inflight >= self.config.request_credits:
-                return self._credit_exceeded(session, rid, now)
+            if self._over_credit(sess):
+                return self._credit_exceeded(session, rid, exc.handle, exc.opcode or 0, now)
             self._send(
                 out,
                 session,
@@ -278,8 +290,10 @@ class TargetCore(RequestOps, TicketOps):
                 session, now, Status.BAD_OPCODE, f"{message.opcode.name} sent to a target", out
             )
             return out
-        if sess.inflight >= self.config.request_credits:
-            return self._credit_exceeded(session, message.request_id, now)
+        if self._over_credit(sess):
+            return self._credit_exceeded(
+                session, message.request_id, message.handle, message.opcode, now
+            )
         sess.inflight += 1
         queue = self._busy.get(message.handle)
         if queue is not None:
@@ -424,9 +438,22 @@ class TargetCore(RequestOps, TicketOps):
             if not self._execute(session, req, now, out):
                 return
 
-    def _credit_exceeded(self, session: int, rid: int, now: float) -> list[Action]:
+    def _over_credit(self, sess: SessionState) -> bool:
+        """A request arrives: would it be beyond the Request Credits (docs/kbtp.md §9.2)?
+
+        Outstanding at the initiator when it sent this request were at least the requests
+        the core holds (``inflight``) and those answered since the binding's last
+        :meth:`receive_batch`: this request arrived before those answers were sent.
+        """
+        return sess.inflight + sess.uncredited >= self.config.request_credits
+
+    def _credit_exceeded(
+        self, session: int, rid: int, handle: int, opcode: int, now: float
+    ) -> list[Action]:
+        """CREDIT_EXCEEDED (fatal) echoing the request's Request ID, Handle and Opcode."""
         out: list[Action] = []
-        self._send(out, session, Completion(rid, status=Status.CREDIT_EXCEEDED))
+        answer = Completion(rid, handle, status=Status.CREDIT_EXCEEDED, request_opcode=opcode)
+        self._send(out, session, answer)
         self._close(session, now, Status.CREDIT_EXCEEDED, "more requests than request credits", out)
         return out
 

@@ -79,6 +79,8 @@ class SessionState:
     identity: bytes | None = None
     capabilities: Capability = Capability.NONE
     inflight: int = 0
+    uncredited: int = 0  # COMPLETIONs sent since the binding's last receive_batch
+    batching: bool = False  # the binding reports receive batches (docs/kbtp.md §9.2)
     table_stag: int = 0
     pool_stag: int = 0
     ring_stag: int = 0
@@ -188,6 +190,7 @@ class CoreState:
                     s.identity,
                     int(s.capabilities),
                     s.inflight,
+                    s.uncredited,
                     s.direct_alloc,
                     len(s.invalidating),
                     len(s.registering),
@@ -237,6 +240,8 @@ class CoreState:
         sess = self._sessions.get(session)
         if sess is not None:
             sess.inflight -= 1
+            if sess.batching:
+                sess.uncredited += 1
 
     def _fail(self, out: list[Action], session: int, req: Request, status: Status) -> bool:
         """Complete ``req`` with an error status; the request changed nothing."""

@@ -12,11 +12,13 @@ import logging
 import pytest
 import trio
 
-from kbtp.constants import RING_ADD_DATA, TableFlag, ring_add_mask
-from kbtp.initiator import SessionClosed
+from kbtp.constants import RING_ADD_DATA, MessageOpcode, Status, TableFlag, ring_add_mask
+from kbtp.initiator import KbtpInitiator, SessionClosed
 from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp
 from kbtp.layout import TableEntry, write_entry
+from kbtp.messages import AllocStore, DataDescriptor, Free
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
+from stack.rnic import Access
 from tests.kbtp.test_binding_ops import connect, data, serving, snapshot
 
 
@@ -85,3 +87,60 @@ async def test_s9_3_an_exception_in_the_core_ends_that_session_only(
                 await trio.sleep(0.01)
             async with connect(target, "a") as again:
                 assert await again.load(1) == b"one"
+
+
+@pytest.mark.parametrize("burst", [17, 64])
+async def test_s9_2_a_burst_beyond_the_credits_is_answered_credit_exceeded(burst: int) -> None:
+    """16 credits and a burst of 17 or 64 requests sent at once (raw, bypassing the
+    initiator's own accounting): an ALLOC_STORE whose data the target must RDMA-read, then
+    FREEs of the same handle queued behind it.  Every request is received (credits + a
+    margin of receives), the 17th is answered CREDIT_EXCEEDED with its Handle and Opcode,
+    and the stream ends with the RDMAP Terminate of docs/kbtp.md §9.3, never DDP's "no
+    buffer" (1/2/0x02)."""
+    with trio.fail_after(30):
+        async with serving(request_credits=16) as target, connect(target, "a") as a:
+            source = a.pd.reg_mr(bytearray(data(4, 3000)), Access.REMOTE_READ)
+            first = AllocStore(10_000, 5, DataDescriptor(source.rkey, source.base, 3000))
+            rest = [Free(10_000 + k, 5 + k % 2) for k in range(1, burst)]
+            messages = [(m.encode(), m.request_id) for m in [first, *rest]]
+            answers = await a.send_raw_burst(messages)
+            over = answers[16]
+            assert over is not None and over.status == Status.CREDIT_EXCEEDED
+            assert (over.request_id, over.handle) == (rest[15].request_id, rest[15].handle)
+            assert over.request_opcode == MessageOpcode.FREE
+            assert all(answer is None for answer in answers[17:])
+            assert a.conn is not None
+            await a.conn.wait_closed()
+            term = a.qp.peer_terminate
+            assert term is not None and term.layer == 0  # RDMAP, not DDP
+            assert term.cause == TERM_RDMAP_OP_UNSPECIFIED
+            while target.sessions:
+                await trio.sleep(0.01)
+            assert target.core.usage(b"a") == 0 and target.core.pending_ops() == 0
+
+
+async def test_s9_2_many_requests_in_flight_within_the_credits_never_exceed_them() -> None:
+    """Under load (16 credits, 240 requests from 48 tasks, answers freeing credits while
+    requests arrive), an initiator that keeps to its credits never sees CREDIT_EXCEEDED."""
+    with trio.fail_after(60):
+        async with serving(request_credits=16, pool_blocks=24) as target:
+            async with connect(target, "a") as a, connect(target, "b") as b:
+
+                async def worker(ini: object, base: int, k: int) -> None:
+                    assert isinstance(ini, KbtpInitiator)
+                    handle = base + k % 8
+                    for round_ in range(5):
+                        payload = data(k + round_, 100 + 37 * k)
+                        await ini.alloc_store(handle, payload, seal=True, check=False)
+                        buffer = bytearray(ini.block_size)
+                        await ini.load_into(handle, buffer, allow_unsealed=True, check=False)
+                        await ini.free(handle, check=False)
+
+                async with trio.open_nursery() as nursery:
+                    for k in range(24):
+                        nursery.start_soon(worker, a, 0, k)
+                        nursery.start_soon(worker, b, 64, k)
+            for ini in (a, b):
+                statuses = {st for (_, st) in ini.stats}
+                assert "CREDIT_EXCEEDED" not in statuses and "SESSION_CLOSED" not in statuses
+            assert target.core.usage(b"a") == target.core.usage(b"b") == 0

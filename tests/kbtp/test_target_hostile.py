@@ -204,3 +204,43 @@ def test_s6_7_a_corrupted_head_is_found_when_the_target_fetch_adds_it() -> None:
     h.send(SC, inline_alloc(1, 33, b"x"))
     assert h.last_status() is Status.NO_SPACE and h.closed[-1].status is Status.NO_SPACE
     assert h.core.ring_of(b"c").head() == (0, 0)
+
+
+# ======================================================================================
+# Request Credits (docs/kbtp.md §9.2)
+# ======================================================================================
+
+
+def test_s9_2_requests_arriving_together_beyond_the_credits_are_credit_exceeded() -> None:
+    """Four credits; five requests in one receive batch: each of the first four completes
+    at once, yet the fifth was sent before the initiator could see any of those answers."""
+    h = _harness()
+    h.core.receive_batch(SA)
+    for rid in range(1, 5):
+        assert h.request(SA, Free(rid, rid)).status == Status.NOT_VALID
+    h.send(SA, Free(5, 6))
+    last = h.completions[-1][1]
+    assert Status(last.status) is Status.CREDIT_EXCEEDED
+    assert (last.request_id, last.handle, last.request_opcode) == (5, 6, Free.opcode)
+    assert h.closed[-1].session == SA and h.closed[-1].status is Status.CREDIT_EXCEEDED
+
+
+def test_s9_2_a_new_receive_batch_returns_the_credits_of_the_answers_sent() -> None:
+    h = _harness()
+    for rid in range(1, 41):
+        if rid % 4 == 1:
+            h.core.receive_batch(SA)
+        assert h.request(SA, Free(rid, 1)).status == Status.NOT_VALID
+    assert not h.closed
+
+
+def test_s9_2_a_request_refused_while_decoding_counts_too() -> None:
+    h = _harness()
+    h.core.receive_batch(SA)
+    for rid in range(1, 5):
+        h.request(SA, Free(rid, 1))
+    bad = bytearray(Free(5, 2).encode())
+    bad[22:24] = b"\x00\x01"  # Status != 0 in a request: MALFORMED, answered
+    h.send(SA, bytes(bad))
+    last = h.completions[-1][1]
+    assert Status(last.status) is Status.CREDIT_EXCEEDED and last.handle == 2
