@@ -267,7 +267,6 @@ class KbtpTarget:
         sess.regions += [local_mr, recv_mr, marker_mr]
         # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
         qp.post_recv([sess.recv_wr(slot) for slot in range(receives)])
-        self.core.open_session(sid)
         self.sessions[sid] = sess
         self.sessions_served += 1
         try:
@@ -276,6 +275,9 @@ class KbtpTarget:
             except ConnectFailed as exc:
                 sess.reason = str(exc)
                 return
+            # The HELLO deadline runs from here (docs/kbtp.md §4.2); wake the ticker for it.
+            self.core.open_session(sid, trio.current_time())
+            self._tick_wake.set()
             self._event(f"session {sid}: connected from {request.remote[0]}:{request.remote[1]}")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump, sess)

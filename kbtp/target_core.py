@@ -193,11 +193,12 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # sessions
     # ----------------------------------------------------------------------------------
-    def open_session(self, session: int) -> None:
-        """An RDMAP stream is established; the next message on it must be HELLO."""
+    def open_session(self, session: int, now: float = 0.0) -> None:
+        """An RDMAP stream is established at ``now``; the next message on it must be HELLO,
+        within the HELLO timeout (docs/kbtp.md §4.2)."""
         if session in self._sessions:
             raise LocalError(f"session {session} already open")
-        self._sessions[session] = SessionState()
+        self._sessions[session] = SessionState(opened=now, active=now)
 
     def close_session(self, session: int, now: float) -> list[Action]:
         """The connection is gone (closed, reset, Terminated): release what it held.
@@ -238,6 +239,7 @@ class TargetCore(RequestOps, TicketOps):
         sess = self._sessions.get(session)
         if sess is None:
             return out
+        sess.active = max(sess.active, now)
         if sess.hello_ack is not None:
             sess.early.append(bytes(data))  # processed after the HELLO_ACK
             return out
@@ -340,6 +342,9 @@ class TargetCore(RequestOps, TicketOps):
         if op.kind is OpKind.REGISTER:
             raise LocalError(f"op {op_id} is a registration: report it with memory_registered")
         del self._ops[op_id]
+        sess = self._sessions.get(op.session)
+        if sess is not None:
+            sess.active = max(sess.active, now)
         if op.kind is OpKind.INVALIDATE:
             self._invalidated(op_id, op, now, out)
             return out
@@ -391,27 +396,43 @@ class TargetCore(RequestOps, TicketOps):
         return out
 
     def tick(self, now: float, session: int | None = None) -> list[Action]:
-        """Advance time: find abandoned direct tickets (draft §3.4) and act on them.
+        """Advance time: close sessions past their HELLO deadline or idle timeout
+        (docs/kbtp.md §4.2), find abandoned direct tickets (draft §3.4) and act on them.
 
-        Call it at least every Ticket Timeout / 2 while a session has DIRECT_ALLOC, and at
+        Call it at least every Ticket Timeout / 2 while a session is open, and at
         :meth:`next_deadline`.  With ``session``, only that session is looked at (a binding
         ticks each session on its own, so that a failure ends that session only).
         """
         out: list[Action] = []
+        cfg = self.config
         for sid, sess in list(self._sessions.items()):
             if session is not None and sid != session:
                 continue
-            if sess.identity is None or not sess.capabilities & Capability.DIRECT_ALLOC:
+            if sess.identity is None:
+                if now - sess.opened >= cfg.hello_timeout:
+                    reason = f"no HELLO within {cfg.hello_timeout:g} s"
+                    self._close(sid, now, Status.NO_SESSION, reason, out)
                 continue
-            self._check_tickets(sid, sess, now, out)
+            if cfg.idle_timeout is not None and now - sess.active >= cfg.idle_timeout:
+                reason = f"idle for {cfg.idle_timeout:g} s"
+                self._close(sid, now, Status.NO_SESSION, reason, out)
+                continue
+            if sess.capabilities & Capability.DIRECT_ALLOC:
+                self._check_tickets(sid, sess, now, out)
         return out
 
     def next_deadline(self, now: float) -> float | None:
-        """When :meth:`tick` should next run (None: no DIRECT_ALLOC session)."""
+        """When :meth:`tick` should next run for a HELLO deadline or a direct ticket (None:
+        neither pending).  Idle timeouts are found by the periodic ticks (at most Ticket
+        Timeout / 2 late)."""
         deadline: float | None = None
         timeout = self.config.ticket_timeout
         for sess in self._sessions.values():
-            if sess.identity is None or not sess.capabilities & Capability.DIRECT_ALLOC:
+            if sess.identity is None:
+                due = sess.opened + self.config.hello_timeout
+                deadline = due if deadline is None else min(deadline, due)
+                continue
+            if not sess.capabilities & Capability.DIRECT_ALLOC:
                 continue
             ring = self._rings[self._initiators[sess.identity].ring]
             candidates = [now + timeout / 2]

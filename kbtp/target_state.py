@@ -78,6 +78,8 @@ class SessionState:
 
     identity: bytes | None = None
     capabilities: Capability = Capability.NONE
+    opened: float = 0.0  # when the stream was established (the HELLO deadline runs from it)
+    active: float = 0.0  # the last message received or operation completed (idle timeout)
     inflight: int = 0
     uncredited: int = 0  # COMPLETIONs sent since the binding's last receive_batch
     batching: bool = False  # the binding reports receive batches (docs/kbtp.md §9.2)

@@ -13,12 +13,14 @@ import pytest
 import trio
 
 from kbtp.constants import RING_ADD_DATA, MessageOpcode, Status, TableFlag, ring_add_mask
-from kbtp.initiator import KbtpInitiator, SessionClosed
+from kbtp.initiator import HelloRefused, KbtpInitiator, SessionClosed
 from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp
 from kbtp.layout import TableEntry, write_entry
 from kbtp.messages import AllocStore, DataDescriptor, Free
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from stack.rnic import Access
+from stack.rnic import Access, QpState, Rnic
+from stack.transport.cm import ConnectionManager
+from stack.wire.events import MpaSettings
 from tests.kbtp.test_binding_ops import connect, data, serving, snapshot
 
 
@@ -144,3 +146,41 @@ async def test_s9_2_many_requests_in_flight_within_the_credits_never_exceed_them
                 statuses = {st for (_, st) in ini.stats}
                 assert "CREDIT_EXCEEDED" not in statuses and "SESSION_CLOSED" not in statuses
             assert target.core.usage(b"a") == target.core.usage(b"b") == 0
+
+
+async def test_s4_2_a_connection_that_never_says_hello_is_closed_at_the_deadline() -> None:
+    """MPA completes, then silence: the target closes the stream at the HELLO deadline and
+    releases its QP, CQ and receive buffers."""
+    with trio.fail_after(30):
+        async with serving(hello_timeout=0.3) as target:
+            rnic = Rnic("silent")
+            pd = rnic.alloc_pd()
+            qp = rnic.create_qp(pd, rnic.create_cq(16))
+            async with ConnectionManager.open(rnic) as cm:
+                conn = await cm.connect("127.0.0.1", target.port, qp, settings=MpaSettings())
+                with trio.fail_after(5):
+                    await conn.wait_closed()  # closed by the target, not by us
+            assert qp.state is QpState.ERROR
+            while target.sessions:
+                await trio.sleep(0.01)
+            async with connect(target, "a") as a:  # the target serves on
+                assert (await a.alloc_store(1, b"fine")).ok
+
+
+async def test_s4_2_a_squatter_holds_an_identity_only_until_it_falls_silent() -> None:
+    """One session per identity (SESSION_EXISTS for a second one while the first lives);
+    a session that says nothing for the idle timeout is closed, and the identity is free."""
+    with trio.fail_after(30):
+        async with serving(idle_timeout=0.5) as target:
+            async with connect(target, "a") as squatter:
+                with pytest.raises(HelloRefused) as info:
+                    async with connect(target, "a"):
+                        pass
+                assert info.value.status is Status.SESSION_EXISTS
+                assert squatter.conn is not None
+                await squatter.conn.wait_closed()
+                assert squatter.qp.peer_terminate is not None
+            while target.sessions:
+                await trio.sleep(0.01)
+            async with connect(target, "a") as real:
+                assert (await real.alloc_store(1, b"mine")).ok

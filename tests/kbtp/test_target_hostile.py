@@ -18,13 +18,14 @@ from kbtp.constants import (
     pack_counter,
 )
 from kbtp.layout import read_counter, write_counter, write_slot
-from kbtp.messages import Bind, DataDescriptor, Free, Load
-from kbtp.target_actions import CloseSession, RegionKind, RegisterMemory
+from kbtp.messages import AllocStore, Bind, DataDescriptor, Free, Load
+from kbtp.target_actions import CloseSession, ReadFromInitiator, RegionKind, RegisterMemory
 from kbtp.target_state import SHARED_RING
-from tests.kbtp.helpers import Harness
+from tests.kbtp.helpers import Harness, default_config
 from tests.kbtp.test_target_core import (
     DIRECT,
     SA,
+    SB,
     SC,
     direct_alloc,
     inline_alloc,
@@ -244,3 +245,55 @@ def test_s9_2_a_request_refused_while_decoding_counts_too() -> None:
     h.send(SA, bytes(bad))
     last = h.completions[-1][1]
     assert Status(last.status) is Status.CREDIT_EXCEEDED and last.handle == 2
+
+
+# ======================================================================================
+# HELLO deadline, idle timeout, a second session of a live identity (docs/kbtp.md §4.2)
+# ======================================================================================
+
+
+def test_s4_2_a_stream_without_hello_is_closed_at_the_hello_deadline() -> None:
+    h = Harness(default_config(hello_timeout=5.0))
+    h.core.open_session(SA, now=10.0)
+    assert h.core.next_deadline(10.0) == 15.0
+    assert h.core.tick(14.9) == []
+    [closing] = h.core.tick(15.0)
+    assert isinstance(closing, CloseSession) and closing.session == SA
+    assert closing.status is Status.NO_SESSION and "no HELLO within 5 s" in closing.reason
+    assert h.core.session_identity(SA) is None and h.core.next_deadline(15.0) is None
+
+
+def test_s4_2_a_hello_in_time_stops_the_deadline() -> None:
+    h = Harness(default_config(hello_timeout=5.0))
+    h.now = 4.0
+    h.connect(SA, b"a")
+    assert h.tick(100.0) == [] and not h.closed
+
+
+def test_s4_2_a_silent_session_is_closed_after_the_idle_timeout_and_frees_its_identity() -> None:
+    h = Harness(default_config(idle_timeout=10.0))
+    h.connect(SA, b"a")
+    h.now = 3.0
+    assert h.request(SA, inline_alloc(1, 1, b"kept")).ok
+    # The identity has a live session: a second HELLO is refused (SESSION_EXISTS).
+    h.core.open_session(9, h.now)
+    [ack, close] = h.core.handle_message(9, _hello(b"a"), h.now)
+    assert ack.message.status == Status.SESSION_EXISTS  # type: ignore[union-attr]
+    assert isinstance(close, CloseSession) and close.session == 9
+    assert h.tick(9.9) == []  # 12.9: active at 3.0
+    h.tick(0.1)
+    assert h.closed[-1].session == SA and h.closed[-1].status is Status.NO_SESSION
+    assert "idle for 10 s" in h.closed[-1].reason
+    h.connect(10, b"a")  # the identity is free again; its blocks are still its own
+    h.buffer(0x55, 8)
+    assert h.request(10, Load(2, 1, DataDescriptor(0x55, 0, 8))).ok
+
+
+def test_s4_2_an_rdma_operation_the_initiator_never_answers_does_not_hold_the_session() -> None:
+    h = Harness(default_config(idle_timeout=10.0))
+    h.connect(SB, b"b")
+    held = h.send(SB, AllocStore(1, 16, DataDescriptor(0x66, 0, 8)), auto=False)
+    assert any(isinstance(a, ReadFromInitiator) for a in held)
+    h.tick(10.0)
+    assert h.closed[-1].session == SB and h.core.pending_ops() == 0
+    assert h.core.usage(b"b") == 0
