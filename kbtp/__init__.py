@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
     from kbtp.initiator import (
         HelloRefused,
+        HelloTimeout,
         KbtpInitiator,
         KbtpStatusError,
         OpStats,
@@ -93,6 +94,7 @@ __all__ = [
     "Hello",
     "HelloAck",
     "HelloRefused",
+    "HelloTimeout",
     "InitiatorConfig",
     "InitiatorCore",
     "InitiatorEvent",
@@ -133,6 +135,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
     "kbtp.initiator": (
         "HelloRefused",
+        "HelloTimeout",
         "KbtpInitiator",
         "KbtpStatusError",
         "OpStats",

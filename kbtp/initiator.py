@@ -41,6 +41,8 @@ from typing import Any
 import trio
 
 from kbtp.constants import (
+    DEFAULT_HELLO_ACK_TIMEOUT,
+    DEFAULT_MAX_BLOCK_SIZE,
     HELLO_ACK_LEN,
     Capability,
     MessageOpcode,
@@ -99,7 +101,10 @@ from stack.wire.events import MpaSettings
 _LE64 = struct.Struct("<Q")
 _HELLO_SLOT = -1
 RECEIVE_SIZE = HELLO_ACK_LEN
-"""Initiator receive buffers hold a HELLO_ACK (136 octets) or a COMPLETION (40)."""
+"""Initiator receive buffers hold a HELLO_ACK (144 octets) or a COMPLETION (40)."""
+MAX_CREDITS = 1024
+"""Receives this initiator can post for COMPLETIONs: it keeps at most this many requests
+outstanding, whatever Request Credits the target grants (docs/kbtp.md §9.2)."""
 DIRECT_LOAD_ATTEMPTS = 3
 """DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
 
@@ -141,6 +146,11 @@ class SessionClosed(IwarpError):
         self.terminate = terminate
         self.cause = cause
         super().__init__(reason)
+
+
+class HelloTimeout(SessionClosed):
+    """No HELLO_ACK arrived within the ``hello_timeout`` of :meth:`KbtpInitiator.connect`;
+    the connection is closed (docs/kbtp.md §4.2)."""
 
 
 @dataclass(slots=True)
@@ -192,14 +202,21 @@ class KbtpInitiator:
         rnic: Rnic | None = None,
         ird: int = 16,
         ord: int = 16,
+        max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     ) -> None:
         self.identity = identity
-        self.core = InitiatorCore(identity, capabilities)
+        self.core = InitiatorCore(
+            identity, capabilities, max_block_size=max_block_size, max_credits=MAX_CREDITS
+        )
         self.rnic = rnic or Rnic("kbtp-initiator")
         self.pd = self.rnic.alloc_pd()
         self.cq = self.rnic.create_cq(8192)
         self.qp = self.rnic.create_qp(
-            self.pd, self.cq, cap=QpCap(max_send_wr=1024, max_recv_wr=1024), ird=ird, ord=ord
+            self.pd,
+            self.cq,
+            cap=QpCap(max_send_wr=1024, max_recv_wr=MAX_CREDITS),
+            ird=ird,
+            ord=ord,
         )
         self.conn: RdmaConnection | None = None
         self.ack: HelloAck | None = None
@@ -215,6 +232,7 @@ class KbtpInitiator:
         self._recv_mr: MemoryRegion | None = None
         self._hello_mr: MemoryRegion | None = None
         self._closed: SessionClosed | None = None
+        self.hello_timeout = DEFAULT_HELLO_ACK_TIMEOUT
 
     # ----------------------------------------------------------------------------------
     # session
@@ -231,12 +249,29 @@ class KbtpInitiator:
         settings: MpaSettings | None = None,
         rnic: Rnic | None = None,
         tap_factory: TapFactory | None = None,
+        hello_timeout: float = DEFAULT_HELLO_ACK_TIMEOUT,
+        max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     ) -> AsyncIterator[KbtpInitiator]:
-        """Connect, say HELLO and yield the ready session; leaving the block disconnects."""
+        """Connect, say HELLO and yield the ready session; leaving the block disconnects.
+
+        Raises :class:`HelloTimeout` if no HELLO_ACK arrives within ``hello_timeout``
+        seconds of the HELLO, :class:`HelloRefused` for a refusal, and
+        :class:`SessionClosed` naming the field for a HELLO_ACK whose parameters no target
+        could honour (a Block Size above ``max_block_size``, a Ring Order outside 1..28,
+        ...: docs/kbtp.md §4.2).
+        """
         if isinstance(identity, str):
             identity = identity.encode()
         settings = settings or MpaSettings()
-        self = cls(identity, capabilities, rnic=rnic, ird=settings.ird, ord=settings.ord)
+        self = cls(
+            identity,
+            capabilities,
+            rnic=rnic,
+            ird=settings.ird,
+            ord=settings.ord,
+            max_block_size=max_block_size,
+        )
+        self.hello_timeout = hello_timeout
         with single_exception():
             async with self._session(host, port, settings, tap_factory):
                 yield self
@@ -267,12 +302,17 @@ class KbtpInitiator:
         self._hello = _Waiter()
         hello = self.core.hello()
         self.qp.post_send(SendWR(0, WrOpcode.SEND, inline_data=hello, send_flags=SendFlags.NONE))
-        await self._hello.wait()
+        with trio.move_on_after(self.hello_timeout):
+            await self._hello.wait()
+        if not self._hello.event.is_set():
+            timeout = HelloTimeout(f"no HELLO_ACK within {self.hello_timeout:g} s")
+            self._closed = timeout
+            raise timeout
         ack = self.ack
         assert ack is not None
         if ack.status != Status.SUCCESS:
             raise HelloRefused(ack)
-        credits = ack.request_credits
+        credits = self.core.request_credits
         self._recv_mr = self.pd.reg_mr(bytearray(credits * RECEIVE_SIZE), Access.LOCAL_WRITE)
         self.qp.post_recv([self._recv_wr(slot) for slot in range(credits)])
 
