@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
     from kbtp.initiator import (
         HelloRefused,
+        HelloTimeout,
         KbtpInitiator,
         KbtpStatusError,
         OpStats,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     )
     from kbtp.initiator_core import (
         AllocState,
+        CompareSwapOp,
         DirectAlloc,
         DirectLoad,
         FetchAddOp,
@@ -79,6 +81,7 @@ __all__ = [
     "Capability",
     "CloseSession",
     "CommonHeader",
+    "CompareSwapOp",
     "Completion",
     "CompletionDescriptor",
     "CompletionRecord",
@@ -91,6 +94,7 @@ __all__ = [
     "Hello",
     "HelloAck",
     "HelloRefused",
+    "HelloTimeout",
     "InitiatorConfig",
     "InitiatorCore",
     "InitiatorEvent",
@@ -131,6 +135,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
     "kbtp.initiator": (
         "HelloRefused",
+        "HelloTimeout",
         "KbtpInitiator",
         "KbtpStatusError",
         "OpStats",
@@ -138,6 +143,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "kbtp.initiator_core": (
         "AllocState",
+        "CompareSwapOp",
         "DirectAlloc",
         "DirectLoad",
         "FetchAddOp",

@@ -149,7 +149,7 @@ DATA_DESCRIPTOR_LEN = 16
 COMPLETION_DESCRIPTOR_LEN = 16
 COMPLETION_RECORD_LEN = 24
 HELLO_FIXED_LEN = COMMON_HEADER_LEN + 8
-HELLO_ACK_LEN = COMMON_HEADER_LEN + 112
+HELLO_ACK_LEN = COMMON_HEADER_LEN + 120
 COMPLETION_LEN = COMMON_HEADER_LEN + 16
 BIND_LEN = COMMON_HEADER_LEN + 16
 MAX_REQUEST_FIXED_LEN = COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN + COMPLETION_DESCRIPTOR_LEN
@@ -225,3 +225,14 @@ DEFAULT_REQUEST_CREDITS = 16
 DEFAULT_MAX_INLINE = 4096
 DEFAULT_TICKET_TIMEOUT = 2.0
 """Seconds (HELLO_ACK carries milliseconds)."""
+DEFAULT_RECEIVE_MARGIN = 64
+"""Receives a target posts beyond the Request Credits, so that requests sent beyond the
+credits are received and answered CREDIT_EXCEEDED (docs/kbtp.md §9.2)."""
+DEFAULT_HELLO_TIMEOUT = 5.0
+"""Seconds a target waits for HELLO after the connection is up (docs/kbtp.md §4.2)."""
+DEFAULT_IDLE_TIMEOUT = 600.0
+"""Seconds of silence after which a target closes a session (docs/kbtp.md §4.2)."""
+DEFAULT_HELLO_ACK_TIMEOUT = 10.0
+"""Seconds an initiator waits for HELLO_ACK after sending HELLO (docs/kbtp.md §4.2)."""
+DEFAULT_MAX_BLOCK_SIZE = 1 << 26
+"""Largest Block Size an initiator accepts from a HELLO_ACK, 64 MiB (docs/kbtp.md §4.2)."""

@@ -259,6 +259,8 @@ HELLO_ACK_BODY = _part(
         ("head_offset", 8, "Head Offset", _X),
         ("partition_offset", 8, "Partition Offset", _X),
         ("partition_length", 8, "Partition Length", _X),
+        ("head_stag", 4, "Head STag", _X),
+        ("reserved_2", 4, "Reserved", _R),
     ),
 )
 COMPLETION_BODY = _part(

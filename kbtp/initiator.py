@@ -41,6 +41,8 @@ from typing import Any
 import trio
 
 from kbtp.constants import (
+    DEFAULT_HELLO_ACK_TIMEOUT,
+    DEFAULT_MAX_BLOCK_SIZE,
     HELLO_ACK_LEN,
     Capability,
     MessageOpcode,
@@ -49,6 +51,7 @@ from kbtp.constants import (
 )
 from kbtp.initiator_core import (
     AllocState,
+    CompareSwapOp,
     DirectAlloc,
     DirectLoad,
     DirectOp,
@@ -98,7 +101,10 @@ from stack.wire.events import MpaSettings
 _LE64 = struct.Struct("<Q")
 _HELLO_SLOT = -1
 RECEIVE_SIZE = HELLO_ACK_LEN
-"""Initiator receive buffers hold a HELLO_ACK (136 octets) or a COMPLETION (40)."""
+"""Initiator receive buffers hold a HELLO_ACK (144 octets) or a COMPLETION (40)."""
+MAX_CREDITS = 1024
+"""Receives this initiator can post for COMPLETIONs: it keeps at most this many requests
+outstanding, whatever Request Credits the target grants (docs/kbtp.md §9.2)."""
 DIRECT_LOAD_ATTEMPTS = 3
 """DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
 
@@ -140,6 +146,11 @@ class SessionClosed(IwarpError):
         self.terminate = terminate
         self.cause = cause
         super().__init__(reason)
+
+
+class HelloTimeout(SessionClosed):
+    """No HELLO_ACK arrived within the ``hello_timeout`` of :meth:`KbtpInitiator.connect`;
+    the connection is closed (docs/kbtp.md §4.2)."""
 
 
 @dataclass(slots=True)
@@ -191,14 +202,21 @@ class KbtpInitiator:
         rnic: Rnic | None = None,
         ird: int = 16,
         ord: int = 16,
+        max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     ) -> None:
         self.identity = identity
-        self.core = InitiatorCore(identity, capabilities)
+        self.core = InitiatorCore(
+            identity, capabilities, max_block_size=max_block_size, max_credits=MAX_CREDITS
+        )
         self.rnic = rnic or Rnic("kbtp-initiator")
         self.pd = self.rnic.alloc_pd()
         self.cq = self.rnic.create_cq(8192)
         self.qp = self.rnic.create_qp(
-            self.pd, self.cq, cap=QpCap(max_send_wr=1024, max_recv_wr=1024), ird=ird, ord=ord
+            self.pd,
+            self.cq,
+            cap=QpCap(max_send_wr=1024, max_recv_wr=MAX_CREDITS),
+            ird=ird,
+            ord=ord,
         )
         self.conn: RdmaConnection | None = None
         self.ack: HelloAck | None = None
@@ -214,6 +232,7 @@ class KbtpInitiator:
         self._recv_mr: MemoryRegion | None = None
         self._hello_mr: MemoryRegion | None = None
         self._closed: SessionClosed | None = None
+        self.hello_timeout = DEFAULT_HELLO_ACK_TIMEOUT
 
     # ----------------------------------------------------------------------------------
     # session
@@ -230,12 +249,29 @@ class KbtpInitiator:
         settings: MpaSettings | None = None,
         rnic: Rnic | None = None,
         tap_factory: TapFactory | None = None,
+        hello_timeout: float = DEFAULT_HELLO_ACK_TIMEOUT,
+        max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     ) -> AsyncIterator[KbtpInitiator]:
-        """Connect, say HELLO and yield the ready session; leaving the block disconnects."""
+        """Connect, say HELLO and yield the ready session; leaving the block disconnects.
+
+        Raises :class:`HelloTimeout` if no HELLO_ACK arrives within ``hello_timeout``
+        seconds of the HELLO, :class:`HelloRefused` for a refusal, and
+        :class:`SessionClosed` naming the field for a HELLO_ACK whose parameters no target
+        could honour (a Block Size above ``max_block_size``, a Ring Order outside 1..28,
+        ...: docs/kbtp.md §4.2).
+        """
         if isinstance(identity, str):
             identity = identity.encode()
         settings = settings or MpaSettings()
-        self = cls(identity, capabilities, rnic=rnic, ird=settings.ird, ord=settings.ord)
+        self = cls(
+            identity,
+            capabilities,
+            rnic=rnic,
+            ird=settings.ird,
+            ord=settings.ord,
+            max_block_size=max_block_size,
+        )
+        self.hello_timeout = hello_timeout
         with single_exception():
             async with self._session(host, port, settings, tap_factory):
                 yield self
@@ -266,12 +302,17 @@ class KbtpInitiator:
         self._hello = _Waiter()
         hello = self.core.hello()
         self.qp.post_send(SendWR(0, WrOpcode.SEND, inline_data=hello, send_flags=SendFlags.NONE))
-        await self._hello.wait()
+        with trio.move_on_after(self.hello_timeout):
+            await self._hello.wait()
+        if not self._hello.event.is_set():
+            timeout = HelloTimeout(f"no HELLO_ACK within {self.hello_timeout:g} s")
+            self._closed = timeout
+            raise timeout
         ack = self.ack
         assert ack is not None
         if ack.status != Status.SUCCESS:
             raise HelloRefused(ack)
-        credits = ack.request_credits
+        credits = self.core.request_credits
         self._recv_mr = self.pd.reg_mr(bytearray(credits * RECEIVE_SIZE), Access.LOCAL_WRITE)
         self.qp.post_recv([self._recv_wr(slot) for slot in range(credits)])
 
@@ -459,6 +500,32 @@ class KbtpInitiator:
         await waiter.wait()
         return waiter.completion
 
+    async def send_raw_burst(self, messages: list[tuple[bytes, int]]) -> list[Completion | None]:
+        """Send every ``(data, request_id)`` at once (one post, so they leave together),
+        bypassing credits, and await the answers: each COMPLETION, or None where the
+        session ended first.  For conformance tests of the target's credit accounting."""
+        self._check_open()
+        waiters = []
+        for _, rid in messages:
+            waiter = _Waiter()
+            self._raw[rid] = waiter
+            waiters.append(waiter)
+        self.qp.post_send(
+            [
+                SendWR(0, WrOpcode.SEND, inline_data=bytes(d), send_flags=SendFlags.NONE)
+                for d, _ in messages
+            ]
+        )
+        answers: list[Completion | None] = []
+        for waiter in waiters:
+            try:
+                await waiter.wait()
+            except SessionClosed:
+                answers.append(None)
+            else:
+                answers.append(waiter.completion)
+        return answers
+
     def _count(self, op: str, status: str, octets: int) -> None:
         entry = self.stats.setdefault((op, status), OpStats())
         entry.count += 1
@@ -591,9 +658,10 @@ class KbtpInitiator:
     # direct modes (draft §6.6)
     # ----------------------------------------------------------------------------------
     async def one_sided(self, op: DirectOp) -> int | bytes:
-        """Perform one RDMA Read, FetchAdd or RDMA Write at the target and await it.
+        """Perform one RDMA Read, FetchAdd, Compare and Swap or RDMA Write at the target and
+        await it.
 
-        Returns the octets read, the FetchAdd's original value, or ``b""`` for a Write.
+        Returns the octets read, the atomic's original value, or ``b""`` for a Write.
         """
         self._check_open()
         wr_id = next(self._wr_ids)
@@ -618,6 +686,17 @@ class KbtpInitiator:
                 compare_add=op.add,
                 compare_add_mask=op.mask,
             )
+        elif isinstance(op, CompareSwapOp):
+            mr = self.pd.reg_mr(bytearray(8), Access.LOCAL_WRITE)
+            wr = SendWR(
+                wr_id,
+                WrOpcode.ATOMIC_CMP_AND_SWP,
+                (Sge(mr.base, 8, mr.lkey),),
+                rkey=op.stag,
+                remote_addr=op.to,
+                compare_add=op.compare,
+                swap=op.swap,
+            )
         else:
             wr = SendWR(
                 wr_id, WrOpcode.RDMA_WRITE, inline_data=op.data, rkey=op.stag, remote_addr=op.to
@@ -630,7 +709,7 @@ class KbtpInitiator:
             if isinstance(op, ReadOp):
                 assert mr is not None
                 return bytes(mr.buf)
-            if isinstance(op, FetchAddOp):
+            if isinstance(op, FetchAddOp | CompareSwapOp):
                 assert mr is not None
                 value: int = _LE64.unpack(mr.buf)[0]
                 return value

@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kbtp.constants import (
+    COUNTER_ALIGNMENT,
+    DEFAULT_MAX_BLOCK_SIZE,
+    RDMAP_BINDING_CAPABILITIES,
     REQUEST_OPCODES,
     RING_ADD_DATA,
+    RING_MAX_ORDER,
+    RING_MIN_ORDER,
     SLOT_LEN,
     TABLE_ENTRY_LEN,
     TICKET_MASK,
@@ -39,6 +44,7 @@ from kbtp.messages import (
     Hello,
     HelloAck,
     KbtpError,
+    Load,
     Request,
     decode_message,
 )
@@ -77,6 +83,82 @@ class RequestCompleted:
 
 InitiatorEvent = SessionReady | SessionRefused | RequestCompleted
 
+_SPACE = 1 << 64
+"""Tagged Offsets are 64-bit: every advertised region must end within them."""
+
+
+def _refuse(detail: str) -> KbtpError:
+    return KbtpError(Status.MALFORMED, f"the target advertised {detail}", fatal=True)
+
+
+def check_hello_ack(
+    ack: HelloAck, requested: Capability, max_block_size: int = DEFAULT_MAX_BLOCK_SIZE
+) -> None:
+    """Refuse (fatal :class:`KbtpError`, MALFORMED) a successful HELLO_ACK whose session
+    parameters no target could honour (docs/kbtp.md §4.2): the initiator would otherwise
+    size buffers, compute addresses and run FetchAdds from them.
+
+    Checked: capabilities granted ⊆ requested and offered on RDMAP; 1 ≤ Block Size ≤
+    ``max_block_size``; Request Credits ≥ 1; quota ≤ Pool Size; the handle range within 64
+    bits; with DIRECT_LOAD, the range's table entries within 64 bits and at or above Table
+    Base Handle; with DIRECT_ALLOC, Ring Order within 1..28 (docs/kbtp.md §3.3) with N ≥
+    quota ≥ 1, Partition Length = quota × Block Size, an 8-aligned Head, the slots and
+    partition within 64 bits, and a Ticket Timeout of at least 1 ms.
+    """
+    granted = Capability(ack.capabilities)
+    if granted & ~(requested & RDMAP_BINDING_CAPABILITIES):
+        raise _refuse(f"capabilities {granted!r}, asked for {requested!r}")
+    if not 1 <= ack.block_size <= max_block_size:
+        raise _refuse(f"a Block Size of {ack.block_size} (accepted: 1..{max_block_size})")
+    if ack.request_credits < 1:
+        raise _refuse("no Request Credits")
+    if ack.quota > ack.pool_blocks:
+        raise _refuse(f"a quota of {ack.quota} blocks in a pool of {ack.pool_blocks}")
+    if ack.handle_base + ack.handle_count > _SPACE:
+        raise _refuse("a handle range beyond 64 bits")
+    if granted & Capability.DIRECT_LOAD:
+        first = ack.handle_base - ack.table_base_handle
+        end = ack.table_offset + TABLE_ENTRY_LEN * (first + ack.handle_count)
+        if first < 0 or end > _SPACE:
+            raise _refuse("a block table that does not hold the handle range")
+    if granted & Capability.DIRECT_ALLOC:
+        n = ack.ring_order
+        if not RING_MIN_ORDER <= n <= RING_MAX_ORDER:
+            raise _refuse(f"Ring Order {n} (allowed: {RING_MIN_ORDER}..{RING_MAX_ORDER})")
+        if not 1 <= ack.quota <= 1 << n:
+            raise _refuse(f"a ring of {1 << n} slots for a quota of {ack.quota}")
+        if ack.partition_length != ack.quota * ack.block_size:
+            raise _refuse(f"a Partition Length of {ack.partition_length} octets")
+        if ack.head_offset % COUNTER_ALIGNMENT or ack.head_offset + 8 > _SPACE:
+            raise _refuse(f"a Head at 0x{ack.head_offset:x}")
+        if ack.ring_offset + SLOT_LEN * (1 << n) > _SPACE:
+            raise _refuse("ring slots beyond 64 bits")
+        if ack.partition_offset + ack.partition_length > _SPACE:
+            raise _refuse("a partition beyond 64 bits")
+        if ack.ticket_timeout_ms < 1:
+            raise _refuse("a Ticket Timeout of 0 ms")
+
+
+def check_completion(completion: Completion, request: Request, block_size: int) -> None:
+    """Refuse (fatal :class:`KbtpError`) a COMPLETION that does not answer ``request``:
+    Handle and Request Opcode echoed, and on SUCCESS a Data Length within the Block Size
+    (and, for a LOAD, within the buffer the target wrote into)."""
+    if completion.handle != request.handle or completion.request_opcode != request.opcode:
+        raise _refuse(
+            f"a COMPLETION of request {completion.request_id} for handle "
+            f"0x{completion.handle:x} opcode 0x{completion.request_opcode:02x}, not "
+            f"0x{request.handle:x} {request.opcode.name}"
+        )
+    if completion.status != Status.SUCCESS:
+        return
+    limit = block_size
+    if isinstance(request, Load):
+        limit = min(limit, request.descriptor.length)
+    if completion.data_length > limit:
+        raise _refuse(
+            f"a Data Length of {completion.data_length} for {request.opcode.name} (at most {limit})"
+        )
+
 
 class InitiatorCore:
     """One KBTP session seen from the initiator (docs/kbtp.md §4.2, §9.2).
@@ -87,9 +169,18 @@ class InitiatorCore:
     or COMPLETION, raises :class:`KbtpError` (the binding should close the stream).
     """
 
-    def __init__(self, identity: bytes, capabilities: Capability = Capability.NONE) -> None:
+    def __init__(
+        self,
+        identity: bytes,
+        capabilities: Capability = Capability.NONE,
+        *,
+        max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+        max_credits: int | None = None,
+    ) -> None:
         self.identity = identity
         self.capabilities = capabilities
+        self.max_block_size = max_block_size
+        self.max_credits = max_credits
         self.ack: HelloAck | None = None
         self._next_id = 1
         self._hello_id = 0
@@ -109,11 +200,21 @@ class InitiatorCore:
         return rid
 
     @property
+    def request_credits(self) -> int:
+        """Requests this initiator keeps outstanding at most: the target's Request Credits,
+        or ``max_credits`` if fewer (its own receives for COMPLETIONs); 0 before HELLO_ACK."""
+        if self.ack is None:
+            return 0
+        if self.max_credits is None:
+            return self.ack.request_credits
+        return min(self.ack.request_credits, self.max_credits)
+
+    @property
     def credits(self) -> int:
         """Requests that may be sent now (0 before HELLO_ACK)."""
         if self.ack is None:
             return 0
-        return self.ack.request_credits - len(self._outstanding)
+        return self.request_credits - len(self._outstanding)
 
     @property
     def outstanding(self) -> int:
@@ -148,16 +249,20 @@ class InitiatorCore:
                 raise KbtpError(Status.BAD_OPCODE, "unexpected HELLO_ACK", fatal=True)
             if msg.status != Status.SUCCESS:
                 return [SessionRefused(msg)]
+            check_hello_ack(msg, self.capabilities, self.max_block_size)
             self.ack = msg
             return [SessionReady(msg)]
         if isinstance(msg, Completion):
-            req = self._outstanding.pop(msg.request_id, None)
+            req = self._outstanding.get(msg.request_id)
             if req is None:
                 raise KbtpError(
                     Status.BAD_OPCODE,
                     f"COMPLETION for request {msg.request_id}, which is not outstanding",
                     fatal=True,
                 )
+            assert self.ack is not None  # requests go out only after HELLO_ACK
+            check_completion(msg, req, self.ack.block_size)
+            del self._outstanding[msg.request_id]
             return [RequestCompleted(req, msg)]
         raise KbtpError(Status.BAD_OPCODE, f"{msg.opcode.name} sent to an initiator", fatal=True)
 
@@ -187,6 +292,17 @@ class FetchAddOp:
 
 
 @dataclass(frozen=True, slots=True)
+class CompareSwapOp:
+    """RFC 7306 Compare and Swap at (stag, to); feed the original value.  No KBTP procedure
+    uses it: it is here to probe what a target's STags allow (docs/kbtp.md §3.6)."""
+
+    stag: int
+    to: int
+    compare: int
+    swap: int
+
+
+@dataclass(frozen=True, slots=True)
 class WriteOp:
     """RDMA Write ``data`` at (stag, to) of the target; feed ``b""`` when it completed."""
 
@@ -195,7 +311,7 @@ class WriteOp:
     data: bytes
 
 
-DirectOp = ReadOp | FetchAddOp | WriteOp
+DirectOp = ReadOp | FetchAddOp | CompareSwapOp | WriteOp
 
 
 class DirectLoad:
@@ -230,6 +346,12 @@ class DirectLoad:
             raise LocalError("direct load already finished")
         if self.first is None:
             entry = TableEntry.unpack(data)
+            if entry.valid and entry.data_length > self.ack.block_size:
+                # Never size a read from the target's memory beyond what a block can hold.
+                raise _refuse(
+                    f"a table entry of handle 0x{self.handle:x} with Data Length "
+                    f"{entry.data_length} in blocks of {self.ack.block_size} octets"
+                )
             if not (entry.valid and entry.sealed):
                 self._finish("entry is not VALID and SEALED")
             elif self.max_length is not None and entry.data_length > self.max_length:
@@ -289,7 +411,7 @@ class DirectAlloc:
         ack = self.ack
         if self.state is AllocState.FETCH:
             return FetchAddOp(
-                ack.ring_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
+                ack.head_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
             )
         if self.state in (AllocState.READ, AllocState.CONFIRM):
             return ReadOp(ack.ring_stag, ack.ring_offset + self.slot_offset, SLOT_LEN)
@@ -301,6 +423,8 @@ class DirectAlloc:
         if self.state is AllocState.FETCH:
             assert isinstance(result, int)
             self.ticket, self.slot_offset = unpack_counter(result, self.ack.ring_order)
+            if self.slot_offset != SLOT_LEN * (self.ticket % (1 << self.ack.ring_order)):
+                raise _refuse(f"a Head of 0x{result:016x}, no counter of its ring (§3.3)")
             self.state = AllocState.READ
         elif self.state in (AllocState.READ, AllocState.CONFIRM):
             assert not isinstance(result, int)
@@ -315,6 +439,7 @@ class DirectAlloc:
                 self._seen = slot
                 self.state = AllocState.CONFIRM
             elif slot == self._seen:
+                self._check_block(slot.block_offset)
                 self.block_offset = slot.block_offset
                 self.state = AllocState.WRITE
             else:
@@ -323,6 +448,13 @@ class DirectAlloc:
             self.state = AllocState.BIND
         else:
             raise LocalError(f"nothing to feed in state {self.state.value}")
+
+    def _check_block(self, block_offset: int) -> None:
+        """The slot's block must be one of the partition's: never write anywhere else."""
+        ack = self.ack
+        rel = block_offset - ack.partition_offset
+        if rel < 0 or rel >= ack.partition_length or rel % ack.block_size:
+            raise _refuse(f"a slot naming 0x{block_offset:x}, no block of the partition")
 
     def bind(self, handle: int, *, seal: bool = False, generation: int = 0) -> Bind:
         """The BIND for this allocation (its Request ID is assigned by ``submit``)."""

@@ -251,8 +251,9 @@ def _align(value: int, to: int = _REGION_ALIGN) -> int:
 class PartitionLayout:
     """A DIRECT_ALLOC partition: blocks [first_block, first_block + blocks) and its ring.
 
-    The ring's Head directly follows its slots, so one Ring STag covering
-    ``ring_region`` exposes both (remote read + atomic) while Tail stays private.
+    The ring's slots (``ring_region``, the Ring STag: remote read) and its Head
+    (``head_region``, the Head STag: remote atomic) are exposed apart, so no atomic can
+    reach a slot; Tail, on a line of its own, is never exposed (docs/kbtp.md §3.6).
     """
 
     first_block: int
@@ -317,8 +318,12 @@ class TargetLayout:
         return self.block_byte_offset(part.first_block), part.blocks * self.block_size
 
     def ring_region(self, ring: RingGeometry) -> tuple[int, int]:
-        """(byte offset, length) covering a ring's slots and Head: the Ring STag's range."""
-        return ring.slots_offset, ring.head_offset + COUNTER_LEN - ring.slots_offset
+        """(byte offset, length) of a ring's slots: the Ring STag's range (remote read)."""
+        return ring.slots_offset, ring.slots_length
+
+    def head_region(self, ring: RingGeometry) -> tuple[int, int]:
+        """(byte offset, length) of a ring's Head: the Head STag's range (remote atomic)."""
+        return ring.head_offset, COUNTER_LEN
 
     @property
     def table_region(self) -> tuple[int, int]:

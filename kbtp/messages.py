@@ -195,14 +195,15 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class HelloAck:
-    """HELLO_ACK, the target's answer to HELLO (docs/kbtp.md §5.4); 136 octets.
+    """HELLO_ACK, the target's answer to HELLO (docs/kbtp.md §5.4); 144 octets.
 
     Fields: request_id (echoes HELLO), status, capabilities (granted), block_size,
     pool_blocks (F), quota (Allocation Quota), handle_base, handle_count (the initiator's
     handle range), ticket_timeout_ms, request_credits, ring_order (n of the initiator's
     partition ring, N = 2**n), max_inline, table_stag, pool_stag, table_offset,
-    table_base_handle, pool_offset, ring_stag, partition_stag, ring_offset, head_offset,
-    partition_offset, partition_length.  Fields of a capability not granted are zero.
+    table_base_handle, pool_offset, ring_stag (the slots, read), partition_stag, ring_offset,
+    head_offset, partition_offset, partition_length, head_stag (the Head, atomics).  Fields
+    of a capability not granted are zero.
     """
 
     opcode: ClassVar[MessageOpcode] = MessageOpcode.HELLO_ACK
@@ -229,6 +230,7 @@ class HelloAck:
     head_offset: int = 0
     partition_offset: int = 0
     partition_length: int = 0
+    head_stag: int = 0
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)

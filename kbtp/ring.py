@@ -27,6 +27,7 @@ from kbtp.constants import (
     SLOT_LEN,
     TICKET_MASK,
     TICKET_MODULUS,
+    pack_counter,
 )
 from kbtp.layout import (
     ByteOrder,
@@ -60,6 +61,14 @@ def make_local_fetch_add(byteorder: ByteOrder = "little") -> FetchAdd:
         return original
 
     return fetch_add
+
+
+class CounterCorrupt(LocalError):
+    """A ring counter holds a value no masked FetchAdd of draft §3.3 can produce.
+
+    Only a DIRECT_ALLOC initiator's own atomics on its Head can cause it (its Head STag is
+    remote atomic, docs/kbtp.md §3.6); the core closes that session (docs/kbtp.md §6.7).
+    """
 
 
 def ticket_distance(later: int, earlier: int) -> int:
@@ -149,26 +158,36 @@ class FreeRing:
         slot = self.slot(ticket)
         return slot.block_offset if slot.holds(ticket) else None
 
+    def _checked(self, name: str, value: int) -> tuple[int, int]:
+        """(Ticket, Slot Offset) of a counter value; :class:`CounterCorrupt` unless the value
+        is one the §3.3 FetchAdds make: Slot Offset = 16 * (Ticket mod N), other bits zero."""
+        g = self.geometry
+        ticket, slot_offset = g.unpack_counter(value)
+        if value != pack_counter(ticket, g.slot_offset(ticket)):
+            raise CounterCorrupt(
+                f"{name} corrupt: 0x{value:016x} is no counter of a ring of {g.slots} slots"
+            )
+        return ticket, slot_offset
+
     def _fetch_add(self, counter_offset: int) -> tuple[int, int]:
         g = self.geometry
         original = self.fetch_add(self.mem, counter_offset, RING_ADD_DATA, g.add_mask)
-        ticket, slot_offset = g.unpack_counter(original)
-        if slot_offset != g.slot_offset(ticket):
-            raise LocalError(
-                f"ring counter at {counter_offset} corrupt: ticket {ticket}, offset {slot_offset}"
-            )
-        return ticket, slot_offset
+        name = "Head" if counter_offset == g.head_offset else "Tail"
+        return self._checked(name, original)
 
     # -- allocation ---------------------------------------------------------------------
     def observe(self, now: float, limit: int | None = None) -> int:
         """Account for tickets taken by DIRECT_ALLOC FetchAdds since the last look at Head.
 
-        Returns how many new tickets were found.  When that exceeds ``limit`` the tickets
-        are not recorded one by one (the caller closes the session and reinitializes).
+        Returns how many new tickets were found.  When that exceeds ``limit`` (default N:
+        no more tickets can be outstanding, N >= F) the tickets are not recorded one by one
+        (the caller closes the session and reinitializes); a Head moved backwards counts as
+        nearly 2**32 new tickets.  Raises :class:`CounterCorrupt` if Head holds no counter.
         """
-        head, _ = self.head()
+        g = self.geometry
+        head, _ = self._checked("Head", read_counter(self.mem, g.head_offset, g.byteorder))
         count = ticket_distance(head, self.observed_head)
-        if limit is not None and count > limit:
+        if count > (g.slots if limit is None else limit):
             return count
         t = self.observed_head
         for _ in range(count):
@@ -178,21 +197,28 @@ class FreeRing:
         self.observed_head = head
         return count
 
-    def take(self, now: float) -> int:
-        """Target-executed allocation step 1: FetchAdd on Head; returns the ticket (§3.3)."""
-        self.observe(now)
+    def take(self, now: float, limit: int | None = None) -> int:
+        """Target-executed allocation step 1: FetchAdd on Head; returns the ticket (§3.3).
+
+        Tickets an initiator took since the last look at Head are recorded as direct ones;
+        more than ``limit`` (default N) of them, a Head moved backwards, or a Head that
+        holds no counter value raises :class:`CounterCorrupt`.
+        """
+        limit = self.geometry.slots if limit is None else limit
+        if self.observe(now, limit) > limit:
+            raise CounterCorrupt(f"Head moved by more than {limit} tickets")
         ticket, _ = self._fetch_add(self.geometry.head_offset)
         # Tickets an initiator took between observe() and this FetchAdd are direct ones.
-        self.observe_until(ticket, now)
+        raced = ticket_distance(ticket, self.observed_head)
+        if raced > limit:
+            raise CounterCorrupt(f"Head moved by {raced} tickets during an allocation")
+        t = self.observed_head
+        for _ in range(raced):
+            self.outstanding.setdefault(t, Outstanding(TicketOwner.DIRECT, now))
+            t = (t + 1) & TICKET_MASK
         self.outstanding[ticket] = Outstanding(TicketOwner.TARGET, now)
         self.observed_head = (ticket + 1) & TICKET_MASK
         return ticket
-
-    def observe_until(self, ticket: int, now: float) -> None:
-        t = self.observed_head
-        for _ in range(ticket_distance(ticket, self.observed_head)):
-            self.outstanding.setdefault(t, Outstanding(TicketOwner.DIRECT, now))
-            t = (t + 1) & TICKET_MASK
 
     def consume(self, ticket: int) -> tuple[int, tuple[int, ...]]:
         """Mark ``ticket``'s slot consumed; returns (its block, tickets made ready).

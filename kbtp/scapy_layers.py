@@ -277,7 +277,7 @@ class KBTP_Hello(_KbtpPacket):
 
 
 class KBTP_HelloAck(_KbtpPacket):
-    """HELLO_ACK body, 112 octets (docs/kbtp.md §5.4); field names as :class:`HelloAck`."""
+    """HELLO_ACK body, 120 octets (docs/kbtp.md §5.4); field names as :class:`HelloAck`."""
 
     name = "KBTP HELLO_ACK"
     fields_desc = [
@@ -303,6 +303,8 @@ class KBTP_HelloAck(_KbtpPacket):
         XLongField("head_offset", 0),
         XLongField("partition_offset", 0),
         XLongField("partition_length", 0),
+        XIntField("head_stag", 0),
+        XIntField("reserved_2", 0),
     ]
 
     def mysummary(self) -> str:

@@ -9,8 +9,8 @@ Theory of operation
   Offsets are virtual addresses (VA-based STags), so the core's ``base_to`` is the
   mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's
   ``RegisterMemory`` actions register sub-ranges of the mapping in the session's protection
-  domain with the access of docs/kbtp.md §3.6 (Table and Pool remote read, Ring remote
-  read + atomic, Partition remote write) when a HELLO grants a direct mode, and its
+  domain with the access of docs/kbtp.md §3.6 (Table, Pool and Ring remote read, Head
+  remote atomic, Partition remote write) when a HELLO grants a direct mode, and its
   ``DeregisterMemory`` actions drop them when the connection is gone.  A local-only MR
   over the whole mapping is the source and sink of the target's own RDMA Writes and Reads.
 * **Atomics.**  The core's ``fetch_add`` runs in that MR's atomic engine
@@ -19,7 +19,8 @@ Theory of operation
   §5.3, EXT-07).
 * **Sessions.**  Every accepted connection gets a QP and a CQ of its own and a task that
   feeds the core: each received Send goes to ``handle_message`` (its receive buffer is
-  reposted first, so Request Credits receives stay posted, docs/kbtp.md §9.2), each RDMA
+  reposted first, so Request Credits + the receive margin receives stay posted, docs/kbtp.md
+  §9.2; the core learns which messages arrived together), each RDMA
   Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
   the core returns are posted as work requests on the QP of the session they name (one
   session's request can release another session's request queued on the same handle).
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN
+from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN, Status
 from kbtp.target_actions import (
     Action,
     CloseSession,
@@ -92,7 +93,8 @@ log = logging.getLogger(__name__)
 REGION_ACCESS: dict[RegionKind, Access] = {
     RegionKind.TABLE: Access.REMOTE_READ,
     RegionKind.POOL: Access.REMOTE_READ,
-    RegionKind.RING: Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+    RegionKind.RING: Access.REMOTE_READ,
+    RegionKind.HEAD: Access.REMOTE_ATOMIC,
     RegionKind.PARTITION: Access.REMOTE_WRITE,
 }
 """Access rights of each region the core registers (docs/kbtp.md §3.6)."""
@@ -250,21 +252,21 @@ class KbtpTarget:
     async def _run_session(self, request: ConnectRequest) -> None:
         sid = next(self._sids)
         credits = self.config.request_credits
+        receives = credits + self.config.receive_margin  # docs/kbtp.md §9.2
         size = receive_buffer_size(self.config)
-        cq = self.rnic.create_cq(max(256, 8 * credits + 64))
-        cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=credits + 1)
+        cq = self.rnic.create_cq(max(256, 8 * credits + receives + 64))
+        cap = QpCap(max_send_wr=4 * credits + 64, max_recv_wr=receives)
         # A protection domain per session (RFC 5042 §6.1.1, SEC-03): no stream can use an
         # STag given to another (SEC-01), and no STag is shared across streams (SEC-07).
         pd = self.rnic.alloc_pd()
         local_mr = pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
         qp = self.rnic.create_qp(pd, cq, cap=cap, ird=self.settings.ird, ord=self.settings.ord)
-        recv_mr = pd.reg_mr(bytearray(credits * size), Access.LOCAL_WRITE)
+        recv_mr = pd.reg_mr(bytearray(receives * size), Access.LOCAL_WRITE)
         marker_mr = pd.reg_mr(bytearray(1), Access.LOCAL_WRITE)
         sess = TargetSession(sid, pd, local_mr, qp, cq, request.remote, recv_mr, size, marker_mr)
         sess.regions += [local_mr, recv_mr, marker_mr]
         # docs/kbtp.md §4.1: receives are posted before the MPA Reply goes out.
-        qp.post_recv([sess.recv_wr(slot) for slot in range(credits)])
-        self.core.open_session(sid)
+        qp.post_recv([sess.recv_wr(slot) for slot in range(receives)])
         self.sessions[sid] = sess
         self.sessions_served += 1
         try:
@@ -273,6 +275,9 @@ class KbtpTarget:
             except ConnectFailed as exc:
                 sess.reason = str(exc)
                 return
+            # The HELLO deadline runs from here (docs/kbtp.md §4.2); wake the ticker for it.
+            self.core.open_session(sid, trio.current_time())
+            self._tick_wake.set()
             self._event(f"session {sid}: connected from {request.remote[0]}:{request.remote[1]}")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump, sess)
@@ -286,7 +291,7 @@ class KbtpTarget:
             if not sess.reason:
                 sess.reason = "the target is stopping"
             with trio.CancelScope(shield=True):
-                self._apply(self.core.close_session(sid, trio.current_time()))
+                self._apply(self._guarded(sess, self.core.close_session, sid, trio.current_time()))
                 for mr in sess.regions:
                     self.regions.pop(mr.stag, None)
                     mr.dereg()
@@ -297,15 +302,21 @@ class KbtpTarget:
             )
 
     async def _pump(self, sess: TargetSession) -> None:
+        """Feed the core every completion of the session, a whole drain of the CQ at a time:
+        the messages of one drain all arrived before any answer to them was sent, which is
+        what the core's credit accounting needs to know (``receive_batch``, §9.2)."""
         cq = sess.cq
         while True:
-            wc = await cq.next()
-            self._on_wc(sess, wc)
-            for wc in cq.poll(256):
+            batch = [await cq.next()]
+            while more := cq.poll(256):
+                batch.extend(more)
+            self.core.receive_batch(sess.sid)
+            for wc in batch:
                 self._on_wc(sess, wc)
 
     async def _ticker(self) -> None:
-        """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7)."""
+        """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7),
+        each session under its own guard."""
         half = self.config.ticket_timeout / 2
         while True:
             now = trio.current_time()
@@ -314,7 +325,37 @@ class KbtpTarget:
             with trio.move_on_at(wake_at):
                 await self._tick_wake.wait()
             self._tick_wake = trio.Event()
-            self._apply(self.core.tick(trio.current_time()))
+            now = trio.current_time()
+            for sid, sess in list(self.sessions.items()):
+                self._apply(self._guarded(sess, self.core.tick, now, sid))
+
+    # ----------------------------------------------------------------------------------
+    # the last resort (docs/kbtp.md §9.3)
+    # ----------------------------------------------------------------------------------
+    def _guarded(
+        self, sess: TargetSession, call: Callable[..., list[Action]], *args: object
+    ) -> list[Action]:
+        """``call(*args)``, a core call on behalf of ``sess``; if it raises, whatever the
+        peer did, the exception ends that session only: a log line with the traceback, the
+        core releases what the session held, and the stream is Terminated (0/2/0xFF)."""
+        try:
+            return call(*args)
+        except Exception as exc:  # the boundary no peer may cross
+            log.exception("session %d: the target core failed", sess.sid)
+            return self._core_failed(sess, exc)
+
+    def _core_failed(self, sess: TargetSession, exc: Exception) -> list[Action]:
+        reason = f"{type(exc).__name__}: {exc}"
+        self._event(f"session {sess.sid}: target failure: {reason}")
+        actions: list[Action] = []
+        try:
+            actions = self.core.close_session(sess.sid, trio.current_time())
+        except Exception:  # still only this session's business
+            log.exception("session %d: releasing it failed too", sess.sid)
+        sess.close = CloseSession(sess.sid, Status.TARGET_FAILURE, reason)
+        sess.reason = f"closed by the target: TARGET_FAILURE: {reason}"
+        self._terminate(sess)
+        return actions
 
     # ----------------------------------------------------------------------------------
     # completions in, actions out
@@ -329,7 +370,7 @@ class KbtpTarget:
             sess.qp.post_recv(sess.recv_wr(wc.wr_id))
             sess.messages += 1
             fresh = sess.identity is None
-            actions = self.core.handle_message(sess.sid, data, now)
+            actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
             if fresh:
                 sess.identity = self.core.session_identity(sess.sid)
                 if sess.identity is not None:
@@ -344,10 +385,10 @@ class KbtpTarget:
         if wc.wr_id == _UNSIGNALLED or wc.status is WcStatus.WR_FLUSH_ERR:
             return  # a flushed WR: the session ends and the core drops its operations
         if wc.status is WcStatus.SUCCESS:
-            self._apply(self.core.rdma_completed(wc.wr_id, now))
+            self._apply(self._guarded(sess, self.core.rdma_completed, wc.wr_id, now))
         else:
             reason = f"{wc.opcode.value} failed: {wc.status.value}"
-            self._apply(self.core.rdma_failed(wc.wr_id, now, reason))
+            self._apply(self._guarded(sess, self.core.rdma_failed, wc.wr_id, now, reason))
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the core's actions as work requests on the QPs of their sessions.
@@ -370,7 +411,7 @@ class KbtpTarget:
             if sess is None:
                 continue  # the session has gone; the core has dropped its operations
             if isinstance(action, RegisterMemory):
-                work.extend(self._register(sess, action))
+                work.extend(self._guarded(sess, self._register, sess, action))
                 continue
             if isinstance(action, SendMessage):
                 data = action.encode()
@@ -400,7 +441,10 @@ class KbtpTarget:
                         send_flags=SendFlags.NONE,
                     )
                     if self._post(sess, wr):
-                        work.extend(self.core.rdma_completed(action.op_id, trio.current_time()))
+                        now = trio.current_time()
+                        work.extend(
+                            self._guarded(sess, self.core.rdma_completed, action.op_id, now)
+                        )
                     continue
                 self._post_rdma(sess, action, WrOpcode.RDMA_WRITE)
             elif isinstance(action, ReadFromInitiator):

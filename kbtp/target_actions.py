@@ -34,7 +34,8 @@ class RegionKind(Enum):
 
     TABLE = "table"  # remote read (DIRECT_LOAD)
     POOL = "pool"  # remote read (DIRECT_LOAD)
-    RING = "ring"  # remote read + remote atomic: one partition ring's slots and Head
+    RING = "ring"  # remote read: one partition ring's slots
+    HEAD = "head"  # remote atomic: that ring's Head, and nothing else (docs/kbtp.md §3.6)
     PARTITION = "partition"  # remote write: one partition's blocks
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kbtp.constants import DEFAULT_MAX_INLINE, DEFAULT_REQUEST_CREDITS, DEFAULT_TICKET_TIMEOUT
+from kbtp.constants import (
+    DEFAULT_HELLO_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_INLINE,
+    DEFAULT_RECEIVE_MARGIN,
+    DEFAULT_REQUEST_CREDITS,
+    DEFAULT_TICKET_TIMEOUT,
+)
 from kbtp.layout import ByteOrder, TargetLayout, plan_layout
 from stack.errors import LocalError
 
@@ -52,7 +59,10 @@ class TargetConfig:
     Fields: block_size, pool_blocks (F), initiators, table_base_handle, table_entries
     (None: up to the highest configured handle), request_credits, max_inline,
     ticket_timeout (seconds), base_to (Tagged Offset of memory byte 0),
-    counter_byteorder, shared_ring_order (None: smallest N >= shared blocks).
+    counter_byteorder, shared_ring_order (None: smallest N >= shared blocks),
+    receive_margin (receives posted beyond the credits, docs/kbtp.md §9.2), hello_timeout
+    (seconds from connection to HELLO), idle_timeout (seconds of silence after which a
+    session is closed; None: never), both docs/kbtp.md §4.2.
     """
 
     block_size: int
@@ -66,12 +76,16 @@ class TargetConfig:
     base_to: int = 0
     counter_byteorder: ByteOrder = "little"
     shared_ring_order: int | None = None
+    receive_margin: int = DEFAULT_RECEIVE_MARGIN
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
 
 
 def check_config(config: TargetConfig) -> None:
     """Refuse a configuration no target can serve (LocalError): no initiator, identities
-    not distinct, quotas over F (draft §3.4), credits outside 1..65535, a Ticket Timeout
-    that is not positive, a negative quota or range, a DIRECT_ALLOC partition of no block."""
+    not distinct, quotas over F (draft §3.4), credits outside 1..65535, a Ticket Timeout,
+    HELLO or idle timeout that is not positive, a receive margin below 1, a negative quota
+    or range, a DIRECT_ALLOC partition of no block."""
     c = config
     if not c.initiators:
         raise LocalError("a target needs at least one initiator identity")
@@ -83,6 +97,10 @@ def check_config(config: TargetConfig) -> None:
         raise LocalError("request credits must be 1..65535")
     if c.ticket_timeout <= 0:
         raise LocalError("the Ticket Timeout must be positive")
+    if c.receive_margin < 1:
+        raise LocalError("the receive margin must be at least 1 (docs/kbtp.md §9.2)")
+    if c.hello_timeout <= 0 or (c.idle_timeout is not None and c.idle_timeout <= 0):
+        raise LocalError("the HELLO and idle timeouts must be positive")
     for i in c.initiators:
         if i.quota < 0 or i.handle_count < 0 or (i.direct_alloc and i.quota < 1):
             raise LocalError(f"bad quota or handle range for {i.identity!r}")

@@ -87,6 +87,7 @@ _STAG_OF: dict[RegionKind, str] = {
     RegionKind.TABLE: "table_stag",
     RegionKind.POOL: "pool_stag",
     RegionKind.RING: "ring_stag",
+    RegionKind.HEAD: "head_stag",
     RegionKind.PARTITION: "partition_stag",
 }
 """The SessionState and HelloAck field carrying each region's STag."""
@@ -148,6 +149,7 @@ class TargetCore(RequestOps, TicketOps):
         self._next_op = 1
         self._busy = {}
         self._waiters = {}
+        self._bound_blocks = {}  # Block Offset -> the handle whose VALID entry holds it
         self._registered = {}  # session -> STags registered for it, until close_session
         self._orphans = {}  # op id -> session: registrations asked for by a closed session
 
@@ -191,11 +193,12 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # sessions
     # ----------------------------------------------------------------------------------
-    def open_session(self, session: int) -> None:
-        """An RDMAP stream is established; the next message on it must be HELLO."""
+    def open_session(self, session: int, now: float = 0.0) -> None:
+        """An RDMAP stream is established at ``now``; the next message on it must be HELLO,
+        within the HELLO timeout (docs/kbtp.md §4.2)."""
         if session in self._sessions:
             raise LocalError(f"session {session} already open")
-        self._sessions[session] = SessionState()
+        self._sessions[session] = SessionState(opened=now, active=now)
 
     def close_session(self, session: int, now: float) -> list[Action]:
         """The connection is gone (closed, reset, Terminated): release what it held.
@@ -212,6 +215,18 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # inbound messages
     # ----------------------------------------------------------------------------------
+    def receive_batch(self, session: int) -> None:
+        """The binding is about to hand over the messages that arrived since its last call
+        (one drain of the session's completion queue): they were all sent before the
+        initiator could see any COMPLETION the core sends from now on, so those do not
+        return credits until the next call (docs/kbtp.md §9.2).  A binding that never calls
+        this gets a credit back with every COMPLETION, and over-credit requests that are
+        answered in time go unnoticed."""
+        sess = self._sessions.get(session)
+        if sess is not None:
+            sess.batching = True
+            sess.uncredited = 0
+
     def handle_message(
         self, session: int, data: bytes | bytearray | memoryview, now: float
     ) -> list[Action]:
@@ -224,6 +239,7 @@ class TargetCore(RequestOps, TicketOps):
         sess = self._sessions.get(session)
         if sess is None:
             return out
+        sess.active = max(sess.active, now)
         if sess.hello_ack is not None:
             sess.early.append(bytes(data))  # processed after the HELLO_ACK
             return out
@@ -235,8 +251,8 @@ class TargetCore(RequestOps, TicketOps):
                 self._send(out, session, HelloAck(rid, exc.status))
                 self._close(session, now, exc.status, str(exc), out)
                 return out
-            if sess.inflight >= self.config.request_credits:
-                return self._credit_exceeded(session, rid, now)
+            if self._over_credit(sess):
+                return self._credit_exceeded(session, rid, exc.handle, exc.opcode or 0, now)
             self._send(
                 out,
                 session,
@@ -276,8 +292,10 @@ class TargetCore(RequestOps, TicketOps):
                 session, now, Status.BAD_OPCODE, f"{message.opcode.name} sent to a target", out
             )
             return out
-        if sess.inflight >= self.config.request_credits:
-            return self._credit_exceeded(session, message.request_id, now)
+        if self._over_credit(sess):
+            return self._credit_exceeded(
+                session, message.request_id, message.handle, message.opcode, now
+            )
         sess.inflight += 1
         queue = self._busy.get(message.handle)
         if queue is not None:
@@ -324,6 +342,9 @@ class TargetCore(RequestOps, TicketOps):
         if op.kind is OpKind.REGISTER:
             raise LocalError(f"op {op_id} is a registration: report it with memory_registered")
         del self._ops[op_id]
+        sess = self._sessions.get(op.session)
+        if sess is not None:
+            sess.active = max(sess.active, now)
         if op.kind is OpKind.INVALIDATE:
             self._invalidated(op_id, op, now, out)
             return out
@@ -374,25 +395,44 @@ class TargetCore(RequestOps, TicketOps):
         self._close(op.session, now, status, reason, out)
         return out
 
-    def tick(self, now: float) -> list[Action]:
-        """Advance time: find abandoned direct tickets (draft §3.4) and act on them.
+    def tick(self, now: float, session: int | None = None) -> list[Action]:
+        """Advance time: close sessions past their HELLO deadline or idle timeout
+        (docs/kbtp.md §4.2), find abandoned direct tickets (draft §3.4) and act on them.
 
-        Call it at least every Ticket Timeout / 2 while a session has DIRECT_ALLOC, and at
-        :meth:`next_deadline`.
+        Call it at least every Ticket Timeout / 2 while a session is open, and at
+        :meth:`next_deadline`.  With ``session``, only that session is looked at (a binding
+        ticks each session on its own, so that a failure ends that session only).
         """
         out: list[Action] = []
-        for session, sess in list(self._sessions.items()):
-            if sess.identity is None or not sess.capabilities & Capability.DIRECT_ALLOC:
+        cfg = self.config
+        for sid, sess in list(self._sessions.items()):
+            if session is not None and sid != session:
                 continue
-            self._check_tickets(session, sess, now, out)
+            if sess.identity is None:
+                if now - sess.opened >= cfg.hello_timeout:
+                    reason = f"no HELLO within {cfg.hello_timeout:g} s"
+                    self._close(sid, now, Status.NO_SESSION, reason, out)
+                continue
+            if cfg.idle_timeout is not None and now - sess.active >= cfg.idle_timeout:
+                reason = f"idle for {cfg.idle_timeout:g} s"
+                self._close(sid, now, Status.NO_SESSION, reason, out)
+                continue
+            if sess.capabilities & Capability.DIRECT_ALLOC:
+                self._check_tickets(sid, sess, now, out)
         return out
 
     def next_deadline(self, now: float) -> float | None:
-        """When :meth:`tick` should next run (None: no DIRECT_ALLOC session)."""
+        """When :meth:`tick` should next run for a HELLO deadline or a direct ticket (None:
+        neither pending).  Idle timeouts are found by the periodic ticks (at most Ticket
+        Timeout / 2 late)."""
         deadline: float | None = None
         timeout = self.config.ticket_timeout
         for sess in self._sessions.values():
-            if sess.identity is None or not sess.capabilities & Capability.DIRECT_ALLOC:
+            if sess.identity is None:
+                due = sess.opened + self.config.hello_timeout
+                deadline = due if deadline is None else min(deadline, due)
+                continue
+            if not sess.capabilities & Capability.DIRECT_ALLOC:
                 continue
             ring = self._rings[self._initiators[sess.identity].ring]
             candidates = [now + timeout / 2]
@@ -419,9 +459,22 @@ class TargetCore(RequestOps, TicketOps):
             if not self._execute(session, req, now, out):
                 return
 
-    def _credit_exceeded(self, session: int, rid: int, now: float) -> list[Action]:
+    def _over_credit(self, sess: SessionState) -> bool:
+        """A request arrives: would it be beyond the Request Credits (docs/kbtp.md §9.2)?
+
+        Outstanding at the initiator when it sent this request were at least the requests
+        the core holds (``inflight``) and those answered since the binding's last
+        :meth:`receive_batch`: this request arrived before those answers were sent.
+        """
+        return sess.inflight + sess.uncredited >= self.config.request_credits
+
+    def _credit_exceeded(
+        self, session: int, rid: int, handle: int, opcode: int, now: float
+    ) -> list[Action]:
+        """CREDIT_EXCEEDED (fatal) echoing the request's Request ID, Handle and Opcode."""
         out: list[Action] = []
-        self._send(out, session, Completion(rid, status=Status.CREDIT_EXCEEDED))
+        answer = Completion(rid, handle, status=Status.CREDIT_EXCEEDED, request_opcode=opcode)
+        self._send(out, session, answer)
         self._close(session, now, Status.CREDIT_EXCEEDED, "more requests than request credits", out)
         return out
 
@@ -546,8 +599,11 @@ class TargetCore(RequestOps, TicketOps):
             part = lay.partitions[ini.ring]
             p_off, p_len = lay.partition_region(part)
             regions.append((RegionKind.RING, *lay.ring_region(part.ring)))
+            regions.append((RegionKind.HEAD, *lay.head_region(part.ring)))
             regions.append((RegionKind.PARTITION, p_off, p_len))
-            self._rings[ini.ring].observe(now)
+            if self._direct_violation(ini, now) is not None:
+                # A late atomic of the identity's previous stream: start the ring afresh.
+                self._reset_partition(ini)
             ack.update(
                 ring_order=part.ring.order,
                 ring_offset=lay.to(part.ring.slots_offset),

@@ -19,7 +19,7 @@ from kbtp.constants import (
 )
 from kbtp.layout import TableEntry, read_entry, write_entry
 from kbtp.messages import AllocStore, Bind, Free, Load, Request, Store
-from kbtp.ring import TicketOwner
+from kbtp.ring import CounterCorrupt, TicketOwner
 from kbtp.target_actions import Action, ReadFromInitiator, WriteToInitiator
 from kbtp.target_state import (
     SHARED_RING,
@@ -148,12 +148,21 @@ class RequestOps(CoreState):
         status = self._data_checks(req)
         if status is not Status.SUCCESS:
             return self._fail(out, session, req, status)
-        if self._direct_over_quota(ini, now):
-            return self._over_quota(session, req, entry.generation, now, out)
+        violation = self._direct_violation(ini, now)
+        if violation is not None:
+            return self._over_quota(session, req, entry.generation, now, out, violation)
         if self.usage(ini.config.identity) + 1 > ini.config.quota:
             return self._fail(out, session, req, Status.NO_SPACE)
         ring = self._rings[ini.ring]
-        ticket = ring.take(now)
+        if ini.config.direct_alloc:
+            try:  # an initiator's atomic on its Head may land just before ours
+                ticket = ring.take(now, ini.config.quota)
+            except CounterCorrupt as exc:
+                return self._over_quota(
+                    session, req, entry.generation, now, out, f"partition {exc}"
+                )
+        else:
+            ticket = ring.take(now)
         ini.allocating += 1
         if self.usage(ini.config.identity) > ini.config.quota:
             # A direct FetchAdd raced ours and went over the quota (draft §3.4: NO_SPACE,
@@ -202,6 +211,7 @@ class RequestOps(CoreState):
         length = req.data_length if isinstance(req, Bind) else req.descriptor.length
         entry = TableEntry(flags, next_generation(old.generation), length, block)
         write_entry(self.memory, at, entry)
+        self._bound_blocks[block] = req.handle
         ini.bound += 1
         if isinstance(req, AllocStore):
             ini.allocating -= 1
@@ -223,6 +233,7 @@ class RequestOps(CoreState):
             at,
             TableEntry(TableFlag.NONE, generation, entry.data_length, entry.block_offset),
         )
+        self._bound_blocks.pop(entry.block_offset, None)
         ini.bound -= 1
         self._return_block(self._ring_of_block(entry.block_offset), entry.block_offset, out, now)
         self._complete(out, session, req, Status.SUCCESS, generation, 0, entry.block_offset)
@@ -259,15 +270,33 @@ class RequestOps(CoreState):
         ring = self._rings[ini.ring]
         if req.ticket in ring.abandoned:
             return self._fail(out, session, req, Status.TICKET_ABANDONED)
-        if self._direct_over_quota(ini, now):
-            return self._over_quota(session, req, entry.generation, now, out)
-        held = ring.outstanding.get(req.ticket)
-        if held is None or held.owner is not TicketOwner.DIRECT or held.abandoned:
+        violation = self._direct_violation(ini, now)
+        if violation is not None:
+            return self._over_quota(session, req, entry.generation, now, out, violation)
+        if not self._bindable(ini, req):
             return self._fail(out, session, req, Status.BAD_BIND)
-        if ring.ready_block(req.ticket) != req.block_offset:
-            return self._fail(out, session, req, Status.BAD_BIND)
-        # Within quota: usage (which counts this ticket) was checked by _direct_over_quota.
+        # Within quota: usage (which counts this ticket) was checked by _direct_violation.
         _, ready = ring.consume(req.ticket)
         self._wake(ini.ring, ready, out, now)
         self._finish_alloc(session, req, req.block_offset, out)
         return True
+
+    def _bindable(self, ini: InitiatorState, req: Bind) -> bool:
+        """BAD_BIND unless (docs/kbtp.md §6.6): the Block Offset is one of the initiator's
+        partition blocks (in range, on a block boundary) that no handle has bound, and the
+        ticket is an outstanding direct ticket of that ring whose slot holds exactly
+        {Sequence ticket, that Block Offset}.  The slots are the target's own memory, but
+        nothing an initiator sends is taken on trust: a forged offset never reaches the
+        table, so no later FREE, STORE or LOAD can touch a block outside the partition."""
+        lay = self.layout
+        part = lay.partitions[ini.ring]
+        index = lay.block_index(req.block_offset)
+        if index is None or not part.first_block <= index < part.first_block + part.blocks:
+            return False
+        if req.block_offset in self._bound_blocks:
+            return False
+        ring = self._rings[ini.ring]
+        held = ring.outstanding.get(req.ticket)
+        if held is None or held.owner is not TicketOwner.DIRECT or held.abandoned:
+            return False
+        return ring.ready_block(req.ticket) == req.block_offset

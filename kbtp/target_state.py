@@ -78,10 +78,15 @@ class SessionState:
 
     identity: bytes | None = None
     capabilities: Capability = Capability.NONE
+    opened: float = 0.0  # when the stream was established (the HELLO deadline runs from it)
+    active: float = 0.0  # the last message received or operation completed (idle timeout)
     inflight: int = 0
+    uncredited: int = 0  # COMPLETIONs sent since the binding's last receive_batch
+    batching: bool = False  # the binding reports receive batches (docs/kbtp.md §9.2)
     table_stag: int = 0
     pool_stag: int = 0
     ring_stag: int = 0
+    head_stag: int = 0
     partition_stag: int = 0
     direct_alloc: bool = False  # DIRECT_ALLOC currently usable (STags valid)
     invalidating: set[int] = field(default_factory=set)  # op ids of pending invalidations
@@ -127,6 +132,7 @@ class CoreState:
     _next_op: int
     _busy: dict[int, deque[tuple[int, Request]]]
     _waiters: dict[tuple[int, int], int]
+    _bound_blocks: dict[int, int]
     _registered: dict[int, list[int]]
     _orphans: dict[int, int]
 
@@ -160,6 +166,7 @@ class CoreState:
         new._ops = {k: v.copy() for k, v in self._ops.items()}
         new._busy = {k: deque(v) for k, v in self._busy.items()}
         new._waiters = dict(self._waiters)
+        new._bound_blocks = dict(self._bound_blocks)
         new._registered = {k: list(v) for k, v in self._registered.items()}
         new._orphans = dict(self._orphans)
         return new
@@ -185,6 +192,7 @@ class CoreState:
                     s.identity,
                     int(s.capabilities),
                     s.inflight,
+                    s.uncredited,
                     s.direct_alloc,
                     len(s.invalidating),
                     len(s.registering),
@@ -234,6 +242,8 @@ class CoreState:
         sess = self._sessions.get(session)
         if sess is not None:
             sess.inflight -= 1
+            if sess.batching:
+                sess.uncredited += 1
 
     def _fail(self, out: list[Action], session: int, req: Request, status: Status) -> bool:
         """Complete ``req`` with an error status; the request changed nothing."""
@@ -244,6 +254,9 @@ class CoreState:
         return True
 
     def _write_block(self, block_offset: int, data: bytes) -> None:
+        """Write ``data`` at the start of a pool block (LocalError if it names none)."""
+        if self.layout.block_index(block_offset) is None or len(data) > self.config.block_size:
+            raise LocalError(f"no block of {len(data)} octets at 0x{block_offset:x}")
         start = self.layout.offset_of(block_offset)
         self.memory[start : start + len(data)] = data
 
@@ -272,12 +285,18 @@ class CoreState:
         """A block goes back to its ring (target_tickets)."""
         raise NotImplementedError
 
-    def _direct_over_quota(self, ini: InitiatorState, now: float) -> bool:
-        """Whether direct tickets took ``ini`` over its quota (target_tickets)."""
+    def _direct_violation(self, ini: InitiatorState, now: float) -> str | None:
+        """Why ``ini``'s direct tickets or Head close its session, or None (target_tickets)."""
         raise NotImplementedError
 
     def _over_quota(
-        self, session: int, req: Request, generation: int, now: float, out: list[Action]
+        self,
+        session: int,
+        req: Request,
+        generation: int,
+        now: float,
+        out: list[Action],
+        reason: str = OVER_QUOTA,
     ) -> bool:
         """Answer an allocation beyond the quota and close the session (target_tickets)."""
         raise NotImplementedError

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kbtp.constants import Status
 from kbtp.messages import Request
+from kbtp.ring import CounterCorrupt
 from kbtp.target_actions import Action, InvalidateStag
 from kbtp.target_state import (
     OVER_QUOTA,
@@ -74,21 +75,38 @@ class TicketOps(CoreState):
     # ----------------------------------------------------------------------------------
     # DIRECT_ALLOC tickets and the Ticket Timeout (draft §3.4)
     # ----------------------------------------------------------------------------------
-    def _direct_over_quota(self, ini: InitiatorState, now: float) -> bool:
-        """Account for direct tickets taken since the last look; True if over the quota."""
+    def _direct_violation(self, ini: InitiatorState, now: float) -> str | None:
+        """Account for direct tickets taken since the last look at the partition Head; why
+        the session must close (docs/kbtp.md §6.7), or None.
+
+        Two reasons: tickets beyond the quota (draft §3.4), or a Head that holds no counter
+        value (the initiator changed it other than by the masked FetchAdd of draft §3.3; a
+        Head moved backwards counts as tickets beyond the quota).
+        """
         if not ini.config.direct_alloc:
-            return False
+            return None
         limit = ini.config.quota
-        found = self._rings[ini.ring].observe(now, limit=limit)
-        return found > limit or self.usage(ini.config.identity) > limit
+        try:
+            found = self._rings[ini.ring].observe(now, limit=limit)
+        except CounterCorrupt as exc:
+            return f"partition {exc}"
+        if found > limit or self.usage(ini.config.identity) > limit:
+            return OVER_QUOTA
+        return None
 
     def _over_quota(
-        self, session: int, req: Request, generation: int, now: float, out: list[Action]
+        self,
+        session: int,
+        req: Request,
+        generation: int,
+        now: float,
+        out: list[Action],
+        reason: str = OVER_QUOTA,
     ) -> bool:
         """Draft §3.4: an allocation beyond the quota gets NO_SPACE; this target also closes
         the session (the partition ring is then rebuilt).  The request is finished."""
         self._complete(out, session, req, Status.NO_SPACE, generation)
-        self._close(session, now, Status.NO_SPACE, OVER_QUOTA, out)
+        self._close(session, now, Status.NO_SPACE, reason, out)
         return True
 
     def _check_tickets(
@@ -96,8 +114,9 @@ class TicketOps(CoreState):
     ) -> None:
         assert sess.identity is not None
         ini = self._initiators[sess.identity]
-        if self._direct_over_quota(ini, now):
-            self._close(session, now, Status.NO_SPACE, OVER_QUOTA, out)
+        violation = self._direct_violation(ini, now)
+        if violation is not None:
+            self._close(session, now, Status.NO_SPACE, violation, out)
             return
         ring = self._rings[ini.ring]
         expired = ring.expired(now, self.config.ticket_timeout)
@@ -107,9 +126,10 @@ class TicketOps(CoreState):
             ring.abandon(ticket)
         if sess.direct_alloc:
             # Before any block is reclaimed, no RDMA Write of the initiator may reach it:
-            # invalidate the Partition STag (and the Ring STag, so no new tickets appear).
+            # invalidate the Partition STag (the Head STag, so no new tickets appear, and the
+            # Ring STag: DIRECT_ALLOC ends for the session).
             sess.direct_alloc = False
-            for stag in (sess.partition_stag, sess.ring_stag):
+            for stag in (sess.partition_stag, sess.head_stag, sess.ring_stag):
                 op_id = self._new_op(PendingOp(OpKind.INVALIDATE, session, None, ring=ini.ring))
                 sess.invalidating.add(op_id)
                 out.append(InvalidateStag(op_id, session, stag))
@@ -125,8 +145,9 @@ class TicketOps(CoreState):
             return
         ini = self._initiators[sess.identity]
         # The Ring STag is invalid now: Head is final; account for the last direct tickets.
-        if self._direct_over_quota(ini, now):
-            self._close(op.session, now, Status.NO_SPACE, OVER_QUOTA, out)
+        violation = self._direct_violation(ini, now)
+        if violation is not None:
+            self._close(op.session, now, Status.NO_SPACE, violation, out)
         else:
             self._reclaim_abandoned(ini, out, now)
 

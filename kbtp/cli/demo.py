@@ -397,8 +397,9 @@ async def abandon_ticket(demo: Demo, ini: KbtpInitiator, who: str) -> None:
     wait = 1.6 * ack.ticket_timeout_ms / 1000 + 0.2
     demo.progress(who, f"took ticket {alloc.ticket} and wrote its block; waiting {wait:.1f}s")
     await trio.sleep(wait)
-    if demo.target.stag_valid(ack.partition_stag) or demo.target.stag_valid(ack.ring_stag):
-        demo.fail(who, "Partition/Ring STag still valid after the Ticket Timeout")
+    stags = (ack.partition_stag, ack.head_stag, ack.ring_stag)
+    if any(demo.target.stag_valid(stag) for stag in stags):
+        demo.fail(who, "Partition/Head/Ring STag still valid after the Ticket Timeout")
     await demo.expect_status(
         who,
         "BIND after the Ticket Timeout",

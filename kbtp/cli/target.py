@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from kbtp.constants import (
+    DEFAULT_HELLO_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_INLINE,
     DEFAULT_REQUEST_CREDITS,
     DEFAULT_TICKET_TIMEOUT,
@@ -237,6 +239,8 @@ def build_config(args: argparse.Namespace) -> TargetConfig:
         request_credits=args.credits,
         max_inline=args.max_inline,
         ticket_timeout=args.ticket_timeout,
+        hello_timeout=getattr(args, "hello_timeout", DEFAULT_HELLO_TIMEOUT),
+        idle_timeout=getattr(args, "idle_timeout", DEFAULT_IDLE_TIMEOUT),
     )
 
 
@@ -317,6 +321,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_TICKET_TIMEOUT,
         metavar="SECONDS",
         help=f"Ticket Timeout of direct allocations (default {DEFAULT_TICKET_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--hello-timeout",
+        type=positive_float,
+        default=DEFAULT_HELLO_TIMEOUT,
+        metavar="SECONDS",
+        help=f"close a connection without HELLO after this (default {DEFAULT_HELLO_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=positive_float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"close a silent session after this (default {DEFAULT_IDLE_TIMEOUT:g})",
     )
     add_mpa_arguments(parser, None)
     parser.add_argument("--capture", metavar="PCAP", help="record every connection to PCAP")

@@ -205,7 +205,7 @@ class Harness:
 
     def direct_fetch_add(self, session: int) -> tuple[int, int]:
         ack = self.acks[session]
-        self._region(ack.ring_stag, RegionKind.RING)
+        self._region(ack.head_stag, RegionKind.HEAD)
         offset = self.core.layout.offset_of(ack.head_offset)
         original = self.core.fetch_add(
             self.core.memory, offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)

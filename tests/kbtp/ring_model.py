@@ -104,7 +104,7 @@ class World:
         self.actors = actors
         self.now = now
         self.rnic: dict[int, Action] = {}  # pending RDMA Reads / invalidations by op id
-        self.stag_valid = {"ring": True, "partition": True}
+        self.stag_valid = {"ring": True, "head": True, "partition": True}
         self.ghost: dict[int, bytes] = {}  # handle -> bytes its owner stored
         self.events: list[str] = []  # coverage events of the last transition
 
@@ -300,7 +300,7 @@ def _step_rnic(op_id: int) -> Step:
             w.core.memory[start : start + act.length] = inflight[2][: act.length]
         elif isinstance(act, InvalidateStag):
             w.events.append("invalidated")
-            kind = "ring" if act.stag == _stag(w, "ring") else "partition"
+            kind = next(k for k in ("ring", "head", "partition") if act.stag == _stag(w, k))
             w.stag_valid[kind] = False
         w.apply(w.core.rdma_completed(op_id, w.now))
 
@@ -311,7 +311,7 @@ def _stag(w: World, kind: str) -> int:
     sess = w.core._sessions.get(3)  # the direct initiator's session
     if sess is None:
         return -1
-    return sess.ring_stag if kind == "ring" else sess.partition_stag
+    return {"ring": sess.ring_stag, "head": sess.head_stag}.get(kind, sess.partition_stag)
 
 
 def _step_time(mc: ModelConfig) -> Step:
@@ -338,7 +338,7 @@ def _direct_steps(w: World, i: int, a: Actor, mc: ModelConfig) -> list[tuple[str
 
         def fetch_add(w: World) -> None:
             b = w.actors[i]
-            if not w.stag_valid["ring"]:
+            if not w.stag_valid["head"]:
                 w.events.append("direct:stale-stag")
                 w._kill(b.session)
                 w.apply(w.core.close_session(b.session, w.now))

@@ -107,6 +107,7 @@ async def test_s6_7_ticket_timeout_invalidates_reclaims_and_a_late_bind_is_aband
                 # Ticket Timeout: the Partition and Ring STags are invalidated first ...
                 await _until(lambda: not target.stag_valid(ack.partition_stag))
                 assert not target.stag_valid(ack.ring_stag)
+                assert not target.stag_valid(ack.head_stag)
                 # ... then the block is reclaimed into the ring; usage drops to zero.  (Its
                 # slot stays unconsumed until the reclaim, so the block counts as available
                 # all along: wait for the ticket to leave the outstanding set instead.)
@@ -151,7 +152,7 @@ async def test_s3_4_direct_tickets_beyond_the_quota_close_the_session() -> None:
                 ack = c.ack
                 assert ack is not None
                 op = FetchAddOp(
-                    ack.ring_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
+                    ack.head_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
                 )
                 tickets = [await c.one_sided(op) for _ in range(C.quota + 1)]
                 assert [t >> 32 for t in tickets] == list(range(C.quota + 1))  # type: ignore[operator]
@@ -183,11 +184,11 @@ async def test_sec_03_every_session_has_its_own_pd_and_stags() -> None:
                 assert c.ack is not None
                 async with connect(target, "d") as d:
                     assert d.ack is not None
-                    mine = {c.ack.table_stag, c.ack.pool_stag, c.ack.ring_stag}
+                    mine = {c.ack.table_stag, c.ack.pool_stag, c.ack.ring_stag, c.ack.head_stag}
                     mine.add(c.ack.partition_stag)
-                    theirs = {d.ack.table_stag, d.ack.pool_stag, d.ack.ring_stag}
+                    theirs = {d.ack.table_stag, d.ack.pool_stag, d.ack.ring_stag, d.ack.head_stag}
                     theirs.add(d.ack.partition_stag)
-                    assert len(mine | theirs) == 8 and all(map(target.stag_valid, mine | theirs))
+                    assert len(mine | theirs) == 10 and all(map(target.stag_valid, mine | theirs))
                     assert await d.direct_load(130) == data(7, 900)  # through its own STags
                     # d reads an entry through c's Table STag: not associated with d's stream.
                     with pytest.raises(SessionClosed, match="remote access error"):

@@ -96,7 +96,7 @@ class Pair:
             assert kind in (RegionKind.TABLE, RegionKind.POOL, RegionKind.RING)
             return bytes(mem[start : start + size])
         if isinstance(op, FetchAddOp):
-            assert kind is RegionKind.RING
+            assert kind is RegionKind.HEAD
             return h.core.fetch_add(mem, start, op.add, op.mask)
         assert kind is RegionKind.PARTITION
         mem[start : start + size] = op.data

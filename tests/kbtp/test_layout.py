@@ -214,16 +214,17 @@ def test_s3_1_block_offsets_are_tagged_offsets() -> None:
     assert lay.shared_blocks == 4
 
 
-def test_s3_6_regions_do_not_overlap_and_tail_is_outside_ring_stag() -> None:
+def test_s3_6_regions_do_not_overlap_and_only_head_is_in_head_stag() -> None:
     lay = plan_layout(block_size=100, pool_blocks=7, partition_sizes=[3, 1], table_entries=5)
     regions = [lay.table_region, lay.pool_region]
     rings = [lay.shared_ring] + [p.ring for p in lay.partitions]
     for ring in rings:
         assert ring is not None
         start, length = lay.ring_region(ring)
-        assert start <= ring.head_offset and ring.head_offset + 8 <= start + length
-        assert not start <= ring.tail_offset < start + length
+        assert (start, length) == (ring.slots_offset, 16 * ring.slots)
+        assert lay.head_region(ring) == (ring.head_offset, 8)
         regions.append((start, length))
+        regions.append(lay.head_region(ring))
         regions.append((ring.tail_offset, 8))
     regions.sort()
     for (a, alen), (b, _) in zip(regions, regions[1:], strict=False):

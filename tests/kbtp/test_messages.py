@@ -106,12 +106,13 @@ EXAMPLES: list[tuple[str, Message, str]] = [
             head_offset=0x14000400,
             partition_offset=0x10010000,
             partition_length=0x400000,
+            head_stag=0x1500,
         ),
         "0102000000000000000000010000000000000000000000000000000300010000"
         "0000040000000040000000000000100000000100000007d00010060000001000"
         "0000110000001200000000001000000000000000000010000000000010010000"
         "0000130000001400000000001400000000000000140004000000000010010000"
-        "0000000000400000",
+        "00000000004000000000150000000000",
     ),
     (
         "LOAD",
@@ -191,7 +192,7 @@ def test_s10_doc_shows_the_same_bytes() -> None:
         assert decode_message(doc[name]) == message
 
 
-def test_s5_4_hello_ack_is_136_octets_with_fields_in_order() -> None:
+def test_s5_4_hello_ack_is_144_octets_with_fields_in_order() -> None:
     ack = HelloAck(
         request_id=1,
         capabilities=Capability.DIRECT_ALLOC,
@@ -215,15 +216,17 @@ def test_s5_4_hello_ack_is_136_octets_with_fields_in_order() -> None:
         head_offset=0x50,
         partition_offset=0x60,
         partition_length=0x70,
+        head_stag=0x105,
     )
     raw = ack.encode()
-    assert len(raw) == HELLO_ACK_LEN == 136
+    assert len(raw) == HELLO_ACK_LEN == 144
     body = raw[COMMON_HEADER_LEN:]
     assert struct.unpack_from(">IIII", body, 0) == (2, 4096, 1024, 64)
     assert struct.unpack_from(">QII", body, 16) == (0x1000, 256, 2000)
     assert struct.unpack_from(">HBBI", body, 32) == (16, 6, 0, 4096)
     assert struct.unpack_from(">II", body, 72) == (0x103, 0x104)
     assert struct.unpack_from(">Q", body, 104) == (0x70,)
+    assert struct.unpack_from(">II", body, 112) == (0x105, 0)
     assert decode_message(raw) == ack
     assert ack.entry_to(0x25) == 0x10 + 16 * 5
 

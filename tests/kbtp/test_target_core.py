@@ -111,7 +111,8 @@ def test_hello_ack_advertises_session_parameters(h: Harness) -> None:
     assert ack.ring_offset == lay.to(part.ring.slots_offset)
     assert ack.head_offset == lay.to(part.ring.head_offset)
     assert (ack.partition_offset, ack.partition_length) == (lay.block_to(0), 3 * 64)
-    assert len({ack.table_stag, ack.pool_stag, ack.ring_stag, ack.partition_stag}) == 4
+    stags = {ack.table_stag, ack.pool_stag, ack.ring_stag, ack.head_stag, ack.partition_stag}
+    assert len(stags) == 5
 
 
 def test_s6_6_direct_modes_offered_only_to_trusted_initiators(h: Harness) -> None:
@@ -626,6 +627,7 @@ def test_s3_4_ticket_timeout_invalidates_partition_then_reclaims(h: Harness) -> 
     actions = h.tick(1.1)
     assert {a.stag for a in actions if isinstance(a, InvalidateStag)} == {
         ack.partition_stag,
+        ack.head_stag,
         ack.ring_stag,
     }
     ring = h.core.ring_of(b"c")
@@ -699,7 +701,7 @@ def test_s3_4_tickets_expiring_after_invalidation_are_reclaimed_at_once() -> Non
     t1, t3, _ = _defer_behind_direct_ticket(h)
     h.tick(0.5)  # t1 was seen at 0 (by an ALLOC_STORE), t3 is seen now
     actions = h.tick(0.6)  # t1 expires, t3 does not
-    assert sum(isinstance(a, InvalidateStag) for a in actions) == 2
+    assert sum(isinstance(a, InvalidateStag) for a in actions) == 3
     h.finish_all((InvalidateStag,))
     ring = h.core.ring_of(b"c")
     assert t1 in ring.abandoned and t3 not in ring.abandoned
@@ -721,7 +723,8 @@ def test_close_session_while_an_allocation_waits() -> None:
     closing = h.core.close_session(SC, 0.0)
     # Nothing for other sessions; the session's Ring and Partition regions go.
     assert [a for a in closing if not isinstance(a, DeregisterMemory)] == []
-    assert {a.stag for a in closing} == {h.acks[SC].ring_stag, h.acks[SC].partition_stag}
+    ack = h.acks[SC]
+    assert {a.stag for a in closing} == {ack.ring_stag, ack.head_stag, ack.partition_stag}
     ring = h.core.ring_of(b"c")
     assert len(ring.available_blocks()) == 2 and ring.deferred == {} and ring.outstanding == {}
     assert h.core.usage(b"c") == 0 and h.core.pending_ops() == 0

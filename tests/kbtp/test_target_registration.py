@@ -38,16 +38,23 @@ def test_s3_6_hello_asks_for_the_regions_of_its_direct_modes() -> None:
         (SC, RegionKind.TABLE, *lay.table_region),
         (SC, RegionKind.POOL, *lay.pool_region),
         (SC, RegionKind.RING, *lay.ring_region(part.ring)),
+        (SC, RegionKind.HEAD, *lay.head_region(part.ring)),
         (SC, RegionKind.PARTITION, *lay.partition_region(part)),
     ]
-    assert len({a.op_id for a in asked}) == 4
+    assert len({a.op_id for a in asked}) == 5
     assert _hello(h, SA, b"a", Capability.DIRECT_LOAD)[0].kind is RegionKind.TABLE
 
 
 def test_s4_2_hello_ack_waits_for_every_stag() -> None:
     h = Harness()
     asked = _hello(h, SC, b"c", DIRECT)
-    stags = {RegionKind.TABLE: 7, RegionKind.POOL: 8, RegionKind.RING: 9, RegionKind.PARTITION: 10}
+    stags = {
+        RegionKind.TABLE: 7,
+        RegionKind.POOL: 8,
+        RegionKind.RING: 9,
+        RegionKind.HEAD: 11,
+        RegionKind.PARTITION: 10,
+    }
     for a in reversed(asked[1:]):
         assert h.core.memory_registered(a.op_id, stags[a.kind], h.now) == []
     assert not h.core.direct_alloc_enabled(SC)
@@ -56,6 +63,7 @@ def test_s4_2_hello_ack_waits_for_every_stag() -> None:
     ack = send.message
     assert ack.status == Status.SUCCESS and ack.request_id == 5
     assert (ack.table_stag, ack.pool_stag, ack.ring_stag, ack.partition_stag) == (7, 8, 9, 10)
+    assert ack.head_stag == 11
     assert h.core.direct_alloc_enabled(SC) and h.core.pending_ops() == 0
 
 
@@ -99,7 +107,7 @@ def test_s9_3_failed_registration_refuses_the_hello() -> None:
 def test_s3_6_regions_are_deregistered_when_the_connection_is_gone() -> None:
     h = Harness()
     ack = h.connect(SC, b"c", DIRECT)
-    stags = {ack.table_stag, ack.pool_stag, ack.ring_stag, ack.partition_stag}
+    stags = {ack.table_stag, ack.pool_stag, ack.ring_stag, ack.head_stag, ack.partition_stag}
     assert set(h.registrar.regions) == stags
     h.send(SC, Hello(6, identity=b"c"))  # a second HELLO: the core closes the session
     assert h.closed and h.closed[-1].status is Status.BAD_OPCODE
