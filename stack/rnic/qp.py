@@ -702,15 +702,21 @@ class QueuePair:
         remote_status = _status_for_terminate(self.peer_terminate)
         self._out.clear()
         self._lazy.clear()
+        # Completions keep submit order on the error path too (RFC 5040 §5.5): once a WR
+        # could not complete, every WR posted after it is flushed, even one whose message
+        # was already handed to TCP (its completion was still queued behind).
+        flushing = False
         for entry in list(self._inflight) + list(self._pending):
-            if entry.done:
+            if entry.done and not flushing:
                 status = entry.status
                 if status is WcStatus.SUCCESS and not (self.sq_sig_all or entry.flags & _SIGNALED):
                     continue
-            elif remote_status is not None:
+            elif not flushing and remote_status is not None:
                 status, remote_status = remote_status, None
+                flushing = True
             else:
                 status = WcStatus.WR_FLUSH_ERR
+                flushing = True
             self._push_wc(self.send_cq, self._wc(entry, status))
         self._inflight.clear()
         self._pending.clear()

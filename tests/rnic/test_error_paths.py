@@ -1,4 +1,7 @@
-"""Read-response amplification is bounded (QueuePair.must_wait, QpEndpoint.stalled).
+"""Error and pressure paths of the QP: read-response amplification is bounded; completions
+keep submit order when the stream fails.
+
+Read-response amplification (QueuePair.must_wait, QpEndpoint.stalled):
 
 A peer that asks for many large Reads and then sends a Write, without reading its socket,
 used to make the responder copy every queued response (the snapshot that keeps a later
@@ -56,3 +59,28 @@ def test_many_large_reads_then_a_write_hold_no_copies_and_keep_read_semantics() 
     assert b_endpoint.stalled is None
     assert all(bytes(s.buf) == bytes([7]) * SIZE for s in sinks)  # the Reads saw before
     assert bytes(region.buf[:64]) == b"\x01" * 64  # ...and the Write landed after
+
+
+def test_rdmap_13_completions_keep_submit_order_when_the_stream_fails() -> None:
+    """A Send posted after an unanswered Read is already on the wire when the stream fails:
+    its completion was queued behind the Read's, so it is flushed too, never SUCCESS after
+    the Read's error (RFC 5040 §5.5)."""
+    from stack.rnic import SendFlags, WcStatus
+
+    p = Pair()
+    region = p.b.mr(64, Access.LOCAL_WRITE | Access.REMOTE_READ)
+    sink = p.a.mr(64)
+    p.a.qp.post_send(
+        SendWR(1, WrOpcode.RDMA_READ, (p.a.sge(sink),), send_flags=SendFlags.SIGNALED,
+               rkey=region.rkey, remote_addr=region.base)
+    )  # fmt: skip
+    p.a.qp.post_send(
+        SendWR(
+            2, WrOpcode.SEND, inline_data=b"after", send_flags=SendFlags.SIGNALED | SendFlags.INLINE
+        )
+    )
+    p.a.endpoint.produce()  # type: ignore[union-attr]  # both are on the wire; no answer comes
+    p.a.qp.fatal(None, send_terminate=False)  # the connection is lost
+    wcs = p.a.cq.poll(8)
+    assert [w.wr_id for w in wcs] == [1, 2]
+    assert [w.status for w in wcs] == [WcStatus.WR_FLUSH_ERR, WcStatus.WR_FLUSH_ERR]
