@@ -22,7 +22,6 @@ import trio
 
 from stack.cli import CliError, trio_run
 from stack.constants import RtrType
-from stack.errors import IwarpError
 from stack.rnic import (
     Access,
     RecvWR,
@@ -161,8 +160,9 @@ async def run_server(args: argparse.Namespace) -> int:
             status = 1
         finally:
             await conn.disconnect()
-        if status == 0 and isinstance(conn.error, IwarpError):
-            print(f"rping: {conn.error}", file=sys.stderr)  # e.g. the peer's Terminate
+        if status == 0 and conn.error is not None:
+            # the peer's Terminate, or the connection reset or broken mid-transfer
+            print(f"rping: {conn.error or type(conn.error).__name__}", file=sys.stderr)
             status = 1
     return status
 

@@ -95,3 +95,42 @@ def test_erc_09_server_reports_the_peer_terminate(capsys: pytest.CaptureFixture[
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_rping_server_reports_a_connection_reset_mid_transfer() -> None:
+    """A client that resets the connection after the MPA startup is an error (exit 1), not
+    a normal end of the ping loop."""
+    import struct
+
+    from stack.wire.connection import IwarpConnection
+    from stack.wire.events import Established, NeedData, Role
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "stack.cli.iwarp", "rping", "-s", "-a", "127.0.0.1",
+         "-p", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for _attempt in range(100):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                time.sleep(0.05)
+        engine = IwarpConnection(Role.INITIATOR)
+        engine.initiate(0.0)
+        sock.sendall(engine.data_to_send())
+        established = False
+        while not established:
+            engine.receive_data(sock.recv(65536))
+            while not isinstance(event := engine.next_event(), NeedData):
+                established = established or isinstance(event, Established)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST
+        _out, err = server.communicate(timeout=20)
+        assert server.returncode == 1, err
+        assert err.startswith("rping: ")
+    finally:
+        server.kill()
+        server.wait()
