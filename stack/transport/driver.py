@@ -99,6 +99,11 @@ class RdmaConnection:
         self.closed.set()
         if self.on_closed is not None:
             self.on_closed(self)
+        # Break the QP -> connection reference cycle, so a closed connection's buffers go
+        # when its last reference does, not at the next cyclic garbage collection.
+        if self.qp.on_output == self._kick:
+            self.qp.on_output = None
+        self.on_closed = None
 
     async def disconnect(self) -> None:
         """Graceful close (``rdma_disconnect``): flush queued messages, send FIN, flush WRs."""
