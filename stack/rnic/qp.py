@@ -357,7 +357,7 @@ class QueuePair:
                     wr.rkey,
                     wr.remote_addr,
                     wr.compare_add,
-                    wr.compare_add_mask,
+                    0 if wr.compare_add_mask is None else wr.compare_add_mask,
                 )
             else:
                 atomic = AtomicRequest.cmp_swap(
@@ -366,7 +366,9 @@ class QueuePair:
                     wr.remote_addr,
                     compare=wr.compare_add,
                     swap=wr.swap,
-                    compare_mask=wr.compare_add_mask or (1 << 64) - 1,
+                    compare_mask=(1 << 64) - 1
+                    if wr.compare_add_mask is None
+                    else wr.compare_add_mask,
                     swap_mask=wr.swap_mask,
                 )
             self._requests.atomic_request(entry.req_id, entry)

@@ -96,7 +96,14 @@ class Sge:
 
 @dataclass(frozen=True, slots=True)
 class SendWR:
-    """A send-queue work request (``ibv_send_wr``)."""
+    """A send-queue work request (``ibv_send_wr``).
+
+    Atomics (RFC 7306 §5.1): ``compare_add`` is the FetchAdd addend or the CmpSwap compare
+    value, ``swap`` the CmpSwap swap value.  The masks make the masked forms explicit:
+    ``compare_add_mask`` is the FetchAdd Add Mask (None: 0, a plain 64-bit add) or the
+    CmpSwap Compare Mask (None: all ones, a plain compare; 0: compare nothing, so the swap
+    always happens); ``swap_mask`` the CmpSwap Swap Mask (all ones: a plain swap).
+    """
 
     wr_id: int = 0
     opcode: WrOpcode = WrOpcode.SEND
@@ -109,7 +116,7 @@ class SendWR:
     invalidate_rkey: int = 0
     compare_add: int = 0
     swap: int = 0
-    compare_add_mask: int = 0
+    compare_add_mask: int | None = None
     swap_mask: int = ALL_ONES_64
 
 

@@ -455,3 +455,18 @@ async def test_cq_next_waits_for_a_completion() -> None:
         nursery.start_soon(later)
         wc = await p.b.cq.next()
     assert wc.wr_id == 1
+
+
+def test_ext_06_compare_mask_zero_swaps_unconditionally() -> None:
+    """RFC 7306 §5.1: a Compare Mask of 0 compares nothing, so the swap always happens;
+    leaving the mask out is the plain verbs CmpSwap (all ones)."""
+    p = Pair()
+    word = p.b.mr(struct.pack("<Q", 5), Access.LOCAL_WRITE | Access.REMOTE_ATOMIC)
+    result = p.a.mr(8)
+    for wr_id, mask, expect in ((1, None, 5), (2, 0, 9)):
+        p.a.qp.post_send(
+            SendWR(wr_id, WrOpcode.ATOMIC_CMP_AND_SWP, (p.a.sge(result),), rkey=word.rkey,
+                   remote_addr=word.base, compare_add=123, swap=9, compare_add_mask=mask)
+        )  # fmt: skip
+        p.pump()
+        assert struct.unpack("<Q", word.buf)[0] == expect, mask
