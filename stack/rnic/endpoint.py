@@ -52,6 +52,7 @@ class QpEndpoint:
         self.peer_closed = False
         self.reading_done = False
         self.closing = False
+        qp.ord_reserved += int(engine.rtr_read_outstanding)  # the RTR counts against ORD
         self.stalled: RdmapEvent | None = None
         """An event waiting until queued Read Responses have gone out (backpressure,
         :meth:`QueuePair.must_wait`); the driver stops reading meanwhile."""
@@ -95,6 +96,8 @@ class QpEndpoint:
         except ProtocolError as exc:
             self.fail(exc)
             return self._stop()
+        if self.qp.ord_reserved and not engine.rtr_read_outstanding:
+            self.qp.release_ord_reservation()
         if self.qp.terminate_pending is not None:
             self.fail(self.qp.terminate_pending, offending=False)
             return self._stop()

@@ -222,6 +222,8 @@ class QueuePair:
         self._pending: deque[_SqEntry] = deque()  # posted, not yet turned into messages
         self._inflight: deque[_SqEntry] = deque()  # turned into messages, not completed
         self._requests = RequestTracker()  # Reads and atomics awaiting responses, in order
+        self.ord_reserved = 0
+        """ORD credits taken by the connection itself (an unanswered Read RTR)."""
         self._checker = Checker(strict=True)
         self._out: deque[_OutItem] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
@@ -248,8 +250,16 @@ class QueuePair:
 
     @property
     def outstanding_remote(self) -> int:
-        """Reads and atomics sent and not yet answered (counted against ORD)."""
-        return len(self._requests)
+        """Reads and atomics sent and not yet answered, plus ORD credits the connection holds
+        (a zero-length Read RTR, RFC 6581 §9.2): what ORD bounds (RDMAP-14)."""
+        return len(self._requests) + self.ord_reserved
+
+    def release_ord_reservation(self) -> None:
+        """The connection's own Read (the RTR) was answered: its ORD credit is free."""
+        if self.ord_reserved:
+            self.ord_reserved -= 1
+            if self.state is QpState.RTS:
+                self._progress_sq()
 
     # ------------------------------------------------------------------ posting
     def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:

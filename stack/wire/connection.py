@@ -70,6 +70,12 @@ class IwarpConnection:
         self._rtr_pending: RtrType = RtrType.NONE  # responder: RTR still to absorb
         self._rtr_read_outstanding = False  # initiator: zero-length Read RTR unanswered
 
+    @property
+    def rtr_read_outstanding(self) -> bool:
+        """The initiator's zero-length Read RTR is not answered yet: it holds an ORD credit
+        (RFC 6581 §9.2, RDMAP-14)."""
+        return self._rtr_read_outstanding
+
     # ------------------------------------------------------------------ startup
     def initiate(self, now: float, private_data: bytes = b"") -> None:
         self.mpa.initiate(now, private_data)

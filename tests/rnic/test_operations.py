@@ -470,3 +470,29 @@ def test_ext_06_compare_mask_zero_swaps_unconditionally() -> None:
         )  # fmt: skip
         p.pump()
         assert struct.unpack("<Q", word.buf)[0] == expect, mask
+
+
+def test_rdmap_14_the_read_rtr_counts_against_ord() -> None:
+    """RFC 6581 §9.2: the initiator's zero-length Read RTR is a Read; with ORD 1 the first
+    real Read waits until the RTR is answered (RDMAP-14: ORD never exceeded)."""
+    from stack.constants import Opcode, RtrType
+    from stack.wire.events import MpaSettings
+    from stack.wire.framing import FpduDeframer
+    from stack.wire.rdmap import decode_ulpdu
+
+    settings = MpaSettings(p2p=True, rtr=RtrType.READ, ird=1, ord=1)
+    p = Pair(settings, MpaSettings(rtr=RtrType.READ, ird=1, ord=1), a_qp={"ord": 1})
+    region = p.b.mr(16, Access.LOCAL_WRITE | Access.REMOTE_READ)
+    sink = p.a.mr(16)
+    p.a.qp.post_send(
+        SendWR(1, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base)
+    )
+    first = bytes(p.a.endpoint.produce())  # type: ignore[union-attr]
+    deframer = FpduDeframer(crc=p.a.engine.negotiated.crc)  # type: ignore[union-attr]
+    deframer.feed(first)
+    reads = [u for u in deframer if decode_ulpdu(u).opcode == Opcode.RDMA_READ_REQUEST]
+    assert len(reads) == 1  # only the RTR is outstanding
+    p.b.endpoint.feed(first)  # type: ignore[union-attr]
+    p.pump()
+    assert p.a.qp.ord_reserved == 0
+    assert [wc.status for wc in p.a.cq.poll(4)] == [WcStatus.SUCCESS]
