@@ -16,9 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from stack.dissect import record_json
 from stack.dissect.decoder import DissectOptions, PduRecord, dissect
 from stack.dissect.pcapio import read_tcp_segments
-from stack.dissect.report import record_json
 
 TSHARK = shutil.which("tshark")
 OPTIONS = [
