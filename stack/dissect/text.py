@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["note_line", "rtr_text", "summary_line", "verbose_lines"]
 
+_NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
 _INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _ATOMIC_NAMES: dict[int, str] = {
     AtomicOpcode.FETCH_ADD: "FetchAdd",
@@ -50,7 +51,7 @@ def _fields(rec: PduRecord) -> str:
     if seg is None:
         return f"undecodable ULPDU ({rec.ulpdu_len} bytes)"
     op = seg.opcode
-    name = OPCODE_NAMES_BY_VALUE.get(op) or opcode_name(op)
+    name = _NAMES.get(op) or opcode_name(op)
     last = " L" if seg.last else ""
     if seg.tagged:
         plen = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
@@ -107,7 +108,7 @@ def summary_line(rec: PduRecord) -> str:
         if rec.marker_ptrs:
             crc += f" markers={len(rec.marker_ptrs)}"
         last = " L" if seg.last else ""
-        name = OPCODE_NAMES_BY_VALUE.get(seg.opcode) or opcode_name(seg.opcode)
+        name = _NAMES.get(seg.opcode) or opcode_name(seg.opcode)
         if seg.tagged:
             return (
                 f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
