@@ -225,7 +225,7 @@ _FPDU_BASE = COMMON_KEYS + FPDU_KEYS
 _FPDU_HEAD = _FPDU_BASE + SEGMENT_KEYS
 _FPDU_RECORD = _FPDU_HEAD + TAIL_KEYS  # the bulk of a capture: an FPDU with no extra keys
 _ENHANCED_RESERVED = MPA_RESERVED_MASK  # with S set, 4 reserved bits (RFC 6581 §6)
-_LEGACY_RESERVED = MPA_RESERVED_MASK | MpaFlag.ENHANCED  # without S, a reserved bit
+_LEGACY_RESERVED = int(MPA_RESERVED_MASK | MpaFlag.ENHANCED)  # without S, S is reserved too
 
 
 # ======================================================================================
