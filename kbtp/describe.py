@@ -259,7 +259,7 @@ class KbtpSummary:
 
     def tree_lines(self) -> list[str]:
         """``-V`` lines: ``  KBTP <NAME>`` then four-space-indented fields, as
-        ``stack.dissect.report.verbose_lines`` indents its layers."""
+        ``stack.dissect.text.verbose_lines`` indents its layers."""
         v = self.values
         op = self.opcode
         flags = v["flags"] or 0

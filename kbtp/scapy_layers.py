@@ -27,7 +27,7 @@ Binding (RFC 5040 Send, Send with SE, with Invalidate, with SE and Invalidate): 
 Send layer guesses :class:`KBTP` for its payload, and :meth:`KBTP.dispatch_hook` keeps it
 only when the bytes look like KBTP (:func:`kbtp.describe.looks_like_kbtp`: 24 octets or
 more, Version 1, a known opcode) and the segment starts the message (DDP MO 0); anything
-else stays ``Raw``.  ``stack/dissect/layers.py`` is not modified.
+else stays ``Raw``.  :mod:`stack.dissect.scapy` is not modified.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ from kbtp.messages import (
     Message,
     Store,
 )
-from stack.dissect.layers import (
+from stack.dissect.scapy import (
     MPA_FPDU,
     DDP_Untagged,
     MPA_FPDU_NoCRC,

@@ -24,8 +24,7 @@ from typing import Any, TextIO
 
 from stack.cli import CliError
 from stack.constants import SEND_OPCODES
-from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
-from stack.dissect.report import (
+from stack.dissect import (
     FilterError,
     Statistics,
     compile_filter,
@@ -34,6 +33,7 @@ from stack.dissect.report import (
     summary_line,
     verbose_lines,
 )
+from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
 from stack.pcap import CaptureError, CaptureReader, TruncatedCapture
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)

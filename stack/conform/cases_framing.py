@@ -6,7 +6,7 @@ broken on purpose (:class:`~stack.conform.peer_core.Craft`).  The expected Termi
 one the wire core derives for the same bytes: the cause is the ``term`` of the error a
 :class:`~stack.wire.framing.FpduDeframer` raises for them
 (:func:`~stack.conform.expected.framing_expects`), the header copies are
-:func:`~stack.wire.rdmap.build_terminate`'s.
+:func:`~stack.wire.terminate.build_terminate`'s.
 """
 
 from __future__ import annotations

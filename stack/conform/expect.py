@@ -3,7 +3,7 @@
 :func:`expect_close` and :func:`expect_silence` wait for what the DUT must (not) do within a
 time; :func:`expect_terminate` / :func:`judge_first_terminate` want the DUT's next event to
 be a given Terminate, and :func:`judge_terminate` compares one with what the wire core sends:
-the cause (MUST) and :func:`~stack.wire.rdmap.build_terminate`'s header copies (RDMAP-12,
+the cause (MUST) and :func:`~stack.wire.terminate.build_terminate`'s header copies (RDMAP-12,
 SHOULD), with :func:`~stack.wire.rdmap.check_terminate_headers`' notes as evidence.
 """
 

@@ -15,7 +15,7 @@ The steps a case is written in, packetdrill style (send this, expect that within
 
 Every expected Terminate comes from the wire core: the cause is the ``term`` of the error
 the wire core raises for the same input, the header copies are
-:func:`~stack.wire.rdmap.build_terminate`'s.
+:func:`~stack.wire.terminate.build_terminate`'s.
 """
 
 from __future__ import annotations

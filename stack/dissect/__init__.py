@@ -1,4 +1,34 @@
-"""Capture dissection: the Scapy layers (stack.dissect.layers), the capture decoder
-(stack.dissect.decoder) and its report (stack.dissect.report)."""
+"""Capture dissection: decode pcap/pcapng captures of iWARP traffic and present the PDUs.
 
-__all__: list[str] = []
+Floors 0-1 only (:mod:`stack.constants`, :mod:`stack.wire`).  Reading captures:
+:mod:`stack.pcap` and :mod:`stack.dissect.tcp`; decoding and checking every
+MPA/DDP/RDMAP PDU (RFC 5044, RFC 6581, RFC 5041, RFC 5040, RFC 7306):
+:mod:`stack.dissect.decoder`.  Presenting the records, re-exported here:
+:mod:`~stack.dissect.fields` (the field table and JSON records), :mod:`~stack.dissect.text`
+(summary lines and ``-V`` trees), :mod:`~stack.dissect.stats` (``-z`` statistics) and
+:mod:`~stack.dissect.filters` (the ``-Y`` display-filter language).
+
+The Scapy layers live in :mod:`stack.dissect.scapy` (``from stack.dissect.scapy import *``),
+not imported here: Scapy is slow to import and the decoder does not need it.
+"""
+
+from stack.dissect.fields import FIELDS, KIND_NAMES, json_line, opcode_name, record_json
+from stack.dissect.filters import FilterError, Predicate, compile_filter
+from stack.dissect.stats import Statistics
+from stack.dissect.text import note_line, rtr_text, summary_line, verbose_lines
+
+__all__ = [
+    "FIELDS",
+    "KIND_NAMES",
+    "FilterError",
+    "Predicate",
+    "Statistics",
+    "compile_filter",
+    "json_line",
+    "note_line",
+    "opcode_name",
+    "record_json",
+    "rtr_text",
+    "summary_line",
+    "verbose_lines",
+]

@@ -17,8 +17,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from stack.dissect import record_json
 from stack.dissect.decoder import DissectOptions, PduRecord, dissect
-from stack.dissect.report import record_json
 from stack.pcap import read_tcp_segments
 
 TSHARK = shutil.which("tshark")

@@ -1,4 +1,4 @@
-"""``iwarp dissect`` (stack/cli/dissect.py) and its presentation layer (stack.dissect.report)."""
+"""``iwarp dissect`` (stack/cli/dissect.py) and its presentation modules (stack.dissect)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from stack.cli.iwarp import main
 from stack.constants import TERM_RDMAP_INVALID_STAG
-from stack.dissect.report import FIELDS, FilterError, compile_filter
+from stack.dissect import FIELDS
 from stack.pcap import iter_frames
 from stack.wire.events import (
     AtomicRequest,
@@ -108,7 +108,7 @@ def test_json_values_field_by_field(capture: Path, capsys) -> None:
     )
     assert (req["pd_len"], req["private_data"], req["ird"], req["ord"]) == (4, "00100010", 16, 16)
     assert (rep["rej_flag"], rep["marker_flag"], rep["p2p"]) == (False, False, False)
-    # digest §9 E1: Send QN0 MSN1 "Hello, iWARP!"
+    # reference FPDU E1: Send QN0 MSN1 "Hello, iWARP!"
     assert send["ulpdu_len"] == 31 and send["crc_ok"] is True and send["markers"] == 0
     assert (send["tagged"], send["last"], send["ddp_version"], send["rdmap_version"]) == (
         False, True, 1, 1)  # fmt: skip
@@ -116,7 +116,7 @@ def test_json_values_field_by_field(capture: Path, capsys) -> None:
         3, "Send", 0, 1, 0)  # fmt: skip
     assert send["stag"] is None and send["to"] is None and send["ddp_payload_len"] == 13
     assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == 0xCAFE
-    # digest §9 E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes
+    # reference FPDU E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes
     assert (write["ulpdu_len"], write["stag"], write["to"], write["qn"]) == (
         22, 0x00ABCDEF, 0x1000, None)  # fmt: skip
     assert write["ddp_payload_len"] == 8
@@ -298,46 +298,6 @@ def test_a_truncated_pipe_prints_what_it_decoded(capture: Path) -> None:
     assert "\n" not in err
 
 
-# ---- the filter language -------------------------------------------------------------
-
-RECORD = {"opcode": 3, "opcode_name": "Send", "findings": ["MPA-12", "DDP-05"], "stag": None,
-          "crc_ok": False, "src": "10.0.0.1:5", "tagged": False, "msn": 0x10}  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "expr, expected",
-    [
-        ("opcode == 3", True),
-        ("opcode != 3", False),
-        ("msn == 0x10 and msn >= 16 and msn < 17", True),
-        ('opcode_name == "Send" && !tagged', True),
-        ("not (opcode == 3 or opcode == 4)", False),
-        ("opcode == 4 or opcode == 3 and crc_ok == false", True),
-        ('findings contains "DDP-05"', True),
-        ('src contains "10.0.0"', True),
-        ("stag == null and stag != 0", True),
-        ("to == null", True),
-        ("to > 0", False),
-        ("opcode in (1, 3, 5)", True),
-        ("crc_ok", False),
-        ("findings", True),
-        ("stag", False),
-        ('opcode_name > "A"', True),
-        ("tagged == 0", False),
-    ],
-)
-def test_filter_language(expr: str, expected: bool) -> None:
-    assert bool(compile_filter(expr)(RECORD)) is expected
-
-
-@pytest.mark.parametrize(
-    "expr", ["", "opcode ==", "(opcode == 1", "opcode = 1", "bogus == 1", "opcode in 1", "1 2"]
-)
-def test_filter_errors(expr: str) -> None:
-    with pytest.raises(FilterError):
-        compile_filter(expr)
-
-
 def test_mid_stream_flag_searches_connections_that_start_without_mpa(
     tmp_path: Path, capsys
 ) -> None:
@@ -356,7 +316,7 @@ def test_mid_stream_flag_searches_connections_that_start_without_mpa(
 
 def test_summary_fast_lines_match_the_general_form(capture: Path) -> None:
     from stack.dissect.decoder import PduRecord, dissect
-    from stack.dissect.report import _fields, summary_line
+    from stack.dissect.text import _fields, summary_line
     from stack.pcap import read_tcp_segments
 
     recs = [r for r in dissect(read_tcp_segments(capture.read_bytes()))
@@ -373,3 +333,10 @@ def test_summary_fast_lines_match_the_general_form(capture: Path) -> None:
             assert summary_line(r) == general
             checked += 1
     assert checked >= 8
+
+
+def test_filter_fields_are_exactly_the_json_keys_of_the_contract_and_additions() -> None:
+    contract = CONTRACT_COMMON | CONTRACT_MPA | CONTRACT_ENHANCED | CONTRACT_FPDU | ALL_PER_OPCODE
+    additions = {"timestamp", "wire_len", "offset", "finding_details", "ulp_private_data",
+                 "reserved", "term_siw_layout"}  # fmt: skip
+    assert FIELDS == contract | additions

@@ -764,7 +764,7 @@ def test_capture_reader_fast_path_equals_generic_path() -> None:
 
 @pytest.mark.parametrize("markers", [False, True])
 def test_bulk_path_decodes_exactly_like_the_general_path(monkeypatch, markers: bool) -> None:
-    from stack.dissect.report import record_json
+    from stack.dissect import record_json
 
     b = CaptureBuilder()
     c = b.connection(mss=300, markers_i2r=markers, markers_r2i=markers)

@@ -54,7 +54,7 @@ from kbtp.scapy_layers import (
     kbtp_send_fpdu,
 )
 from stack.constants import Opcode, QueueNumber
-from stack.dissect.layers import (
+from stack.dissect.scapy import (
     MPA_FPDU,
     DDP_Untagged,
     RDMAP_Send,

@@ -1,0 +1,296 @@
+"""The field table of dissected PDUs: the ``--json`` record keys, which are the ``-Y`` names.
+
+:func:`record_json` builds one record per PDU from the key groups below, in their order
+and from nowhere else, and :data:`FIELDS` (the names a display filter accepts) is their
+union, so the JSON keys and the filter fields cannot drift apart.
+
+* Every record: :data:`COMMON_KEYS`, the keys of its kind, then :data:`TAIL_KEYS`.
+* MPA Request or Reply (``type`` ``mpa_req``/``mpa_rep``, RFC 5044 §7.1.1):
+  :data:`MPA_KEYS`; :data:`ENHANCED_KEYS` when it carries the RFC 6581 IRD/ORD word
+  (ERC-03); then :data:`MPA_EXTRA_KEYS` (the ULP's private data after the word, the
+  reserved flag bits).
+* FPDU (``type`` ``fpdu``): :data:`FPDU_KEYS`, :data:`SEGMENT_KEYS` (DDP and RDMAP
+  header fields, RFC 5041 §4 and RFC 5040 §4.1; ``null`` where they do not apply, e.g.
+  ``stag`` on an untagged segment, or all of them when the ULPDU is undecodable), then
+  :data:`OPCODE_KEYS` of the opcodes that carry more (Invalidate STag, Read Request,
+  Immediate Data, Atomic Request/Response, Terminate; ``null`` when the header is missing).
+
+Names of PDU kinds (:data:`KIND_NAMES`) and opcodes (:func:`opcode_name`) are shared by
+the records, the text output and the statistics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from stack.constants import (
+    DDP_TAGGED,
+    MPA_RESERVED_MASK,
+    OPCODE_NAMES,
+    RDMAP_OPCODE_MASK,
+    MpaFlag,
+    Opcode,
+    RtrType,
+)
+from stack.wire.events import (
+    AtomicRequest,
+    AtomicResponse,
+    ImmediateData,
+    ReadRequest,
+    Terminate,
+)
+
+if TYPE_CHECKING:
+    from stack.dissect.decoder import PduRecord, SegmentView
+
+__all__ = [
+    "ATOMIC_REQ_KEYS",
+    "ATOMIC_RESP_KEYS",
+    "COMMON_KEYS",
+    "ENHANCED_KEYS",
+    "FIELDS",
+    "FPDU_KEYS",
+    "IMMEDIATE_KEYS",
+    "INVAL_KEYS",
+    "KIND_NAMES",
+    "MPA_EXTRA_KEYS",
+    "MPA_KEYS",
+    "OPCODE_KEYS",
+    "OPCODE_NAMES_BY_VALUE",
+    "READ_KEYS",
+    "SEGMENT_KEYS",
+    "TAIL_KEYS",
+    "TERM_KEYS",
+    "json_line",
+    "opcode_name",
+    "record_json",
+]
+
+COMMON_KEYS = ("stream", "frame", "direction", "src", "dst", "type")
+MPA_KEYS = ("rev", "marker_flag", "crc_flag", "rej_flag", "enhanced", "pd_len", "private_data")
+ENHANCED_KEYS = ("ird", "ord", "p2p", "rtr_send", "rtr_write", "rtr_read")
+MPA_EXTRA_KEYS = ("ulp_private_data", "reserved")
+FPDU_KEYS = ("ulpdu_len", "crc_ok", "markers", "marker_ptrs")
+SEGMENT_KEYS = (
+    "tagged",
+    "last",
+    "ddp_version",
+    "rdmap_version",
+    "opcode",
+    "opcode_name",
+    "stag",
+    "to",
+    "qn",
+    "msn",
+    "mo",
+    "ddp_payload_len",
+)
+INVAL_KEYS = ("inval_stag",)
+READ_KEYS = ("read_sink_stag", "read_sink_to", "read_size", "read_src_stag", "read_src_to")
+IMMEDIATE_KEYS = ("immediate_data",)
+ATOMIC_REQ_KEYS = (
+    "atomic_opcode",
+    "atomic_req_id",
+    "atomic_remote_stag",
+    "atomic_remote_to",
+    "atomic_add_swap_data",
+    "atomic_add_swap_mask",
+    "atomic_compare_data",
+    "atomic_compare_mask",
+)
+ATOMIC_RESP_KEYS = ("atomic_orig_req_id", "atomic_orig_value")
+TERM_KEYS = (
+    "term_layer",
+    "term_etype",
+    "term_errcode",
+    "term_m",
+    "term_d",
+    "term_r",
+    "term_ddp_seg_len",
+    "term_ddp_hdr",
+    "term_rdmap_hdr",
+    "term_siw_layout",
+)
+TAIL_KEYS = ("findings", "timestamp", "wire_len", "offset", "finding_details")
+
+KIND_NAMES: dict[str, str] = {"mpa_req": "MPA Request", "mpa_rep": "MPA Reply"}
+"""Display names of the startup frames' ``type`` values (FPDUs are named by opcode)."""
+
+OPCODE_NAMES_BY_VALUE: dict[int, str] = {int(op): name for op, name in OPCODE_NAMES.items()}
+"""The names of the defined opcodes, keyed by plain int (a fast lookup on hot paths)."""
+
+
+def opcode_name(op: int) -> str:
+    """The ``opcode_name`` of an RDMAP opcode (RFC 5040 §4.2, RFC 7306 §4.1)."""
+    name = OPCODE_NAMES_BY_VALUE.get(op)
+    return name if name is not None else f"Unknown (0x{op:X})"
+
+
+# ======================================================================================
+# Per-opcode fields: the keys and where their values come from
+# ======================================================================================
+
+
+def _invalidate(seg: SegmentView) -> tuple[Any, ...]:
+    return (seg.inval_stag,)
+
+
+def _read_request(seg: SegmentView) -> tuple[Any, ...] | None:
+    h = seg.header
+    if not isinstance(h, ReadRequest):
+        return None
+    return (h.sink_stag, h.sink_to, h.size, h.src_stag, h.src_to)
+
+
+def _immediate(seg: SegmentView) -> tuple[Any, ...] | None:
+    h = seg.header
+    return (h.data.hex(),) if isinstance(h, ImmediateData) else None
+
+
+def _atomic_request(seg: SegmentView) -> tuple[Any, ...] | None:
+    a = seg.header
+    if not isinstance(a, AtomicRequest):
+        return None
+    return (
+        a.atomic_opcode,
+        a.req_id,
+        a.stag,
+        a.to,
+        a.add_swap_data,
+        a.add_swap_mask,
+        a.compare_data,
+        a.compare_mask,
+    )
+
+
+def _atomic_response(seg: SegmentView) -> tuple[Any, ...] | None:
+    r = seg.header
+    return (r.req_id, r.orig_value) if isinstance(r, AtomicResponse) else None
+
+
+def _terminate(seg: SegmentView) -> tuple[Any, ...] | None:
+    t = seg.header
+    if not isinstance(t, Terminate):
+        return None
+    return (
+        t.layer,
+        t.etype,
+        t.code,
+        t.m,
+        t.d,
+        t.r,
+        t.ddp_seg_len if t.d else None,
+        t.ddp_header.hex() if t.ddp_header else None,
+        t.rdma_header.hex() if t.rdma_header else None,
+        t.siw_swapped,
+    )
+
+
+_Values = Callable[["SegmentView"], "tuple[Any, ...] | None"]
+_OPCODE_FIELDS: dict[int, tuple[tuple[str, ...], _Values]] = {
+    int(Opcode.SEND_INVALIDATE): (INVAL_KEYS, _invalidate),
+    int(Opcode.SEND_SE_INVALIDATE): (INVAL_KEYS, _invalidate),
+    int(Opcode.RDMA_READ_REQUEST): (READ_KEYS, _read_request),
+    int(Opcode.IMMEDIATE_DATA): (IMMEDIATE_KEYS, _immediate),
+    int(Opcode.IMMEDIATE_DATA_SE): (IMMEDIATE_KEYS, _immediate),
+    int(Opcode.ATOMIC_REQUEST): (ATOMIC_REQ_KEYS, _atomic_request),
+    int(Opcode.ATOMIC_RESPONSE): (ATOMIC_RESP_KEYS, _atomic_response),
+    int(Opcode.TERMINATE): (TERM_KEYS, _terminate),
+}
+"""Opcode -> (keys, values of a segment or None when its header is missing)."""
+
+OPCODE_KEYS: dict[int, tuple[str, ...]] = {op: keys for op, (keys, _) in _OPCODE_FIELDS.items()}
+"""The extra keys of each opcode that has some; other opcodes have none."""
+
+FIELDS = frozenset(
+    chain(
+        COMMON_KEYS,
+        MPA_KEYS,
+        ENHANCED_KEYS,
+        MPA_EXTRA_KEYS,
+        FPDU_KEYS,
+        SEGMENT_KEYS,
+        *OPCODE_KEYS.values(),
+        TAIL_KEYS,
+    )
+)
+"""Every key a JSON record can have (and so every name a display filter may use)."""
+
+_NULL_SEGMENT = dict.fromkeys(SEGMENT_KEYS)
+_MPA_HEAD = COMMON_KEYS + MPA_KEYS
+_FPDU_BASE = COMMON_KEYS + FPDU_KEYS
+_FPDU_HEAD = _FPDU_BASE + SEGMENT_KEYS
+_FPDU_RECORD = _FPDU_HEAD + TAIL_KEYS  # the bulk of a capture: an FPDU with no extra keys
+_ENHANCED_RESERVED = MPA_RESERVED_MASK  # with S set, 4 reserved bits (RFC 6581 §6)
+_LEGACY_RESERVED = int(MPA_RESERVED_MASK | MpaFlag.ENHANCED)  # without S, S is reserved too
+
+
+# ======================================================================================
+# JSON records
+# ======================================================================================
+
+
+def record_json(rec: PduRecord) -> dict[str, Any]:
+    """The JSON object of one PDU: the keys of the table above, in its order."""
+    kind = rec.kind
+    findings = rec.findings
+    tail = (
+        rec.rules if findings else [],
+        rec.timestamp,
+        rec.wire_len,
+        rec.offset,
+        [f"{f.rule}: {f.detail}" for f in findings],
+    )
+    if kind == "fpdu":
+        seg = rec.segment
+        ptrs = rec.marker_ptrs
+        if seg is not None:
+            op = seg.opcode
+            values: tuple[Any, ...] = (
+                rec.stream, rec.frame, rec.direction, rec.src, rec.dst, kind,  # COMMON_KEYS
+                rec.ulpdu_len, rec.crc_ok, len(ptrs), list(ptrs),  # FPDU_KEYS
+                seg.tagged, seg.last, seg.ddp_version, seg.rdmap_version, op, opcode_name(op),
+                seg.stag, seg.to, seg.qn, seg.msn, seg.mo, seg.ulpdu_len - seg.ddp_header_len,
+            )  # fmt: skip
+            extra = _OPCODE_FIELDS.get(op)
+            if extra is None:
+                return dict(zip(_FPDU_RECORD, values + tail, strict=True))
+            keys, get = extra
+            got = get(seg)
+            out = dict(zip(_FPDU_HEAD, values, strict=True))
+            out.update(dict.fromkeys(keys) if got is None else zip(keys, got, strict=True))
+        else:
+            values = (rec.stream, rec.frame, rec.direction, rec.src, rec.dst, kind,
+                      rec.ulpdu_len, rec.crc_ok, len(ptrs), list(ptrs))  # fmt: skip
+            out = dict(zip(_FPDU_BASE, values, strict=True))
+            out.update(_NULL_SEGMENT)  # undecodable: only what its first two bytes say
+            if len(rec.ulpdu) >= 2:
+                ctrl, uctrl = rec.ulpdu[0], rec.ulpdu[1]
+                out["tagged"] = bool(ctrl & DDP_TAGGED)
+                out["opcode"] = uctrl & RDMAP_OPCODE_MASK
+                out["opcode_name"] = opcode_name(uctrl & RDMAP_OPCODE_MASK)
+    else:
+        mpa = rec.mpa
+        assert mpa is not None
+        values = (rec.stream, rec.frame, rec.direction, rec.src, rec.dst, kind, rec.rev,
+                  mpa.markers, mpa.crc, mpa.reject, mpa.enhanced, rec.pd_len,
+                  rec.private_data.hex())  # fmt: skip
+        out = dict(zip(_MPA_HEAD, values, strict=True))
+        io = mpa.ird_ord
+        if io is not None:
+            rtr = io.rtr
+            word = (io.ird, io.ord, io.p2p, bool(rtr & RtrType.SEND), bool(rtr & RtrType.WRITE),
+                    bool(rtr & RtrType.READ))  # fmt: skip
+            out.update(zip(ENHANCED_KEYS, word, strict=True))
+        reserved = rec.mpa_flags & (_ENHANCED_RESERVED if mpa.enhanced else _LEGACY_RESERVED)
+        out.update(zip(MPA_EXTRA_KEYS, (bytes(mpa.private_data).hex(), reserved), strict=True))
+    out.update(zip(TAIL_KEYS, tail, strict=True))
+    return out
+
+
+def json_line(rec: PduRecord) -> str:
+    """One JSON line for ``rec`` (compact, keys in the documented order)."""
+    return json.dumps(record_json(rec), separators=(",", ":"))

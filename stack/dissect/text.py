@@ -1,0 +1,272 @@
+"""Text output of dissected PDUs: one summary line per PDU (default) and the ``-V`` tree.
+
+:func:`summary_line` is tshark-summary style: frame, stream, direction, addresses, layers,
+key fields (RFC 5041 §4 DDP header, RFC 5040 §4 RDMAP header), CRC verdict (MPA-12),
+marker count and finding rule IDs; :func:`verbose_lines` is the full decode tree with
+every header field, the markers (RFC 5044 §4.3) and the findings with their Terminate
+causes; :func:`note_line` is a stream event (gap, resynchronisation...) as a comment.
+PDU kinds and opcodes are named as in the JSON records (:mod:`stack.dissect.fields`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stack.constants import (
+    ATOMIC_OPCODE_MASK,
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
+    INVALIDATE_OPCODES,
+    AtomicOpcode,
+    RtrType,
+    TermCode,
+    term_name,
+)
+from stack.dissect.fields import KIND_NAMES, OPCODE_NAMES_BY_VALUE, opcode_name
+from stack.wire.events import (
+    AtomicRequest,
+    AtomicResponse,
+    ImmediateData,
+    ReadRequest,
+    Terminate,
+)
+
+if TYPE_CHECKING:
+    from stack.dissect.decoder import Note, PduRecord
+
+__all__ = ["note_line", "rtr_text", "summary_line", "verbose_lines"]
+
+_NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
+_INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
+_ATOMIC_NAMES: dict[int, str] = {
+    AtomicOpcode.FETCH_ADD: "FetchAdd",
+    AtomicOpcode.CMP_SWAP: "CmpSwap",
+}
+"""AOpCode names in summaries (RFC 7306 §5.2.1)."""
+
+
+def _fields(rec: PduRecord) -> str:
+    """The layers' key fields of an FPDU, as its summary line shows them."""
+    seg = rec.segment
+    if seg is None:
+        return f"undecodable ULPDU ({rec.ulpdu_len} bytes)"
+    op = seg.opcode
+    name = _NAMES.get(op) or opcode_name(op)
+    last = " L" if seg.last else ""
+    if seg.tagged:
+        plen = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
+        return f"{name} STag=0x{seg.stag:08x} TO=0x{seg.to:x} len={plen}{last}"
+    plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
+    base = f"{name} QN={seg.qn} MSN={seg.msn} MO={seg.mo}"
+    h = seg.header
+    if h is None:
+        if op in _INVALIDATE:
+            return f"{base} len={plen} InvSTag=0x{seg.inval_stag or 0:08x}{last}"
+        return f"{base} len={plen}{last}"
+    if op in _INVALIDATE:
+        return f"{base} len={plen} InvSTag=0x{seg.inval_stag or 0:08x}{last}"
+    if isinstance(h, ReadRequest):
+        return (
+            f"{base} sink=0x{h.sink_stag:08x}/0x{h.sink_to:x} size={h.size} "
+            f"src=0x{h.src_stag:08x}/0x{h.src_to:x}"
+        )
+    if isinstance(h, Terminate):
+        flags = "".join(c for c, on in (("M", h.m), ("D", h.d), ("R", h.r)) if on) or "-"
+        siw = " (siw layout)" if h.siw_swapped else ""
+        cause = TermCode(h.layer, h.etype, h.code)
+        return f"{base} {h.layer}/{h.etype}/0x{h.code:02x} {term_name(cause)} [{flags}]{siw}"
+    if isinstance(h, ImmediateData):
+        return f"{base} data={h.data.hex()}"
+    if isinstance(h, AtomicRequest):
+        kind = _ATOMIC_NAMES.get(h.atomic_opcode & ATOMIC_OPCODE_MASK, f"AOp{h.atomic_opcode}")
+        return (
+            f"{base} {kind} id=0x{h.req_id:08x} 0x{h.stag:08x}/0x{h.to:x} "
+            f"data=0x{h.add_swap_data:x} mask=0x{h.add_swap_mask:x}"
+            + (f" cmp=0x{h.compare_data:x}" if h.atomic_opcode == AtomicOpcode.CMP_SWAP else "")
+        )
+    if isinstance(h, AtomicResponse):
+        return f"{base} id=0x{h.req_id:08x} orig=0x{h.orig_value:x}"
+    return f"{base} len={plen}{last}"
+
+
+_HEADS: dict[tuple[int, str, str, str], str] = {}
+
+
+def summary_line(rec: PduRecord) -> str:
+    """One line per PDU, tshark-summary style."""
+    key = (rec.stream, rec.direction, rec.src, rec.dst)
+    tail = _HEADS.get(key)
+    if tail is None:
+        tail = f" {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
+        if len(_HEADS) < 4096:
+            _HEADS[key] = tail
+    seg = rec.segment
+    if seg is not None and seg.header is None and not rec.findings:
+        # the bulk of any capture: Write, Read Response and Send segments without findings
+        ok = rec.crc_ok
+        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
+        if rec.marker_ptrs:
+            crc += f" markers={len(rec.marker_ptrs)}"
+        last = " L" if seg.last else ""
+        name = _NAMES.get(seg.opcode) or opcode_name(seg.opcode)
+        if seg.tagged:
+            return (
+                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
+                f"TO=0x{seg.to:x} len={seg.ulpdu_len - DDP_TAGGED_HDR_LEN}{last}{crc}"
+            )
+        if seg.opcode not in _INVALIDATE:
+            return (
+                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
+                f"MO={seg.mo} len={seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN}{last}{crc}"
+            )
+    head = f"{rec.frame:>6}{tail}"
+    if rec.kind != "fpdu":
+        mpa = rec.mpa
+        assert mpa is not None
+        flags = "".join(
+            c for c, on in (("M", mpa.markers), ("C", mpa.crc), ("R", mpa.reject)) if on
+        )
+        text = f"{KIND_NAMES[rec.kind]} rev={rec.rev} flags={flags or '-'} PD={rec.pd_len}"
+        if mpa.ird_ord is not None:
+            io = mpa.ird_ord
+            text += f" IRD={io.ird} ORD={io.ord}"
+            if io.p2p:
+                text += f" P2P RTR={rtr_text(io.rtr)}"
+    else:
+        ok = rec.crc_ok
+        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
+        marks = f" markers={len(rec.marker_ptrs)}" if rec.marker_ptrs else ""
+        text = f"MPA/DDP/RDMAP {_fields(rec)}{crc}{marks}"
+    if rec.findings:
+        text += " [" + " ".join(rec.rules) + "]"
+    return head + text
+
+
+def rtr_text(rtr: RtrType) -> str:
+    """The RTR types of an RFC 6581 IRD/ORD word (ERC-07): ``Send+Write``, or ``none``."""
+    names = [n for n, bit in (("Send", RtrType.SEND), ("Write", RtrType.WRITE),
+                              ("Read", RtrType.READ)) if rtr & bit]  # fmt: skip
+    return "+".join(names) or "none"
+
+
+def note_line(note: Note) -> str:
+    """A stream event that is not a PDU, as a comment line."""
+    return f"{note.frame:>6} {note.stream:>3} {note.direction} # {note.detail}"
+
+
+def _hexdump(data: bytes | memoryview, limit: int = 64) -> str:
+    raw = bytes(data[:limit])
+    text = raw.hex(" ")
+    return text + (" ..." if len(data) > limit else "")
+
+
+def verbose_lines(rec: PduRecord) -> list[str]:
+    """The full decode tree of one PDU."""
+    lines = [
+        f"Frame {rec.frame}, stream {rec.stream}, {rec.direction}: {rec.src} \u2192 {rec.dst}, "
+        f"stream offset {rec.offset}, {rec.wire_len} bytes on the wire"
+    ]
+    if rec.kind != "fpdu":
+        mpa = rec.mpa
+        assert mpa is not None
+        lines.append(f"  {KIND_NAMES[rec.kind]} Frame")
+        lines.append(f"    Key: {'MPA ID Rep Frame' if mpa.reply else 'MPA ID Req Frame'}")
+        lines.append(
+            f"    Flags: 0x{rec.mpa_flags:02x} (M={int(mpa.markers)} C={int(mpa.crc)} "
+            f"R={int(mpa.reject)} S={int(mpa.enhanced)} Res=0x{mpa.reserved:x})"
+        )
+        lines.append(f"    Revision: {rec.rev}")
+        lines.append(f"    PD_Length: {rec.pd_len}")
+        if mpa.ird_ord is not None:
+            io = mpa.ird_ord
+            lines.append(
+                f"    IRD/ORD word: IRD={io.ird} ORD={io.ord} P2P={int(io.p2p)} "
+                f"RTR={rtr_text(io.rtr)}"
+            )
+        if mpa.private_data:
+            lines.append(f"    Private data: {_hexdump(mpa.private_data)}")
+    else:
+        lines.append("  MPA FPDU")
+        lines.append(f"    ULPDU_Length: {rec.ulpdu_len}")
+        for off, ptr, res in zip(
+            rec.marker_offsets, rec.marker_ptrs, rec.marker_reserved, strict=True
+        ):
+            lines.append(f"    Marker at stream offset {off}: reserved 0x{res:04x} FPDUPTR {ptr}")
+        lines.append(f"    PAD: {rec.pad.hex() or '(none)'}")
+        verdict = (
+            "not checked (CRC not negotiated)"
+            if rec.crc_ok is None
+            else "good"
+            if rec.crc_ok
+            else f"BAD, should be 0x{rec.crc_value:08x}"
+        )
+        lines.append(f"    CRC: 0x{rec.crc_field:08x} [{verdict}]")
+        seg = rec.segment
+        if seg is not None:
+            plen = seg.ulpdu_len - seg.ddp_header_len
+            ctrl = (
+                f"T={int(seg.tagged)} L={int(seg.last)} Rsvd=0x{seg.ddp_rsvd:x} "
+                f"DV={seg.ddp_version}"
+            )
+            if seg.tagged:
+                lines.append(f"  DDP tagged segment ({ctrl})")
+                lines.append(f"    STag: 0x{seg.stag:08x}")
+                lines.append(f"    TO: 0x{seg.to:016x}")
+            else:
+                lines.append(f"  DDP untagged segment ({ctrl})")
+                lines.append(f"    RsvdULP (Invalidate STag field): 0x{seg.inval_stag or 0:08x}")
+                lines.append(f"    QN: {seg.qn}  MSN: {seg.msn}  MO: {seg.mo}")
+            lines.append(f"    DDP payload length: {plen}")
+            lines.append(
+                f"  RDMAP (RV={seg.rdmap_version} Rsv=0x{seg.rdmap_rsvd:x} "
+                f"opcode=0x{seg.opcode:x} {opcode_name(seg.opcode)})"
+            )
+            lines.extend(_header_lines(seg.header))
+            if len(seg.payload):
+                lines.append(f"    Payload ({len(seg.payload)} bytes): {_hexdump(seg.payload)}")
+        else:
+            lines.append(f"  ULPDU (undecodable): {_hexdump(rec.ulpdu)}")
+    if rec.findings:
+        lines.append("  Findings:")
+        for f in rec.findings:
+            term = f" [Terminate {f.term}]" if f.term is not None else ""
+            lines.append(f"    {f.rule}: {f.detail}{term}")
+    return lines
+
+
+def _header_lines(h: object) -> list[str]:
+    if isinstance(h, ReadRequest):
+        return [
+            f"    Data Sink STag: 0x{h.sink_stag:08x}  TO: 0x{h.sink_to:016x}",
+            f"    RDMA Read Message Size: {h.size}",
+            f"    Data Source STag: 0x{h.src_stag:08x}  TO: 0x{h.src_to:016x}",
+        ]
+    if isinstance(h, Terminate):
+        out = [
+            f"    Terminate: layer {h.layer} etype {h.etype} code 0x{h.code:02x} "
+            f"({term_name(TermCode(h.layer, h.etype, h.code))})",
+            f"    M={int(h.m)} D={int(h.d)} R={int(h.r)}"
+            + ("  [control word in siw's swapped layout]" if h.siw_swapped else ""),
+        ]
+        if h.d:
+            out.append(f"    DDP Segment Length: {h.ddp_seg_len}")
+        if h.ddp_header:
+            out.append(f"    Terminated DDP header: {h.ddp_header.hex(' ')}")
+        if h.rdma_header:
+            out.append(f"    Terminated RDMA header: {h.rdma_header.hex(' ')}")
+        return out
+    if isinstance(h, ImmediateData):
+        return [f"    Immediate data: {h.data.hex(' ')}"]
+    if isinstance(h, AtomicRequest):
+        return [
+            f"    AOpCode: {h.atomic_opcode}  Request ID: 0x{h.req_id:08x}",
+            f"    Remote STag: 0x{h.stag:08x}  Remote TO: 0x{h.to:016x}",
+            f"    Add/Swap data: 0x{h.add_swap_data:016x}  mask: 0x{h.add_swap_mask:016x}",
+            f"    Compare data: 0x{h.compare_data:016x}  mask: 0x{h.compare_mask:016x}",
+        ]
+    if isinstance(h, AtomicResponse):
+        return [
+            f"    Original Request ID: 0x{h.req_id:08x}",
+            f"    Original remote data value: 0x{h.orig_value:016x}",
+        ]
+    return []
