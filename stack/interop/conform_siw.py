@@ -287,8 +287,8 @@ def _with_guest(r: CaseResult, restarter: GuestRestarter) -> CaseResult:
     lines = [f"guest kernel: {line}" for line in restarter.oopses.get(r.case.id, [])[:GUEST_LINES]]
     rc, output = restarter.history.get(r.case.id, (None, []))
     if output:
-        status = "still running, stopped" if rc is None else f"exit {rc}"
-        lines += [f"siw's rping ({status}): {line}" for line in output]
+        label = "siw's rping" if rc is None else f"siw's rping (exit {rc})"
+        lines += [f"{label}: {line}" for line in output]
     return replace(r, verdict=r.verdict.with_evidence(*lines)) if lines else r
 
 
