@@ -42,6 +42,7 @@ from stack.conform import (
     RunReport,
     SetupError,
     Status,
+    case_id,
     profile,
     run_cases,
     select,
@@ -131,9 +132,9 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("listens", "ERC-08"): "excluded: Linux 6.1 iw_cm BUG() (iwcm.c:969 cm_close_handler): "
     "passive siw, waiting for a peer-to-peer RTR, gets the Terminate 2/0/0x07 the runner "
     "must send when siw's Reply flags no Send RTR (RFC 6581 §9.2)",
-    ("connects", "MPA-21.7"): "excluded: Linux 6.1 siw oopses on a Reply with PD_Length 513 "
-    "(NULL pointer dereference in kmemdup from iw_cm's cm_event_handler, called by "
-    "siw_cm_upcall for the failed CONNECT_REPLY with the too-long length and no private "
+    ("connects", case_id("MPA-21", 7)): "excluded: Linux 6.1 siw oopses on a Reply with "
+    "PD_Length 513 (NULL pointer dereference in kmemdup from iw_cm's cm_event_handler, called "
+    "by siw_cm_upcall for the failed CONNECT_REPLY with the too-long length and no private "
     "data); siw's CM workqueue is dead afterwards",
 }
 """(run, case ID) -> why the case is not run against siw: it breaks the guest kernel.

@@ -99,12 +99,12 @@ def test_compare_agrees_with_matching_pins() -> None:
 
 def test_compare_reports_new_cases_flips_and_stale_pins_with_the_re_pin_command() -> None:
     results = _results(("listens", "MPA-12", Status.PASS), ("listens", "MPA-18", Status.FAIL))
-    pins = _pins(listens={"MPA-12": "FAIL: siw's layout", "MPA-99": "PASS"})
+    pins = _pins(listens={"MPA-12": "FAIL: siw's layout", "MPA-22": "PASS"})
     problems = cs.compare(results, pins)
     assert problems == [
         "listens MPA-12: PASS, pinned FAIL (siw's layout); observed: ok",
         "listens MPA-18: FAIL, not pinned (a new case)",
-        "listens MPA-99: pinned PASS but did not run",
+        "listens MPA-22: pinned PASS but did not run",
     ]
     message = cs.differences_message(problems)
     assert "3 differences" in message and cs.PIN_COMMAND in message
