@@ -24,7 +24,6 @@ runs it too, last.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -48,21 +47,26 @@ from stack.conform import (
     select,
 )
 from stack.conform.report import report_json, report_text, summary_line
+from stack.interop.conform_pins import (
+    EXCLUDED_STATUS,
+    EXPECTED_FILE,
+    Pins,
+    differences_message,
+    load_expected,
+    one_line,
+    split_pin,
+    unexplained,
+    write_expected,
+)
 from stack.interop.relay import FirstFpduRelay
 from stack.siwvm import HOST_ADDR, GuestProcess, SiwVM, SiwVmError, free_port
 
 __all__ = [
     "EXCLUDED",
-    "EXPECTED_FILE",
-    "PIN_COMMAND",
     "RUNS",
     "GuestRestarter",
     "SiwRun",
     "compare",
-    "differences_message",
-    "load_expected",
-    "split_pin",
-    "write_expected",
     "pin",
     "run_all",
     "run_one",
@@ -70,9 +74,6 @@ __all__ = [
 
 GUEST_PORT = 7174
 """The guest port ``rping -s`` listens on (DUT-listening run)."""
-EXPECTED_FILE = Path(__file__).resolve().parent / "siw" / "conform_siw_expected.json"
-PIN_COMMAND = "python -m stack.interop.conform_siw --pin"
-"""The one command that regenerates :data:`EXPECTED_FILE` (boots the guest, about 10 min)."""
 OPTIONS = RunOptions(timeout=5.0, silence=1.0, startup_timeout=25.0, wait=20.0)
 """Timing against siw under TCG: the runner's defaults, a startup timeout above siw's
 MPA timers (10 s for the Request and the Reply) and a shorter wait (the restarter already
@@ -384,28 +385,8 @@ def _pcaps(pcap_dir: Path | None, name: str) -> Path | None:
 
 
 # ======================================================================================
-# The expectation file
+# Comparing with the pinned verdicts, pinning them
 # ======================================================================================
-
-
-Pins = dict[str, dict[str, str]]
-"""Pinned verdicts: run -> case ID -> ``"PASS"`` or ``"STATUS: reason"`` (one line)."""
-EXCLUDED_STATUS = "EXCLUDED"
-
-
-def split_pin(pinned: str) -> tuple[str, str]:
-    """``"FAIL: why"`` -> ``("FAIL", "why")``; ``"PASS"`` -> ``("PASS", "")``."""
-    status, _, reason = pinned.partition(": ")
-    return status, reason
-
-
-def load_expected(path: Path = EXPECTED_FILE) -> Pins:
-    """The pinned verdicts of ``path`` (none when it does not exist)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    return {name: dict(cases) for name, cases in data.get("runs", {}).items()}
 
 
 def compare(results: SiwResults, expected: Pins, *, complete: bool = True) -> list[str]:
@@ -432,7 +413,7 @@ def compare(results: SiwResults, expected: Pins, *, complete: bool = True) -> li
                 problems.append(
                     f"{name} {r.case.id}: {r.status.value}, pinned {status}"
                     + (f" ({reason})" if reason else "")
-                    + f"; observed: {_one_line(r.verdict.observed)}"
+                    + f"; observed: {one_line(r.verdict.observed)}"
                 )
     if complete:
         ran = {(n, r.case.id) for n, rep in results.reports.items() for r in rep.results}
@@ -468,7 +449,7 @@ def pin(results: SiwResults, old: Pins) -> Pins:
                 continue
             before, reason = split_pin(old.get(name, {}).get(r.case.id, ""))
             if before != status or not reason:
-                reason = f"observed: {_one_line(r.verdict.observed)}"
+                reason = f"observed: {one_line(r.verdict.observed)}"
             entries[r.case.id] = f"{status}: {reason}"
     for (name, cid), why in EXCLUDED.items():
         out.setdefault(name, {})[cid] = f"{EXCLUDED_STATUS}: {why}"
@@ -477,43 +458,6 @@ def pin(results: SiwResults, old: Pins) -> Pins:
         name: dict(sorted(entries.items(), key=lambda kv: order.get(kv[0], len(order))))
         for name, entries in out.items()
     }
-
-
-def write_expected(runs: Pins, path: Path = EXPECTED_FILE) -> None:
-    data = {
-        "about": "Pinned `iwarp conform` verdicts against Linux siw (--app rping), per run "
-        "and case: PASS, or STATUS: reason. Regenerate with: " + PIN_COMMAND,
-        "runs": runs,
-    }
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def unexplained(runs: Pins) -> list[str]:
-    """Pinned non-PASS verdicts that carry only the runner's observation as reason."""
-    return [
-        f"{name} {cid}: {split_pin(entry)[0]}"
-        for name, cases in runs.items()
-        for cid, entry in cases.items()
-        if split_pin(entry)[1].startswith("observed: ")
-    ]
-
-
-def differences_message(problems: Sequence[str], path: Path = EXPECTED_FILE) -> str:
-    """The failure message for ``problems`` (from :func:`compare`): each, then how to re-pin."""
-    return "\n".join(
-        [
-            f"{len(problems)} differences from the pinned siw verdicts ({path.name}):",
-            *(f"  {line}" for line in problems),
-            f"If the change is meant (cases added or changed, the runner or siw fixed), re-pin "
-            f"with `{PIN_COMMAND}` (it keeps the reason of every verdict that did not change) "
-            f"and give each new non-PASS a one-line reason in {path}.",
-        ]
-    )
-
-
-def _one_line(text: str, width: int = 200) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def summary(results: SiwResults) -> str:

@@ -31,6 +31,7 @@ from stack.conform import (
     Verdict,
     select,
 )
+from stack.interop import conform_pins as cp
 from stack.interop import conform_siw as cs
 from stack.interop.peers import (
     IWARP_ACTIVE,
@@ -57,8 +58,8 @@ def test_conform_siw_verdicts_as_pinned(
     results = trio.run(partial(cs.run_all, vm, role=ROLES[direction], pcap_dir=out / "pcaps"))
     cs.write_reports(results, out)
     print(f"\n{cs.summary(results)}\nreports in {out}")
-    problems = cs.compare(results, cs.load_expected())
-    assert not problems, cs.differences_message(problems)
+    problems = cs.compare(results, cp.load_expected())
+    assert not problems, cp.differences_message(problems)
 
 
 # ---------------------------------------------------------------------- without the guest
@@ -81,11 +82,11 @@ def _results(
     return out
 
 
-def _pins(**runs: dict[str, str]) -> cs.Pins:
+def _pins(**runs: dict[str, str]) -> cp.Pins:
     """Pins of ``runs`` (``connects_p2p`` for connects-p2p), with the excluded cases."""
-    out: cs.Pins = {}
+    out: cp.Pins = {}
     for (name, cid), why in cs.EXCLUDED.items():
-        out.setdefault(name, {})[cid] = f"{cs.EXCLUDED_STATUS}: {why}"
+        out.setdefault(name, {})[cid] = f"{cp.EXCLUDED_STATUS}: {why}"
     for name, cases in runs.items():
         out.setdefault(name.replace("_", "-"), {}).update(cases)
     return out
@@ -106,8 +107,8 @@ def test_compare_reports_new_cases_flips_and_stale_pins_with_the_re_pin_command(
         "listens MPA-18: FAIL, not pinned (a new case)",
         "listens MPA-22: pinned PASS but did not run",
     ]
-    message = cs.differences_message(problems)
-    assert "3 differences" in message and cs.PIN_COMMAND in message
+    message = cp.differences_message(problems)
+    assert "3 differences" in message and cp.PIN_COMMAND in message
     # a selection (CASE ...) does not ask for the rest of the catalog, nor a role for the
     # other role's runs
     assert len(cs.compare(results, pins, complete=False)) == 2
@@ -150,27 +151,27 @@ def test_pin_keeps_reasons_of_unchanged_verdicts_in_catalog_order() -> None:
     assert list(listens) == sorted(listens, key=order.index)
     for (name, cid), why in cs.EXCLUDED.items():
         assert runs[name][cid] == f"EXCLUDED: {why}"
-    assert cs.unexplained(runs) == ["listens MPA-11: SKIP", "listens MPA-18: FAIL"]
+    assert cp.unexplained(runs) == ["listens MPA-11: SKIP", "listens MPA-18: FAIL"]
     assert cs.compare(results, runs) == []
 
 
 def test_pinned_file_has_a_reason_for_every_non_pass_and_only_catalogued_cases(
     tmp_path: Path,
 ) -> None:
-    pins = cs.load_expected()
+    pins = cp.load_expected()
     assert set(pins) == {run.name for run in cs.RUNS}
     catalog = {c.id for c in select()}
-    statuses = {s.value for s in Status} | {cs.EXCLUDED_STATUS}
+    statuses = {s.value for s in Status} | {cp.EXCLUDED_STATUS}
     for name, cases in pins.items():
         for cid, entry in cases.items():
-            status, reason = cs.split_pin(entry)
-            assert cid in catalog, f"{name} {cid} is no case of the catalog: {cs.PIN_COMMAND}"
+            status, reason = cp.split_pin(entry)
+            assert cid in catalog, f"{name} {cid} is no case of the catalog: {cp.PIN_COMMAND}"
             assert status in statuses and (status == "PASS") == (not reason), (name, cid, entry)
-    assert cs.unexplained(pins) == []
+    assert cp.unexplained(pins) == []
     # the file is exactly what write_expected makes of it (re-pinning is a clean diff)
-    cs.write_expected(pins, tmp_path / "again.json")
-    assert (tmp_path / "again.json").read_text() == cs.EXPECTED_FILE.read_text()
-    assert json.loads(cs.EXPECTED_FILE.read_text())["about"].endswith(cs.PIN_COMMAND)
+    cp.write_expected(pins, tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == cp.EXPECTED_FILE.read_text()
+    assert json.loads(cp.EXPECTED_FILE.read_text())["about"].endswith(cp.PIN_COMMAND)
 
 
 # ---------------------------------------------------------------------- the first-FPDU relay
