@@ -1,4 +1,10 @@
-"""``iwarp interop --peer siw-vm``: run the interop suite and print a case x direction matrix.
+"""``iwarp interop``: the siw interop suite (``--peer siw-vm``), or the conformance runner
+against any device (``--peer HOST:PORT``).
+
+``--peer HOST:PORT`` runs ``iwarp conform`` (:mod:`stack.cli.conform`) against the device
+listening there (``rping -s`` or another ``--app``) and prints its report; ``--app``,
+``--restart-cmd``, ``--junit``, ``--json``, ``--pcap-dir``, ``--quick`` and the CASE
+selection are passed through.  ``--peer siw-vm`` (the default) runs the suite below.
 
 The suite is the package :mod:`stack.interop.siw` with ``-m interop`` (Linux siw in a QEMU
 guest), installed with the wheel and run in this process through ``pytest.main`` with a
@@ -198,9 +204,58 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+CONFORM_OPTIONS = ("app", "restart_cmd", "junit", "json", "pcap_dir")
+"""Options passed through to ``iwarp conform`` with ``--peer HOST:PORT``."""
+SUITE_OPTIONS = ("keyword", "capture_dir", "exitfirst")
+"""Options of the siw suite only (``--peer siw-vm``)."""
+
+
+def is_endpoint(peer: str) -> bool:
+    """Whether ``--peer`` names a device (``HOST:PORT``, ``[v6]:PORT``) rather than a suite."""
+    host, sep, port = peer.rpartition(":")
+    return bool(sep) and bool(host.strip("[]")) and port.isdigit()
+
+
+def conform_argv(args: argparse.Namespace) -> list[str]:
+    """The ``iwarp conform`` arguments for ``iwarp interop --peer HOST:PORT``."""
+    out = [args.peer, *args.cases]
+    for name in CONFORM_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            out += ["--" + name.replace("_", "-"), value]
+    if args.quick:
+        out.append("--quick")
+    if args.list:
+        out = ["--list", *args.cases] + (["--app", args.app] if args.app else [])
+    return out
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    """``--peer HOST:PORT``: the conformance runner against that device, DUT listening."""
+    from stack.cli import conform
+
+    given = [f"--{n.replace('_', '-')}" for n in SUITE_OPTIONS if getattr(args, n)]
+    if not args.slow:
+        given.append("--no-slow")
+    if given:
+        raise CliError(f"{', '.join(given)}: only with --peer siw-vm (use CASE or --quick)")
+    parser = argparse.ArgumentParser(prog="iwarp")
+    conform.register(parser.add_subparsers())
+    return int(conform.run(parser.parse_args(["conform", *conform_argv(args)])))
+
+
 def run(args: argparse.Namespace) -> int:
+    if is_endpoint(args.peer):
+        return run_conform(args)
     if args.peer not in PEERS:
-        raise CliError(f"unknown peer {args.peer!r}; known: {', '.join(PEERS)}")
+        raise CliError(
+            f"unknown peer {args.peer!r}; known: {', '.join(PEERS)}, or a device as HOST:PORT"
+        )
+    given = [f"--{n.replace('_', '-')}" for n in CONFORM_OPTIONS if getattr(args, n)]
+    given += ["--quick"] if args.quick else []
+    given += ["CASE"] if args.cases else []
+    if given:
+        raise CliError(f"{', '.join(given)}: only with --peer HOST:PORT (use -k with siw-vm)")
     try:
         import pytest  # only here: the other iwarp tools start without it
     except ImportError:
@@ -252,10 +307,30 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "interop",
         help="run the interop suite against a real iWARP peer, print a result matrix",
-        description="Run the installed interop suite (stack.interop.siw) against Linux siw "
-        "in a QEMU guest and print case x direction x result. Exit status 1 if anything failed.",
+        description="--peer siw-vm: run the installed interop suite (stack.interop.siw) "
+        "against Linux siw in a QEMU guest and print case x direction x result; exit status "
+        "1 if anything failed. --peer HOST:PORT: run iwarp conform against the device "
+        "listening there and print its report (exit status as iwarp conform's).",
     )
-    p.add_argument("--peer", default="siw-vm", help="the peer (only siw-vm)")
+    p.add_argument(
+        "--peer", default="siw-vm",
+        help="siw-vm (the suite, default) or HOST:PORT of a listening device (iwarp conform)",
+    )  # fmt: skip
+    p.add_argument(
+        "cases", nargs="*", metavar="CASE",
+        help="with HOST:PORT: the cases to run, as iwarp conform takes them (default all)",
+    )  # fmt: skip
+    p.add_argument("--app", help="with HOST:PORT: what the device runs (iwarp conform --app)")
+    p.add_argument(
+        "--restart-cmd", metavar="CMD",
+        help="with HOST:PORT: command that (re)starts the device before each case",
+    )  # fmt: skip
+    p.add_argument("--junit", metavar="FILE", help="with HOST:PORT: JUnit XML report to FILE")
+    p.add_argument("--json", metavar="FILE", help="with HOST:PORT: JSON report to FILE (- stdout)")
+    p.add_argument("--pcap-dir", metavar="DIR", help="with HOST:PORT: one capture per case")
+    p.add_argument(
+        "--quick", action="store_true", help="with HOST:PORT: skip the cases that wait for timers"
+    )
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="select cases (pytest -k)")
     p.add_argument(
         "--capture-dir", metavar="DIR", help="keep each case's pcap in DIR (default: temporary)"

@@ -1,15 +1,29 @@
-"""``iwarp interop``: case/direction from test ids, outcome merging and the matrix (no VM)."""
+"""``iwarp interop``: case/direction from test ids, outcome merging and the matrix (no VM);
+``--peer HOST:PORT`` runs the conformance runner (our own ``iwarp rping -s`` as the device)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import re
+import socket
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from stack.cli.interop import CaseResult, _Recorder, failed, render_matrix, split_nodeid
+from stack.cli.interop import (
+    CaseResult,
+    _Recorder,
+    conform_argv,
+    failed,
+    is_endpoint,
+    render_matrix,
+    split_nodeid,
+)
 from stack.cli.iwarp import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,3 +149,71 @@ def test_interop_list_needs_no_vm() -> None:
 def test_interop_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["interop", "--peer", "chelsio"]) == 2
     assert "unknown peer 'chelsio'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- --peer HOST:PORT
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_peer_host_port_runs_the_conformance_runner_and_passes_its_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Our own ``iwarp rping -s`` (restarted per case by --restart-cmd) as the device."""
+    port = _free_port()
+    restart = (
+        f"cd {REPO} && exec {sys.executable} -m stack.cli.iwarp rping -s -a 127.0.0.1 -p {{port}}"
+    )
+    argv = ["interop", "--peer", f"127.0.0.1:{port}", "MPA-12", "MPA-18.2", "--quick",
+            "--app", "rping", "--restart-cmd", restart, "--json", str(tmp_path / "r.json"),
+            "--junit", str(tmp_path / "r.xml"), "--pcap-dir", str(tmp_path / "pcaps")]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"iwarp conform: DUT listening at 127.0.0.1:{port}, app rping\n")
+    assert re.search(r"PASS +MPA-12 +FPDU with a bad CRC", out)
+    assert re.search(r"PASS +MPA-18.2 +Reply key in a Request", out)
+    assert "2 cases: 2 passed, 0 failed" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["summary"]["PASS"] == 2 and report["dut_role"] == "listens"
+    assert [c["id"] for c in report["cases"]] == ["MPA-12", "MPA-18.2"]
+    junit = ET.parse(tmp_path / "r.xml").getroot()
+    assert sorted(tc.get("name", "").split()[0] for tc in junit.iter("testcase")) == [
+        "MPA-12", "MPA-18.2"
+    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "pcaps").iterdir()) == [
+        "MPA-12.pcap",
+        "MPA-18.2.pcap",
+    ]
+
+
+def test_conform_argv_passes_through_only_what_was_given() -> None:
+    args = argparse.Namespace(peer="192.0.2.7:7174", cases=["MPA"], app="perftest",
+                           restart_cmd="ssh dut x", junit=None, json="-", pcap_dir="p",
+                           quick=True, list=False)  # fmt: skip
+    assert conform_argv(args) == [
+        "192.0.2.7:7174", "MPA", "--app", "perftest", "--restart-cmd", "ssh dut x",
+        "--json", "-", "--pcap-dir", "p", "--quick",
+    ]  # fmt: skip
+    assert is_endpoint("[::1]:7174") and is_endpoint("dut:1") and not is_endpoint("siw-vm")
+    assert not is_endpoint(":7174") and not is_endpoint("dut:port")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--peer", "127.0.0.1:7174", "-k", "rping"], "-k"),
+        (["--peer", "127.0.0.1:7174", "--capture-dir", "x"], "--capture-dir"),
+        (["--peer", "siw-vm", "--app", "rping"], "--app: only with --peer HOST:PORT"),
+        (["--peer", "siw-vm", "MPA-12"], "CASE: only with --peer HOST:PORT"),
+        (["--peer", "127.0.0.1:7174", "--app", "nope"], "unknown --app 'nope'"),
+    ],
+)  # fmt: skip
+def test_options_of_the_other_kind_of_peer_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["interop", *argv]) == 2
+    assert message in capsys.readouterr().err
