@@ -149,7 +149,7 @@ def test_every_rule_shaped_literal_and_rule_argument_in_the_code_is_catalogued()
                 ]
             for value in values:
                 if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                    conform = where.parts[:2] == ("stack", "conform")
+                    conform = where.parts[:2] in (("stack", "conform"), ("stack", "interop"))
                     if value.value not in known and not (
                         conform and _is_case_id(value.value, known)
                     ):
