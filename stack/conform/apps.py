@@ -350,7 +350,7 @@ class _KbtpClient(AppClient):
 
 # -- bench --------------------------------------------------------------------------------
 
-BENCH_SIZE = 64
+BENCH_SIZE = 62
 """Octets of the bench session: the target region, each receive and each ping."""
 BENCH_RX_DEPTH = 4
 BENCH_SPEC = SessionSpec("send", BENCH_SIZE, latency=True, rx_depth=BENCH_RX_DEPTH)

@@ -52,6 +52,8 @@ from stack.wire.events import AtomicRequest, ImmediateData, RdmaWrite
 _D = "data"
 _A = Access.REMOTE_ATOMIC
 _NOT_7306 = (not_7306(),)
+_UNDEFINED_AOPCODE = 3
+"""An AOpCode RFC 7306 §5.2.1 does not define (0 FetchAdd, 2 CmpSwap, 1 reserved)."""
 
 
 def _values(*want: int) -> Callable[[Session], Verdict | None]:
@@ -145,10 +147,16 @@ def _swap(match: bool) -> Callable[[Session, Region], tuple[list[Item], list[int
     return build
 
 
+_CARRIES = 0x00FF00FF00FF00FF
+"""A value whose every other octet carries when 0x01 is added to each."""
+
+
 def _masked(s: Session, r: Region) -> tuple[list[Item], list[int]]:
-    to, init = _init(s, r)
+    to = _word(s, r)
+    init = RdmaWrite(r.stag, to, _CARRIES.to_bytes(8, "little"))
     req = AtomicRequest.fetch_add(0, r.stag, to, 0x0101010101010101, 0x8080808080808080)
-    return [init, atomic(s, req), fetch_add(s, r.stag, to, 0)], [_K, apply_atomic(req, _K)]
+    after = apply_atomic(req, _CARRIES)
+    return [init, atomic(s, req), fetch_add(s, r.stag, to, 0)], [_CARRIES, after]
 
 
 _arith(1, "FetchAdd: the original value returned, the sum stored",
@@ -264,7 +272,7 @@ def _misaligned(s: Session, r: Region) -> Sequence[Item]:
 
 @needs(_A)
 def _bad_aopcode(s: Session, r: Region) -> Sequence[Item]:
-    req = AtomicRequest(2, 0, r.stag, _word(s, r), 0)
+    req = AtomicRequest(_UNDEFINED_AOPCODE, 0, r.stag, _word(s, r), 0)
     return [atomic(s, req)]
 
 
@@ -282,8 +290,8 @@ _bad("EXT-11", 4, "A FetchAdd whose TO wraps 2^64: Terminate 0/1/0x04",
                   "5040's TO wrap code"),))  # fmt: skip
 _bad("EXT-05", 1, "A FetchAdd to a TO not 8-octet aligned: Terminate 0/2/0x07",
      "a FetchAdd of 0 at the atomic word's TO + 4", _misaligned, ("EXT-11",))  # fmt: skip
-_bad("EXT-04", 1, "An Atomic Request with an undefined AOpCode (2): Terminate 0/2/0x06",
-     "an Atomic Request with AOpCode 2 to the atomic word", _bad_aopcode)  # fmt: skip
+_bad("EXT-04", 1, "An Atomic Request with an undefined AOpCode (3): Terminate 0/2/0x06",
+     "an Atomic Request with AOpCode 3 to the atomic word", _bad_aopcode)  # fmt: skip
 
 
 _IRD_OK = Alternative(TERM_DDP_U_NO_BUFFER, "a request beyond the IRD finds no QN-1 buffer "
@@ -325,16 +333,25 @@ def _form(rule: str, n: int, title: str, sends: str, build: Callable[[Session], 
                              alternatives=_NOT_7306)  # fmt: skip
 
 
+def _imm_form(n: int, size: int) -> None:
+    @case("EXT-09", f"Immediate Data of {size} octets: Terminate 0/2/0xFF", n=n,
+          rules=("DDP-11",), phase=_D,
+          sends=f"an Immediate Data message with {size} octets of data (QN 0's first message), "
+          "then the app's first Send",
+          expects="no delivery; the stack's Terminate for it; 0/2/0x06 for the opcode: not "
+          "RFC 7306 (SKIP)")  # fmt: skip
+    async def body(ctx: CaseContext) -> Verdict:
+        def edit(s: Session, u: bytes) -> Sequence[Item]:
+            cut = len(u) - IMMEDIATE_DATA_LEN + size
+            return [u[:cut] + bytes(max(0, size - IMMEDIATE_DATA_LEN))]
+
+        return await carrier(ctx, edit, what="Immediate Data of the wrong length",
+                             first=lambda s: ImmediateData(bytes(IMMEDIATE_DATA_LEN)),
+                             alternatives=_NOT_7306)  # fmt: skip
+
+
 def _atomic_u(s: Session) -> bytes:
     return fetch_add(s, bogus_stag(), 0)
-
-
-def _imm(n: int) -> Callable[[Session], bytes]:
-    def build(s: Session) -> bytes:
-        u = first(s, ImmediateData(bytes(IMMEDIATE_DATA_LEN)))
-        return u[: len(u) - IMMEDIATE_DATA_LEN + n] + bytes(max(0, n - IMMEDIATE_DATA_LEN))
-
-    return build
 
 
 _form("EXT-02", 1, "An Atomic Request without L: Terminate 0/2/0xFF",
@@ -344,9 +361,7 @@ _form("EXT-02", 2, "An Atomic Request on QN 0: Terminate 1/2/0x01",
 _form("EXT-02", 3, "An Atomic Request cut to 40 octets of its 52-octet header: Terminate "
       "0/2/0xFF", "a FetchAdd whose header is 12 octets short",
       lambda s: _atomic_u(s)[:-12])  # fmt: skip
-_form("EXT-09", 1, "Immediate Data of 7 octets: Terminate 0/2/0xFF",
-      "an Immediate Data message with 7 octets of data", _imm(7))  # fmt: skip
-_form("EXT-09", 2, "Immediate Data of 9 octets: Terminate 0/2/0xFF",
-      "an Immediate Data message with 9 octets of data", _imm(9))  # fmt: skip
+_imm_form(1, 7)
+_imm_form(2, 9)
 
 _ = AtomicOpcode

@@ -268,15 +268,13 @@ TOO_LONG_ALTERNATIVES = (
     "A Send longer than the posted receive: Terminate 1/2/0x05",
     rules=("DDP-11", "RDMAP-12"),
     phase=_D,
-    sends="instead of the app's first Send, a Send one octet longer than the app's receives",
+    sends="a Send one octet longer than the app's receives, then the app's first Send",
     expects="no delivery; the stack's Terminate (message too long for the buffer); 1/2/0x02 "
     "(no buffer) is a WARN",
 )
 async def send_too_long(ctx: CaseContext) -> Verdict:
-    def edit(s: Session, u: bytes) -> Sequence[Item]:
-        return s.ulpdus(Send(bytes(s.receives.size + 1)))
-
-    return await carrier(ctx, edit, what="Send longer than the receive",
+    return await carrier(ctx, lambda s, u: [u], what="Send longer than the receive",
+                         first=lambda s: Send(bytes(s.receives.size + 1)),
                          alternatives=TOO_LONG_ALTERNATIVES)  # fmt: skip
 
 

@@ -533,18 +533,24 @@ async def carrier(
     alternatives: Sequence[Alternative] = (),
     settings: MpaSettings | None = None,
     allow: int = 0,
+    first: Callable[[Session], RdmapMessage] | None = None,
 ) -> Verdict:
     """Startup, then the application's first message as ``edit`` turns its first ULPDU
     into ULPDUs (changed, split, preceded or followed by others), in one write; the rest
     of the exchange follows when the DUT takes it.  Judged by the model (:func:`conclude`;
     ``allow``: deliveries that precede the offending ULPDU).  ``edit`` may return a verdict
-    instead: the case does not apply to this DUT."""
+    instead: the case does not apply to this DUT.  ``first``: the message to edit instead
+    of the application's (which then follows it, with the next MSN: its delivery is the
+    evidence)."""
     opened = await open_session(ctx, ready=False, settings=settings)
     if isinstance(opened, Verdict):
         return opened
     s = opened
-    first, *rest = s.client.opening()
-    ulpdus = s.ulpdus(first)
+    head, *rest = s.client.opening()
+    if first is not None:
+        rest = [head, *rest]
+        head = first(s)
+    ulpdus = s.ulpdus(head)
     made = edit(s, ulpdus[0])
     if isinstance(made, Verdict):
         return made
