@@ -52,7 +52,6 @@ from stack.bench.protocol import Advert, BenchError, SessionSpec
 from stack.cli.rdmacm import MESSAGE_LEN
 from stack.cli.rping import DEFAULT_SIZE, RDMA_INFO, ping_pattern, settings_from
 from stack.constants import Opcode
-from stack.rnic.memory import Access
 from stack.peers.perftest.channel import COMM_SLOT_LEN
 from stack.peers.perftest.options import PerftestOptions
 from stack.peers.perftest.protocol import (
@@ -62,6 +61,7 @@ from stack.peers.perftest.protocol import (
     encode_version,
 )
 from stack.peers.perftest.side import CACHE_LINE
+from stack.rnic.memory import Access
 from stack.wire.events import (
     MpaSettings,
     RdmapMessage,
@@ -97,13 +97,22 @@ class Region:
     scratch: bool = False
 
     def allows(self, right: Access) -> bool:
-        return bool(self.access & right)
+        """Whether the region has every right in ``right``."""
+        return self.access & right == right
 
     def line(self) -> str:
-        rights = "+".join(
-            n for a, n in ((Access.REMOTE_READ, "read"), (Access.REMOTE_WRITE, "write"),
-                           (Access.REMOTE_ATOMIC, "atomic")) if self.access & a
-        ) or "none"  # fmt: skip
+        rights = (
+            "+".join(
+                n
+                for a, n in (
+                    (Access.REMOTE_READ, "read"),
+                    (Access.REMOTE_WRITE, "write"),
+                    (Access.REMOTE_ATOMIC, "atomic"),
+                )
+                if self.access & a
+            )
+            or "none"
+        )
         return (
             f"{self.what}: STag 0x{self.stag:08X}, TO 0x{self.to:X}, {self.length} octets, "
             f"remote {rights}"
@@ -204,10 +213,15 @@ class _RpingClient(AppClient):
                 self.stage = 1
                 if req.size:
                     self.regions.append(
-                        Region(req.sink_stag, req.sink_to, req.size, READ_WRITE,
-                               "the rping server's RDMA buffer (sink of its RDMA Read)",
-                               scratch=True)
-                    )  # fmt: skip
+                        Region(
+                            req.sink_stag,
+                            req.sink_to,
+                            req.size,
+                            READ_WRITE,
+                            "the rping server's RDMA buffer (sink of its RDMA Read)",
+                            scratch=True,
+                        )
+                    )
                 self.ready = True
                 n = max(0, min(req.size, RPING_SIZE - (req.src_to - RPING_START_ADDR)))
                 start = req.src_to - RPING_START_ADDR
@@ -333,19 +347,48 @@ class _KbtpClient(AppClient):
         who = self.identity.decode(errors="replace")
         if ack.capabilities & Capability.DIRECT_LOAD:
             pool = ack.block_size * ack.pool_blocks
-            self.regions.append(Region(ack.pool_stag, ack.pool_offset, pool, Access.REMOTE_READ,
-                                       f"the KBTP Pool of {who} (HELLO_ACK)", exact=True))
+            self.regions.append(
+                Region(
+                    ack.pool_stag,
+                    ack.pool_offset,
+                    pool,
+                    Access.REMOTE_READ,
+                    f"the KBTP Pool of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
             table = 16 * (ack.handle_base + ack.handle_count - ack.table_base_handle)
-            self.regions.append(Region(ack.table_stag, ack.table_offset, table,
-                                       Access.REMOTE_READ, f"the KBTP Table of {who} (HELLO_ACK)"))
+            self.regions.append(
+                Region(
+                    ack.table_stag,
+                    ack.table_offset,
+                    table,
+                    Access.REMOTE_READ,
+                    f"the KBTP Table of {who} (HELLO_ACK)",
+                )
+            )
         if ack.capabilities & Capability.DIRECT_ALLOC:
             ring = ack.head_offset + 8 - ack.ring_offset
-            self.regions.append(Region(ack.ring_stag, ack.ring_offset, ring,
-                                       Access.REMOTE_READ | Access.REMOTE_ATOMIC,
-                                       f"the KBTP Ring of {who} (HELLO_ACK)", exact=True))
-            self.regions.append(Region(ack.partition_stag, ack.partition_offset,
-                                       ack.partition_length, Access.REMOTE_WRITE,
-                                       f"the KBTP Partition of {who} (HELLO_ACK)", exact=True))  # fmt: skip
+            self.regions.append(
+                Region(
+                    ack.ring_stag,
+                    ack.ring_offset,
+                    ring,
+                    Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+                    f"the KBTP Ring of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
+            self.regions.append(
+                Region(
+                    ack.partition_stag,
+                    ack.partition_offset,
+                    ack.partition_length,
+                    Access.REMOTE_WRITE,
+                    f"the KBTP Partition of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
 
 
 # -- bench --------------------------------------------------------------------------------
@@ -376,9 +419,16 @@ class _BenchClient(AppClient):
         self.ready = True
         if advert.rkey:
             rights = READ_WRITE | Access.REMOTE_ATOMIC
-            self.regions.append(Region(advert.rkey, advert.addr, advert.length, rights,
-                                       "the bench server's target region (MPA Reply)",
-                                       scratch=True))  # fmt: skip
+            self.regions.append(
+                Region(
+                    advert.rkey,
+                    advert.addr,
+                    advert.length,
+                    rights,
+                    "the bench server's target region (MPA Reply)",
+                    scratch=True,
+                )
+            )
 
     def opening(self) -> list[RdmapMessage]:
         return [Send(bytes(range(BENCH_SIZE)))]
@@ -415,9 +465,16 @@ class _RpingServer(AppClient):
             if self.stage == 0:
                 self.stage = 1
                 self.ready = True
-                self.regions.append(Region(stag, addr, size, READ_WRITE,
-                                           "the rping client's start buffer (its first Send)",
-                                           scratch=True))  # fmt: skip
+                self.regions.append(
+                    Region(
+                        stag,
+                        addr,
+                        size,
+                        READ_WRITE,
+                        "the rping client's start buffer (its first Send)",
+                        scratch=True,
+                    )
+                )
                 read = ReadRequest(RPING_SERVER_STAG, RPING_SERVER_ADDR, size, stag, addr)
                 return Reaction(delivered="it Sent its start buffer", replies=(read,))
             if self.stage == 2:

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from stack.conform.apps import Region
 from stack.conform.context import CaseContext
-from stack.conform.expect import expect_silence
 from stack.conform.model import Verdict
 from stack.conform.provocations import (
     FAR,
@@ -36,11 +35,21 @@ from stack.conform.session import (
     provoke,
     watch,
 )
-from stack.conform.ulpdu import INVAL_AT, MSN_AT, QN_AT, ctrl, set_u32, with_dv, with_last, with_opcode
+from stack.conform.ulpdu import (
+    INVAL_AT,
+    MO_AT,
+    MSN_AT,
+    QN_AT,
+    ctrl,
+    set_u32,
+    with_dv,
+    with_last,
+    with_opcode,
+)
 from stack.constants import (
     DDP_RSVD_MASK,
-    TERM_RDMAP_ACCESS_RIGHTS,
     TERM_DDP_T_BASE_BOUNDS,
+    TERM_RDMAP_ACCESS_RIGHTS,
     Opcode,
 )
 from stack.rnic.memory import Access
@@ -85,8 +94,9 @@ def _dv_tagged(dv: int, n: int) -> None:
         expects="no delivery of the Send; the stack's Terminate (Invalid DDP version, tagged)",
     )
     async def body(ctx: CaseContext) -> Verdict:
-        return await carrier(ctx, lambda s, u: [with_dv(zero_write(s), dv), u],
-                             what=f"tagged segment with DV {dv}")  # fmt: skip
+        return await carrier(
+            ctx, lambda s, u: [with_dv(zero_write(s), dv), u], what=f"tagged segment with DV {dv}"
+        )
 
 
 for _n, _dv in ((5, 0), (6, 2)):
@@ -102,8 +112,11 @@ for _n, _dv in ((5, 0), (6, 2)):
     expects="both taken: the application goes on",
 )
 async def reserved_tagged(ctx: CaseContext) -> Verdict:
-    return await carrier(ctx, lambda s, u: [ctrl(zero_write(s), set_bits=DDP_RSVD_MASK), u],
-                         what="tagged segment with reserved bits set")  # fmt: skip
+    return await carrier(
+        ctx,
+        lambda s, u: [ctrl(zero_write(s), set_bits=DDP_RSVD_MASK), u],
+        what="tagged segment with reserved bits set",
+    )
 
 
 # ======================================================================================
@@ -114,15 +127,15 @@ async def reserved_tagged(ctx: CaseContext) -> Verdict:
 def _qn(qn: int, n: int) -> None:
     @case(
         "DDP-10",
-        f"A Send on QN {qn} (no such queue): Terminate 1/2/0x01",
+        f"A Send on QN 0x{qn:X} (no such queue): Terminate 1/2/0x01",
         n=n,
         rules=("DDP-11", "RDMAP-01"),
         phase=_D,
-        sends=f"the app's first Send with QN {qn}",
+        sends=f"the app's first Send with QN 0x{qn:X}",
         expects="no delivery; the stack's Terminate for it (Invalid QN)",
     )
     async def body(ctx: CaseContext) -> Verdict:
-        return await carrier(ctx, lambda s, u: [set_u32(u, QN_AT, qn)], what=f"Send on QN {qn}")
+        return await carrier(ctx, lambda s, u: [set_u32(u, QN_AT, qn)], what=f"Send on QN {qn:#x}")
 
 
 for _n, _qn_value in ((1, 4), (2, 0xFFFFFFFF)):
@@ -172,7 +185,7 @@ async def msn_repeated(ctx: CaseContext) -> Verdict:
     expects="no delivery; the stack's Terminate for it (Invalid MO)",
 )
 async def first_mo(ctx: CaseContext) -> Verdict:
-    return await carrier(ctx, lambda s, u: [set_u32(u, 14, 4)], what="Send starting at MO 4")
+    return await carrier(ctx, lambda s, u: [set_u32(u, MO_AT, 4)], what="Send starting at MO 4")
 
 
 @case(
@@ -181,13 +194,13 @@ async def first_mo(ctx: CaseContext) -> Verdict:
     n=6,
     rules=("DDP-11", "RDMAP-06"),
     phase=_D,
-    sends="a zero-length Read Request with MSN 2 (QN 1's first message), then the app's "
-    "first Send",
+    sends="a zero-length Read Request with MSN 2 (QN 1's first message), then the app's first Send",
     expects="no delivery; the stack's Terminate (MSN range not valid) about the Read Request",
 )
 async def read_msn(ctx: CaseContext) -> Verdict:
-    return await carrier(ctx, lambda s, u: [set_u32(zero_read(s), MSN_AT, 2), u],
-                         what="Read Request with MSN 2")  # fmt: skip
+    return await carrier(
+        ctx, lambda s, u: [set_u32(zero_read(s), MSN_AT, 2), u], what="Read Request with MSN 2"
+    )
 
 
 @case(
@@ -255,7 +268,7 @@ async def no_last(ctx: CaseContext) -> Verdict:
     rules=("DDP-08",),
     phase=_D,
     sends="the app's first Send with L cleared, then nothing",
-    expects="no delivery for --timeout seconds (the message is not complete; the DUT may "
+    expects="no delivery for --silence seconds (the message is not complete; the DUT may "
     "wait or end the stream)",
 )
 async def never_last(ctx: CaseContext) -> Verdict:
@@ -264,15 +277,14 @@ async def never_last(ctx: CaseContext) -> Verdict:
         return opened
     s = opened
     await s.send([with_last(s.ulpdus(s.client.opening()[0])[0], False)])
-    w = await watch(s)
+    w = await watch(s, ctx.options.silence)
     if w.deliveries:
         return Verdict.not_met(f"took the message without its Last segment: {w.deliveries[0]}")
     if w.terminate is not None:
-        t, frame = w.terminate
-        return Verdict.met(f"delivered nothing; ended the stream (Terminate frame {frame})")
-    quiet = await expect_silence(s.peer, 0) if w.eof is None else None
-    del quiet
-    how = "closed" if w.eof is not None else f"waited {ctx.options.timeout:g} s"
+        return Verdict.met(
+            f"delivered nothing; ended the stream (Terminate, frame {w.terminate[1]})"
+        )
+    how = "closed" if w.eof is not None else f"waited {ctx.options.silence:g} s"
     return Verdict.met(f"delivered nothing and {how}")
 
 
@@ -345,14 +357,16 @@ async def zero_length_stag0(ctx: CaseContext) -> Verdict:
     "no code for it, so another cause is a WARN)",
 )
 async def short_ulpdu(ctx: CaseContext) -> Verdict:
-    return await carrier(ctx, lambda s, u: [u[:10], u], what="10-octet ULPDU",
-                         alternatives=[_ANY_CAUSE])  # fmt: skip
+    return await carrier(
+        ctx, lambda s, u: [u[:10], u], what="10-octet ULPDU", alternatives=[_ANY_CAUSE]
+    )
 
 
 _ANY_CAUSE = Alternative(
-    None, "RFC 5041 §7.2 defines no error code for a ULPDU shorter than its header: the stream "
+    None,
+    "RFC 5041 §7.2 defines no error code for a ULPDU shorter than its header: the stream "
     "ended as it must, with another cause than this stack's",
-)  # fmt: skip
+)
 
 # ======================================================================================
 # Tagged placement: the STag, its bounds and its rights (RFC 5041 §7.1, RFC 5042 §6)
@@ -428,10 +442,12 @@ async def write_wrap(ctx: CaseContext) -> Verdict:
     def items(s: Session, r: Region) -> Sequence[Item]:
         return [_write(r, WRAP_TO)]
 
-    alt = Alternative(TERM_DDP_T_BASE_BOUNDS, "the wrapping access is out of bounds too, but "
-                      "RFC 5041 §7.2 has its own code for a TO wrap")  # fmt: skip
-    return await provoke(await open_session(ctx), items, what="wrapping Write",
-                         alternatives=[alt])  # fmt: skip
+    alt = Alternative(
+        TERM_DDP_T_BASE_BOUNDS,
+        "the wrapping access is out of bounds too, but "
+        "RFC 5041 §7.2 has its own code for a TO wrap",
+    )
+    return await provoke(await open_session(ctx), items, what="wrapping Write", alternatives=[alt])
 
 
 @case(
@@ -453,10 +469,13 @@ async def write_readonly(ctx: CaseContext) -> Verdict:
             )
         return [_write(r, r.to)]
 
-    alt = Alternative(TERM_RDMAP_ACCESS_RIGHTS, "the right condition, reported at the RDMAP "
-                      "layer for a tagged DDP segment")  # fmt: skip
-    return await provoke(await open_session(ctx), items, what="Write to a read-only region",
-                         alternatives=[alt])  # fmt: skip
+    alt = Alternative(
+        TERM_RDMAP_ACCESS_RIGHTS,
+        "the right condition, reported at the RDMAP layer for a tagged DDP segment",
+    )
+    return await provoke(
+        await open_session(ctx), items, what="Write to a read-only region", alternatives=[alt]
+    )
 
 
 @case(
@@ -472,8 +491,6 @@ async def write_readonly(ctx: CaseContext) -> Verdict:
 async def write_other_pd(ctx: CaseContext) -> Verdict:
     from stack.conform.cases_sec import foreign_items
 
-    return await foreign_items(ctx, _W, what="Write with another connection's STag",
-                               build=lambda s, r: [_write(r, r.to)])  # fmt: skip
-
-
-_ = TERM_DDP_T_BASE_BOUNDS
+    return await foreign_items(
+        ctx, _W, what="Write with another connection's STag", build=lambda s, r: [_write(r, r.to)]
+    )

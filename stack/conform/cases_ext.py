@@ -24,7 +24,6 @@ from stack.conform.provocations import (
     atomic,
     bogus_stag,
     fetch_add,
-    first,
     needs,
     read,
 )
@@ -60,10 +59,12 @@ def _values(*want: int) -> Callable[[Session], Verdict | None]:
     def check(s: Session) -> Verdict | None:
         if s.atomic_values != list(want):
             got = [f"0x{v:X}" for v in s.atomic_values]
-            return Verdict.not_met(f"original values {got}, expected "
-                                   f"{[f'0x{v:X}' for v in want]}", rule="EXT-06")  # fmt: skip
-        return Verdict.met(f"Atomic Responses in order with original values "
-                           f"{[f'0x{v:X}' for v in want]}")  # fmt: skip
+            return Verdict.not_met(
+                f"original values {got}, expected {[f'0x{v:X}' for v in want]}", rule="EXT-06"
+            )
+        return Verdict.met(
+            f"Atomic Responses in order with original values {[f'0x{v:X}' for v in want]}"
+        )
 
     return check
 
@@ -98,30 +99,44 @@ async def probe(ctx: CaseContext) -> Verdict:
             return [fetch_add(s, bogus_stag(), 0)]
         return [fetch_add(s, r.stag, _word(s, r))]
 
-    return await provoke(await open_session(ctx), items, what="FetchAdd of 0",
-                         alternatives=_NOT_7306)  # fmt: skip
+    return await provoke(
+        await open_session(ctx), items, what="FetchAdd of 0", alternatives=_NOT_7306
+    )
 
 
 def _arith(
-    n: int, title: str, sends: str, build: Callable[[Session, Region], tuple[list[Item], list[int]]],
+    n: int,
+    title: str,
+    sends: str,
+    build: Callable[[Session, Region], tuple[list[Item], list[int]]],
     rule: str = "EXT-06",
-) -> None:  # fmt: skip
-    @case(rule, title, n=n, rules=("EXT-03", "EXT-08"), phase=_D, sends=sends,
-          expects="Atomic Responses in request order with the original values the stack's "
-          "atomic functions give; SKIP without a scratch atomic region or without RFC 7306")  # fmt: skip
+) -> None:
+    @case(
+        rule,
+        title,
+        n=n,
+        rules=("EXT-03", "EXT-08"),
+        phase=_D,
+        sends=sends,
+        expects="Atomic Responses in request order with the original values the stack's "
+        "atomic functions give; SKIP without a scratch atomic region or without RFC 7306",
+    )
     async def body(ctx: CaseContext) -> Verdict:
         want: list[int] = []
 
         @needs(_A | Access.REMOTE_WRITE, scratch=True)
         def items(s: Session, r: Region) -> Sequence[Item] | Verdict:
-            if not (r.allows(_A) and r.allows(Access.REMOTE_WRITE)):
-                return Verdict.not_applicable(s.no_region(_A, scratch=True))
             made, values = build(s, r)
             want.extend(values)
             return made
 
-        return await provoke(await open_session(ctx), items, what="atomics",
-                             alternatives=_NOT_7306, check=lambda s: _values(*want)(s))  # fmt: skip
+        return await provoke(
+            await open_session(ctx),
+            items,
+            what="atomics",
+            alternatives=_NOT_7306,
+            check=lambda s: _values(*want)(s),
+        )
 
 
 _K = 0x0123456789ABCDEF
@@ -159,17 +174,30 @@ def _masked(s: Session, r: Region) -> tuple[list[Item], list[int]]:
     return [init, atomic(s, req), fetch_add(s, r.stag, to, 0)], [_CARRIES, after]
 
 
-_arith(1, "FetchAdd: the original value returned, the sum stored",
-       "an 8-octet Write of a known value, FetchAdd 5, FetchAdd 0, in one write",
-       _fetch_add_twice)  # fmt: skip
-_arith(2, "Compare and Swap that matches: swapped",
-       "a Write of a known value, CmpSwap comparing with it, FetchAdd 0", _swap(True))  # fmt: skip
-_arith(3, "Compare and Swap that does not match: unchanged",
-       "a Write of a known value, CmpSwap comparing with another, FetchAdd 0",
-       _swap(False))  # fmt: skip
-_arith(4, "FetchAdd with an Add Mask: carries stop at the mask's boundaries",
-       "a Write of a known value, FetchAdd of 0x0101.. with Add Mask 0x8080.., FetchAdd 0",
-       _masked)  # fmt: skip
+_arith(
+    1,
+    "FetchAdd: the original value returned, the sum stored",
+    "an 8-octet Write of a known value, FetchAdd 5, FetchAdd 0, in one write",
+    _fetch_add_twice,
+)
+_arith(
+    2,
+    "Compare and Swap that matches: swapped",
+    "a Write of a known value, CmpSwap comparing with it, FetchAdd 0",
+    _swap(True),
+)
+_arith(
+    3,
+    "Compare and Swap that does not match: unchanged",
+    "a Write of a known value, CmpSwap comparing with another, FetchAdd 0",
+    _swap(False),
+)
+_arith(
+    4,
+    "FetchAdd with an Add Mask: carries stop at the mask's boundaries",
+    "a Write of a known value, FetchAdd of 0x0101.. with Add Mask 0x8080.., FetchAdd 0",
+    _masked,
+)
 
 
 @case(
@@ -181,10 +209,8 @@ _arith(4, "FetchAdd with an Add Mask: carries stop at the mask's boundaries",
     expects="the Atomic Response carries the written value, and the Read too",
 )
 async def write_then_atomic(ctx: CaseContext) -> Verdict:
-    @needs(_A | Access.REMOTE_WRITE, scratch=True)
+    @needs(_A | Access.REMOTE_WRITE | Access.REMOTE_READ, scratch=True)
     def items(s: Session, r: Region) -> Sequence[Item] | Verdict:
-        if not (r.allows(Access.REMOTE_WRITE) and r.allows(Access.REMOTE_READ)):
-            return Verdict.not_applicable(s.no_region(_A, scratch=True))
         to, init = _init(s, r)
         return [init, fetch_add(s, r.stag, to, 0), read(s, r.stag, to, 8)]
 
@@ -193,12 +219,18 @@ async def write_then_atomic(ctx: CaseContext) -> Verdict:
         if v is not None and v.outcome is not Outcome.MET:
             return v
         if bytes(s.read_data[0]) != _K.to_bytes(8, "little"):
-            return Verdict.not_met(f"the Read returned {bytes(s.read_data[0]).hex()}",
-                                   rule="RDMAP-13")  # fmt: skip
+            return Verdict.not_met(
+                f"the Read returned {bytes(s.read_data[0]).hex()}", rule="RDMAP-13"
+            )
         return v
 
-    return await provoke(await open_session(ctx), items, what="Write and FetchAdd",
-                         alternatives=_NOT_7306, check=check)  # fmt: skip
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="Write and FetchAdd",
+        alternatives=_NOT_7306,
+        check=check,
+    )
 
 
 @case(
@@ -222,8 +254,9 @@ async def two_atomics(ctx: CaseContext) -> Verdict:
             return Verdict.not_met(f"original values {s.atomic_values}", rule="EXT-06")
         return Verdict.met(f"two Atomic Responses in order, value 0x{s.atomic_values[0]:X}")
 
-    return await provoke(await open_session(ctx), items, what="two FetchAdds",
-                         alternatives=_NOT_7306, check=check)  # fmt: skip
+    return await provoke(
+        await open_session(ctx), items, what="two FetchAdds", alternatives=_NOT_7306, check=check
+    )
 
 
 # ======================================================================================
@@ -232,15 +265,31 @@ async def two_atomics(ctx: CaseContext) -> Verdict:
 
 
 def _bad(
-    rule: str, n: int, title: str, sends: str, aim: Callable[[Session], Sequence[Item] | Verdict],
-    rules: tuple[str, ...] = ("RDMAP-12",), alternatives: Sequence[Alternative] = (),
-) -> None:  # fmt: skip
-    @case(rule, title, n=n, rules=rules, phase=_D, sends=sends,
-          expects="no Atomic Response, nothing changed; the stack's Terminate for it with "
-          "the request's DDP header (never R=1, EXT-11); 0/2/0x06: not RFC 7306 (SKIP)")  # fmt: skip
+    rule: str,
+    n: int,
+    title: str,
+    sends: str,
+    aim: Callable[[Session], Sequence[Item] | Verdict],
+    rules: tuple[str, ...] = ("RDMAP-12",),
+    alternatives: Sequence[Alternative] = (),
+) -> None:
+    @case(
+        rule,
+        title,
+        n=n,
+        rules=rules,
+        phase=_D,
+        sends=sends,
+        expects="no Atomic Response, nothing changed; the stack's Terminate for it with "
+        "the request's DDP header (never R=1, EXT-11); 0/2/0x06: not RFC 7306 (SKIP)",
+    )
     async def body(ctx: CaseContext) -> Verdict:
-        return await provoke(await open_session(ctx), aim, what="Atomic Request",
-                             alternatives=(*alternatives, *_NOT_7306))  # fmt: skip
+        return await provoke(
+            await open_session(ctx),
+            aim,
+            what="Atomic Request",
+            alternatives=(*alternatives, *_NOT_7306),
+        )
 
 
 def _unknown(s: Session) -> Sequence[Item]:
@@ -250,8 +299,9 @@ def _unknown(s: Session) -> Sequence[Item]:
 def _no_rights(s: Session) -> Sequence[Item] | Verdict:
     r = s.without(_A)
     if r is None:
-        return Verdict.not_applicable("the application advertises no region without remote "
-                                      "atomic access")  # fmt: skip
+        return Verdict.not_applicable(
+            "the application advertises no region without remote atomic access"
+        )
     return [fetch_add(s, r.stag, r.to + (-r.to % 8))]
 
 
@@ -276,26 +326,67 @@ def _bad_aopcode(s: Session, r: Region) -> Sequence[Item]:
     return [atomic(s, req)]
 
 
-_bad("EXT-11", 1, "A FetchAdd to an STag the app never advertised: Terminate 0/1/0x00",
-     "a FetchAdd of 0 to an STag the application never advertised", _unknown,
-     ("SEC-15", "RDMAP-12"))  # fmt: skip
-_bad("EXT-11", 2, "A FetchAdd to a region without remote atomic access: Terminate 0/1/0x02",
-     "a FetchAdd of 0 to an advertised region without atomic rights (rping's buffer, the "
-     "KBTP Table)", _no_rights, ("SEC-12",))  # fmt: skip
-_bad("EXT-11", 3, "A FetchAdd far past the atomic region: Terminate 0/1/0x01",
-     "a FetchAdd of 0 at the atomic word's TO + 2^32", _past, ("SEC-04",))  # fmt: skip
-_bad("EXT-11", 4, "A FetchAdd whose TO wraps 2^64: Terminate 0/1/0x04",
-     "a FetchAdd of 0 to the atomic STag at TO 2^64-4", _wrap, ("SEC-04",),
-     (Alternative(TERM_RDMAP_BASE_BOUNDS, "out of bounds too, but RFC 7306 §8 uses RFC "
-                  "5040's TO wrap code"),))  # fmt: skip
-_bad("EXT-05", 1, "A FetchAdd to a TO not 8-octet aligned: Terminate 0/2/0x07",
-     "a FetchAdd of 0 at the atomic word's TO + 4", _misaligned, ("EXT-11",))  # fmt: skip
-_bad("EXT-04", 1, "An Atomic Request with an undefined AOpCode (3): Terminate 0/2/0x06",
-     "an Atomic Request with AOpCode 3 to the atomic word", _bad_aopcode)  # fmt: skip
+_bad(
+    "EXT-11",
+    1,
+    "A FetchAdd to an STag the app never advertised: Terminate 0/1/0x00",
+    "a FetchAdd of 0 to an STag the application never advertised",
+    _unknown,
+    ("SEC-15", "RDMAP-12"),
+)
+_bad(
+    "EXT-11",
+    2,
+    "A FetchAdd to a region without remote atomic access: Terminate 0/1/0x02",
+    "a FetchAdd of 0 to an advertised region without atomic rights (rping's buffer, the "
+    "KBTP Table)",
+    _no_rights,
+    ("SEC-12",),
+)
+_bad(
+    "EXT-11",
+    3,
+    "A FetchAdd far past the atomic region: Terminate 0/1/0x01",
+    "a FetchAdd of 0 at the atomic word's TO + 2^32",
+    _past,
+    ("SEC-04",),
+)
+_bad(
+    "EXT-11",
+    4,
+    "A FetchAdd whose TO wraps 2^64: Terminate 0/1/0x04",
+    "a FetchAdd of 0 to the atomic STag at TO 2^64-4",
+    _wrap,
+    ("SEC-04",),
+    (
+        Alternative(
+            TERM_RDMAP_BASE_BOUNDS,
+            "out of bounds too, but RFC 7306 §8 uses RFC 5040's TO wrap code",
+        ),
+    ),
+)
+_bad(
+    "EXT-05",
+    1,
+    "A FetchAdd to a TO not 8-octet aligned: Terminate 0/2/0x07",
+    "a FetchAdd of 0 at the atomic word's TO + 4",
+    _misaligned,
+    ("EXT-11",),
+)
+_bad(
+    "EXT-04",
+    1,
+    "An Atomic Request with an undefined AOpCode (3): Terminate 0/2/0x06",
+    "an Atomic Request with AOpCode 3 to the atomic word",
+    _bad_aopcode,
+)
 
 
-_IRD_OK = Alternative(TERM_DDP_U_NO_BUFFER, "a request beyond the IRD finds no QN-1 buffer "
-                      "(RFC 5040 §5.2.1, RFC 7306 §5.2.2)", means="met")  # fmt: skip
+_IRD_OK = Alternative(
+    TERM_DDP_U_NO_BUFFER,
+    "a request beyond the IRD finds no QN-1 buffer (RFC 5040 §5.2.1, RFC 7306 §5.2.2)",
+    means="met",
+)
 
 
 @case(
@@ -315,8 +406,12 @@ async def atomic_ird(ctx: CaseContext) -> Verdict:
         to = _word(s, r)
         return [fetch_add(s, r.stag, to) for _ in range(s.ird + 1)]
 
-    return await provoke(await open_session(ctx), items, what="Atomic Request beyond the IRD",
-                         alternatives=(_IRD_OK, *_NOT_7306))  # fmt: skip
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="Atomic Request beyond the IRD",
+        alternatives=(_IRD_OK, *_NOT_7306),
+    )
 
 
 # ======================================================================================
@@ -325,42 +420,76 @@ async def atomic_ird(ctx: CaseContext) -> Verdict:
 
 
 def _form(rule: str, n: int, title: str, sends: str, build: Callable[[Session], bytes]) -> None:
-    @case(rule, title, n=n, rules=("DDP-11",), phase=_D, sends=sends + ", then the app's first "
-          "Send", expects="no delivery; the stack's Terminate for it; 0/2/0x06 for the opcode: "
-          "not RFC 7306 (SKIP)")  # fmt: skip
+    @case(
+        rule,
+        title,
+        n=n,
+        rules=("DDP-11",),
+        phase=_D,
+        sends=sends + ", then the app's first Send",
+        expects="no delivery; the stack's Terminate for it; 0/2/0x06 for the opcode: "
+        "not RFC 7306 (SKIP)",
+    )
     async def body(ctx: CaseContext) -> Verdict:
-        return await carrier(ctx, lambda s, u: [build(s), u], what="malformed RFC 7306 message",
-                             alternatives=_NOT_7306)  # fmt: skip
+        return await carrier(
+            ctx,
+            lambda s, u: [build(s), u],
+            what="malformed RFC 7306 message",
+            alternatives=_NOT_7306,
+        )
 
 
 def _imm_form(n: int, size: int) -> None:
-    @case("EXT-09", f"Immediate Data of {size} octets: Terminate 0/2/0xFF", n=n,
-          rules=("DDP-11",), phase=_D,
-          sends=f"an Immediate Data message with {size} octets of data (QN 0's first message), "
-          "then the app's first Send",
-          expects="no delivery; the stack's Terminate for it; 0/2/0x06 for the opcode: not "
-          "RFC 7306 (SKIP)")  # fmt: skip
+    @case(
+        "EXT-09",
+        f"Immediate Data of {size} octets: Terminate 0/2/0xFF",
+        n=n,
+        rules=("DDP-11",),
+        phase=_D,
+        sends=f"an Immediate Data message with {size} octets of data (QN 0's first message), "
+        "then the app's first Send",
+        expects="no delivery; the stack's Terminate for it; 0/2/0x06 for the opcode: not "
+        "RFC 7306 (SKIP)",
+    )
     async def body(ctx: CaseContext) -> Verdict:
         def edit(s: Session, u: bytes) -> Sequence[Item]:
             cut = len(u) - IMMEDIATE_DATA_LEN + size
             return [u[:cut] + bytes(max(0, size - IMMEDIATE_DATA_LEN))]
 
-        return await carrier(ctx, edit, what="Immediate Data of the wrong length",
-                             first=lambda s: ImmediateData(bytes(IMMEDIATE_DATA_LEN)),
-                             alternatives=_NOT_7306)  # fmt: skip
+        return await carrier(
+            ctx,
+            edit,
+            what="Immediate Data of the wrong length",
+            first=lambda s: ImmediateData(bytes(IMMEDIATE_DATA_LEN)),
+            alternatives=_NOT_7306,
+        )
 
 
 def _atomic_u(s: Session) -> bytes:
     return fetch_add(s, bogus_stag(), 0)
 
 
-_form("EXT-02", 1, "An Atomic Request without L: Terminate 0/2/0xFF",
-      "a FetchAdd with L cleared", lambda s: with_last(_atomic_u(s), False))  # fmt: skip
-_form("EXT-02", 2, "An Atomic Request on QN 0: Terminate 1/2/0x01",
-      "a FetchAdd on QN 0", lambda s: set_u32(_atomic_u(s), QN_AT, 0))  # fmt: skip
-_form("EXT-02", 3, "An Atomic Request cut to 40 octets of its 52-octet header: Terminate "
-      "0/2/0xFF", "a FetchAdd whose header is 12 octets short",
-      lambda s: _atomic_u(s)[:-12])  # fmt: skip
+_form(
+    "EXT-02",
+    1,
+    "An Atomic Request without L: Terminate 0/2/0xFF",
+    "a FetchAdd with L cleared",
+    lambda s: with_last(_atomic_u(s), False),
+)
+_form(
+    "EXT-02",
+    2,
+    "An Atomic Request on QN 0: Terminate 1/2/0x01",
+    "a FetchAdd on QN 0",
+    lambda s: set_u32(_atomic_u(s), QN_AT, 0),
+)
+_form(
+    "EXT-02",
+    3,
+    "An Atomic Request cut to 40 octets of its 52-octet header: Terminate 0/2/0xFF",
+    "a FetchAdd whose header is 12 octets short",
+    lambda s: _atomic_u(s)[:-12],
+)
 _imm_form(1, 7)
 _imm_form(2, 9)
 

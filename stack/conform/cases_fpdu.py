@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import trio
-
 from stack.conform.context import CaseContext
 from stack.conform.expected import work_verdict
 from stack.conform.model import Verdict
 from stack.conform.peer_core import Craft
 from stack.conform.provocations import first, zero_write
 from stack.conform.registry import case
+from stack.conform.script import converse
 from stack.conform.session import (
     Alternative,
     Item,
@@ -27,11 +26,9 @@ from stack.conform.session import (
     carrier,
     open_session,
 )
-from stack.conform.script import converse
 from stack.constants import (
     DDP_UNTAGGED_HDR_LEN,
     MPA_CRC_LEN,
-    MPA_LENGTH_LEN,
     MULPDU_MAX,
     TERM_DDP_U_NO_BUFFER,
     TERM_DDP_U_TOO_LONG,
@@ -68,17 +65,31 @@ def _bad_crc(n: int, title: str, sends: str, craft: Craft, *, prefix: bool = Fal
         return await carrier(ctx, edit, what="FPDU with a bad CRC")
 
 
-_bad_crc(2, "FPDU with one bit of its CRC flipped: Terminate 2/0/0x02",
-         "the app's first FPDU with the lowest bit of its CRC field flipped",
-         Craft(crc_xor=1))  # fmt: skip
-_bad_crc(3, "FPDU with a payload octet changed after the CRC: Terminate 2/0/0x02",
-         "the app's first FPDU with its last ULPDU octet changed after the CRC was computed",
-         Craft(flip=(-MPA_CRC_LEN - 1, 0x01)))  # fmt: skip
-_bad_crc(4, "FPDU with a CRC field of zero (CRC on): Terminate 2/0/0x02",
-         "the app's first FPDU with its CRC field 0x00000000", Craft(crc=0))  # fmt: skip
-_bad_crc(5, "The second FPDU of the connection with a bad CRC: Terminate 2/0/0x02",
-         "a valid zero-length RDMA Write, then the app's first FPDU with its CRC flipped, in "
-         "one write", Craft(bad_crc=True), prefix=True)  # fmt: skip
+_bad_crc(
+    2,
+    "FPDU with one bit of its CRC flipped: Terminate 2/0/0x02",
+    "the app's first FPDU with the lowest bit of its CRC field flipped",
+    Craft(crc_xor=1),
+)
+_bad_crc(
+    3,
+    "FPDU with a payload octet changed after the CRC: Terminate 2/0/0x02",
+    "the app's first FPDU with its last ULPDU octet changed after the CRC was computed",
+    Craft(flip=(-MPA_CRC_LEN - 1, 0x01)),
+)
+_bad_crc(
+    4,
+    "FPDU with a CRC field of zero (CRC on): Terminate 2/0/0x02",
+    "the app's first FPDU with its CRC field 0x00000000",
+    Craft(crc=0),
+)
+_bad_crc(
+    5,
+    "The second FPDU of the connection with a bad CRC: Terminate 2/0/0x02",
+    "a valid zero-length RDMA Write, then the app's first FPDU with its CRC flipped, in one write",
+    Craft(bad_crc=True),
+    prefix=True,
+)
 
 
 @case(
@@ -123,17 +134,30 @@ async def after_bad_crc(ctx: CaseContext) -> Verdict:
 # ULPDUs a receiver must refuse (RFC 5044 §3, §6; RFC 5041 §7)
 # ======================================================================================
 
-_ANY = Alternative(None, "the stream ended as it must; RFC 5044 and RFC 5041 name no error "
-                   "code for this FPDU, and this stack's differs")  # fmt: skip
+_ANY = Alternative(
+    None,
+    "the stream ended as it must; RFC 5044 and RFC 5041 name no error "
+    "code for this FPDU, and this stack's differs",
+)
 _DDP_REFUSES = (
-    Alternative(TERM_DDP_U_TOO_LONG, "the DUT took the FPDU and refused its message at DDP "
-                "(too long for the receive): nothing delivered either way", means="met"),
-    Alternative(TERM_DDP_U_NO_BUFFER, "the DUT took the FPDU and refused its message at DDP: "
-                "nothing delivered either way", means="met"),
-    Alternative(TERM_LLP_CRC_ERROR, "the DUT refuses FPDUs above the largest MULPDU at MPA: "
-                "nothing delivered either way", means="met"),
+    Alternative(
+        TERM_DDP_U_TOO_LONG,
+        "the DUT took the FPDU and refused its message at DDP "
+        "(too long for the receive): nothing delivered either way",
+        means="met",
+    ),
+    Alternative(
+        TERM_DDP_U_NO_BUFFER,
+        "the DUT took the FPDU and refused its message at DDP: nothing delivered either way",
+        means="met",
+    ),
+    Alternative(
+        TERM_LLP_CRC_ERROR,
+        "the DUT refuses FPDUs above the largest MULPDU at MPA: nothing delivered either way",
+        means="met",
+    ),
     _ANY,
-)  # fmt: skip
+)
 
 
 @case(
@@ -160,7 +184,12 @@ async def empty_ulpdu(ctx: CaseContext) -> Verdict:
     "at DDP (too long) passes too, another cause is a WARN",
 )
 async def huge_fpdu(ctx: CaseContext) -> Verdict:
-    def edit(s: Session, u: bytes) -> Sequence[Item]:
+    def edit(s: Session, u: bytes) -> Sequence[Item] | Verdict:
+        if s.negotiated.markers_tx:
+            return Verdict.not_applicable(
+                "the DUT asks for markers: an FPDU of 65535 octets has marker FPDUPTRs "
+                "beyond 16 bits, it cannot be sent"
+            )
         big = u[:DDP_UNTAGGED_HDR_LEN] + bytes(0xFFFF - DDP_UNTAGGED_HDR_LEN)
         return [(big, Craft())]
 
@@ -191,9 +220,13 @@ async def over_mulpdu(ctx: CaseContext) -> Verdict:
 
 
 async def _split(
-    ctx: CaseContext, cuts: list[int] | None, what: str, *, prefix: bool = False,
+    ctx: CaseContext,
+    cuts: list[int] | None,
+    what: str,
+    *,
+    prefix: bool = False,
     pause: float = _SPLIT_PAUSE,
-) -> Verdict:  # fmt: skip
+) -> Verdict:
     """Startup, then the app's first FPDU (after a zero-length Write with ``prefix``) cut at
     ``cuts`` (see :meth:`~stack.conform.peer.Peer.send_split`): it must be delivered."""
     opened = await open_session(ctx, ready=False)
@@ -299,11 +332,15 @@ def _marker(n: int, title: str, sends: str, craft: Craft) -> None:
         return await carrier(ctx, edit, what="FPDU with odd marker bits")
 
 
-_marker(1, "Markers with their RESERVED half set: ignored",
-        "the app's first FPDU with every marker's RESERVED half 0xFFFF",
-        Craft(marker_rsvd=0xFFFF))  # fmt: skip
-_marker(2, "Markers with FPDUPTR's low two bits set: read as 0",
-        "the app's first FPDU with every marker's FPDUPTR ORed with 0x0003",
-        Craft(marker_ptr_or=3))  # fmt: skip
-
-
+_marker(
+    1,
+    "Markers with their RESERVED half set: ignored",
+    "the app's first FPDU with every marker's RESERVED half 0xFFFF",
+    Craft(marker_rsvd=0xFFFF),
+)
+_marker(
+    2,
+    "Markers with FPDUPTR's low two bits set: read as 0",
+    "the app's first FPDU with every marker's FPDUPTR ORed with 0x0003",
+    Craft(marker_ptr_or=3),
+)

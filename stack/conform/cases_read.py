@@ -56,9 +56,11 @@ def _data(index: int, want: bytes, what: str) -> Callable[[Session], Verdict | N
     def check(s: Session) -> Verdict | None:
         got = bytes(s.read_data[index])
         if got != want:
-            return Verdict.not_met(f"the Read returned {got[:16].hex()}... ({len(got)} octets), "
-                                   f"expected {want[:16].hex()}... ({len(want)}): {what}",
-                                   rule="RDMAP-13")  # fmt: skip
+            return Verdict.not_met(
+                f"the Read returned {got[:16].hex()}... ({len(got)} octets), "
+                f"expected {want[:16].hex()}... ({len(want)}): {what}",
+                rule="RDMAP-13",
+            )
         return Verdict.met(f"the Read returned the {len(want)} octets expected: {what}")
 
     return check
@@ -68,8 +70,9 @@ def _sizes(*sizes: int) -> Callable[[Session], Verdict | None]:
     def check(s: Session) -> Verdict | None:
         got = [len(d) for d in s.read_data]
         if got != list(sizes):
-            return Verdict.not_met(f"Read Responses of {got} octets, {list(sizes)} requested",
-                                   rule="RDMAP-04")  # fmt: skip
+            return Verdict.not_met(
+                f"Read Responses of {got} octets, {list(sizes)} requested", rule="RDMAP-04"
+            )
         return Verdict.met(f"Read Responses of {got} octets at the runner's sinks, in order")
 
     return check
@@ -104,8 +107,7 @@ async def read_valid(ctx: CaseContext) -> Verdict:
         return [read(s, r.stag, r.to, sizes[0])]
 
     s = await open_session(ctx)
-    return await provoke(s, items, what="Read of the region",
-                         check=lambda x: _sizes(*sizes)(x))  # fmt: skip
+    return await provoke(s, items, what="Read of the region", check=lambda x: _sizes(*sizes)(x))
 
 
 @case(
@@ -128,8 +130,9 @@ async def reads_in_order(ctx: CaseContext) -> Verdict:
         sizes.extend(min(r.length, n) for n in (8, 16, 24))
         return [read(s, r.stag, r.to, n, sink=i) for i, n in enumerate(sizes)]
 
-    return await provoke(await open_session(ctx), items, what="three Reads",
-                         check=lambda x: _sizes(*sizes)(x))  # fmt: skip
+    return await provoke(
+        await open_session(ctx), items, what="three Reads", check=lambda x: _sizes(*sizes)(x)
+    )
 
 
 @case(
@@ -147,10 +150,12 @@ async def read_segmented(ctx: CaseContext) -> Verdict:
         for r in s.regions:
             if r.allows(_R) and r.length >= 2048:
                 return [read(s, r.stag, r.to, 2048)]
-        return Verdict.not_applicable(s.no_region(_R) + ", none of 2048 octets")
+        seen = "; ".join(r.line() for r in s.regions) or "nothing"
+        return Verdict.not_applicable(
+            f"no region with remote read access of 2048 octets or more (advertised: {seen})"
+        )
 
-    return await provoke(await open_session(ctx), items, what="2048-octet Read",
-                         check=_sizes(2048))  # fmt: skip
+    return await provoke(await open_session(ctx), items, what="2048-octet Read", check=_sizes(2048))
 
 
 @case(
@@ -166,8 +171,7 @@ async def zero_read_bogus(ctx: CaseContext) -> Verdict:
     def items(s: Session) -> Sequence[Item] | Verdict:
         return _ird_open(s) or [zero_read(s)]
 
-    return await provoke(await open_session(ctx), items, what="zero-length Read",
-                         check=_sizes(0))  # fmt: skip
+    return await provoke(await open_session(ctx), items, what="zero-length Read", check=_sizes(0))
 
 
 @case(
@@ -183,8 +187,7 @@ async def zero_read_wrap(ctx: CaseContext) -> Verdict:
     def items(s: Session) -> Sequence[Item] | Verdict:
         return _ird_open(s) or [zero_read(s, 0, (1 << 64) - 1)]
 
-    return await provoke(await open_session(ctx), items, what="zero-length Read",
-                         check=_sizes(0))  # fmt: skip
+    return await provoke(await open_session(ctx), items, what="zero-length Read", check=_sizes(0))
 
 
 # ======================================================================================
@@ -193,9 +196,13 @@ async def zero_read_wrap(ctx: CaseContext) -> Verdict:
 
 
 def _bad_read(
-    n: int, title: str, sends: str, aim: Callable[[Session, Region], tuple[int, int]],
-    rules: tuple[str, ...], alternatives: Sequence[Alternative] = (),
-) -> None:  # fmt: skip
+    n: int,
+    title: str,
+    sends: str,
+    aim: Callable[[Session, Region], tuple[int, int]],
+    rules: tuple[str, ...],
+    alternatives: Sequence[Alternative] = (),
+) -> None:
     @case(
         "RDMAP-16",
         title,
@@ -212,24 +219,46 @@ def _bad_read(
             stag, to = aim(s, r)
             return _ird_open(s) or [read(s, stag, to, 8)]
 
-        return await provoke(await open_session(ctx), items, what="bad Read Request",
-                             alternatives=alternatives)  # fmt: skip
+        return await provoke(
+            await open_session(ctx), items, what="bad Read Request", alternatives=alternatives
+        )
 
 
-_bad_read(6, "A Read from an STag the app never advertised: Terminate 0/1/0x00",
-          "an 8-octet RDMA Read Request from the advertised STag with its key changed",
-          lambda s, r: (bogus_stag(r), r.to), ("SEC-15",))  # fmt: skip
-_bad_read(7, "A Read far past the advertised region: Terminate 0/1/0x01",
-          "an 8-octet RDMA Read Request at the region's TO + 2^32",
-          lambda s, r: (r.stag, r.to + FAR), ("SEC-04",))  # fmt: skip
-_bad_read(8, "A Read one octet below the advertised region: Terminate 0/1/0x01",
-          "an 8-octet RDMA Read Request at the region's TO - 1",
-          lambda s, r: (r.stag, r.to - 1), ("SEC-04",))  # fmt: skip
-_bad_read(9, "A Read whose source TO wraps 2^64: Terminate 0/1/0x04",
-          "an 8-octet RDMA Read Request from the advertised STag at TO 2^64-4",
-          lambda s, r: (r.stag, WRAP_TO), ("SEC-04",),
-          (Alternative(TERM_RDMAP_BASE_BOUNDS, "the wrapping Read is out of bounds too, but "
-                       "RFC 5040 §7.2 has its own code for a TO wrap"),))  # fmt: skip
+_bad_read(
+    6,
+    "A Read from an STag the app never advertised: Terminate 0/1/0x00",
+    "an 8-octet RDMA Read Request from the advertised STag with its key changed",
+    lambda s, r: (bogus_stag(r), r.to),
+    ("SEC-15",),
+)
+_bad_read(
+    7,
+    "A Read far past the advertised region: Terminate 0/1/0x01",
+    "an 8-octet RDMA Read Request at the region's TO + 2^32",
+    lambda s, r: (r.stag, r.to + FAR),
+    ("SEC-04",),
+)
+_bad_read(
+    8,
+    "A Read one octet below the advertised region: Terminate 0/1/0x01",
+    "an 8-octet RDMA Read Request at the region's TO - 1",
+    lambda s, r: (r.stag, r.to - 1),
+    ("SEC-04",),
+)
+_bad_read(
+    9,
+    "A Read whose source TO wraps 2^64: Terminate 0/1/0x04",
+    "an 8-octet RDMA Read Request from the advertised STag at TO 2^64-4",
+    lambda s, r: (r.stag, WRAP_TO),
+    ("SEC-04",),
+    (
+        Alternative(
+            TERM_RDMAP_BASE_BOUNDS,
+            "the wrapping Read is out of bounds too, but "
+            "RFC 5040 §7.2 has its own code for a TO wrap",
+        ),
+    ),
+)
 
 
 @case(
@@ -238,16 +267,16 @@ _bad_read(9, "A Read whose source TO wraps 2^64: Terminate 0/1/0x04",
     n=10,
     rules=("SEC-12", "RDMAP-12"),
     phase=_D,
-    sends="an 8-octet RDMA Read Request from an advertised write-only region (the KBTP "
-    "Partition)",
+    sends="an 8-octet RDMA Read Request from an advertised write-only region (the KBTP Partition)",
     expects="no Read Response; the stack's Terminate (access rights violation), R=1",
 )
 async def read_no_rights(ctx: CaseContext) -> Verdict:
     def items(s: Session) -> Sequence[Item] | Verdict:
         r = s.without(_R)
         if r is None:
-            return Verdict.not_applicable("the application advertises no region without "
-                                          "remote read access")  # fmt: skip
+            return Verdict.not_applicable(
+                "the application advertises no region without remote read access"
+            )
         return _ird_open(s) or [read(s, r.stag, r.to, 8)]
 
     return await provoke(await open_session(ctx), items, what="Read of a write-only region")
@@ -272,14 +301,30 @@ def _form(n: int, title: str, sends: str, edit: Callable[[bytes], bytes]) -> Non
         return await carrier(ctx, lambda s, u: [edit(zero_read(s)), u], what="malformed Read")
 
 
-_form(1, "A Read Request without L: Terminate 0/2/0xFF",
-      "a zero-length Read Request with L cleared", lambda u: with_last(u, False))  # fmt: skip
-_form(2, "A Read Request with MO 4: Terminate 1/2/0x04",
-      "a zero-length Read Request with MO 4", lambda u: set_u32(u, MO_AT, 4))  # fmt: skip
-_form(3, "A Read Request cut to 20 octets of its 28-octet header: Terminate 0/2/0xFF",
-      "a Read Request whose RDMAP header is 20 octets", lambda u: u[:-8])  # fmt: skip
-_form(4, "A Read Request with 4 octets after its header: Terminate 1/2/0x05",
-      "a zero-length Read Request followed by 4 extra octets", lambda u: u + bytes(4))  # fmt: skip
+_form(
+    1,
+    "A Read Request without L: Terminate 0/2/0xFF",
+    "a zero-length Read Request with L cleared",
+    lambda u: with_last(u, False),
+)
+_form(
+    2,
+    "A Read Request with MO 4: Terminate 1/2/0x04",
+    "a zero-length Read Request with MO 4",
+    lambda u: set_u32(u, MO_AT, 4),
+)
+_form(
+    3,
+    "A Read Request cut to 20 octets of its 28-octet header: Terminate 0/2/0xFF",
+    "a Read Request whose RDMAP header is 20 octets",
+    lambda u: u[:-8],
+)
+_form(
+    4,
+    "A Read Request with 4 octets after its header: Terminate 1/2/0x05",
+    "a zero-length Read Request followed by 4 extra octets",
+    lambda u: u + bytes(4),
+)
 
 
 # ======================================================================================
@@ -298,11 +343,16 @@ def _dut_read(s: Session) -> ReadResponse | Verdict:
 
 
 def _response(
-    n: int, title: str, sends: str, edit: Callable[[Session, ReadResponse], Sequence[Item]],
-    expects: str, rules: tuple[str, ...] = ("DDP-11", "RDMAP-12"),
-) -> None:  # fmt: skip
-    @case("RDMAP-04", title, n=n, rules=rules, phase=_D, sends=sends, expects=expects,
-          apps=("rping",))  # fmt: skip
+    n: int,
+    title: str,
+    sends: str,
+    edit: Callable[[Session, ReadResponse], Sequence[Item]],
+    expects: str,
+    rules: tuple[str, ...] = ("DDP-11", "RDMAP-12"),
+) -> None:
+    @case(
+        "RDMAP-04", title, n=n, rules=rules, phase=_D, sends=sends, expects=expects, apps=("rping",)
+    )
     async def body(ctx: CaseContext) -> Verdict:
         def items(s: Session) -> Sequence[Item] | Verdict:
             rr = _dut_read(s)
@@ -323,25 +373,42 @@ def _two_segments(s: Session, rr: ReadResponse) -> list[Item]:
     return [one, two]
 
 
-_response(5, "A Read Response to another sink STag: Terminate 1/1/0x00",
-          "the Read Response the rping server waits for, to its Sink STag with the key changed",
-          lambda s, rr: [ReadResponse(rr.stag ^ 0x80, rr.to, rr.data)],
-          "nothing placed; the stack's Terminate (Invalid STag: not the Read's sink)")  # fmt: skip
-_response(6, "A Read Response at a wrong sink TO: Terminate 1/1/0x01",
-          "the Read Response the rping server waits for, at its Sink TO + 8",
-          lambda s, rr: [ReadResponse(rr.stag, rr.to + 8, rr.data)],
-          "nothing placed; the stack's Terminate (base or bounds violation)")  # fmt: skip
-_response(7, "A Read Response longer than the Read: Terminate 1/1/0x01",
-          "the Read Response the rping server waits for, with 8 octets more",
-          lambda s, rr: [ReadResponse(rr.stag, rr.to, bytes(rr.data) + bytes(8))],
-          "nothing placed past the sink; the stack's Terminate (base or bounds)")  # fmt: skip
-_response(8, "A Read Response shorter than the Read: Terminate 0/2/0xFF",
-          "the Read Response the rping server waits for, 8 octets short",
-          lambda s, rr: [ReadResponse(rr.stag, rr.to, bytes(rr.data)[:-8])],
-          "the Read not completed; the stack's Terminate (the response ended early)")  # fmt: skip
-_response(9, "A Read Response in two segments: placed whole",
-          "the Read Response the rping server waits for, in two segments (L on the second)",
-          _two_segments, "the data placed: the application goes on", rules=("DDP-06",))  # fmt: skip
+_response(
+    5,
+    "A Read Response to another sink STag: Terminate 1/1/0x00",
+    "the Read Response the rping server waits for, to its Sink STag with the key changed",
+    lambda s, rr: [ReadResponse(rr.stag ^ 0x80, rr.to, rr.data)],
+    "nothing placed; the stack's Terminate (Invalid STag: not the Read's sink)",
+)
+_response(
+    6,
+    "A Read Response at a wrong sink TO: Terminate 1/1/0x01",
+    "the Read Response the rping server waits for, at its Sink TO + 8",
+    lambda s, rr: [ReadResponse(rr.stag, rr.to + 8, rr.data)],
+    "nothing placed; the stack's Terminate (base or bounds violation)",
+)
+_response(
+    7,
+    "A Read Response longer than the Read: Terminate 1/1/0x01",
+    "the Read Response the rping server waits for, with 8 octets more",
+    lambda s, rr: [ReadResponse(rr.stag, rr.to, bytes(rr.data) + bytes(8))],
+    "nothing placed past the sink; the stack's Terminate (base or bounds)",
+)
+_response(
+    8,
+    "A Read Response shorter than the Read: Terminate 0/2/0xFF",
+    "the Read Response the rping server waits for, 8 octets short",
+    lambda s, rr: [ReadResponse(rr.stag, rr.to, bytes(rr.data)[:-8])],
+    "the Read not completed; the stack's Terminate (the response ended early)",
+)
+_response(
+    9,
+    "A Read Response in two segments: placed whole",
+    "the Read Response the rping server waits for, in two segments (L on the second)",
+    _two_segments,
+    "the data placed: the application goes on",
+    rules=("DDP-06",),
+)
 
 
 @case(
@@ -355,9 +422,11 @@ _response(9, "A Read Response in two segments: placed whole",
     "Invalid STag)",
 )
 async def unsolicited(ctx: CaseContext) -> Verdict:
-    return await carrier(ctx, lambda s, u: [s.ulpdus(ReadResponse(bogus_stag(), 0,
-                                                                  bytes(8)))[0], u],
-                         what="unsolicited Read Response")  # fmt: skip
+    return await carrier(
+        ctx,
+        lambda s, u: [s.ulpdus(ReadResponse(bogus_stag(), 0, bytes(8)))[0], u],
+        what="unsolicited Read Response",
+    )
 
 
 # ======================================================================================
@@ -365,9 +434,13 @@ async def unsolicited(ctx: CaseContext) -> Verdict:
 # ======================================================================================
 
 IRD_ALTERNATIVES = (
-    Alternative(TERM_DDP_U_NO_BUFFER, "RFC 5040 §5.2.1: a Read Request beyond the IRD finds "
-                "no QN-1 buffer, which RFC 5041 reports as 'no buffer available'", means="met"),
-)  # fmt: skip
+    Alternative(
+        TERM_DDP_U_NO_BUFFER,
+        "RFC 5040 §5.2.1: a Read Request beyond the IRD finds "
+        "no QN-1 buffer, which RFC 5041 reports as 'no buffer available'",
+        means="met",
+    ),
+)
 
 
 @case(
@@ -388,8 +461,9 @@ async def ird_overflow(ctx: CaseContext) -> Verdict:
 
     s = await open_session(ctx)
     allow = 0 if isinstance(s, Verdict) else (s.ird or 0)
-    return await provoke(s, items, what="Read beyond the IRD", alternatives=IRD_ALTERNATIVES,
-                         allow=allow)  # fmt: skip
+    return await provoke(
+        s, items, what="Read beyond the IRD", alternatives=IRD_ALTERNATIVES, allow=allow
+    )
 
 
 @case(
@@ -410,8 +484,12 @@ async def ird_full(ctx: CaseContext) -> Verdict:
         count.append(s.ird)
         return [zero_read(s) for _ in range(s.ird)]
 
-    return await provoke(await open_session(ctx), items, what="IRD Reads",
-                         check=lambda x: _sizes(*([0] * count[0]))(x))  # fmt: skip
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="IRD Reads",
+        check=lambda x: _sizes(*([0] * count[0]))(x),
+    )
 
 
 # ======================================================================================
@@ -439,8 +517,12 @@ async def write_then_read(ctx: CaseContext) -> Verdict:
             return Verdict.not_applicable(f"the region has {r.length} octets, fewer than 16")
         return [RdmaWrite(r.stag, r.to, _A), read(s, r.stag, r.to, len(_A))]
 
-    return await provoke(await open_session(ctx), items, what="Write then Read",
-                         check=_data(0, _A, "the Write's octets"))  # fmt: skip
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="Write then Read",
+        check=_data(0, _A, "the Write's octets"),
+    )
 
 
 @case(
@@ -449,8 +531,7 @@ async def write_then_read(ctx: CaseContext) -> Verdict:
     n=2,
     rules=("RDMAP-05",),
     phase=_D,
-    sends="RDMA Write of 16 octets A, Read of them, Write of B over them, Read again, in one "
-    "write",
+    sends="RDMA Write of 16 octets A, Read of them, Write of B over them, Read again, in one write",
     expects="the first Read Response carries A, the second B (a later Write never shows "
     "through an earlier Read)",
 )
@@ -461,8 +542,12 @@ async def write_read_write_read(ctx: CaseContext) -> Verdict:
             return Verdict.not_applicable(f"the region has {r.length} octets, fewer than 16")
         if s.ird is not None and s.ird < 2:
             return Verdict.not_applicable(f"the DUT's IRD is {s.ird}: two Reads exceed it")
-        return [RdmaWrite(r.stag, r.to, _A), read(s, r.stag, r.to, 16),
-                RdmaWrite(r.stag, r.to, _B), read(s, r.stag, r.to, 16, sink=1)]  # fmt: skip
+        return [
+            RdmaWrite(r.stag, r.to, _A),
+            read(s, r.stag, r.to, 16),
+            RdmaWrite(r.stag, r.to, _B),
+            read(s, r.stag, r.to, 16, sink=1),
+        ]
 
     def check(s: Session) -> Verdict | None:
         first = _data(0, _A, "the first Read")(s)
@@ -492,8 +577,12 @@ async def write_two_segments(ctx: CaseContext) -> Verdict:
         two = set_u64(u[:DDP_TAGGED_HDR_LEN] + u[cut:], TO_AT, r.to + 8)
         return [one, two, read(s, r.stag, r.to, 16)]
 
-    return await provoke(await open_session(ctx), items, what="two-segment Write",
-                         check=_data(0, _B, "both segments"))  # fmt: skip
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="two-segment Write",
+        check=_data(0, _B, "both segments"),
+    )
 
 
 _ = (SINK_STAG, SINK_TO)

@@ -33,7 +33,11 @@ from stack.conform.session import (
     provoke,
     watch,
 )
-from stack.constants import TERM_RDMAP_INVALID_STAG, TERM_RDMAP_STAG_NOT_ASSOCIATED
+from stack.constants import (
+    TERM_RDMAP_INVALID_STAG,
+    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
+    TERM_RDMAP_STAG_NOT_ASSOCIATED,
+)
 from stack.rnic.memory import Access
 from stack.wire.events import RdmaWrite, Send
 
@@ -41,13 +45,18 @@ _D = "data"
 _R, _W, _A = Access.REMOTE_READ, Access.REMOTE_WRITE, Access.REMOTE_ATOMIC
 
 
+def serves(ctx: CaseContext) -> str:
+    """Why a case of several connections does not apply."""
+    n = ctx.app.sessions
+    what = "one connection" if n == 1 else f"{n} connections"
+    return f"the {ctx.app.name} application serves {what} at a time"
+
+
 async def two_sessions(ctx: CaseContext, count: int = 2) -> list[Session] | Verdict:
     """``count`` connections to the DUT at once, each brought to ready."""
     app = ctx.app
     if app.sessions < count:
-        return Verdict.not_applicable(
-            f"the {app.name} application serves {app.sessions} connection(s) at a time"
-        )
+        return Verdict.not_applicable(serves(ctx))
     out: list[Session] = []
     for index in range(count):
         s = await open_session(ctx, index=index)
@@ -101,8 +110,12 @@ async def foreign_items(
     "R=1; SKIP when the app shares one protection domain or serves one connection",
 )
 async def read_other_pd(ctx: CaseContext) -> Verdict:
-    return await foreign_items(ctx, _R, what="Read with another connection's STag",
-                               build=lambda s, r: [read(s, r.stag, r.to, 8)])  # fmt: skip
+    return await foreign_items(
+        ctx,
+        _R,
+        what="Read with another connection's STag",
+        build=lambda s, r: [read(s, r.stag, r.to, 8)],
+    )
 
 
 @case(
@@ -119,9 +132,13 @@ async def read_other_pd(ctx: CaseContext) -> Verdict:
 async def atomic_other_pd(ctx: CaseContext) -> Verdict:
     from stack.conform.session import not_7306
 
-    return await foreign_items(ctx, _A, what="FetchAdd with another connection's STag",
-                               build=lambda s, r: [fetch_add(s, r.stag, r.to + (-r.to % 8))],
-                               alternatives=[not_7306()])  # fmt: skip
+    return await foreign_items(
+        ctx,
+        _A,
+        what="FetchAdd with another connection's STag",
+        build=lambda s, r: [fetch_add(s, r.stag, r.to + (-r.to % 8))],
+        alternatives=[not_7306()],
+    )
 
 
 @case(
@@ -147,16 +164,21 @@ async def invalidate_other(ctx: CaseContext) -> Verdict:
     if r is None:
         return Verdict.not_applicable(b.no_region(_R))
     payload = bytes(16)
-    verdict = await provoke(a, [Send(payload, invalidate_stag=r.stag)],
-                            what="Send with Invalidate of another connection's STag",
-                            alternatives=INVALIDATE_ALTERNATIVES)  # fmt: skip
+    verdict = await provoke(
+        a,
+        [Send(payload, invalidate_stag=r.stag)],
+        what="Send with Invalidate of another connection's STag",
+        alternatives=INVALIDATE_ALTERNATIVES,
+    )
     if verdict.outcome.value != "met":
         return verdict
-    after = await provoke(b, [read(b, r.stag, r.to, 8)], what="Read of the named region",
-                          live=False)  # fmt: skip
+    after = await provoke(
+        b, [read(b, r.stag, r.to, 8)], what="Read of the named region", live=False
+    )
     if after.outcome.value != "met":
-        return Verdict.not_met(f"the other connection lost its STag: {after.observed}",
-                               *after.evidence, rule="SEC-02")  # fmt: skip
+        return Verdict.not_met(
+            f"the other connection lost its STag: {after.observed}", *after.evidence, rule="SEC-02"
+        )
     return verdict.with_evidence(f"on the other connection: {after.observed}")
 
 
@@ -185,11 +207,22 @@ async def invalidated_read(ctx: CaseContext) -> Verdict:
         size = min(s.receives.size, 16)
         return [Send(bytes(size), invalidate_stag=r.stag), read(s, r.stag, r.to, 8)]
 
-    refusals = (*INVALIDATE_ALTERNATIVES,
-                Alternative((0, 1, 0x09), "the DUT refuses remote invalidation of this STag "
-                            "(RFC 5040 §5.3 lets it): the STag stays valid", means="met"))  # fmt: skip
-    return await provoke(await open_session(ctx), items, what="Read of an invalidated STag",
-                         alternatives=refusals, allow=1)  # fmt: skip
+    refusals = (
+        *INVALIDATE_ALTERNATIVES,
+        Alternative(
+            TERM_RDMAP_PROT_CANNOT_INVALIDATE,
+            "the DUT refuses remote invalidation of this STag "
+            "(RFC 5040 §5.3 lets it): the STag stays valid",
+            means="met",
+        ),
+    )
+    return await provoke(
+        await open_session(ctx),
+        items,
+        what="Read of an invalidated STag",
+        alternatives=refusals,
+        allow=1,
+    )
 
 
 @case(
@@ -205,9 +238,7 @@ async def invalidated_read(ctx: CaseContext) -> Verdict:
 )
 async def ended_read(ctx: CaseContext) -> Verdict:
     if ctx.app.sessions < 2:
-        return Verdict.not_applicable(
-            f"the {ctx.app.name} application serves one connection at a time"
-        )
+        return Verdict.not_applicable(serves(ctx))
     a = await open_session(ctx)
     if isinstance(a, Verdict):
         return a
@@ -219,10 +250,14 @@ async def ended_read(ctx: CaseContext) -> Verdict:
     b = await open_session(ctx, index=1)
     if isinstance(b, Verdict):
         return b
-    alt = Alternative(TERM_RDMAP_STAG_NOT_ASSOCIATED, "the old STag is kept in the old "
-                      "connection's protection domain: as safe", means="met")  # fmt: skip
-    return await provoke(b, [read(b, old.stag, old.to, 8)], what="Read with an ended STag",
-                         alternatives=[alt])  # fmt: skip
+    alt = Alternative(
+        TERM_RDMAP_STAG_NOT_ASSOCIATED,
+        "the old STag is kept in the old connection's protection domain: as safe",
+        means="met",
+    )
+    return await provoke(
+        b, [read(b, old.stag, old.to, 8)], what="Read with an ended STag", alternatives=[alt]
+    )
 
 
 _ = TERM_RDMAP_INVALID_STAG
@@ -268,8 +303,11 @@ async def guessable(ctx: CaseContext) -> Verdict:
             "one is guessable",
             f"STags in the order advertised: {line}",
         )
-    return Verdict.met(f"{len(stags)} STags, no step between successive ones repeats "
-                       f"({count} of {len(steps)} at most)", f"STags: {line}")  # fmt: skip
+    return Verdict.met(
+        f"{len(stags)} STags, no step between successive ones repeats "
+        f"({count} of {len(steps)} at most)",
+        f"STags: {line}",
+    )
 
 
 # ======================================================================================
@@ -345,8 +383,9 @@ async def last_octet(ctx: CaseContext) -> Verdict:
     def items(s: Session, r: Region) -> Sequence[Item]:
         return [read(s, r.stag, r.to + r.length - 1, 1)]
 
-    return await provoke(await open_session(ctx), items, what="Read of the last octet",
-                         check=_sizes(1))  # fmt: skip
+    return await provoke(
+        await open_session(ctx), items, what="Read of the last octet", check=_sizes(1)
+    )
 
 
 @case(
@@ -374,8 +413,7 @@ async def one_past(ctx: CaseContext) -> Verdict:
     phase=_D,
     sends="an 8-octet RDMA Write at the last 4 octets of a writable region of known length "
     "(the KBTP Partition)",
-    expects="nothing placed (not even the 4 octets inside); the stack's Terminate (base or "
-    "bounds)",
+    expects="nothing placed (not even the 4 octets inside); the stack's Terminate (base or bounds)",
 )
 async def write_straddle(ctx: CaseContext) -> Verdict:
     @needs(_W, exact=True)

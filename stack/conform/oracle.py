@@ -180,7 +180,7 @@ class ModelDut:
         regions: Iterable[Region] = (),
         foreign: Iterable[Iterable[Region]] = (),
         own_pd: bool = True,
-        receives: Receives = Receives(1, 16),
+        receives: Receives | None = None,
         reserved: Iterable[int] = (),
     ) -> None:
         self.table = MirrorTable()
@@ -195,7 +195,7 @@ class ModelDut:
         if neg.ird != MPA_V2_NO_NEGOTIATION:
             self.qp.ird = neg.ird
         self.endpoint = QpEndpoint(self.engine, self.qp)
-        self.receives = receives
+        self.receives = receives = receives or Receives(1, 16)
         self.failure: tuple[ProtocolError, bytes | None] | None = None
         self._index = 0
         self._failed_at: int | None = None
@@ -255,7 +255,7 @@ class ModelDut:
                 self._failed_at = self._index
             send_terminate(error, offending)
 
-        self.engine.send_terminate = record  # type: ignore[method-assign]
+        self.engine.send_terminate = record  # type: ignore[method-assign,assignment]
 
     def _post_receives(self, n: int) -> None:
         mr = self._recv_mr

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import errno
 import math
+from dataclasses import dataclass
 
 import trio
 
 from stack.conform.capture import CaseCapture
-from dataclasses import dataclass
-
 from stack.conform.peer_core import Craft, Eof, PduSeen, PeerCore, PeerEvent, Sent
 from stack.wire.events import RdmapMessage
 

@@ -17,13 +17,15 @@ from stack.conform.session import Item, Session
 from stack.conform.ulpdu import MO_AT, set_u32, with_last
 from stack.constants import DDP_UNTAGGED_HDR_LEN
 from stack.rnic.memory import Access
-from stack.wire.events import AtomicRequest, RdmapMessage, RdmaWrite, ReadRequest, Send
+from stack.wire.events import AtomicRequest, RdmapMessage, RdmaWrite, ReadRequest
 
 __all__ = [
     "FAR",
     "SINK_STAG",
     "SINK_TO",
     "WRAP_TO",
+    "Builder",
+    "atomic",
     "bogus_stag",
     "fetch_add",
     "first",
@@ -83,9 +85,16 @@ def fetch_add(s: Session, stag: int, to: int, add: int = 0, mask: int = 0) -> by
 def atomic(s: Session, request: AtomicRequest) -> bytes:
     """``request`` with the session's next Request ID."""
     n = len(s.atomic_values) + len(s.reads.atomics)
-    req = AtomicRequest(request.atomic_opcode, _REQ_ID + n, request.stag, request.to,
-                        request.add_swap_data, request.add_swap_mask, request.compare_data,
-                        request.compare_mask)  # fmt: skip
+    req = AtomicRequest(
+        request.atomic_opcode,
+        _REQ_ID + n,
+        request.stag,
+        request.to,
+        request.add_swap_data,
+        request.add_swap_mask,
+        request.compare_data,
+        request.compare_mask,
+    )
     return first(s, req)
 
 
@@ -99,15 +108,17 @@ def split_send(ulpdu: bytes, at: int, *, second_mo: int | None = None) -> list[b
     return [one, two]
 
 
+Builder = Callable[[Session, Region], Sequence[Item] | Verdict]
+"""Makes a case's items from the session and the region it aims at (or a SKIP verdict)."""
+
+
 def needs(
     right: Access, *, scratch: bool = False, exact: bool = False
-) -> Callable[[Callable[[Session, Region], Sequence[Item]]], Callable[[Session], Sequence[Item] | Verdict]]:
+) -> Callable[[Builder], Callable[[Session], Sequence[Item] | Verdict]]:
     """Decorate an item builder that needs an advertised region with ``right``: the case
     does not apply (SKIP, with what was advertised) when there is none."""
 
-    def wrap(
-        build: Callable[[Session, Region], Sequence[Item]],
-    ) -> Callable[[Session], Sequence[Item] | Verdict]:
+    def wrap(build: Builder) -> Callable[[Session], Sequence[Item] | Verdict]:
         def made(s: Session) -> Sequence[Item] | Verdict:
             region = s.region(right, scratch=scratch, exact=exact)
             if region is None:
@@ -117,8 +128,3 @@ def needs(
         return made
 
     return wrap
-
-
-def send_like(s: Session, data: bytes) -> RdmapMessage:
-    """A Send of ``data``."""
-    return Send(data)

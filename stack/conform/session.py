@@ -107,7 +107,8 @@ def not_7306(why: str = "") -> Alternative:
     """0/2/0x06 for an RFC 7306 opcode: the DUT does not implement RFC 7306 (SKIP)."""
     return Alternative(
         TERM_RDMAP_UNEXPECTED_OPCODE,
-        why or "the DUT refuses the RFC 7306 opcode as unknown: it does not implement RFC 7306 "
+        why
+        or "the DUT refuses the RFC 7306 opcode as unknown: it does not implement RFC 7306 "
         "(there is no negotiation bit; a non-7306 stack must answer so, EXT-01)",
         means="declined",
     )
@@ -157,9 +158,7 @@ class Session:
     def pending(self) -> list[RdmapMessage]:
         return self.conv.pending if self.conv is not None else []
 
-    def region(
-        self, right: Access, *, scratch: bool = False, exact: bool = False
-    ) -> Region | None:
+    def region(self, right: Access, *, scratch: bool = False, exact: bool = False) -> Region | None:
         """The first advertised region with ``right`` (and scratch / exact when asked)."""
         for r in self.regions:
             if r.allows(right) and (r.scratch or not scratch) and (r.exact or not exact):
@@ -175,8 +174,12 @@ class Session:
 
     def no_region(self, right: Access, *, scratch: bool = False, exact: bool = False) -> str:
         """The SKIP reason of a case needing a region with ``right``."""
-        name = {Access.REMOTE_READ: "remote read", Access.REMOTE_WRITE: "remote write",
-                Access.REMOTE_ATOMIC: "remote atomic"}.get(right, str(right))  # fmt: skip
+        kinds = (
+            (Access.REMOTE_READ, "read"),
+            (Access.REMOTE_WRITE, "write"),
+            (Access.REMOTE_ATOMIC, "atomic"),
+        )
+        name = "remote " + " and ".join(n for a, n in kinds if right & a)
         extra = " the runner may change" if scratch else (" of exact length" if exact else "")
         seen = "; ".join(r.line() for r in self.regions) or "nothing"
         return (
@@ -319,8 +322,7 @@ async def accept_session(ctx: CaseContext, *, ready: bool = True) -> Session | V
 
 
 async def _bring_up(s: Session) -> Session | Verdict:
-    conv = await converse(s.ctx, s.peer, client=s.client, stop=lambda c: c.ready,
-                          absorb=s.absorb)  # fmt: skip
+    conv = await converse(s.ctx, s.peer, client=s.client, stop=lambda c: c.ready, absorb=s.absorb)
     s.conv = conv
     if s.client.ready and conv.terminate is None and conv.eof is None and conv.framing is None:
         return s
@@ -415,8 +417,7 @@ async def conclude(
     the runner's requests (``check`` judges the answers) and, with ``live``, go on working
     (:func:`alive`)."""
     if exp.accepts:
-        return await _accepted(s, exp, what=what, check=check, live=live,
-                               alternatives=alternatives)  # fmt: skip
+        return await _accepted(s, exp, what=what, check=check, live=live, alternatives=alternatives)
     if exp.term is None:  # pragma: no cover - every data-phase error has a Terminate
         return Verdict.broken(f"the model refuses the {what} without a Terminate: {exp.error}")
     w = await watch(s, allow=allow)
@@ -439,15 +440,27 @@ async def _judge_refused(
             verdict = alt.verdict(line, frame)
         quiet = await expect_silence(s.peer, s.ctx.options.silence)
         if quiet.lines and verdict.outcome is Outcome.MET:
-            return Verdict.not_met(f"{verdict.observed}; then sent more: {quiet.lines[0]}",
-                                   want, rule="RDMAP-10", frame=quiet.frame)  # fmt: skip
+            return Verdict.not_met(
+                f"{verdict.observed}; then sent more: {quiet.lines[0]}",
+                want,
+                rule="RDMAP-10",
+                frame=quiet.frame,
+            )
         return verdict.with_evidence(want, *w.others)
     if w.framing is not None:
-        return Verdict.not_met(f"answered with bytes that break framing: {w.framing.error}",
-                               want, rule=w.framing.error.rule)  # fmt: skip
+        return Verdict.not_met(
+            f"answered with bytes that break framing: {w.framing.error}",
+            want,
+            rule=w.framing.error.rule,
+        )
     if w.eof is not None:
-        return Verdict.not_met(f"closed without a Terminate (expected {exp.term})", want,
-                               *w.others, rule="RDMAP-12", level="MUST")  # fmt: skip
+        return Verdict.not_met(
+            f"closed without a Terminate (expected {exp.term})",
+            want,
+            *w.others,
+            rule="RDMAP-12",
+            level="MUST",
+        )
     return Verdict.not_met(
         f"no Terminate within {s.ctx.options.timeout:g} s (expected {exp.term})",
         want,
@@ -474,18 +487,23 @@ async def _accepted(
             declined = [a for a in alternatives if a.means == "declined" and a.matches(t)]
             if declined:
                 return declined[0].verdict(f"{terminate_line(t)} (frame {frame})", frame)
-            return Verdict.not_met(f"terminated the {what}: {terminate_line(t)} (frame {frame})",
-                                   want, frame=frame)  # fmt: skip
+            return Verdict.not_met(
+                f"terminated the {what}: {terminate_line(t)} (frame {frame})", want, frame=frame
+            )
         if s.outstanding():
             how = "closed" if w.eof is not None else f"nothing within {s.ctx.options.timeout:g} s"
             return Verdict.not_met(
-                f"did not answer the {what}: {how}", want, *w.deliveries, *w.others,
+                f"did not answer the {what}: {how}",
+                want,
+                *w.deliveries,
+                *w.others,
                 rule="RDMAP-06",
-            )  # fmt: skip
+            )
     if s.findings:
         f = s.findings[0]
-        return Verdict.not_met(f"its answer to the {what} breaks {f.rule}: {f.detail}", want,
-                               rule=f.rule)  # fmt: skip
+        return Verdict.not_met(
+            f"its answer to the {what} breaks {f.rule}: {f.detail}", want, rule=f.rule
+        )
     verdict = check(s) if check is not None else None
     if verdict is not None and verdict.outcome is not Outcome.MET:
         return verdict.with_evidence(want)
@@ -512,11 +530,15 @@ async def alive(s: Session, *, what: str) -> Verdict:
     w = await watch(s, until=lambda x: not x.outstanding())
     if w.terminate is not None:
         t, frame = w.terminate
-        return Verdict.not_met(f"{head}: it terminated: {terminate_line(t)} (frame {frame})",
-                               rule="MPA-03", frame=frame)  # fmt: skip
+        return Verdict.not_met(
+            f"{head}: it terminated: {terminate_line(t)} (frame {frame})",
+            rule="MPA-03",
+            frame=frame,
+        )
     if s.outstanding():
-        return Verdict.not_met(f"{head}: no answer to a zero-length Read", *w.others,
-                               rule="RDMAP-07")  # fmt: skip
+        return Verdict.not_met(
+            f"{head}: no answer to a zero-length Read", *w.others, rule="RDMAP-07"
+        )
     return Verdict.met(f"{head}, a zero-length Read was answered: the stream goes on")
 
 
@@ -558,8 +580,9 @@ async def carrier(
     await s.send(items)
     for message in rest:
         await s.send([message])
-    return await _model_verdict(s, what=what, alternatives=alternatives, carrier_sent=True,
-                                allow=allow)  # fmt: skip
+    return await _model_verdict(
+        s, what=what, alternatives=alternatives, carrier_sent=True, allow=allow
+    )
 
 
 async def provoke(
@@ -580,8 +603,9 @@ async def provoke(
     if isinstance(made, Verdict):
         return made
     await s.send(made)
-    return await _model_verdict(s, what=what, alternatives=alternatives, check=check, live=live,
-                                allow=allow)  # fmt: skip
+    return await _model_verdict(
+        s, what=what, alternatives=alternatives, check=check, live=live, allow=allow
+    )
 
 
 async def _model_verdict(
@@ -602,5 +626,6 @@ async def _model_verdict(
         conv = await converse(s.ctx, s.peer, client=s.client, opening=[], absorb=s.absorb)
         s.conv = conv
         return work_verdict(conv, f"the {what}").with_evidence(exp.line())
-    return await conclude(s, exp, what=what, alternatives=alternatives, check=check, live=live,
-                          allow=allow)  # fmt: skip
+    return await conclude(
+        s, exp, what=what, alternatives=alternatives, check=check, live=live, allow=allow
+    )

@@ -8,6 +8,7 @@ cancels it and waits until it is gone, so no case ever reaches the previous DUT.
 from __future__ import annotations
 
 import argparse
+import io
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -34,11 +35,13 @@ from stack.conform import (
     select,
 )
 from stack.conform.model import Case
+from stack.peers.perftest.options import PerftestOptions
+from stack.peers.perftest.server import PerftestServer
 
 QUICK = RunOptions(timeout=2.0, silence=0.25, startup_timeout=4.0, wait=5.0)
 """Test timing: generous for a loaded machine, short silences; our DUT's startup timers are
 set to 1 s (:func:`stack.conform.faults.injected`) for the timer cases."""
-FAST = RunOptions(timeout=1.0, silence=0.2, startup_timeout=4.0, wait=5.0)
+FAST = RunOptions(timeout=0.5, silence=0.1, startup_timeout=4.0, wait=5.0)
 """Timing of the fault runs: a broken DUT that stays silent costs this timeout per case."""
 SHORT_TIMERS = {"request_timeout": 1.0, "reply_timeout": 1.0}
 KBTP_ARGS = ("--trusted", "--pool-blocks", "16", "--block-size", "4K")
@@ -205,8 +208,15 @@ DUTS = {
     "rping-client-p2p": (DutRole.CONNECTS, "rping"),
     "kbtp": (DutRole.LISTENS, "kbtp"),
     "bench": (DutRole.LISTENS, "bench"),
+    "perftest": (DutRole.LISTENS, "perftest"),
 }
 """The in-process DUTs of the tests: name -> (its role, its ``--app``)."""
+SWEEP = {
+    "rping-markers": ("MPA",),
+    "rping-client-p2p": ("ERC", "MPA-19.3"),
+    "perftest": ("DDP", "RDMAP", "EXT-01", "EXT-09"),
+}
+"""What a DUT's sweep covers when not every case (default: all it runs)."""
 
 
 async def run_dut(name: str, cases: Iterable[Case], *, options: RunOptions = QUICK) -> RunReport:
@@ -221,12 +231,34 @@ async def run_dut(name: str, cases: Iterable[Case], *, options: RunOptions = QUI
         return await run_against_rping_client(cases, "--p2p", "write", options=options)
     if name == "kbtp":
         return await run_against_kbtp(cases, options=options)
+    if name == "perftest":
+        return await run_against_perftest(cases, options=options)
     return await run_against_bench(cases, options=options)
 
 
+async def run_against_perftest(cases: Iterable[Case], *, options: RunOptions = QUICK) -> RunReport:
+    """Run ``cases`` against this project's ``ib_write_bw -R`` server peer (in-process,
+    restarted per case: it serves one exchange connection)."""
+    port = free_port()
+    opts = PerftestOptions("write", port=port, bind="127.0.0.1", out=io.StringIO())
+    async with trio.open_nursery() as nursery:
+        dut = InProcessDut(nursery, lambda: PerftestServer(opts).session())
+        report = await run_cases(
+            list(cases),
+            profile("perftest"),
+            options,
+            target=("127.0.0.1", port),
+            restarter=dut,
+            progress=lambda line: None,
+        )
+        await dut.stop()
+    return report
+
+
 def cases_of(name: str, patterns: Iterable[str] = (), *, quick: bool = False) -> list[Case]:
-    """The cases DUT ``name`` runs (its role and app), restricted to ``patterns``; ``quick``:
-    without the slow ones."""
+    """The cases DUT ``name`` runs (its role and app), restricted to ``patterns`` (default:
+    its :data:`SWEEP`); ``quick``: without the slow ones."""
     role, app = DUTS[name]
-    picked = select(list(patterns), role=role, app=app) if patterns else select(role=role, app=app)
+    chosen = list(patterns) or list(SWEEP.get(name, ()))
+    picked = select(chosen, role=role, app=app)
     return [c for c in picked if not (quick and c.slow)]
