@@ -42,7 +42,6 @@ from stack.constants import (
     IMMEDIATE_DATA_LEN,
     TERM_DDP_U_NO_BUFFER,
     TERM_RDMAP_BASE_BOUNDS,
-    AtomicOpcode,
 )
 from stack.rnic.memory import Access
 from stack.wire.atomics import apply_atomic
@@ -492,5 +491,3 @@ _form(
 )
 _imm_form(1, 7)
 _imm_form(2, 9)
-
-_ = AtomicOpcode

@@ -32,7 +32,6 @@ from stack.constants import (
     TERM_DDP_U_NO_BUFFER,
     TERM_RDMAP_OP_CANNOT_INVALIDATE,
     TERM_RDMAP_OP_UNSPECIFIED,
-    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
     Opcode,
 )
 from stack.wire.events import Send, Terminate
@@ -273,7 +272,6 @@ INVALIDATE_ALTERNATIVES = (
         means="met",
     ),
 )
-_ = TERM_RDMAP_PROT_CANNOT_INVALIDATE
 
 # ======================================================================================
 # Sends and receive buffers (RFC 5040 §5.3, RFC 5041 §7.2)

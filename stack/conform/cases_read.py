@@ -19,8 +19,6 @@ from stack.conform.context import CaseContext
 from stack.conform.model import Verdict
 from stack.conform.provocations import (
     FAR,
-    SINK_STAG,
-    SINK_TO,
     WRAP_TO,
     bogus_stag,
     needs,
@@ -583,6 +581,3 @@ async def write_two_segments(ctx: CaseContext) -> Verdict:
         what="two-segment Write",
         check=_data(0, _B, "both segments"),
     )
-
-
-_ = (SINK_STAG, SINK_TO)

@@ -34,7 +34,6 @@ from stack.conform.session import (
     watch,
 )
 from stack.constants import (
-    TERM_RDMAP_INVALID_STAG,
     TERM_RDMAP_PROT_CANNOT_INVALIDATE,
     TERM_RDMAP_STAG_NOT_ASSOCIATED,
 )
@@ -259,8 +258,6 @@ async def ended_read(ctx: CaseContext) -> Verdict:
         b, [read(b, old.stag, old.to, 8)], what="Read with an ended STag", alternatives=[alt]
     )
 
-
-_ = TERM_RDMAP_INVALID_STAG
 
 # ======================================================================================
 # STags hard to guess (RFC 5040 §8.1.1(8), RFC 5042 §6.1.1)

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import stack.transport.cm as cm
-from stack.conform import DutRole, Status, exit_status, select
+from stack.conform import Status, exit_status, select
 from stack.conform.faults import FAULTS, injected
 from stack.conform.model import Case
 from stack.conform.registry import SelectionError
@@ -90,6 +90,3 @@ def test_injected_restores_every_fault_point() -> None:
     with pytest.raises(KeyError), injected("no-such-fault"):
         pass
     assert cm.IwarpConnection is original[0]
-
-
-_ = DutRole
