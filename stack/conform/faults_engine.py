@@ -31,16 +31,16 @@ from stack.constants import (
     RDMAP_RV_MASK,
     READ_REQUEST_HDR_LEN,
     TAGGED_OPCODES,
-    TERM_DDP_CATASTROPHIC,
     TERM_LLP_INVALID_STARTUP,
     MpaFlag,
     Opcode,
     RtrType,
     TermCode,
 )
-from stack.errors import DdpError, MpaError, ProtocolError
+from stack.errors import MpaError, ProtocolError
 from stack.wire.checker import Checker
 from stack.wire.connection import ConnectionEvent, IwarpConnection
+from stack.wire.ddp import version_error
 from stack.wire.events import (
     Established,
     RdmapMessage,
@@ -250,10 +250,10 @@ def no_short_ulpdus(buf: bytearray) -> bool:
 
 
 def reserved_checked(buf: bytearray) -> bool:
-    """Reserved DDP or RDMAP control bits end the stream (DDP-03 and RDMAP-02 say: not
-    checked)."""
+    """Reserved DDP or RDMAP control bits end the stream, reported as a wrong DDP version
+    (DDP-03 and RDMAP-02 say: not checked)."""
     if len(buf) >= 2 and (buf[0] & DDP_RSVD_MASK or buf[1] & RDMAP_RSVD_MASK):
-        error = DdpError("DDP-03", "reserved control bits set", TERM_DDP_CATASTROPHIC)
+        error = version_error(buf[0])
         error.ulpdu = memoryview(bytes(buf))
         raise error
     return True

@@ -17,7 +17,7 @@ from stack.constants import (
     DDP_TAGGED,
     TERM_RDMAP_BASE_BOUNDS,
     TERM_RDMAP_CATASTROPHIC_STREAM,
-    TERM_RDMAP_OP_UNSPECIFIED,
+    TERM_RDMAP_OP_CANNOT_INVALIDATE,
     AtomicOpcode,
     TermCode,
 )
@@ -261,7 +261,9 @@ def invalidate_field_checked(
         if field_value and isinstance(event, SendSegment) and event.invalidate_stag is None:
             event = replace(event, invalidate_stag=field_value)
         elif field_value and isinstance(event, ReadRequestReceived):
-            raise RdmapError("RDMAP-03", "Invalidate STag field set", TERM_RDMAP_OP_UNSPECIFIED)
+            raise RdmapError(
+                "RDMAP-09", "a Read Request cannot invalidate", TERM_RDMAP_OP_CANNOT_INVALIDATE
+            )
         handle(event)
 
     _handler(qp, around)
