@@ -117,8 +117,9 @@ class Fault:
     """One way to break the stack.  Fields: name, description, fails (the case IDs that must
     not pass with it, with the status they get: ``{"MPA-12": "FAIL"}``), apply (patches one
     new engine of the DUT), apply_qp (patches one new queue pair of the DUT), app (the
-    ``--app`` whose DUT the tests break: rping, kbtp or bench), scope (the cases the tests
-    run with it: its ``fails`` and these selection patterns), patches ((object, attribute,
+    in-process DUT the tests break: rping, kbtp, bench...; rping means its server and its
+    client), also (further DUTs they break with it), scope (the cases the tests run with
+    it: its ``fails`` and these selection patterns), patches ((object, attribute,
     replacement) set for the block: class-level fault points)."""
 
     name: str
@@ -127,6 +128,7 @@ class Fault:
     apply: Callable[[IwarpConnection], None] | None = None
     apply_qp: QpFault | None = None
     app: str = "rping"
+    also: tuple[str, ...] = ()
     scope: tuple[str, ...] = ()
     patches: tuple[tuple[Any, str, Any], ...] = field(default=())
 
@@ -382,6 +384,7 @@ FAULTS: dict[str, Fault] = {
             ),
             apply_qp=swallow(TERM_DDP_T_BASE_BOUNDS, TERM_RDMAP_BASE_BOUNDS),
             app="kbtp",
+            also=("rping-client",),
             scope=("DDP-10.6", "SEC-04"),
         ),
         Fault(
@@ -428,9 +431,20 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "read-response-misplaced",
             "Read Responses go 8 octets past the Sink TO the Read named",
-            _c("RDMAP-06", "RDMAP-06.2", "RDMAP-13", "EXT-08", "RDMAP-13.2", "RDMAP-05"),
+            _c(
+                "RDMAP-06",
+                "RDMAP-06.2",
+                "RDMAP-06.3",
+                "RDMAP-06.4",
+                "RDMAP-13",
+                "EXT-08",
+                "RDMAP-13.2",
+                "RDMAP-05",
+                "SEC-04",
+            ),
             read_response_misplaced,
             app="bench",
+            also=("kbtp", "rping-client"),
             scope=("RDMAP-07", "RDMAP-14.2"),
         ),
         Fault(
@@ -602,7 +616,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "not-rfc7306",
             "the DUT does not implement RFC 7306 (opcodes 0x8-0xB unknown)",
-            _c(*(c for c in _EXT_ALL if c != "EXT-04"), status="SKIP"),
+            _c(*(c for c in _EXT_ALL if c not in ("EXT-04", "EXT-11.2")), status="SKIP"),
             not_rfc7306,
             app="bench",
             scope=("EXT",),
