@@ -26,7 +26,7 @@ not be run (ERROR), 2 for bad arguments."""
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "conform",
-        help="conformance-test an iWARP device (MPA startup and framing rules), h2spec style",
+        help="conformance-test an iWARP device (MPA, DDP, RDMAP, RFC 7306, RFC 5042), h2spec style",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--app",
         default="rping",
-        help="what the DUT runs: rping, perftest, rdma_server or kbtp (default rping)",
+        help="what the DUT runs: rping, perftest, rdma_server, kbtp or bench (default rping)",
     )
     p.add_argument(
         "--listen",

@@ -12,17 +12,23 @@ PASS, FAIL, WARN (a SHOULD not met), SKIP (an optional capability declined) or E
 The scripted peer is a sans-IO core (:mod:`stack.conform.peer_core`) with a thin trio driver
 (:mod:`stack.conform.peer`); cases are written in steps (:mod:`stack.conform.script`):
 send a Request or Reply, read the answer, play the application's client
-(:mod:`stack.conform.apps`), expect a Terminate, a close or silence.  Every judgement uses
-the stack's own rule code: the startup rule tables of :mod:`stack.wire.mpa_rules`, frames of
-:mod:`stack.wire.mpa_frames`, the FPDU framer and deframer of :mod:`stack.wire.framing`,
-lenient ULPDU decoding and ``build_terminate`` of :mod:`stack.wire.rdmap`, the sequencing of
-:mod:`stack.wire.sequence`, and the capture decoder for evidence; expected outcomes are
-asked of the engines (:mod:`stack.conform.expected`).  Reports: :mod:`stack.conform.report`.
+(:mod:`stack.conform.apps`: also what each application advertises, :class:`Region`, and
+keeps posted, :class:`Receives`), expect a Terminate, a close or silence.  Data-phase cases
+(:mod:`stack.conform.session`) bring the application to a known state, send ULPDUs the
+stack's encoder builds and :mod:`stack.conform.ulpdu` edits, and are judged against the
+stack's own endpoint set up like the DUT (:class:`~stack.conform.oracle.ModelDut`).  Every
+judgement uses the stack's own rule code: the startup rule tables of
+:mod:`stack.wire.mpa_rules`, frames of :mod:`stack.wire.mpa_frames`, the FPDU framer and
+deframer of :mod:`stack.wire.framing`, lenient ULPDU decoding and ``build_terminate`` of
+:mod:`stack.wire.rdmap`, the sequencing and request matching of :mod:`stack.wire.sequence`,
+the RNIC's protection checks (through the model DUT), and the capture decoder for
+evidence; expected outcomes are asked of the engines (:mod:`stack.conform.expected`,
+:mod:`stack.conform.oracle`).  Reports: :mod:`stack.conform.report`.
 :mod:`stack.conform.faults` breaks this project's own stack on purpose, to show each case
 can fail.
 """
 
-from stack.conform.apps import APPS, AppClient, AppProfile, Reaction, profile
+from stack.conform.apps import APPS, AppClient, AppProfile, Reaction, Receives, Region, profile
 from stack.conform.context import CaseContext, RunOptions, SetupError
 from stack.conform.model import (
     Case,
@@ -35,11 +41,14 @@ from stack.conform.model import (
     exit_status,
     status_for,
 )
+from stack.conform.oracle import Expectation, ModelDut, ModelError
 from stack.conform.registry import Registry, SelectionError, case, registry, select
 from stack.conform.runner import CommandRestarter, NoRestart, Restarter, RunReport, run_cases
+from stack.conform.session import Alternative, Session
 
 __all__ = [
     "APPS",
+    "Alternative",
     "AppClient",
     "AppProfile",
     "Case",
@@ -47,14 +56,20 @@ __all__ = [
     "CaseResult",
     "CommandRestarter",
     "DutRole",
+    "Expectation",
+    "ModelDut",
+    "ModelError",
     "NoRestart",
     "Outcome",
     "Reaction",
+    "Receives",
+    "Region",
     "Registry",
     "Restarter",
     "RunOptions",
     "RunReport",
     "SelectionError",
+    "Session",
     "SetupError",
     "Status",
     "Verdict",

@@ -13,23 +13,42 @@ side of one standard application, with the protocol knowledge of this project's 
   line, MTU) and the server answers each with its own.
 * ``rdma_server`` (librdmacm's example; :mod:`stack.cli.rdmacm`): the client Sends 16 bytes,
   the server Sends 16 bytes back.
-* ``kbtp`` (``kbtp target``; :mod:`kbtp.messages`): the initiator Sends HELLO, the target
-  answers HELLO_ACK.
+* ``kbtp`` (``kbtp target``; :mod:`kbtp.messages`): the initiator Sends HELLO (asking for
+  the direct modes), the target answers HELLO_ACK, with the Table, Pool, Ring and Partition
+  STags when it trusts the identity.
+* ``bench`` (``iwarp bench server``; :mod:`stack.bench.protocol`): the MPA Request asks for
+  a Send ping-pong; the Reply advertises a target region with every remote right; each Send
+  is answered by a Send.
 
 :class:`AppClient` is sans-IO: :meth:`~AppClient.opening` gives the first messages, and
 :meth:`~AppClient.on_segment` turns each decoded DUT segment into a :class:`Reaction`: the
-evidence of a delivery, the answer to send, whether the exchange is complete.  The DUT
-advertises no STags to the client in any of these applications; the rping client's
-buffers (STags chosen here) are served by the profile itself (RDMA Read Responses).
+evidence of a delivery, the answer to send, whether the exchange is complete.  What the
+DUT's application advertises is collected in :attr:`AppClient.regions` (:class:`Region`:
+STag, Tagged Offset, length, rights, as the application registers them) and the client is
+:attr:`~AppClient.ready` once the application waits with them advertised; the data-phase
+cases aim at those regions.  The receives the application keeps posted are
+:attr:`AppProfile.receives` (:class:`Receives`).  The rping client's own buffers (STags
+chosen here) are served by the profile itself (RDMA Read Responses).  With the DUT
+connecting, :attr:`AppProfile.server` plays the application's server side (rping's).
 """
 
 from __future__ import annotations
 
 import argparse
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kbtp.constants import (
+    DEFAULT_MAX_INLINE,
+    DEFAULT_REQUEST_CREDITS,
+    HELLO_FIXED_LEN,
+    MAX_IDENTITY_LEN,
+    MAX_REQUEST_FIXED_LEN,
+    Capability,
+    Status,
+)
 from kbtp.messages import Hello, HelloAck, KbtpError, decode_message
+from stack.bench.protocol import Advert, BenchError, SessionSpec
 from stack.cli.rdmacm import MESSAGE_LEN
 from stack.cli.rping import DEFAULT_SIZE, RDMA_INFO, ping_pattern, settings_from
 from stack.constants import Opcode
@@ -42,16 +61,75 @@ from stack.peers.perftest.protocol import (
     encode_version,
 )
 from stack.peers.perftest.side import CACHE_LINE
+from stack.rnic.memory import Access
 from stack.wire.events import (
     MpaSettings,
     RdmapMessage,
+    RdmaWrite,
     ReadRequest,
     ReadResponse,
     Send,
 )
 from stack.wire.rdmap import Segment
 
-__all__ = ["APPS", "AppClient", "AppProfile", "Reaction", "profile"]
+__all__ = ["APPS", "AppClient", "AppProfile", "Reaction", "Receives", "Region", "profile"]
+
+READ_WRITE = Access.REMOTE_READ | Access.REMOTE_WRITE
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A buffer the DUT's application advertises to the runner.
+
+    Fields: stag, to (Tagged Offset of its first octet), length (octets the runner may
+    count on), access (remote rights, :class:`~stack.rnic.memory.Access`), what (one line:
+    whose buffer, how it was learned), exact (the registration ends exactly at ``to +
+    length``; otherwise it may be longer), scratch (the runner may change its contents
+    without disturbing the application).
+    """
+
+    stag: int
+    to: int
+    length: int
+    access: Access
+    what: str
+    exact: bool = False
+    scratch: bool = False
+
+    def allows(self, right: Access) -> bool:
+        """Whether the region has every right in ``right``."""
+        return self.access & right == right
+
+    def line(self) -> str:
+        rights = (
+            "+".join(
+                n
+                for a, n in (
+                    (Access.REMOTE_READ, "read"),
+                    (Access.REMOTE_WRITE, "write"),
+                    (Access.REMOTE_ATOMIC, "atomic"),
+                )
+                if self.access & a
+            )
+            or "none"
+        )
+        return (
+            f"{self.what}: STag 0x{self.stag:08X}, TO 0x{self.to:X}, {self.length} octets, "
+            f"remote {rights}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Receives:
+    """The receives the DUT's application keeps posted for Sends (RFC 5040 §5.3).
+
+    Fields: count (posted when the connection starts), size (octets each), reposts (each
+    consumed receive is posted again once the application has taken its message).
+    """
+
+    count: int
+    size: int
+    reposts: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +148,22 @@ class Reaction:
 
 
 class AppClient:
-    """The client side of one application on one connection (sans-IO)."""
+    """The client side of one application on one connection (sans-IO).
+
+    Fields: regions (what the DUT's application advertised so far), ready (it waits, with
+    everything it advertises known), receives (the DUT's posted receives, when the
+    application says more than its profile).
+    """
+
+    regions: list[Region]
+    ready: bool = False
+    receives: Receives | None = None
+
+    def __init__(self) -> None:
+        self.regions = []
+
+    def on_reply(self, private_data: bytes) -> None:
+        """The DUT's MPA Reply (or, connecting, its Request) private data."""
 
     def opening(self) -> list[RdmapMessage]:
         """The messages the client sends first, in Full Operation."""
@@ -100,12 +193,15 @@ RPING_START_STAG, RPING_START_ADDR = 0x1A2B3C01, 0x10000
 RPING_RDMA_STAG, RPING_RDMA_ADDR = 0x1A2B3C02, 0x20000
 
 
-@dataclass
 class _RpingClient(AppClient):
-    """rping's client for one ping (see :mod:`stack.cli.rping`)."""
+    """rping's client for one ping (see :mod:`stack.cli.rping`).  Ready once the server's
+    RDMA Read of the start buffer arrives: its sink is the server's RDMA buffer, which rping
+    registers with remote read and write access."""
 
-    stage: int = 0
-    pattern: bytes = field(default_factory=lambda: ping_pattern(0, RPING_SIZE))
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage = 0
+        self.pattern = ping_pattern(0, RPING_SIZE)
 
     def opening(self) -> list[RdmapMessage]:
         return [Send(RDMA_INFO.pack(RPING_START_ADDR, RPING_START_STAG, RPING_SIZE))]
@@ -115,6 +211,18 @@ class _RpingClient(AppClient):
             req = seg.header
             if req.src_stag == RPING_START_STAG and self.stage == 0:
                 self.stage = 1
+                if req.size:
+                    self.regions.append(
+                        Region(
+                            req.sink_stag,
+                            req.sink_to,
+                            req.size,
+                            READ_WRITE,
+                            "the rping server's RDMA buffer (sink of its RDMA Read)",
+                            scratch=True,
+                        )
+                    )
+                self.ready = True
                 n = max(0, min(req.size, RPING_SIZE - (req.src_to - RPING_START_ADDR)))
                 start = req.src_to - RPING_START_ADDR
                 data = self.pattern[start : start + n]
@@ -142,19 +250,21 @@ class _RpingClient(AppClient):
 # -- perftest -----------------------------------------------------------------------------
 
 
-@dataclass
 class _PerftestClient(AppClient):
-    """perftest's HELLO on the exchange connection (:mod:`stack.peers.perftest.protocol`)."""
+    """perftest's HELLO on the exchange connection (:mod:`stack.peers.perftest.protocol`).
+    Nothing is advertised on that connection (the buffers belong to the data QPs)."""
 
-    parts: tuple[bytes, ...] = field(
-        default_factory=lambda: (
+    ready = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = (
             encode_version(),
             encode_sys_int(mmap.PAGESIZE),
             encode_sys_int(CACHE_LINE),
             encode_mtu(),
         )
-    )
-    index: int = 0
+        self.index = 0
 
     def opening(self) -> list[RdmapMessage]:
         return [Send(self.parts[0])]
@@ -177,6 +287,8 @@ class _PerftestClient(AppClient):
 class _RdmaServerClient(AppClient):
     """librdmacm's ``rdma_client``: one 16-byte Send, one 16-byte Send back."""
 
+    ready = True
+
     def opening(self) -> list[RdmapMessage]:
         return [Send(bytes(MESSAGE_LEN))]
 
@@ -191,13 +303,29 @@ class _RdmaServerClient(AppClient):
 KBTP_IDENTITY = b"init-0"
 """The identity in HELLO: the first one ``kbtp target`` generates.  Any HELLO_ACK, even a
 refusal, shows that HELLO was delivered."""
+KBTP_IDENTITIES = (KBTP_IDENTITY, b"init-1", b"init-2", b"init-3")
+"""Identities of the runner's simultaneous sessions (``kbtp target`` generates four)."""
+
+
+def kbtp_receive_size(max_inline: int = DEFAULT_MAX_INLINE) -> int:
+    """Octets of a KBTP target's receive: the longest request or HELLO (docs/kbtp.md §4.1)."""
+    return max(MAX_REQUEST_FIXED_LEN + max_inline, HELLO_FIXED_LEN + MAX_IDENTITY_LEN)
 
 
 class _KbtpClient(AppClient):
-    """A KBTP initiator's session setup: HELLO, then HELLO_ACK (docs/kbtp.md §4.2)."""
+    """A KBTP initiator's session setup: HELLO asking for the direct modes, then HELLO_ACK
+    (docs/kbtp.md §4.2).  A successful HELLO_ACK advertises the regions the target grants
+    this identity (docs/kbtp.md §3.6: Table and Pool remote read, Ring remote read and
+    atomic, Partition remote write; each registered exactly, in the session's own PD)."""
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__()
+        self.identity = KBTP_IDENTITIES[index % len(KBTP_IDENTITIES)]
+        self.ack: HelloAck | None = None
 
     def opening(self) -> list[RdmapMessage]:
-        return [Send(Hello(request_id=1, identity=KBTP_IDENTITY).encode())]
+        caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+        return [Send(Hello(request_id=1, capabilities=caps, identity=self.identity).encode())]
 
     def on_segment(self, seg: Segment) -> Reaction:
         if _is_send(seg):
@@ -206,8 +334,164 @@ class _KbtpClient(AppClient):
             except KbtpError:
                 msg = None
             if isinstance(msg, HelloAck):
+                self._advertised(msg)
                 return Reaction(delivered=f"it answered HELLO_ACK (status {msg.status})", done=True)
         return Reaction(unexpected=f"unexpected {_describe(seg)} from the KBTP target")
+
+    def _advertised(self, ack: HelloAck) -> None:
+        self.ack = ack
+        self.ready = True
+        if ack.status != Status.SUCCESS:
+            return
+        self.receives = Receives(ack.request_credits, kbtp_receive_size(ack.max_inline))
+        who = self.identity.decode(errors="replace")
+        if ack.capabilities & Capability.DIRECT_LOAD:
+            pool = ack.block_size * ack.pool_blocks
+            self.regions.append(
+                Region(
+                    ack.pool_stag,
+                    ack.pool_offset,
+                    pool,
+                    Access.REMOTE_READ,
+                    f"the KBTP Pool of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
+            table = 16 * (ack.handle_base + ack.handle_count - ack.table_base_handle)
+            self.regions.append(
+                Region(
+                    ack.table_stag,
+                    ack.table_offset,
+                    table,
+                    Access.REMOTE_READ,
+                    f"the KBTP Table of {who} (HELLO_ACK)",
+                )
+            )
+        if ack.capabilities & Capability.DIRECT_ALLOC:
+            ring = ack.head_offset + 8 - ack.ring_offset
+            self.regions.append(
+                Region(
+                    ack.ring_stag,
+                    ack.ring_offset,
+                    ring,
+                    Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+                    f"the KBTP Ring of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
+            self.regions.append(
+                Region(
+                    ack.partition_stag,
+                    ack.partition_offset,
+                    ack.partition_length,
+                    Access.REMOTE_WRITE,
+                    f"the KBTP Partition of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
+
+
+# -- bench --------------------------------------------------------------------------------
+
+BENCH_SIZE = 62
+"""Octets of the bench session: the target region, each receive and each ping."""
+BENCH_RX_DEPTH = 4
+BENCH_SPEC = SessionSpec("send", BENCH_SIZE, latency=True, rx_depth=BENCH_RX_DEPTH)
+"""What the runner's MPA Request asks ``iwarp bench server`` for: a Send ping-pong with
+BENCH_RX_DEPTH receives of BENCH_SIZE octets, and a target region."""
+
+
+class _BenchClient(AppClient):
+    """``iwarp bench`` Send latency: each ping is answered with a Send
+    (:mod:`stack.bench.server`).  The Reply's private data advertises the target region
+    with every remote right (RFC 7306 atomics included); it is the benchmark's scratch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.advert: Advert | None = None
+
+    def on_reply(self, private_data: bytes) -> None:
+        try:
+            advert = Advert.decode(private_data)
+        except BenchError:
+            return
+        self.advert = advert
+        self.ready = True
+        if advert.rkey:
+            rights = READ_WRITE | Access.REMOTE_ATOMIC
+            self.regions.append(
+                Region(
+                    advert.rkey,
+                    advert.addr,
+                    advert.length,
+                    rights,
+                    "the bench server's target region (MPA Reply)",
+                    scratch=True,
+                )
+            )
+
+    def opening(self) -> list[RdmapMessage]:
+        return [Send(bytes(range(BENCH_SIZE)))]
+
+    def on_segment(self, seg: Segment) -> Reaction:
+        if _is_send(seg) and len(seg.payload) == BENCH_SIZE:
+            return Reaction(delivered=f"it echoed the {BENCH_SIZE}-byte ping", done=True)
+        return Reaction(unexpected=f"unexpected {_describe(seg)} from the bench server")
+
+
+# -- rping, server side (the DUT connects) ----------------------------------------------------
+
+RPING_SERVER_STAG, RPING_SERVER_ADDR = 0x5E4D3C01, 0x40000
+
+
+class _RpingServer(AppClient):
+    """rping's server for one ping, played by the runner when the DUT's ``rping -c``
+    connects: the client's first Send advertises its start buffer (remote read and write,
+    rping's registration): the runner is ready then.  Resumed, it RDMA-Reads the buffer,
+    Sends the go-ahead, RDMA-Writes the ping back into the RDMA buffer the client
+    advertises next, and Sends again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage = 0
+        self.data = b""
+
+    def opening(self) -> list[RdmapMessage]:
+        return []
+
+    def on_segment(self, seg: Segment) -> Reaction:
+        if _is_send(seg) and len(seg.payload) == RDMA_INFO.size:
+            addr, stag, size = RDMA_INFO.unpack(bytes(seg.payload))
+            if self.stage == 0:
+                self.stage = 1
+                self.ready = True
+                self.regions.append(
+                    Region(
+                        stag,
+                        addr,
+                        size,
+                        READ_WRITE,
+                        "the rping client's start buffer (its first Send)",
+                        scratch=True,
+                    )
+                )
+                read = ReadRequest(RPING_SERVER_STAG, RPING_SERVER_ADDR, size, stag, addr)
+                return Reaction(delivered="it Sent its start buffer", replies=(read,))
+            if self.stage == 2:
+                self.stage = 3
+                return Reaction(
+                    delivered="it Sent its RDMA buffer after the go-ahead",
+                    replies=(RdmaWrite(stag, addr, self.data[:size]), Send(bytes(RDMA_INFO.size))),
+                    done=True,
+                )
+        if seg.opcode == Opcode.RDMA_READ_RESPONSE and self.stage == 1:
+            self.data += bytes(seg.payload)
+            if seg.last:
+                self.stage = 2
+                return Reaction(delivered=f"it answered the RDMA Read ({len(self.data)} bytes)",
+                                replies=(Send(bytes(RDMA_INFO.size)),))  # fmt: skip
+            return Reaction()
+        return Reaction(unexpected=f"unexpected {_describe(seg)} from the rping client")
 
 
 # -- profiles -----------------------------------------------------------------------------
@@ -217,8 +501,15 @@ class _KbtpClient(AppClient):
 class AppProfile:
     """One ``--app``.  Fields: name, description (what the DUT runs), settings (the MPA
     choices of the application's client: revision, CRC, IRD/ORD), dut_command (how the DUT
-    is started, for messages: ``{host}``/``{port}`` filled in), client (the client class),
-    connect_command (the DUT-connecting form, None if not documented)."""
+    is started, for messages: ``{host}``/``{port}`` filled in), client (the client class;
+    called with the index of the connection when the application has sessions of their
+    own), connect_command (the DUT-connecting form, None if not documented), private_data
+    (of the runner's MPA Request), receives (what the DUT keeps posted), phases (the case
+    phases that apply: ``startup`` cases send private data of their own, which an
+    application that parses it refuses), sessions (connections the DUT serves at once,
+    each with its own protection domain when ``own_pd``), server (the application's server
+    side when the DUT connects).
+    """
 
     name: str
     description: str
@@ -226,9 +517,20 @@ class AppProfile:
     dut_command: str
     client: type[AppClient]
     connect_command: str | None = None
+    private_data: bytes = b""
+    receives: Receives = Receives(1, 16)
+    phases: frozenset[str] = frozenset({"startup", "data"})
+    sessions: int = 1
+    own_pd: bool = False
+    server: type[AppClient] | None = None
 
-    def new_client(self) -> AppClient:
+    def new_client(self, index: int = 0) -> AppClient:
+        if self.client is _KbtpClient:
+            return _KbtpClient(index)
         return self.client()
+
+    def new_server(self) -> AppClient | None:
+        return self.server() if self.server is not None else None
 
 
 def _rping_settings() -> MpaSettings:
@@ -244,6 +546,8 @@ APPS: dict[str, AppProfile] = {
         "rping -s -a {host} -p {port}",
         _RpingClient,
         "rping -c -a {host} -p {port} -C 1",
+        receives=Receives(1, RDMA_INFO.size),
+        server=_RpingServer,
     ),
     "perftest": AppProfile(
         "perftest",
@@ -252,6 +556,7 @@ APPS: dict[str, AppProfile] = {
         "ib_write_bw -R -p {port}",
         _PerftestClient,
         "ib_write_bw -R {host} -p {port}",
+        receives=Receives(1, COMM_SLOT_LEN),
     ),
     "rdma_server": AppProfile(
         "rdma_server",
@@ -260,14 +565,30 @@ APPS: dict[str, AppProfile] = {
         "rdma_server -p {port}",
         _RdmaServerClient,
         "rdma_client -s {host} -p {port}",
+        receives=Receives(1, MESSAGE_LEN, reposts=False),
     ),
     "kbtp": AppProfile(
         "kbtp",
         "kbtp target: HELLO answered by HELLO_ACK",
         MpaSettings(),
-        "kbtp target --host {host} -p {port}",
+        "kbtp target --host {host} -p {port} --trusted",
         _KbtpClient,
         None,
+        receives=Receives(DEFAULT_REQUEST_CREDITS, kbtp_receive_size()),
+        sessions=len(KBTP_IDENTITIES),
+        own_pd=True,
+    ),
+    "bench": AppProfile(
+        "bench",
+        "iwarp bench server: a Send ping-pong and a target region with every remote right",
+        MpaSettings(),
+        "iwarp bench server --host {host} -p {port}",
+        _BenchClient,
+        None,
+        private_data=BENCH_SPEC.encode(),
+        receives=Receives(BENCH_RX_DEPTH, BENCH_SIZE),
+        phases=frozenset({"data"}),
+        sessions=8,
     ),
 }
 """Every ``--app``, by name."""

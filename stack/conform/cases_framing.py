@@ -41,6 +41,7 @@ from stack.wire.rdmap import decode_ulpdu
     "MPA-09",
     "Request with M=1: the DUT puts markers in the FPDUs it sends",
     rules=("MPA-07", "MPA-08"),
+    phase="data",
     sends="the app's Request with M=1; then the application's traffic",
     expects="FPDUs with a marker every 512 octets from SeqStart (or an R=1 Reply: markers "
     "declined, SKIP)",
@@ -61,6 +62,7 @@ async def markers_requested(ctx: CaseContext) -> Verdict:
 @case(
     "MPA-11",
     "Request with C=1: CRC both ways",
+    phase="data",
     sends="the app's Request with C=1; then the application's traffic with CRCs",
     expects="valid CRCs on every FPDU the DUT sends (whatever C its Reply has)",
 )
@@ -73,6 +75,7 @@ async def crc_requested(ctx: CaseContext) -> Verdict:
     "MPA-11",
     "Request with C=0: CRC iff the Reply asks for it",
     n=2,
+    phase="data",
     sends="the app's Request with C=0; then traffic with CRCs iff the Reply has C=1",
     expects="an accepting Reply (or R=1: CRC required, SKIP); FPDUs as the Reply's C says",
 )
@@ -90,6 +93,7 @@ async def crc_declined(ctx: CaseContext) -> Verdict:
 @case(
     "MPA-05",
     "CRC off both ways: the CRC field is not checked",
+    phase="data",
     sends="a Request with C=0; if the Reply has C=0, FPDUs whose CRC field is 0xDEADBEEF",
     expects="the FPDUs delivered (SKIP when the DUT asks for CRC)",
 )
@@ -183,6 +187,7 @@ async def _judge_error(
     "MPA-12",
     "FPDU with a bad CRC: Terminate 2/0/0x02, nothing delivered",
     rules=("MPA-28", "RDMAP-12", "RDMAP-10"),
+    phase="data",
     sends="the app's first FPDU with every bit of its CRC field flipped",
     expects="no delivery; a Terminate with the wire core's cause for it (MPA CRC error) and "
     "header copies as RFC 5040 Fig. 10 (none for an LLP error); nothing after it",
@@ -199,6 +204,7 @@ async def bad_crc(ctx: CaseContext) -> Verdict:
 @case(
     "MPA-04",
     "Non-zero PAD (covered by the CRC): ignored",
+    phase="data",
     sends="the first FPDU of the app's exchange that needs PAD, with PAD octets 0xFF",
     expects="the FPDU delivered: the application goes on (SKIP if no FPDU needs PAD)",
 )
@@ -233,6 +239,7 @@ async def bad_pad(ctx: CaseContext) -> Verdict:
     "MPA-16",
     "ULPDU_Length 65535 (above MULPDU) with fewer bytes: nothing delivered",
     rules=("MPA-02", "MPA-28"),
+    phase="data",
     sends="the app's first FPDU announcing ULPDU_Length 65535",
     expects="no delivery; the DUT waits for the rest, or sends a Terminate with the wire "
     "core's cause for it (MPA CRC error)",
@@ -245,6 +252,7 @@ async def long_length(ctx: CaseContext) -> Verdict:
     "MPA-08",
     "Marker with a wrong FPDUPTR (when the DUT asks for markers): Terminate 2/0/0x03",
     rules=("MPA-28", "RDMAP-12"),
+    phase="data",
     sends="the app's first FPDU with every marker's FPDUPTR set to 0x0004",
     expects="no delivery; the wire core's Terminate (marker mismatch); SKIP unless the DUT's "
     "Reply has M=1",
@@ -287,6 +295,7 @@ async def _reserved(ctx: CaseContext, byte: int, mask: int, what: str) -> Verdic
 @case(
     "DDP-03",
     "Reserved DDP control bits set: not checked",
+    phase="data",
     sends="the app's first ULPDU with the DDP control byte's reserved bits (0x3C) set",
     expects="the message delivered: the application goes on",
 )
@@ -297,6 +306,7 @@ async def ddp_reserved(ctx: CaseContext) -> Verdict:
 @case(
     "RDMAP-02",
     "Reserved RDMAP control bits set: not checked",
+    phase="data",
     sends="the app's first ULPDU with the RDMAP control byte's reserved bits (0x30) set",
     expects="the message delivered: the application goes on",
 )

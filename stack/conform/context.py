@@ -62,7 +62,8 @@ class CaseContext:
     Fields: case, app, options, target ((host, port) of a listening DUT), listener (our
     socket listener when the DUT connects), progress (a callable printing one progress line),
     restarting (a restarter brings the DUT up: say so while waiting), peer (the case's
-    connection once opened).
+    connection once opened; its capture is the case's), extra (further connections of a
+    case that needs several at once, closed with it).
     """
 
     def __init__(
@@ -84,18 +85,20 @@ class CaseContext:
         self.progress = progress
         self.restarting = restarting
         self.peer: Peer | None = None
+        self.extra: list[Peer] = []
 
     @property
     def capture(self) -> CaseCapture | None:
         return self.peer.capture if self.peer is not None else None
 
-    async def connect(self) -> Peer:
-        """Open the case's connection to the listening DUT.  A refused connection is retried
-        for up to ``options.wait`` seconds: a DUT that exits after each connection (rping)
-        is listening again once it has been restarted."""
+    async def connect(self, *, extra: bool = False) -> Peer:
+        """Open the case's connection to the listening DUT (``extra``: one more, for a
+        case about several connections).  A refused connection is retried for up to
+        ``options.wait`` seconds: a DUT that exits after each connection (rping) is
+        listening again once it has been restarted."""
         if self.target is None:
             raise SetupError("this case needs a listening DUT (HOST:PORT)")
-        if self.peer is not None:
+        if self.peer is not None and not extra:
             raise SetupError("a case opens one connection")
         host, port = self.target
         deadline = trio.current_time() + self.options.wait
@@ -128,8 +131,12 @@ class CaseContext:
                 await trio.sleep(RETRY_INTERVAL)
             except trio.TooSlowError:
                 raise SetupError(f"TCP connect to {host}:{port} timed out") from None
-        self.peer = self._peer(stream, runner_connects=True)
-        return self.peer
+        peer = self._peer(stream, runner_connects=True)
+        if self.peer is None:
+            self.peer = peer
+        else:
+            self.extra.append(peer)
+        return peer
 
     async def accept(self) -> Peer:
         """Wait (up to ``options.wait``) for the DUT to connect to us."""
@@ -154,5 +161,7 @@ class CaseContext:
         return Peer(stream, capture)
 
     async def close(self) -> None:
+        for peer in self.extra:
+            await peer.close()
         if self.peer is not None:
             await self.peer.close()

@@ -2,21 +2,30 @@
 
 A conformance case is only worth something if it can fail.  Each :class:`Fault` breaks one
 behaviour of our stack the way a faulty implementation would, and names the cases that
-must then FAIL (or WARN); the tests run the stack as the DUT in-process with the fault
-applied and check that exactly those cases change while the rest still pass.
+must then FAIL (or WARN, or SKIP); the tests run the stack as the DUT in-process with the
+fault applied and check that exactly those cases of the fault's scope change while the
+rest keep their verdicts.
 
 Where faults are applied (the documented points; nothing else is touched):
 
 * :data:`ENGINE_FACTORY` -- ``stack.transport.cm.IwarpConnection``, the engine class the
   connection manager creates for every connection it listens for or opens.  The runner
-  never uses the connection manager (its peer is :mod:`stack.conform.peer`), so patching
-  that one name breaks the DUT only, even with runner and DUT in one process.
+  never uses the connection manager (its peer is :mod:`stack.conform.peer`, its model DUT
+  :mod:`stack.conform.oracle` builds engines directly), so patching that one name breaks
+  the DUT only, even with runner and DUT in one process.
+* :data:`CONNECTION_FACTORY` -- ``stack.transport.cm.RdmaConnection``, the driver the
+  connection manager builds around each engine and the application's queue pair: faults
+  of the RNIC's checks patch that QP (its ``handle_event``, ``fatal``, ``ird`` and the
+  ``_snapshot_reads`` step of RFC 5040 §5.5 ordering).
 * on each engine the DUT creates (:class:`~stack.wire.connection.IwarpConnection`): its
   public methods ``receive_data``, ``next_event``, ``send_message`` and ``send_terminate``,
-  its ``settings`` and those of its MPA engine, and two attributes of
-  :class:`~stack.wire.mpa.MpaConnection` the wire core has no public switch for: the FPDU
-  deframer ``_deframer`` (its ``crc`` flag) and the responder's hold buffer ``_held``
-  (MPA-25).
+  its ``settings``, ``rfc7306`` and those of its MPA engine; once established, its
+  stream's ``receive_ulpdu``, ``sequencer``, ``recv_state`` and ``send_state``; and two
+  attributes of :class:`~stack.wire.mpa.MpaConnection` the wire core has no public switch
+  for: the FPDU deframer ``_deframer`` (its ``crc`` flag) and the responder's hold buffer
+  ``_held`` (MPA-25).
+* ``stack.rnic.memory.StagTable.register`` (STag allocation, SEC-08); the model DUT's
+  table overrides it, so only the DUT is affected.
 
 :func:`injected` applies faults (and optional settings changes, e.g. short startup timers)
 for the duration of a ``with`` block.
@@ -27,189 +36,639 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stack.conform.model import case_id
-from stack.constants import MPA_FRAME_HEADER_LEN, TERM_LLP_INVALID_STARTUP, MpaFlag, RtrType
-from stack.errors import MpaError, ProtocolError
-from stack.wire.connection import ConnectionEvent, IwarpConnection
-from stack.wire.events import (
-    Established,
-    RdmapMessage,
-    RdmaWrite,
-    ReadRequest,
-    RevPolicy,
-    Role,
-    Send,
-    Terminate,
+from stack.conform.faults_engine import (
+    cause_swapped,
+    crc_unchecked,
+    crc_wrong_terminate,
+    data_after_terminate,
+    dv_one,
+    known_opcode,
+    marker_bits_checked,
+    markers_ignored,
+    msn_unchecked,
+    no_short_ulpdus,
+    not_rfc7306,
+    oversize_accepted,
+    qn_of_opcode,
+    read_header_missing,
+    read_response_misplaced,
+    reply_trailing_fpdu,
+    reserved_checked,
+    rv_one,
+    single_segment_unchecked,
+    stream_input,
+    terminate_headers,
+    terminate_ignored,
+    unknown_rev_accepted,
+    whole_segments,
+    wrong_rtr,
 )
-from stack.wire.mpa import MpaState
+from stack.conform.faults_qp import (
+    QpFault,
+    align,
+    always_swap,
+    atomic_edit,
+    atomics_dropped,
+    invalidate_field_checked,
+    invalidate_ignored,
+    ird_unenforced,
+    last_octet_refused,
+    no_add_mask,
+    partial_delivery,
+    pd_ignored,
+    read_responses_unchecked,
+    reads_not_snapshotted,
+    rights_ignored,
+    sequential_register,
+    streams_coupled,
+    swallow,
+    writes_dropped,
+    zero_reads_validated,
+    zero_writes_validated,
+)
+from stack.constants import (
+    TERM_DDP_T_BASE_BOUNDS,
+    TERM_DDP_T_INVALID_STAG,
+    TERM_DDP_T_TO_WRAP,
+    TERM_DDP_U_NO_BUFFER,
+    TERM_DDP_U_TOO_LONG,
+    TERM_RDMAP_BASE_BOUNDS,
+    TERM_RDMAP_INVALID_STAG,
+    TERM_RDMAP_TO_WRAP,
+)
+from stack.rnic.memory import MemoryRegion, StagTable
+from stack.rnic.qp import QueuePair
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import Role
 
-__all__ = ["ENGINE_FACTORY", "FAULTS", "Fault", "injected"]
+__all__ = ["CONNECTION_FACTORY", "ENGINE_FACTORY", "FAULTS", "Fault", "QpFault", "injected"]
 
 ENGINE_FACTORY = ("stack.transport.cm", "IwarpConnection")
 """(module, name) of the engine class the connection manager instantiates."""
+CONNECTION_FACTORY = ("stack.transport.cm", "RdmaConnection")
+"""(module, name) of the driver class the connection manager wraps engine and QP in."""
 
 
 @dataclass(frozen=True)
 class Fault:
     """One way to break the stack.  Fields: name, description, fails (the case IDs that must
     not pass with it, with the status they get: ``{"MPA-12": "FAIL"}``), apply (patches one
-    new engine of the DUT)."""
+    new engine of the DUT), apply_qp (patches one new queue pair of the DUT), app (the
+    in-process DUT the tests break: rping, kbtp, bench...; rping means its server and its
+    client), also (further DUTs they break with it), scope (the cases the tests run with
+    it: its ``fails`` and these selection patterns), patches ((object, attribute,
+    replacement) set for the block: class-level fault points)."""
 
     name: str
     description: str
     fails: dict[str, str]
-    apply: Callable[[IwarpConnection], None]
+    apply: Callable[[IwarpConnection], None] | None = None
+    apply_qp: QpFault | None = None
+    app: str = "rping"
+    also: tuple[str, ...] = ()
+    scope: tuple[str, ...] = ()
+    patches: tuple[tuple[Any, str, Any], ...] = field(default=())
 
 
-# -- the faults ---------------------------------------------------------------------------
+def _c(*ids: str, status: str = "FAIL") -> dict[str, str]:
+    return dict.fromkeys(ids, status)
 
 
-def _crc_wrong_terminate(engine: IwarpConnection) -> None:
-    send_terminate = engine.send_terminate
-
-    def wrong(error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
-        if error.rule == "MPA-12":  # a CRC error reported as an invalid startup frame
-            error = MpaError(error.rule, error.detail, TERM_LLP_INVALID_STARTUP)
-        send_terminate(error, offending_ulpdu)
-
-    engine.send_terminate = wrong  # type: ignore[method-assign]
-
-
-def _after_established(engine: IwarpConnection, action: Callable[[], None]) -> None:
-    """Run ``action`` once, when the engine reports Full Operation."""
-    next_event = engine.next_event
-    done = False
-
-    def hooked() -> ConnectionEvent:
-        nonlocal done
-        event = next_event()
-        if isinstance(event, Established) and not done:
-            done = True
-            action()
-        return event
-
-    engine.next_event = hooked  # type: ignore[method-assign]
-
-
-def _crc_unchecked(engine: IwarpConnection) -> None:
-    def off() -> None:
-        deframer = engine.mpa._deframer  # noqa: SLF001 - documented fault point
-        if deframer is not None:
-            deframer.crc = False
-
-    _after_established(engine, off)
-
-
-def _reply_trailing_fpdu(engine: IwarpConnection) -> None:
-    def early() -> None:
-        if engine.role is Role.RESPONDER:
-            engine.mpa._held = None  # noqa: SLF001 - documented fault point (MPA-25 hold)
-            engine.send_message(RdmaWrite(1, 0, b""))
-
-    _after_established(engine, early)
-
-
-def _markers_ignored(engine: IwarpConnection) -> None:
-    """Reads the peer's M bit as 0: no markers towards a peer that asked for them."""
-    receive_data = engine.receive_data
-    seen = 0
-
-    def hooked(data: Any) -> None:
-        nonlocal seen
-        flags_at = MPA_FRAME_HEADER_LEN - 4  # frame byte 16: the flags
-        waiting = engine.mpa.state in (MpaState.AWAIT_REQUEST, MpaState.AWAIT_REPLY)
-        if waiting and seen <= flags_at < seen + len(data):
-            buf = bytearray(data)
-            buf[flags_at - seen] &= ~MpaFlag.MARKERS & 0xFF
-            data = bytes(buf)
-        seen += len(data)
-        receive_data(data)
-
-    engine.receive_data = hooked  # type: ignore[method-assign]
-
-
-def _unknown_rev_accepted(engine: IwarpConnection) -> None:
-    engine.mpa.settings = replace(engine.mpa.settings, rev_policy=RevPolicy.ACCEPT)
-
-
-def _terminate_headers(engine: IwarpConnection) -> None:
-    """LLP Terminates copy a DDP header (RFC 5040 Fig. 10 says none: RDMAP-12, SHOULD)."""
-    send_message = engine.send_message
-
-    def hooked(message: RdmapMessage) -> None:
-        if isinstance(message, Terminate) and message.layer == 2 and not message.d:
-            header = bytes([0x41, 0x43]) + bytes(16)  # an untagged Send's DDP header
-            message = replace(message, m=True, d=True, ddp_seg_len=len(header), ddp_header=header)
-        send_message(message)
-
-    engine.send_message = hooked  # type: ignore[method-assign]
-
-
-def _wrong_rtr(engine: IwarpConnection) -> None:
-    """A peer-to-peer initiator that always sends a Send RTR, whatever was negotiated."""
-    send_message = engine.send_message
-    first = True
-
-    def hooked(message: RdmapMessage) -> None:
-        nonlocal first
-        neg = engine.negotiated
-        if first and neg is not None and neg.p2p and neg.rtr and neg.rtr is not RtrType.SEND:
-            first = False
-            if isinstance(message, RdmaWrite | ReadRequest) and engine.role is Role.INITIATOR:
-                message = Send(b"")
-        send_message(message)
-
-    engine.send_message = hooked  # type: ignore[method-assign]
-
+_DEREG = (MemoryRegion, "dereg", lambda self: None)
+_SEQUENTIAL = (StagTable, "register", sequential_register)
+_WRAP = {TERM_DDP_T_TO_WRAP: TERM_DDP_T_BASE_BOUNDS, TERM_RDMAP_TO_WRAP: TERM_RDMAP_BASE_BOUNDS}
+_EXT_ALL = (
+    "EXT-01",
+    "EXT-02",
+    "EXT-02.2",
+    "EXT-02.3",
+    "EXT-03",
+    "EXT-04",
+    "EXT-05",
+    "EXT-06",
+    "EXT-06.2",
+    "EXT-06.3",
+    "EXT-06.4",
+    "EXT-08",
+    "EXT-09",
+    "EXT-09.2",
+    "EXT-10",
+    "EXT-11",
+    "EXT-11.2",
+    "EXT-11.3",
+    "EXT-11.4",
+)
 
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
+        # -- MPA startup and framing -------------------------------------------------------
         Fault(
             "crc-wrong-terminate",
             "a CRC error is reported with Terminate 2/0/0x04 instead of 2/0/0x02",
-            {"MPA-12": "FAIL"},
-            _crc_wrong_terminate,
+            _c(
+                "MPA-12",
+                "MPA-12.2",
+                "MPA-12.3",
+                "MPA-12.4",
+                "MPA-12.5",
+                "MPA-12.6",
+                "MPA-28",
+                "MPA-12.7",
+            ),
+            crc_wrong_terminate,
+            scope=("MPA-16", "MPA-08"),
         ),
         Fault(
             "crc-unchecked",
             "received FPDUs are delivered without checking their CRC",
-            {"MPA-12": "FAIL"},
-            _crc_unchecked,
+            _c(
+                "MPA-12",
+                "MPA-12.2",
+                "MPA-12.3",
+                "MPA-12.4",
+                "MPA-12.5",
+                "MPA-12.6",
+                "MPA-28",
+                "MPA-12.7",
+            ),
+            crc_unchecked,
+            scope=("MPA-11", "MPA-04"),
         ),
         Fault(
             "reply-trailing-fpdu",
             "the MPA Reply is followed at once by an FPDU (a zero-length RDMA Write), before "
             "the initiator's first FPDU",
             {"MPA-25": "FAIL"},
-            _reply_trailing_fpdu,
+            reply_trailing_fpdu,
+            scope=("MPA-17", "MPA-19"),
         ),
         Fault(
             "markers-ignored",
             "the peer's M bit is read as 0: no markers in FPDUs to a peer that asked for them",
-            {"MPA-09": "FAIL", case_id("MPA-09", 2): "FAIL"},
-            _markers_ignored,
+            _c("MPA-09", "MPA-09.2"),
+            markers_ignored,
+            scope=("MPA-11",),
         ),
         Fault(
             "unknown-rev-accepted",
             "a Request with an undefined MPA revision is accepted instead of refused",
-            {case_id("MPA-20", 2): "FAIL", case_id("MPA-20", 3): "FAIL"},
-            _unknown_rev_accepted,
+            _c("MPA-20.2", "MPA-20.3", "MPA-20.4"),
+            unknown_rev_accepted,
+            scope=("MPA-20", "ERC-01"),
         ),
         Fault(
             "terminate-headers",
             "LLP (MPA) Terminates carry a copied DDP header (Fig. 10 of RFC 5040: none)",
-            {"MPA-12": "WARN", "MPA-16": "WARN"},
-            _terminate_headers,
+            _c(
+                "MPA-12",
+                "MPA-16",
+                "MPA-02",
+                "MPA-12.2",
+                "MPA-12.3",
+                "MPA-12.4",
+                "MPA-12.5",
+                "MPA-12.6",
+                "MPA-28",
+                "MPA-12.7",
+                status="WARN",
+            ),
+            terminate_headers,
+            scope=("MPA-01", "DDP-03.2"),
         ),
         Fault(
             "wrong-rtr",
             "a peer-to-peer initiator sends a Send RTR whatever RTR kind was negotiated",
             {"ERC-09": "FAIL"},
-            _wrong_rtr,
+            wrong_rtr,
+            app="rping-client-p2p",
+            scope=("ERC-08", "MPA-19.3"),
+        ),
+        Fault(
+            "oversize-accepted",
+            "FPDUs up to ULPDU_Length 65535 are taken and Sends longer than their receive are "
+            "cut silently",
+            {**_c("MPA-02", "MPA-02.2"), **_c("RDMAP-08", status="WARN")},
+            oversize_accepted,
+            swallow(TERM_DDP_U_TOO_LONG),
+            scope=("MPA-16", "RDMAP-08.2"),
+        ),
+        Fault(
+            "segments-must-be-whole",
+            "bytes arriving in a TCP segment of fewer than 12 octets are dropped (MPA-15: "
+            "FPDUs are reassembled whatever the segmentation)",
+            _c("MPA-15", "MPA-15.2", "MPA-15.3", "MPA-15.4", "MPA-15.6"),
+            whole_segments,
+            scope=("MPA-15",),
+        ),
+        Fault(
+            "marker-bits-checked",
+            "markers with their RESERVED half or FPDUPTR's low two bits set are taken as "
+            "mismatches",
+            _c("MPA-06", "MPA-06.2"),
+            marker_bits_checked,
+            app="rping-markers",
+            scope=("MPA-08", "MPA-09"),
+        ),
+        # -- DDP ---------------------------------------------------------------------------
+        Fault(
+            "ddp-version-unchecked",
+            "the DDP version is not checked (segments with DV != 1 are taken as DV 1)",
+            _c("DDP-03.2", "DDP-03.3", "DDP-03.4", "DDP-03.5", "DDP-03.6", "DDP-03.8"),
+            stream_input(dv_one),
+            scope=("DDP-03",),
+        ),
+        Fault(
+            "reserved-bits-checked",
+            "reserved DDP or RDMAP control bits end the stream (they are not to be checked)",
+            _c("DDP-03", "DDP-03.7", "RDMAP-02", "RDMAP-02.6"),
+            stream_input(reserved_checked),
+            scope=("DDP-03.2", "RDMAP-02.2"),
+        ),
+        Fault(
+            "qn-unchecked",
+            "an untagged segment's QN is not checked (each goes to its opcode's queue)",
+            _c(
+                "DDP-10",
+                "DDP-10.2",
+                "RDMAP-01",
+                "RDMAP-01.2",
+                "RDMAP-01.3",
+                "RDMAP-01.4",
+                "EXT-02.2",
+            ),
+            stream_input(qn_of_opcode),
+            scope=("DDP-05", "EXT-02.3"),
+        ),
+        Fault(
+            "msn-unchecked",
+            "MSN, MO and the Last flag are not checked (RFC 5041 §4.3, §5.2)",
+            _c(
+                "DDP-05",
+                "DDP-05.2",
+                "DDP-05.3",
+                "DDP-05.4",
+                "DDP-05.5",
+                "DDP-05.6",
+                "DDP-06.2",
+                "DDP-06.3",
+                "DDP-02",
+                "DDP-04",
+                "DDP-04.2",
+            ),
+            msn_unchecked,
+            scope=("DDP-06", "DDP-02.2", "RDMAP-04.2"),
+        ),
+        Fault(
+            "partial-delivery",
+            "each Send segment completes its receive, before the message's Last segment; Read "
+            "Response segments without L are dropped",
+            _c("DDP-02.2", "DDP-06", "RDMAP-04.9"),
+            apply_qp=partial_delivery,
+            scope=("DDP-05", "DDP-06.2", "RDMAP-04.5"),
+        ),
+        Fault(
+            "short-ulpdus-dropped",
+            "ULPDUs shorter than a DDP header are dropped instead of ending the stream",
+            _c("MPA-01", "DDP-01"),
+            stream_input(no_short_ulpdus),
+            scope=("DDP-03.2",),
+        ),
+        Fault(
+            "zero-writes-validated",
+            "a zero-length RDMA Write's STag is validated (DDP-07: it is not)",
+            _c("DDP-07", "DDP-07.2", "DDP-03.7", "RDMAP-02.6", "MPA-12.5", "MPA-15.5"),
+            apply_qp=zero_writes_validated,
+            scope=("DDP-03.5", "RDMAP-02.5", "RDMAP-02.7"),
+        ),
+        Fault(
+            "terminate-then-data",
+            "after a Terminate for an MSN error the DUT sends one more FPDU (RDMAP-10)",
+            _c("DDP-05", "DDP-05.2", "DDP-05.3", "DDP-05.4", "DDP-05.5", "DDP-05.6"),
+            data_after_terminate,
+            scope=("DDP-06",),
+        ),
+        # -- tagged placement and the RNIC's checks -----------------------------------------
+        Fault(
+            "stag-unchecked",
+            "accesses with an invalid STag (or one a Read Response does not match) are "
+            "dropped silently",
+            _c(
+                "DDP-10.3",
+                "RDMAP-16.6",
+                "RDMAP-04.5",
+                "RDMAP-04.10",
+                "EXT-11",
+                "SEC-06",
+                "DDP-10.8",
+                "RDMAP-16.11",
+            ),
+            apply_qp=swallow(TERM_DDP_T_INVALID_STAG, TERM_RDMAP_INVALID_STAG),
+            scope=("DDP-10.4", "RDMAP-16.7", "RDMAP-09"),
+        ),
+        Fault(
+            "bounds-unchecked",
+            "accesses outside the region are dropped silently (nothing placed, no Terminate)",
+            _c(
+                "DDP-10.4",
+                "DDP-10.5",
+                "RDMAP-16.7",
+                "RDMAP-16.8",
+                "SEC-04.2",
+                "SEC-04.3",
+                "SEC-15",
+                "EXT-11.3",
+            ),
+            apply_qp=swallow(TERM_DDP_T_BASE_BOUNDS, TERM_RDMAP_BASE_BOUNDS),
+            app="kbtp",
+            also=("rping-client",),
+            scope=("DDP-10.6", "SEC-04"),
+        ),
+        Fault(
+            "last-octet-refused",
+            "a Read reaching the last octet of its region is refused (bounds off by one)",
+            _c("SEC-04"),
+            apply_qp=last_octet_refused,
+            app="kbtp",
+            scope=("SEC-04", "RDMAP-06"),
+        ),
+        Fault(
+            "wrap-as-bounds",
+            "a TO wrap is reported as a base or bounds violation",
+            _c("DDP-10.6", "RDMAP-16.9", "EXT-11.4", status="WARN"),
+            cause_swapped(_WRAP),
+            app="bench",
+            scope=("DDP-10.5", "EXT-11"),
+        ),
+        Fault(
+            "pd-ignored",
+            "an STag of another protection domain is used as if it were the stream's",
+            _c("DDP-12", "SEC-01", "SEC-01.2"),
+            apply_qp=pd_ignored,
+            app="kbtp",
+            scope=("SEC-06.2", "SEC-02"),
+        ),
+        Fault(
+            "stale-stags-usable",
+            "regions outlive their connection and protection domains are not checked",
+            _c("DDP-12", "SEC-01", "SEC-01.2", "SEC-06.2"),
+            apply_qp=pd_ignored,
+            app="kbtp",
+            patches=(_DEREG,),
+            scope=("SEC-06",),
+        ),
+        Fault(
+            "rights-ignored",
+            "remote access rights are not checked",
+            _c("DDP-10.7", "RDMAP-16.10", "EXT-11.2"),
+            apply_qp=rights_ignored,
+            app="kbtp",
+            scope=("DDP-10.3", "RDMAP-16.6"),
+        ),
+        Fault(
+            "read-response-misplaced",
+            "Read Responses go 8 octets past the Sink TO the Read named",
+            _c(
+                "RDMAP-06",
+                "RDMAP-06.2",
+                "RDMAP-06.3",
+                "RDMAP-06.4",
+                "RDMAP-13",
+                "EXT-08",
+                "RDMAP-13.2",
+                "RDMAP-05",
+                "SEC-04",
+            ),
+            read_response_misplaced,
+            app="bench",
+            also=("kbtp", "rping-client"),
+            scope=("RDMAP-07", "RDMAP-14.2"),
+        ),
+        Fault(
+            "read-responses-unchecked",
+            "Read Responses that match no outstanding Read are dropped silently",
+            _c("RDMAP-04.5", "RDMAP-04.6", "RDMAP-04.7", "RDMAP-04.8", "RDMAP-04.10"),
+            apply_qp=read_responses_unchecked,
+            scope=("RDMAP-04",),
+        ),
+        Fault(
+            "single-segment-unchecked",
+            "Read Requests, Atomic Requests and Immediate Data are taken with any L and MO, "
+            "and dropped when their header has the wrong length",
+            _c(
+                "RDMAP-04",
+                "RDMAP-04.2",
+                "RDMAP-04.3",
+                "RDMAP-04.4",
+                "EXT-02",
+                "EXT-02.3",
+                "EXT-09",
+                "EXT-09.2",
+            ),
+            stream_input(single_segment_unchecked),
+            scope=("RDMAP-04.9", "EXT-02.2"),
+        ),
+        Fault(
+            "zero-reads-validated",
+            "a zero-length Read Request's source STag is validated (RDMAP-07: it is not)",
+            _c(
+                "RDMAP-07",
+                "RDMAP-07.2",
+                "RDMAP-03.2",
+                "RDMAP-14",
+                "RDMAP-14.2",
+                "RDMAP-07.3",
+                "RDMAP-14.3",
+            ),
+            apply_qp=zero_reads_validated,
+            scope=("RDMAP-07", "RDMAP-14", "RDMAP-03"),
+        ),
+        Fault(
+            "ird-unenforced",
+            "Read Requests beyond the negotiated IRD are served",
+            _c("RDMAP-14", "RDMAP-14.3"),
+            apply_qp=ird_unenforced,
+            scope=("RDMAP-14", "RDMAP-06"),
+        ),
+        Fault(
+            "reads-not-snapshotted",
+            "a queued Read Response reads memory when it is sent, after later Writes (RFC 5040 "
+            "§5.5)",
+            _c("RDMAP-13.2"),
+            apply_qp=reads_not_snapshotted,
+            app="bench",
+            scope=("RDMAP-13", "RDMAP-05"),
+        ),
+        Fault(
+            "writes-dropped",
+            "inbound RDMA Writes are taken and never placed",
+            _c(
+                "RDMAP-13",
+                "RDMAP-13.2",
+                "RDMAP-05",
+                "EXT-06",
+                "EXT-06.2",
+                "EXT-06.3",
+                "EXT-06.4",
+                "EXT-08",
+                "DDP-10.3",
+                "DDP-10.4",
+                "DDP-10.5",
+                "DDP-10.6",
+            ),
+            apply_qp=writes_dropped,
+            app="bench",
+            scope=("DDP-10.7", "RDMAP-06"),
+        ),
+        # -- RDMAP ---------------------------------------------------------------------------
+        Fault(
+            "rdmap-version-unchecked",
+            "the RDMAP version is not checked (RV != 1 taken as 1)",
+            _c("RDMAP-02.2", "RDMAP-02.3", "RDMAP-02.4", "RDMAP-02.5", "RDMAP-02.11"),
+            stream_input(rv_one),
+            scope=("RDMAP-02",),
+        ),
+        Fault(
+            "opcode-unchecked",
+            "segments with an unassigned opcode, or one the T bit disagrees with, are dropped "
+            "silently",
+            _c(
+                "RDMAP-16",
+                "RDMAP-16.2",
+                "RDMAP-16.3",
+                "RDMAP-16.4",
+                "RDMAP-16.5",
+                "RDMAP-02.7",
+                "RDMAP-02.8",
+                "RDMAP-02.9",
+                "RDMAP-02.10",
+            ),
+            stream_input(known_opcode),
+            scope=("RDMAP-02.6", "RDMAP-16.6"),
+        ),
+        Fault(
+            "invalidate-field-checked",
+            "the Invalidate STag field of a plain Send is honoured, and a Read Request with it "
+            "set ends the stream",
+            _c("RDMAP-03", "RDMAP-03.2"),
+            apply_qp=invalidate_field_checked,
+            scope=("RDMAP-09",),
+        ),
+        Fault(
+            "invalidate-ignored",
+            "Send with Invalidate is taken as a plain Send: nothing checked or invalidated",
+            _c("RDMAP-09", "SEC-06", "SEC-02"),
+            apply_qp=invalidate_ignored,
+            app="kbtp",
+            scope=("RDMAP-03",),
+        ),
+        Fault(
+            "too-long-as-no-buffer",
+            "a Send longer than its receive is reported as 'no buffer available' (1/2/0x02)",
+            _c("RDMAP-08", status="WARN"),
+            cause_swapped({TERM_DDP_U_TOO_LONG: TERM_DDP_U_NO_BUFFER}),
+            scope=("RDMAP-08", "MPA-02"),
+        ),
+        Fault(
+            "no-buffer-as-too-long",
+            "a Send that finds no receive is reported as 'too long' (1/2/0x05)",
+            _c("RDMAP-08.2"),
+            cause_swapped({TERM_DDP_U_NO_BUFFER: TERM_DDP_U_TOO_LONG}),
+            scope=("RDMAP-08",),
+        ),
+        Fault(
+            "terminate-ignored",
+            "a received Terminate is ignored: the stream goes on",
+            {
+                **_c("RDMAP-10"),
+                **_c(
+                    "RDMAP-10.2",
+                    "RDMAP-15",
+                    "RDMAP-15.2",
+                    "RDMAP-11",
+                    "RDMAP-11.2",
+                    "RDMAP-15.3",
+                    status="WARN",
+                ),
+            },
+            terminate_ignored,
+            scope=("RDMAP-10", "RDMAP-15"),
+        ),
+        Fault(
+            "read-header-missing",
+            "Terminates about a Read Request leave out its copied header (R=0)",
+            _c(
+                "RDMAP-16.6",
+                "RDMAP-16.7",
+                "RDMAP-16.8",
+                "RDMAP-16.9",
+                "RDMAP-16.11",
+                "RDMAP-16.12",
+                status="WARN",
+            ),
+            read_header_missing,
+            scope=("RDMAP-16.10", "RDMAP-06"),
+        ),
+        # -- RFC 7306 ------------------------------------------------------------------------
+        Fault(
+            "not-rfc7306",
+            "the DUT does not implement RFC 7306 (opcodes 0x8-0xB unknown)",
+            _c(*(c for c in _EXT_ALL if c not in ("EXT-04", "EXT-11.2")), status="SKIP"),
+            not_rfc7306,
+            app="bench",
+            scope=("EXT",),
+        ),
+        Fault(
+            "atomics-dropped",
+            "Atomic Requests are taken and never run or answered",
+            _c(*(c for c in _EXT_ALL if not c.startswith(("EXT-02", "EXT-09", "EXT-11.2")))),
+            apply_qp=atomics_dropped,
+            app="bench",
+            scope=("EXT",),
+        ),
+        Fault(
+            "atomic-misaligned",
+            "an atomic to a TO not 8-octet aligned runs on the aligned word below it",
+            {**_c("EXT-05"), **_c("EXT-11.4", status="WARN")},
+            apply_qp=atomic_edit(align),
+            app="bench",
+            scope=("EXT-06", "EXT-11"),
+        ),
+        Fault(
+            "atomic-mask-ignored",
+            "FetchAdd ignores its Add Mask (a plain 64-bit add)",
+            _c("EXT-06.4"),
+            apply_qp=atomic_edit(no_add_mask),
+            app="bench",
+            scope=("EXT-06",),
+        ),
+        Fault(
+            "cmp-swap-always",
+            "Compare and Swap swaps whatever the comparison",
+            _c("EXT-06.3"),
+            apply_qp=atomic_edit(always_swap),
+            app="bench",
+            scope=("EXT-06",),
+        ),
+        # -- RFC 5042 ------------------------------------------------------------------------
+        Fault(
+            "stags-sequential",
+            "STags are handed out one after the other (index + 1, key 0)",
+            _c("SEC-08", status="WARN"),
+            app="kbtp",
+            patches=(_SEQUENTIAL,),
+            scope=("SEC-01",),
+        ),
+        Fault(
+            "streams-coupled",
+            "when one connection ends, every other connection of the DUT is ended too",
+            _c("SEC-09", "SEC-09.2", "SEC-02"),
+            apply_qp=streams_coupled,
+            app="kbtp",
+            scope=("SEC-01", "SEC-06.2"),
         ),
     )
 }
@@ -219,22 +678,39 @@ FAULTS: dict[str, Fault] = {
 @contextmanager
 def injected(*names: str, **settings: Any) -> Iterator[None]:
     """Apply the faults ``names`` (and :class:`~stack.wire.events.MpaSettings` changes
-    ``settings``, e.g. ``request_timeout=1.0``) to every engine the connection manager
-    creates inside the block; KeyError for an unknown fault."""
+    ``settings``, e.g. ``request_timeout=1.0``) to every engine and queue pair the
+    connection manager sets up inside the block; KeyError for an unknown fault."""
     faults = [FAULTS[n] for n in names]
     module = importlib.import_module(ENGINE_FACTORY[0])
     original = getattr(module, ENGINE_FACTORY[1])
+    original_conn = getattr(module, CONNECTION_FACTORY[1])
+    shared: dict[str, Any] = {}
 
     def factory(role: Role, engine_settings: Any = None, **kwargs: Any) -> IwarpConnection:
         if settings and engine_settings is not None:
             engine_settings = replace(engine_settings, **settings)
         engine = original(role, engine_settings, **kwargs)
         for fault in faults:
-            fault.apply(engine)
+            if fault.apply is not None:
+                fault.apply(engine)
         return engine
 
+    def connection(stream: Any, engine: IwarpConnection, qp: QueuePair, **kwargs: Any) -> Any:
+        for fault in faults:
+            if fault.apply_qp is not None:
+                fault.apply_qp(qp, engine, shared)
+        return original_conn(stream, engine, qp, **kwargs)
+
+    saved = [(obj, name, getattr(obj, name)) for f in faults for obj, name, _ in f.patches]
     setattr(module, ENGINE_FACTORY[1], factory)
+    setattr(module, CONNECTION_FACTORY[1], connection)
+    for f in faults:
+        for obj, name, value in f.patches:
+            setattr(obj, name, value)
     try:
         yield
     finally:
         setattr(module, ENGINE_FACTORY[1], original)
+        setattr(module, CONNECTION_FACTORY[1], original_conn)
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)

@@ -157,7 +157,8 @@ class Case:
     does, :class:`DutRole`); sends (what the runner sends); expects (what a conforming DUT
     must do); body (the coroutine that runs it); section (the RFC section, default the
     primary rule's first); apps (the ``--app`` values it applies to; empty: all); slow (it
-    waits for the DUT's startup timer).
+    waits for the DUT's startup timer); phase (``startup`` or ``data``: MPA startup, or Full
+    Operation after a valid startup).
     """
 
     id: str
@@ -171,6 +172,7 @@ class Case:
     section: str | None = None
     apps: frozenset[str] = frozenset()
     slow: bool = False
+    phase: str = "startup"
 
     @property
     def rule(self) -> Rule:
@@ -204,6 +206,7 @@ class Case:
             "expects": self.expects,
             "apps": sorted(self.apps),
             "slow": self.slow,
+            "phase": self.phase,
         }
 
 

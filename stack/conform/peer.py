@@ -4,25 +4,35 @@
 directions into the case's :class:`~stack.conform.capture.CaseCapture`.  Waiting is
 bounded: :meth:`Peer.next_event` returns None when its time is up, so a silent or stuck
 DUT can never hang a case.  A reset or a write to a closed connection is an event of the
-case (the DUT closed), never an exception out of it.
+case (the DUT closed), never an exception out of it.  :attr:`Peer.log` keeps the order of
+what was sent and received in Full Operation (:class:`Out`, :class:`PduSeen`), so the
+runner's model of the DUT (:mod:`stack.conform.oracle`) can replay the connection.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+from dataclasses import dataclass
 
 import trio
 
 from stack.conform.capture import CaseCapture
-from stack.conform.peer_core import Craft, Eof, PeerCore, PeerEvent, Sent
+from stack.conform.peer_core import Craft, Eof, PduSeen, PeerCore, PeerEvent, Sent
 from stack.wire.events import RdmapMessage
 
-__all__ = ["Peer"]
+__all__ = ["Out", "Peer"]
 
 RECEIVE_SIZE = 65536
 CLOSE_GRACE = 1.0
 """Seconds :meth:`Peer.close` waits for the DUT's FIN after sending ours."""
+
+
+@dataclass(frozen=True, slots=True)
+class Out:
+    """FPDUs the runner sent in one write (a burst reaches the DUT together)."""
+
+    sent: tuple[Sent, ...]
 
 
 class Peer:
@@ -30,7 +40,8 @@ class Peer:
 
     Fields: ``core`` (the sans-IO :class:`PeerCore`), ``capture``, ``events`` (every event
     seen so far, in order), ``closed_by_dut`` (the DUT's FIN or reset arrived),
-    ``send_failed`` (a send found the connection closed).
+    ``send_failed`` (a send found the connection closed), ``log`` (FPDUs sent, as
+    :class:`Out`, and PDUs received, in order).
     """
 
     def __init__(self, stream: trio.SocketStream, capture: CaseCapture) -> None:
@@ -41,6 +52,7 @@ class Peer:
         self.closed_by_dut = False
         self.reset_by_dut = False
         self.send_failed = False
+        self.log: list[Out | PduSeen] = []
         self._closed = False
 
     # -- sending -----------------------------------------------------------------------
@@ -52,7 +64,36 @@ class Peer:
     async def send_fpdu(self, ulpdu: bytes, craft: Craft | None = None) -> Sent:
         """Frame one ULPDU (broken as ``craft`` says) and send it."""
         sent = self.core.fpdu(ulpdu, craft)
+        self.log.append(Out((sent,)))
         await self._send(sent.data)
+        return sent
+
+    async def send_fpdus(self, items: list[tuple[bytes, Craft | None]]) -> list[Sent]:
+        """Frame several ULPDUs and send them in one write (a burst)."""
+        sent = [self.core.fpdu(ulpdu, craft) for ulpdu, craft in items]
+        self.log.append(Out(tuple(sent)))
+        await self._send(b"".join(x.data for x in sent))
+        return sent
+
+    async def send_split(
+        self,
+        items: list[tuple[bytes, Craft | None]],
+        cuts: list[int] | None,
+        pause: float,
+    ) -> list[Sent]:
+        """Frame ULPDUs and send their bytes in pieces, cut at the offsets ``cuts`` (negative:
+        from the end; None: after every octet), with ``pause`` seconds between the writes (so
+        they travel in separate TCP segments)."""
+        sent = [self.core.fpdu(ulpdu, craft) for ulpdu, craft in items]
+        self.log.append(Out(tuple(sent)))
+        data = b"".join(x.data for x in sent)
+        n = len(data)
+        points = range(1, n) if cuts is None else (c if c >= 0 else n + c for c in cuts)
+        edges = [0, *sorted({c for c in points if 0 < c < n}), n]
+        for i, (a, b) in enumerate(zip(edges, edges[1:], strict=False)):
+            if i:
+                await trio.sleep(pause)
+            await self._send(data[a:b])
         return sent
 
     async def send_message(self, message: RdmapMessage, craft: Craft | None = None) -> list[Sent]:
@@ -80,6 +121,8 @@ class Peer:
             event = self.core.next_event()
             if event is not None:
                 self.events.append(event)
+                if isinstance(event, PduSeen):
+                    self.log.append(event)
                 if isinstance(event, Eof):
                     self.closed_by_dut = True
                     self.reset_by_dut = event.reset

@@ -127,7 +127,10 @@ class Craft:
     covered by a correct CRC, MPA-04); marker_ptr (FPDUPTR of every inner or leading marker,
     MPA-08); truncate (send only this many bytes of the FPDU); length (ULPDU_Length field
     value to announce instead of the real one); ulpdu (send these ULPDU bytes instead, e.g.
-    with reserved header bits set).
+    with reserved header bits set); crc_xor (XOR the computed CRC with this, e.g. one bit);
+    flip ((offset into the FPDU, XOR mask): change an octet after the CRC was computed);
+    marker_rsvd (the RESERVED half of every marker, MPA-06); marker_ptr_or (bits ORed into
+    every marker's FPDUPTR, e.g. its low two, MPA-06).
     """
 
     crc: int | None = None
@@ -137,6 +140,10 @@ class Craft:
     truncate: int | None = None
     length: int | None = None
     ulpdu: bytes | None = None
+    crc_xor: int = 0
+    flip: tuple[int, int] | None = None
+    marker_rsvd: int | None = None
+    marker_ptr_or: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,20 +263,30 @@ class PeerCore:
         )
         plain = body + bytes(MPA_CRC_LEN)  # unmarked FPDU, CRC slot zero
         data = mark_fpdu(plain, at) if framer.markers else bytearray(plain)
-        if framer.markers and craft.marker_ptr is not None:
+        touches = craft.marker_ptr is not None or craft.marker_rsvd is not None
+        if framer.markers and (touches or craft.marker_ptr_or):
             _lead, _wire, marks = fpdu_layout(at, len(ulpdu), True)
             for m in marks:
                 if m + 4 <= len(data) - MPA_CRC_LEN:
-                    _U16.pack_into(data, m + 2, craft.marker_ptr)
+                    if craft.marker_rsvd is not None:
+                        _U16.pack_into(data, m, craft.marker_rsvd)
+                    ptr = _U16.unpack_from(data, m + 2)[0]
+                    if craft.marker_ptr is not None:
+                        ptr = craft.marker_ptr
+                    _U16.pack_into(data, m + 2, ptr | craft.marker_ptr_or)
         if craft.crc is not None:
             value = craft.crc
         elif framer.crc or craft.bad_crc:
             value = crc32c(memoryview(data)[:-MPA_CRC_LEN])
             if craft.bad_crc:
                 value ^= 0xFFFFFFFF
+            value ^= craft.crc_xor
         else:
             value = 0
         _LE32.pack_into(data, len(data) - MPA_CRC_LEN, value)
+        if craft.flip is not None:
+            at_byte, mask = craft.flip
+            data[at_byte] ^= mask
         if craft.truncate is not None:
             data = data[: craft.truncate]
         framer.offset += len(data)

@@ -83,10 +83,12 @@ class Registry:
 
         Raises :class:`SelectionError` for a pattern that matches no case at all.
         """
+        phases = _phases(app)
         pool = [
             c
             for c in self.cases
-            if (role is None or c.role is role) and (app is None or c.applies_to(app))
+            if (role is None or c.role is role)
+            and (app is None or (c.applies_to(app) and c.phase in phases))
         ]
         patterns = list(patterns)
         if not patterns:
@@ -104,6 +106,14 @@ class Registry:
 
 
 _FAMILY_ORDER = {f.prefix: i for i, f in enumerate(FAMILIES)}
+
+
+def _phases(app: str | None) -> frozenset[str]:
+    """The case phases ``--app`` takes (all for an app without a profile)."""
+    from stack.conform.apps import APPS
+
+    known = APPS.get(app) if app is not None else None
+    return known.phases if known is not None else frozenset({"startup", "data"})
 
 
 def _order(c: Case) -> tuple[object, ...]:
@@ -137,7 +147,18 @@ _REGISTRY = Registry([])
 
 def registry() -> Registry:
     """The registry with every case module loaded."""
-    from stack.conform import cases_framing, cases_listen, cases_startup  # noqa: F401
+    from stack.conform import (  # noqa: F401
+        cases_connect,
+        cases_ddp,
+        cases_ext,
+        cases_fpdu,
+        cases_framing,
+        cases_listen,
+        cases_rdmap,
+        cases_read,
+        cases_sec,
+        cases_startup,
+    )
 
     _REGISTRY.check_numbering()
     return _REGISTRY
@@ -163,6 +184,7 @@ def case(
     section: str | None = None,
     apps: Iterable[str] = (),
     slow: bool = False,
+    phase: str = "startup",
 ) -> Callable[[CaseBody], CaseBody]:
     """Register the decorated coroutine as case ``n`` of rule ``rule_id`` (its ID:
     :func:`~stack.conform.model.case_id`; see :class:`~stack.conform.model.Case`).
@@ -194,6 +216,7 @@ def case(
                 section=section,
                 apps=frozenset(apps),
                 slow=slow,
+                phase=phase,
             )
         )
         return body

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
+from stack.conform.apps import AppClient
 from stack.conform.context import CaseContext, SetupError
 from stack.conform.model import Verdict
 from stack.conform.peer import Peer
@@ -316,16 +317,20 @@ async def start(
     ctx: CaseContext,
     *,
     settings: MpaSettings | None = None,
-    private_data: bytes = b"",
+    private_data: bytes | None = None,
     edit: Edit | None = None,
     raw: bytes | None = None,
     within: float | None = None,
     send_rtr: bool = True,
+    extra: bool = False,
 ) -> Startup:
-    """Connect to the DUT, send a Request, read its answer, judge and establish."""
-    peer = await ctx.connect()
+    """Connect to the DUT, send a Request (with the app's private data unless
+    ``private_data`` is given), read its answer, judge and establish.  ``extra``: on one
+    more connection of the case (:meth:`CaseContext.connect`)."""
+    peer = await ctx.connect(extra=extra)
+    pd = ctx.app.private_data if private_data is None else private_data
     request = await send_request(
-        peer, settings or ctx.app.settings, private_data=private_data, edit=edit, raw=raw
+        peer, settings or ctx.app.settings, private_data=pd, edit=edit, raw=raw
     )
     answer = await read_answer(
         peer, request.frame, ctx.options.timeout if within is None else within
@@ -424,6 +429,8 @@ class Conversation:
     stalled: bool = False
     terminate_frame: int | None = None
     violations: list[tuple[Finding, int | None]] = field(default_factory=list)
+    client: AppClient | None = None
+    pending: list[RdmapMessage] = field(default_factory=list)
 
     def delivered(self) -> bool:
         return bool(self.deliveries)
@@ -445,13 +452,17 @@ async def converse(
     opening: list[RdmapMessage] | None = None,
     within: float | None = None,
     absorb: Callable[[Segment], bool] | None = None,
+    client: AppClient | None = None,
+    stop: Callable[[AppClient], bool] | None = None,
 ) -> Conversation:
     """Play the application's client until the exchange completes, the DUT sends a
     Terminate, breaks framing or closes, or is quiet for ``within`` (default: the timeout).
     ``absorb``: segments that belong to the case, not the application (an RTR's answer).
+    ``client``: go on with this client (default: a new one); ``stop``: return as soon as
+    it holds for the client, its replies kept in ``pending``.
     """
-    client = ctx.app.new_client()
-    conv = Conversation()
+    client = client if client is not None else ctx.app.new_client()
+    conv = Conversation(client=client)
     wait = ctx.options.timeout if within is None else within
     index = 0
 
@@ -498,7 +509,10 @@ async def converse(
             conv.deliveries.append((reaction.delivered, frame, len(conv.sent)))
             if stop_at_delivery:
                 return conv
+        if stop is not None and not reaction.done and stop(client):
+            conv.pending = list(reaction.replies)
+            return conv
+        await send(list(reaction.replies))
         if reaction.done:
             conv.done = True
             return conv
-        await send(list(reaction.replies))

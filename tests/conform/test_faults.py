@@ -1,62 +1,79 @@
 """A deliberately broken DUT: each fault of :mod:`stack.conform.faults` turns exactly its
-cases to FAIL (or WARN) while every other case keeps its verdict against our stack."""
+cases to FAIL (or WARN, or SKIP) while every other case of its scope keeps the verdict it
+has against our unbroken stack (the session's baseline sweeps)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+import trio
 
 import stack.transport.cm as cm
-from stack.conform import DutRole, Status, exit_status, select
+from stack.conform import Status, exit_status, select
 from stack.conform.faults import FAULTS, injected
-from tests.conform.helpers import QUICK, run_against_rping_client, run_against_rping_server
-
-BASELINE_SKIPS = {
-    DutRole.LISTENS: {"MPA-05", "MPA-08"},
-    DutRole.CONNECTS: {"ERC-08.4", "ERC-09", "ERC-09.2"},
-}
-"""What our stack declines without a fault (tests/conform/test_own_stack.py checks why)."""
+from stack.conform.model import Case
+from stack.conform.registry import SelectionError
+from stack.rnic.memory import StagTable
+from tests.conform.conftest import Baselines
+from tests.conform.helpers import DUTS, FAST, QUICK, run_against_rping_server, run_dut
 
 
-def _quick(role: DutRole) -> list:  # type: ignore[type-arg]
-    return [c for c in select(role=role, app="rping") if not c.slow]
+def _scope(name: str, dut: str) -> list[Case]:
+    """The fault's cases (its ``fails`` and ``scope``) that DUT ``dut`` runs, quick ones."""
+    fault = FAULTS[name]
+    role, app = DUTS[dut]
+    out: dict[str, Case] = {}
+    for pattern in (*fault.fails, *fault.scope):
+        try:
+            picked = select([pattern], role=role, app=app)
+        except SelectionError:
+            continue
+        out.update((c.id, c) for c in picked if not c.slow)
+    return list(out.values())
 
 
-async def _run(name: str, role: DutRole, *extra: str) -> dict[str, Status]:
-    with injected(name):
-        if role is DutRole.LISTENS:
-            report = await run_against_rping_server(_quick(role), *extra)
-        else:
-            report = await run_against_rping_client(_quick(role), *extra)
-    return {r.case.id: r.status for r in report.results}
+def _duts(name: str) -> list[str]:
+    fault = FAULTS[name]
+    first = ["rping", "rping-client"] if fault.app == "rping" else [fault.app]
+    return first + [d for d in fault.also if d not in first]
 
 
 @pytest.mark.parametrize("name", sorted(FAULTS))
-async def test_fault_fails_exactly_its_cases(name: str) -> None:
+def test_fault_changes_exactly_its_cases(name: str, baselines: Baselines) -> None:
     fault = FAULTS[name]
-    runs: list[tuple[DutRole, tuple[str, ...]]] = []
-    if any(select([c])[0].role is DutRole.LISTENS for c in fault.fails):
-        runs.append((DutRole.LISTENS, ()))
-    if any(select([c])[0].role is DutRole.CONNECTS for c in fault.fails):
-        runs.append((DutRole.CONNECTS, ("--p2p", "write") if name == "wrong-rtr" else ()))
     seen: dict[str, Status] = {}
-    for role, extra in runs:
-        got = await _run(name, role, *extra)
-        skips = BASELINE_SKIPS[role] if not extra else set()
-        for cid, status in got.items():
-            want = (
-                Status(fault.fails[cid])
-                if cid in fault.fails
-                else (Status.SKIP if cid in skips else Status.PASS)
-            )
-            assert status is want, f"{name}: {cid} is {status.value}, expected {want.value}"
-        seen.update(got)
-    assert set(fault.fails) <= set(seen)
+    for dut in _duts(name):
+        cases = _scope(name, dut)
+        if not cases:
+            continue
+        base = baselines.statuses(dut)
+
+        async def run(cases: list[Case] = cases, dut: str = dut) -> dict[str, Status]:
+            with injected(name):
+                report = await run_dut(dut, cases, options=FAST)
+            return {r.case.id: r.status for r in report.results}
+
+        for cid, status in trio.run(run).items():
+            # A case that does not apply to this DUT (SKIP) cannot be broken on it.
+            changes = cid in fault.fails and base[cid] is not Status.SKIP
+            want = Status(fault.fails[cid]) if changes else base[cid]
+            assert status is want, f"{name} on {dut}: {cid} is {status.value}, not {want.value}"
+            if changes:
+                seen[cid] = status
+    assert set(fault.fails) <= set(seen), f"{name}: never broke {set(fault.fails) - set(seen)}"
+
+
+def test_every_fault_breaks_something_and_names_known_cases() -> None:
+    ids = {c.id for c in select()}
+    for fault in FAULTS.values():
+        assert fault.fails and set(fault.fails) <= ids, fault.name
+        assert set(fault.fails.values()) <= {"FAIL", "WARN", "SKIP"}
+        assert fault.app in DUTS
 
 
 async def test_strict_turns_a_should_fault_into_a_failure() -> None:
-    cases = select(["MPA-12"])
+    cases = [c for c in select(["MPA-12"]) if c.id == "MPA-12"]
     with injected("terminate-headers"):
         normal = await run_against_rping_server(cases)
         strict = await run_against_rping_server(cases, options=replace(QUICK, strict=True))
@@ -66,11 +83,12 @@ async def test_strict_turns_a_should_fault_into_a_failure() -> None:
     assert fail.status is Status.FAIL and exit_status(strict.results) == 1
 
 
-def test_injected_restores_the_engine_factory() -> None:
-    original = cm.IwarpConnection
-    with injected("crc-unchecked", request_timeout=1.0):
-        assert cm.IwarpConnection is not original
-    assert cm.IwarpConnection is original
+def test_injected_restores_every_fault_point() -> None:
+    original = cm.IwarpConnection, cm.RdmaConnection, StagTable.register
+    with injected("crc-unchecked", "stags-sequential", "ird-unenforced", request_timeout=1.0):
+        assert cm.IwarpConnection is not original[0] and cm.RdmaConnection is not original[1]
+        assert StagTable.register is not original[2]
+    assert (cm.IwarpConnection, cm.RdmaConnection, StagTable.register) == original
     with pytest.raises(KeyError), injected("no-such-fault"):
         pass
-    assert cm.IwarpConnection is original
+    assert cm.IwarpConnection is original[0]

@@ -97,7 +97,7 @@ def _ids(patterns: list[str], **kw: object) -> list[str]:
 
 
 def test_select_by_case_rule_family_and_section() -> None:
-    assert _ids(["MPA-12"]) == ["MPA-12"]
+    assert _ids(["MPA-12"]) == ["MPA-12", *(f"MPA-12.{n}" for n in range(2, 8))]
     assert _ids(["mpa_12.1"]) == ["MPA-12"]
     assert _ids(["MPA-20"]) == ["MPA-20", "MPA-20.2", "MPA-20.3", "MPA-20.4"]
     assert _ids(["MPA-20.3"]) == ["MPA-20.3"]
@@ -105,7 +105,10 @@ def test_select_by_case_rule_family_and_section() -> None:
     section = _ids(["5044/7.1.2"])
     assert "MPA-22" in section and "MPA-27" in section and "MPA-18" not in section
     assert _ids(["RFC6581/9.1"]) == ["ERC-04", "ERC-04.2", "ERC-06"]
-    assert _ids(["§4.4"]) == ["MPA-11", "MPA-11.2", "MPA-11.3", "MPA-12"]
+    mpa_44 = ["MPA-11", "MPA-11.2", "MPA-11.3", "MPA-12", *(f"MPA-12.{n}" for n in range(2, 8))]
+    assert _ids(["5044/4.4"]) == mpa_44
+    bare = _ids(["§4.4"])  # §4.4 of each case's own document: RFC 5040 §4.4 too
+    assert bare[: len(mpa_44)] == mpa_44 and "RDMAP-04" in bare and "DDP-06" not in bare
 
 
 def test_select_restricts_by_role_and_keeps_catalog_order() -> None:

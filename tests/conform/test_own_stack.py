@@ -1,10 +1,14 @@
-"""End to end: our own stack as the DUT over loopback, both roles, every applicable case.
+"""End to end: our own stack as the DUT over loopback, every applicable case, each app.
 
-Expected verdicts for our stack: every case PASSes except where our stack legitimately
-declines, with the evidence checked: MPA-05 (our DUTs ask for CRC, so CRC is never off
-both ways), MPA-08 (a DUT that does not ask for markers cannot get a wrong marker), MPA-17
-(an early FPDU without markers to a DUT that asks for them), and the peer-to-peer cases
-of the DUT-connecting role when the DUT's Request is not peer-to-peer.
+Every case PASSes against our stack except where it legitimately does not apply, with the
+reason checked in the observation: our DUTs ask for CRC (MPA-05) and, unless told, not for
+markers (MPA-06, MPA-08); the DUT-connecting rping client is not peer-to-peer (ERC-08.4,
+ERC-09); each application advertises only some regions (rping: one buffer with remote read
+and write; KBTP: a Pool and a Table to read, a Ring for atomics, a Partition to write, each
+exact; bench: one region with every right, but not of exact length; perftest's exchange
+connection: nothing, and IRD 0), serves one connection (rping, perftest) or shares one
+protection domain across its connections (bench).  The sweeps run once per session
+(:mod:`tests.conform.conftest`).
 """
 
 from __future__ import annotations
@@ -25,84 +29,146 @@ from stack.conform.faults import injected
 from stack.constants import TERM_LLP_INVALID_STARTUP
 from stack.dissect.decoder import PduRecord, dissect
 from stack.wire.events import Terminate
+from tests.conform.conftest import Baselines
 from tests.conform.helpers import (
     QUICK,
     SHORT_TIMERS,
-    connects,
     free_port,
     kbtp_target,
-    listens,
-    run_against_rping_client,
     run_against_rping_server,
     statuses,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 
-LISTENING_SKIPS = {
-    "MPA-05": "asks for CRC",
-    "MPA-08": "does not ask for markers",
+
+def _reasons(**groups: tuple[str, ...]) -> dict[str, str]:
+    """``reason=(case IDs)`` -> case ID -> the reason's words (``_`` for a space)."""
+    return {cid: reason.replace("_", " ") for reason, cids in groups.items() for cid in cids}
+
+
+_MARKERS = ("MPA-06", "MPA-06.2", "MPA-08")
+_ONE = ("DDP-12", "SEC-01", "SEC-01.2", "SEC-02", "SEC-06.2", "SEC-09", "SEC-09.2")
+_ATOMIC = ("EXT-03", "EXT-04", "EXT-05", "EXT-06", "EXT-06.2", "EXT-06.3", "EXT-06.4",
+           "EXT-08", "EXT-10", "EXT-11.3", "EXT-11.4")  # fmt: skip
+_EXACT = ("SEC-04", "SEC-04.2", "SEC-04.3")
+SKIPS: dict[str, dict[str, str]] = {
+    "rping": _reasons(
+        asks_for_CRC=("MPA-05",),
+        does_not_ask_for_markers=_MARKERS,
+        no_region_without_remote_write=("DDP-10.7",),
+        no_region_without_remote_read=("RDMAP-16.10",),
+        serves_one_connection=_ONE,
+        IRD_is_1=("RDMAP-06.2", "RDMAP-13.2"),
+        of_2048_octets=("RDMAP-06.3",),
+        atomic_access=_ATOMIC,
+        exact_length=_EXACT,
+        too_few=("SEC-08",),
+    ),
+    "rping-client": {c: "not peer-to-peer" for c in ("ERC-08.4", "ERC-09", "ERC-09.2")},
+    "rping-markers": _reasons(asks_for_CRC=("MPA-05",), asks_for_markers=("MPA-17", "MPA-02")),
+    "rping-client-p2p": {},
+    "kbtp": _reasons(
+        asks_for_CRC=("MPA-05",),
+        does_not_ask_for_markers=_MARKERS,
+        remote_read_and_write_access_the_runner_may_change=("RDMAP-05", "RDMAP-13", "RDMAP-13.2"),
+        and_atomic_access_the_runner_may_change=(
+            "EXT-06",
+            "EXT-06.2",
+            "EXT-06.3",
+            "EXT-06.4",
+            "EXT-08",
+        ),
+    ),  # fmt: skip
+    "bench": _reasons(
+        does_not_ask_for_markers=_MARKERS,
+        no_region_without_remote_write=("DDP-10.7",),
+        no_region_without_remote_read=("RDMAP-16.10",),
+        no_region_without_remote_atomic=("EXT-11.2",),
+        shares_one_protection_domain=("DDP-12", "SEC-01", "SEC-01.2"),
+        shares_one_PD=("SEC-02",),
+        of_2048_octets=("RDMAP-06.3",),
+        exact_length=_EXACT,
+    ),
+    "perftest": _reasons(
+        advertises_no_STag=(
+            "DDP-10.3",
+            "DDP-10.4",
+            "DDP-10.5",
+            "DDP-10.6",
+            "RDMAP-05",
+            "RDMAP-06",
+            "RDMAP-06.2",
+            "RDMAP-13",
+            "RDMAP-13.2",
+            "RDMAP-16.6",
+            "RDMAP-16.7",
+            "RDMAP-16.8",
+            "RDMAP-16.9",
+        ),
+        no_region_without=("DDP-10.7", "RDMAP-16.10"),
+        serves_one_connection=("DDP-12",),
+        IRD_0=("RDMAP-03.2", "RDMAP-07", "RDMAP-07.2"),
+        IRD_is_0=("RDMAP-14.2",),
+        of_2048_octets=("RDMAP-06.3",),
+        a_receive_for_every_Send=("RDMAP-08.2",),
+    ),  # fmt: skip
 }
-"""DUT-listening cases our stack declines, and the evidence in the observation."""
-NOT_P2P = {c: "not peer-to-peer" for c in ("ERC-08.4", "ERC-09", "ERC-09.2")}
+"""Per in-process DUT: the cases that SKIP against our stack, and why."""
 
 
-def _check(report: object, skips: dict[str, str]) -> None:
-    got = statuses(report)  # type: ignore[arg-type]
-    want = {cid: Status.SKIP if cid in skips else Status.PASS for cid in got}
-    details = {
-        r.case.id: r.verdict.observed
-        for r in report.results  # type: ignore[attr-defined]
-        if got[r.case.id] is not want[r.case.id]
+@pytest.mark.parametrize("dut", sorted(SKIPS))
+def test_our_stack_passes_every_case(dut: str, baselines: Baselines) -> None:
+    """Every case the DUT runs PASSes, or SKIPs for the reason listed."""
+    report = baselines.report(dut)
+    skips = SKIPS[dut]
+    assert len(report.results) >= (100 if dut in ("rping", "kbtp", "bench") else 5)
+    wrong = {
+        r.case.id: f"{r.status.value}: {r.verdict.observed}"
+        for r in report.results
+        if r.status is not (Status.SKIP if r.case.id in skips else Status.PASS)
     }
-    assert got == want, details
-    for r in report.results:  # type: ignore[attr-defined]
+    assert not wrong, wrong
+    for r in report.results:
         if r.case.id in skips:
-            assert skips[r.case.id] in r.verdict.observed
+            assert skips[r.case.id] in r.verdict.observed, (r.case.id, r.verdict.observed)
+    assert set(skips) <= {r.case.id for r in report.results}
 
 
-async def test_rping_server_passes_every_case() -> None:
-    with injected(**SHORT_TIMERS):
-        report = await run_against_rping_server(listens())
-    assert len(report.results) == len(listens()) >= 30
-    _check(report, LISTENING_SKIPS)
-    delivered = next(r for r in report.results if r.case.id == "MPA-04").verdict.evidence
-    assert any("RDMA-Read the 61 bytes" in line for line in delivered)
+def test_the_sweeps_cover_at_least_150_cases_and_every_data_family(baselines: Baselines) -> None:
+    ran = {r.case.id for dut in SKIPS for r in baselines.report(dut).results}
+    assert len(select()) >= 150 and ran == {c.id for c in select()}
+    passed = {r.case.id for dut in SKIPS for r in baselines.report(dut).results
+              if r.status is Status.PASS}  # fmt: skip
+    every = {c.id for c in select()}
+    assert every - passed <= {"MPA-05"}, sorted(every - passed)
 
 
-async def test_rping_server_with_markers() -> None:
-    cases = select(["MPA-04", "MPA-08", "MPA-09", "MPA-12", "MPA-17"], role=DutRole.LISTENS)
-    report = await run_against_rping_server(cases, "--markers")
-    _check(report, {"MPA-17": "asks for markers"})
-
-
-async def test_rping_client_connecting() -> None:
-    with injected(**SHORT_TIMERS):
-        report = await run_against_rping_client(connects())
-    assert len(report.results) == len(connects()) >= 12
-    _check(report, NOT_P2P)
-
-
-async def test_rping_client_peer_to_peer() -> None:
-    cases = select(["ERC", "MPA-19.3"], role=DutRole.CONNECTS)
-    report = await run_against_rping_client(cases, "--p2p", "read")
-    _check(report, {})
-    rtr = next(r for r in report.results if r.case.id == "ERC-09")
-    assert "RDMA Read Request, 0 bytes" in rtr.verdict.observed
+def test_evidence_of_the_data_phase(baselines: Baselines) -> None:
+    """A few verdicts spelled out: what was delivered, which Terminate came with which
+    header copies, what the model DUT expected."""
+    by_id = {r.case.id: r for r in baselines.report("rping").results}
+    assert any("RDMA-Read the 61 bytes" in line for line in by_id["MPA-04"].verdict.evidence)
+    read = by_id["RDMAP-16.6"].verdict
+    assert read.observed.startswith("Terminate 0/1/0x00 Invalid STag, M=1 D=1 R=1")
+    assert any("expected (the stack's endpoint" in line for line in read.evidence)
+    kbtp = {r.case.id: r for r in baselines.report("kbtp").results}
+    assert "STag not associated" in kbtp["SEC-01"].verdict.observed
+    assert "16 STags" in kbtp["SEC-08"].verdict.observed
+    bench = {r.case.id: r for r in baselines.report("bench").results}
+    assert "0x123456789ABCDEF" in bench["EXT-06"].verdict.observed
 
 
 @pytest.mark.parametrize(
     ("argv", "skips"),
     [
-        ((), LISTENING_SKIPS),
-        (("--no-crc",), {"MPA-08": "does not ask for markers"}),
-        (("--markers",), {"MPA-05": "asks for CRC", "MPA-17": "asks for markers"}),
+        (("--no-crc",), _reasons(does_not_ask_for_markers=_MARKERS)),
+        (("--markers",), _reasons(asks_for_CRC=("MPA-05",), asks_for_markers=("MPA-17",))),
     ],
 )
-async def test_kbtp_target(argv: tuple[str, ...], skips: dict[str, str]) -> None:
-    full = not argv
-    some = ["MPA-04", "MPA-05", "MPA-08", "MPA-12", "MPA-17"]
-    cases = listens("kbtp") if full else select(some, role=DutRole.LISTENS, app="kbtp")
+async def test_kbtp_target_variants(argv: tuple[str, ...], skips: dict[str, str]) -> None:
+    some = ["MPA-04", "MPA-05", "MPA-06", "MPA-08", "MPA-12.1", "MPA-17"]
+    cases = select(some, role=DutRole.LISTENS, app="kbtp")
     with injected(**SHORT_TIMERS):
         async with kbtp_target(*argv) as port:
             report = await run_cases(
@@ -113,14 +179,19 @@ async def test_kbtp_target(argv: tuple[str, ...], skips: dict[str, str]) -> None
                 restarter=NoRestart(settle=0),
                 progress=lambda line: None,
             )
-    _check(report, {k: v for k, v in skips.items() if k in statuses(report)})
+    got = statuses(report)
+    want = {cid: Status.SKIP if cid in skips else Status.PASS for cid in got}
+    assert got == want, {r.case.id: r.verdict.observed for r in report.results}
+    for r in report.results:
+        if r.case.id in skips:
+            assert skips[r.case.id] in r.verdict.observed
 
 
 async def test_a_fail_names_the_frame_of_the_offending_pdu(tmp_path: Path) -> None:
     """With a DUT that reports a CRC error as 2/0/0x04, MPA-12 FAILs naming the frame of
     that Terminate in the capture ``--pcap-dir`` keeps; the capture decoder agrees."""
     with injected("crc-wrong-terminate"):
-        report = await run_against_rping_server(select(["MPA-12"]), pcap_dir=tmp_path)
+        report = await run_against_rping_server(select(["MPA-12.1"]), pcap_dir=tmp_path)
     (r,) = report.results
     assert r.status is Status.FAIL and r.verdict.frame is not None
     assert r.pcap == str(tmp_path / "MPA-12.pcap")
@@ -145,7 +216,7 @@ def test_cli_against_a_restarted_rping_server(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [
         sys.executable, "-m", "stack.cli.iwarp", "conform", f"127.0.0.1:{port}",
-        "MPA-18.1", "MPA-12", "MPA-04", "--restart-cmd", restart, "--timeout", "5",
+        "MPA-18.1", "MPA-12.1", "MPA-04", "--restart-cmd", restart, "--timeout", "5",
         "--json", str(out / "r.json"), "--junit", str(out / "r.xml"),
         "--pcap-dir", str(out / "pcaps"),
     ]  # fmt: skip
