@@ -39,11 +39,14 @@ import mmap
 from dataclasses import dataclass
 
 from kbtp.constants import (
+    COUNTER_LEN,
     DEFAULT_MAX_INLINE,
+    DEFAULT_RECEIVE_MARGIN,
     DEFAULT_REQUEST_CREDITS,
     HELLO_FIXED_LEN,
     MAX_IDENTITY_LEN,
     MAX_REQUEST_FIXED_LEN,
+    SLOT_LEN,
     Capability,
     Status,
 )
@@ -315,8 +318,8 @@ def kbtp_receive_size(max_inline: int = DEFAULT_MAX_INLINE) -> int:
 class _KbtpClient(AppClient):
     """A KBTP initiator's session setup: HELLO asking for the direct modes, then HELLO_ACK
     (docs/kbtp.md §4.2).  A successful HELLO_ACK advertises the regions the target grants
-    this identity (docs/kbtp.md §3.6: Table and Pool remote read, Ring remote read and
-    atomic, Partition remote write; each registered exactly, in the session's own PD)."""
+    this identity (docs/kbtp.md §3.6: Table, Pool and Ring remote read, the Head's 8 octets
+    remote atomic, Partition remote write; each registered exactly, in the session's own PD)."""
 
     def __init__(self, index: int = 0) -> None:
         super().__init__()
@@ -343,7 +346,11 @@ class _KbtpClient(AppClient):
         self.ready = True
         if ack.status != Status.SUCCESS:
             return
-        self.receives = Receives(ack.request_credits, kbtp_receive_size(ack.max_inline))
+        # kbtp target posts R + M receives (docs/kbtp.md §9.2): over-credit requests are
+        # answered CREDIT_EXCEEDED; only a burst beyond R + M finds no receive.
+        self.receives = Receives(
+            ack.request_credits + DEFAULT_RECEIVE_MARGIN, kbtp_receive_size(ack.max_inline)
+        )
         who = self.identity.decode(errors="replace")
         if ack.capabilities & Capability.DIRECT_LOAD:
             pool = ack.block_size * ack.pool_blocks
@@ -368,14 +375,24 @@ class _KbtpClient(AppClient):
                 )
             )
         if ack.capabilities & Capability.DIRECT_ALLOC:
-            ring = ack.head_offset + 8 - ack.ring_offset
+            ring = SLOT_LEN << ack.ring_order
             self.regions.append(
                 Region(
                     ack.ring_stag,
                     ack.ring_offset,
                     ring,
-                    Access.REMOTE_READ | Access.REMOTE_ATOMIC,
+                    Access.REMOTE_READ,
                     f"the KBTP Ring of {who} (HELLO_ACK)",
+                    exact=True,
+                )
+            )
+            self.regions.append(
+                Region(
+                    ack.head_stag,
+                    ack.head_offset,
+                    COUNTER_LEN,
+                    Access.REMOTE_ATOMIC,
+                    f"the KBTP Head of {who} (HELLO_ACK)",
                     exact=True,
                 )
             )
@@ -574,7 +591,7 @@ APPS: dict[str, AppProfile] = {
         "kbtp target --host {host} -p {port} --trusted",
         _KbtpClient,
         None,
-        receives=Receives(DEFAULT_REQUEST_CREDITS, kbtp_receive_size()),
+        receives=Receives(DEFAULT_REQUEST_CREDITS + DEFAULT_RECEIVE_MARGIN, kbtp_receive_size()),
         sessions=len(KBTP_IDENTITIES),
         own_pd=True,
     ),

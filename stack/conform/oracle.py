@@ -102,6 +102,7 @@ class _MirrorRegion(MemoryRegion):
     def __init__(self, pd: ProtectionDomain, region: Region, access: Access) -> None:
         # No super().__init__: nothing is pinned; the fields the checks read are set here.
         self.pd = pd
+        self.stream = None  # every stream of the PD (DDP-12 / SEC-02 scoping not mirrored)
         self.access = access
         self.access_bits = int(access)
         self.length = region.length
