@@ -72,6 +72,11 @@ def register(subparsers: Any) -> None:
         help="seconds to wait for the DUT to listen again or to connect (default 60)",
     )  # fmt: skip
     p.add_argument(
+        "--first-fpdu-delay", type=_seconds, default=0.0, metavar="S",
+        help="hold the runner's first FPDU S seconds after the DUT's Reply (for passive "
+        "sides that stall on an FPDU right after their Reply, as siw 6.1 does; default 0)",
+    )  # fmt: skip
+    p.add_argument(
         "--restart-cmd", metavar="CMD",
         help="shell command run before each case (ended after it if still running), e.g. "
         "'rping -s -a {host} -p {port}'",
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout,
         wait=args.wait,
         strict=args.strict,
+        first_fpdu_delay=args.first_fpdu_delay,
     )
     report = trio_run(_run, cases, profile(args.app), options, target, listen, args)
     _write_reports(report, args)

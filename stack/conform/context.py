@@ -46,7 +46,10 @@ class RunOptions:
     Fields: timeout (seconds to wait for an answer the DUT must give); silence (seconds of
     quiet that count as "the DUT sent nothing"); startup_timeout (seconds the DUT's MPA
     startup timer may take to give up, MPA-27); wait (seconds to wait for the DUT to listen
-    again or to connect); strict (SHOULDs count as failures).
+    again or to connect); strict (SHOULDs count as failures); first_fpdu_delay (seconds
+    the runner's first FPDU waits after the DUT's first bytes, its Reply when the DUT
+    listens: some passive sides, siw 6.1 among them, stall on an FPDU that follows their
+    Reply at once; 0 sends at once, as a conforming DUT must accept).
     """
 
     timeout: float = 5.0
@@ -54,6 +57,7 @@ class RunOptions:
     startup_timeout: float = 20.0
     wait: float = 60.0
     strict: bool = False
+    first_fpdu_delay: float = 0.0
 
 
 class CaseContext:
@@ -158,7 +162,8 @@ class CaseContext:
         if sock.family == socket.AF_INET6 and remote[0].startswith("::ffff:"):
             local, remote = (local[0][7:], local[1]), (remote[0][7:], remote[1])
         capture = CaseCapture(local, remote, runner_connects=runner_connects)
-        return Peer(stream, capture)
+        delay = self.options.first_fpdu_delay if runner_connects else 0.0
+        return Peer(stream, capture, first_fpdu_delay=delay)
 
     async def close(self) -> None:
         for peer in self.extra:

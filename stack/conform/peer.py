@@ -41,11 +41,18 @@ class Peer:
     Fields: ``core`` (the sans-IO :class:`PeerCore`), ``capture``, ``events`` (every event
     seen so far, in order), ``closed_by_dut`` (the DUT's FIN or reset arrived),
     ``send_failed`` (a send found the connection closed), ``log`` (FPDUs sent, as
-    :class:`Out`, and PDUs received, in order).
+    :class:`Out`, and PDUs received, in order).  With ``first_fpdu_delay`` the first FPDU
+    write waits until that many seconds have passed since the DUT's first bytes arrived
+    (:attr:`~stack.conform.context.RunOptions.first_fpdu_delay`).
     """
 
-    def __init__(self, stream: trio.SocketStream, capture: CaseCapture) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, capture: CaseCapture, *, first_fpdu_delay: float = 0.0
+    ) -> None:
         self.stream = stream
+        self.first_fpdu_delay = first_fpdu_delay
+        self._dut_first_at: float | None = None
+        self._fpdu_sent = False
         self.capture = capture
         self.core = PeerCore()
         self.events: list[PeerEvent] = []
@@ -65,6 +72,7 @@ class Peer:
         """Frame one ULPDU (broken as ``craft`` says) and send it."""
         sent = self.core.fpdu(ulpdu, craft)
         self.log.append(Out((sent,)))
+        await self._hold_first_fpdu()
         await self._send(sent.data)
         return sent
 
@@ -72,6 +80,7 @@ class Peer:
         """Frame several ULPDUs and send them in one write (a burst)."""
         sent = [self.core.fpdu(ulpdu, craft) for ulpdu, craft in items]
         self.log.append(Out(tuple(sent)))
+        await self._hold_first_fpdu()
         await self._send(b"".join(x.data for x in sent))
         return sent
 
@@ -90,6 +99,7 @@ class Peer:
         n = len(data)
         points = range(1, n) if cuts is None else (c if c >= 0 else n + c for c in cuts)
         edges = [0, *sorted({c for c in points if 0 < c < n}), n]
+        await self._hold_first_fpdu()
         for i, (a, b) in enumerate(zip(edges, edges[1:], strict=False)):
             if i:
                 await trio.sleep(pause)
@@ -102,6 +112,14 @@ class Peer:
         for i, ulpdu in enumerate(self.core.ulpdus(message)):
             out.append(await self.send_fpdu(ulpdu, craft if i == 0 else None))
         return out
+
+    async def _hold_first_fpdu(self) -> None:
+        """Wait out ``first_fpdu_delay`` before the first FPDU (see the class docstring)."""
+        if self._fpdu_sent:
+            return
+        self._fpdu_sent = True
+        if self.first_fpdu_delay > 0 and self._dut_first_at is not None:
+            await trio.sleep_until(self._dut_first_at + self.first_fpdu_delay)
 
     async def _send(self, data: bytes) -> None:
         if not data or self._closed:
@@ -145,6 +163,8 @@ class Peer:
             if scope.cancelled_caught:
                 return None
             if data:
+                if self._dut_first_at is None:
+                    self._dut_first_at = trio.current_time()
                 self.capture.record(False, data)
             else:
                 self.capture.close(dut_first=True)

@@ -58,7 +58,7 @@ from stack.interop.conform_pins import (
     unexplained,
     write_expected,
 )
-from stack.interop.relay import FirstFpduRelay
+from stack.interop.helpers import SIW_PASSIVE_FIRST_FPDU_DELAY
 from stack.siwvm import HOST_ADDR, GuestProcess, SiwVM, SiwVmError, free_port
 
 __all__ = [
@@ -74,10 +74,17 @@ __all__ = [
 
 GUEST_PORT = 7174
 """The guest port ``rping -s`` listens on (DUT-listening run)."""
-OPTIONS = RunOptions(timeout=5.0, silence=1.0, startup_timeout=25.0, wait=20.0)
+OPTIONS = RunOptions(
+    timeout=5.0,
+    silence=1.0,
+    startup_timeout=25.0,
+    wait=20.0,
+    first_fpdu_delay=SIW_PASSIVE_FIRST_FPDU_DELAY,
+)
 """Timing against siw under TCG: the runner's defaults, a startup timeout above siw's
-MPA timers (10 s for the Request and the Reply) and a shorter wait (the restarter already
-waited for rping to listen)."""
+MPA timers (10 s for the Request and the Reply), a shorter wait (the restarter already
+waited for rping to listen) and the first FPDU held back after siw's Reply (siw 6.1's
+passive side can stall on an FPDU that follows its Reply at once)."""
 LISTEN_TIMEOUT = 20.0
 """Seconds the guest's ``rping -s`` gets to listen after it was started."""
 GUEST_CASE_TIMEOUT = 120.0
@@ -254,8 +261,7 @@ async def run_one(
     pcap_dir: Path | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> RunOutcome:
-    """Run ``cases`` against siw as ``run`` says (its knobs set first).  When siw listens,
-    the runner reaches it through a :class:`~stack.interop.relay.FirstFpduRelay`."""
+    """Run ``cases`` against siw as ``run`` says (its knobs set first)."""
     await trio.to_thread.run_sync(lambda: vm.reset_siw(zcopy_tx=False, **run.knobs))
     app = profile("rping")
     if run.role is DutRole.LISTENS:
@@ -263,13 +269,9 @@ async def run_one(
         restarter = GuestRestarter(
             vm, run.command.format(port=GUEST_PORT), listen_port=GUEST_PORT, log=progress
         )
-        relay = FirstFpduRelay(("127.0.0.1", host_port))
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(relay.serve)
-            report = await run_cases(cases, app, OPTIONS, target=("127.0.0.1", port),
-                                     pcap_dir=pcap_dir, restarter=restarter,
-                                     progress=progress)  # fmt: skip
-            nursery.cancel_scope.cancel()
+        report = await run_cases(cases, app, OPTIONS, target=("127.0.0.1", host_port),
+                                 pcap_dir=pcap_dir, restarter=restarter,
+                                 progress=progress)  # fmt: skip
     else:
         port = free_port()
         command = run.command.format(host=HOST_ADDR, port=port)

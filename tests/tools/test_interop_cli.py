@@ -168,24 +168,24 @@ def test_peer_host_port_runs_the_conformance_runner_and_passes_its_options(
     restart = (
         f"cd {REPO} && exec {sys.executable} -m stack.cli.iwarp rping -s -a 127.0.0.1 -p {{port}}"
     )
-    argv = ["interop", "--peer", f"127.0.0.1:{port}", "MPA-12", "MPA-18.2", "--quick",
+    argv = ["interop", "--peer", f"127.0.0.1:{port}", "MPA-12.2", "MPA-18.2", "--quick",
             "--app", "rping", "--restart-cmd", restart, "--json", str(tmp_path / "r.json"),
             "--junit", str(tmp_path / "r.xml"), "--pcap-dir", str(tmp_path / "pcaps")]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"iwarp conform: DUT listening at 127.0.0.1:{port}, app rping\n")
-    assert re.search(r"PASS +MPA-12 +FPDU with a bad CRC", out)
+    assert re.search(r"PASS +MPA-12.2 +FPDU with one bit of its CRC flipped", out)
     assert re.search(r"PASS +MPA-18.2 +Reply key in a Request", out)
     assert "2 cases: 2 passed, 0 failed" in out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["summary"]["PASS"] == 2 and report["dut_role"] == "listens"
-    assert [c["id"] for c in report["cases"]] == ["MPA-12", "MPA-18.2"]
+    assert [c["id"] for c in report["cases"]] == ["MPA-12.2", "MPA-18.2"]
     junit = ET.parse(tmp_path / "r.xml").getroot()
     assert sorted(tc.get("name", "").split()[0] for tc in junit.iter("testcase")) == [
-        "MPA-12", "MPA-18.2"
+        "MPA-12.2", "MPA-18.2"
     ]  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "pcaps").iterdir()) == [
-        "MPA-12.pcap",
+        "MPA-12.2.pcap",
         "MPA-18.2.pcap",
     ]
 

@@ -6,16 +6,13 @@ compares each case's status with ``conform_siw_expected.json``; a case added to 
 catalog, a verdict that flips, a pinned case that no longer runs or a guest kernel oops
 fails it, with the re-pin command in the message.  The reports (text and JSON, per run)
 and one capture per case go to ``$IWARP_CAPTURE_DIR/conform-siw`` (or pytest's temporary
-directory).  The other tests check the comparison, the pinning and the first-FPDU relay
-without the guest.
+directory).  The other tests check the comparison and the pinning without the guest.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 from functools import partial
 from pathlib import Path
 
@@ -38,7 +35,6 @@ from stack.interop.peers import (
     SIW_ACTIVE,
     no_guest_oops,  # noqa: F401 - fixture
 )
-from stack.interop.relay import FirstFpduRelay
 from stack.siwvm import SiwVM
 
 ROLES = {IWARP_ACTIVE: DutRole.LISTENS, SIW_ACTIVE: DutRole.CONNECTS}
@@ -172,81 +168,3 @@ def test_pinned_file_has_a_reason_for_every_non_pass_and_only_catalogued_cases(
     cp.write_expected(pins, tmp_path / "again.json")
     assert (tmp_path / "again.json").read_text() == cp.EXPECTED_FILE.read_text()
     assert json.loads(cp.EXPECTED_FILE.read_text())["about"].endswith(cp.PIN_COMMAND)
-
-
-# ---------------------------------------------------------------------- the first-FPDU relay
-
-
-async def _relay_exchange(early: bool) -> tuple[bytes, bytes, int]:
-    """A server that sends a 'Reply' and then reads to EOF, through the relay; the client
-    writes ``early`` (before the Reply) or after it.  Returns what each side got and how
-    many writes the relay held back."""
-    got: dict[str, bytes] = {}
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-
-    async def server(stream: trio.SocketStream) -> None:
-        data = b""
-        if early:
-            data = await stream.receive_some(100)
-        await stream.send_all(b"REPLY")
-        while chunk := await stream.receive_some(100):
-            data += chunk
-        got["server"] = data
-        await stream.send_eof()
-
-    relay = FirstFpduRelay(("127.0.0.1", port), delay=0.05)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(trio.serve_listeners, server, listeners))
-        relay_port = await nursery.start(relay.serve)
-        client = await trio.open_tcp_stream("127.0.0.1", relay_port)
-        if early:
-            await client.send_all(b"REQUEST")
-        reply = await client.receive_some(100)
-        await client.send_all(b"FPDU")
-        await client.send_eof()
-        while chunk := await client.receive_some(100):
-            reply += chunk
-        await client.aclose()
-        nursery.cancel_scope.cancel()
-    return got["server"], reply, relay.held
-
-
-def test_relay_holds_the_runners_first_fpdu_after_the_reply_and_passes_eof() -> None:
-    server_got, client_got, held = trio.run(_relay_exchange, False)
-    assert (server_got, client_got, held) == (b"FPDU", b"REPLY", 1)
-
-
-def test_relay_does_not_hold_what_the_runner_sends_before_the_dut_spoke() -> None:
-    server_got, client_got, held = trio.run(_relay_exchange, True)
-    assert (server_got, client_got) == (b"REQUESTFPDU", b"REPLY")
-    assert held == 1  # only the FPDU after the Reply
-
-
-async def _reset_through_relay() -> bool:
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-
-    async def server(stream: trio.SocketStream) -> None:
-        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        await stream.receive_some(100)
-        await stream.aclose()  # a reset
-
-    relay = FirstFpduRelay(("127.0.0.1", port))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(trio.serve_listeners, server, listeners))
-        client = await trio.open_tcp_stream("127.0.0.1", await nursery.start(relay.serve))
-        await client.send_all(b"REQUEST")
-        try:
-            with trio.fail_after(10):
-                await client.receive_some(100)
-            reset = False
-        except trio.BrokenResourceError:
-            reset = True
-        await client.aclose()
-        nursery.cancel_scope.cancel()
-    return reset
-
-
-def test_relay_passes_a_reset_on_as_a_reset() -> None:
-    assert trio.run(_reset_through_relay)
