@@ -9,7 +9,7 @@ SHOULD), with :func:`~stack.wire.rdmap.check_terminate_headers`' notes as eviden
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -29,6 +29,7 @@ __all__ = [
     "expect_terminate",
     "judge_first_terminate",
     "judge_terminate",
+    "siw_reading",
 ]
 
 
@@ -137,6 +138,18 @@ async def expect_terminate(
     return judge_first_terminate(peer, await peer.next_event(within), cause, within, offending)
 
 
+def siw_reading(got: Terminate, cause: TermCode) -> Terminate:
+    """``got`` read in siw's swapped layout (RDMAP-11) when only that reading gives the
+    expected ``cause``: a control word without M, D or R bits reads both ways (``00 02 ..``
+    is RDMAP 0/2/0x02 as sent, MPA 2/0/0x02 read as siw writes it), so the decoder keeps
+    the RFC reading; the expectation decides here.  Otherwise ``got`` unchanged."""
+    if got.siw_swapped or got.cause == cause or got.m or got.d or got.r:
+        return got
+    if TermCode(got.etype, got.layer, got.code) != cause:
+        return got
+    return replace(got, layer=got.etype, etype=got.layer, siw_swapped=True)
+
+
 def judge_terminate(
     got: Terminate,
     cause: TermCode,
@@ -149,6 +162,7 @@ def judge_terminate(
     :func:`build_terminate` makes for ``offending`` (RDMAP-12, SHOULD)."""
     expected = build_terminate(cause, offending)
     where = f" (frame {frame})" if frame is not None else ""
+    got = siw_reading(got, TermCode(*cause))
     notes = Checker(strict=False)
     check_terminate_headers(got, notes)
     extra = tuple(f"{f.rule}: {f.detail}" for f in notes.findings)
@@ -165,6 +179,18 @@ def judge_terminate(
         and got.rdma_header == expected.rdma_header
         and (not expected.m or got.ddp_seg_len == expected.ddp_seg_len)
     )
+    if got.siw_swapped:
+        copies = "right" if same else "not right either"
+        return Verdict.not_met(
+            f"{terminate_line(got)}{where}: the right cause in siw's swapped layout (Layer "
+            "and EType exchanged, M/D/R in the low bits), not the layout of RFC 5040 §4.8",
+            f"expected: {terminate_line(expected)}",
+            f"the header copies are {copies}",
+            *extra,
+            rule="RDMAP-11",
+            level="MUST",
+            frame=frame,
+        )
     if not same:
         return Verdict.not_met(
             f"{terminate_line(got)}{where}: the cause is right, the header copies are not",
