@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from stack.conform.apps import AppClient, Receives, Region
 from stack.conform.context import CaseContext
-from stack.conform.expect import expect_silence, judge_terminate
+from stack.conform.expect import expect_silence, judge_terminate, siw_reading
 from stack.conform.expected import work_verdict
 from stack.conform.model import Outcome, Verdict
 from stack.conform.oracle import Expectation, ModelDut, ModelError
@@ -93,7 +93,12 @@ class Alternative:
     level: str = "SHOULD"
 
     def matches(self, got: Terminate) -> bool:
-        return self.cause is None or got.cause == TermCode(*self.cause)
+        """Whether ``got`` is this cause, also when read in siw's layout (:func:`siw_reading`)."""
+        return self.cause is None or siw_reading(got, TermCode(*self.cause)).cause == self.cause
+
+    def reading(self, got: Terminate) -> Terminate:
+        """``got`` as this alternative reads it."""
+        return got if self.cause is None else siw_reading(got, TermCode(*self.cause))
 
     def verdict(self, line: str, frame: int | None) -> Verdict:
         if self.means == "met":
@@ -436,7 +441,9 @@ async def _judge_refused(
         verdict = judge_terminate(got, exp.term, exp.offending, frame)
         alt = next((a for a in alternatives if a.matches(got)), None)
         if verdict.outcome is Outcome.NOT_MET and alt is not None and verdict.rule is None:
-            line = f"{terminate_line(got)} (frame {frame}), not {exp.term}"
+            read = alt.reading(got)
+            layout = " in siw's swapped layout" if read.siw_swapped else ""
+            line = f"{terminate_line(read)} (frame {frame}){layout}, not {exp.term}"
             verdict = alt.verdict(line, frame)
         quiet = await expect_silence(s.peer, s.ctx.options.silence)
         if quiet.lines and verdict.outcome is Outcome.MET:
