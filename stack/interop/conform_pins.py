@@ -5,6 +5,7 @@
 status the run gave and, for every non-PASS, one line saying why (a siw deviation, a
 declined option, or why the case is excluded).  :data:`PIN_COMMAND` rewrites it from a
 fresh run, keeping the reason of every verdict that did not change.
+``python -m stack.interop.conform_pins`` prints the file as Markdown (docs/conform-siw.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "differences_message",
     "load_expected",
     "one_line",
+    "results_markdown",
     "split_pin",
     "unexplained",
     "write_expected",
@@ -29,7 +31,7 @@ __all__ = [
 EXPECTED_FILE = Path(__file__).resolve().parent / "siw" / "conform_siw_expected.json"
 PIN_COMMAND = "python -m stack.interop.conform_siw --pin"
 """The one command that regenerates :data:`EXPECTED_FILE` (boots the guest, runs the whole
-catalog both ways: about two minutes under TCG)."""
+catalog both ways: about seven minutes under TCG)."""
 Pins = dict[str, dict[str, str]]
 """Pinned verdicts: run -> case ID -> ``"PASS"`` or ``"STATUS: reason"`` (one line)."""
 EXCLUDED_STATUS = "EXCLUDED"
@@ -86,3 +88,51 @@ def differences_message(problems: Sequence[str], path: Path = EXPECTED_FILE) -> 
 def one_line(text: str, width: int = 200) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
+RUN_TITLES = {
+    "listens": "siw listens (`rping -s`, restarted per case)",
+    "connects": "siw connects (`rping -c -C 1`, once per case)",
+    "connects-p2p": "siw connects peer-to-peer (`peer_to_peer=Y`; the cases `connects` skips)",
+}
+"""What the guest runs in each run of :mod:`stack.interop.conform_siw`."""
+
+
+def results_markdown(runs: Pins, titles: dict[str, str] | None = None) -> str:
+    """The pinned verdicts as Markdown: a count per run and status, then every non-PASS
+    verdict with its case title and reason, per run in catalog order.  ``titles`` maps case
+    IDs to titles (default: the catalog's)."""
+    if titles is None:
+        from stack.conform import select
+
+        titles = {c.id: c.title for c in select()}
+    statuses = ("PASS", "FAIL", "WARN", "SKIP", "ERROR", EXCLUDED_STATUS)
+    lines = [
+        "# Linux siw against `iwarp conform`",
+        "",
+        "Generated from `stack/interop/siw/conform_siw_expected.json` by",
+        "`python -m stack.interop.conform_pins`; the CI run compares a fresh run against siw",
+        f"(Linux 6.1 in the QEMU guest) with that file.  Re-pin with `{PIN_COMMAND}`.",
+        "",
+        "| run | cases | " + " | ".join(statuses) + " |",
+        "|---|---|" + "---|" * len(statuses),
+    ]
+    for name, cases in runs.items():
+        counts = [sum(split_pin(e)[0] == st for e in cases.values()) for st in statuses]
+        lines.append(f"| {name} | {len(cases)} | " + " | ".join(map(str, counts)) + " |")
+    for name, cases in runs.items():
+        lines += ["", f"## {RUN_TITLES.get(name, name)}", ""]
+        lines += ["| case | title | verdict | why |", "|---|---|---|---|"]
+        for cid, entry in cases.items():
+            status, reason = split_pin(entry)
+            if status == "PASS":
+                continue
+            title, why = (text.replace("|", "\\|") for text in (titles.get(cid, ""), reason))
+            lines.append(f"| {cid} | {title} | {status} | {why} |")
+        passed = [cid for cid, entry in cases.items() if split_pin(entry)[0] == "PASS"]
+        lines += ["", f"PASS ({len(passed)}): " + (", ".join(passed) or "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(results_markdown(load_expected()), end="")

@@ -168,3 +168,18 @@ def test_pinned_file_has_a_reason_for_every_non_pass_and_only_catalogued_cases(
     cp.write_expected(pins, tmp_path / "again.json")
     assert (tmp_path / "again.json").read_text() == cp.EXPECTED_FILE.read_text()
     assert json.loads(cp.EXPECTED_FILE.read_text())["about"].endswith(cp.PIN_COMMAND)
+
+
+def test_docs_conform_siw_md_is_the_generated_table() -> None:
+    """docs/conform-siw.md is what ``python -m stack.interop.conform_pins`` makes of the pins
+    (skipped outside a checkout: the wheel ships no docs)."""
+    doc = Path(cp.__file__).resolve().parents[2] / "docs" / "conform-siw.md"
+    if not doc.exists():
+        pytest.skip("no docs/ here (installed wheel)")
+    assert doc.read_text() == cp.results_markdown(cp.load_expected()), (
+        "docs/conform-siw.md is out of date; regenerate it with "
+        "`PYTHONPATH=. python -m stack.interop.conform_pins > docs/conform-siw.md`"
+    )
+    counts = cp.results_markdown({"r": {"A-1": "PASS", "A-2": "FAIL: why | not"}}, {"A-2": "t"})
+    assert "| r | 2 | 1 | 1 | 0 | 0 | 0 | 0 |" in counts
+    assert "| A-2 | t | FAIL | why \\| not |" in counts
