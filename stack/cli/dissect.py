@@ -1,10 +1,11 @@
 """``iwarp dissect FILE``: decode and check every MPA/DDP/RDMAP PDU of a pcap or pcapng capture.
 
-Default output is one line per PDU (frame, stream, direction, addresses, layers, key fields,
-findings); ``-V`` prints the full tree; ``--json`` one JSON object per PDU (keys listed in
-``--help``).
-``-Y`` filters on the JSON keys (``opcode == 3 and "MPA-12" in findings`` is written
-``opcode == 3 and findings contains "MPA-12"``); ``-z`` prints statistics at the end.
+Default output is one line per PDU (frame, relative time, stream, direction, addresses,
+layers, key fields, findings); ``-V`` prints the full tree; ``--json`` (``-T json``) one
+JSON object per PDU; ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
+the names: JSON keys, Wireshark names, derived fields).  ``-Y`` filters on those fields
+(``opcode == 3 and findings contains "MPA-12"``); ``-z STAT`` prints statistics at the
+end; ``-w OUT`` copies the frames in which the shown PDUs end.
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``
 state what the capture cannot show.  ``FILE`` may be ``-`` (standard input) or a pipe: the
 capture is decoded as it arrives, in bounded memory.

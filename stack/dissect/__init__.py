@@ -17,6 +17,7 @@ not imported here: Scapy is slow to import and the decoder does not need it.
 from stack.dissect.columns import FieldsError, FieldsFormat
 from stack.dissect.fields import (
     ALIASES,
+    DERIVED_INFO,
     FIELD_INFO,
     FIELDS,
     KIND_NAMES,
@@ -41,6 +42,7 @@ from stack.dissect.text import note_line, rtr_text, summary_line, verbose_lines
 
 __all__ = [
     "ALIASES",
+    "DERIVED_INFO",
     "FIELDS",
     "FIELD_INFO",
     "KIND_NAMES",
