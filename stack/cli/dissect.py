@@ -1,10 +1,11 @@
 """``iwarp dissect FILE``: decode and check every MPA/DDP/RDMAP PDU of a pcap or pcapng capture.
 
-Default output is one line per PDU (frame, stream, direction, addresses, layers, key fields,
-findings); ``-V`` prints the full tree; ``--json`` one JSON object per PDU (keys listed in
-``--help``).
-``-Y`` filters on the JSON keys (``opcode == 3 and "MPA-12" in findings`` is written
-``opcode == 3 and findings contains "MPA-12"``); ``-z`` prints statistics at the end.
+Default output is one line per PDU (frame, relative time, stream, direction, addresses,
+layers, key fields, findings); ``-V`` prints the full tree; ``--json`` (``-T json``) one
+JSON object per PDU; ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
+the names: JSON keys, Wireshark names, derived fields).  ``-Y`` filters on those fields
+(``opcode == 3 and findings contains "MPA-12"``); ``-z STAT`` prints statistics at the
+end; ``-w OUT`` copies the frames in which the shown PDUs end.
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``
 state what the capture cannot show.  ``FILE`` may be ``-`` (standard input) or a pipe: the
 capture is decoded as it arrives, in bounded memory.
@@ -18,23 +19,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from stack.cli import CliError
+from stack.cli import CliError, one_line_errors, positive_int
 from stack.constants import SEND_OPCODES
 from stack.dissect import (
+    FieldContext,
+    FieldsError,
+    FieldsFormat,
     FilterError,
+    IoStatistics,
+    SnapTracker,
+    StatError,
     Statistics,
+    TcpConversations,
     compile_filter,
+    field_list,
     note_line,
+    parse_stat,
     record_json,
     summary_line,
     verbose_lines,
 )
-from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord
-from stack.pcap import CaptureError, CaptureReader, TruncatedCapture
+from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord, StreamInfo
+from stack.pcap import CaptureError, CaptureReader, TruncatedCapture, copy_capture
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 
@@ -82,22 +93,105 @@ MARKER_CHOICES = {
 }
 
 
+EPILOG = """\
+display filter (-Y): field OP value, combined with and/or/not (&&, ||, !) and
+parentheses; OP is == != < <= > >= contains, or 'in (v1, v2, ...)'; values are
+decimal or 0x integers, decimals, "quoted strings", true, false, null; a bare
+field is true when present and non-zero.  Fields: the --json keys and their
+Wireshark names (iwarp_ddp.stag, iwarp_rdma.opcode, tcp.port, ip.addr,
+frame.time_relative...; list: -G fields).  Example:
+  -Y 'iwarp_rdma.opcode == 7 or findings contains "MPA-12"'
+
+statistics (-z, repeatable): iwarp (or iwarp,stat; also --stats) for the
+iWARP statistics, conv,tcp for TCP conversations, io,stat,SECONDS for PDUs per
+interval.  With --json or -T fields they go to standard error.
+
+live decode: tcpdump -U -i IFACE -w - tcp port PORT | iwarp dissect -
+(standard input is decoded as it arrives, in bounded memory).
+
+exit status: 0 iWARP traffic decoded; 1 the capture holds no iWARP traffic;
+2 an unreadable, corrupt or truncated capture (after printing what was
+decoded) or a bad option; 3 with --fail-on-findings when a shown PDU has a
+finding.
+"""
+
+
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _stat(text: str) -> tuple[str, float | None]:
+    """argparse type: a ``-z`` argument."""
+    try:
+        return parse_stat(text)
+    except StatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "dissect",
         help="decode and check the iWARP PDUs of a pcap/pcapng capture",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", metavar="FILE", help="pcap or pcapng capture (- for stdin)")
+    one_line_errors(parser)
+    parser.add_argument(
+        "file", metavar="FILE", nargs="?", help="pcap or pcapng capture (- for stdin)"
+    )
+    parser.add_argument("-r", dest="read_file", metavar="FILE", help="the capture, as tshark -r")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("-V", "--verbose", action="store_true", help="print the full decode tree")
-    out.add_argument("--json", action="store_true", help="one JSON object per PDU")
-    parser.add_argument("-Y", "--filter", metavar="EXPR", help="display filter on the JSON keys")
+    out.add_argument("--json", action="store_true", help="one JSON object per PDU (and line)")
     parser.add_argument(
-        "-z", "--stats", action="store_true", help="print statistics after the PDUs"
+        "-T",
+        dest="format",
+        choices=("text", "fields", "json"),
+        help="output format: text (default), fields (-e), json (= --json)",
+    )
+    parser.add_argument(
+        "-e", dest="fields", action="append", metavar="FIELD", help="a column of -T fields"
+    )
+    parser.add_argument(
+        "-E",
+        dest="field_options",
+        action="append",
+        metavar="OPT",
+        help="-T fields option: header=y, separator=/t|/s|CHAR, quote=d|s|n, aggregator=CHAR",
+    )
+    parser.add_argument(
+        "-G", dest="report", choices=("fields",), help="print the field names and exit"
+    )
+    parser.add_argument("-Y", "--filter", metavar="EXPR", help="display filter (see below)")
+    parser.add_argument(
+        "-z",
+        dest="stat_specs",
+        action="append",
+        type=_stat,
+        metavar="STAT",
+        help="statistics after the PDUs: iwarp, conv,tcp, io,stat,SECONDS",
+    )
+    parser.add_argument(
+        "--stats", action="store_true", help="print the iWARP statistics (= -z iwarp)"
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no per-PDU output")
-    parser.add_argument("-c", "--count", type=int, metavar="N", help="stop after N PDUs shown")
+    parser.add_argument(
+        "-c", "--count", type=positive_int, metavar="N", help="stop after N PDUs shown"
+    )
+    parser.add_argument(
+        "-w",
+        dest="write",
+        metavar="OUT",
+        help="write the frames in which the shown PDUs end to the pcap OUT",
+    )
     parser.add_argument(
         "--crc",
         choices=("auto", "on", "off"),
@@ -133,7 +227,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-private-data",
-        type=int,
+        type=_non_negative,
         default=512,
         metavar="N",
         help="PD_Length limit for MPA-21 (512; siw uses 256)",
@@ -173,38 +267,114 @@ def options_from(args: argparse.Namespace) -> DissectOptions:
     )
 
 
+def _output_mode(args: argparse.Namespace) -> str:
+    """'text', 'verbose', 'json' or 'fields' from -V, --json, -T and -e."""
+    fmt = args.format
+    if args.json:
+        if fmt not in (None, "json"):
+            raise CliError(f"--json and -T {fmt} disagree")
+        fmt = "json"
+    if args.fields and fmt is None:
+        fmt = "fields"
+    if args.fields and fmt != "fields":
+        raise CliError("-e needs -T fields")
+    if args.field_options and fmt != "fields":
+        raise CliError("-E needs -T fields")
+    if args.verbose:
+        if fmt not in (None, "text"):
+            raise CliError(f"-V and -T {fmt} disagree")
+        return "verbose"
+    return fmt or "text"
+
+
+def _capture_path(args: argparse.Namespace) -> str:
+    if args.file is not None and args.read_file is not None:
+        raise CliError("give the capture once: FILE or -r FILE, not both")
+    path = args.file if args.file is not None else args.read_file
+    if path is None:
+        raise CliError("no capture given: iwarp dissect FILE (or -r FILE; - for stdin)")
+    return str(path)
+
+
+def _ascii_fallback(out: TextIO) -> bool:
+    """True when ``out`` cannot encode the arrow of the summary lines (it then writes
+    "->", and any other character it cannot encode as "?")."""
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    try:
+        "\u2192".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        reconfigure = getattr(out, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="replace")
+        return True
+    return False
+
+
 class _Printer:
     """Formats records as they come; counts what was shown."""
 
-    def __init__(self, args: argparse.Namespace, out: TextIO) -> None:
+    def __init__(self, args: argparse.Namespace, out: TextIO, mode: str) -> None:
         self.args = args
-        self.write = out.write
+        self.mode = mode
+        self.out = out
+        self.ascii = _ascii_fallback(out)
+        self.context = FieldContext()
+        prefixes = ("kbtp_",) if args.ulp == "kbtp" else ()
         self.predicate = None
         if args.filter:
             try:
-                self.predicate = compile_filter(
-                    args.filter, field_prefixes=("kbtp_",) if args.ulp == "kbtp" else ()
-                )
+                self.predicate = compile_filter(args.filter, prefixes, self.context)
             except FilterError as exc:
                 raise CliError(f"bad display filter: {exc}") from None
-        self.stats = Statistics() if args.stats else None
+        self.columns: FieldsFormat | None = None
+        if mode == "fields":
+            try:
+                self.columns = FieldsFormat(
+                    args.fields or (), args.field_options or (), self.context, prefixes
+                )
+            except FieldsError as exc:
+                raise CliError(str(exc)) from None
+        specs = list(args.stat_specs or ())
+        if args.stats:
+            specs.append(("iwarp", None))
+        kinds = {kind for kind, _ in specs}
+        self.stats = Statistics() if "iwarp" in kinds else None
+        self.conversations = TcpConversations() if "conv" in kinds else None
+        self.io = [IoStatistics(interval) for kind, interval in specs if kind == "io" and interval]
+        self.frames: set[int] | None = set() if args.write else None
+        self.snap = SnapTracker()
         self.shown = 0
         self.with_findings = 0
         self.pdus = 0
         self.limit = args.count
         self.lines: list[str] = []
+        if self.columns is not None and self.columns.show_header:
+            self.lines.append(self.columns.header())
         self.ulp = ulp_annotator(args.ulp)
-        self.plain = not (
-            args.json or args.verbose or args.quiet or args.filter or args.stats or args.count
+        self.plain = mode == "text" and not (
+            args.quiet
+            or args.filter
+            or self.stats is not None
+            or self.io
+            or args.count
+            or args.write
         )
 
     @property
     def done(self) -> bool:
         return self.limit is not None and self.shown >= self.limit
 
+    def _note(self, note: Note, time_column: bool) -> None:
+        why = self.snap.explain(note) if self.snap.cut else None
+        if why is not None:
+            hint = Note(note.stream, note.frame, note.direction, "snaplen", why, note.offset)
+            self.lines.append(note_line(hint, time_column))
+        self.lines.append(note_line(note, time_column))
+
     def emit(self, items: list[PduRecord | Note]) -> None:
         args = self.args
         lines = self.lines
+        t0 = self.context.t0 or 0.0
         if self.plain:  # default output, nothing to filter or count: the bulk path
             append = lines.append
             pdus = flagged = 0
@@ -212,30 +382,30 @@ class _Printer:
             for item in items:
                 if type(item) is PduRecord:
                     info = ulp(item) if ulp is not None else None
-                    append(
-                        summary_line(item)
-                        if info is None
-                        else f"{summary_line(item)} | {info.line}"
-                    )
+                    line = summary_line(item, item.timestamp - t0)
+                    append(line if info is None else f"{line} | {info.line}")
                     pdus += 1
                     if item.findings:
                         flagged += 1
                 elif not args.no_notes:
-                    append(note_line(item))  # type: ignore[arg-type]
+                    self._note(item, True)  # type: ignore[arg-type]
             self.pdus += pdus
             self.with_findings += flagged
             self.shown = self.pdus
             if len(lines) > 512:
                 self.flush()
             return
+        mode = self.mode
         for item in items:
             if self.done:
                 return
             if type(item) is Note:
                 if self.stats is not None:
                     self.stats.add_note(item)
-                if not (args.json or args.quiet or args.no_notes or self.predicate):
-                    lines.append(note_line(item))
+                if mode in ("text", "verbose") and not (
+                    args.quiet or args.no_notes or self.predicate
+                ):
+                    self._note(item, mode == "text")
                 continue
             assert isinstance(item, PduRecord)
             self.pdus += 1
@@ -250,20 +420,27 @@ class _Printer:
                 self.with_findings += 1
             if self.stats is not None:
                 self.stats.add(item)
+            for io in self.io:
+                io.add(item, self.context.t0)
+            if self.frames is not None:
+                self.frames.add(item.frame)
             if args.quiet:
                 continue
-            if args.json:
+            if mode == "json":
                 record = record or self._json(item, ulp_info)
                 lines.append(json.dumps(record, separators=(", ", ": ")))
-            elif args.verbose:
-                lines.extend(verbose_lines(item))
+            elif mode == "fields":
+                assert self.columns is not None
+                lines.append(self.columns.row(record or self._json(item, ulp_info)))
+            elif mode == "verbose":
+                lines.extend(verbose_lines(item, item.timestamp - t0))
                 if ulp_info is not None:
                     lines.extend(ulp_info.tree_lines())
                 lines.append("")
             elif ulp_info is not None:
-                lines.append(f"{summary_line(item)} | {ulp_info.line}")
+                lines.append(f"{summary_line(item, item.timestamp - t0)} | {ulp_info.line}")
             else:
-                lines.append(summary_line(item))
+                lines.append(summary_line(item, item.timestamp - t0))
         if len(lines) > 512:
             self.flush()
 
@@ -274,38 +451,95 @@ class _Printer:
             record.update(ulp_info.json_fields())
         return record
 
+    def statistics(self, streams: list[StreamInfo]) -> list[str]:
+        lines: list[str] = []
+        if self.stats is not None:
+            lines.extend(self.stats.render(streams))
+        if self.conversations is not None:
+            lines.extend(self.conversations.render(self.context.t0))
+        for io in self.io:
+            lines.extend(io.render())
+        return lines
+
     def flush(self) -> None:
         if self.lines:
             self.lines.append("")
-            self.write("\n".join(self.lines))
+            text = "\n".join(self.lines)
+            self.out.write(text.replace("\u2192", "->") if self.ascii else text)
             self.lines = []
+
+
+def _check_write(args: argparse.Namespace, path: str) -> None:
+    """-w needs a capture file it can read a second time, and another file to write."""
+    if not args.write:
+        return
+    if path == "-" or not os.path.isfile(path):
+        raise CliError(f"-w {args.write}: needs a capture file, not a pipe or stdin ({path})")
+    if os.path.exists(args.write) and os.path.samefile(path, args.write):
+        raise CliError(f"-w {args.write}: would overwrite the capture being read")
+
+
+def _write_frames(path: str, target: str, frames: set[int]) -> int:
+    """Copy the frames numbered ``frames`` of the pcap ``path`` to ``target``."""
+    try:
+        return copy_capture(path, target, lambda frame: frame.number in frames)
+    except CaptureError as exc:
+        raise CliError(f"-w {target}: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
+    if args.report == "fields":
+        for line in field_list():
+            print(line, file=out)
+        return 0
+    path = _capture_path(args)
+    mode = _output_mode(args)
+    _check_write(args, path)
     options = options_from(args)
-    printer = _Printer(args, out)
+    printer = _Printer(args, out, mode)
 
     def flush_decoded() -> None:  # before a read that may wait: show what is decoded
         printer.flush()
         out.flush()
 
     try:
-        reader = CaptureReader(args.file, on_wait=flush_decoded)
+        reader = CaptureReader(path, on_wait=flush_decoded)
     except CaptureError as exc:
         raise CliError(str(exc)) from None
     dissector = Dissector(options)
     error: CaptureError | None = None
     feed = dissector.feed
     emit = printer.emit
+    snap = printer.snap.add
+    conversations = printer.conversations
+    segments = iter(reader)
     try:
-        if printer.limit is None:
-            for segment in reader:
+        for segment in segments:  # the first: the origin of relative times
+            printer.context.t0 = segment.timestamp
+            if segment.missing:
+                snap(segment)
+            if conversations is not None:
+                conversations.add(segment)
+            items = feed(segment)
+            if items:
+                emit(items)
+            break
+        if printer.limit is None and conversations is None:
+            for segment in segments:
+                if segment.missing:
+                    snap(segment)
                 items = feed(segment)
                 if items:
                     emit(items)
-        else:
-            for segment in reader:
+        elif not printer.done:
+            for segment in segments:
+                if segment.missing:
+                    snap(segment)
+                if conversations is not None:
+                    conversations.add(segment)
                 items = feed(segment)
                 if items:
                     emit(items)
@@ -318,15 +552,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if not printer.done:
         printer.emit(dissector.finish())
     streams = dissector.streams()
-    if printer.stats is not None:
-        printer.lines.extend(printer.stats.render(streams))
-    printer.flush()
+    stats = printer.statistics(list(streams))
+    if mode in ("json", "fields"):  # standard output stays machine-readable
+        printer.flush()
+        out.flush()
+        if stats:
+            print("\n".join(stats), file=sys.stderr)
+    else:
+        printer.lines.extend(stats)
+        printer.flush()
     out.flush()
     name = reader.name
     if error is not None:
         kind = "truncated" if isinstance(error, TruncatedCapture) else "corrupt"
         print(f"iwarp dissect: {name}: {kind} capture: {error.message}", file=sys.stderr)
+        if args.write:
+            print(f"iwarp dissect: {args.write}: not written", file=sys.stderr)
         return 2
+    if printer.frames is not None:
+        _write_frames(path, args.write, printer.frames)
     if printer.pdus == 0:
         tcp = reader.stats.tcp
         why = "no TCP segments" if tcp == 0 else f"{len(streams)} TCP connection(s), none iWARP"

@@ -5,28 +5,66 @@ Floors 0-1 only (:mod:`stack.constants`, :mod:`stack.wire`).  Reading captures:
 MPA/DDP/RDMAP PDU (RFC 5044, RFC 6581, RFC 5041, RFC 5040, RFC 7306):
 :mod:`stack.dissect.decoder`.  Presenting the records, re-exported here:
 :mod:`~stack.dissect.fields` (the field table and JSON records), :mod:`~stack.dissect.text`
-(summary lines and ``-V`` trees), :mod:`~stack.dissect.stats` (``-z`` statistics) and
-:mod:`~stack.dissect.filters` (the ``-Y`` display-filter language).
+(summary lines and ``-V`` trees), :mod:`~stack.dissect.stats` (``-z`` statistics),
+:mod:`~stack.dissect.filters` (the ``-Y`` display-filter language),
+:mod:`~stack.dissect.columns` (``-T fields`` rows) and :mod:`~stack.dissect.partial`
+(what snapshot-length-cut frames still show).
 
 The Scapy layers live in :mod:`stack.dissect.scapy` (``from stack.dissect.scapy import *``),
 not imported here: Scapy is slow to import and the decoder does not need it.
 """
 
-from stack.dissect.fields import FIELDS, KIND_NAMES, json_line, opcode_name, record_json
+from stack.dissect.columns import FieldsError, FieldsFormat
+from stack.dissect.fields import (
+    ALIASES,
+    DERIVED_INFO,
+    FIELD_INFO,
+    FIELDS,
+    KIND_NAMES,
+    AnyOf,
+    FieldContext,
+    field_getter,
+    field_list,
+    json_line,
+    opcode_name,
+    record_json,
+)
 from stack.dissect.filters import FilterError, Predicate, compile_filter
-from stack.dissect.stats import Statistics
+from stack.dissect.partial import SnapTracker, partial_fields
+from stack.dissect.stats import (
+    IoStatistics,
+    StatError,
+    Statistics,
+    TcpConversations,
+    parse_stat,
+)
 from stack.dissect.text import note_line, rtr_text, summary_line, verbose_lines
 
 __all__ = [
+    "ALIASES",
+    "DERIVED_INFO",
     "FIELDS",
+    "FIELD_INFO",
     "KIND_NAMES",
+    "AnyOf",
+    "FieldContext",
+    "FieldsError",
+    "FieldsFormat",
     "FilterError",
+    "IoStatistics",
     "Predicate",
+    "SnapTracker",
+    "StatError",
     "Statistics",
+    "TcpConversations",
     "compile_filter",
+    "field_getter",
+    "field_list",
     "json_line",
     "note_line",
     "opcode_name",
+    "parse_stat",
+    "partial_fields",
     "record_json",
     "rtr_text",
     "summary_line",

@@ -47,12 +47,17 @@ if TYPE_CHECKING:
     from stack.dissect.decoder import PduRecord, SegmentView
 
 __all__ = [
+    "ALIASES",
     "ATOMIC_REQ_KEYS",
+    "AnyOf",
     "ATOMIC_RESP_KEYS",
     "COMMON_KEYS",
+    "DERIVED_INFO",
     "ENHANCED_KEYS",
     "FIELDS",
+    "FIELD_INFO",
     "FPDU_KEYS",
+    "FieldContext",
     "IMMEDIATE_KEYS",
     "INVAL_KEYS",
     "KIND_NAMES",
@@ -64,6 +69,8 @@ __all__ = [
     "SEGMENT_KEYS",
     "TAIL_KEYS",
     "TERM_KEYS",
+    "field_getter",
+    "field_list",
     "json_line",
     "opcode_name",
     "record_json",
@@ -218,6 +225,194 @@ FIELDS = frozenset(
     )
 )
 """Every key a JSON record can have (and so every name a display filter may use)."""
+
+_DDP = "iwarp_ddp."
+_RDMA = "iwarp_rdma."
+_MPA = "iwarp_mpa."
+_ATOMIC = "iwarp_rdma.atomic."
+
+FIELD_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
+    # COMMON_KEYS
+    "stream": ("TCP connection index, in order of first appearance", ("tcp.stream",)),
+    "frame": ("number of the frame that completed the PDU (1-based)", ("frame.number",)),
+    "direction": ("i2r (from the MPA initiator) or r2i", ()),
+    "src": ("sender address:port", ()),
+    "dst": ("receiver address:port", ()),
+    "type": ("PDU kind: mpa_req, mpa_rep or fpdu", ()),
+    # MPA_KEYS (RFC 5044 section 7.1.1)
+    "rev": ("MPA Revision (1 or 2)", (_MPA + "rev",)),
+    "marker_flag": ("MPA M flag: markers wanted", (_MPA + "marker_flag",)),
+    "crc_flag": ("MPA C flag: CRC wanted", (_MPA + "crc_flag",)),
+    "rej_flag": ("MPA R flag: connection rejected", (_MPA + "rej_flag",)),
+    "enhanced": ("RFC 6581 S flag: the IRD/ORD word is present", ()),
+    "pd_len": ("MPA PD_Length", (_MPA + "pdlength",)),
+    "private_data": ("private data (hex), IRD/ORD word included", (_MPA + "privatedata",)),
+    # ENHANCED_KEYS (RFC 6581 section 9)
+    "ird": ("RFC 6581 IRD", ()),
+    "ord": ("RFC 6581 ORD", ()),
+    "p2p": ("RFC 6581 peer-to-peer flag", ()),
+    "rtr_send": ("RFC 6581 RTR type: zero-length Send", ()),
+    "rtr_write": ("RFC 6581 RTR type: zero-length Write", ()),
+    "rtr_read": ("RFC 6581 RTR type: zero-length Read", ()),
+    # MPA_EXTRA_KEYS
+    "ulp_private_data": ("the ULP's private data after the IRD/ORD word (hex)", ()),
+    "reserved": ("reserved MPA flag bits that are set", (_MPA + "res",)),
+    # FPDU_KEYS (RFC 5044 section 4)
+    "ulpdu_len": ("MPA ULPDU_Length", (_MPA + "ulpdulength",)),
+    "crc_ok": ("CRC verdict: true, false, or null when CRCs are off", ()),
+    "markers": ("number of markers in the FPDU", ()),
+    "marker_ptrs": ("FPDUPTR of each marker", (_MPA + "marker_fpduptr",)),
+    # SEGMENT_KEYS (RFC 5041 section 4, RFC 5040 section 4.1)
+    "tagged": ("DDP T flag: tagged buffer model", (_DDP + "tagged_flag",)),
+    "last": ("DDP L flag: last segment of the message", (_DDP + "last_flag",)),
+    "ddp_version": ("DDP version (DV)", (_DDP + "dv",)),
+    "rdmap_version": ("RDMAP version (RV)", (_RDMA + "version",)),
+    "opcode": ("RDMAP opcode", (_RDMA + "opcode",)),
+    "opcode_name": ("name of the RDMAP opcode", ()),
+    "stag": ("DDP tagged STag (null when untagged)", (_DDP + "stag",)),
+    "to": ("DDP tagged offset TO (null when untagged)", (_DDP + "tagged_offset",)),
+    "qn": ("DDP untagged queue number QN", (_DDP + "qn",)),
+    "msn": ("DDP untagged message sequence number MSN", (_DDP + "msn",)),
+    "mo": ("DDP untagged message offset MO", (_DDP + "mo",)),
+    "ddp_payload_len": ("DDP payload length (ULPDU minus DDP/RDMAP headers)", ()),
+    # OPCODE_KEYS
+    "inval_stag": ("Send with Invalidate: the STag to invalidate", (_RDMA + "inval_stag",)),
+    "read_sink_stag": ("Read Request: Data Sink STag", (_RDMA + "sinkstag",)),
+    "read_sink_to": ("Read Request: Data Sink Tagged Offset", (_RDMA + "sinkto",)),
+    "read_size": ("Read Request: RDMA Read Message Size", (_RDMA + "rdmardsz",)),
+    "read_src_stag": ("Read Request: Data Source STag", (_RDMA + "srcstag",)),
+    "read_src_to": ("Read Request: Data Source Tagged Offset", (_RDMA + "srcto",)),
+    "immediate_data": ("Immediate Data: the 8 octets (hex)", ()),
+    "atomic_opcode": ("Atomic Request: AOpCode", (_ATOMIC + "opcode",)),
+    "atomic_req_id": ("Atomic Request: Request Identifier", (_ATOMIC + "request_identifier",)),
+    "atomic_remote_stag": ("Atomic Request: Remote STag", (_ATOMIC + "remote_stag",)),
+    "atomic_remote_to": ("Atomic Request: Remote Tagged Offset",
+                         (_ATOMIC + "remote_tagged_offset",)),
+    "atomic_add_swap_data": ("Atomic Request: Add or Swap Data",
+                             (_ATOMIC + "add_data", _ATOMIC + "swap_data")),
+    "atomic_add_swap_mask": ("Atomic Request: Add or Swap Mask",
+                             (_ATOMIC + "add_mask", _ATOMIC + "swap_mask")),
+    "atomic_compare_data": ("Atomic Request: Compare Data", (_ATOMIC + "compare_data",)),
+    "atomic_compare_mask": ("Atomic Request: Compare Mask", (_ATOMIC + "compare_mask",)),
+    "atomic_orig_req_id": ("Atomic Response: Original Request Identifier",
+                           (_ATOMIC + "original_request_identifier",)),
+    "atomic_orig_value": ("Atomic Response: Original Remote Data Value",
+                          (_ATOMIC + "original_remote_data_value",)),
+    "term_layer": ("Terminate: Layer", (_RDMA + "term_layer",)),
+    "term_etype": ("Terminate: Error Type", (_RDMA + "term_etype",)),
+    "term_errcode": ("Terminate: Error Code", (_RDMA + "term_errcode",)),
+    "term_m": ("Terminate: M bit (DDP header included)", (_RDMA + "term_hdrct_m",)),
+    "term_d": ("Terminate: D bit (DDP Segment Length valid)", (_RDMA + "hdrct_d",)),
+    "term_r": ("Terminate: R bit (RDMAP header included)", (_RDMA + "hdrct_r",)),
+    "term_ddp_seg_len": ("Terminate: DDP Segment Length", (_RDMA + "term_ddp_seg_len",)),
+    "term_ddp_hdr": ("Terminate: terminated DDP header (hex)", (_RDMA + "term_ddp_h",)),
+    "term_rdmap_hdr": ("Terminate: terminated RDMAP header (hex)", (_RDMA + "term_rdma_h",)),
+    "term_siw_layout": ("Terminate control word read in siw's swapped layout", ()),
+    # TAIL_KEYS
+    "findings": ("rule IDs of the findings (MPA-12, DDP-05...)", ()),
+    "timestamp": ("capture time of the frame, seconds since the epoch", ("frame.time_epoch",)),
+    "wire_len": ("bytes of the PDU on the wire (markers, pad and CRC included)", ()),
+    "offset": ("stream offset of the PDU's first byte", ()),
+    "finding_details": ("each finding as 'RULE: detail'", ()),
+}  # fmt: skip
+"""Every JSON key: (description, the Wireshark display-filter names it answers to)."""
+
+ALIASES: dict[str, str] = {alias: key for key, (_, names) in FIELD_INFO.items() for alias in names}
+"""Wireshark field name -> JSON key (``-e`` and ``-Y`` accept both)."""
+
+
+class AnyOf(tuple[Any, ...]):
+    """The values of a field that matches on either endpoint (``tcp.port``, ``ip.addr``)."""
+
+    __slots__ = ()
+
+
+def _host_port(text: Any) -> tuple[str, int] | None:
+    if not isinstance(text, str):
+        return None
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _port(key: str) -> Callable[[dict[str, Any]], Any]:
+    def get(record: dict[str, Any]) -> Any:
+        hp = _host_port(record.get(key))
+        return None if hp is None else hp[1]
+
+    return get
+
+
+def _host(key: str, v6: bool) -> Callable[[dict[str, Any]], Any]:
+    def get(record: dict[str, Any]) -> Any:
+        hp = _host_port(record.get(key))
+        return None if hp is None or (":" in hp[0]) != v6 else hp[0]
+
+    return get
+
+
+def _either(
+    a: Callable[[dict[str, Any]], Any], b: Callable[[dict[str, Any]], Any]
+) -> Callable[[dict[str, Any]], Any]:
+    def get(record: dict[str, Any]) -> Any:
+        values = [v for v in (a(record), b(record)) if v is not None]
+        return AnyOf(values) if values else None
+
+    return get
+
+
+class FieldContext:
+    """What derived fields need beyond a record: ``t0``, the capture's first timestamp."""
+
+    __slots__ = ("t0",)
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+
+    def relative(self, record: dict[str, Any]) -> Any:
+        ts = record.get("timestamp")
+        return None if ts is None or self.t0 is None else round(ts - self.t0, 6)
+
+
+_IP_SRC, _IP_DST = _host("src", False), _host("dst", False)
+_IP6_SRC, _IP6_DST = _host("src", True), _host("dst", True)
+_SPORT, _DPORT = _port("src"), _port("dst")
+DERIVED_INFO: dict[str, tuple[str, Callable[[dict[str, Any]], Any] | None]] = {
+    "frame.time_relative": ("seconds since the capture's first TCP segment", None),
+    "tcp.srcport": ("TCP source port", _SPORT),
+    "tcp.dstport": ("TCP destination port", _DPORT),
+    "tcp.port": ("TCP source or destination port", _either(_SPORT, _DPORT)),
+    "ip.src": ("IPv4 source address", _IP_SRC),
+    "ip.dst": ("IPv4 destination address", _IP_DST),
+    "ip.addr": ("IPv4 source or destination address", _either(_IP_SRC, _IP_DST)),
+    "ipv6.src": ("IPv6 source address", _IP6_SRC),
+    "ipv6.dst": ("IPv6 destination address", _IP6_DST),
+    "ipv6.addr": ("IPv6 source or destination address", _either(_IP6_SRC, _IP6_DST)),
+}
+"""Wireshark fields computed from a record (``frame.time_relative`` from its context)."""
+
+
+def field_getter(
+    name: str, context: FieldContext | None = None
+) -> Callable[[dict[str, Any]], Any] | None:
+    """The value of field ``name`` (JSON key, Wireshark name or derived) in a record, or None
+    when no field has that name.  A missing value is None (AnyOf for either-end fields)."""
+    key = ALIASES.get(name, name)
+    if key in FIELDS:
+        return lambda record: record.get(key)
+    if name == "frame.time_relative":
+        return (context or FieldContext()).relative
+    derived = DERIVED_INFO.get(name)
+    return derived[1] if derived is not None else None
+
+
+def field_list() -> list[str]:
+    """``-G fields``: one line per field, ``NAME<TAB>WIRESHARK NAMES<TAB>DESCRIPTION``."""
+    lines = [
+        f"{key}\t{','.join(names) or '-'}\t{text}" for key, (text, names) in FIELD_INFO.items()
+    ]
+    lines += [f"{name}\t{name}\t{text}" for name, (text, _) in DERIVED_INFO.items()]
+    return lines
+
 
 _NULL_SEGMENT = dict.fromkeys(SEGMENT_KEYS)
 _MPA_HEAD = COMMON_KEYS + MPA_KEYS

@@ -3,11 +3,14 @@
 A filter is a predicate over the record of :func:`stack.dissect.fields.record_json`.  The
 language is small and safe (no ``eval``): ``and``/``or``/``not`` (``&&``, ``||``, ``!``),
 parentheses, comparisons ``== != < <= > >=``, ``contains`` (substring, case-insensitive,
-or list element) and ``in (a, b, ...)``, literals (decimal or ``0x`` integers, quoted
-strings, ``true``, ``false``, ``null``) and field names, which are exactly the JSON keys
-(:data:`stack.dissect.fields.FIELDS`) plus any prefixes an upper-layer decoder adds.  A
+or list element) and ``in (a, b, ...)``, literals (decimal or ``0x`` integers, decimal
+fractions, quoted strings, ``true``, ``false``, ``null``) and field names: the JSON keys
+(:data:`stack.dissect.fields.FIELDS`), their Wireshark names and the derived fields
+(``tcp.port``, ``ip.addr``, ``frame.time_relative``; :func:`~stack.dissect.fields.field_getter`;
+an either-end field matches when one of its values does) plus any prefixes an
+upper-layer decoder adds.  A
 bare field is true when present and truthy; a missing field compares unequal to
-everything but ``null``; ordering compares integers with integers and strings with
+everything but ``null``; ordering compares numbers with numbers and strings with
 strings only (booleans never).  A filter that does not parse raises :class:`FilterError`.
 """
 
@@ -18,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from stack.dissect.fields import FIELDS
+from stack.dissect.fields import FIELDS, AnyOf, FieldContext, field_getter
 from stack.errors import IwarpError
 
 __all__ = ["FilterError", "Predicate", "compile_filter"]
@@ -30,10 +33,10 @@ class FilterError(IwarpError):
 
 _TOKEN = re.compile(
     r"""\s*(?:
-        (?P<num>0[xX][0-9a-fA-F]+|\d+)
+        (?P<num>0[xX][0-9a-fA-F]+|\d+\.\d*|\d+)
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<op>==|!=|<=|>=|&&|\|\||[<>()!,])
-      | (?P<word>[A-Za-z_][A-Za-z0-9_\-]*)
+      | (?P<word>[A-Za-z_][A-Za-z0-9_.\-]*)
     )""",
     re.VERBOSE,
 )
@@ -42,7 +45,9 @@ _MISSING = object()
 Predicate = Callable[[dict[str, Any]], Any]
 
 
-def _tokenize(text: str, field_prefixes: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
+def _tokenize(
+    text: str, field_prefixes: tuple[str, ...] = (), context: FieldContext | None = None
+) -> list[tuple[str, Any]]:
     tokens: list[tuple[str, Any]] = []
     pos = 0
     text = text.rstrip()
@@ -52,7 +57,8 @@ def _tokenize(text: str, field_prefixes: tuple[str, ...] = ()) -> list[tuple[str
             raise FilterError(f"unexpected character {text[pos:].strip()[:1]!r} at {pos}")
         pos = m.end()
         if m.group("num") is not None:
-            tokens.append(("lit", int(m.group("num"), 0)))
+            num = m.group("num")
+            tokens.append(("lit", float(num) if "." in num else int(num, 0)))
         elif m.group("str") is not None:
             raw = m.group("str")[1:-1]
             tokens.append(("lit", re.sub(r"\\(.)", r"\1", raw)))
@@ -68,11 +74,12 @@ def _tokenize(text: str, field_prefixes: tuple[str, ...] = ()) -> list[tuple[str
             elif low in ("null", "none"):
                 tokens.append(("lit", None))
             elif word in FIELDS or word.startswith(field_prefixes or ("\0",)):
-                tokens.append(("field", word))
+                tokens.append(("field", lambda r, key=word: r.get(key, _MISSING)))
             else:
-                raise FilterError(
-                    f"unknown field {word!r} (fields are the --json keys; quote strings)"
-                )
+                get = field_getter(word, context)
+                if get is None:
+                    raise FilterError(f"unknown field {word!r} (fields: -G fields; quote strings)")
+                tokens.append(("field", get))
     return tokens
 
 
@@ -129,7 +136,7 @@ class _Parser:
         if kind == "lit":
             return lambda r: value
         if kind == "field":
-            return lambda r: r.get(value, _MISSING)
+            return value  # a getter (see _tokenize)
         raise FilterError(f"expected a field or a value, got {value!r}")
 
     def comparison(self) -> Predicate:
@@ -155,13 +162,20 @@ class _Parser:
                     break
                 if not self.accept(","):
                     raise FilterError("expected ',' or ')' in a list")
-            return lambda r: any(_equal(left(r), v) for v in options)
+            return lambda r: _any(left(r), options, _member)
         right = self.operand()
         return _compare(op, left, right)
 
 
 def _truthy(value: Any) -> bool:
     return value is not _MISSING and bool(value)
+
+
+def _any(value: Any, other: Any, test: Callable[[Any, Any], bool]) -> bool:
+    """``test(value, other)``, or for an either-end field (``tcp.port``) on any of its values."""
+    if isinstance(value, AnyOf):
+        return any(test(v, other) for v in value)
+    return test(value, other)
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -174,6 +188,10 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _member(a: Any, options: list[Any]) -> bool:
+    return any(_equal(a, v) for v in options)
+
+
 _ORDER: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
@@ -184,43 +202,47 @@ _ORDER: dict[str, Callable[[Any, Any], bool]] = {
 
 def _compare(op: str, left: Predicate, right: Predicate) -> Predicate:
     if op == "==":
-        return lambda r: _equal(left(r), right(r))
-    if op == "!=":
-        return lambda r: not _equal(left(r), right(r))
+        return lambda r: _any(left(r), right(r), _equal)
+    if op == "!=":  # as Wireshark 4: no value of an either-end field equals the right side
+        return lambda r: not _any(left(r), right(r), _equal)
     if op == "contains":
 
-        def contains(r: dict[str, Any]) -> bool:
-            a, b = left(r), right(r)
+        def contains(a: Any, b: Any) -> bool:
             if isinstance(a, list):
                 return b in a
             if isinstance(a, str) and isinstance(b, str):
                 return b.lower() in a.lower()
             return False
 
-        return contains
+        return lambda r: _any(left(r), right(r), contains)
 
     order = _ORDER[op]
 
-    def ordered(r: dict[str, Any]) -> bool:
-        a, b = left(r), right(r)
+    def ordered(a: Any, b: Any) -> bool:
         if isinstance(a, bool) or isinstance(b, bool):
             return False
         if not (
-            isinstance(a, int) and isinstance(b, int) or isinstance(a, str) and isinstance(b, str)
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            or isinstance(a, str)
+            and isinstance(b, str)
         ):
             return False
         return order(a, b)
 
-    return ordered
+    return lambda r: _any(left(r), right(r), ordered)
 
 
-def compile_filter(text: str, field_prefixes: tuple[str, ...] = ()) -> Predicate:
+def compile_filter(
+    text: str, field_prefixes: tuple[str, ...] = (), context: FieldContext | None = None
+) -> Predicate:
     """Compile a display filter over JSON records; raises :class:`FilterError`.
 
     ``field_prefixes``: also accept fields starting with these (keys an upper-layer
-    decoder adds to the records, e.g. ``kbtp_``).
+    decoder adds to the records, e.g. ``kbtp_``); ``context``: what derived fields
+    (``frame.time_relative``) need.
     """
-    tokens = _tokenize(text, field_prefixes)
+    tokens = _tokenize(text, field_prefixes, context)
     if not tokens:
         raise FilterError("empty filter")
     return _Parser(tokens).parse()

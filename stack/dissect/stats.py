@@ -1,9 +1,13 @@
 """Statistics of a dissection (``-z``): PDUs per kind and opcode, findings, per-stream totals.
 
-Counted over the PDUs shown (after ``-Y``): per type/opcode and direction, PDUs with a
-bad CRC (MPA-12), PDUs per finding rule, stream events; then, per iWARP connection, the
-negotiated settings of each direction (CRC, markers; RFC 5044 §7.1.1) and its byte
-counters.  Kinds and opcodes are named as in the JSON records (:mod:`stack.dissect.fields`).
+:class:`Statistics` (``-z iwarp``, ``--stats``) counts over the PDUs shown (after ``-Y``):
+per type/opcode and direction, PDUs with a bad CRC (MPA-12), PDUs per finding rule,
+stream events; then, per iWARP connection, the negotiated settings of each direction
+(CRC, markers; RFC 5044 §7.1.1) and its byte counters.  :class:`TcpConversations`
+(``-z conv,tcp``) counts every TCP segment per connection; :class:`IoStatistics`
+(``-z io,stat,SECONDS``) the PDUs shown per time interval.  :func:`parse_stat` reads a
+``-z`` argument.  Kinds and opcodes are named as in the JSON records
+(:mod:`stack.dissect.fields`).
 """
 
 from __future__ import annotations
@@ -14,11 +18,41 @@ from typing import TYPE_CHECKING
 
 from stack.dissect.fields import KIND_NAMES, opcode_name
 from stack.dissect.text import rtr_text
+from stack.errors import IwarpError
 
 if TYPE_CHECKING:
     from stack.dissect.decoder import Note, PduRecord, StreamInfo
+    from stack.pcap import TcpSegment
 
-__all__ = ["Statistics"]
+__all__ = ["IoStatistics", "StatError", "Statistics", "TcpConversations", "parse_stat"]
+
+STAT_NAMES = ("iwarp", "iwarp,stat", "conv,tcp", "io,stat,SECONDS")
+"""The ``-z`` arguments understood."""
+
+
+class StatError(IwarpError):
+    """A ``-z`` argument that names no statistics."""
+
+
+def parse_stat(text: str) -> tuple[str, float | None]:
+    """``-z`` argument -> (kind 'iwarp', 'conv' or 'io', interval of 'io')."""
+    if text in ("iwarp", "iwarp,stat"):
+        return "iwarp", None
+    if text == "conv,tcp":
+        return "conv", None
+    parts = text.split(",")
+    if len(parts) == 3 and parts[:2] == ["io", "stat"]:
+        try:
+            interval = float(parts[2])
+        except ValueError:
+            interval = 0.0
+        if not interval > 0:
+            raise StatError(f"-z io,stat wants a positive interval in seconds, got {parts[2]!r}")
+        return "io", interval
+    raise StatError(
+        f"unknown statistics {text!r} (-z takes one of: {', '.join(STAT_NAMES)}; "
+        "--stats is -z iwarp)"
+    )
 
 
 class Statistics:
@@ -101,4 +135,73 @@ class Statistics:
                 "Stream events: " + ", ".join(f"{k} {v}" for k, v in sorted(self.notes.items()))
             )
         lines.append("=" * 72)
+        return lines
+
+
+def _ends(a: tuple[str, int], b: tuple[str, int]) -> str:
+    def text(e: tuple[str, int]) -> str:
+        return f"[{e[0]}]:{e[1]}" if ":" in e[0] else f"{e[0]}:{e[1]}"
+
+    return f"{text(a)} <-> {text(b)}"
+
+
+class TcpConversations:
+    """``-z conv,tcp``: segments and TCP payload bytes per connection and direction."""
+
+    def __init__(self) -> None:
+        # (A, B) as first seen -> [segments A->B, bytes A->B, segments B->A, bytes B->A,
+        # first timestamp, last timestamp]
+        self.table: dict[tuple[tuple[str, int], tuple[str, int]], list[float]] = {}
+
+    def add(self, seg: TcpSegment) -> None:
+        a, b = (seg.src, seg.sport), (seg.dst, seg.dport)
+        row = self.table.get((a, b))
+        i = 0
+        if row is None:
+            row = self.table.get((b, a))
+            i = 2
+            if row is None:
+                row = self.table[(a, b)] = [0, 0, 0, 0, seg.timestamp, seg.timestamp]
+                i = 0
+        row[i] += 1
+        row[i + 1] += len(seg.payload) + seg.missing
+        row[5] = seg.timestamp
+
+    def render(self, t0: float | None) -> list[str]:
+        lines = ["=" * 100, "TCP Conversations (segments, TCP payload bytes)", "=" * 100]
+        lines.append(
+            f"{'A <-> B':<48} {'A->B':>6} {'bytes':>10} {'B->A':>6} {'bytes':>10} "
+            f"{'rel start':>11} {'duration':>10}"
+        )
+        base = t0 or 0.0
+        for (a, b), (n1, b1, n2, b2, first, last) in self.table.items():
+            lines.append(
+                f"{_ends(a, b):<48} {int(n1):>6} {int(b1):>10} {int(n2):>6} {int(b2):>10} "
+                f"{first - base:>11.6f} {last - first:>10.6f}"
+            )
+        lines.append("=" * 100)
+        return lines
+
+
+class IoStatistics:
+    """``-z io,stat,SECONDS``: PDUs shown and their wire bytes per interval since ``t0``."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.bins: Counter[int] = Counter()
+        self.bytes: Counter[int] = Counter()
+
+    def add(self, rec: PduRecord, t0: float | None) -> None:
+        index = int(max(0.0, rec.timestamp - (t0 or rec.timestamp)) // self.interval)
+        self.bins[index] += 1
+        self.bytes[index] += rec.wire_len
+
+    def render(self) -> list[str]:
+        lines = ["=" * 48, f"IO Statistics (interval {self.interval:g} s, PDUs shown)", "=" * 48]
+        lines.append(f"{'interval (s)':<24} {'PDUs':>8} {'bytes':>12}")
+        last = max(self.bins, default=-1)
+        for i in range(last + 1) if last < 10000 else sorted(self.bins):  # else: non-empty
+            span = f"{i * self.interval:g} <> {(i + 1) * self.interval:g}"
+            lines.append(f"{span:<24} {self.bins[i]:>8} {self.bytes[i]:>12}")
+        lines.append("=" * 48)
         return lines

@@ -10,6 +10,7 @@ PDU kinds and opcodes are named as in the JSON records (:mod:`stack.dissect.fiel
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from stack.constants import (
@@ -92,8 +93,10 @@ def _fields(rec: PduRecord) -> str:
 _HEADS: dict[tuple[int, str, str, str], str] = {}
 
 
-def summary_line(rec: PduRecord) -> str:
-    """One line per PDU, tshark-summary style."""
+def summary_line(rec: PduRecord, time: float | None = None) -> str:
+    """One line per PDU, tshark-summary style; ``time`` (seconds since the capture's first
+    segment) adds tshark's time column after the frame number."""
+    frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
     key = (rec.stream, rec.direction, rec.src, rec.dst)
     tail = _HEADS.get(key)
     if tail is None:
@@ -111,15 +114,15 @@ def summary_line(rec: PduRecord) -> str:
         name = _NAMES.get(seg.opcode) or opcode_name(seg.opcode)
         if seg.tagged:
             return (
-                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
+                f"{frame}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
                 f"TO=0x{seg.to:x} len={seg.ulpdu_len - DDP_TAGGED_HDR_LEN}{last}{crc}"
             )
         if seg.opcode not in _INVALIDATE:
             return (
-                f"{rec.frame:>6}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
+                f"{frame}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
                 f"MO={seg.mo} len={seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN}{last}{crc}"
             )
-    head = f"{rec.frame:>6}{tail}"
+    head = f"{frame}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa
         assert mpa is not None
@@ -149,9 +152,20 @@ def rtr_text(rtr: RtrType) -> str:
     return "+".join(names) or "none"
 
 
-def note_line(note: Note) -> str:
-    """A stream event that is not a PDU, as a comment line."""
-    return f"{note.frame:>6} {note.stream:>3} {note.direction} # {note.detail}"
+def note_line(note: Note, time_column: bool = False) -> str:
+    """A stream event that is not a PDU, as a comment line (``time_column``: aligned with
+    summary lines that have one)."""
+    pad = " " * 12 if time_column else ""
+    return f"{note.frame:>6}{pad} {note.stream:>3} {note.direction} # {note.detail}"
+
+
+def _utc(timestamp: float) -> str:
+    """A capture timestamp as UTC date and time with microseconds."""
+    try:
+        when = datetime.fromtimestamp(timestamp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp:.6f} (epoch seconds)"
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
 
 
 def _hexdump(data: bytes | memoryview, limit: int = 64) -> str:
@@ -160,11 +174,13 @@ def _hexdump(data: bytes | memoryview, limit: int = 64) -> str:
     return text + (" ..." if len(data) > limit else "")
 
 
-def verbose_lines(rec: PduRecord) -> list[str]:
-    """The full decode tree of one PDU."""
+def verbose_lines(rec: PduRecord, time: float | None = None) -> list[str]:
+    """The full decode tree of one PDU; ``time``: seconds since the capture's first segment."""
     lines = [
         f"Frame {rec.frame}, stream {rec.stream}, {rec.direction}: {rec.src} \u2192 {rec.dst}, "
-        f"stream offset {rec.offset}, {rec.wire_len} bytes on the wire"
+        f"stream offset {rec.offset}, {rec.wire_len} bytes on the wire",
+        f"  Frame time: {_utc(rec.timestamp)}"
+        + ("" if time is None else f" ({time:.6f} s since the first segment)"),
     ]
     if rec.kind != "fpdu":
         mpa = rec.mpa

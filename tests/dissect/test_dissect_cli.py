@@ -166,7 +166,7 @@ def test_display_filter_and_count(capture: Path, capsys) -> None:
 
 
 def test_statistics(capture: Path, capsys) -> None:
-    assert main(["dissect", str(capture), "-q", "-z"]) == 0
+    assert main(["dissect", str(capture), "-q", "--stats"]) == 0  # bare -z now takes STAT
     out = capsys.readouterr().out
     assert "TCP connections: 1, iWARP: 1, PDUs shown: 11, bad CRC: 0" in out
     assert "i2r 10.1.0.1:50001 -> 10.1.0.2:35287: CRC on, markers off; 7 PDUs (6 FPDUs)" in out
