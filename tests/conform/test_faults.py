@@ -16,11 +16,19 @@ from stack.conform.model import Case
 from stack.conform.registry import SelectionError
 from stack.rnic.memory import StagTable
 from tests.conform.conftest import Baselines
-from tests.conform.helpers import DUTS, FAST, QUICK, run_against_rping_server, run_dut
+from tests.conform.helpers import (
+    DUTS,
+    FAST,
+    QUICK,
+    SHORT_TIMERS,
+    run_against_rping_server,
+    run_dut,
+)
 
 
 def _scope(name: str, dut: str) -> list[Case]:
-    """The fault's cases (its ``fails`` and ``scope``) that DUT ``dut`` runs, quick ones."""
+    """The fault's cases (its ``fails`` and ``scope``) that DUT ``dut`` runs: the quick ones,
+    and the slow ones (startup timers) the fault names in ``fails``."""
     fault = FAULTS[name]
     role, app = DUTS[dut]
     out: dict[str, Case] = {}
@@ -29,7 +37,7 @@ def _scope(name: str, dut: str) -> list[Case]:
             picked = select([pattern], role=role, app=app)
         except SelectionError:
             continue
-        out.update((c.id, c) for c in picked if not c.slow)
+        out.update((c.id, c) for c in picked if not c.slow or c.id in fault.fails)
     return list(out.values())
 
 
@@ -50,7 +58,7 @@ def test_fault_changes_exactly_its_cases(name: str, baselines: Baselines) -> Non
         base = baselines.statuses(dut)
 
         async def run(cases: list[Case] = cases, dut: str = dut) -> dict[str, Status]:
-            with injected(name):
+            with injected(name, **SHORT_TIMERS):  # as in the baseline sweeps
                 report = await run_dut(dut, cases, options=FAST)
             return {r.case.id: r.status for r in report.results}
 
@@ -70,6 +78,13 @@ def test_every_fault_breaks_something_and_names_known_cases() -> None:
         assert fault.fails and set(fault.fails) <= ids, fault.name
         assert set(fault.fails.values()) <= {"FAIL", "WARN", "SKIP"}
         assert fault.app in DUTS
+
+
+def test_every_case_can_be_failed_by_some_fault() -> None:
+    """A case that no fault can fail is a defect: each case is in some fault's ``fails``."""
+    named = {cid for fault in FAULTS.values() for cid in fault.fails}
+    unfailed = [c.id for c in select() if c.id not in named]
+    assert not unfailed, f"no fault fails {unfailed}"
 
 
 async def test_strict_turns_a_should_fault_into_a_failure() -> None:
