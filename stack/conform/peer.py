@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import errno
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
@@ -54,6 +56,7 @@ class Peer:
         self.send_failed = False
         self.log: list[Out | PduSeen] = []
         self._closed = False
+        self._corked: list[bytes] | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -103,8 +106,23 @@ class Peer:
             out.append(await self.send_fpdu(ulpdu, craft if i == 0 else None))
         return out
 
+    @asynccontextmanager
+    async def one_write(self) -> AsyncIterator[None]:
+        """Everything sent inside the block goes out in one write when it ends (a Request
+        and FPDUs together, MPA-17)."""
+        self._corked = []
+        try:
+            yield
+        finally:
+            data = b"".join(self._corked)
+            self._corked = None
+            await self._send(data)
+
     async def _send(self, data: bytes) -> None:
         if not data or self._closed:
+            return
+        if self._corked is not None:
+            self._corked.append(data)
             return
         self.capture.record(True, data)
         try:

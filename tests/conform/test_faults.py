@@ -5,6 +5,7 @@ has against our unbroken stack (the session's baseline sweeps)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import trio
@@ -12,6 +13,7 @@ import trio
 import stack.transport.cm as cm
 from stack.conform import Status, exit_status, select
 from stack.conform.faults import FAULTS, injected
+from stack.conform.faults_model import fault_table_markdown
 from stack.conform.model import Case
 from stack.conform.registry import SelectionError
 from stack.rnic.memory import StagTable
@@ -85,6 +87,15 @@ def test_every_case_can_be_failed_by_some_fault() -> None:
     named = {cid for fault in FAULTS.values() for cid in fault.fails}
     unfailed = [c.id for c in select() if c.id not in named]
     assert not unfailed, f"no fault fails {unfailed}"
+
+
+def test_docs_fault_table_is_current() -> None:
+    """docs/conform.md's fault table is :func:`fault_table_markdown` of :data:`FAULTS`."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "conform.md").read_text()
+    assert fault_table_markdown(FAULTS.values()) in doc, (
+        "docs/conform.md's fault table is stale: regenerate it with "
+        "stack.conform.faults_model.fault_table_markdown(FAULTS.values())"
+    )
 
 
 async def test_strict_turns_a_should_fault_into_a_failure() -> None:
