@@ -215,7 +215,7 @@ DUTS = {
 SWEEP = {
     "rping-markers": ("MPA",),
     "rping-client-p2p": ("ERC", "MPA-19.3"),
-    "rping-client-patient": ("MPA-27.2",),
+    "rping-client-patient": ("MPA-18", "MPA-19", "MPA-24", "MPA-26", "MPA-27"),
     "perftest": ("DDP", "RDMAP", "EXT-01", "EXT-09"),
 }
 """What a DUT's sweep covers when not every case (default: all it runs)."""
