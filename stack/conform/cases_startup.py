@@ -536,12 +536,13 @@ async def responder_waits(ctx: CaseContext) -> Verdict:
 async def early_fpdu(ctx: CaseContext) -> Verdict:
     peer = await ctx.connect()
     settings = _app(ctx)
-    request = await send_request(peer, settings)
-    # Before the Reply the runner relies on what its Request makes certain: CRC on (C=1).
-    peer.core.start_tx(crc=True, markers=False)
-    for message in ctx.app.new_client().opening():
-        for ulpdu in peer.core.ulpdus(message):
-            await peer.send_fpdu(ulpdu)
+    async with peer.one_write():
+        request = await send_request(peer, settings)
+        # Before the Reply the runner relies on what its Request makes certain: CRC on.
+        peer.core.start_tx(crc=True, markers=False)
+        for message in ctx.app.new_client().opening():
+            for ulpdu in peer.core.ulpdus(message):
+                await peer.send_fpdu(ulpdu)
     answer = await read_answer(peer, request.frame, ctx.options.timeout)
     if answer.kind in ("close", "reject"):
         closed, lines = (

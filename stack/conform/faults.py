@@ -18,54 +18,50 @@ Where faults are applied (the documented points; nothing else is touched):
   of the RNIC's checks patch that QP (its ``handle_event``, ``fatal``, ``ird`` and the
   ``_snapshot_reads`` step of RFC 5040 §5.5 ordering).
 * on each engine the DUT creates (:class:`~stack.wire.connection.IwarpConnection`): its
-  public methods ``receive_data``, ``next_event``, ``send_message`` and ``send_terminate``,
-  its ``settings``, ``rfc7306`` and those of its MPA engine; once established, its
-  stream's ``receive_ulpdu``, ``sequencer``, ``recv_state`` and ``send_state``; and two
-  attributes of :class:`~stack.wire.mpa.MpaConnection` the wire core has no public switch
-  for: the FPDU deframer ``_deframer`` (its ``crc`` flag) and the responder's hold buffer
-  ``_held`` (MPA-25).
+  public methods ``receive_data``, ``next_event``, ``data_to_send``, ``timer_deadline``,
+  ``send_message`` and ``send_terminate``, its ``settings``, ``rfc7306`` and those of its
+  MPA engine, and the startup rule tables that engine runs (``frame_rules``,
+  ``reply_rules``: the runner's judge keeps the real ones of :mod:`stack.wire.mpa_rules`);
+  once established, its stream's ``receive_ulpdu``, ``sequencer``, ``recv_state`` and
+  ``send_state``; and three attributes of :class:`~stack.wire.mpa.MpaConnection` the wire
+  core has no public switch for: the FPDU framer ``_framer`` and deframer ``_deframer``
+  (their ``crc`` flags; the deframer's class, for its marker check) and the responder's
+  hold buffer ``_held`` (MPA-25).
 * ``stack.rnic.memory.StagTable.register`` (STag allocation, SEC-08); the model DUT's
   table overrides it, so only the DUT is affected.
 
 :func:`injected` applies faults (and optional settings changes, e.g. short startup timers)
-for the duration of a ``with`` block.
+for the duration of a ``with`` block.  The faults of MPA startup and framing are in
+:mod:`stack.conform.faults_mpa`, the rest below.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from stack.conform.faults_engine import (
     cause_swapped,
-    crc_unchecked,
-    crc_wrong_terminate,
     data_after_terminate,
     dv_one,
     known_opcode,
-    marker_bits_checked,
-    markers_ignored,
     msn_unchecked,
     no_short_ulpdus,
     not_rfc7306,
-    oversize_accepted,
     qn_of_opcode,
     read_header_missing,
     read_response_misplaced,
-    reply_trailing_fpdu,
     reserved_checked,
     rv_one,
     single_segment_unchecked,
     stream_input,
-    terminate_headers,
     terminate_ignored,
-    unknown_rev_accepted,
-    whole_segments,
-    wrong_rtr,
 )
+from stack.conform.faults_model import Fault, turns
+from stack.conform.faults_mpa import MPA_FAULTS
 from stack.conform.faults_qp import (
     QpFault,
     align,
@@ -112,31 +108,6 @@ CONNECTION_FACTORY = ("stack.transport.cm", "RdmaConnection")
 """(module, name) of the driver class the connection manager wraps engine and QP in."""
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One way to break the stack.  Fields: name, description, fails (the case IDs that must
-    not pass with it, with the status they get: ``{"MPA-12": "FAIL"}``), apply (patches one
-    new engine of the DUT), apply_qp (patches one new queue pair of the DUT), app (the
-    in-process DUT the tests break: rping, kbtp, bench...; rping means its server and its
-    client), also (further DUTs they break with it), scope (the cases the tests run with
-    it: its ``fails`` and these selection patterns), patches ((object, attribute,
-    replacement) set for the block: class-level fault points)."""
-
-    name: str
-    description: str
-    fails: dict[str, str]
-    apply: Callable[[IwarpConnection], None] | None = None
-    apply_qp: QpFault | None = None
-    app: str = "rping"
-    also: tuple[str, ...] = ()
-    scope: tuple[str, ...] = ()
-    patches: tuple[tuple[Any, str, Any], ...] = field(default=())
-
-
-def _c(*ids: str, status: str = "FAIL") -> dict[str, str]:
-    return dict.fromkeys(ids, status)
-
-
 _DEREG = (MemoryRegion, "dereg", lambda self: None)
 _SEQUENTIAL = (StagTable, "register", sequential_register)
 _WRAP = {TERM_DDP_T_TO_WRAP: TERM_DDP_T_BASE_BOUNDS, TERM_RDMAP_TO_WRAP: TERM_RDMAP_BASE_BOUNDS}
@@ -165,133 +136,26 @@ _EXT_ALL = (
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
-        # -- MPA startup and framing -------------------------------------------------------
-        Fault(
-            "crc-wrong-terminate",
-            "a CRC error is reported with Terminate 2/0/0x04 instead of 2/0/0x02",
-            _c(
-                "MPA-12",
-                "MPA-12.2",
-                "MPA-12.3",
-                "MPA-12.4",
-                "MPA-12.5",
-                "MPA-12.6",
-                "MPA-28",
-                "MPA-12.7",
-            ),
-            crc_wrong_terminate,
-            scope=("MPA-16", "MPA-08"),
-        ),
-        Fault(
-            "crc-unchecked",
-            "received FPDUs are delivered without checking their CRC",
-            _c(
-                "MPA-12",
-                "MPA-12.2",
-                "MPA-12.3",
-                "MPA-12.4",
-                "MPA-12.5",
-                "MPA-12.6",
-                "MPA-28",
-                "MPA-12.7",
-            ),
-            crc_unchecked,
-            scope=("MPA-11", "MPA-04"),
-        ),
-        Fault(
-            "reply-trailing-fpdu",
-            "the MPA Reply is followed at once by an FPDU (a zero-length RDMA Write), before "
-            "the initiator's first FPDU",
-            {"MPA-25": "FAIL"},
-            reply_trailing_fpdu,
-            scope=("MPA-17", "MPA-19"),
-        ),
-        Fault(
-            "markers-ignored",
-            "the peer's M bit is read as 0: no markers in FPDUs to a peer that asked for them",
-            _c("MPA-09", "MPA-09.2"),
-            markers_ignored,
-            scope=("MPA-11",),
-        ),
-        Fault(
-            "unknown-rev-accepted",
-            "a Request with an undefined MPA revision is accepted instead of refused",
-            _c("MPA-20.2", "MPA-20.3", "MPA-20.4"),
-            unknown_rev_accepted,
-            scope=("MPA-20", "ERC-01"),
-        ),
-        Fault(
-            "terminate-headers",
-            "LLP (MPA) Terminates carry a copied DDP header (Fig. 10 of RFC 5040: none)",
-            _c(
-                "MPA-12",
-                "MPA-16",
-                "MPA-02",
-                "MPA-12.2",
-                "MPA-12.3",
-                "MPA-12.4",
-                "MPA-12.5",
-                "MPA-12.6",
-                "MPA-28",
-                "MPA-12.7",
-                status="WARN",
-            ),
-            terminate_headers,
-            scope=("MPA-01", "DDP-03.2"),
-        ),
-        Fault(
-            "wrong-rtr",
-            "a peer-to-peer initiator sends a Send RTR whatever RTR kind was negotiated",
-            {"ERC-09": "FAIL"},
-            wrong_rtr,
-            app="rping-client-p2p",
-            scope=("ERC-08", "MPA-19.3"),
-        ),
-        Fault(
-            "oversize-accepted",
-            "FPDUs up to ULPDU_Length 65535 are taken and Sends longer than their receive are "
-            "cut silently",
-            {**_c("MPA-02", "MPA-02.2"), **_c("RDMAP-08", status="WARN")},
-            oversize_accepted,
-            swallow(TERM_DDP_U_TOO_LONG),
-            scope=("MPA-16", "RDMAP-08.2"),
-        ),
-        Fault(
-            "segments-must-be-whole",
-            "bytes arriving in a TCP segment of fewer than 12 octets are dropped (MPA-15: "
-            "FPDUs are reassembled whatever the segmentation)",
-            _c("MPA-15", "MPA-15.2", "MPA-15.3", "MPA-15.4", "MPA-15.6"),
-            whole_segments,
-            scope=("MPA-15",),
-        ),
-        Fault(
-            "marker-bits-checked",
-            "markers with their RESERVED half or FPDUPTR's low two bits set are taken as "
-            "mismatches",
-            _c("MPA-06", "MPA-06.2"),
-            marker_bits_checked,
-            app="rping-markers",
-            scope=("MPA-08", "MPA-09"),
-        ),
+        *MPA_FAULTS,
         # -- DDP ---------------------------------------------------------------------------
         Fault(
             "ddp-version-unchecked",
             "the DDP version is not checked (segments with DV != 1 are taken as DV 1)",
-            _c("DDP-03.2", "DDP-03.3", "DDP-03.4", "DDP-03.5", "DDP-03.6", "DDP-03.8"),
+            turns("DDP-03.2", "DDP-03.3", "DDP-03.4", "DDP-03.5", "DDP-03.6", "DDP-03.8"),
             stream_input(dv_one),
             scope=("DDP-03",),
         ),
         Fault(
             "reserved-bits-checked",
             "reserved DDP or RDMAP control bits end the stream (they are not to be checked)",
-            _c("DDP-03", "DDP-03.7", "RDMAP-02", "RDMAP-02.6"),
+            turns("DDP-03", "DDP-03.7", "RDMAP-02", "RDMAP-02.6"),
             stream_input(reserved_checked),
             scope=("DDP-03.2", "RDMAP-02.2"),
         ),
         Fault(
             "qn-unchecked",
             "an untagged segment's QN is not checked (each goes to its opcode's queue)",
-            _c(
+            turns(
                 "DDP-10",
                 "DDP-10.2",
                 "RDMAP-01",
@@ -306,7 +170,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "msn-unchecked",
             "MSN, MO and the Last flag are not checked (RFC 5041 §4.3, §5.2)",
-            _c(
+            turns(
                 "DDP-05",
                 "DDP-05.2",
                 "DDP-05.3",
@@ -326,28 +190,28 @@ FAULTS: dict[str, Fault] = {
             "partial-delivery",
             "each Send segment completes its receive, before the message's Last segment; Read "
             "Response segments without L are dropped",
-            _c("DDP-02.2", "DDP-06", "RDMAP-04.9"),
+            turns("DDP-02.2", "DDP-06", "RDMAP-04.9"),
             apply_qp=partial_delivery,
             scope=("DDP-05", "DDP-06.2", "RDMAP-04.5"),
         ),
         Fault(
             "short-ulpdus-dropped",
             "ULPDUs shorter than a DDP header are dropped instead of ending the stream",
-            _c("MPA-01", "DDP-01"),
+            turns("MPA-01", "DDP-01"),
             stream_input(no_short_ulpdus),
             scope=("DDP-03.2",),
         ),
         Fault(
             "zero-writes-validated",
             "a zero-length RDMA Write's STag is validated (DDP-07: it is not)",
-            _c("DDP-07", "DDP-07.2", "DDP-03.7", "RDMAP-02.6", "MPA-12.5", "MPA-15.5"),
+            turns("DDP-07", "DDP-07.2", "DDP-03.7", "RDMAP-02.6", "MPA-12.5", "MPA-15.5"),
             apply_qp=zero_writes_validated,
             scope=("DDP-03.5", "RDMAP-02.5", "RDMAP-02.7"),
         ),
         Fault(
             "terminate-then-data",
             "after a Terminate for an MSN error the DUT sends one more FPDU (RDMAP-10)",
-            _c("DDP-05", "DDP-05.2", "DDP-05.3", "DDP-05.4", "DDP-05.5", "DDP-05.6"),
+            turns("DDP-05", "DDP-05.2", "DDP-05.3", "DDP-05.4", "DDP-05.5", "DDP-05.6"),
             data_after_terminate,
             scope=("DDP-06",),
         ),
@@ -356,7 +220,7 @@ FAULTS: dict[str, Fault] = {
             "stag-unchecked",
             "accesses with an invalid STag (or one a Read Response does not match) are "
             "dropped silently",
-            _c(
+            turns(
                 "DDP-10.3",
                 "RDMAP-16.6",
                 "RDMAP-04.5",
@@ -372,7 +236,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "bounds-unchecked",
             "accesses outside the region are dropped silently (nothing placed, no Terminate)",
-            _c(
+            turns(
                 "DDP-10.4",
                 "DDP-10.5",
                 "RDMAP-16.7",
@@ -381,6 +245,7 @@ FAULTS: dict[str, Fault] = {
                 "SEC-04.3",
                 "SEC-15",
                 "EXT-11.3",
+                "DDP-10.9",
             ),
             apply_qp=swallow(TERM_DDP_T_BASE_BOUNDS, TERM_RDMAP_BASE_BOUNDS),
             app="kbtp",
@@ -390,7 +255,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "last-octet-refused",
             "a Read reaching the last octet of its region is refused (bounds off by one)",
-            _c("SEC-04"),
+            turns("SEC-04"),
             apply_qp=last_octet_refused,
             app="kbtp",
             scope=("SEC-04", "RDMAP-06"),
@@ -398,7 +263,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "wrap-as-bounds",
             "a TO wrap is reported as a base or bounds violation",
-            _c("DDP-10.6", "RDMAP-16.9", "EXT-11.4", status="WARN"),
+            turns("DDP-10.6", "RDMAP-16.9", "EXT-11.4", status="WARN"),
             cause_swapped(_WRAP),
             app="bench",
             scope=("DDP-10.5", "EXT-11"),
@@ -406,7 +271,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "pd-ignored",
             "an STag of another protection domain is used as if it were the stream's",
-            _c("DDP-12", "SEC-01", "SEC-01.2"),
+            turns("DDP-12", "SEC-01", "SEC-01.2"),
             apply_qp=pd_ignored,
             app="kbtp",
             scope=("SEC-06.2", "SEC-02"),
@@ -414,7 +279,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "stale-stags-usable",
             "regions outlive their connection and protection domains are not checked",
-            _c("DDP-12", "SEC-01", "SEC-01.2", "SEC-06.2"),
+            turns("DDP-12", "SEC-01", "SEC-01.2", "SEC-06.2"),
             apply_qp=pd_ignored,
             app="kbtp",
             patches=(_DEREG,),
@@ -423,7 +288,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "rights-ignored",
             "remote access rights are not checked",
-            _c("DDP-10.7", "RDMAP-16.10", "EXT-11.2"),
+            turns("DDP-10.7", "RDMAP-16.10", "EXT-11.2"),
             apply_qp=rights_ignored,
             app="kbtp",
             scope=("DDP-10.3", "RDMAP-16.6"),
@@ -431,7 +296,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "read-response-misplaced",
             "Read Responses go 8 octets past the Sink TO the Read named",
-            _c(
+            turns(
                 "RDMAP-06",
                 "RDMAP-06.2",
                 "RDMAP-06.3",
@@ -450,7 +315,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "read-responses-unchecked",
             "Read Responses that match no outstanding Read are dropped silently",
-            _c("RDMAP-04.5", "RDMAP-04.6", "RDMAP-04.7", "RDMAP-04.8", "RDMAP-04.10"),
+            turns("RDMAP-04.5", "RDMAP-04.6", "RDMAP-04.7", "RDMAP-04.8", "RDMAP-04.10"),
             apply_qp=read_responses_unchecked,
             scope=("RDMAP-04",),
         ),
@@ -458,7 +323,7 @@ FAULTS: dict[str, Fault] = {
             "single-segment-unchecked",
             "Read Requests, Atomic Requests and Immediate Data are taken with any L and MO, "
             "and dropped when their header has the wrong length",
-            _c(
+            turns(
                 "RDMAP-04",
                 "RDMAP-04.2",
                 "RDMAP-04.3",
@@ -474,7 +339,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "zero-reads-validated",
             "a zero-length Read Request's source STag is validated (RDMAP-07: it is not)",
-            _c(
+            turns(
                 "RDMAP-07",
                 "RDMAP-07.2",
                 "RDMAP-03.2",
@@ -489,7 +354,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "ird-unenforced",
             "Read Requests beyond the negotiated IRD are served",
-            _c("RDMAP-14", "RDMAP-14.3"),
+            turns("RDMAP-14", "RDMAP-14.3"),
             apply_qp=ird_unenforced,
             scope=("RDMAP-14", "RDMAP-06"),
         ),
@@ -497,7 +362,7 @@ FAULTS: dict[str, Fault] = {
             "reads-not-snapshotted",
             "a queued Read Response reads memory when it is sent, after later Writes (RFC 5040 "
             "§5.5)",
-            _c("RDMAP-13.2"),
+            turns("RDMAP-13.2"),
             apply_qp=reads_not_snapshotted,
             app="bench",
             scope=("RDMAP-13", "RDMAP-05"),
@@ -505,7 +370,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "writes-dropped",
             "inbound RDMA Writes are taken and never placed",
-            _c(
+            turns(
                 "RDMAP-13",
                 "RDMAP-13.2",
                 "RDMAP-05",
@@ -527,7 +392,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "rdmap-version-unchecked",
             "the RDMAP version is not checked (RV != 1 taken as 1)",
-            _c("RDMAP-02.2", "RDMAP-02.3", "RDMAP-02.4", "RDMAP-02.5", "RDMAP-02.11"),
+            turns("RDMAP-02.2", "RDMAP-02.3", "RDMAP-02.4", "RDMAP-02.5", "RDMAP-02.11"),
             stream_input(rv_one),
             scope=("RDMAP-02",),
         ),
@@ -535,7 +400,7 @@ FAULTS: dict[str, Fault] = {
             "opcode-unchecked",
             "segments with an unassigned opcode, or one the T bit disagrees with, are dropped "
             "silently",
-            _c(
+            turns(
                 "RDMAP-16",
                 "RDMAP-16.2",
                 "RDMAP-16.3",
@@ -553,14 +418,14 @@ FAULTS: dict[str, Fault] = {
             "invalidate-field-checked",
             "the Invalidate STag field of a plain Send is honoured, and a Read Request with it "
             "set ends the stream",
-            _c("RDMAP-03", "RDMAP-03.2"),
+            turns("RDMAP-03", "RDMAP-03.2"),
             apply_qp=invalidate_field_checked,
             scope=("RDMAP-09",),
         ),
         Fault(
             "invalidate-ignored",
             "Send with Invalidate is taken as a plain Send: nothing checked or invalidated",
-            _c("RDMAP-09", "SEC-06", "SEC-02"),
+            turns("RDMAP-09", "SEC-06", "SEC-02"),
             apply_qp=invalidate_ignored,
             app="kbtp",
             scope=("RDMAP-03",),
@@ -568,14 +433,14 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "too-long-as-no-buffer",
             "a Send longer than its receive is reported as 'no buffer available' (1/2/0x02)",
-            _c("RDMAP-08", status="WARN"),
+            turns("RDMAP-08", status="WARN"),
             cause_swapped({TERM_DDP_U_TOO_LONG: TERM_DDP_U_NO_BUFFER}),
             scope=("RDMAP-08", "MPA-02"),
         ),
         Fault(
             "no-buffer-as-too-long",
             "a Send that finds no receive is reported as 'too long' (1/2/0x05)",
-            _c("RDMAP-08.2"),
+            turns("RDMAP-08.2"),
             cause_swapped({TERM_DDP_U_NO_BUFFER: TERM_DDP_U_TOO_LONG}),
             scope=("RDMAP-08",),
         ),
@@ -583,8 +448,8 @@ FAULTS: dict[str, Fault] = {
             "terminate-ignored",
             "a received Terminate is ignored: the stream goes on",
             {
-                **_c("RDMAP-10"),
-                **_c(
+                **turns("RDMAP-10"),
+                **turns(
                     "RDMAP-10.2",
                     "RDMAP-15",
                     "RDMAP-15.2",
@@ -600,7 +465,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "read-header-missing",
             "Terminates about a Read Request leave out its copied header (R=0)",
-            _c(
+            turns(
                 "RDMAP-16.6",
                 "RDMAP-16.7",
                 "RDMAP-16.8",
@@ -616,7 +481,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "not-rfc7306",
             "the DUT does not implement RFC 7306 (opcodes 0x8-0xB unknown)",
-            _c(*(c for c in _EXT_ALL if c not in ("EXT-04", "EXT-11.2")), status="SKIP"),
+            turns(*(c for c in _EXT_ALL if c not in ("EXT-04", "EXT-11.2")), status="SKIP"),
             not_rfc7306,
             app="bench",
             scope=("EXT",),
@@ -624,7 +489,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "atomics-dropped",
             "Atomic Requests are taken and never run or answered",
-            _c(*(c for c in _EXT_ALL if not c.startswith(("EXT-02", "EXT-09", "EXT-11.2")))),
+            turns(*(c for c in _EXT_ALL if not c.startswith(("EXT-02", "EXT-09", "EXT-11.2")))),
             apply_qp=atomics_dropped,
             app="bench",
             scope=("EXT",),
@@ -632,7 +497,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "atomic-misaligned",
             "an atomic to a TO not 8-octet aligned runs on the aligned word below it",
-            {**_c("EXT-05"), **_c("EXT-11.4", status="WARN")},
+            {**turns("EXT-05"), **turns("EXT-11.4", status="WARN")},
             apply_qp=atomic_edit(align),
             app="bench",
             scope=("EXT-06", "EXT-11"),
@@ -640,7 +505,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "atomic-mask-ignored",
             "FetchAdd ignores its Add Mask (a plain 64-bit add)",
-            _c("EXT-06.4"),
+            turns("EXT-06.4"),
             apply_qp=atomic_edit(no_add_mask),
             app="bench",
             scope=("EXT-06",),
@@ -648,7 +513,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "cmp-swap-always",
             "Compare and Swap swaps whatever the comparison",
-            _c("EXT-06.3"),
+            turns("EXT-06.3"),
             apply_qp=atomic_edit(always_swap),
             app="bench",
             scope=("EXT-06",),
@@ -657,7 +522,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "stags-sequential",
             "STags are handed out one after the other (index + 1, key 0)",
-            _c("SEC-08", status="WARN"),
+            turns("SEC-08", status="WARN"),
             app="kbtp",
             patches=(_SEQUENTIAL,),
             scope=("SEC-01",),
@@ -665,7 +530,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "streams-coupled",
             "when one connection ends, every other connection of the DUT is ended too",
-            _c("SEC-09", "SEC-09.2", "SEC-02"),
+            turns("SEC-09", "SEC-09.2", "SEC-02"),
             apply_qp=streams_coupled,
             app="kbtp",
             scope=("SEC-01", "SEC-06.2"),

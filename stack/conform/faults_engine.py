@@ -58,6 +58,7 @@ from stack.wire.sequence import MessageSequencer
 from stack.wire.stream import RecvState, SendState
 
 __all__ = [
+    "after_established",
     "cause_swapped",
     "crc_unchecked",
     "crc_wrong_terminate",
@@ -99,7 +100,7 @@ def crc_wrong_terminate(engine: IwarpConnection) -> None:
     engine.send_terminate = wrong  # type: ignore[method-assign]
 
 
-def _after_established(engine: IwarpConnection, action: Callable[[], None]) -> None:
+def after_established(engine: IwarpConnection, action: Callable[[], None]) -> None:
     """Run ``action`` once, when the engine reports Full Operation."""
     next_event = engine.next_event
     done = False
@@ -121,7 +122,7 @@ def crc_unchecked(engine: IwarpConnection) -> None:
         if deframer is not None:
             deframer.crc = False
 
-    _after_established(engine, off)
+    after_established(engine, off)
 
 
 def reply_trailing_fpdu(engine: IwarpConnection) -> None:
@@ -130,7 +131,7 @@ def reply_trailing_fpdu(engine: IwarpConnection) -> None:
             engine.mpa._held = None  # noqa: SLF001 - documented fault point (MPA-25 hold)
             engine.send_message(RdmaWrite(1, 0, b""))
 
-    _after_established(engine, early)
+    after_established(engine, early)
 
 
 def markers_ignored(engine: IwarpConnection) -> None:
@@ -207,7 +208,7 @@ def stream_input(fix: Callable[[bytearray], bool]) -> Callable[[IwarpConnection]
 
             stream.receive_ulpdu = hooked  # type: ignore[method-assign]
 
-        _after_established(engine, action)
+        after_established(engine, action)
 
     return apply
 
@@ -306,7 +307,7 @@ def msn_unchecked(engine: IwarpConnection) -> None:
         assert engine.stream is not None
         engine.stream.sequencer = _LenientSequencer()
 
-    _after_established(engine, action)
+    after_established(engine, action)
 
 
 def terminate_ignored(engine: IwarpConnection) -> None:
@@ -381,7 +382,7 @@ def oversize_accepted(engine: IwarpConnection) -> None:
         if deframer is not None:
             deframer.max_ulpdu = 0xFFFF
 
-    _after_established(engine, action)
+    after_established(engine, action)
 
 
 def marker_bits_checked(engine: IwarpConnection) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import errno
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
@@ -61,6 +63,7 @@ class Peer:
         self.send_failed = False
         self.log: list[Out | PduSeen] = []
         self._closed = False
+        self._corked: list[bytes] | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -121,8 +124,23 @@ class Peer:
         if self.first_fpdu_delay > 0 and self._dut_first_at is not None:
             await trio.sleep_until(self._dut_first_at + self.first_fpdu_delay)
 
+    @asynccontextmanager
+    async def one_write(self) -> AsyncIterator[None]:
+        """Everything sent inside the block goes out in one write when it ends (a Request
+        and FPDUs together, MPA-17)."""
+        self._corked = []
+        try:
+            yield
+        finally:
+            data = b"".join(self._corked)
+            self._corked = None
+            await self._send(data)
+
     async def _send(self, data: bytes) -> None:
         if not data or self._closed:
+            return
+        if self._corked is not None:
+            self._corked.append(data)
             return
         self.capture.record(True, data)
         try:

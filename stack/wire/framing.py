@@ -523,7 +523,7 @@ class FpduDeframer:
                 crc_at = pos + wire - MPA_CRC_LEN
                 raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
             if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
-                raise self._fail(self._marker_error(0, _U16.unpack_from(buf, pos + 2)[0]))
+                self._check_markers(bytes(buf[pos : pos + MPA_MARKER_LEN]), 0)
             self.fpdu_offset = self.offset
             self.fpdu_wire_length = wire
             self.offset += wire

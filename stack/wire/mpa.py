@@ -87,7 +87,10 @@ from stack.wire.mpa_frames import (
     encode_ird_ord,
 )
 from stack.wire.mpa_rules import (
+    FRAME_RULES,
+    REPLY_RULES,
     StartupContext,
+    StartupRule,
     check_startup_frame,
     framing_of,
     initiator_rtr,
@@ -171,7 +174,9 @@ class MpaConnection:
 
     Fields: ``role``, ``settings``, ``state`` (:class:`MpaState`), ``negotiated`` (after
     :class:`Established`), ``mulpdu`` (largest ULPDU to post, MPA-02/13), ``peer_frame``
-    (the peer's startup frame once received).
+    (the peer's startup frame once received), ``frame_rules`` / ``reply_rules`` (the
+    startup rule tables this engine runs: :data:`~stack.wire.mpa_rules.FRAME_RULES` and
+    :data:`~stack.wire.mpa_rules.REPLY_RULES`).
     """
 
     def __init__(self, role: Role, settings: MpaSettings = _DEFAULT_SETTINGS) -> None:
@@ -184,6 +189,8 @@ class MpaConnection:
         self.state = MpaState.IDLE
         self.negotiated: Negotiated | None = None
         self.peer_frame: MpaFrame | None = None
+        self.frame_rules: tuple[StartupRule, ...] = FRAME_RULES
+        self.reply_rules: tuple[StartupRule, ...] = REPLY_RULES
         self.peer_findings: list[Finding] = []
         """Deviations of the peer's startup frame that are only noted (MPA-19, ERC-01...)."""
         self._local_frame: MpaFrame | None = None
@@ -486,7 +493,7 @@ class MpaConnection:
         s = self.settings
         chk = Checker(strict=False)
         ctx = StartupContext(frame, expect="request", revisions=_KNOWN_REVS)
-        for row, detail in check_startup_frame(ctx, chk):
+        for row, detail in check_startup_frame(ctx, chk, self.frame_rules):
             if not row.fatal:
                 continue
             error = MpaError(row.rule, detail, row.term)
@@ -527,7 +534,7 @@ class MpaConnection:
         assert local is not None
         if not frame.reply:
             ctx = StartupContext(frame, expect="reply")
-            for row, detail in check_startup_frame(ctx, Checker(strict=False)):
+            for row, detail in check_startup_frame(ctx, Checker(strict=False), self.frame_rules):
                 if row.fatal:
                     self._fail_startup(MpaError(row.rule, detail, row.term))
                     return
@@ -552,7 +559,10 @@ class MpaConnection:
             revisions=_KNOWN_REVS if s.rev_policy is not RevPolicy.ACCEPT else _ANY_REV,
             max_rev=s.rev if s.rev_policy is not RevPolicy.ACCEPT else None,
         )
-        fatal = [(row, detail) for row, detail in check_startup_frame(ctx, chk) if row.fatal]
+        rules = self.frame_rules + self.reply_rules if frame.reply else self.frame_rules
+        fatal = [
+            row_detail for row_detail in check_startup_frame(ctx, chk, rules) if row_detail[0].fatal
+        ]
         self.peer_findings = chk.findings
         # Before Full Operation: a malformed Reply closes TCP (2/0/4, MPA-28).
         for row, detail in fatal:

@@ -206,6 +206,7 @@ DUTS = {
     "rping-markers": (DutRole.LISTENS, "rping"),
     "rping-client": (DutRole.CONNECTS, "rping"),
     "rping-client-p2p": (DutRole.CONNECTS, "rping"),
+    "rping-client-patient": (DutRole.CONNECTS, "rping"),
     "kbtp": (DutRole.LISTENS, "kbtp"),
     "bench": (DutRole.LISTENS, "bench"),
     "perftest": (DutRole.LISTENS, "perftest"),
@@ -214,6 +215,7 @@ DUTS = {
 SWEEP = {
     "rping-markers": ("MPA",),
     "rping-client-p2p": ("ERC", "MPA-19.3"),
+    "rping-client-patient": ("MPA-18", "MPA-19", "MPA-24", "MPA-26", "MPA-27"),
     "perftest": ("DDP", "RDMAP", "EXT-01", "EXT-09"),
 }
 """What a DUT's sweep covers when not every case (default: all it runs)."""
@@ -229,6 +231,8 @@ async def run_dut(name: str, cases: Iterable[Case], *, options: RunOptions = QUI
         return await run_against_rping_client(cases, options=options)
     if name == "rping-client-p2p":
         return await run_against_rping_client(cases, "--p2p", "write", options=options)
+    if name == "rping-client-patient":  # its own timeout does not end the startup first
+        return await run_against_rping_client(cases, "--timeout", "30", options=options)
     if name == "kbtp":
         return await run_against_kbtp(cases, options=options)
     if name == "perftest":

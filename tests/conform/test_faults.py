@@ -5,6 +5,7 @@ has against our unbroken stack (the session's baseline sweeps)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import trio
@@ -12,15 +13,24 @@ import trio
 import stack.transport.cm as cm
 from stack.conform import Status, exit_status, select
 from stack.conform.faults import FAULTS, injected
+from stack.conform.faults_model import fault_table_markdown
 from stack.conform.model import Case
 from stack.conform.registry import SelectionError
 from stack.rnic.memory import StagTable
 from tests.conform.conftest import Baselines
-from tests.conform.helpers import DUTS, FAST, QUICK, run_against_rping_server, run_dut
+from tests.conform.helpers import (
+    DUTS,
+    FAST,
+    QUICK,
+    SHORT_TIMERS,
+    run_against_rping_server,
+    run_dut,
+)
 
 
 def _scope(name: str, dut: str) -> list[Case]:
-    """The fault's cases (its ``fails`` and ``scope``) that DUT ``dut`` runs, quick ones."""
+    """The fault's cases (its ``fails`` and ``scope``) that DUT ``dut`` runs: the quick ones,
+    and the slow ones (startup timers) the fault names in ``fails``."""
     fault = FAULTS[name]
     role, app = DUTS[dut]
     out: dict[str, Case] = {}
@@ -29,7 +39,7 @@ def _scope(name: str, dut: str) -> list[Case]:
             picked = select([pattern], role=role, app=app)
         except SelectionError:
             continue
-        out.update((c.id, c) for c in picked if not c.slow)
+        out.update((c.id, c) for c in picked if not c.slow or c.id in fault.fails)
     return list(out.values())
 
 
@@ -50,7 +60,7 @@ def test_fault_changes_exactly_its_cases(name: str, baselines: Baselines) -> Non
         base = baselines.statuses(dut)
 
         async def run(cases: list[Case] = cases, dut: str = dut) -> dict[str, Status]:
-            with injected(name):
+            with injected(name, **SHORT_TIMERS):  # as in the baseline sweeps
                 report = await run_dut(dut, cases, options=FAST)
             return {r.case.id: r.status for r in report.results}
 
@@ -70,6 +80,22 @@ def test_every_fault_breaks_something_and_names_known_cases() -> None:
         assert fault.fails and set(fault.fails) <= ids, fault.name
         assert set(fault.fails.values()) <= {"FAIL", "WARN", "SKIP"}
         assert fault.app in DUTS
+
+
+def test_every_case_can_be_failed_by_some_fault() -> None:
+    """A case that no fault can fail is a defect: each case is in some fault's ``fails``."""
+    named = {cid for fault in FAULTS.values() for cid in fault.fails}
+    unfailed = [c.id for c in select() if c.id not in named]
+    assert not unfailed, f"no fault fails {unfailed}"
+
+
+def test_docs_fault_table_is_current() -> None:
+    """docs/conform.md's fault table is :func:`fault_table_markdown` of :data:`FAULTS`."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "conform.md").read_text()
+    assert fault_table_markdown(FAULTS.values()) in doc, (
+        "docs/conform.md's fault table is stale: regenerate it with "
+        "stack.conform.faults_model.fault_table_markdown(FAULTS.values())"
+    )
 
 
 async def test_strict_turns_a_should_fault_into_a_failure() -> None:

@@ -68,6 +68,7 @@ SKIPS: dict[str, dict[str, str]] = {
     "rping-client": {c: "not peer-to-peer" for c in ("ERC-08.4", "ERC-09", "ERC-09.2")},
     "rping-markers": _reasons(asks_for_CRC=("MPA-05",), asks_for_markers=("MPA-17", "MPA-02")),
     "rping-client-p2p": {},
+    "rping-client-patient": {},
     "kbtp": _reasons(
         asks_for_CRC=("MPA-05",),
         does_not_ask_for_markers=_MARKERS,
