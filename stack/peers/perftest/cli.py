@@ -203,6 +203,8 @@ def options_from_args(
 ) -> PerftestOptions:
     if args.server is not None and not args.server.strip():
         raise CliError("empty server address")
+    if getattr(args, "duration", None) is not None and args.iters is not None:
+        raise CliError("-D (duration) and -n (iterations) exclude each other")
     out_json = args.out_json_file or args.out_json
     try:
         return PerftestOptions.build(

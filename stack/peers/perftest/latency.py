@@ -142,7 +142,7 @@ async def _write(side: PerftestSide, size: int) -> LatResult:
     return _stats(size, o.iters, posted, round_trip=True)
 
 
-async def _wait_byte(side: PerftestSide, buf: bytearray, index: int, value: int) -> None:
+async def _wait_byte(side: PerftestSide, buf: memoryview, index: int, value: int) -> None:
     """Spin (yielding to the connection) until ``buf[index] == value``, as perftest does."""
     seen, deadline = side.meter.received, trio.current_time() + side.opts.timeout
     while buf[index] != value:

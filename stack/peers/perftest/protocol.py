@@ -250,7 +250,8 @@ def script(
     if test not in (LAT_TESTS if latency else TESTS):
         kind = "latency" if latency else "bandwidth"
         raise PerftestError(f"unknown {kind} test {test!r}")
-    head = (Step.HELLO, Step.SYNC, Step.CONNECT, Step.SYNC, Step.SET_UP)
+    head: tuple[Step, ...] = (Step.HELLO, Step.SYNC, Step.CONNECT, Step.SYNC, Step.SET_UP)
+    per_size: tuple[Step, ...]
     if latency:
         if test == "send":
             per_size = (Step.PREPARE, Step.SYNC, Step.RUN)
