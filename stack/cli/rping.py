@@ -9,6 +9,11 @@ Same flags and wire protocol as rdma-core's ``rping``, so either side can be the
 3. the client Sends the info of its RDMA buffer; the server RDMA-Writes the ping data
    there, then Sends again;
 4. the client checks (``-V``) that both buffers match.
+
+``-P`` serves clients concurrently, each on its own QP, as rdma-core's ``rping -P`` (one
+thread per client there); ``-I`` binds the client's source address; ``-d`` prints rping's
+debug lines plus the negotiated MPA parameters (RFC 5044 §7.1, RFC 6581 §9) and any
+Terminate received or sent (RFC 5040 §5.4); ``-w FILE`` records our side to a pcap.
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ from __future__ import annotations
 import argparse
 import struct
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from stack.cli import CliError, trio_run
-from stack.constants import RtrType
+from stack.cli import one_line_errors, port_number, positive_int, trio_run
+from stack.constants import MPA_MAX_PRIVATE_DATA, RtrType
+from stack.errors import IwarpError
+from stack.pcap import PcapWriter
 from stack.rnic import (
     Access,
     RecvWR,
@@ -34,10 +43,12 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.rnic.cq import CompletionQueue
+from stack.rnic.endpoint import PeerTerminated
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.qp import QueuePair
-from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
+from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected, ConnectRequest
 from stack.transport.driver import RdmaConnection
+from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
 
 RDMA_INFO = struct.Struct(">QII")
@@ -71,8 +82,8 @@ def ping_pattern(ping: int, size: int) -> bytes:
 class Endpoint:
     """Buffers and QP of one rping side."""
 
-    def __init__(self, size: int) -> None:
-        self.rnic = Rnic("rping")
+    def __init__(self, size: int, rnic: Rnic | None = None) -> None:
+        self.rnic = rnic or Rnic("rping")
         self.pd = self.rnic.alloc_pd()
         self.cq: CompletionQueue = self.rnic.create_cq()
         self.qp: QueuePair = self.rnic.create_qp(self.pd, self.cq, ird=1, ord=1)
@@ -126,6 +137,41 @@ class Endpoint:
             return wc
 
 
+class Debug:
+    """rping's ``-d`` output (its DEBUG_LOG lines), on stderr; silent without ``-d``."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, line: str) -> None:
+        if self.enabled:
+            print(line, file=sys.stderr, flush=True)
+
+    def negotiated(self, conn: RdmaConnection) -> None:
+        """The MPA outcome (RFC 5044 §7.1, RFC 6581 §9): rev, CRC, markers, IRD/ORD, RTR."""
+        neg = conn.negotiated
+        if not self.enabled or neg is None:
+            return
+        peer = f" (peer IRD {neg.peer_ird} ORD {neg.peer_ord})" if neg.peer_ird is not None else ""
+        rtr = f"P2P on, RTR {neg.rtr.name}" if neg.p2p else "P2P off"
+        data = neg.peer_private_data
+        self(
+            f"MPA rev {neg.rev}, CRC {'on' if neg.crc else 'off'}, markers "
+            f"tx {'on' if neg.markers_tx else 'off'} rx {'on' if neg.markers_rx else 'off'}, "
+            f"IRD {neg.ird} ORD {neg.ord}{peer}, {rtr}, MULPDU {neg.mulpdu}"
+        )
+        self(f"MPA peer private data ({len(data)} bytes): {data!r}")
+
+    def terminates(self, conn: RdmaConnection) -> None:
+        """A Terminate the peer sent, or one we sent (RFC 5040 §5.4)."""
+        if not self.enabled:
+            return
+        if isinstance(conn.error, PeerTerminated):
+            self(f"Terminate received: {conn.error.terminate}")
+        if conn.engine.terminate_sent:
+            self(f"Terminate sent: {conn.error}")
+
+
 def settings_from(args: argparse.Namespace) -> MpaSettings:
     rtr = {"send": RtrType.SEND, "write": RtrType.WRITE, "read": RtrType.READ}
     kwargs: dict[str, Any] = {
@@ -142,32 +188,74 @@ def settings_from(args: argparse.Namespace) -> MpaSettings:
     return MpaSettings(**kwargs)
 
 
+@asynccontextmanager
+async def _manager(rnic: Rnic, args: argparse.Namespace) -> AsyncIterator[ConnectionManager]:
+    """The connection manager, recording every connection to ``-w FILE`` if given."""
+    path = getattr(args, "capture", None)
+    if path is None:
+        async with ConnectionManager.open(rnic) as cm:
+            yield cm
+        return
+    with PcapWriter(path) as writer:
+        async with ConnectionManager.open(rnic, tap_factory=pcap_tap_factory(writer)) as cm:
+            yield cm
+
+
 async def run_server(args: argparse.Namespace) -> int:
-    ep = Endpoint(args.size)
-    async with ConnectionManager.open(ep.rnic) as cm:
+    debug = Debug(args.debug)
+    rnic = Rnic("rping")
+    async with _manager(rnic, args) as cm:
         listener = await cm.listen(args.addr or "0.0.0.0", args.port, settings=settings_from(args))
-        if args.debug:
-            print(f"rping: listening on port {listener.port}", file=sys.stderr, flush=True)
-        request = await listener.get_request()
+        debug("rdma_bind_addr successful")
+        debug(f"rping: listening on port {listener.port}")
+        if getattr(args, "persistent", False):
+            async with trio.open_nursery() as nursery:
+                while True:
+                    request = await listener.get_request()
+                    nursery.start_soon(_serve_client, rnic, request, args, debug)
+        with trio.move_on_after(args.timeout) as scope:
+            request = await listener.get_request()
+        if scope.cancelled_caught:
+            print(f"rping: no client connected within {args.timeout:g} s", file=sys.stderr)
+            return 1
+        return await _serve_client(rnic, request, args, debug)
+    return 1  # pragma: no cover - the persistent loop only ends by cancellation
+
+
+async def _serve_client(
+    rnic: Rnic, request: ConnectRequest, args: argparse.Namespace, debug: Debug
+) -> int:
+    """One client, rping's ``rping_test_server`` loop; its exit status."""
+    debug(f"cma_event type RDMA_CM_EVENT_CONNECT_REQUEST from {request.remote[0]}")
+    ep = Endpoint(args.size, rnic)
+    try:
         conn = await request.accept(ep.qp, args.private_data.encode())
-        status = 0
-        try:
-            await _server_loop(ep, conn, args)
-        except* Disconnected:
-            pass  # the client is done: rping's server exits normally
-        except* RpingError as group:
-            print(f"rping: {group.exceptions[0]}", file=sys.stderr)
-            status = 1
-        finally:
-            await conn.disconnect()
-        if status == 0 and conn.error is not None:
-            # the peer's Terminate, or the connection reset or broken mid-transfer
-            print(f"rping: {conn.error or type(conn.error).__name__}", file=sys.stderr)
-            status = 1
+    except IwarpError as exc:
+        print(f"rping: accept error: {exc}", file=sys.stderr)
+        return 1
+    debug("cma_event type RDMA_CM_EVENT_ESTABLISHED (child)")
+    debug.negotiated(conn)
+    status = 0
+    try:
+        await _server_loop(ep, conn, args, debug)
+    except* Disconnected:
+        debug("cma_event type RDMA_CM_EVENT_DISCONNECTED (child)")  # the client is done
+    except* (RpingError, trio.TooSlowError) as group:
+        print(f"rping: {group.exceptions[0] or 'timed out'}", file=sys.stderr)
+        status = 1
+    finally:
+        await conn.disconnect()
+    debug.terminates(conn)
+    if status == 0 and conn.error is not None:
+        # the peer's Terminate, or the connection reset or broken mid-transfer
+        print(f"rping: {conn.error or type(conn.error).__name__}", file=sys.stderr)
+        status = 1
     return status
 
 
-async def _server_loop(ep: Endpoint, conn: RdmaConnection, args: argparse.Namespace) -> None:
+async def _server_loop(
+    ep: Endpoint, conn: RdmaConnection, args: argparse.Namespace, debug: Debug
+) -> None:
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -177,77 +265,178 @@ async def _server_loop(ep: Endpoint, conn: RdmaConnection, args: argparse.Namesp
         nursery.start_soon(watch)
         while True:
             addr, rkey, length = await ep.receive_info()
+            debug(f"Received rkey {rkey:x} addr {addr:x} len {length} from peer")
+            debug("server received sink adv")
             if length > ep.size:
                 raise RpingError(f"client buffer of {length} bytes exceeds -S {ep.size}")
             ep.qp.post_send(
                 SendWR(3, WrOpcode.RDMA_READ, (Sge(ep.rdma_mr.addr, length, ep.rdma_mr.lkey),),
                        rkey=rkey, remote_addr=addr)
             )  # fmt: skip
-            await ep.expect(WcOpcode.RDMA_READ)
+            debug("server posted rdma read req")
+            with trio.fail_after(args.timeout):
+                await ep.expect(WcOpcode.RDMA_READ)
+            debug("server received read complete")
             data = bytes(ep.rdma_mr.buf[:length]).split(b"\0", 1)[0]
             if args.verbose:
                 print(f"server ping data: {data.decode(errors='replace')}", flush=True)
             ep.send_info(None)
-            addr, rkey, length = await ep.receive_info()
+            debug("server posted go ahead")
+            with trio.fail_after(args.timeout):
+                addr, rkey, length = await ep.receive_info()
+            debug(f"Received rkey {rkey:x} addr {addr:x} len {length} from peer")
+            debug("server received sink adv")
+            size = min(len(data) + 1, length)
             ep.qp.post_send(
-                SendWR(4, WrOpcode.RDMA_WRITE,
-                       (Sge(ep.rdma_mr.addr, min(len(data) + 1, length), ep.rdma_mr.lkey),),
+                SendWR(4, WrOpcode.RDMA_WRITE, (Sge(ep.rdma_mr.addr, size, ep.rdma_mr.lkey),),
                        rkey=rkey, remote_addr=addr)
             )  # fmt: skip
-            await ep.expect(WcOpcode.RDMA_WRITE)
+            debug(f"rdma write from lkey {ep.rdma_mr.lkey:x} laddr {ep.rdma_mr.addr:x} len {size}")
+            with trio.fail_after(args.timeout):
+                await ep.expect(WcOpcode.RDMA_WRITE)
+            debug("server rdma write complete")
             ep.send_info(None)
+            debug("server posted go ahead")
 
 
 async def run_client(args: argparse.Namespace) -> int:
+    debug = Debug(args.debug)
     ep = Endpoint(args.size)
-    async with ConnectionManager.open(ep.rnic) as cm:
+    async with _manager(ep.rnic, args) as cm:
         try:
             with trio.fail_after(args.timeout):
                 conn = await cm.connect(
                     args.addr, args.port, ep.qp, private_data=args.private_data.encode(),
                     settings=settings_from(args), first_fpdu_delay=args.first_fpdu_delay,
+                    local_address=getattr(args, "source", None),
                 )  # fmt: skip
-        except (ConnectFailed, ConnectRejected, trio.TooSlowError) as exc:
+        except trio.TooSlowError:
+            print(f"rping: connect error: no answer within {args.timeout:g} s", file=sys.stderr)
+            return 1
+        except (ConnectFailed, ConnectRejected) as exc:
             print(f"rping: connect error: {exc}", file=sys.stderr)
             return 1
-        failures = 0
-        try:
-            ping = 0
-            while not args.count or ping < args.count:
-                pattern = ping_pattern(ping, ep.size)
-                ep.start_mr.buf[:] = pattern
-                ep.send_info(ep.start_mr)
-                with trio.fail_after(args.timeout):
-                    await ep.expect(WcOpcode.RECV)
-                    ep.rdma_mr.buf[:] = bytes(ep.size)
-                    ep.send_info(ep.rdma_mr)
-                    await ep.expect(WcOpcode.RECV)
-                got = bytes(ep.rdma_mr.buf)
-                if args.validate and got != pattern:
-                    print(f"data mismatch!\n  sent {pattern!r}\n  got  {got!r}", file=sys.stderr)
-                    failures += 1
-                if args.verbose:
-                    text = got.split(b"\0", 1)[0].decode(errors="replace")
-                    print(f"ping data: {text}", flush=True)
-                ping += 1
-        except (RpingError, trio.TooSlowError) as exc:
-            print(f"rping: {str(exc) or 'timed out'}", file=sys.stderr)
-            return 1
-        finally:
-            await conn.disconnect()
-        return 1 if failures else 0
+        debug("rdma_connect successful")
+        debug.negotiated(conn)
+        status = await _client_loop(ep, args, debug)
+        await conn.disconnect()
+        debug.terminates(conn)
+        return status
+
+
+async def _client_loop(ep: Endpoint, args: argparse.Namespace, debug: Debug) -> int:
+    failures = 0
+    try:
+        ping = 0
+        while not args.count or ping < args.count:
+            pattern = ping_pattern(ping, ep.size)
+            ep.start_mr.buf[:] = pattern
+            ep.send_info(ep.start_mr)
+            debug(f"RDMA addr {ep.start_mr.addr:x} rkey {ep.start_mr.rkey:x} len {ep.size}")
+            with trio.fail_after(args.timeout):
+                await ep.expect(WcOpcode.RECV)
+                debug("recv completion")
+                ep.rdma_mr.buf[:] = bytes(ep.size)
+                ep.send_info(ep.rdma_mr)
+                debug(f"RDMA addr {ep.rdma_mr.addr:x} rkey {ep.rdma_mr.rkey:x} len {ep.size}")
+                await ep.expect(WcOpcode.RECV)
+                debug("recv completion")
+            got = bytes(ep.rdma_mr.buf)
+            if args.validate and got != pattern:
+                print(f"data mismatch!\n  sent {pattern!r}\n  got  {got!r}", file=sys.stderr)
+                failures += 1
+            if args.verbose:
+                text = got.split(b"\0", 1)[0].decode(errors="replace")
+                print(f"ping data: {text}", flush=True)
+            ping += 1
+    except (RpingError, trio.TooSlowError) as exc:
+        print(f"rping: {str(exc) or 'timed out'}", file=sys.stderr)
+        return 1
+    return 1 if failures else 0
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port to listen on or connect to, 1 to 65535."""
+    value = port_number(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("port must be 1 to 65535, got 0")
+    return value
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
+def _count(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _emss(text: str) -> int:
+    value = positive_int(text)
+    if not 64 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
+    return value
+
+
+def _private_data(text: str) -> str:
+    if len(text.encode()) > MPA_MAX_PRIVATE_DATA:
+        raise argparse.ArgumentTypeError(
+            f"at most {MPA_MAX_PRIVATE_DATA} bytes of private data (MPA-05), got {len(text)}"
+        )
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = _check(args)
+    if problem:
+        print(f"{args.parser.prog}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return trio_run(run_server if args.server else run_client, args)
+    except OSError as exc:  # cannot listen, bind -I, or write -w FILE
+        print(f"rping: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check(args: argparse.Namespace) -> str:
+    """What is wrong with the combination of options ('' when nothing)."""
     if args.server == args.client:
-        raise CliError("exactly one of -s (server) or -c (client) is required")
+        return "exactly one of -s (server) or -c (client) is required"
     if args.client and not args.addr:
-        raise CliError("-c needs -a ADDRESS of the server")
+        return "-c needs -a ADDRESS of the server"
+    if args.persistent and not args.server:
+        return "-P (persistent server) applies to -s"
+    if args.source and not args.client:
+        return "-I (source address) applies to -c"
     if not MIN_SIZE <= args.size <= MAX_SIZE:
-        raise CliError(f"-S size must be in {MIN_SIZE}..{MAX_SIZE}")
-    if args.count < 0:
-        raise CliError("-C count must be >= 0")
-    return trio_run(run_server if args.server else run_client, args)
+        return f"-S size must be in {MIN_SIZE}..{MAX_SIZE}, got {args.size}"
+    return ""
 
 
 def register(subparsers: Any) -> None:
@@ -258,12 +447,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("-s", dest="server", action="store_true", help="server")
     p.add_argument("-c", dest="client", action="store_true", help="client")
     p.add_argument("-a", dest="addr", help="address (server: bind, default all; client: server)")
-    p.add_argument("-p", dest="port", type=int, default=DEFAULT_PORT, help="port (default 7174)")
-    p.add_argument("-C", dest="count", type=int, default=0, help="ping count (0 = forever)")
-    p.add_argument("-S", dest="size", type=int, default=DEFAULT_SIZE, help="ping data size")
+    p.add_argument("-I", dest="source", metavar="ADDR", help="client: source address to bind to")
+    p.add_argument(
+        "-P", dest="persistent", action="store_true",
+        help="persistent server: serve clients, concurrently, until interrupted",
+    )  # fmt: skip
+    p.add_argument(
+        "-p", dest="port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "-C", dest="count", type=_count, default=0, help="ping count (default 0: forever)"
+    )
+    p.add_argument(
+        "-S", dest="size", type=_int, default=DEFAULT_SIZE,
+        help=f"ping data size, {MIN_SIZE} to {MAX_SIZE} (default {DEFAULT_SIZE})",
+    )  # fmt: skip
     p.add_argument("-v", dest="verbose", action="store_true", help="display ping data")
     p.add_argument("-V", dest="validate", action="store_true", help="validate ping data")
-    p.add_argument("-d", dest="debug", action="store_true", help="debug output")
+    p.add_argument("-d", dest="debug", action="store_true",
+                   help="debug output, the negotiated MPA and Terminates (stderr)")  # fmt: skip
+    p.add_argument("-w", dest="capture", metavar="FILE", help="write our side's capture (pcap)")
     p.add_argument(
         "--mpa-rev", type=int, choices=(1, 2), default=2, help="MPA revision (default 2)"
     )
@@ -271,14 +474,18 @@ def register(subparsers: Any) -> None:
                    help="request MPA CRC (default on, RFC 5044)")  # fmt: skip
     p.add_argument("--markers", action="store_true", help="ask for MPA markers")
     p.add_argument(
-        "--emss", type=int, help="EMSS for MULPDU (default: the socket's MSS; 1448 for Ethernet)"
+        "--emss", type=_emss, help="EMSS for MULPDU (default: the socket's MSS; 1448 for Ethernet)"
     )
     p.add_argument("--p2p", choices=("send", "write", "read"), help="peer-to-peer with this RTR")
-    p.add_argument("--private-data", default="", help="MPA private data to send")
+    p.add_argument("--private-data", type=_private_data, default="",
+                   help="MPA private data to send (default none)")  # fmt: skip
     p.add_argument(
-        "--first-fpdu-delay", type=float, default=0.2, metavar="S",
-        help="client: wait S seconds after the MPA Reply before the first FPDU (default 0.2; "
-        "avoids Linux siw's passive-side race, 0 to disable)",
+        "--first-fpdu-delay", type=_delay, default=0.2, metavar="S",
+        help="client: wait S seconds after the MPA Reply before the first FPDU (avoids Linux "
+        "siw's passive-side race, 0 to disable; default 0.2)",
     )  # fmt: skip
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per step (default 30)")
-    p.set_defaults(func=run)
+    p.add_argument("--timeout", type=_timeout, default=30.0, metavar="S",
+                   help="seconds per step, and for a server (without -P) to wait for its "
+                   "client (default 30)")  # fmt: skip
+    one_line_errors(p)
+    p.set_defaults(func=run, parser=p)

@@ -417,8 +417,9 @@ class ConnectionManager:
         private_data: bytes = b"",
         settings: MpaSettings | None = None,
         first_fpdu_delay: float = 0.0,
+        local_address: str | None = None,
     ) -> RdmaConnection:
-        """Connect ``qp`` to a listener (``rdma_connect``).
+        """Connect ``qp`` to a listener (``rdma_connect``); ``local_address`` binds the source.
 
         ``first_fpdu_delay`` holds the first FPDU back for that many seconds after the MPA
         Reply.  Linux siw as the passive side can leave an FPDU that arrives right after its
@@ -429,7 +430,7 @@ class ConnectionManager:
         :class:`ConnectFailed`.
         """
         try:
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await trio.open_tcp_stream(host, port, local_address=local_address)
         except OSError as exc:
             raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
         settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)

@@ -14,7 +14,7 @@ import trio
 from stack.peers.perftest.protocol import PerftestError
 from stack.rnic import Access, QpCap, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import ProtectionDomain
-from stack.transport.driver import RdmaConnection
+from stack.transport.driver import RdmaConnection, Tap
 
 WATCH_SECONDS = 0.5
 """How often a side waiting for an exchange message looks at its data connections."""
@@ -44,6 +44,32 @@ class ByteMeter:
     def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
         if not outbound:
             self.received += len(data)
+
+
+class TeeTap:
+    """A tap factory that gives each connection to the byte meter and to a capture tap."""
+
+    def __init__(self, meter: ByteMeter, capture: Callable[[trio.SocketStream, bool], Tap]) -> None:
+        self.meter = meter
+        self.capture = capture
+
+    def __call__(self, stream: trio.SocketStream, initiator: bool) -> _Both:
+        return _Both(self.meter, self.capture(stream, initiator))
+
+
+class _Both:
+    def __init__(self, meter: ByteMeter, tap: Tap) -> None:
+        self.meter = meter
+        self.tap = tap
+
+    def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
+        self.meter.record(outbound, data)
+        self.tap.record(outbound, data)
+
+    def close(self) -> None:
+        close = getattr(self.tap, "close", None)
+        if close is not None:
+            close()
 
 
 class Comm:

@@ -1,8 +1,9 @@
-"""``iwarp bench ib_write_bw|ib_read_bw|ib_send_bw``: perftest's ``-R`` peers on our stack.
+"""``iwarp bench ib_*_bw`` (write, read, send, atomic) and ``ib_*_lat``: perftest ``-R`` peers.
 
-Either side of perftest's bandwidth tests with ``-R`` (rdma_cm), so the other side can be
-the real perftest, for example on Linux siw.  The command line follows perftest's: no
-address makes a server, an address makes a client, and both sides take the same options::
+Either side of perftest's bandwidth and latency tests with ``-R`` (rdma_cm), so the other
+side can be the real perftest, for example on Linux siw or a hardware RNIC.  The command
+line follows perftest's: no address makes a server, an address makes a client, and both
+sides take the same options::
 
     iwarp bench ib_write_bw -R -n 5 -s 4096              # like `ib_write_bw -R -n 5 -s 4096`
     iwarp bench ib_write_bw -R -n 5 -s 4096 10.0.2.15    # client of a perftest server
@@ -11,27 +12,36 @@ address makes a server, an address makes a client, and both sides take the same 
 perftest, give both sides the same ``-s``/``-a``/``-n``/``-q`` (and ``-r`` if any): the
 server never learns them from the client.  It sizes its buffer by ``-s`` (Write/Read target,
 Send receives) and an ``ib_send_bw`` server counts ``-n`` x ``-q`` receives.
+
+perftest's device-local options (``-d DEV``, ``-i PORT``, ``-F``, ``-x GID``) are accepted
+with a note that they do not apply.  ``--report_gbits``, ``-D SECONDS``, ``--out_json``
+(``--out_json=FILE`` or ``--out_json_file FILE``) and ``-w FILE`` (our side's capture) as
+described in :mod:`~stack.peers.perftest.report`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import sys
 
 from stack.bench.options import parse_size
 from stack.bench.report import TEST_NAMES
-from stack.cli import CliError, port_number, positive_int, trio_run
+from stack.cli import CliError, one_line_errors, port_number, positive_int, trio_run
 from stack.errors import IwarpError
 from stack.peers.perftest.client import run_client
 from stack.peers.perftest.options import (
     DEFAULT_ITERS,
+    DEFAULT_LAT_ITERS,
     DEFAULT_PORT,
     FIRST_FPDU_DELAY,
+    LAT_SIZE,
     MAX_DEVICE_READS,
     MAX_SIZE,
     PerftestOptions,
 )
-from stack.peers.perftest.protocol import TESTS, PerftestError
+from stack.peers.perftest.protocol import LAT_TESTS, TESTS, PerftestError
 from stack.peers.perftest.server import PerftestServer
 
 
@@ -59,21 +69,67 @@ def _size(text: str) -> int:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
+DEFAULT_JSON_FILE = "perftest_out.json"
+"""perftest's ``--out_json`` file when ``--out_json_file`` is not given."""
+DEVICE_OPTIONS = {
+    "device": "-d",
+    "ib_port": "-i",
+    "cpu_freq_f": "-F",
+    "gid_index": "-x",
+}
+"""perftest's device-local options: accepted, with a note that they do not apply here."""
+
+
+def _duration(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0 < value < 1e6 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _json_file(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("empty file name")
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is an address, not a file: give the server address before --out_json "
+        "or write --out_json=FILE"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = False) -> None:
     parser.add_argument("server", nargs="?", help="server address: run as client (else server)")
     parser.add_argument(
         "-R", "--rdma_cm", action="store_true", help="rdma_cm exchange (always on; accepted)"
     )
-    sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("-s", "--size", type=_size, help="message size (default 65536)")
-    sizes.add_argument("-a", "--all", action="store_true", help="sizes 2 to 2^23")
+    if test != "atomic":
+        default = LAT_SIZE if latency else 65536
+        sizes = parser.add_mutually_exclusive_group()
+        sizes.add_argument("-s", "--size", type=_size, help=f"message size (default {default})")
+        sizes.add_argument("-a", "--all", action="store_true", help="sizes 2 to 2^23")
+    iters = DEFAULT_LAT_ITERS if latency else DEFAULT_ITERS[test]
     parser.add_argument(
         "-n",
         "--iters",
         type=positive_int,
-        help=f"iterations (default {DEFAULT_ITERS[test]}; give the server the same)",
+        help=f"iterations (default {iters}; give the server the same)",
     )
-    parser.add_argument("-q", "--qp", type=positive_int, default=1, help="number of QPs")
+    if not latency or test == "read":
+        parser.add_argument(
+            "-D",
+            "--duration",
+            type=_duration,
+            metavar="SECONDS",
+            help="run for SECONDS instead of -n iterations (give the server the same)",
+        )
+    if not latency:
+        parser.add_argument("-q", "--qp", type=positive_int, default=1, help="number of QPs (1)")
     parser.add_argument(
         "-p",
         "--port",
@@ -81,14 +137,37 @@ def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         default=DEFAULT_PORT,
         help=f"port (default {DEFAULT_PORT})",
     )
-    parser.add_argument("-t", "--tx-depth", type=positive_int, help="WRs outstanding (128)")
-    parser.add_argument("-Q", "--cq-mod", type=positive_int, help="signal every Nth WR (100)")
-    if test == "send":
+    if not latency:
+        parser.add_argument("-t", "--tx-depth", type=positive_int, help="WRs outstanding (128)")
+        parser.add_argument("-Q", "--cq-mod", type=positive_int, help="signal every Nth WR (100)")
+    if test == "send" and not latency:
         parser.add_argument("-r", "--rx-depth", type=positive_int, help="receives (512)")
-    if test == "read":
+    if test in ("read", "atomic"):
         parser.add_argument(
             "-o", "--outs", type=positive_int, help=f"outstanding reads ({MAX_DEVICE_READS})"
         )
+    if not latency:
+        parser.add_argument(
+            "--report_gbits", action="store_true", help="report bandwidth in Gb/s (not MB/s)"
+        )
+    parser.add_argument(
+        "--out_json",
+        nargs="?",
+        const=DEFAULT_JSON_FILE,
+        type=_json_file,
+        metavar="FILE",
+        help=f"write the results as JSON to FILE (default {DEFAULT_JSON_FILE})",
+    )
+    parser.add_argument(
+        "--out_json_file", type=_json_file, metavar="FILE", help="the --out_json file (perftest)"
+    )
+    parser.add_argument("-w", dest="capture", metavar="FILE", help="write our side's pcap")
+    device = parser.add_argument_group("perftest's device options (accepted; they do not apply)")
+    device.add_argument("-d", "--ib-dev", dest="device", metavar="DEV", help="RDMA device")
+    device.add_argument("-i", "--ib-port", dest="ib_port", metavar="PORT", help="device port")
+    device.add_argument("-F", "--CPU-freq", dest="cpu_freq_f", action="store_true",
+                        help="do not fail on CPU frequency warnings")  # fmt: skip
+    device.add_argument("-x", "--gid-index", dest="gid_index", metavar="GID", help="GID index")
     parser.add_argument(
         "--bind", default="0.0.0.0", help="server: address to listen on (default all)"
     )
@@ -98,7 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         default=None,
         help="request MPA CRC (default: client on, server off; CRC is on if either asks)",
     )
-    parser.add_argument("--emss", type=positive_int, help="EMSS for the MULPDU (MPA-13)")
+    parser.add_argument("--emss", type=_emss, help="EMSS for the MULPDU (MPA-13)")
     parser.add_argument(
         "--timeout", type=_timeout, default=30.0, help="seconds without progress (default 30)"
     )
@@ -106,22 +185,38 @@ def add_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--first-fpdu-delay",
         type=_seconds,
         default=FIRST_FPDU_DELAY,
-        help="client: seconds between a connection and its first FPDU (Linux siw's passive race)",
+        help="client: seconds between a connection and its first FPDU (Linux siw's passive "
+        f"race; default {FIRST_FPDU_DELAY})",
     )
+    one_line_errors(parser)
 
 
-def options_from_args(args: argparse.Namespace, test: str) -> PerftestOptions:
+def _emss(text: str) -> int:
+    value = positive_int(text)
+    if not 64 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
+    return value
+
+
+def options_from_args(
+    args: argparse.Namespace, test: str, latency: bool = False
+) -> PerftestOptions:
+    if args.server is not None and not args.server.strip():
+        raise CliError("empty server address")
+    if getattr(args, "duration", None) is not None and args.iters is not None:
+        raise CliError("-D (duration) and -n (iterations) exclude each other")
+    out_json = args.out_json_file or args.out_json
     try:
         return PerftestOptions.build(
             test,
-            size=args.size,
-            all_sizes=args.all,
+            size=getattr(args, "size", None),
+            all_sizes=getattr(args, "all", False),
             iters=args.iters,
-            tx_depth=args.tx_depth,
+            tx_depth=getattr(args, "tx_depth", None),
             rx_depth=getattr(args, "rx_depth", None),
-            cq_mod=args.cq_mod,
+            cq_mod=getattr(args, "cq_mod", None),
             out_reads=getattr(args, "outs", None),
-            num_qps=args.qp,
+            num_qps=getattr(args, "qp", 1),
             host=args.server,
             port=args.port,
             bind=args.bind,
@@ -129,15 +224,38 @@ def options_from_args(args: argparse.Namespace, test: str) -> PerftestOptions:
             emss=args.emss,
             timeout=args.timeout,
             first_fpdu_delay=args.first_fpdu_delay,
+            latency=latency,
+            duration=getattr(args, "duration", None),
+            report_gbits=getattr(args, "report_gbits", False),
+            out_json=out_json,
+            capture=args.capture,
         )
     except PerftestError as exc:
         raise CliError(str(exc)) from None
 
 
+def device_notes(args: argparse.Namespace) -> list[str]:
+    """One note per device-local option given: it does not apply to a TCP stack."""
+    notes = []
+    for dest, flag in DEVICE_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None or value is False:
+            continue
+        shown = flag if value is True else f"{flag} {value}"
+        notes.append(f"note: {shown} does not apply (no RDMA device: iWARP over TCP sockets)")
+    return notes
+
+
 def run_command(args: argparse.Namespace) -> int:
-    test = args.perftest_test
-    opts = options_from_args(args, test)
-    prog = f"iwarp bench ib_{test}_bw"
+    test, latency = args.perftest_test, args.perftest_latency
+    prog = args.parser.prog
+    try:
+        opts = options_from_args(args, test, latency)
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    for note in device_notes(args):
+        print(f"{prog}: {note}", file=sys.stderr)
     try:
         if opts.host is None:
             trio_run(PerftestServer(opts).session)
@@ -150,14 +268,19 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def register_bench(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``ib_write_bw``, ``ib_read_bw`` and ``ib_send_bw`` (perftest ``-R`` peers)."""
-    for test in TESTS:
-        parser = subparsers.add_parser(
-            f"ib_{test}_bw",
-            help=f"perftest ib_{test}_bw -R peer (server, or client with an address)",
-            description=f"{TEST_NAMES[test]} bandwidth against perftest's ib_{test}_bw -R "
-            "(rdma_cm exchange, perftest 4.5 / version 6.06): a server without an address, "
-            "a client with one.",
-        )
-        add_arguments(parser, test)
-        parser.set_defaults(func=run_command, perftest_test=test)
+    """Add ``ib_{write,read,send,atomic}_bw`` and ``ib_{write,read,send}_lat``."""
+    for latency, tests in ((False, TESTS), (True, LAT_TESTS)):
+        kind = "latency" if latency else "bandwidth"
+        for test in tests:
+            name = f"ib_{test}_{'lat' if latency else 'bw'}"
+            parser = subparsers.add_parser(
+                name,
+                help=f"perftest {name} -R peer (server, or client with an address)",
+                description=f"{TEST_NAMES[test]} {kind} against perftest's {name} -R "
+                "(rdma_cm exchange, perftest 4.5 / version 6.06): a server without an "
+                "address, a client with one.",
+            )
+            add_arguments(parser, test, latency)
+            parser.set_defaults(
+                func=run_command, perftest_test=test, perftest_latency=latency, parser=parser
+            )

@@ -17,10 +17,11 @@ import time
 
 import trio
 
-from stack.bench.report import TEST_NAMES, format_bw
+from stack.bench.report import TEST_NAMES
 from stack.bench.results import BwResult, peak_rate
 from stack.errors import single_exception
 from stack.peers.perftest.channel import check_wc
+from stack.peers.perftest.latency import prepare_latency, run_latency
 from stack.peers.perftest.options import PerftestOptions
 from stack.peers.perftest.protocol import CREDIT, BwReport, PerftestError, decode_credit
 from stack.peers.perftest.side import PerftestSide, bw_result
@@ -30,7 +31,14 @@ from stack.transport.driver import RdmaConnection
 
 CONNECT_RETRY_SECONDS = 0.1
 CREDIT_POLL_SECONDS = 0.0005
-OPCODES = {"write": WrOpcode.RDMA_WRITE, "read": WrOpcode.RDMA_READ, "send": WrOpcode.SEND}
+OPCODES = {
+    "write": WrOpcode.RDMA_WRITE,
+    "read": WrOpcode.RDMA_READ,
+    "send": WrOpcode.SEND,
+    "atomic": WrOpcode.ATOMIC_FETCH_AND_ADD,
+}
+ATOMIC_ADD = 1
+"""What ``ib_atomic_bw`` adds at the server (perftest's ATOMIC_ADD_VALUE)."""
 
 
 class PerftestClient(PerftestSide):
@@ -43,7 +51,7 @@ class PerftestClient(PerftestSide):
         assert o.host is not None
         self.header("client")
         with single_exception():
-            async with ConnectionManager.open(self.rnic, tap_factory=self.meter) as cm:
+            async with self.manager() as cm:
                 self.comm.conn = await self._connect(cm, self.comm.qp, 0, "exchange")
                 await trio.sleep(o.first_fpdu_delay)
                 try:
@@ -80,54 +88,70 @@ class PerftestClient(PerftestSide):
             d.conn = await self._connect(cm, d.qp, self.opts.cm_reads, f"data (QP {i})")
             d.established = trio.current_time()
 
+    def prepare(self, size: int) -> None:
+        if self.opts.latency:
+            prepare_latency(self, size)
+
     async def run(self, size: int) -> None:
         o = self.opts
+        if o.latency:
+            await run_latency(self, size)
+            return
         settle = max(d.established for d in self.data) + o.first_fpdu_delay
         await trio.sleep_until(settle)
         if self.credit is not None:
             self.credit.buf[:] = bytes(len(self.credit.buf))  # perftest zeroes credits per size
         samples: list[list[tuple[float, int]]] = [[] for _ in self.data]
         ends = [0.0] * len(self.data)
+        counts = [o.iters] * len(self.data)
         start = time.perf_counter()
+        deadline = trio.current_time() + o.duration if o.duration is not None else None
 
         async def one(i: int) -> None:
-            ends[i] = await self._run_qp(i, size, samples[i])
+            ends[i], counts[i] = await self._run_qp(i, size, samples[i], deadline)
 
         async with trio.open_nursery() as nursery:
             for i in range(len(self.data)):
                 nursery.start_soon(one, i)
         peak = peak_rate(samples, start, max(o.tx_depth * len(self.data), 2))
-        result = bw_result(size, o.iters, len(self.data), start, max(ends), peak)
-        self.results.append(result)
-        self.say(format_bw(result, False))
+        result = bw_result(size, min(counts), len(self.data), start, max(ends), peak)
+        self.report(result)
 
-    async def _run_qp(self, i: int, size: int, samples: list[tuple[float, int]]) -> float:
-        """Post ``-n`` WRs of ``size`` on QP ``i`` (``run_iter_bw``); the end time."""
+    async def _run_qp(
+        self, i: int, size: int, samples: list[tuple[float, int]], deadline: float | None
+    ) -> tuple[float, int]:
+        """Post ``-n`` WRs of ``size`` on QP ``i`` (``run_iter_bw``), or WRs until the ``-D``
+        deadline and one more, signalled; (the end time, the WRs posted)."""
         o = self.opts
         d, peer = self.data[i], self.theirs[i]
         assert d.buf is not None
         sges = (Sge(d.buf.base, size, d.buf.lkey),)
         op = OPCODES[o.test]
+        add = ATOMIC_ADD if o.test == "atomic" else 0
         rkey, raddr = (0, 0) if o.test == "send" else (peer.rkey, peer.vaddr)
         credit = None
         if self.credit is not None:
             credit = self.credit.buf[i * CREDIT.size : (i + 1) * CREDIT.size]
         posted = done = 0
+        target: int | None = o.iters if deadline is None else None
         last_progress = time.monotonic()
-        while done < o.iters:
+        while target is None or done < target:
+            if target is None and deadline is not None and trio.current_time() >= deadline:
+                target = posted + 1
             blocked = False
-            while posted < o.iters and posted - done < o.tx_depth:
+            while (target is None or posted < target) and posted - done < o.tx_depth:
                 if credit is not None and posted + 1 - decode_credit(credit) >= o.rx_depth:
                     blocked = True
                     break
-                last = posted + 1 == o.iters or (posted + 1) % o.cq_mod == 0
+                last = posted + 1 == target or (posted + 1) % o.cq_mod == 0
                 flags = SendFlags.SIGNALED if last else SendFlags.NONE
-                d.qp.post_send(SendWR(posted, op, sges, flags, rkey=rkey, remote_addr=raddr))
+                wr = SendWR(posted, op, sges, flags, rkey=rkey, remote_addr=raddr, compare_add=add)
+                d.qp.post_send(wr)
                 posted += 1
                 last_progress = time.monotonic()
             wcs = d.send_cq.poll(64)
             if not wcs:
-                wait = CREDIT_POLL_SECONDS if blocked else o.timeout
+                wait = CREDIT_POLL_SECONDS if blocked or target is None else o.timeout
                 with trio.move_on_after(wait):
                     wcs = [await d.send_cq.next()]
             for wc in wcs:
@@ -138,8 +162,8 @@ class PerftestClient(PerftestSide):
                 samples.append((time.perf_counter(), done))
             elif time.monotonic() - last_progress > o.timeout:
                 why = "no Send credit from the server" if blocked else "no completion"
-                raise PerftestError(f"QP {i} stalled at {done}/{o.iters}: {why} in {o.timeout} s")
-        return time.perf_counter()
+                raise PerftestError(f"QP {i} stalled at {done}/{target}: {why} in {o.timeout} s")
+        return time.perf_counter(), target
 
     def _report(self) -> BwReport:
         if not self.results:

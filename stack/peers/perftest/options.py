@@ -12,12 +12,13 @@ from typing import TextIO
 
 from stack.bench.options import (
     ALL_SIZES,
+    ATOMIC_SIZE,
     DEFAULT_CQ_MOD,
     DEFAULT_PORT,
     DEFAULT_TX_DEPTH,
     DEVICE_MAX_ORD,
 )
-from stack.peers.perftest.protocol import TESTS, PerftestError
+from stack.peers.perftest.protocol import LAT_TESTS, TESTS, PerftestError
 from stack.wire.events import CrcPolicy, MpaSettings
 
 MAX_SIZE = ALL_SIZES[-1]
@@ -26,7 +27,13 @@ DEFAULT_SIZE = 65536
 DEFAULT_RX_SEND = 512
 CQ_MOD_SIZE_LIMIT = 8192
 """perftest signals every WR above this size unless ``-Q`` (or ``-a``) says otherwise."""
-DEFAULT_ITERS = {"write": 5000, "read": 1000, "send": 1000}
+DEFAULT_ITERS = {"write": 5000, "read": 1000, "send": 1000, "atomic": 1000}
+"""Bandwidth tests' ``-n`` default (perftest: 5000 for ib_write_bw, else 1000)."""
+DEFAULT_LAT_ITERS = 1000
+LAT_SIZE = 2
+"""perftest's latency tests default to 2-byte messages."""
+DURATION_MODE_TESTS = {False: TESTS, True: ("read",)}
+"""Tests with ``-D`` here: the ping-pong latency tests run ``-n`` iterations only."""
 MAX_DEVICE_READS = DEVICE_MAX_ORD
 FIRST_FPDU_DELAY = 0.2
 """Seconds a client holds its first FPDU on a new connection (Linux siw's passive race)."""
@@ -45,9 +52,11 @@ class PerftestOptions:
     """One side of a session; defaults and clamps as perftest's ``force_dependecies``.
 
     Fields: test; sizes; all_sizes (``-a``); iters; num_qps; tx_depth; rx_depth (Send);
-    cq_mod; out_reads (Read: IRD/ORD of the data connections); host (None: server);
-    port; bind (server address); crc (request MPA CRC); emss; timeout (seconds without
-    progress); first_fpdu_delay; out (where the report goes).
+    cq_mod; out_reads (Read, Atomic: IRD/ORD of the data connections); host (None:
+    server); port; bind (server address); crc (request MPA CRC); emss; timeout (seconds
+    without progress); first_fpdu_delay; latency (``ib_*_lat``); duration (``-D``
+    seconds instead of ``-n``); report_gbits; out_json (file for the JSON results);
+    capture (pcap of our side); out (where the report goes).
     """
 
     test: str
@@ -66,6 +75,11 @@ class PerftestOptions:
     emss: int | None = None
     timeout: float = 30.0
     first_fpdu_delay: float = FIRST_FPDU_DELAY
+    latency: bool = False
+    duration: float | None = None
+    report_gbits: bool = False
+    out_json: str | None = None
+    capture: str | None = None
     out: TextIO | None = field(default=None, compare=False)
 
     @classmethod
@@ -83,15 +97,26 @@ class PerftestOptions:
         **kwargs: object,
     ) -> PerftestOptions:
         """Options with perftest's defaults for what is not given."""
-        if test not in TESTS:
-            raise PerftestError(f"unknown test {test!r}")
-        n = iters if iters is not None else DEFAULT_ITERS[test]
-        sizes = ALL_SIZES if all_sizes else (size if size is not None else DEFAULT_SIZE,)
+        latency = bool(kwargs.get("latency", False))
+        if test not in (LAT_TESTS if latency else TESTS):
+            raise PerftestError(f"unknown {'latency' if latency else 'bandwidth'} test {test!r}")
+        if kwargs.get("duration") is not None:
+            if test not in DURATION_MODE_TESTS[latency]:
+                raise PerftestError(f"-D applies to {_tests(DURATION_MODE_TESTS[latency])} here")
+            if all_sizes:
+                raise PerftestError("-D runs one size: -a does not apply")
+        if test == "atomic":
+            if all_sizes or size not in (None, ATOMIC_SIZE):
+                raise PerftestError(f"atomics are {ATOMIC_SIZE} bytes: -s/-a do not apply")
+            size = ATOMIC_SIZE
+        n = iters if iters is not None else DEFAULT_LAT_ITERS if latency else DEFAULT_ITERS[test]
+        default_size = LAT_SIZE if latency else DEFAULT_SIZE
+        sizes = ALL_SIZES if all_sizes else (size if size is not None else default_size,)
         tx = min(tx_depth or DEFAULT_TX_DEPTH, n)
         if cq_mod is None:
             big = not all_sizes and sizes[0] > CQ_MOD_SIZE_LIMIT
             cq_mod = 1 if big else DEFAULT_CQ_MOD
-        if test == "read":
+        if test in ("read", "atomic"):
             reads = min(out_reads or MAX_DEVICE_READS, MAX_DEVICE_READS)
         else:
             reads = 1
@@ -114,11 +139,20 @@ class PerftestOptions:
 
     @property
     def cm_reads(self) -> int:
-        """IRD and ORD of the data connections (perftest's conn_param; 0 unless Read)."""
-        return self.out_reads if self.test == "read" else 0
+        """IRD and ORD of the data connections (perftest's conn_param; 0 unless Read/Atomic)."""
+        return self.out_reads if self.test in ("read", "atomic") else 0
+
+    @property
+    def name(self) -> str:
+        """perftest's program name (``ib_write_bw``, ``ib_read_lat``, ...)."""
+        return f"ib_{self.test}_{'lat' if self.latency else 'bw'}"
 
     def settings(self, reads: int) -> MpaSettings:
         crc = CrcPolicy.REQUEST if self.crc else CrcPolicy.OFF
         if self.emss is None:
             return MpaSettings(crc=crc, ird=reads, ord=reads)
         return MpaSettings(crc=crc, ird=reads, ord=reads, emss=self.emss)
+
+
+def _tests(tests: tuple[str, ...]) -> str:
+    return ", ".join(tests)

@@ -26,10 +26,18 @@ perftest's sources and from captures of siw <-> siw runs; no perftest code here.
     u64), iterations (BE u64), BW peak, BW average (MB/s, MB = 2^20), message rate (Mpps),
     the last three big-endian IEEE-754 doubles (:class:`BwReport`).
 
-  ``ib_write_bw``/``ib_read_bw``: HELLO, SYNC(0), connect, SYNC(0), DESTS, DESTS, SYNC,
-  run, SYNC, REPORTS, SYNC.  ``ib_send_bw``: HELLO, SYNC(0), connect, SYNC(0), DESTS,
-  SYNC, DESTS, SYNC (the server has posted its receives), run, SYNC.  With ``-a`` a Write
-  or Read client runs every size back to back; a Send pair brackets each size with SYNCs.
+  ``ib_write_bw``/``ib_read_bw``/``ib_atomic_bw``: HELLO, SYNC(0), connect, SYNC(0),
+  DESTS, DESTS, SYNC, run, SYNC, REPORTS, SYNC.  ``ib_send_bw``: HELLO, SYNC(0), connect,
+  SYNC(0), DESTS, SYNC, DESTS, SYNC (the server has posted its receives), run, SYNC.
+  With ``-a`` a Write or Read client runs every size back to back; a Send pair brackets
+  each size with SYNCs.
+  Latency tests: ``ib_write_lat``/``ib_read_lat``: HELLO, SYNC(0), connect, SYNC(0), SYNC,
+  DESTS, DESTS, SYNC, run (``ib_read_lat``: then SYNC).  ``ib_send_lat``: HELLO, SYNC(0),
+  connect, SYNC(0), DESTS, SYNC, DESTS, SYNC (receives posted), run, SYNC.
+* Latency runs.  ``ib_write_lat``: ping-pong RDMA Writes; each side writes into the region
+  the peer advertised and spins on the last byte of its own region until it holds the
+  peer's iteration count (mod 256); the server writes first.  ``ib_send_lat``: ping-pong
+  Sends, the client first.  ``ib_read_lat``: the client Reads, one at a time.
 * Send credits (iWARP has no RNR retry, so perftest adds them): the receiver RDMA-Writes
   its receive count as a 4-byte LITTLE-endian u32 (x86 host order: perftest writes its
   memory as is) to the sender's credit slot (:func:`encode_credit`).
@@ -43,8 +51,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-TESTS = ("write", "read", "send")
+TESTS = ("write", "read", "send", "atomic")
 """The perftest bandwidth tests with a ``-R`` peer here (``ib_<test>_bw``)."""
+LAT_TESTS = ("write", "read", "send")
+"""The perftest latency tests with a ``-R`` peer here (``ib_<test>_lat``)."""
 PERFTEST_VERSION = "6.06"
 """What perftest 4.5+0.17 sends as its version (configure.ac's AC_INIT)."""
 MIN_PEER_VERSION = 5.70
@@ -228,11 +238,28 @@ class Step(Enum):
     REPORTS = "reports"
 
 
-def script(test: str, sizes: int, all_sizes: bool = False) -> tuple[Step, ...]:
-    """The stages both sides walk for ``test`` and ``sizes`` runs (perftest's ``main``)."""
-    if test not in TESTS:
-        raise PerftestError(f"unknown test {test!r}")
-    head = (Step.HELLO, Step.SYNC, Step.CONNECT, Step.SYNC, Step.SET_UP, Step.DESTS)
+def script(
+    test: str, sizes: int, all_sizes: bool = False, latency: bool = False
+) -> tuple[Step, ...]:
+    """The stages both sides walk for ``test`` and ``sizes`` runs (perftest's ``main``).
+
+    Latency tests (perftest 4.5's ``*_lat.c``) sync once more after SET_UP; ``ib_write_lat``
+    ends with its last run, ``ib_read_lat`` and ``ib_send_lat`` with a closing sync.
+    ``ib_atomic_bw`` walks ``ib_write_bw``'s stages.
+    """
+    if test not in (LAT_TESTS if latency else TESTS):
+        kind = "latency" if latency else "bandwidth"
+        raise PerftestError(f"unknown {kind} test {test!r}")
+    head: tuple[Step, ...] = (Step.HELLO, Step.SYNC, Step.CONNECT, Step.SYNC, Step.SET_UP)
+    per_size: tuple[Step, ...]
+    if latency:
+        if test == "send":
+            per_size = (Step.PREPARE, Step.SYNC, Step.RUN)
+            return head + (Step.DESTS, Step.SYNC, Step.DESTS) + per_size * sizes + (Step.SYNC,)
+        runs = (Step.PREPARE, Step.RUN) * sizes
+        tail = (Step.SYNC,) if test == "read" else ()
+        return head + (Step.SYNC, Step.DESTS, Step.DESTS, Step.SYNC) + runs + tail
+    head += (Step.DESTS,)
     if test == "send":
         per_size = (Step.PREPARE, Step.SYNC, Step.RUN) + ((Step.SYNC,) if all_sizes else ())
         return head + (Step.SYNC, Step.DESTS) + per_size * sizes + (Step.SYNC,)
@@ -248,11 +275,11 @@ HELLO_SIZES = (VERSION_LEN, SYS_INT.size, SYS_INT.size, MTU_LEN)
 
 
 def message_sizes(
-    test: str, sizes: int = 1, num_qps: int = 1, all_sizes: bool = False
+    test: str, sizes: int = 1, num_qps: int = 1, all_sizes: bool = False, latency: bool = False
 ) -> list[int]:
     """The length of every Send each side makes on the exchange connection, in order."""
     out: list[int] = []
-    for step in script(test, sizes, all_sizes):
+    for step in script(test, sizes, all_sizes, latency):
         if step is Step.HELLO:
             out += HELLO_SIZES
         elif step is Step.SYNC:

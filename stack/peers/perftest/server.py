@@ -13,15 +13,19 @@ import time
 
 import trio
 
-from stack.bench.report import RESULT_LINE, format_bw
+from stack.bench.report import RESULT_LINE
 from stack.bench.results import BwResult, peak_rate
 from stack.errors import IwarpError, single_exception
 from stack.peers.perftest.channel import check_wc
+from stack.peers.perftest.latency import prepare_latency, run_latency
 from stack.peers.perftest.options import DEFAULT_RX_SEND
 from stack.peers.perftest.protocol import BwReport, PerftestError, encode_credit
 from stack.peers.perftest.side import DataQp, PerftestSide, bw_result
 from stack.rnic import RecvWR, SendFlags, SendWR, Sge, WrOpcode
 from stack.transport.cm import ConnectionManager, Listener
+
+DURATION_QUIET_SECONDS = 1.0
+"""``-D`` Send server: the run ends this long after the last Send past the deadline."""
 
 
 class PerftestServer(PerftestSide):
@@ -34,7 +38,7 @@ class PerftestServer(PerftestSide):
     ) -> None:
         self.header("server")
         with single_exception():
-            async with ConnectionManager.open(self.rnic, tap_factory=self.meter) as cm:
+            async with self.manager() as cm:
                 await self._serve(cm, task_status)
 
     async def _serve(self, cm: ConnectionManager, task_status: trio.TaskStatus[int]) -> None:
@@ -70,6 +74,9 @@ class PerftestServer(PerftestSide):
 
     def prepare(self, size: int) -> None:
         """Send: fill every receive queue before the sync that starts the run."""
+        if self.opts.latency:
+            prepare_latency(self, size)
+            return
         if self.opts.test != "send":
             return
         for d in self.data:
@@ -85,6 +92,9 @@ class PerftestServer(PerftestSide):
     async def run(self, size: int) -> None:
         """Write/Read: nothing to do.  Send: count receives, repost, grant credits."""
         o = self.opts
+        if o.latency:
+            await run_latency(self, size)
+            return
         if o.test != "send":
             return
         by_qpn = {d.qp.qp_num: (i, d) for i, d in enumerate(self.data)}
@@ -94,10 +104,17 @@ class PerftestServer(PerftestSide):
         total = 0
         start = end = time.perf_counter()  # the sync before this run has just ended
         samples: list[list[tuple[float, int]]] = [[] for _ in self.data]
-        while total < expected:
-            with trio.move_on_after(o.timeout) as scope:
+        # -D: count until the client's deadline has passed and its Sends have stopped.
+        deadline = trio.current_time() + o.duration if o.duration is not None else None
+        while deadline is not None or total < expected:
+            quiet = DURATION_QUIET_SECONDS if deadline is not None else o.timeout
+            with trio.move_on_after(quiet) as scope:
                 wcs = [await self.recv_cq.next()]
             if scope.cancelled_caught:
+                if deadline is not None and trio.current_time() >= deadline:
+                    break
+                if deadline is not None:
+                    continue
                 raise PerftestError(f"received {total} of {expected} Sends; none for {o.timeout} s")
             wcs += self.recv_cq.poll(len(self.recv_cq))
             now = time.perf_counter()
@@ -125,14 +142,12 @@ class PerftestServer(PerftestSide):
         for i, d in enumerate(self.data):
             d.received = counts[i]
         peak = peak_rate(samples, start, max(2, o.rx_depth))
-        result = bw_result(size, o.iters, len(self.data), start, end, peak)
-        self.results.append(result)
-        self.say(format_bw(result, False))
+        iters = o.iters if deadline is None else min(counts)
+        self.report(bw_result(size, iters, len(self.data), start, end, peak))
 
     def on_peer_report(self, report: BwReport) -> None:
         """perftest's server prints the client's figures."""
         result = BwResult(
             report.size, report.iters, report.bw_peak, report.bw_avg, report.msg_rate, report.iters
         )
-        self.results.append(result)
-        self.say(format_bw(result, False))
+        self.report(result)

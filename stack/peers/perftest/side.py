@@ -10,13 +10,16 @@ from __future__ import annotations
 import mmap
 import random
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
 
-from stack.bench.report import RESULT_LINE, TEST_NAMES, TRANSPORT, bw_header
-from stack.bench.results import MB, BwResult
-from stack.peers.perftest.channel import ByteMeter, Comm
+from stack.bench.report import RESULT_LINE, TEST_NAMES, TRANSPORT
+from stack.bench.results import MB, BwResult, LatResult
+from stack.pcap import PcapWriter
+from stack.peers.perftest.channel import ByteMeter, Comm, TeeTap
 from stack.peers.perftest.options import DEFAULT_RX_SEND, PerftestOptions
 from stack.peers.perftest.protocol import (
     CREDIT,
@@ -34,13 +37,16 @@ from stack.peers.perftest.protocol import (
     encode_version,
     script,
 )
+from stack.peers.perftest.report import bw_header, bw_row, lat_header, lat_row, write_json
 from stack.rnic import Access, CompletionQueue, QpCap, QueuePair, Rnic
 from stack.rnic.memory import MemoryRegion
 from stack.transport.cm import ConnectionManager
 from stack.transport.driver import RdmaConnection
+from stack.transport.tap import pcap_tap_factory
 
 CACHE_LINE = 64
 REMOTE_RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+REMOTE_ALL = REMOTE_RW | Access.REMOTE_ATOMIC
 
 
 @dataclass
@@ -78,6 +84,7 @@ class PerftestSide:
         self.cache_line = CACHE_LINE
         self.peer_mtu = 0
         self.results: list[BwResult] = []
+        self.lat_results: list[LatResult] = []
         self.peer_report: BwReport | None = None
         self._run = 0
         self._printed = False
@@ -86,10 +93,41 @@ class PerftestSide:
     def say(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
 
+    def report(self, result: BwResult | LatResult) -> None:
+        """Print a result row (and rewrite ``--out_json``'s file, as perftest does)."""
+        o = self.opts
+        if isinstance(result, BwResult):
+            self.results.append(result)
+            self.say(bw_row(result, o.report_gbits))
+        else:
+            self.lat_results.append(result)
+            self.say(lat_row(result, o.duration is not None))
+        if o.out_json is not None:
+            try:
+                write_json(o.out_json, o, result)
+            except OSError as exc:
+                raise PerftestError(f"cannot write --out_json {o.out_json}: {exc}") from None
+
+    @asynccontextmanager
+    async def manager(self) -> AsyncIterator[ConnectionManager]:
+        """The connection manager: the byte meter on every connection, and ``-w FILE``."""
+        if self.opts.capture is None:
+            async with ConnectionManager.open(self.rnic, tap_factory=self.meter) as cm:
+                yield cm
+            return
+        try:
+            writer = PcapWriter(self.opts.capture)
+        except OSError as exc:
+            raise PerftestError(f"cannot write -w {self.opts.capture}: {exc}") from None
+        with writer:
+            taps = TeeTap(self.meter, pcap_tap_factory(writer))
+            async with ConnectionManager.open(self.rnic, tap_factory=taps) as cm:
+                yield cm
+
     async def walk(self, cm: ConnectionManager) -> None:
         """Run every step of the script in order."""
         o = self.opts
-        steps = script(o.test, len(o.sizes), o.all_sizes)
+        steps = script(o.test, len(o.sizes), o.all_sizes, o.latency)
         for index, step in enumerate(steps):
             # The closing sync: the peer may tear its data connections down right after it.
             self.closing = index == len(steps) - 1
@@ -153,11 +191,13 @@ class PerftestSide:
         """Register buffers and describe each QP (``set_up_connection``, ``ctx_alloc_credit``)."""
         o = self.opts
         length = max(o.buffer_size, self.cycle_buffer)
-        if o.test == "send":
+        if o.test == "send" and not o.latency:
             self.credit = self.pd.reg_mr(bytearray(CREDIT.size * o.num_qps), REMOTE_RW)
+        # ib_write_lat writes from the lower half and is written into the upper half.
+        halves = 2 if o.latency and o.test == "write" else 1
         for i, d in enumerate(self.data):
-            d.buf = self.pd.reg_mr(_pattern(length, i), REMOTE_RW)
-            rkey, vaddr = d.buf.rkey, d.buf.base
+            d.buf = self.pd.reg_mr(_pattern(length * halves, i), REMOTE_ALL)
+            rkey, vaddr = d.buf.rkey, d.buf.base + (halves - 1) * length
             if self.credit is not None:
                 rkey, vaddr = self.credit.rkey, self.credit.base + i * CREDIT.size
             self.mine.append(
@@ -176,6 +216,7 @@ class PerftestSide:
         for i, mine in enumerate(self.mine):
             got = await self.comm.xchg(mine.encode(), f"pingpong_dest of QP {i}")
             self.theirs[i] = PingpongDest.decode(got)
+        o = self.opts
         if not self._printed:
             self._printed = True
             self.say(RESULT_LINE)
@@ -183,7 +224,10 @@ class PerftestSide:
                 for d in dests:
                     self.say(_address_line(side, d, self.opts.test))
             self.say(RESULT_LINE)
-            self.say(bw_header(False))
+            if o.latency:
+                self.say(lat_header(o.duration is not None))
+            else:
+                self.say(bw_header(o.report_gbits))
 
     async def reports(self) -> None:
         """``xchg_bw_reports``: five exchanges; the client's figures reach the server."""
@@ -223,7 +267,8 @@ class PerftestSide:
     def header(self, role: str) -> None:
         o = self.opts
         self.say(RESULT_LINE)
-        self.say(f"                    {TEST_NAMES[o.test]} BW Test")
+        kind = "Latency" if o.latency else "BW"
+        self.say(f"                    {TEST_NAMES[o.test]} {kind} Test")
         self.say(f" Number of qps   : {o.num_qps}\t\tTransport type : {TRANSPORT}")
         self.say(f" Connection type : RC\t\tRole           : {role}")
         if role == "client":
