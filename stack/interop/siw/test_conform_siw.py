@@ -181,9 +181,11 @@ def test_docs_conform_siw_md_is_the_generated_table() -> None:
         "docs/conform-siw.md is out of date; regenerate it with "
         "`PYTHONPATH=. python -m stack.interop.conform_pins > docs/conform-siw.md`"
     )
-    counts = cp.results_markdown({"r": {"A-1": "PASS", "A-2": "FAIL: why | not"}}, {"A-2": "t"})
+    counts = cp.results_markdown(
+        {"r": {"MPA-04": "PASS", "MPA-05": "FAIL: why | not"}}, {"MPA-05": "t"}
+    )
     assert "| r | 2 | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in counts
-    assert "| A-2 | t | FAIL | why \\| not |" in counts
+    assert "| MPA-05 | t | FAIL | why \\| not |" in counts
 
 
 def test_a_varying_verdict_admits_each_status_it_names_and_stays_pinned() -> None:
