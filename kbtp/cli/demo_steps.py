@@ -23,7 +23,8 @@ from functools import partial
 import trio
 
 from kbtp.constants import Capability, RequestFlag, Status, next_generation
-from kbtp.initiator import KbtpInitiator, KbtpStatusError, OpStats
+from kbtp.initiator import KbtpInitiator, OpStats
+from kbtp.initiator_errors import KbtpStatusError
 from kbtp.messages import Bind, CompletionDescriptor, DataDescriptor, Load, Store
 from kbtp.target import KbtpTarget
 from stack.wire.events import MpaSettings
