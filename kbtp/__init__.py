@@ -15,14 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
-    from kbtp.initiator import (
-        HelloRefused,
-        HelloTimeout,
-        KbtpInitiator,
-        KbtpStatusError,
-        OpStats,
-        SessionClosed,
-    )
+    from kbtp.initiator import KbtpInitiator, OpStats
     from kbtp.initiator_core import (
         AllocState,
         CompareSwapOp,
@@ -37,6 +30,7 @@ if TYPE_CHECKING:
         SessionRefused,
         WriteOp,
     )
+    from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
     from kbtp.messages import (
         AllocStore,
         Bind,
@@ -133,14 +127,7 @@ __all__ = [
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
-    "kbtp.initiator": (
-        "HelloRefused",
-        "HelloTimeout",
-        "KbtpInitiator",
-        "KbtpStatusError",
-        "OpStats",
-        "SessionClosed",
-    ),
+    "kbtp.initiator": ("KbtpInitiator", "OpStats"),
     "kbtp.initiator_core": (
         "AllocState",
         "CompareSwapOp",
@@ -155,6 +142,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "SessionRefused",
         "WriteOp",
     ),
+    "kbtp.initiator_errors": ("HelloRefused", "HelloTimeout", "KbtpStatusError", "SessionClosed"),
     "kbtp.messages": (
         "AllocStore",
         "Bind",

@@ -27,6 +27,11 @@ one QP:
 * **Statistics.**  ``stats`` counts operations and octets per (operation, status).
 * **Conformance.**  ``send_raw`` sends arbitrary octets as a request (malformed on
   purpose) and awaits the answer; ``one_sided`` performs a single RDMA operation.
+
+This module holds the session: connection, HELLO, the completion pump, requests and
+one-sided operations.  The operations built on them are mixed in from
+:class:`~kbtp.initiator_ops.InitiatorOps`; the errors live in :mod:`kbtp.initiator_errors`
+(both re-exported here).
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -46,14 +50,10 @@ from kbtp.constants import (
     HELLO_ACK_LEN,
     Capability,
     MessageOpcode,
-    RequestFlag,
     Status,
 )
 from kbtp.initiator_core import (
-    AllocState,
     CompareSwapOp,
-    DirectAlloc,
-    DirectLoad,
     DirectOp,
     FetchAddOp,
     InitiatorCore,
@@ -62,23 +62,22 @@ from kbtp.initiator_core import (
     SessionReady,
     SessionRefused,
 )
+from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
+from kbtp.initiator_ops import DIRECT_LOAD_ATTEMPTS, InitiatorOps
 from kbtp.messages import (
     AllocStore,
     Bind,
     Completion,
-    DataDescriptor,
-    Free,
     HelloAck,
     KbtpError,
     Load,
     Request,
     Store,
     decode_message,
-    inline_descriptor,
     peek_header,
 )
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from stack.errors import IwarpError, LocalError, RdmapError, single_exception
+from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
     MemoryRegion,
@@ -98,6 +97,18 @@ from stack.transport.cm import ConnectionManager, TapFactory
 from stack.transport.driver import RdmaConnection
 from stack.wire.events import MpaSettings
 
+__all__ = [
+    "DIRECT_LOAD_ATTEMPTS",
+    "MAX_CREDITS",
+    "RECEIVE_SIZE",
+    "HelloRefused",
+    "HelloTimeout",
+    "KbtpInitiator",
+    "KbtpStatusError",
+    "OpStats",
+    "SessionClosed",
+]
+
 _LE64 = struct.Struct("<Q")
 _HELLO_SLOT = -1
 RECEIVE_SIZE = HELLO_ACK_LEN
@@ -105,52 +116,6 @@ RECEIVE_SIZE = HELLO_ACK_LEN
 MAX_CREDITS = 1024
 """Receives this initiator can post for COMPLETIONs: it keeps at most this many requests
 outstanding, whatever Request Credits the target grants (docs/kbtp.md §9.2)."""
-DIRECT_LOAD_ATTEMPTS = 3
-"""DIRECT_LOAD retries when the entry changed between its two reads (a concurrent free)."""
-
-
-class KbtpStatusError(IwarpError):
-    """A KBTP request completed with an error status (docs/kbtp.md §7).
-
-    Fields: ``status`` (:class:`Status`), ``completion`` (the COMPLETION, None for errors
-    found locally), ``request``.
-    """
-
-    def __init__(
-        self,
-        status: Status,
-        detail: str,
-        *,
-        completion: Completion | None = None,
-        request: Request | None = None,
-    ) -> None:
-        self.status = Status(status)
-        self.completion = completion
-        self.request = request
-        super().__init__(f"{self.status.name} ({int(self.status)}): {detail}")
-
-
-class HelloRefused(KbtpStatusError):
-    """HELLO_ACK carried an error status (UNKNOWN_INITIATOR, SESSION_EXISTS, ...)."""
-
-    def __init__(self, ack: HelloAck) -> None:
-        super().__init__(Status(ack.status), "the target refused the session")
-        self.ack = ack
-
-
-class SessionClosed(IwarpError):
-    """The connection to the target has ended.  Fields: ``terminate`` (the target's
-    Terminate, if it sent one), ``cause`` (the transport's error, if any)."""
-
-    def __init__(self, reason: str, terminate: object = None, cause: object = None) -> None:
-        self.terminate = terminate
-        self.cause = cause
-        super().__init__(reason)
-
-
-class HelloTimeout(SessionClosed):
-    """No HELLO_ACK arrived within the ``hello_timeout`` of :meth:`KbtpInitiator.connect`;
-    the connection is closed (docs/kbtp.md §4.2)."""
 
 
 @dataclass(slots=True)
@@ -179,15 +144,7 @@ class _Waiter:
             raise self.error
 
 
-def _registrable(data: Any) -> memoryview:
-    """A writable, contiguous byte view of ``data`` (copied if it is read-only)."""
-    view = memoryview(data)
-    if view.readonly or not view.c_contiguous:
-        return memoryview(bytearray(view.tobytes()))
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
-class KbtpInitiator:
+class KbtpInitiator(InitiatorOps):
     """One KBTP session with a target (see the module docstring).
 
     Attributes once connected: ``ack`` (the HELLO_ACK: block size, quota, handle range,
@@ -531,131 +488,8 @@ class KbtpInitiator:
         entry.count += 1
         entry.octets += octets
 
-    async def _with_buffer(
-        self, request: Request, mr: MemoryRegion | None, check: bool
-    ) -> Completion:
-        try:
-            return await self.request(request, check=check)
-        finally:
-            if mr is not None:
-                mr.dereg()
-
-    async def load_into(
-        self,
-        handle: int,
-        buffer: Any,
-        *,
-        generation: int = 0,
-        allow_unsealed: bool = False,
-        invalidate: bool = False,
-        check: bool = True,
-    ) -> Completion:
-        """LOAD ``handle`` into ``buffer`` (draft §6.1); Data Length is in the COMPLETION."""
-        self._check_open()
-        view = memoryview(buffer)
-        if view.readonly or not view.c_contiguous:
-            raise LocalError("a LOAD needs a writable, contiguous buffer")
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        mr = self.pd.reg_mr(view, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
-        flags = RequestFlag.NONE
-        if allow_unsealed:
-            flags |= RequestFlag.ALLOW_UNSEALED
-        if invalidate:
-            flags |= RequestFlag.INVALIDATE
-        req = Load(0, handle, DataDescriptor(mr.rkey, mr.base, len(view)), generation, flags)
-        return await self._with_buffer(req, mr, check)
-
-    async def load(
-        self,
-        handle: int,
-        *,
-        generation: int = 0,
-        allow_unsealed: bool = False,
-        max_length: int | None = None,
-        invalidate: bool = False,
-    ) -> bytes:
-        """LOAD ``handle`` (draft §6.1) and return its Data Length octets."""
-        self._check_open()
-        buffer = bytearray(self.block_size if max_length is None else max_length)
-        completion = await self.load_into(
-            handle,
-            buffer,
-            generation=generation,
-            allow_unsealed=allow_unsealed,
-            invalidate=invalidate,
-        )
-        return bytes(buffer[: completion.data_length])
-
-    def _store_request(
-        self,
-        cls: type[Store] | type[AllocStore],
-        handle: int,
-        data: Any,
-        generation: int,
-        seal: bool,
-        inline: bool | None,
-        invalidate: bool,
-    ) -> tuple[Store | AllocStore, MemoryRegion | None]:
-        assert self.ack is not None
-        size = memoryview(data).nbytes
-        if inline is None:
-            inline = size <= self.ack.max_inline and not invalidate
-        flags = RequestFlag.SEAL if seal else RequestFlag.NONE
-        if invalidate:
-            flags |= RequestFlag.INVALIDATE
-        if inline:
-            payload = bytes(data)
-            descriptor = inline_descriptor(payload)
-            return cls(0, handle, descriptor, payload, generation, flags | RequestFlag.INLINE), None
-        view = _registrable(data)
-        mr = self.pd.reg_mr(view, Access.REMOTE_READ)
-        descriptor = DataDescriptor(mr.rkey, mr.base, len(view))
-        return cls(0, handle, descriptor, b"", generation, flags), mr
-
-    async def store(
-        self,
-        handle: int,
-        data: Any,
-        *,
-        generation: int = 0,
-        seal: bool = False,
-        inline: bool | None = None,
-        invalidate: bool = False,
-        check: bool = True,
-    ) -> Completion:
-        """STORE ``data`` into bound ``handle`` (draft §6.2).
-
-        ``inline`` None: inline when the data fits Max Inline (no RDMA Read round trip).
-        A writable buffer is read by the target in place; bytes are copied once.
-        """
-        self._check_open()
-        req, mr = self._store_request(Store, handle, data, generation, seal, inline, invalidate)
-        return await self._with_buffer(req, mr, check)
-
-    async def alloc_store(
-        self,
-        handle: int,
-        data: Any,
-        *,
-        generation: int = 0,
-        seal: bool = False,
-        inline: bool | None = None,
-        invalidate: bool = False,
-        check: bool = True,
-    ) -> Completion:
-        """ALLOC_STORE ``data`` into unbound ``handle`` (draft §6.3); see :meth:`store`."""
-        self._check_open()
-        req, mr = self._store_request(
-            AllocStore, handle, data, generation, seal, inline, invalidate
-        )
-        return await self._with_buffer(req, mr, check)
-
-    async def free(self, handle: int, *, generation: int = 0, check: bool = True) -> Completion:
-        """FREE ``handle`` (draft §6.4)."""
-        return await self.request(Free(0, handle, generation), check=check)
-
     # ----------------------------------------------------------------------------------
-    # direct modes (draft §6.6)
+    # one-sided operations, the steps of the direct modes (draft §6.6)
     # ----------------------------------------------------------------------------------
     async def one_sided(self, op: DirectOp) -> int | bytes:
         """Perform one RDMA Read, FetchAdd, Compare and Swap or RDMA Write at the target and
@@ -718,104 +552,6 @@ class KbtpInitiator:
             self._ops.pop(wr_id, None)
             if mr is not None:
                 mr.dereg()
-
-    async def direct_load(
-        self, handle: int, *, max_length: int | None = None, attempts: int = DIRECT_LOAD_ATTEMPTS
-    ) -> bytes:
-        """DIRECT_LOAD (draft §6.6): entry, block, entry by RDMA Read; no target CPU.
-
-        Retries when the entry changed between its reads; raises :class:`KbtpStatusError`
-        (NOT_VALID, NOT_SEALED, TOO_LONG_FOR_DESCRIPTOR, or NOT_OFFERED) when the block
-        cannot be loaded this way.
-        """
-        self._check_open()
-        assert self.ack is not None
-        if not self.granted & Capability.DIRECT_LOAD:
-            raise KbtpStatusError(Status.NOT_OFFERED, "DIRECT_LOAD was not granted")
-        if not 0 <= handle - self.ack.table_base_handle:
-            raise KbtpStatusError(Status.HANDLE_OUT_OF_RANGE, f"handle 0x{handle:x}")
-        reason = ""
-        for _ in range(max(1, attempts)):
-            load = DirectLoad(self.ack, handle, max_length)
-            while (op := load.next_op()) is not None:
-                load.feed(await self.one_sided(op))  # type: ignore[arg-type]
-            if load.data is not None:
-                self._count("DIRECT_LOAD", "SUCCESS", len(load.data))
-                return load.data
-            reason = load.reason
-            first = load.first
-            status = Status.SUCCESS
-            if first is not None and not first.valid:
-                status = Status.NOT_VALID
-            elif first is not None and not first.sealed:
-                status = Status.NOT_SEALED
-            elif "longer" in reason:
-                status = Status.TOO_LONG_FOR_DESCRIPTOR
-            if status is not Status.SUCCESS:
-                self._count("DIRECT_LOAD", status.name, 0)
-                raise KbtpStatusError(status, f"DIRECT_LOAD of handle 0x{handle:x}: {reason}")
-        self._count("DIRECT_LOAD", "RETRIES_EXHAUSTED", 0)
-        raise KbtpStatusError(Status.NOT_VALID, f"DIRECT_LOAD of handle 0x{handle:x}: {reason}")
-
-    async def reserve(self, data: Any) -> DirectAlloc:
-        """DIRECT_ALLOC steps 1-3 (draft §6.6): FetchAdd Head, read the slot until it holds
-        the ticket (confirmed by a second read), RDMA Write the data into the block.
-
-        Returns the step machine in state BIND; :meth:`bind` completes it.  Raises
-        :class:`KbtpStatusError` TICKET_ABANDONED if the ticket was reclaimed, or if the
-        slot was not filled within the Ticket Timeout.
-        """
-        self._check_open()
-        assert self.ack is not None
-        if not self.granted & Capability.DIRECT_ALLOC:
-            raise KbtpStatusError(Status.NOT_OFFERED, "DIRECT_ALLOC was not granted")
-        if self.direct_alloc_disabled:
-            raise KbtpStatusError(
-                Status.TICKET_ABANDONED, "direct allocation ended for this session (§6.7)"
-            )
-        payload = bytes(data)
-        if len(payload) > self.ack.block_size:
-            raise KbtpStatusError(
-                Status.TOO_LONG_FOR_BLOCK, f"{len(payload)} octets, blocks have {self.block_size}"
-            )
-        alloc = DirectAlloc(self.ack, payload)
-        give_up = trio.current_time() + self.ack.ticket_timeout_ms / 1000
-        delay = 0.0
-        while (op := alloc.next_op()) is not None:
-            if isinstance(op, ReadOp) and alloc.state is AllocState.READ and alloc.polls:
-                if trio.current_time() > give_up:
-                    raise KbtpStatusError(
-                        Status.TICKET_ABANDONED,
-                        f"slot of ticket {alloc.ticket} not filled within the Ticket Timeout",
-                    )
-                delay = min(0.01, delay * 2 or 0.0002)
-                await trio.sleep(delay)
-            alloc.feed(await self.one_sided(op))
-            if alloc.state is AllocState.ABANDONED:
-                self.direct_alloc_disabled = True
-                raise KbtpStatusError(
-                    Status.TICKET_ABANDONED, f"ticket {alloc.ticket} was reclaimed by the target"
-                )
-        return alloc
-
-    async def bind(
-        self,
-        alloc: DirectAlloc,
-        handle: int,
-        *,
-        seal: bool = False,
-        generation: int = 0,
-        check: bool = True,
-    ) -> Completion:
-        """BIND a block allocated with :meth:`reserve` to ``handle`` (draft §6.6 step 4)."""
-        return await self.request(alloc.bind(handle, seal=seal, generation=generation), check=check)
-
-    async def direct_alloc(
-        self, handle: int, data: Any, *, seal: bool = True, generation: int = 0
-    ) -> Completion:
-        """DIRECT_ALLOC ``data`` and BIND it to ``handle``: :meth:`reserve` + :meth:`bind`."""
-        alloc = await self.reserve(data)
-        return await self.bind(alloc, handle, seal=seal, generation=generation)
 
 
 _STATUSES = frozenset(int(s) for s in Status)

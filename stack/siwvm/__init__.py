@@ -17,15 +17,9 @@ from stack.siwvm.errors import (
 )
 from stack.siwvm.image import Artifacts, build, cache_dir, find_artifacts
 from stack.siwvm.knobs import SIW_DEFAULTS
-from stack.siwvm.vm import (
-    AGENT_GUEST_PORT,
-    GUEST_ADDR,
-    HOST_ADDR,
-    CommandResult,
-    GuestProcess,
-    SiwVM,
-    free_port,
-)
+from stack.siwvm.net import AGENT_GUEST_PORT, GUEST_ADDR, HOST_ADDR, free_port
+from stack.siwvm.process import CommandResult, GuestProcess
+from stack.siwvm.vm import SiwVM
 
 __all__ = [
     "AGENT_GUEST_PORT",

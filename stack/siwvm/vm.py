@@ -14,6 +14,10 @@ Networking is QEMU user networking only: the guest is 10.0.2.15/24 with no defau
 reaches the host's 127.0.0.1 as 10.0.2.2; the host reaches the guest through forwards bound
 to 127.0.0.1.  Nothing leaves the machine.
 
+The guest's addresses and ports are in :mod:`stack.siwvm.net`, guest commands and their
+results in :mod:`stack.siwvm.process`, captures in :mod:`stack.siwvm.capture` (mixed into
+:class:`SiwVM`); this module re-exports their names.
+
 Typical use (one boot per test session)::
 
     with SiwVM() as vm:
@@ -31,48 +35,44 @@ from __future__ import annotations
 
 import atexit
 import base64
-import ctypes
 import os
-import re
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, overload
 
 from stack.siwvm import knobs
 from stack.siwvm.agent import AgentClient, QmpClient
-from stack.siwvm.errors import (
-    BootError,
-    CaptureError,
-    GuestCommandError,
-    GuestTimeout,
-    SiwVmError,
-)
+from stack.siwvm.capture import CAPTURE_DIR_GUEST, CaptureMixin, CaptureVia
+from stack.siwvm.errors import BootError, GuestTimeout, SiwVmError
 from stack.siwvm.image import Artifacts, find_artifacts
-from stack.siwvm.pcap import check_capture, filter_tcp_ports
+from stack.siwvm.net import AGENT_GUEST_PORT, GUEST_ADDR, HOST_ADDR, NETDEV_ID, free_port
+from stack.siwvm.process import CommandResult, GuestProcess, die_with_parent, kvm_usable
 
-GUEST_ADDR = "10.0.2.15"
-"""The guest's address on QEMU user networking (eth0; siw0 sits on it)."""
-HOST_ADDR = "10.0.2.2"
-"""The host's 127.0.0.1 as the guest sees it."""
-AGENT_GUEST_PORT = 7000
-"""Guest port of the agent: tests must not use it (the agent owns it)."""
-NETDEV_ID = "n0"
-CaptureVia = Literal["netdev", "tcpdump"]
-"""How :meth:`SiwVM.capture` captures: QEMU's dump of the guest NIC, or tcpdump in the guest."""
+__all__ = [
+    "AGENT_GUEST_PORT",
+    "CAPTURE_DIR_GUEST",
+    "DEFAULT_BOOT_TIMEOUT",
+    "GUEST_ADDR",
+    "HOST_ADDR",
+    "NETDEV_ID",
+    "SHARE_GUEST",
+    "CaptureVia",
+    "CommandResult",
+    "GuestProcess",
+    "SiwVM",
+    "free_port",
+    "kvm_usable",
+]
+
 DEFAULT_BOOT_TIMEOUT = 180.0
-CAPTURE_DIR_GUEST = "/tmp/siwvm-cap"
 SHARE_GUEST = "/mnt/host"
 """Where the guest mounts the host's ``<workdir>/share`` (9p), for files too big for the agent."""
 
@@ -80,122 +80,7 @@ _LIVE: set[SiwVM] = set()
 _LIVE_LOCK = threading.Lock()
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def kvm_usable() -> bool:
-    """KVM only with kvm_intel/kvm_amd: a kvm_pvm-only host hangs a stock kernel (spec §2)."""
-    return os.access("/dev/kvm", os.R_OK | os.W_OK) and any(
-        os.path.exists(f"/sys/module/{m}") for m in ("kvm_intel", "kvm_amd")
-    )
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL the child when the starting thread's process dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    """A finished guest command.  Fields: cmd, rc (None on timeout), stdout, stderr,
-    timed_out, seconds."""
-
-    cmd: str
-    rc: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def check(self) -> CommandResult:
-        """Return self if rc is 0; else raise GuestCommandError with the output."""
-        if self.timed_out:
-            raise GuestTimeout(f"guest command timed out: {self.cmd}\n{self.output[-2000:]}")
-        if self.rc != 0:
-            raise GuestCommandError(
-                f"guest command failed (rc {self.rc}): {self.cmd}\n{self.output[-2000:]}"
-            )
-        return self
-
-
-class GuestProcess:
-    """A background guest command started by ``vm.run(..., background=True)``.
-
-    Its stdout and stderr go to ``log`` (a guest path); the agent kills it when its
-    timeout runs out.
-    """
-
-    def __init__(self, vm: SiwVM, cmd: str, pid: int, log: str) -> None:
-        self.vm = vm
-        self.cmd = cmd
-        self.pid = pid
-        self.log = log
-        self.rc: int | None = None
-        self.timed_out = False
-
-    def poll(self) -> int | None:
-        """The exit status, or None while it runs."""
-        return self._wait(0.0)
-
-    def wait(self, timeout: float = 30.0) -> int:
-        """Wait for the exit status; GuestTimeout if it still runs after ``timeout``."""
-        rc = self._wait(timeout)
-        if rc is None:
-            raise GuestTimeout(
-                f"guest process {self.pid} still running after {timeout} s: {self.cmd}\n"
-                + self.output()[-2000:]
-            )
-        return rc
-
-    def kill(self, sig: int = signal.SIGTERM) -> None:
-        """Signal the process group (no error if it has exited)."""
-        if self.rc is None:
-            self.vm.agent.request("signal", pid=self.pid, sig=int(sig))
-
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; return the exit status."""
-        if self.poll() is not None:
-            return self.rc
-        self.kill(signal.SIGTERM)
-        rc = self._wait(timeout)
-        if rc is None:
-            self.kill(signal.SIGKILL)
-            rc = self._wait(5.0)
-        return rc
-
-    def output(self) -> str:
-        """What the process has written so far (stdout and stderr, interleaved)."""
-        return self.vm.read_file(self.log).decode(errors="replace")
-
-    def _wait(self, timeout: float) -> int | None:
-        if self.rc is not None:
-            return self.rc
-        reply = self.vm.agent.request("wait", pid=self.pid, timeout=timeout)
-        self.timed_out = bool(reply.get("timed_out"))
-        if reply["rc"] is not None:
-            self.rc = int(reply["rc"])
-        return self.rc
-
-    def __repr__(self) -> str:
-        return f"GuestProcess(pid={self.pid}, rc={self.rc}, cmd={self.cmd!r})"
-
-
-class SiwVM:
+class SiwVM(CaptureMixin):
     """One QEMU guest running Linux siw, driven through its agent.
 
     Arguments: artifacts (default: the last build in the cache); forwards (extra
@@ -308,7 +193,7 @@ class SiwVM:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -589,146 +474,6 @@ class SiwVM:
         values: dict[str, bool | int | str] = dict(knobs.SIW_DEFAULTS)
         values.update(knobs.normalize(overrides))
         self.set_siw(**values)
-
-    # ------------------------------------------------------------------ captures
-
-    @contextmanager
-    def capture(
-        self,
-        name: str,
-        *,
-        iface: str = "eth0",
-        ports: Iterable[int] = (),
-        bpf: str | None = None,
-        via: CaptureVia | None = None,
-        dest: Path | str | None = None,
-        start_timeout: float = 15.0,
-    ) -> Iterator[Path]:
-        """Capture guest traffic for the ``with`` block; yield the host pcap path.
-
-        ``via``: ``"netdev"`` (the default for ``eth0``) dumps every frame that crosses the
-        guest's NIC from inside QEMU (a ``filter-dump`` object added and removed over QMP):
-        the host<->guest wire, lossless, since QEMU writes each frame before delivering it.
-        ``"tcpdump"`` (the default for ``lo``, siw<->siw inside the guest) runs tcpdump in
-        the guest to its tmpfs and copies the pcap out; under TCG tcpdump can miss segments
-        of long bursts without counting them as drops, so the interop suite uses netdev.
-        The agent's own port is always left out; ``ports`` keeps only TCP segments with one
-        of these ports (both methods); ``bpf`` adds a tcpdump filter expression (tcpdump
-        only).  The pcap is checked to be well formed when the block ends without error.
-        """
-        self._require_running()
-        method = via or ("netdev" if iface == "eth0" else "tcpdump")
-        if method not in ("netdev", "tcpdump"):
-            raise CaptureError(f"unknown capture method {method!r} (netdev or tcpdump)")
-        if method == "netdev" and iface != "eth0":
-            raise CaptureError(f"netdev captures see eth0 only, not {iface!r}: use via='tcpdump'")
-        if method == "netdev" and bpf:
-            raise CaptureError("netdev captures take ports=, not a bpf expression")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "capture"
-        host_path = Path(dest) if dest else self.capture_dir / f"{safe}.pcap"
-        host_path.parent.mkdir(parents=True, exist_ok=True)
-        wanted = tuple(ports)
-        if method == "netdev":
-            with self._netdev_dump(safe, host_path, wanted):
-                yield host_path
-            return
-        port_expr = " or ".join(f"tcp port {p}" for p in wanted)
-        expr = " and ".join(
-            [f"not tcp port {AGENT_GUEST_PORT}", *(f"({e})" for e in (port_expr, bpf) if e)]
-        )
-        gpcap = f"{CAPTURE_DIR_GUEST}/{safe}.pcap"
-        glog = f"{CAPTURE_DIR_GUEST}/{safe}.tcpdump.log"
-        tcpdump = self.run(
-            f"exec tcpdump -i {shlex.quote(iface)} -s 0 -U --immediate-mode -Z root"
-            f" -w {gpcap} {shlex.quote(expr)}",
-            background=True,
-            timeout=3600,
-            log=glog,
-        )
-        self._wait_tcpdump(tcpdump, start_timeout)
-        failed = True
-        try:
-            yield host_path
-            failed = False
-        finally:
-            self._finish_capture(tcpdump, gpcap, host_path, check=not failed)
-
-    @contextmanager
-    def _netdev_dump(self, safe: str, host_path: Path, ports: tuple[int, ...]) -> Iterator[None]:
-        """QEMU's filter-dump on the guest NIC for the block, then keep ``ports``' frames."""
-        self._dumps += 1
-        dump_id = f"cap{self._dumps}"
-        raw = self.workdir / f"{safe}.{dump_id}.netdev.pcap"
-        try:
-            self.qmp.execute(
-                "object-add",
-                **{"qom-type": "filter-dump", "id": dump_id, "netdev": NETDEV_ID, "file": str(raw)},
-            )
-        except SiwVmError as exc:
-            raise CaptureError(f"QEMU filter-dump did not start: {exc}") from exc
-        failed = True
-        try:
-            yield
-            failed = False
-        finally:
-            self._finish_netdev_dump(dump_id, raw, host_path, ports, check=not failed)
-
-    def _finish_netdev_dump(
-        self, dump_id: str, raw: Path, host_path: Path, ports: tuple[int, ...], check: bool
-    ) -> None:
-        # The peers have exited; let their last segments (FIN, final ACKs) cross the NIC.
-        last, deadline = -1, time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            size = raw.stat().st_size if raw.exists() else 0
-            if size == last:
-                break
-            last = size
-            time.sleep(0.3)
-        try:
-            self.qmp.execute("object-del", id=dump_id)
-            filter_tcp_ports(raw, host_path, ports=ports, exclude=(AGENT_GUEST_PORT,))
-        except (SiwVmError, OSError) as exc:
-            if check:
-                raise CaptureError(f"capture {host_path.name} did not come out: {exc}") from exc
-        finally:
-            raw.unlink(missing_ok=True)
-
-    def _wait_tcpdump(self, tcpdump: GuestProcess, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = tcpdump.output()
-            if "listening on" in text:
-                return
-            if tcpdump.poll() is not None:
-                raise CaptureError(f"tcpdump exited (rc {tcpdump.rc}): {text.strip()[-500:]}")
-            if time.monotonic() > deadline:
-                tcpdump.stop()
-                raise CaptureError(f"tcpdump did not start within {timeout} s: {text[-500:]}")
-            time.sleep(0.1)
-
-    def _finish_capture(
-        self, tcpdump: GuestProcess, gpcap: str, host_path: Path, check: bool
-    ) -> None:
-        # tcpdump drops packets it has not yet written when interrupted:
-        # wait until the file stops growing, then SIGINT, then copy from tmpfs.
-        try:
-            last, deadline = -1, time.monotonic() + 10.0
-            while time.monotonic() < deadline:
-                size = self.file_size(gpcap)
-                if size == last:
-                    break
-                last = size
-                time.sleep(0.2)
-            tcpdump.kill(signal.SIGINT)
-            if tcpdump._wait(10.0) is None:
-                tcpdump.stop(2.0)
-            self.copy_out(gpcap, host_path)
-        except SiwVmError as exc:
-            if check:
-                raise CaptureError(f"capture {host_path.name} did not come out: {exc}") from exc
-            return
-        if check:
-            check_capture(host_path)
 
     # ------------------------------------------------------------------ helpers
 

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from kbtp.constants import RING_ADD_DATA, Status, ring_add_mask
-from kbtp.initiator import KbtpStatusError, SessionClosed
 from kbtp.initiator_core import FetchAddOp, ReadOp, WriteOp
+from kbtp.initiator_errors import KbtpStatusError, SessionClosed
 from kbtp.target_config import InitiatorConfig
 from stack.constants import (
     TERM_DDP_T_STAG_NOT_ASSOCIATED,

@@ -13,8 +13,9 @@ import pytest
 import trio
 
 from kbtp.constants import RING_ADD_DATA, MessageOpcode, Status, TableFlag, ring_add_mask
-from kbtp.initiator import HelloRefused, KbtpInitiator, SessionClosed
+from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp
+from kbtp.initiator_errors import HelloRefused, SessionClosed
 from kbtp.layout import TableEntry, write_entry
 from kbtp.messages import AllocStore, DataDescriptor, Free
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED

@@ -23,7 +23,8 @@ from kbtp.constants import (
     Status,
     next_generation,
 )
-from kbtp.initiator import HelloRefused, KbtpInitiator, KbtpStatusError, SessionClosed
+from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import HelloRefused, KbtpStatusError, SessionClosed
 from kbtp.messages import (
     Bind,
     CompletionDescriptor,

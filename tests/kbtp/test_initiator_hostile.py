@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from kbtp.constants import Capability, MessageOpcode, Status, TableFlag, pack_counter
-from kbtp.initiator import HelloTimeout, KbtpInitiator
+from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_core import (
     AllocState,
     DirectAlloc,
@@ -24,6 +24,7 @@ from kbtp.initiator_core import (
     ReadOp,
     SessionReady,
 )
+from kbtp.initiator_errors import HelloTimeout
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import Completion, DataDescriptor, Free, HelloAck, KbtpError, Load
 from stack.rnic import Access, RecvWR, Rnic, Sge

@@ -20,6 +20,7 @@ from stack.siwvm.agent import AgentClient
 from stack.siwvm.errors import AgentError, BuildError, CaptureError, SiwVmError
 from stack.siwvm.image import Artifacts, find_artifacts
 from stack.siwvm.knobs import SIW_DEFAULTS, normalize, param_name, parse_kv
+from stack.siwvm.net import AGENT_GUEST_PORT, free_port
 from stack.siwvm.pcap import (
     check_capture,
     filter_tcp_ports,
@@ -27,7 +28,7 @@ from stack.siwvm.pcap import (
     stream_bytes,
     tcp_segments,
 )
-from stack.siwvm.vm import AGENT_GUEST_PORT, SiwVM, free_port
+from stack.siwvm.vm import SiwVM
 
 AGENT = Path(build_mod.FILES_DIR) / "guest-agent.py"
 
