@@ -39,6 +39,7 @@ dissected explicitly::
     # False 0xabcdef b'payload'
 """
 
+from stack.dissect.scapy.base import IWARP_Undecoded
 from stack.dissect.scapy.crafting import (
     atomic_cmp_swap_fpdu,
     atomic_fetch_add_fpdu,
@@ -89,6 +90,7 @@ __all__ = [
     "DDP",
     "DDP_Tagged",
     "DDP_Untagged",
+    "IWARP_Undecoded",
     "MPA_FPDU",
     "MPA_FPDU_NoCRC",
     "MPA_Frame",

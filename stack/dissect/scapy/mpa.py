@@ -47,7 +47,7 @@ from stack.constants import (
     MpaFlag,
 )
 from stack.crc import crc32c
-from stack.dissect.scapy.base import _IwarpPacket, _width
+from stack.dissect.scapy.base import _IwarpPacket, _NoWireField, _width
 from stack.dissect.scapy.ddp_rdmap import DDP_Tagged, DDP_Untagged
 from stack.errors import DecodeError
 
@@ -213,16 +213,25 @@ class MPA_FPDU(_IwarpPacket):
     Fields: ulpdu_length (auto: payload length), pad (auto: zero bytes to the 4-byte
     boundary of the actual payload), crc (auto: CRC32c of length + ULPDU + pad; the value,
     sent LSB first).  :meth:`crc_ok` gives the verdict.  A dissected FPDU cut short keeps
-    exactly the bytes it had (``crc`` is then None and :meth:`is_truncated` is true).
+    exactly the bytes it had: ``crc`` is then None, :meth:`is_truncated` is true and the
+    wire-less field ``truncated`` (shown by show() and the summary) counts the bytes
+    missing up to the end of the CRC (MPA-16); ``iwarp_error`` says so too.
+
+    An FPDU taken from a marked stream (:class:`~stack.dissect.scapy.streams.FpduSplitter`,
+    :meth:`~stack.dissect.scapy.session.MPA.tcp_reassemble`, records) is marker-free; it
+    remembers the markers it held (``wire_markers``: ``(position from its first wire byte,
+    MPA_Marker)``) and its CRC input as sent, markers included, so :meth:`crc_ok` judges the
+    wire CRC (RFC 5044 §4.4, MPA-12).
     """
 
     name = "MPA FPDU"
     decode_rule = "MPA-16"
-    __slots__ = ["_partial_crc"]
+    __slots__ = ["_partial_crc", "_covered", "_wire_markers"]
     fields_desc = [
         ShortField("ulpdu_length", None),
         XStrField("pad", None),
         XLEIntField("crc", None),
+        ConditionalField(_NoWireField("truncated", 0), lambda p: bool(p.missing_bytes())),
     ]
 
     def do_dissect(self, s: bytes) -> bytes:
@@ -240,6 +249,7 @@ class MPA_FPDU(_IwarpPacket):
             self.fields["crc"] = _LE32.unpack(crc_bytes)[0]
         else:
             self.fields["crc"] = None
+            self.fields["truncated"] = pad_end + MPA_CRC_LEN - len(s)
             object.__setattr__(self, "_partial_crc", crc_bytes)
         # No raw cache: post_build reassembles header, ULPDU and trailer from the fields.
         self.raw_packet_cache = None
@@ -271,6 +281,25 @@ class MPA_FPDU(_IwarpPacket):
         """True when dissected from bytes that ended before the CRC field was complete."""
         return self.crc is None and getattr(self, "_partial_crc", None) is not None
 
+    def missing_bytes(self) -> int:
+        """Bytes missing up to the end of the CRC field (0 unless truncated)."""
+        return int(self.fields.get("truncated", 0))
+
+    def own_error(self) -> str | None:
+        if not self.is_truncated():
+            return None
+        return f"MPA-16: FPDU truncated, {self.missing_bytes()} bytes missing up to the CRC end"
+
+    @property
+    def wire_markers(self) -> tuple[tuple[int, Packet], ...]:
+        """Markers this FPDU held on the wire (marked streams only), by position."""
+        return getattr(self, "_wire_markers", ())
+
+    def set_wire(self, covered: bytes, markers: tuple[tuple[int, Packet], ...]) -> None:
+        """Record the CRC input as sent (markers included) and the markers held (MPA-12)."""
+        object.__setattr__(self, "_covered", covered)
+        object.__setattr__(self, "_wire_markers", markers)
+
     def crc_ok(self, covered: bytes | None = None) -> bool | None:
         """CRC verdict (MPA-12): does the CRC field match the covered bytes?
 
@@ -284,13 +313,20 @@ class MPA_FPDU(_IwarpPacket):
         wire = self.do_build()
         if len(wire) < MPA_LENGTH_LEN + MPA_CRC_LEN:
             return False
+        if covered is None:
+            covered = getattr(self, "_covered", None)
         data = wire[:-MPA_CRC_LEN] if covered is None else covered
         return crc32c(data) == _LE32.unpack(wire[-MPA_CRC_LEN:])[0]
 
     def mysummary(self) -> str:
+        if self.is_truncated():
+            return self.sprintf(
+                f"{self.name} len=%ulpdu_length% TRUNCATED ({self.missing_bytes()} bytes missing)"
+            )
         verdict = self.crc_ok()
         state = "n/a" if verdict is None else ("good" if verdict else "BAD")
-        return self.sprintf(f"{self.name} len=%ulpdu_length% crc={state}")
+        marks = f" markers={len(self.wire_markers)}" if self.wire_markers else ""
+        return self.sprintf(f"{self.name} len=%ulpdu_length% crc={state}{marks}")
 
 
 class MPA_FPDU_NoCRC(MPA_FPDU):
