@@ -26,10 +26,10 @@ from stack.constants import (
 from stack.crc import crc32c
 from stack.dissect.scapy import (
     DDP,
-    IWARP_Undecoded,
     MPA_FPDU,
     DDP_Tagged,
     DDP_Untagged,
+    IWARP_Undecoded,
     MPA_FPDU_NoCRC,
     MPA_Frame,
     MPA_Marker,

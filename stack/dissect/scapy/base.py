@@ -1,4 +1,4 @@
-"""The base of every iWARP Scapy layer: lenient dissection with a verdict, or strict (MPA-16, DDP-10).
+"""The base of every iWARP Scapy layer: lenient dissection with a verdict, or strict (MPA-16).
 
 Scapy's habit is to decode what it can: a header too short or malformed to dissect is kept
 as an :class:`IWARP_Undecoded` layer (a ``Raw`` that also carries the verdict, shown by
