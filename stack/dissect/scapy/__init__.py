@@ -77,12 +77,16 @@ from stack.dissect.scapy.mpa import (
     MPA_Reply,
     MPA_Request,
 )
+from stack.dissect.scapy.records import records_to_packets, to_scapy
+from stack.dissect.scapy.session import MPA, bind_iwarp, unbind_iwarp
 from stack.dissect.scapy.streams import (
+    FpduSplitter,
     MarkedFpdu,
     insert_markers,
     split_fpdus,
     split_marked_fpdus,
     strip_markers,
+    take_fpdu,
 )
 
 __all__ = [
@@ -90,7 +94,9 @@ __all__ = [
     "DDP",
     "DDP_Tagged",
     "DDP_Untagged",
+    "FpduSplitter",
     "IWARP_Undecoded",
+    "MPA",
     "MPA_FPDU",
     "MPA_FPDU_NoCRC",
     "MPA_Frame",
@@ -113,14 +119,19 @@ __all__ = [
     "atomic_cmp_swap_fpdu",
     "atomic_fetch_add_fpdu",
     "atomic_response_fpdu",
+    "bind_iwarp",
     "immediate_data_fpdu",
     "insert_markers",
     "read_request_fpdu",
     "read_response_fpdu",
+    "records_to_packets",
     "send_fpdu",
     "split_fpdus",
     "split_marked_fpdus",
     "strip_markers",
+    "take_fpdu",
     "terminate_fpdu",
+    "to_scapy",
+    "unbind_iwarp",
     "write_fpdu",
 ]

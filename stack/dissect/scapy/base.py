@@ -63,6 +63,9 @@ class _IwarpPacket(Packet):
 
     decode_rule = "MPA-16"
     """Rule ID reported when this layer's header is truncated."""
+    starts_pdu = False
+    """True for layers that begin an MPA PDU on the stream (frames, marker, FPDU): where
+    one follows another (``TCPSession`` stacks a segment's PDUs), each PDU ends."""
     match_subclass = True  # pkt[MPA_FPDU] also finds MPA_FPDU_NoCRC, pkt[DDP] both DDPs
 
     def do_dissect(self, s: bytes) -> bytes:
@@ -112,6 +115,8 @@ class _IwarpPacket(Packet):
         (``"MPA-16: ..."``); None when every iWARP layer decoded."""
         layer: Packet | None = self
         while layer is not None and not isinstance(layer, conf.padding_layer):
+            if layer is not self and getattr(layer, "starts_pdu", False):
+                break  # the next PDU's verdicts are its own
             if isinstance(layer, IWARP_Undecoded):
                 return str(layer.iwarp_error)
             verdict = layer.own_error() if isinstance(layer, _IwarpPacket) else None
@@ -131,6 +136,15 @@ class _IwarpPacket(Packet):
         _, above, needed = self.payload._do_summary()
         mine = str(self.mysummary())
         return 1, f"{mine} / {above}" if above else mine, needed
+
+    def next_pdu(self) -> Packet | None:
+        """The next MPA PDU stacked after this one's layers (``TCPSession`` output), if any."""
+        layer = self.payload
+        while layer:
+            if getattr(layer, "starts_pdu", False):
+                return layer  # type: ignore[no-any-return]
+            layer = layer.payload
+        return None
 
     @classmethod
     def strict(cls, data: bytes) -> Self:

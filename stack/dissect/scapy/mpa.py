@@ -103,6 +103,7 @@ class MPA_Frame(_IwarpPacket):
 
     name = "MPA Frame"
     decode_rule = "MPA-21"
+    starts_pdu = True
     fields_desc = [
         StrFixedLenField("key", MPA_KEY_REQ, MPA_KEY_LEN),
         BitField("markers", 0, _width(MpaFlag.MARKERS)),
@@ -193,6 +194,7 @@ class MPA_Marker(_IwarpPacket):
 
     name = "MPA Marker"
     decode_rule = "MPA-06"
+    starts_pdu = True
     fields_desc = [XShortField("reserved", 0), ShortField("fpduptr", 0)]
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
@@ -226,6 +228,7 @@ class MPA_FPDU(_IwarpPacket):
 
     name = "MPA FPDU"
     decode_rule = "MPA-16"
+    starts_pdu = True
     __slots__ = ["_partial_crc", "_covered", "_wire_markers"]
     fields_desc = [
         ShortField("ulpdu_length", None),
@@ -265,6 +268,23 @@ class MPA_FPDU(_IwarpPacket):
 
     def _default_crc(self, covered: bytes) -> int:
         return crc32c(covered)
+
+    def do_build(self) -> bytes:
+        own, following = self._build_own()
+        return own if following is None else own + following.do_build()
+
+    def _build_own(self) -> tuple[bytes, Packet | None]:
+        """This FPDU's bytes alone (its PAD and CRC follow its own ULPDU, not the next PDU
+        stacked after it) and that next PDU."""
+        following = self.next_pdu()
+        if following is None:
+            return super().do_build(), None
+        under = following.underlayer
+        under.remove_payload()
+        try:
+            return super().do_build(), following
+        finally:
+            under.add_payload(following)
 
     def post_build(self, pkt: bytes, pay: bytes) -> bytes:
         length = len(pay) if self.ulpdu_length is None else self.ulpdu_length
@@ -310,7 +330,7 @@ class MPA_FPDU(_IwarpPacket):
         """
         if self.is_truncated():
             return False
-        wire = self.do_build()
+        wire = self._build_own()[0]
         if len(wire) < MPA_LENGTH_LEN + MPA_CRC_LEN:
             return False
         if covered is None:
