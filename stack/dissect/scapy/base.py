@@ -131,7 +131,7 @@ class _IwarpPacket(Packet):
 
     def _do_summary(self) -> tuple[int, str, list[Any]]:
         if self.own_error() is None:
-            return super()._do_summary()  # type: ignore[no-any-return]
+            return super()._do_summary()
         # A layer with a verdict is always in the summary, whatever lies above it.
         _, above, needed = self.payload._do_summary()
         mine = str(self.mysummary())
@@ -142,7 +142,7 @@ class _IwarpPacket(Packet):
         layer = self.payload
         while layer:
             if getattr(layer, "starts_pdu", False):
-                return layer  # type: ignore[no-any-return]
+                return layer
             layer = layer.payload
         return None
 

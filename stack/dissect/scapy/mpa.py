@@ -280,6 +280,8 @@ class MPA_FPDU(_IwarpPacket):
         if following is None:
             return super().do_build(), None
         under = following.underlayer
+        if under is None:
+            return super().do_build(), None
         under.remove_payload()
         try:
             return super().do_build(), following
