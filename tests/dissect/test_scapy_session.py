@@ -201,7 +201,7 @@ def test_split_fpdus_says_when_a_segment_ends_mid_fpdu() -> None:
     assert cut.iwarp_error.startswith("MPA-16")
     with pytest.raises(DecodeError, match="MPA-16"):
         MPA_FPDU.strict(bytes(cut))
-    # the next segment alone starts mid-FPDU: garbage, as the issue says
+    # the next segment alone starts mid-FPDU: without the partial one it decodes as garbage
     assert split_fpdus(segments[2])[0].crc_ok() is not True
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from scapy.packet import Packet
 
-from stack.constants import MPA_KEY_REP, MPA_KEY_REQ
+from stack.constants import MPA_CRC_LEN, MPA_KEY_REP, MPA_KEY_REQ
 from stack.dissect.decoder import DissectOptions, PduRecord, dissect
 from stack.dissect.scapy.mpa import _BE16, _LE32, MPA_FPDU, MPA_FPDU_NoCRC, MPA_Frame, MPA_Marker
 from stack.pcap import read_tcp_segments
@@ -47,7 +47,7 @@ def to_scapy(record: PduRecord) -> Packet:
             raw = _MARKER.pack(reserved, ptr)
             wire[at:at] = raw
             held.append((at, MPA_Marker(raw)))
-        pkt.set_wire(bytes(wire[: -len(_LE32.pack(0))]), tuple(held))
+        pkt.set_wire(bytes(wire[:-MPA_CRC_LEN]), tuple(held))
     return pkt
 
 

@@ -29,7 +29,13 @@ from scapy.config import conf
 from scapy.layers.inet import TCP
 from scapy.packet import Packet, bind_bottom_up, split_bottom_up
 
-from stack.constants import MPA_FRAME_HEADER_LEN, MPA_KEY_LEN, MPA_KEY_REP, MPA_KEY_REQ
+from stack.constants import (
+    MPA_FRAME_HEADER_LEN,
+    MPA_KEY_LEN,
+    MPA_KEY_REP,
+    MPA_KEY_REQ,
+    MPA_MARKER_LEN,
+)
 from stack.dissect.scapy.base import _IwarpPacket
 from stack.dissect.scapy.mpa import _BE16, MPA_FPDU, MPA_Frame, MPA_Marker
 from stack.dissect.scapy.streams import take_fpdu
@@ -38,7 +44,7 @@ from stack.wire.mpa_rules import framing_of
 
 __all__ = ["MPA", "bind_iwarp", "unbind_iwarp"]
 
-_ZERO_MARKER = bytes(4)
+_ZERO_MARKER = bytes(MPA_MARKER_LEN)
 _STATE_KEY = "stack.dissect.scapy"
 
 
@@ -71,7 +77,6 @@ class _Connection:
 
     directions: dict[Any, _Direction] = field(default_factory=dict)
     request: MpaFrame | None = None
-    initiator: Any = None
     current: Any = None
 
 
@@ -99,7 +104,7 @@ class MPA(_IwarpPacket):
             return cls
         if _pkt[:MPA_KEY_LEN] in (MPA_KEY_REQ, MPA_KEY_REP):
             return MPA_Frame.dispatch_hook(_pkt)
-        return MPA_Marker if _pkt[:4] == _ZERO_MARKER else MPA_FPDU
+        return MPA_Marker if _pkt[:MPA_MARKER_LEN] == _ZERO_MARKER else MPA_FPDU
 
     @classmethod
     def tcp_reassemble(
@@ -169,7 +174,6 @@ def _startup(
     wire = _wire_frame(frame)
     if not wire.reply:
         conn.request = wire
-        conn.initiator = ident
         half.phase = "hold"
     elif wire.reject:
         for other in (*conn.directions.values(), half):

@@ -273,6 +273,6 @@ class FpduSplitter:
         cls = MPA_FPDU if self.crc else MPA_FPDU_NoCRC
         pkt = cls(body)
         if held:
-            pkt.set_wire(data, tuple((m, MPA_Marker(data[m : m + 4])) for m in held))
+            pkt.set_wire(data, tuple((m, MPA_Marker(data[m : m + MPA_MARKER_LEN])) for m in held))
         self.offset += len(data)
         return [pkt]
