@@ -29,6 +29,7 @@ from stack.dissect.scapy import (
     MPA_FPDU,
     DDP_Tagged,
     DDP_Untagged,
+    IWARP_Undecoded,
     MPA_FPDU_NoCRC,
     MPA_Frame,
     MPA_Marker,
@@ -224,8 +225,13 @@ def test_mpa_16_truncated_fpdu_keeps_its_bytes_and_fails_crc() -> None:
     ],
 )
 def test_mpa_16_ddp_10_truncated_headers_raise_decode_error(cls: type[Packet], raw: bytes) -> None:
-    with pytest.raises(DecodeError):
-        cls(raw)
+    # strict: the exception; plain dissection keeps every byte with the verdict (Scapy's way)
+    with pytest.raises(DecodeError) as exc:
+        cls.strict(raw)  # type: ignore[attr-defined]
+    pkt = cls(raw)
+    assert pkt.iwarp_error == str(exc.value) and exc.value.rule in pkt.iwarp_error
+    assert pkt[IWARP_Undecoded].load == raw and bytes(pkt) == raw
+    assert exc.value.rule in pkt.show(dump=True) and "undecoded" in pkt.summary()
 
 
 def test_summaries_name_layers() -> None:
@@ -281,10 +287,12 @@ def test_mpa_16_random_bytes_dissect_or_decode_error_and_rebuild_exactly(
 ) -> None:
     if not data:
         return  # Scapy: cls(b"") is the default packet, not a dissection
-    try:
-        pkt = cls(data)
-    except DecodeError:
-        return
+    pkt = cls(data)  # never raises: what cannot be dissected is kept with its verdict
+    if pkt.iwarp_error is not None:
+        with pytest.raises(DecodeError):
+            cls.strict(data)  # type: ignore[attr-defined]
+    else:
+        assert bytes(cls.strict(data)) == data  # type: ignore[attr-defined]
     assert bytes(pkt) == data
     pkt.show(dump=True)
     pkt.summary()

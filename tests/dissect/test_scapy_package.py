@@ -12,7 +12,7 @@ import pytest
 
 import stack.dissect.scapy as package
 
-MODULES = ("mpa", "ddp_rdmap", "crafting", "streams")
+MODULES = ("base", "mpa", "ddp_rdmap", "crafting", "streams", "session", "records")
 
 
 def test_star_import_gives_every_public_name_of_every_module() -> None:

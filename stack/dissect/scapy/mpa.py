@@ -47,7 +47,7 @@ from stack.constants import (
     MpaFlag,
 )
 from stack.crc import crc32c
-from stack.dissect.scapy.base import _IwarpPacket, _width
+from stack.dissect.scapy.base import _IwarpPacket, _NoWireField, _width
 from stack.dissect.scapy.ddp_rdmap import DDP_Tagged, DDP_Untagged
 from stack.errors import DecodeError
 
@@ -103,6 +103,7 @@ class MPA_Frame(_IwarpPacket):
 
     name = "MPA Frame"
     decode_rule = "MPA-21"
+    starts_pdu = True
     fields_desc = [
         StrFixedLenField("key", MPA_KEY_REQ, MPA_KEY_LEN),
         BitField("markers", 0, _width(MpaFlag.MARKERS)),
@@ -193,6 +194,7 @@ class MPA_Marker(_IwarpPacket):
 
     name = "MPA Marker"
     decode_rule = "MPA-06"
+    starts_pdu = True
     fields_desc = [XShortField("reserved", 0), ShortField("fpduptr", 0)]
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
@@ -213,16 +215,26 @@ class MPA_FPDU(_IwarpPacket):
     Fields: ulpdu_length (auto: payload length), pad (auto: zero bytes to the 4-byte
     boundary of the actual payload), crc (auto: CRC32c of length + ULPDU + pad; the value,
     sent LSB first).  :meth:`crc_ok` gives the verdict.  A dissected FPDU cut short keeps
-    exactly the bytes it had (``crc`` is then None and :meth:`is_truncated` is true).
+    exactly the bytes it had: ``crc`` is then None, :meth:`is_truncated` is true and the
+    wire-less field ``truncated`` (shown by show() and the summary) counts the bytes
+    missing up to the end of the CRC (MPA-16); ``iwarp_error`` says so too.
+
+    An FPDU taken from a marked stream (:class:`~stack.dissect.scapy.streams.FpduSplitter`,
+    :meth:`~stack.dissect.scapy.session.MPA.tcp_reassemble`, records) is marker-free; it
+    remembers the markers it held (``wire_markers``: ``(position from its first wire byte,
+    MPA_Marker)``) and its CRC input as sent, markers included, so :meth:`crc_ok` judges the
+    wire CRC (RFC 5044 §4.4, MPA-12).
     """
 
     name = "MPA FPDU"
     decode_rule = "MPA-16"
-    __slots__ = ["_partial_crc"]
+    starts_pdu = True
+    __slots__ = ["_partial_crc", "_covered", "_wire_markers"]
     fields_desc = [
         ShortField("ulpdu_length", None),
         XStrField("pad", None),
         XLEIntField("crc", None),
+        ConditionalField(_NoWireField("truncated", 0), lambda p: bool(p.missing_bytes())),
     ]
 
     def do_dissect(self, s: bytes) -> bytes:
@@ -240,6 +252,7 @@ class MPA_FPDU(_IwarpPacket):
             self.fields["crc"] = _LE32.unpack(crc_bytes)[0]
         else:
             self.fields["crc"] = None
+            self.fields["truncated"] = pad_end + MPA_CRC_LEN - len(s)
             object.__setattr__(self, "_partial_crc", crc_bytes)
         # No raw cache: post_build reassembles header, ULPDU and trailer from the fields.
         self.raw_packet_cache = None
@@ -256,6 +269,25 @@ class MPA_FPDU(_IwarpPacket):
     def _default_crc(self, covered: bytes) -> int:
         return crc32c(covered)
 
+    def do_build(self) -> bytes:
+        own, following = self._build_own()
+        return own if following is None else own + following.do_build()
+
+    def _build_own(self) -> tuple[bytes, Packet | None]:
+        """This FPDU's bytes alone (its PAD and CRC follow its own ULPDU, not the next PDU
+        stacked after it) and that next PDU."""
+        following = self.next_pdu()
+        if following is None:
+            return super().do_build(), None
+        under = following.underlayer
+        if under is None:
+            return super().do_build(), None
+        under.remove_payload()
+        try:
+            return super().do_build(), following
+        finally:
+            under.add_payload(following)
+
     def post_build(self, pkt: bytes, pay: bytes) -> bytes:
         length = len(pay) if self.ulpdu_length is None else self.ulpdu_length
         pad = bytes(_pad_len(len(pay))) if self.pad is None else bytes(self.pad)
@@ -271,6 +303,25 @@ class MPA_FPDU(_IwarpPacket):
         """True when dissected from bytes that ended before the CRC field was complete."""
         return self.crc is None and getattr(self, "_partial_crc", None) is not None
 
+    def missing_bytes(self) -> int:
+        """Bytes missing up to the end of the CRC field (0 unless truncated)."""
+        return int(self.fields.get("truncated", 0))
+
+    def own_error(self) -> str | None:
+        if not self.is_truncated():
+            return None
+        return f"MPA-16: FPDU truncated, {self.missing_bytes()} bytes missing up to the CRC end"
+
+    @property
+    def wire_markers(self) -> tuple[tuple[int, Packet], ...]:
+        """Markers this FPDU held on the wire (marked streams only), by position."""
+        return getattr(self, "_wire_markers", ())
+
+    def set_wire(self, covered: bytes, markers: tuple[tuple[int, Packet], ...]) -> None:
+        """Record the CRC input as sent (markers included) and the markers held (MPA-12)."""
+        object.__setattr__(self, "_covered", covered)
+        object.__setattr__(self, "_wire_markers", markers)
+
     def crc_ok(self, covered: bytes | None = None) -> bool | None:
         """CRC verdict (MPA-12): does the CRC field match the covered bytes?
 
@@ -281,16 +332,23 @@ class MPA_FPDU(_IwarpPacket):
         """
         if self.is_truncated():
             return False
-        wire = self.do_build()
+        wire = self._build_own()[0]
         if len(wire) < MPA_LENGTH_LEN + MPA_CRC_LEN:
             return False
+        if covered is None:
+            covered = getattr(self, "_covered", None)
         data = wire[:-MPA_CRC_LEN] if covered is None else covered
         return crc32c(data) == _LE32.unpack(wire[-MPA_CRC_LEN:])[0]
 
     def mysummary(self) -> str:
+        if self.is_truncated():
+            return self.sprintf(
+                f"{self.name} len=%ulpdu_length% TRUNCATED ({self.missing_bytes()} bytes missing)"
+            )
         verdict = self.crc_ok()
         state = "n/a" if verdict is None else ("good" if verdict else "BAD")
-        return self.sprintf(f"{self.name} len=%ulpdu_length% crc={state}")
+        marks = f" markers={len(self.wire_markers)}" if self.wire_markers else ""
+        return self.sprintf(f"{self.name} len=%ulpdu_length% crc={state}{marks}")
 
 
 class MPA_FPDU_NoCRC(MPA_FPDU):

@@ -5,6 +5,8 @@ Markers belong to the TCP stream, not to an FPDU: they sit every 512 bytes from 
 data in the stream.  Marker placement is the wire core's geometry
 (:func:`stack.wire.framing.mark_fpdu`, the framer's own), never a second copy; the CRC of
 a marked FPDU covers its markers (MPA-12), which :func:`split_marked_fpdus` checks.
+:class:`FpduSplitter` follows one direction across TCP segments: it keeps the partial FPDU
+of a segment until the next completes it (MPA-16: an FPDU is whole before it goes up).
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from stack.constants import (
 )
 from stack.crc import crc32c
 from stack.dissect.scapy.mpa import _BE16, _LE32, MPA_FPDU, MPA_FPDU_NoCRC, MPA_Marker, _pad_len
-from stack.wire.framing import mark_fpdu
+from stack.wire.framing import fpdu_layout, mark_fpdu, unmarked_body
 
 __all__ = [
+    "FpduSplitter",
     "MarkedFpdu",
     "insert_markers",
     "split_fpdus",
     "split_marked_fpdus",
     "strip_markers",
+    "take_fpdu",
 ]
 
 _MARKER = struct.Struct(">HH")
@@ -62,7 +66,12 @@ def _fpdu_spans(clean: bytes) -> list[tuple[int, int, int]]:
 
 
 def split_fpdus(data: bytes, *, crc: bool = True) -> list[Packet]:
-    """Dissect a marker-free run of back-to-back FPDUs (e.g. one TCP payload) into packets."""
+    """Dissect a marker-free run of back-to-back FPDUs (e.g. one TCP payload) into packets.
+
+    A run that ends mid-FPDU gives a last FPDU with ``is_truncated()`` true (and its
+    ``truncated`` field, summary and ``iwarp_error`` saying so); :class:`FpduSplitter`
+    completes it from the next segment instead.
+    """
     cls = MPA_FPDU if crc else MPA_FPDU_NoCRC
     return [cls(data[start:end]) for start, _, end in _fpdu_spans(data)]
 
@@ -166,3 +175,104 @@ def split_marked_fpdus(
             )
         result.append(MarkedFpdu(marked(start), fpdu, owned, verdict))
     return result
+
+
+# ======================================================================================
+# One direction across segments (RFC 5044 §4.1, §4.3; MPA-07, MPA-16)
+# ======================================================================================
+
+
+def take_fpdu(
+    data: bytes | bytearray | memoryview,
+    offset: int = 0,
+    *,
+    crc: bool = True,
+    markers: bool = False,
+) -> tuple[Packet, int] | None:
+    """The whole FPDU at the start of ``data`` and the wire bytes it took, or None.
+
+    ``offset`` is ``data[0]``'s position after SeqStart (markers only, MPA-07); the
+    geometry is :func:`stack.wire.framing.fpdu_layout`.  A marked FPDU comes back
+    marker-free, remembering its markers and the CRC input as sent
+    (:meth:`~stack.dissect.scapy.mpa.MPA_FPDU.set_wire`), so ``crc_ok()`` judges the
+    wire CRC (MPA-12).  None while the FPDU is not complete.
+    """
+    lead = fpdu_layout(offset, 0, markers)[0]
+    if len(data) < lead + MPA_LENGTH_LEN:
+        return None
+    length = _BE16.unpack_from(data, lead)[0]
+    lead, wire_len, marks = fpdu_layout(offset, length, markers)
+    if len(data) < wire_len:
+        return None
+    cls = MPA_FPDU if crc else MPA_FPDU_NoCRC
+    wire = bytes(data[:wire_len])
+    if not marks:
+        return cls(wire), wire_len
+    crc_at = wire_len - MPA_CRC_LEN
+    body = unmarked_body(wire, 0, lead, crc_at, marks)
+    pkt = cls(body + wire[crc_at:])
+    held = tuple((m, MPA_Marker(wire[m : m + MPA_MARKER_LEN])) for m in marks)
+    pkt.set_wire(wire[:crc_at], held)
+    return pkt, wire_len
+
+
+class FpduSplitter:
+    """Whole FPDUs from one direction's Full Operation bytes, fed segment by segment.
+
+    ``FpduSplitter(crc=..., markers=..., offset=...)``: the negotiated CRC and markers of
+    the direction and the stream position of the first byte fed, counted from SeqStart
+    (markers only, MPA-07).  :meth:`feed` returns the FPDUs a segment completes and keeps
+    the partial one (:attr:`pending` bytes) for the next; :meth:`flush` gives that partial
+    one as a truncated FPDU (end of capture).  ``offset`` is the position of the next
+    byte not yet returned.
+    """
+
+    def __init__(self, *, crc: bool = True, markers: bool = False, offset: int = 0) -> None:
+        self.crc = crc
+        self.markers = markers
+        self.offset = offset
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> int:
+        """Bytes held: the start of an FPDU not yet complete."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview | Packet) -> list[Packet]:
+        """Add the next bytes of the direction; return the FPDUs they complete."""
+        self._buf += bytes(data)
+        out = []
+        at = 0
+        view = memoryview(self._buf)
+        try:
+            while True:
+                got = take_fpdu(view[at:], self.offset, crc=self.crc, markers=self.markers)
+                if got is None:
+                    break
+                pkt, used = got
+                out.append(pkt)
+                at += used
+                self.offset += used
+        finally:
+            view.release()
+        del self._buf[:at]
+        return out
+
+    def flush(self) -> list[Packet]:
+        """The partial FPDU still held, as a truncated FPDU (``is_truncated()``); empty
+        when nothing is held.  Markers in it are cut out as far as they go."""
+        if not self._buf:
+            return []
+        data = bytes(self._buf)
+        self._buf.clear()
+        lead = fpdu_layout(self.offset, 0, self.markers)[0]
+        length = _BE16.unpack_from(data, lead)[0] if len(data) >= lead + MPA_LENGTH_LEN else 0
+        lead, _, marks = fpdu_layout(self.offset, length, self.markers)
+        held = tuple(m for m in marks if m + MPA_MARKER_LEN <= len(data))
+        body = unmarked_body(data, 0, lead, len(data), held) if marks else data
+        cls = MPA_FPDU if self.crc else MPA_FPDU_NoCRC
+        pkt = cls(body)
+        if held:
+            pkt.set_wire(data, tuple((m, MPA_Marker(data[m : m + MPA_MARKER_LEN])) for m in held))
+        self.offset += len(data)
+        return [pkt]
