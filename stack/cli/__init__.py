@@ -27,7 +27,9 @@ __all__ = [
     "one_line_errors",
     "port_number",
     "positive_int",
+    "positive_seconds",
     "run",
+    "seconds",
     "trio_run",
     "version",
 ]
@@ -76,6 +78,25 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, 0 or more (below 10^6)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a duration in seconds, more than 0 (a timeout)."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError, one_line_errors, trio_run
+from stack.cli import CliError, one_line_errors, positive_seconds, seconds, trio_run
 
 EPILOG = """\
 CASE selects cases: a case ID (as --list shows them), a rule ID (MPA-12: all its cases), a
@@ -56,23 +56,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pcap-dir", metavar="DIR", help="keep one capture per case in DIR")
     p.add_argument("--strict", action="store_true", help="count SHOULDs not met as failures")
     p.add_argument(
-        "--timeout", type=_seconds, default=5.0, metavar="S",
+        "--timeout", type=positive_seconds, default=5.0, metavar="S",
         help="seconds to wait for an answer the DUT must give (default 5)",
     )  # fmt: skip
     p.add_argument(
-        "--silence", type=_seconds, default=1.0, metavar="S",
+        "--silence", type=positive_seconds, default=1.0, metavar="S",
         help="seconds of quiet that count as 'the DUT sent nothing' (default 1)",
     )  # fmt: skip
     p.add_argument(
-        "--startup-timeout", type=_seconds, default=20.0, metavar="S",
+        "--startup-timeout", type=positive_seconds, default=20.0, metavar="S",
         help="seconds the DUT's MPA startup timer may take to give up (default 20)",
     )  # fmt: skip
     p.add_argument(
-        "--wait", type=_seconds, default=60.0, metavar="S",
+        "--wait", type=positive_seconds, default=60.0, metavar="S",
         help="seconds to wait for the DUT to listen again or to connect (default 60)",
     )  # fmt: skip
     p.add_argument(
-        "--first-fpdu-delay", type=_seconds, default=0.0, metavar="S",
+        "--first-fpdu-delay", type=seconds, default=0.0, metavar="S",
         help="hold the runner's first FPDU S seconds after the DUT's Reply (for passive "
         "sides that stall on an FPDU right after their Reply, as siw 6.1 does; default 0)",
     )  # fmt: skip
@@ -86,16 +86,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     one_line_errors(p)
     p.set_defaults(func=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def parse_endpoint(text: str, *, default_host: str = "") -> tuple[str, int]:

@@ -27,7 +27,14 @@ from typing import Any
 
 import trio
 
-from stack.cli import one_line_errors, port_number, positive_int, trio_run
+from stack.cli import (
+    one_line_errors,
+    port_number,
+    positive_int,
+    positive_seconds,
+    seconds,
+    trio_run,
+)
 from stack.constants import MPA_MAX_PRIVATE_DATA, RtrType
 from stack.errors import IwarpError
 from stack.pcap import PcapWriter
@@ -363,26 +370,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
-
-
-def _delay(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not 0 <= value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
-    return value
-
-
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -480,11 +467,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--private-data", type=_private_data, default="",
                    help="MPA private data to send (default none)")  # fmt: skip
     p.add_argument(
-        "--first-fpdu-delay", type=_delay, default=0.2, metavar="S",
+        "--first-fpdu-delay", type=seconds, default=0.2, metavar="S",
         help="client: wait S seconds after the MPA Reply before the first FPDU (avoids Linux "
         "siw's passive-side race, 0 to disable; default 0.2)",
     )  # fmt: skip
-    p.add_argument("--timeout", type=_timeout, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S",
                    help="seconds per step, and for a server (without -P) to wait for its "
                    "client (default 30)")  # fmt: skip
     one_line_errors(p)

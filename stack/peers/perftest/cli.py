@@ -28,7 +28,15 @@ import sys
 
 from stack.bench.options import parse_size
 from stack.bench.report import TEST_NAMES
-from stack.cli import CliError, one_line_errors, port_number, positive_int, trio_run
+from stack.cli import (
+    CliError,
+    one_line_errors,
+    port_number,
+    positive_int,
+    positive_seconds,
+    seconds,
+    trio_run,
+)
 from stack.errors import IwarpError
 from stack.peers.perftest.client import run_client
 from stack.peers.perftest.options import (
@@ -43,23 +51,6 @@ from stack.peers.perftest.options import (
 )
 from stack.peers.perftest.protocol import LAT_TESTS, TESTS, PerftestError
 from stack.peers.perftest.server import PerftestServer
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not 0 <= value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
-    return value
-
-
-def _timeout(text: str) -> float:
-    value = _seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def _size(text: str) -> int:
@@ -179,11 +170,14 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
     )
     parser.add_argument("--emss", type=_emss, help="EMSS for the MULPDU (MPA-13)")
     parser.add_argument(
-        "--timeout", type=_timeout, default=30.0, help="seconds without progress (default 30)"
+        "--timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds without progress (default 30)",
     )
     parser.add_argument(
         "--first-fpdu-delay",
-        type=_seconds,
+        type=seconds,
         default=FIRST_FPDU_DELAY,
         help="client: seconds between a connection and its first FPDU (Linux siw's passive "
         f"race; default {FIRST_FPDU_DELAY})",
