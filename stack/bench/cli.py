@@ -18,6 +18,7 @@ import math
 import sys
 from collections.abc import Sequence
 
+from stack.bench.export import idle_document, rdma_document
 from stack.bench.options import (
     ALL_SIZES,
     ATOMIC_SIZE,
@@ -30,11 +31,19 @@ from stack.bench.options import (
     BenchOptions,
     parse_size,
 )
+from stack.bench.plot import MISSING_MATPLOTLIB, check_plot_path, have_matplotlib, save_plot
 from stack.bench.process import raise_nofile
 from stack.bench.report import TEST_NAMES
-from stack.bench.run import run_benchmark, run_idle_qps
+from stack.bench.results import IdleResult
+from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
 from stack.cli import CliError, one_line_errors, port_number, trio_run
+from stack.cli.json_report import (
+    add_json_argument,
+    check_json_path,
+    text_to_stderr_if_json_stdout,
+    write_json,
+)
 from stack.errors import IwarpError
 
 
@@ -187,6 +196,13 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--host", default="127.0.0.1", help="--server: address to listen on (default 127.0.0.1)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_json_argument(parser)
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw bandwidth and message rate (latency with --lat) against the size, iWARP "
+        "and the --baseline of the same run (needs the 'plot' extra: matplotlib)",
+    )
     one_line_errors(parser)
 
 
@@ -285,6 +301,7 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--markers", action="store_true", help="MPA markers")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_json_argument(parser)
     parser.add_argument(
         "--parallel",
         type=_positive_int,
@@ -307,11 +324,33 @@ def run_test_command(args: argparse.Namespace) -> int:
         )
         return _serve(server, False)
     opts = options_from_args(args, test)
-    try:
-        trio_run(run_benchmark, opts)
-    except (BenchError, IwarpError, OSError) as exc:
-        return _fail(f"iwarp bench {test}", exc)
-    return 0
+    if args.plot and not have_matplotlib():
+        print(f"iwarp bench: error: {MISSING_MATPLOTLIB}", file=sys.stderr)
+        return 2
+    _check_outputs(args)
+    record = BenchRecord()
+    status, error = 0, None
+    with text_to_stderr_if_json_stdout(args.json):
+        try:
+            trio_run(lambda: run_benchmark(opts, record=record))
+        except (BenchError, IwarpError, OSError) as exc:
+            status, error = _fail(f"iwarp bench {test}", exc), str(exc)
+    if args.plot and record.results:
+        save_plot(args.plot, record.results, opts)
+    if args.json:
+        write_json(args.json, rdma_document(opts, record, status, error))
+    return status
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse unusable --json/--plot before a run (a run can take minutes)."""
+    problem = check_json_path(args.json)
+    if problem:
+        raise CliError(problem)
+    if getattr(args, "plot", None):
+        plot_problem = check_plot_path(args.plot)
+        if plot_problem:
+            raise CliError(plot_problem)
 
 
 def run_server_command(args: argparse.Namespace) -> int:
@@ -349,8 +388,8 @@ def run_idle_command(args: argparse.Namespace) -> int:
     else:
         mode, host, port = ("in-process" if args.in_process else "spawn"), "127.0.0.1", 0
 
-    async def main() -> None:
-        await run_idle_qps(
+    async def main() -> IdleResult:
+        return await run_idle_qps(
             count,
             mode=mode,
             host=host,
@@ -361,11 +400,27 @@ def run_idle_command(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
 
-    try:
-        trio_run(main)
-    except (BenchError, IwarpError, OSError) as exc:
-        return _fail("iwarp bench idle-qps", exc)
-    return 0
+    _check_outputs(args)
+    result: list[IdleResult] = []
+    status, error = 0, None
+    with text_to_stderr_if_json_stdout(args.json):
+        try:
+            result.append(trio_run(main))
+        except (BenchError, IwarpError, OSError) as exc:
+            status, error = _fail("iwarp bench idle-qps", exc), str(exc)
+    if args.json:
+        parameters = {
+            "qps": count,
+            "mode": mode,
+            "crc": args.crc,
+            "markers": args.markers,
+            "parallel": args.parallel,
+        }
+        write_json(
+            args.json,
+            idle_document(parameters, result[0] if result else None, status, error),
+        )
+    return status
 
 
 def register_bench(subparsers: argparse._SubParsersAction) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stack.cli import CliError
+from stack.cli.json_report import add_json_argument, check_json_path, write_json
 from stack.constants import MULPDU_MAX
 from stack.crc import BACKEND, crc32c
 from stack.transport.driver import RECEIVE_SIZE
@@ -145,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"ULPDU size must be 1..{MULPDU_MAX}, got {size}")
     if args.mib <= 0 or args.repeat <= 0 or args.chunk <= 0:
         raise CliError("--mib, --repeat and --chunk must be positive")
+    problem = check_json_path(args.json)
+    if problem:
+        raise CliError(problem)
     combos = [(size, markers) for size in sizes for markers in (False, True)]
     tty = sys.stderr.isatty()
 
@@ -177,7 +181,20 @@ def run(args: argparse.Namespace) -> int:
         )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)
-    print(format_table(results))
+    print(format_table(results), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        from stack.bench.export import codec_document
+
+        parameters = {
+            "sizes_bytes": sizes,
+            "crc": True,
+            "crc32c_backend": BACKEND,
+            "mib_per_measurement": args.mib,
+            "repeat": args.repeat,
+            "chunk_bytes": args.chunk,
+            "clock": args.clock,
+        }
+        write_json(args.json, codec_document(parameters, results, 0))
     return 0
 
 
@@ -204,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cpu: thread CPU time, robust under load (default); wall: elapsed time",
     )
+    add_json_argument(parser)
     parser.set_defaults(func=run)
 
 

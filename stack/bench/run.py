@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +44,7 @@ from stack.bench.results import BwResult, CpuCost, IdleResult, LatResult
 from stack.bench.server import BenchServer
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager
+from stack.wire.events import Negotiated
 
 
 def _project_root() -> str:
@@ -108,13 +109,28 @@ async def server_for(
                 await proc.wait()
 
 
+@dataclass(slots=True)
+class BenchRecord:
+    """What a run learned, filled as it goes (so a failed run keeps its first rows):
+    the negotiated connection of the first QP, the server layout, the result rows."""
+
+    negotiated: Negotiated | None = None
+    layout: str = ""
+    results: list[BwResult | LatResult] = field(default_factory=list)
+
+
 async def run_benchmark(
-    opts: BenchOptions, out: TextIO | None = None, err: TextIO | None = None
+    opts: BenchOptions,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    record: BenchRecord | None = None,
 ) -> list[BwResult | LatResult]:
-    """Run ``opts`` end to end: tables on ``out`` (stdout), progress on ``err`` (stderr)."""
+    """Run ``opts`` end to end: tables on ``out`` (stdout), progress on ``err`` (stderr);
+    ``record`` (if given) receives the connection and each row as they come."""
     out = out or sys.stdout
     progress = Progress((err or sys.stderr) if opts.progress else None)
-    results: list[BwResult | LatResult] = []
+    record = record if record is not None else BenchRecord()
+    results = record.results
     async with server_for(
         opts.mode,
         host=opts.host,
@@ -123,6 +139,7 @@ async def run_benchmark(
         markers=opts.markers,
         emss=opts.emss,
     ) as (host, port, layout):
+        record.layout = layout
         async with ConnectionManager.open(Rnic("bench-client")) as cm:
             client = Client(cm, host, port)
             tx_depth = 1 if opts.latency else opts.tx_depth
@@ -140,6 +157,7 @@ async def run_benchmark(
                 if not printed:
                     neg = qps[0].conn.negotiated
                     assert neg is not None
+                    record.negotiated = neg
                     lines = header_block(opts, neg, layout)
                     header = lat_header if opts.latency else bw_header
                     lines.append(header(opts.baseline, opts.cpu))
