@@ -28,6 +28,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -44,6 +45,13 @@ from kbtp.initiator import KbtpInitiator
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
+from stack.cli.json_report import (
+    add_json_argument,
+    check_json_path,
+    schema,
+    text_to_stderr_if_json_stdout,
+    write_json,
+)
 from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.events import MpaSettings
 from stack.wire.framing import mulpdu_for
@@ -368,6 +376,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     add_mpa_arguments(parser, LOOPBACK_EMSS)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_json_argument(parser)
     one_line_errors(parser)
     parser.set_defaults(func=run_bench)
 
@@ -379,7 +388,68 @@ def _parse_list(text: str, what: str) -> list[str]:
     return items
 
 
+def result_row(r: Result) -> dict[str, Any]:
+    """One ``--json`` row: the table's figures, units in the key names."""
+    row: dict[str, Any] = {
+        "operation": r.op.upper(),
+        "size_bytes": r.size,
+        "path": r.path,
+        "iterations": r.iters,
+        "seconds": r.seconds,
+        "ops_per_s": r.ops,
+        "gbyte_per_s": r.gbps,
+        "gbit_per_s": r.gbps * 8,
+        "cpu_us_per_op": r.cpu / r.iters * 1e6,
+    }
+    if r.raw_seconds is not None:
+        raw_gbps = r.raw_gbps or 0.0
+        row["baseline"] = {
+            "seconds": r.raw_seconds,
+            "ops_per_s": r.iters / r.raw_seconds,
+            "gbyte_per_s": raw_gbps,
+            "gbit_per_s": raw_gbps * 8,
+            "cpu_us_per_op": None if r.raw_cpu is None else r.raw_cpu / r.iters * 1e6,
+        }
+        row["ratio"] = r.ratio
+    return row
+
+
+def bench_document(
+    parameters: dict[str, Any], results: list[Result], exit_status: int
+) -> dict[str, Any]:
+    """``kbtp bench --json``: parameters, the raw TCP baseline, the rows and the verdict."""
+    baseline = None
+    if parameters["baseline"]:
+        baseline = {
+            "name": "raw trio TCP request/response",
+            "shape": "one connection, the same requests in flight, 40-octet requests and "
+            "responses carrying the same block octets",
+            "same_run": True,
+        }
+    return {
+        "schema": schema("kbtp bench"),
+        "command": "kbtp bench",
+        "parameters": parameters,
+        "baseline": baseline,
+        "ratio_is": "KBTP GB/s over the baseline's GB/s",
+        "results": [result_row(r) for r in results],
+        "exit_status": exit_status,
+        "verdict": "ok" if exit_status == 0 else "error",
+    }
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    problem = check_json_path(args.json)
+    if problem:
+        raise CliError(problem)
+    with text_to_stderr_if_json_stdout(args.json):
+        results, parameters = _run_bench(args)
+    if args.json:
+        write_json(args.json, bench_document(parameters, results, 0))
+    return 0
+
+
+def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     try:
         sizes = [parse_size(s) for s in _parse_list(args.sizes, "size")]
     except argparse.ArgumentTypeError as exc:
@@ -430,4 +500,17 @@ def run_bench(args: argparse.Namespace) -> int:
             nursery.cancel_scope.cancel()
 
     run_trio(main)
-    return 0
+    parameters = {
+        "sizes_bytes": sizes,
+        "operations": ops,
+        "inflight": args.inflight,
+        "iters": args.iters,
+        "bytes_per_row": None if args.iters else args.bytes,
+        "inline": args.inline,
+        "max_inline_bytes": args.max_inline,
+        "crc": args.crc,
+        "emss_bytes": settings.emss,
+        "mulpdu_bytes": mulpdu,
+        "baseline": not args.no_baseline,
+    }
+    return results, parameters

@@ -23,7 +23,9 @@ status, 0 otherwise.  ``iwarp dissect`` reads the capture.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from typing import Any
 
 import trio
 
@@ -37,9 +39,17 @@ from kbtp.cli.target import (
     positive_int,
     run_trio,
 )
+from kbtp.initiator import OpStats
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
+from stack.cli.json_report import (
+    add_json_argument,
+    check_json_path,
+    schema,
+    text_to_stderr_if_json_stdout,
+    write_json,
+)
 from stack.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
 
@@ -118,6 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-capture", action="store_true", help="do not write a capture")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_json_argument(parser)
     parser.add_argument(
         "--timeout",
         type=positive_float,
@@ -134,6 +145,9 @@ def run_demo(args: argparse.Namespace) -> int:
         raise CliError("the demo needs at least 2 initiators (one shared-ring, one trusted)")
     if args.block_size < 64:
         raise CliError("the demo needs blocks of at least 64 octets")
+    problem = check_json_path(args.json)
+    if problem:
+        raise CliError(problem)
     config, roles = demo_config(args)
     writer = None
     if not args.no_capture:
@@ -172,8 +186,75 @@ def run_demo(args: argparse.Namespace) -> int:
         if writer is not None:
             writer.close()
     elapsed = time.perf_counter() - demo.started
-    print_summary(demo, roles, writer, elapsed)
-    return 1 if demo.failures else 0
+    status = 1 if demo.failures else 0
+    with text_to_stderr_if_json_stdout(args.json):
+        print_summary(demo, roles, writer, elapsed)
+    if args.json:
+        write_json(args.json, demo_document(demo, roles, writer, elapsed, status))
+    return status
+
+
+def _counts(stats: dict[tuple[str, str], OpStats]) -> list[dict[str, Any]]:
+    return [
+        {"operation": op, "status": status, "count": e.count, "octets": e.octets}
+        for (op, status), e in sorted(stats.items())
+    ]
+
+
+def demo_document(
+    demo: Demo,
+    roles: list[tuple[str, bool]],
+    writer: PcapWriter | None,
+    elapsed: float,
+    exit_status: int,
+) -> dict[str, Any]:
+    """``kbtp demo --json``: per-initiator counts, checks, bad requests, capture, verdict."""
+    config = demo.target.config
+    return {
+        "schema": schema("kbtp demo"),
+        "command": "kbtp demo",
+        "parameters": {
+            "initiators": len(roles),
+            "block_size_bytes": config.block_size,
+            "pool_blocks": config.pool_blocks,
+            "request_credits": config.request_credits,
+            "max_inline_bytes": config.max_inline,
+            "ticket_timeout_s": config.ticket_timeout,
+            "emss_bytes": demo.settings.emss,
+        },
+        "initiators": [
+            {
+                "identity": identity,
+                "trusted": trusted,
+                "operations": _counts(demo.per_initiator.get(identity, {})),
+            }
+            for identity, trusted in roles
+        ],
+        "totals": _counts(demo.stats),
+        "checks": {
+            "read_backs": demo.checks,
+            "bytes_verified": demo.verified_octets,
+            "bad_requests_as_expected": demo.bad_ok,
+            "failures": len(demo.failures),
+        },
+        "bad_requests": [
+            {
+                "initiator": b.who,
+                "request": b.what,
+                "expected_status": b.expected,
+                "observed_status": b.observed,
+                "ok": b.ok,
+            }
+            for b in demo.bad_requests
+        ],
+        "capture": None
+        if writer is None
+        else {"path": os.path.abspath(demo.args.capture), "packets": writer.packets},
+        "failures": demo.failures,
+        "elapsed_s": elapsed,
+        "exit_status": exit_status,
+        "verdict": "FAIL" if exit_status else "PASS",
+    }
 
 
 def print_summary(
@@ -207,6 +288,10 @@ def print_summary(
     )
     if writer is not None:
         print(f"capture: {demo.args.capture} ({writer.packets} packets)")
+        print(
+            f"  the deliberately malformed requests among the bad requests show up as findings "
+            f"(KBTP-5.1) in {demo.args.capture}: iwarp dissect {demo.args.capture} -Y findings"
+        )
     verdict = "FAIL" if demo.failures else "PASS"
     print(f"result: {verdict} in {elapsed:.2f} s")
     for line in demo.failures:

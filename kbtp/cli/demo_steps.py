@@ -71,6 +71,21 @@ class Stored:
     owner: str
 
 
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """A deliberately bad request: who sent it, what it was, the status expected and the
+    one observed (``SUCCESS`` if it did not fail)."""
+
+    who: str
+    what: str
+    expected: str
+    observed: str
+
+    @property
+    def ok(self) -> bool:
+        return self.expected == self.observed
+
+
 @dataclass
 class Demo:
     """Shared state of one demo run."""
@@ -82,9 +97,12 @@ class Demo:
     started: float
     expected: dict[int, Stored] = field(default_factory=dict)
     checks: int = 0
+    verified_octets: int = 0
     bad_ok: int = 0
+    bad_requests: list[BadRequest] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     stats: dict[tuple[str, str], OpStats] = field(default_factory=dict)
+    per_initiator: dict[str, dict[tuple[str, str], OpStats]] = field(default_factory=dict)
     barriers: list[Barrier] = field(default_factory=list)
 
     def progress(self, who: str, text: str) -> None:
@@ -98,7 +116,9 @@ class Demo:
 
     def check(self, who: str, what: str, got: bytes, want: bytes) -> None:
         self.checks += 1
-        if got != want:
+        if got == want:
+            self.verified_octets += len(want)
+        else:
             where = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), 0)
             self.fail(
                 who, f"{what}: {len(got)} octets read, {len(want)} expected, first diff at {where}"
@@ -111,12 +131,20 @@ class Demo:
         try:
             await call()
         except KbtpStatusError as exc:
-            if exc.status is status:
-                self.bad_ok += 1
-                return
-            self.fail(who, f"{what}: got {exc.status.name}, expected {status.name}")
+            self.bad_request(who, what, status, exc.status)
             return
-        self.fail(who, f"{what}: succeeded, expected {status.name}")
+        self.bad_request(who, what, status, None)
+
+    def bad_request(self, who: str, what: str, expected: Status, got: Status | None) -> None:
+        """Record a deliberately bad request's outcome (``got`` None: it succeeded)."""
+        observed = "SUCCESS" if got is None else got.name
+        self.bad_requests.append(BadRequest(who, what, expected.name, observed))
+        if got is expected:
+            self.bad_ok += 1
+        elif got is None:
+            self.fail(who, f"{what}: succeeded, expected {expected.name}")
+        else:
+            self.fail(who, f"{what}: got {got.name}, expected {expected.name}")
 
 
 # ======================================================================================
@@ -248,11 +276,11 @@ async def shared_bad_requests(
             if exc.status is not Status.NO_SPACE:
                 demo.fail(who, f"filling the quota: {exc}")
             else:
-                demo.bad_ok += 1
+                demo.bad_request(who, "ALLOC_STORE beyond the quota", Status.NO_SPACE, exc.status)
             break
         extra.append(ack.handle_base + k)
     else:
-        demo.fail(who, "ALLOC_STORE beyond the quota succeeded")
+        demo.bad_request(who, "ALLOC_STORE beyond the quota", Status.NO_SPACE, None)
     for handle in extra:
         await ini.free(handle)
     await x(
@@ -416,7 +444,9 @@ async def run_initiator(demo: Demo, identity: str, trusted: bool, abandon: bool)
                 else:
                     await shared_scenario(demo, ini, identity)
             finally:
+                mine = demo.per_initiator.setdefault(identity, {})
                 for key, entry in ini.stats.items():
+                    mine[key] = OpStats(entry.count, entry.octets)
                     total = demo.stats.setdefault(key, OpStats())
                     total.count += entry.count
                     total.octets += entry.octets

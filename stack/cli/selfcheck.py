@@ -20,6 +20,14 @@ from typing import Any
 
 import trio
 
+from stack.cli import CliError
+from stack.cli.json_report import (
+    add_json_argument,
+    check_json_path,
+    schema,
+    text_to_stderr_if_json_stdout,
+    write_json,
+)
 from stack.constants import OPCODE_NAMES
 from stack.dissect.decoder import PduRecord, dissect
 from stack.pcap import read_tcp_segments
@@ -96,7 +104,8 @@ def _kind(record: PduRecord) -> str | None:
     return None if record.segment is None else record.segment.opcode_name
 
 
-def live_scenarios(folder: Path) -> list[tuple[str, int, str, bool, float]]:
+def live_scenarios(folder: Path) -> list[tuple[str, int, int, bool, float]]:
+    """Run every scenario: (name, PDUs, findings, ok, seconds) each."""
     rows = []
     for i, scenario in enumerate(SCENARIOS, 1):
         print(f"  [{i}/{len(SCENARIOS)}] {scenario.name}", file=sys.stderr, flush=True)
@@ -111,11 +120,14 @@ def live_scenarios(folder: Path) -> list[tuple[str, int, str, bool, float]]:
             [k for d, k in kinds if d == side] == [k for d, k in scenario.expect if d == side]
             for side in ("i2r", "r2i")
         )
-        rows.append((scenario.name, len(records), f"{findings} findings", ok, elapsed))
+        rows.append((scenario.name, len(records), findings, ok, elapsed))
     return rows
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = check_json_path(args.json)
+    if problem:
+        raise CliError(problem)
     print("iwarp selfcheck: wire codec round trips", file=sys.stderr)
     codec = codec_round_trips()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="iwarp-selfcheck-"))
@@ -124,17 +136,47 @@ def run(args: argparse.Namespace) -> int:
         f"iwarp selfcheck: live scenarios over loopback TCP (captures in {folder})", file=sys.stderr
     )
     live = live_scenarios(folder)
-    print(f"{'message':32} {'framing':8} result")
-    for name, framing, ok in codec:
-        print(f"{name:32} {framing:8} {'ok' if ok else 'FAIL'}")
-    print()
-    print(f"{'scenario':26} {'PDUs':>5} {'decode':14} {'time[s]':>7} result")
-    for name, count, note, ok, elapsed in live:
-        print(f"{name:26} {count:5d} {note:14} {elapsed:7.2f} {'ok' if ok else 'FAIL'}")
     failures = sum(not r[2] for r in codec) + sum(not r[3] for r in live)
     total = len(codec) + len(live)
-    print(f"\n{total - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    status = 1 if failures else 0
+    with text_to_stderr_if_json_stdout(args.json):
+        print(f"{'message':32} {'framing':8} result")
+        for name, framing, ok in codec:
+            print(f"{name:32} {framing:8} {'ok' if ok else 'FAIL'}")
+        print()
+        print(f"{'scenario':26} {'PDUs':>5} {'decode':14} {'time[s]':>7} result")
+        for name, count, findings, ok, elapsed in live:
+            note = f"{findings} findings"
+            print(f"{name:26} {count:5d} {note:14} {elapsed:7.2f} {'ok' if ok else 'FAIL'}")
+        print(f"\n{total - failures} passed, {failures} failed")
+    if args.json:
+        write_json(args.json, selfcheck_document(codec, live, folder, args.keep, status))
+    return status
+
+
+def selfcheck_document(
+    codec: list[tuple[str, str, bool]],
+    live: list[tuple[str, int, int, bool, float]],
+    folder: Path,
+    kept: str | None,
+    exit_status: int,
+) -> dict[str, Any]:
+    """``iwarp selfcheck --json``: every check of the table, the counts and the verdict."""
+    failures = sum(not r[2] for r in codec) + sum(not r[3] for r in live)
+    return {
+        "schema": schema("iwarp selfcheck"),
+        "command": "iwarp selfcheck",
+        "codec": [{"message": n, "framing": f, "ok": ok} for n, f, ok in codec],
+        "scenarios": [
+            {"scenario": n, "pdus": c, "findings": f, "seconds": t, "ok": ok}
+            for n, c, f, ok, t in live
+        ],
+        "captures": str(folder) if kept else None,
+        "passed": len(codec) + len(live) - failures,
+        "failed": failures,
+        "exit_status": exit_status,
+        "verdict": "FAIL" if failures else "PASS",
+    }
 
 
 def register(subparsers: Any) -> None:
@@ -142,4 +184,5 @@ def register(subparsers: Any) -> None:
         "selfcheck", help="encode/decode every message and run every scenario over loopback TCP"
     )
     parser.add_argument("--keep", metavar="DIR", help="write the captures to DIR and keep them")
+    add_json_argument(parser)
     parser.set_defaults(func=run)
