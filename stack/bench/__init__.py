@@ -46,10 +46,18 @@ from stack.bench.results import (
     latency_stats,
     peak_rate,
 )
-from stack.bench.run import CpuMeter, run_benchmark, run_idle_qps, server_command, server_for
+from stack.bench.run import (
+    BenchRecord,
+    CpuMeter,
+    run_benchmark,
+    run_idle_qps,
+    server_command,
+    server_for,
+)
 from stack.bench.server import BenchServer, serve_forever
 
 __all__ = [
+    "BenchRecord",
     "ALL_SIZES",
     "ATOMIC_SIZE",
     "DEFAULT_PORT",
