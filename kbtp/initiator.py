@@ -315,7 +315,7 @@ class KbtpInitiator(InitiatorOps):
     def _on_wc(self, wc: WorkCompletion) -> None:
         if wc.opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
             if wc.status is not WcStatus.SUCCESS:
-                self._lost(f"receive failed: {wc.status.value}")
+                self._lost(f"receive failed: {wc.status.text}")
                 return
             if wc.wr_id == _HELLO_SLOT:
                 assert self._hello_mr is not None
@@ -331,10 +331,10 @@ class KbtpInitiator(InitiatorOps):
         if waiter is not None:
             waiter.wc = wc
             if wc.status is not WcStatus.SUCCESS:
-                waiter.error = self._closed_error(f"{wc.opcode.value} failed: {wc.status.value}")
+                waiter.error = self._closed_error(f"{wc.opcode.name} failed: {wc.status.text}")
             waiter.event.set()
         elif wc.status is not WcStatus.SUCCESS:
-            self._lost(f"{wc.opcode.value} failed: {wc.status.value}")
+            self._lost(f"{wc.opcode.name} failed: {wc.status.text}")
 
     def _on_message(self, data: bytes, invalidated: int | None) -> None:
         if self._raw:

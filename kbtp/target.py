@@ -387,7 +387,7 @@ class KbtpTarget:
         if wc.status is WcStatus.SUCCESS:
             self._apply(self._guarded(sess, self.core.rdma_completed, wc.wr_id, now))
         else:
-            reason = f"{wc.opcode.value} failed: {wc.status.value}"
+            reason = f"{wc.opcode.name} failed: {wc.status.text}"
             self._apply(self._guarded(sess, self.core.rdma_failed, wc.wr_id, now, reason))
 
     def _apply(self, actions: list[Action]) -> None:

@@ -160,7 +160,7 @@ class Client:
 def _check(wc_status: WcStatus, what: str) -> None:
     """Raise BenchError unless a work completion succeeded."""
     if wc_status is not WcStatus.SUCCESS:
-        raise BenchError(f"{what} completed with status '{wc_status.value}'")
+        raise BenchError(f"{what} completed with status '{wc_status.text}'")
 
 
 def _bw_work_requests(test: str, c: ClientQp, size: int) -> tuple[SendWR, Callable[[int], SendWR]]:

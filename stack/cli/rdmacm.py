@@ -53,7 +53,7 @@ async def _completions(side: _Side, count: int, what: str, timeout: float) -> No
         for _ in range(count):
             wc = await side.cq.next()
             if wc.status is not WcStatus.SUCCESS:
-                raise ConnectFailed(f"{what}: completion failed: {wc.status.value}")
+                raise ConnectFailed(f"{what}: completion failed: {wc.status.text}")
 
 
 # --------------------------------------------------------------------- rdma_server / client

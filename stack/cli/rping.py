@@ -135,12 +135,13 @@ class Endpoint:
                 raise Disconnected("connection closed by the peer")
             if wc.status is not WcStatus.SUCCESS:
                 raise RpingError(
-                    f"cq completion failed status {wc.status.value} ({wc.opcode.value})"
+                    f"cq completion failed status {wc.status.value} "
+                    f"({wc.status.text}, {wc.opcode.name})"
                 )
             if wc.opcode is WcOpcode.SEND and opcode is not WcOpcode.SEND:
                 continue  # send completions are not waited for, as in rping
             if wc.opcode is not opcode:
-                raise RpingError(f"unexpected completion {wc.opcode.value}, wanted {opcode.value}")
+                raise RpingError(f"unexpected completion {wc.opcode.name}, wanted {opcode.name}")
             return wc
 
 

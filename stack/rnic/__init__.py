@@ -10,6 +10,7 @@ from stack.rnic.device import Rnic
 from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain
 from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
 from stack.rnic.verbs import (
+    WC_STATUS_TEXT,
     RecvWR,
     SendFlags,
     SendWR,
@@ -19,6 +20,7 @@ from stack.rnic.verbs import (
     WcStatus,
     WorkCompletion,
     WrOpcode,
+    wc_status_str,
 )
 
 __all__ = [
@@ -37,8 +39,10 @@ __all__ = [
     "Sge",
     "SharedReceiveQueue",
     "WcFlags",
+    "WC_STATUS_TEXT",
     "WcOpcode",
     "WcStatus",
+    "wc_status_str",
     "WorkCompletion",
     "WrOpcode",
 ]

@@ -19,7 +19,7 @@ Mapping onto RDMAP (RFC 5040, RFC 7306):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, IntFlag
+from enum import Enum, IntEnum, IntFlag
 
 from stack.constants import ALL_ONES_64
 
@@ -46,33 +46,94 @@ class SendFlags(IntFlag):
     INLINE = 0x8
 
 
-class WcStatus(Enum):
-    """Work-completion status names of verbs (``IBV_WC_*``)."""
+class WcStatus(IntEnum):
+    """Work-completion status, with rdma-core's ``enum ibv_wc_status`` values (``IBV_WC_*``);
+    :attr:`text` is what ``ibv_wc_status_str`` prints for it.  A ``GENERAL_ERR`` is 21, the
+    "cq completion failed status 21" rping prints on siw."""
 
-    SUCCESS = "success"
-    LOC_LEN_ERR = "local length error"
-    LOC_QP_OP_ERR = "local QP operation error"
-    LOC_PROT_ERR = "local protection error"
-    WR_FLUSH_ERR = "WR flushed"
-    MW_BIND_ERR = "memory window bind error"
-    BAD_RESP_ERR = "bad response error"
-    LOC_ACCESS_ERR = "local access error"
-    REM_INV_REQ_ERR = "remote invalid request error"
-    REM_ACCESS_ERR = "remote access error"
-    REM_OP_ERR = "remote operation error"
-    FATAL_ERR = "fatal error"
-    GENERAL_ERR = "general error"
+    SUCCESS = 0
+    LOC_LEN_ERR = 1
+    LOC_QP_OP_ERR = 2
+    LOC_EEC_OP_ERR = 3
+    LOC_PROT_ERR = 4
+    WR_FLUSH_ERR = 5
+    MW_BIND_ERR = 6
+    BAD_RESP_ERR = 7
+    LOC_ACCESS_ERR = 8
+    REM_INV_REQ_ERR = 9
+    REM_ACCESS_ERR = 10
+    REM_OP_ERR = 11
+    RETRY_EXC_ERR = 12
+    RNR_RETRY_EXC_ERR = 13
+    LOC_RDD_VIOL_ERR = 14
+    REM_INV_RD_REQ_ERR = 15
+    REM_ABORT_ERR = 16
+    INV_EECN_ERR = 17
+    INV_EEC_STATE_ERR = 18
+    FATAL_ERR = 19
+    RESP_TIMEOUT_ERR = 20
+    GENERAL_ERR = 21
+
+    @property
+    def text(self) -> str:
+        """``ibv_wc_status_str``'s text for this status."""
+        return WC_STATUS_TEXT[self]
+
+    def __str__(self) -> str:
+        return self.text
 
 
-class WcOpcode(Enum):
-    SEND = "SEND"
-    RDMA_WRITE = "RDMA_WRITE"
-    RDMA_READ = "RDMA_READ"
-    COMP_SWAP = "COMP_SWAP"
-    FETCH_ADD = "FETCH_ADD"
-    LOCAL_INV = "LOCAL_INV"
-    RECV = "RECV"
-    RECV_RDMA_WITH_IMM = "RECV_RDMA_WITH_IMM"
+WC_STATUS_TEXT: dict[WcStatus, str] = {
+    WcStatus.SUCCESS: "success",
+    WcStatus.LOC_LEN_ERR: "local length error",
+    WcStatus.LOC_QP_OP_ERR: "local QP operation error",
+    WcStatus.LOC_EEC_OP_ERR: "local EE context operation error",
+    WcStatus.LOC_PROT_ERR: "local protection error",
+    WcStatus.WR_FLUSH_ERR: "Work Request Flushed Error",
+    WcStatus.MW_BIND_ERR: "memory management operation error",
+    WcStatus.BAD_RESP_ERR: "bad response error",
+    WcStatus.LOC_ACCESS_ERR: "local access error",
+    WcStatus.REM_INV_REQ_ERR: "remote invalid request error",
+    WcStatus.REM_ACCESS_ERR: "remote access error",
+    WcStatus.REM_OP_ERR: "remote operation error",
+    WcStatus.RETRY_EXC_ERR: "transport retry counter exceeded",
+    WcStatus.RNR_RETRY_EXC_ERR: "RNR retry counter exceeded",
+    WcStatus.LOC_RDD_VIOL_ERR: "local RDD violation error",
+    WcStatus.REM_INV_RD_REQ_ERR: "remote invalid RD request",
+    WcStatus.REM_ABORT_ERR: "aborted error",
+    WcStatus.INV_EECN_ERR: "invalid EE context number",
+    WcStatus.INV_EEC_STATE_ERR: "invalid EE context state",
+    WcStatus.FATAL_ERR: "fatal error",
+    WcStatus.RESP_TIMEOUT_ERR: "response timeout error",
+    WcStatus.GENERAL_ERR: "general error",
+}
+"""``ibv_wc_status_str`` of rdma-core's libibverbs, text for text."""
+
+
+def wc_status_str(status: WcStatus | int) -> str:
+    """``ibv_wc_status_str``: the text of a status (``"unknown"`` for a value it lacks)."""
+    try:
+        return WC_STATUS_TEXT[WcStatus(status)]
+    except ValueError:
+        return "unknown"
+
+
+class WcOpcode(IntEnum):
+    """Work-completion opcode, with rdma-core's ``enum ibv_wc_opcode`` values; receive
+    completions have bit 7 set (``IBV_WC_RECV``)."""
+
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMP_SWAP = 3
+    FETCH_ADD = 4
+    BIND_MW = 5
+    LOCAL_INV = 6
+    RECV = 1 << 7
+    RECV_RDMA_WITH_IMM = (1 << 7) + 1
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class WcFlags(IntFlag):

@@ -28,7 +28,7 @@ def check_wc(status: WcStatus, what: str) -> None:
     if status is WcStatus.WR_FLUSH_ERR:
         raise PerftestError(f"{what}: the connection closed")
     if status is not WcStatus.SUCCESS:
-        raise PerftestError(f"{what} completed with status '{status.value}'")
+        raise PerftestError(f"{what} completed with status '{status.text}'")
 
 
 class ByteMeter:
