@@ -337,6 +337,30 @@ def test_unknown_sub_subcommand_is_one_error_line(
     assert "no-such-thing" in captured.err
 
 
+@pytest.mark.usefixtures("guarded")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["iwarp", "siwvm", "boot-check", "--siw", "no_such_knob=1"],
+        ["iwarp", "siwvm", "boot-check", "--siw", "zcopy_tx"],
+        ["iwarp", "siwvm", "boot-check", "--siw", "mpa_version=two"],
+        ["iwarp", "siwvm", "shell-run", "-f", "70000:22", "--", "true"],
+        ["iwarp", "siwvm", "shell-run", "-f", "ssh", "--", "true"],
+        ["iwarp", "rdma-server", "-p", "0"],
+        ["kbtp", "target", "--initiator", "x:quota=-1"],
+    ],
+    ids=" ".join,
+)
+def test_values_checked_after_parsing_are_refused_before_any_work(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Options whose values argparse's types cannot judge alone (KNOB=VALUE, HOST:GUEST)."""
+    status, started = run_main(argv[0], argv[1:])
+    captured = capsys.readouterr()
+    prog = " ".join(w for w in argv[: next(i for i, w in enumerate(argv) if w[0] == "-")])
+    assert not problems(prog, status, captured.out, captured.err, started), captured.err
+
+
 # ---------------------------------------------------------------------------- help
 def test_every_subcommand_has_a_one_line_help() -> None:
     for command, words, action in _groups():

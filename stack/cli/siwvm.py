@@ -30,7 +30,7 @@ from stack.siwvm import (
     find_artifacts,
 )
 from stack.siwvm.image import print_progress
-from stack.siwvm.knobs import SIW_DEFAULTS, parse_kv
+from stack.siwvm.knobs import SIW_DEFAULTS, normalize, parse_kv
 
 
 def register(subparsers: Any) -> None:
@@ -113,9 +113,10 @@ def _forwards(items: list[str]) -> list[tuple[int, int]]:
     out = []
     for item in items:
         host, sep, guest = item.partition(":")
-        if not sep or not host.isdigit() or not guest.isdigit():
-            raise CliError(f"--forward wants HOST:GUEST ports, got {item!r}")
-        out.append((int(host), int(guest)))
+        ports = (int(host), int(guest)) if sep and host.isdigit() and guest.isdigit() else (0, 0)
+        if not all(0 < port < 65536 for port in ports):
+            raise CliError(f"--forward wants HOST:GUEST ports (1 to 65535), got {item!r}")
+        out.append(ports)
     return out
 
 
@@ -146,6 +147,11 @@ def run_info(args: argparse.Namespace) -> int:
 
 def _boot(args: argparse.Namespace, forwards: list[tuple[int, int]] | None = None) -> SiwVM:
     try:
+        knobs = parse_kv(args.siw)
+        normalize(knobs)  # bad --siw items are refused before the boot, not after it
+    except SiwVmError as exc:
+        raise CliError(f"--siw: {exc}") from None
+    try:
         vm = SiwVM(
             forwards=forwards or (),
             smp=args.smp,
@@ -154,8 +160,8 @@ def _boot(args: argparse.Namespace, forwards: list[tuple[int, int]] | None = Non
             echo_console=args.console,
         )
         vm.start()
-        if args.siw:
-            vm.set_siw(**parse_kv(args.siw))
+        if knobs:
+            vm.set_siw(**knobs)
     except SiwVmError as exc:
         raise CliError(str(exc)) from None
     return vm
