@@ -319,7 +319,7 @@ def test_command_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_command_unknown_id_is_exit_2_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(["MPA-12", "DDP-99"], capsys)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("iwarp: error: unknown rule 'DDP-99'")
+    assert err.count("\n") == 1 and err.startswith("iwarp rules: error: unknown rule 'DDP-99'")
 
 
 def test_command_starts_without_trio_or_the_stack() -> None:

@@ -40,7 +40,14 @@ from kbtp.constants import (
 )
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
-from stack.cli import CliError, binary_size, one_line_errors, port_number, positive_int
+from stack.cli import (
+    CliError,
+    address,
+    binary_size,
+    one_line_errors,
+    port_number,
+    positive_int,
+)
 from stack.errors import IwarpError, leaf_exceptions
 from stack.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
@@ -276,9 +283,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="Initiator spec: IDENTITY[:handles=BASE+COUNT,quota=N,domain=NAME,"
         "direct=none|load|alloc|both]",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
-        "-p", "--port", type=port_number, default=DEFAULT_PORT, help="TCP port (0: any free)"
+        "--host", type=address, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "-p",
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"TCP port (default {DEFAULT_PORT}; 0: any free)",
     )
     add_target_arguments(parser)
     parser.add_argument(
@@ -311,7 +324,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--handles",
         type=positive_int,
-        default=0,
         metavar="N",
         help="handles per initiator without handles= (default 4 x quota)",
     )

@@ -21,9 +21,12 @@ from typing import NoReturn, TypeVar, overload
 from stack.errors import single_exception
 
 __all__ = [
+    "ERROR_PROG",
     "CliError",
+    "address",
     "binary_size",
     "build_parser",
+    "non_negative_int",
     "one_line_errors",
     "port_number",
     "positive_int",
@@ -38,8 +41,16 @@ T = TypeVar("T")
 N = TypeVar("N")
 
 
+ERROR_PROG = "error_prog"
+"""Namespace attribute :func:`one_line_errors` sets: the subcommand's ``prog``, which
+:func:`run` prefixes a :class:`CliError` with (``iwarp rping: error: ...``)."""
+
+
 def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump)."""
+    """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump).
+
+    A :class:`CliError` the subcommand raises later is printed with the same ``prog``.
+    """
 
     def error(message: str) -> NoReturn:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
@@ -68,6 +79,7 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
 
     parser.error = error  # type: ignore[method-assign]
     parser.parse_known_args = strict_parse_known_args  # type: ignore[method-assign]
+    parser.set_defaults(**{ERROR_PROG: parser.prog})
 
 
 def positive_int(text: str) -> int:
@@ -79,6 +91,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (``0x`` prefixes accepted)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def address(text: str) -> str:
+    """argparse type: a host name or IP address, not empty (an unset shell variable)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty address: give a host name or IP address")
+    return text
 
 
 def seconds(text: str) -> float:
@@ -176,7 +206,8 @@ def run(
     argv: Sequence[str] | None = None,
 ) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen subcommand, return its exit
-    status; a :class:`CliError` is one ``prog: error: ...`` line and status 2."""
+    status; a :class:`CliError` is one ``prog: error: ...`` line and status 2 (``prog`` of
+    the subcommand when it uses :func:`one_line_errors`)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     first = args_in[0] if args_in and not args_in[0].startswith("-") else None
     parser = build_parser(prog, description, commands, only=first)
@@ -184,7 +215,7 @@ def run(
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{getattr(args, ERROR_PROG, prog)}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError
+from stack.cli import CliError, one_line_errors
 
 SUITE = Path(__file__).resolve().parents[1] / "interop" / "siw"
 """The installed interop suite (pytest modules of :mod:`stack.interop.siw`)."""
@@ -340,4 +340,5 @@ def register(subparsers: Any) -> None:
         "--no-slow", dest="slow", action="store_false", help="leave out slow cases (20-run race)"
     )
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
+    one_line_errors(p)
     p.set_defaults(func=run)

@@ -19,7 +19,17 @@ from typing import Any
 
 import trio
 
-from stack.cli import CliError, trio_run
+from stack.cli import (
+    CliError,
+    address,
+    binary_size,
+    non_negative_int,
+    one_line_errors,
+    port_number,
+    positive_int,
+    positive_seconds,
+    trio_run,
+)
 from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpCap, QueuePair
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
@@ -29,6 +39,8 @@ RDMA_EXAMPLES_PORT = 7471
 SIW_RACE_DELAY = 0.2
 """Seconds the client holds its first FPDU after the MPA Reply (Linux siw's passive race)."""
 MESSAGE_LEN = 16
+MAX_MESSAGE_SIZE = 1 << 24
+"""Largest ``cmatose -S`` (each side allocates -C receive buffers of it)."""
 
 
 class _Side:
@@ -181,13 +193,15 @@ async def cmatose(args: argparse.Namespace) -> int:
     return status
 
 
+def _message_size(text: str) -> int:
+    """``cmatose -S``: 1 octet to :data:`MAX_MESSAGE_SIZE` (K/M suffixes allowed)."""
+    return binary_size(text, MAX_MESSAGE_SIZE, unit=" octets")
+
+
 def _check(args: argparse.Namespace) -> None:
-    if not 0 < args.port < 65536:
-        raise CliError("port must be 1..65535")
-    if getattr(args, "connections", 1) < 1:
-        raise CliError("-c connections must be >= 1")
-    if getattr(args, "messages", 0) < 0 or getattr(args, "size", 1) < 1:
-        raise CliError("-C must be >= 0 and -S >= 1")
+    """What argparse's types do not say: -p 0 (any port) is no address to meet at."""
+    if args.port == 0:
+        raise CliError("argument -p: port must be 1 to 65535, got 0")
 
 
 def _checked(
@@ -204,21 +218,44 @@ def _checked(
 
 def register(subparsers: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-p", dest="port", type=int, default=RDMA_EXAMPLES_PORT, help="port (7471)")
-    common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
+    common.add_argument(
+        "-p",
+        dest="port",
+        type=port_number,
+        default=RDMA_EXAMPLES_PORT,
+        help=f"port (default {RDMA_EXAMPLES_PORT})",
+    )
+    common.add_argument(
+        "--timeout", type=positive_seconds, default=30.0, help="seconds to wait (default 30)"
+    )
 
     p = subparsers.add_parser("rdma-server", parents=[common], help="librdmacm rdma_server peer")
-    p.add_argument("-s", dest="bind", help="address to bind (default all)")
+    p.add_argument("-s", dest="bind", type=address, help="address to bind (default all)")
     p.set_defaults(func=_checked(rdma_server))
+    one_line_errors(p)
 
     p = subparsers.add_parser("rdma-client", parents=[common], help="librdmacm rdma_client peer")
-    p.add_argument("-s", dest="server", required=True, help="server address")
+    p.add_argument("-s", dest="server", type=address, required=True, help="server address")
     p.set_defaults(func=_checked(rdma_client))
+    one_line_errors(p)
 
     p = subparsers.add_parser("cmatose", parents=[common], help="librdmacm ucmatose peer")
-    p.add_argument("-s", dest="server", help="server address (client mode; omit for server)")
-    p.add_argument("-b", dest="bind", help="bind address (server)")
-    p.add_argument("-c", dest="connections", type=int, default=1, help="connections (1)")
-    p.add_argument("-C", dest="messages", type=int, default=10, help="messages per connection (10)")
-    p.add_argument("-S", dest="size", type=int, default=100, help="message size (100)")
+    p.add_argument(
+        "-s", dest="server", type=address, help="server address (client mode; omit for server)"
+    )
+    p.add_argument("-b", dest="bind", type=address, help="bind address (server; default all)")
+    p.add_argument(
+        "-c", dest="connections", type=positive_int, default=1, help="connections (default 1)"
+    )
+    p.add_argument(
+        "-C",
+        dest="messages",
+        type=non_negative_int,
+        default=10,
+        help="messages per connection (default 10; 0: connect only)",
+    )
+    p.add_argument(
+        "-S", dest="size", type=_message_size, default=100, help="message size (default 100)"
+    )
     p.set_defaults(func=_checked(cmatose))
+    one_line_errors(p)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError
+from stack.cli import CliError, one_line_errors, positive_int, positive_seconds
 from stack.siwvm import (
     GUEST_ADDR,
     HOST_ADDR,
@@ -30,7 +30,7 @@ from stack.siwvm import (
     find_artifacts,
 )
 from stack.siwvm.image import print_progress
-from stack.siwvm.knobs import SIW_DEFAULTS, parse_kv
+from stack.siwvm.knobs import SIW_DEFAULTS, normalize, parse_kv
 
 
 def register(subparsers: Any) -> None:
@@ -40,25 +40,37 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    one_line_errors(parser)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
     p_build = actions.add_parser("build", help="build the guest image (cold 1-4 min, warm <1 s)")
     p_build.add_argument("--refresh", action="store_true", help="re-resolve the kernel from apt")
-    p_build.add_argument("--timeout", type=float, default=900.0, help="seconds (default 900)")
+    p_build.add_argument(
+        "--timeout", type=positive_seconds, default=900.0, help="seconds (default 900)"
+    )
     p_build.set_defaults(func=run_build)
+    one_line_errors(p_build)
 
     p_info = actions.add_parser("info", help="show the cache and the built artifacts")
     p_info.set_defaults(func=run_info)
+    one_line_errors(p_info)
 
     for name, func, text in (
         ("boot-check", run_boot_check, "boot, show the siw device and knobs, power off"),
         ("shell-run", run_shell, "boot, run CMD in the guest, print its output"),
     ):
         p = actions.add_parser(name, help=text)
-        p.add_argument("--boot-timeout", type=float, default=180.0, help="seconds (default 180)")
-        p.add_argument("--smp", type=int, default=None, help="guest vCPUs (default 1)")
-        p.add_argument("--accel", choices=("auto", "tcg", "kvm"), default="auto")
+        p.add_argument(
+            "--boot-timeout", type=positive_seconds, default=180.0, help="seconds (default 180)"
+        )
+        p.add_argument("--smp", type=positive_int, default=None, help="guest vCPUs (default 1)")
+        p.add_argument(
+            "--accel",
+            choices=("auto", "tcg", "kvm"),
+            default="auto",
+            help="auto: KVM when usable, else TCG (default auto)",
+        )
         p.add_argument("--console", action="store_true", help="echo the guest console")
         p.add_argument(
             "--siw",
@@ -68,6 +80,7 @@ def register(subparsers: Any) -> None:
             help=f"set a siw knob first ({', '.join(SIW_DEFAULTS)}; aliases crc_required, ...)",
         )
         p.set_defaults(func=func)
+        one_line_errors(p)
         if name == "shell-run":
             p.add_argument(
                 "-f",
@@ -77,9 +90,16 @@ def register(subparsers: Any) -> None:
                 metavar="HOST:GUEST",
                 help="forward 127.0.0.1:HOST to guest port GUEST (repeatable)",
             )
-            p.add_argument("--timeout", type=float, default=120.0, help="command timeout (s)")
+            p.add_argument(
+                "--timeout",
+                type=positive_seconds,
+                default=120.0,
+                help="command timeout in seconds (default 120)",
+            )
             p.add_argument("--capture", metavar="PCAP", help="capture the command's traffic here")
-            p.add_argument("--iface", default="eth0", help="capture interface (eth0 or lo)")
+            p.add_argument(
+                "--iface", default="eth0", help="capture interface, eth0 or lo (default eth0)"
+            )
             p.add_argument(
                 "--via",
                 choices=("netdev", "tcpdump"),
@@ -93,9 +113,10 @@ def _forwards(items: list[str]) -> list[tuple[int, int]]:
     out = []
     for item in items:
         host, sep, guest = item.partition(":")
-        if not sep or not host.isdigit() or not guest.isdigit():
-            raise CliError(f"--forward wants HOST:GUEST ports, got {item!r}")
-        out.append((int(host), int(guest)))
+        ports = (int(host), int(guest)) if sep and host.isdigit() and guest.isdigit() else (0, 0)
+        if not all(0 < port < 65536 for port in ports):
+            raise CliError(f"--forward wants HOST:GUEST ports (1 to 65535), got {item!r}")
+        out.append(ports)
     return out
 
 
@@ -126,6 +147,11 @@ def run_info(args: argparse.Namespace) -> int:
 
 def _boot(args: argparse.Namespace, forwards: list[tuple[int, int]] | None = None) -> SiwVM:
     try:
+        knobs = parse_kv(args.siw)
+        normalize(knobs)  # bad --siw items are refused before the boot, not after it
+    except SiwVmError as exc:
+        raise CliError(f"--siw: {exc}") from None
+    try:
         vm = SiwVM(
             forwards=forwards or (),
             smp=args.smp,
@@ -134,8 +160,8 @@ def _boot(args: argparse.Namespace, forwards: list[tuple[int, int]] | None = Non
             echo_console=args.console,
         )
         vm.start()
-        if args.siw:
-            vm.set_siw(**parse_kv(args.siw))
+        if knobs:
+            vm.set_siw(**knobs)
     except SiwVmError as exc:
         raise CliError(str(exc)) from None
     return vm

@@ -4,8 +4,9 @@ Tests marked ``interop`` need the guest; the harness's own unit tests here do no
 One guest boots per test session (``siw_vm``); every test gets it through ``vm``, which
 resets siw's knobs first (upstream defaults, with ``zcopy_tx=N`` so captures are complete)
 and kills the test's leftover guest processes afterwards.  The suite runs unless
-``IWARP_SKIP_INTEROP=1``; when the VM cannot be built or booted the tests FAIL with the
-reason (they never skip for that).  Captures go to ``$IWARP_CAPTURE_DIR`` or to
+``IWARP_SKIP_INTEROP=1``; when the VM cannot be built or booted, the first test that needs
+it FAILS with the reason and what to do (build as root, or set ``IWARP_SKIP_INTEROP=1``)
+and the others skip, pointing at that failure.  Captures go to ``$IWARP_CAPTURE_DIR`` or to
 ``<pytest basetemp>/siw-captures``.
 """
 
@@ -46,24 +47,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class _Session:
-    """The session's VM, or the reason there is none (reported by every test)."""
+    """The session's VM, or the reason there is none, and the test that reported it."""
 
     vm: SiwVM | None = None
     error: str | None = None
+    reported_by: str | None = None
     build_seconds: float = 0.0
 
 
+def unavailable_message(what: str, detail: str) -> str:
+    """Why interop cannot run, and what to do: build as root, or skip the suite."""
+    hint = ""
+    if os.geteuid() != 0:
+        hint = (
+            "Building it needs root: run `python -m pytest` (or `iwarp siwvm build`) as root; "
+            "the build installs QEMU and debootstrap with apt-get and builds a Debian kernel "
+            "and root file system into ~/.cache/siw-vm ($SIWVM_CACHE), minutes the first time.\n"
+        )
+    return (
+        f"the siw VM {what}, so the interop tests cannot run:\n{detail}\n"
+        f"{hint}Set {SKIP_ENV}=1 to skip them."
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """After the one error saying why there is no VM, skip the rest as a marker would (so
+    the summary folds them into one line per file)."""
+    if _Session.reported_by and "siw_vm" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.skip(reason=_skip_reason()))
+
+
+def _skip_reason() -> str:
+    return f"no siw VM: see the error of {_Session.reported_by}"
+
+
 @pytest.fixture(scope="session")
-def siw_vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiwVM]:
-    """The booted siw guest, shared by the whole session."""
-    if _Session.error:
-        pytest.fail(_Session.error, pytrace=False)
+def _siw_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Build and boot the guest once; on failure, record why in :class:`_Session`."""
     t0 = time.monotonic()
     try:
         artifacts = build(progress=lambda line: print(line, file=sys.stderr))
     except SiwVmError as exc:
-        _Session.error = f"the siw VM could not be built, so interop cannot run:\n{exc}"
-        pytest.fail(_Session.error, pytrace=False)
+        _Session.error = unavailable_message("could not be built", str(exc))
+        yield
+        return
     _Session.build_seconds = time.monotonic() - t0
     captures = Path(
         os.environ.get("IWARP_CAPTURE_DIR") or tmp_path_factory.getbasetemp() / "siw-captures"
@@ -77,8 +105,9 @@ def siw_vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiwVM]:
         vm.start()
     except SiwVmError as exc:
         vm.stop()
-        _Session.error = f"the siw VM did not boot, so interop cannot run:\n{exc}"
-        pytest.fail(_Session.error, pytrace=False)
+        _Session.error = unavailable_message("did not boot", str(exc))
+        yield
+        return
     _Session.vm = vm
     print(
         f"\nsiw VM: build check {_Session.build_seconds:.1f} s, boot {vm.boot_seconds:.1f} s "
@@ -86,10 +115,26 @@ def siw_vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiwVM]:
         file=sys.stderr,
     )
     try:
-        yield vm
+        yield
     finally:
         vm.stop()
         _Session.vm = None
+
+
+@pytest.fixture
+def siw_vm(_siw_session: None, request: pytest.FixtureRequest) -> SiwVM:
+    """The booted siw guest, shared by the whole session.
+
+    Without one, the first test that asks for it errors with the reason and what to do;
+    the others skip, pointing at that error (one error, not one per test).
+    """
+    if _Session.vm is not None:
+        return _Session.vm
+    error = _Session.error or "the siw VM is not running"
+    if _Session.reported_by is None:
+        _Session.reported_by = request.node.nodeid
+        pytest.fail(error, pytrace=False)
+    pytest.skip(_skip_reason())
 
 
 @pytest.fixture
