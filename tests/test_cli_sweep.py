@@ -54,35 +54,12 @@ CONTEXT = {"iwarp rdma-client": ["-s", "127.0.0.1"], "iwarp dissect": [str(PCAP)
 """Arguments a subcommand needs besides the one under test (so the error is about that one)."""
 NUMERIC_PROBES = ("1", "2", "128", "1024", "65483", "1.5")
 
-_CODEC = "stack/bench/codec.py: usage dump (no one_line_errors) and CliError as 'iwarp: error:'"
-_PERFTEST = "stack/peers/perftest/cli.py"
-_PERFTESTS = ("write_bw", "read_bw", "send_bw", "atomic_bw", "write_lat", "read_lat", "send_lat")
-KNOWN_BAD_VALUES: dict[str, str] = {
-    **{f"iwarp bench codec {o}": _CODEC for o in ("--size", "--mib", "--repeat", "--chunk")},
-    "iwarp bench codec --clock": _CODEC,
-    **{
-        f"iwarp bench {b} --host": "stack/bench/cli.py: --host '' is accepted and the bench starts"
-        for b in ("write", "read", "send", "atomic", "server")
-    },
-    **{
-        f"iwarp bench ib_{t} --bind": f"{_PERFTEST}: --bind '' is accepted and the peer starts"
-        for t in _PERFTESTS
-    },
-    "iwarp conform --listen": "stack/cli/conform.py: --listen '' is accepted and the runner starts",
-}
+KNOWN_BAD_VALUES: dict[str, str] = {}
 """``"<prog> <option>"`` -> reason: options of files outside this change that do not yet fail
 cleanly (strict xfail: the fix turns the entry into a failure, so it is removed with it)."""
-KNOWN_GROUP_ERRORS = {
-    "iwarp bench": "stack/cli/bench.py: the bench parser dumps its usage (no one_line_errors)",
-}
+KNOWN_GROUP_ERRORS: dict[str, str] = {}
 """Parsers of subcommands (``iwarp bench ...``) whose unknown-choice error is not one line."""
-KNOWN_MISSING_DEFAULTS: dict[str, str] = {
-    **{
-        f"iwarp bench ib_{t} --qp": f"{_PERFTEST}: 'number of QPs (1)', not '(default 1)'"
-        for t in ("write_bw", "read_bw", "send_bw", "atomic_bw")
-    },
-    "iwarp dissect --max-private-data": "stack/cli/dissect.py: '(512; ...)', not '(default 512'",
-}
+KNOWN_MISSING_DEFAULTS: dict[str, str] = {}
 """``"<prog> <option>"`` -> reason: options of other files whose help does not show the default."""
 DEFAULT_NOT_SHOWN = {
     "iwarp interop --no-slow": "a --no-X flag: its name says X is the default",

@@ -37,7 +37,7 @@ from stack.bench.report import TEST_NAMES
 from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
-from stack.cli import CliError, one_line_errors, port_number, trio_run
+from stack.cli import CliError, address, one_line_errors, port_number, trio_run
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
@@ -193,7 +193,10 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         help=f"--server: port to listen on (default {DEFAULT_PORT})",
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="--server: address to listen on (default 127.0.0.1)"
+        "--host",
+        type=address,
+        default="127.0.0.1",
+        help="--server: address to listen on (default 127.0.0.1)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_argument(parser)
@@ -264,7 +267,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+        "--host", type=address, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     parser.add_argument(
         "-p",

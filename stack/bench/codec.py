@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stack.cli import CliError
+from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import add_json_argument, check_json_path, write_json
 from stack.constants import MULPDU_MAX
 from stack.crc import BACKEND, crc32c
@@ -232,6 +232,7 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     add_arguments(parser)
+    one_line_errors(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from stack.cli import one_line_errors
+
 BENCH_MODULES = ("stack.bench.codec", "stack.bench.cli", "stack.peers.perftest.cli")
 """The modules whose ``register_bench`` add the benchmarks and perftest-compatible peers."""
 
@@ -21,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a benchmark (codec, write, read, send, atomic, server, idle-qps, ...)",
         description="Benchmarks of the stack; each prints a table of measured figures.",
     )
+    one_line_errors(parser)
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     sub.required = True
     for name in BENCH_MODULES:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError, one_line_errors, positive_seconds, seconds, trio_run
+from stack.cli import CliError, address, one_line_errors, positive_seconds, seconds, trio_run
 
 EPILOG = """\
 CASE selects cases: a case ID (as --list shows them), a rule ID (MPA-12: all its cases), a
@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--listen",
+        type=address,
         metavar="[HOST:]PORT",
         help="the DUT connects: listen here and run the DUT-connecting cases",
     )

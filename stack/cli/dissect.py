@@ -230,7 +230,7 @@ def register(subparsers: Any) -> None:
         type=_non_negative,
         default=512,
         metavar="N",
-        help="PD_Length limit for MPA-21 (512; siw uses 256)",
+        help="PD_Length limit for MPA-21 (default 512; siw uses 256)",
     )
     parser.add_argument(
         "--fail-on-findings", action="store_true", help="exit 3 if a shown PDU has findings"

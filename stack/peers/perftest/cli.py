@@ -30,6 +30,7 @@ from stack.bench.options import parse_size
 from stack.bench.report import TEST_NAMES
 from stack.cli import (
     CliError,
+    address,
     one_line_errors,
     port_number,
     positive_int,
@@ -120,7 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
             help="run for SECONDS instead of -n iterations (give the server the same)",
         )
     if not latency:
-        parser.add_argument("-q", "--qp", type=positive_int, default=1, help="number of QPs (1)")
+        parser.add_argument(
+            "-q", "--qp", type=positive_int, default=1, help="number of QPs (default 1)"
+        )
     parser.add_argument(
         "-p",
         "--port",
@@ -160,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
                         help="do not fail on CPU frequency warnings")  # fmt: skip
     device.add_argument("-x", "--gid-index", dest="gid_index", metavar="GID", help="GID index")
     parser.add_argument(
-        "--bind", default="0.0.0.0", help="server: address to listen on (default all)"
+        "--bind", type=address, default="0.0.0.0", help="server: address to listen on (default all)"
     )
     parser.add_argument(
         "--crc",
