@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
+import json
 import os
 import re
 import shutil
@@ -206,6 +208,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
 
 CONFORM_OPTIONS = ("app", "restart_cmd", "junit", "json", "pcap_dir")
 """Options passed through to ``iwarp conform`` with ``--peer HOST:PORT``."""
+REPORT_OPTIONS = ("junit", "json")
+"""Of those, the reports the siw suite writes too (``--peer siw-vm``)."""
 SUITE_OPTIONS = ("keyword", "capture_dir", "exitfirst")
 """Options of the siw suite only (``--peer siw-vm``)."""
 
@@ -251,7 +255,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"unknown peer {args.peer!r}; known: {', '.join(PEERS)}, or a device as HOST:PORT"
         )
-    given = [f"--{n.replace('_', '-')}" for n in CONFORM_OPTIONS if getattr(args, n)]
+    given = [
+        f"--{n.replace('_', '-')}"
+        for n in CONFORM_OPTIONS
+        if getattr(args, n) and n not in REPORT_OPTIONS
+    ]
     given += ["--quick"] if args.quick else []
     given += ["CASE"] if args.cases else []
     if given:
@@ -280,8 +288,12 @@ def run(args: argparse.Namespace) -> int:
     old = os.environ.get("IWARP_CAPTURE_DIR")
     os.environ["IWARP_CAPTURE_DIR"] = str(capture_dir)
     t0 = time.monotonic()
+    extra = ["--junitxml", args.junit] if args.junit else []
+    # with --json -, stdout carries the document alone: pytest's own lines go to stderr
+    chatter_to = contextlib.redirect_stdout(sys.stderr) if args.json == "-" else None
     try:
-        code = pytest.main(pytest_args(args), plugins=[recorder])
+        with chatter_to or contextlib.nullcontext():
+            code = pytest.main(pytest_args(args) + extra, plugins=[recorder])
     finally:
         if old is None:
             os.environ.pop("IWARP_CAPTURE_DIR", None)
@@ -295,12 +307,43 @@ def run(args: argparse.Namespace) -> int:
         where = "removed after a clean run (keep them with --capture-dir DIR)"
     elif not keep:
         where += " (kept: something failed)"
-    print()
-    print(f"interop with Linux siw ({args.peer})")
-    print(render_matrix(results, capture_dir=where, wall_seconds=time.monotonic() - t0))
+    wall = time.monotonic() - t0
+    if args.json:
+        write_json(args.json, results_document(results, where, wall, int(code)))
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(file=out)
+    print(f"interop with Linux siw ({args.peer})", file=out)
+    print(render_matrix(results, capture_dir=where, wall_seconds=wall), file=out)
     if code not in (0, 1, 5):
         print(f"pytest exit status {int(code)}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def results_document(
+    results: list[CaseResult], captures: str, seconds: float, pytest_status: int
+) -> dict[str, Any]:
+    """The siw suite's results for ``--json``: one object per test (case, direction,
+    outcome, seconds, reason), the counts per outcome and where the captures are."""
+    counts = {o: sum(r.outcome == o for r in results) for o in OUTCOMES}
+    return {
+        "schema": "iwarp-interop-siw/1",
+        "peer": "siw-vm",
+        "seconds": round(seconds, 3),
+        "pytest_status": pytest_status,
+        "failed": failed(results) or pytest_status not in (0, 5),
+        "counts": counts,
+        "captures": captures,
+        "cases": [dataclasses.asdict(r) for r in results],
+    }
+
+
+def write_json(target: str, document: dict[str, Any]) -> None:
+    """``document`` to ``target`` (``-``: stdout)."""
+    text = json.dumps(document, indent=2) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text)
 
 
 def register(subparsers: Any) -> None:
@@ -325,8 +368,8 @@ def register(subparsers: Any) -> None:
         "--restart-cmd", metavar="CMD",
         help="with HOST:PORT: command that (re)starts the device before each case",
     )  # fmt: skip
-    p.add_argument("--junit", metavar="FILE", help="with HOST:PORT: JUnit XML report to FILE")
-    p.add_argument("--json", metavar="FILE", help="with HOST:PORT: JSON report to FILE (- stdout)")
+    p.add_argument("--junit", metavar="FILE", help="JUnit XML report to FILE")
+    p.add_argument("--json", metavar="FILE", help="JSON report to FILE (- stdout)")
     p.add_argument("--pcap-dir", metavar="DIR", help="with HOST:PORT: one capture per case")
     p.add_argument(
         "--quick", action="store_true", help="with HOST:PORT: skip the cases that wait for timers"

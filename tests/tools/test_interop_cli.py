@@ -217,3 +217,37 @@ def test_options_of_the_other_kind_of_peer_are_usage_errors(
 ) -> None:
     assert main(["interop", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_siw_suite_writes_json_and_junit_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--peer siw-vm --json - --junit FILE`` on a stand-in suite (no VM): stdout is the
+    JSON document alone, the matrix goes to stderr, JUnit has one testcase per test."""
+    from stack.cli import interop
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'interop: needs the guest')\n"
+    )
+    (suite / "test_fake_siw.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.interop\n"
+        "@pytest.mark.parametrize('d', ['siw-active', 'iwarp-active'])\n"
+        "def test_rping_ok(d):\n    pass\n"
+        "def test_mpa_broken():\n    assert False, 'siw said no'\n"
+    )
+    monkeypatch.setattr(interop, "SUITE", suite)
+    xml = tmp_path / "siw.xml"
+    code = main(["interop", "--json", "-", "--junit", str(xml), "--capture-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert code == 1 and document["failed"] is True
+    assert document["counts"]["pass"] == 2 and document["counts"]["fail"] == 1
+    outcomes = {(c["case"], c["direction"]): c["outcome"] for c in document["cases"]}
+    assert outcomes[("rping_ok", "siw-active")] == "pass"
+    assert "interop with Linux siw" in captured.err
+    names = [tc.get("name") for tc in ET.parse(xml).getroot().iter("testcase")]
+    assert len(names) == 3 and "test_mpa_broken" in names
