@@ -9,15 +9,19 @@ from stack.transport.cm import (
     ConnectRequest,
     Listener,
 )
+from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
 from stack.transport.tap import CaptureTap, pcap_tap_factory
 
 __all__ = [
     "CaptureTap",
+    "CmEvent",
+    "CmEventType",
     "ConnectFailed",
     "ConnectRejected",
     "ConnectRequest",
     "ConnectionManager",
+    "EventChannel",
     "Listener",
     "RdmaConnection",
     "pcap_tap_factory",
