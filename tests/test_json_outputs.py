@@ -69,6 +69,12 @@ def test_bench_write_json_on_stdout_matches_the_table_on_stderr(
     assert row["baseline"]["msg_per_s"] == pytest.approx(
         row["baseline"]["bw_average_mib_per_s"] * 2**20 / 4096
     )
+    assert doc["baseline"]["second"]["name"] == "blocking sockets"
+    assert text[7] == f"{row['blocking']['bw_average_mib_per_s']:.2f}"
+    assert row["ratio_blocking"] == pytest.approx(
+        row["bw_average_mib_per_s"] / row["blocking"]["bw_average_mib_per_s"]
+    )
+    assert "ratio_blk" in err and "iWARP / blocking sockets" in err
 
 
 def test_bench_read_lat_json_file_has_the_latency_figures(

@@ -137,6 +137,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "-q", "--qps", type=_positive_int, default=1, help="number of QPs (default 1)"
     )
     parser.add_argument(
+        "-l",
         "--post-list",
         type=_positive_int,
         default=1,
@@ -144,6 +145,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         help="post N WRs per post_send (default 1)",
     )
     parser.add_argument(
+        "-Q",
         "--cq-mod",
         type=_positive_int,
         metavar="N",
@@ -165,7 +167,10 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     _add_mpa_arguments(parser, True, "requested by the client; default on")
     parser.add_argument("--lat", action="store_true", help="latency test (perftest's *_lat)")
     parser.add_argument(
-        "--baseline", action="store_true", help="also run raw trio TCP and print the ratio"
+        "--baseline",
+        action="store_true",
+        help="also run the same exchange over raw trio TCP and over blocking sockets, "
+        "and print both ratios",
     )
     parser.add_argument(
         "--cpu",

@@ -71,6 +71,7 @@ class Client:
         self.host = host
         self.port = port
         self.raw_port = 0
+        self.blocking_port = 0
 
     async def connect(
         self, spec: SessionSpec, settings: MpaSettings, *, tx_depth: int, ord: int
@@ -99,6 +100,7 @@ class Client:
         assert conn.negotiated is not None
         advert = Advert.decode(conn.negotiated.peer_private_data)
         self.raw_port = advert.raw_port
+        self.blocking_port = advert.blocking_port
         return ClientQp(qp, cq, conn, local, advert, pong, inbox)
 
     async def connect_many(

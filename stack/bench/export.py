@@ -3,7 +3,8 @@
 Units are in the key names: ``mib_per_s`` (2^20 B/s, perftest's MB/sec), ``gbit_per_s``
 (10^9 bit/s), ``msg_per_s``, ``us_*`` (microseconds; ``us_p50`` is perftest's t_typical,
 the median), ``us_per_msg`` (CPU time).  ``ratio`` is iWARP over the run's own baseline,
-named in ``baseline`` (bandwidth: above 1 is better; latency: below 1 is better).
+named in ``baseline`` (bandwidth: above 1 is better; latency: below 1 is better);
+``ratio_blocking`` is iWARP over the blocking-socket baseline, figures under ``blocking``.
 """
 
 from __future__ import annotations
@@ -12,18 +13,13 @@ from typing import Any
 
 from stack.bench.codec import CodecResult
 from stack.bench.options import BenchOptions
-from stack.bench.report import TEST_NAMES, TRANSPORT
+from stack.bench.report import TEST_NAMES, TRANSPORT, baseline_shape
 from stack.bench.results import MB, BwResult, CpuCost, IdleResult, LatResult
 from stack.bench.run import BenchRecord
 from stack.cli.json_report import schema
 
 RAW_TCP = "raw trio TCP"
-RAW_TCP_SHAPE = {
-    "write": "a stream of the same messages, one send_all each",
-    "send": "a stream of the same messages, one send_all each",
-    "read": "request/response, the same pipelining depth",
-    "atomic": "request/response of 8-octet replies, the same pipelining depth",
-}
+BLOCKING_TCP = "blocking sockets"
 
 
 def _cpu(prefix: str, cost: CpuCost | None) -> dict[str, float | None]:
@@ -61,6 +57,13 @@ def bw_row(r: BwResult) -> dict[str, Any]:
             **_cpu("cpu_", r.raw_cpu),
         }
         row["ratio"] = r.ratio
+    if r.blocking_bw is not None:
+        row["blocking"] = {
+            "bw_average_mib_per_s": r.blocking_bw,
+            "gbit_per_s": gbit_per_s(r.blocking_bw),
+            "msg_per_s": r.blocking_bw * MB / r.size,
+        }
+        row["ratio_blocking"] = r.ratio_blocking
     return row
 
 
@@ -81,6 +84,9 @@ def lat_row(r: LatResult) -> dict[str, Any]:
     if r.raw_typical is not None:
         row["baseline"] = {"us_p50": r.raw_typical, **_cpu("cpu_", r.raw_cpu)}
         row["ratio"] = r.ratio
+    if r.blocking_typical is not None:
+        row["blocking"] = {"us_p50": r.blocking_typical}
+        row["ratio_blocking"] = r.ratio_blocking
     return row
 
 
@@ -102,8 +108,12 @@ def rdma_document(
         }
     baseline = None
     if opts.baseline:
-        shape = "the same exchange, one at a time" if opts.latency else RAW_TCP_SHAPE[opts.test]
-        baseline = {"name": RAW_TCP, "shape": shape, "same_run": True}
+        baseline = {
+            "name": RAW_TCP,
+            "shape": baseline_shape(opts),
+            "same_run": True,
+            "second": {"name": BLOCKING_TCP, "key": "blocking", "ratio_key": "ratio_blocking"},
+        }
     return {
         "schema": schema(f"iwarp bench {opts.test}"),
         "command": f"iwarp bench {opts.test}",

@@ -3,7 +3,8 @@
 * The MPA Request's private data (:class:`SessionSpec`, JSON) says which test a QP runs;
   the Reply's (:class:`Advert`, JSON) advertises the target region and the raw-TCP port
   (private data is the ULP's, RFC 5044 §7.1).
-* The server's second, raw-TCP port: a 16-byte header (:data:`RAW_HEADER`), then the
+* The server's second, raw-TCP port (and a third served by blocking sockets,
+  :mod:`stack.bench.blocking`): a 16-byte header (:data:`RAW_HEADER`), then the
   mode's traffic.  ``RAW_SINK``: the client streams bytes and half-closes; the server
   answers with the byte count (u64).  ``RAW_REQRESP``: every ``request``-byte request is
   answered with ``size`` bytes.  ``RAW_STATS``: the server answers with a JSON object
@@ -72,22 +73,34 @@ class SessionSpec:
 
 @dataclass(frozen=True, slots=True)
 class Advert:
-    """The server's Reply private data: target region (rkey, TO, length) and raw-TCP port."""
+    """The server's Reply private data: target region (rkey, TO, length) and baseline ports.
+
+    ``raw_port`` serves the trio baseline, ``blocking_port`` (0: none) the blocking one.
+    """
 
     rkey: int
     addr: int
     length: int
     raw_port: int
+    blocking_port: int = 0
 
     def encode(self) -> bytes:
         obj = {"rkey": self.rkey, "addr": self.addr, "len": self.length, "raw": self.raw_port}
+        if self.blocking_port:
+            obj["blk"] = self.blocking_port
         return json.dumps(obj, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Advert:
         try:
             obj = json.loads(data)
-            return cls(int(obj["rkey"]), int(obj["addr"]), int(obj["len"]), int(obj["raw"]))
+            return cls(
+                int(obj["rkey"]),
+                int(obj["addr"]),
+                int(obj["len"]),
+                int(obj["raw"]),
+                int(obj.get("blk", 0)),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise BenchError(f"server sent a malformed advertisement: {exc}") from None
 

@@ -1,8 +1,9 @@
 """The benchmark tables, perftest's layout: headers, dashed lines, one row per size.
 
 Column names and spacing are perftest's (``ib_write_bw``, ``ib_read_lat``, ...); a value
-starts under its column name.  ``--baseline`` appends the raw-TCP figure and the ratio,
-``--cpu`` the CPU time per message; ``iwarp bench idle-qps`` has its own table.
+starts under its column name.  ``--baseline`` appends the raw trio TCP figure and its
+ratio, then the blocking-socket figure and its ratio (``ratio_blk``), and the opening
+block says what each compares with; ``--cpu`` the CPU time per message; ``iwarp bench idle-qps`` has its own table.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ LAT_HEADER = (
     " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]"
     "    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
 )
-BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio"
-LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio"
+BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio   blocking[MB/sec]   ratio_blk"
+LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio   blocking t_typical[usec]   ratio_blk"
 CPU_HEADER = "   CPU cli/srv[usec/msg]"
 RAW_CPU_HEADER = "   raw CPU cli/srv[usec/msg]"
 BW_COLUMNS = ("#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
@@ -104,8 +105,13 @@ def format_bw(result: BwResult, baseline: bool, cpu: bool = False) -> str:
     ]
     names = list(BW_COLUMNS)
     if baseline:
-        names += ["raw TCP[MB/sec]", "ratio"]
-        values += [f"{result.raw_bw or 0:.2f}", f"{result.ratio or 0:.2f}"]
+        names += ["raw TCP[MB/sec]", "ratio", "blocking[MB/sec]", "ratio_blk"]
+        values += [
+            f"{result.raw_bw or 0:.2f}",
+            f"{result.ratio or 0:.2f}",
+            f"{result.blocking_bw or 0:.2f}",
+            f"{result.ratio_blocking or 0:.2f}",
+        ]
     cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
     return _row(bw_header(baseline, cpu), names + cpu_names, values + cpu_values)
 
@@ -126,8 +132,13 @@ def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
     ]
     names = list(LAT_COLUMNS)
     if baseline:
-        names += ["raw t_typical[usec]", "ratio"]
-        values += [f"{result.raw_typical or 0:.2f}", f"{result.ratio or 0:.2f}"]
+        names += ["raw t_typical[usec]", "ratio", "blocking t_typical[usec]", "ratio_blk"]
+        values += [
+            f"{result.raw_typical or 0:.2f}",
+            f"{result.ratio or 0:.2f}",
+            f"{result.blocking_typical or 0:.2f}",
+            f"{result.ratio_blocking or 0:.2f}",
+        ]
     cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
     return _row(lat_header(baseline, cpu), names + cpu_names, values + cpu_values)
 
@@ -160,7 +171,32 @@ def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
         one("Outstand reads", opts.ord if opts.test in ("read", "atomic") else "-"),
         one("Data ex. method", "MPA private data"),
         one("Server", layout),
+        *baseline_lines(opts),
         RESULT_LINE,
+    ]
+
+
+BASELINE_SHAPES = {
+    "write": "a stream of the same bytes, up to tx depth messages per send",
+    "send": "a stream of the same bytes, up to tx depth messages per send",
+    "read": "pipelined request/response, the same depth, replies batched",
+    "atomic": "pipelined request/response of 8-octet replies, the same depth, batched",
+}
+"""What each test's baselines do (:mod:`stack.bench.baseline`, :mod:`stack.bench.blocking`)."""
+
+
+def baseline_shape(opts: BenchOptions) -> str:
+    """The exchange both baselines run for ``opts``."""
+    return "the same exchange, one at a time" if opts.latency else BASELINE_SHAPES[opts.test]
+
+
+def baseline_lines(opts: BenchOptions) -> list[str]:
+    """The opening block's lines that say what ``ratio`` and ``ratio_blk`` compare with."""
+    if not opts.baseline:
+        return []
+    return [
+        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)})",
+        f" {'ratio_blk':<16}: iWARP / blocking sockets (sendall/recv_into, both ends)",
     ]
 
 

@@ -50,10 +50,16 @@ class BwResult:
     raw_bw: float | None = None
     cpu: CpuCost | None = None
     raw_cpu: CpuCost | None = None
+    blocking_bw: float | None = None
+    """The blocking-socket baseline's MB/s (:mod:`stack.bench.blocking`)."""
 
     @property
     def ratio(self) -> float | None:
         return self.bw_average / self.raw_bw if self.raw_bw else None
+
+    @property
+    def ratio_blocking(self) -> float | None:
+        return self.bw_average / self.blocking_bw if self.blocking_bw else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +78,16 @@ class LatResult:
     raw_typical: float | None = None
     cpu: CpuCost | None = None
     raw_cpu: CpuCost | None = None
+    blocking_typical: float | None = None
+    """The blocking-socket baseline's median (:mod:`stack.bench.blocking`)."""
 
     @property
     def ratio(self) -> float | None:
         return self.t_typical / self.raw_typical if self.raw_typical else None
+
+    @property
+    def ratio_blocking(self) -> float | None:
+        return self.t_typical / self.blocking_typical if self.blocking_typical else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ import trio
 
 import stack
 from stack.bench.baseline import raw_bandwidth, raw_latency
+from stack.bench.blocking import blocking_bandwidth, blocking_latency
 from stack.bench.client import Client, measure_bw, measure_lat
 from stack.bench.options import WARMUP_ITERS, BenchError, BenchOptions, mpa_settings
 from stack.bench.process import rss_bytes
@@ -193,6 +194,7 @@ async def run_benchmark(
                         result = replace(result, raw_bw=raw)
                     if meter:
                         result = replace(result, raw_cpu=await meter.stop(_messages(result)))
+                    result = await _blocking_baseline(result, host, client, opts)
                 results.append(result)
                 if isinstance(result, LatResult):
                     out.write(format_lat(result, opts.baseline, opts.cpu) + "\n")
@@ -202,6 +204,22 @@ async def run_benchmark(
             out.write(RESULT_LINE + "\n")
             out.flush()
     return results
+
+
+async def _blocking_baseline(
+    result: BwResult | LatResult, host: str, client: Client, opts: BenchOptions
+) -> BwResult | LatResult:
+    """``result`` with the blocking-socket figure of the same exchange (a worker thread)."""
+    if not client.blocking_port:
+        return result
+    port = client.blocking_port
+    if isinstance(result, LatResult):
+        size, count = result.size, result.iterations
+        lat = await trio.to_thread.run_sync(blocking_latency, host, port, opts, size, count)
+        return replace(result, blocking_typical=lat)
+    size, count = result.size, result.messages
+    bw = await trio.to_thread.run_sync(blocking_bandwidth, host, port, opts, size, count)
+    return replace(result, blocking_bw=bw)
 
 
 def _messages(result: BwResult | LatResult) -> int:

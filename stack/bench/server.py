@@ -17,6 +17,7 @@ from typing import TextIO
 
 import trio
 
+from stack.bench.blocking import BlockingServer, batch_messages
 from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte
 from stack.bench.options import DEFAULT_TX_DEPTH, BenchError, mpa_settings
 from stack.bench.process import rss_bytes
@@ -76,6 +77,7 @@ class BenchServer:
         self.pd: ProtectionDomain = self.rnic.alloc_pd()
         self.port = 0
         self.raw_port = 0
+        self.blocking_port = 0
         self.active = 0
         """QPs connected right now."""
 
@@ -91,11 +93,16 @@ class BenchServer:
                 raise BenchError(f"cannot listen on {where}: {exc}") from None
             self.port = listener.port
             self.raw_port = raw[0].socket.getsockname()[1]
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio.serve_listeners, self._raw_connection, raw)
-                task_status.started((self.port, self.raw_port))
-                async for request in listener:
-                    nursery.start_soon(self._session, request)
+            blocking = BlockingServer(self.host)
+            self.blocking_port = blocking.port
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trio.serve_listeners, self._raw_connection, raw)
+                    task_status.started((self.port, self.raw_port))
+                    async for request in listener:
+                        nursery.start_soon(self._session, request)
+            finally:
+                blocking.close()
 
     async def _session(self, request: ConnectRequest) -> None:
         try:
@@ -113,14 +120,16 @@ class BenchServer:
             ord=self.rnic.max_ord,
         )
         regions: list[MemoryRegion] = []
-        advert = Advert(0, 0, 0, self.raw_port)
+        advert = Advert(0, 0, 0, self.raw_port, self.blocking_port)
         target = source = inbox = None
         if spec.test != "idle":
             # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
             target = self.pd.reg_mr(bytearray(spec.size + ATOMIC_ALIGNMENT), REMOTE_ALL)
             regions.append(target)
             pad = (-target.addr) % ATOMIC_ALIGNMENT
-            advert = Advert(target.rkey, target.base + pad, spec.size, self.raw_port)
+            advert = Advert(
+                target.rkey, target.base + pad, spec.size, self.raw_port, self.blocking_port
+            )
             if spec.latency and spec.test in ("write", "send"):
                 source = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
                 regions.append(source)
@@ -230,8 +239,10 @@ class BenchServer:
                     if not data:
                         break
                     count, pending = divmod(pending + len(data), request)
-                    for _ in range(count):
-                        await stream.send_all(reply)
+                    while count:  # every complete request answered in one send
+                        k = batch_messages(size, count)
+                        await stream.send_all(reply * k)
+                        count -= k
             elif mode == RAW_STATS:
                 if size:  # asked to collect garbage first (memory figures)
                     gc.collect()

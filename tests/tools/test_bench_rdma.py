@@ -42,6 +42,8 @@ LAT_HEADER = (
     " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
     "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
 )
+BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio   blocking[MB/sec]   ratio_blk"
+LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio   blocking t_typical[usec]   ratio_blk"
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -96,17 +98,19 @@ def test_write_bw_in_process_prints_perftest_table_and_baseline_ratio(
     lines = out.splitlines()
     assert lines[0] == DASHES and lines[-1] == DASHES
     assert lines[1].strip() == "RDMA_Write BW Test"
-    assert BW_HEADER + "  raw TCP[MB/sec]   ratio" in lines
+    assert BW_HEADER + BW_BASELINE_HEADER in lines
+    assert "ratio_blk" in BW_BASELINE_HEADER and "iWARP / blocking sockets" in out
     assert header_value(out, "Connection type") == "RC"
     assert "Transport type : iWARP (userspace, TCP)" in out
     assert header_value(out, "CRC") == "ON"
     assert header_value(out, "TX depth") == "128"
     assert header_value(out, "CQ Moderation") == "100"
     [row] = table_rows(out, BW_HEADER)
-    size, iters, peak, avg, mpps, raw, ratio = row
+    size, iters, peak, avg, mpps, raw, ratio, blocking, ratio_blk = row
     assert (size, iters) == (1024, 40)
-    assert peak >= avg > 0 and mpps > 0 and raw > 0
+    assert peak >= avg > 0 and mpps > 0 and raw > 0 and blocking > 0
     assert ratio == pytest.approx(avg / raw, rel=0.02, abs=0.01)
+    assert ratio_blk == pytest.approx(avg / blocking, rel=0.02, abs=0.01)
     assert mpps * 1e6 * 1024 / 2**20 == pytest.approx(avg, rel=0.01)
 
 
@@ -246,10 +250,11 @@ def test_latency_in_process_with_baseline(
     assert code == 0
     lines = out.splitlines()
     assert lines[1].strip() == title
-    assert LAT_HEADER + "  raw t_typical[usec]   ratio" in lines
+    assert LAT_HEADER + LAT_BASELINE_HEADER in lines
     [row] = table_rows(out, LAT_HEADER)
-    assert len(row) == 11
-    b, n, t_min, t_max, typical, avg, stdev, p99, p999, raw, ratio = row
+    assert len(row) == 13
+    b, n, t_min, t_max, typical, avg, stdev, p99, p999, raw, ratio, blocking, ratio_blk = row
+    assert blocking > 0 and ratio_blk == pytest.approx(typical / blocking, rel=0.05, abs=0.01)
     assert (b, n) == (size, 25)
     assert 0 < t_min <= typical <= t_max and t_min <= avg <= t_max
     assert t_min <= p99 <= p999 <= t_max and stdev >= 0
@@ -265,7 +270,7 @@ def test_two_processes_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     server = header_value(out, "Server")
     match = re.fullmatch(r"127\.0\.0\.1:\d+ \(process (\d+)\)", server)
     assert match and int(match.group(1)) != os.getpid()
-    header = BW_HEADER + "  raw TCP[MB/sec]   ratio   CPU cli/srv[usec/msg]"
+    header = BW_HEADER + BW_BASELINE_HEADER + "   CPU cli/srv[usec/msg]"
     [row] = table_rows(out, header)
     assert row[:2] == [4096, 30] and row[-1] > 0
     # Both processes did measurable work per message, for iWARP and for raw TCP.

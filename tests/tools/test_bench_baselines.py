@@ -1,0 +1,84 @@
+"""The ``--baseline`` exchanges: the fastest honest shape of the same exchange, both servers."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from stack.bench.blocking import (
+    BATCH_BYTES,
+    BlockingServer,
+    batch_messages,
+    blocking_bandwidth,
+    blocking_latency,
+)
+from stack.bench.options import BenchError, BenchOptions
+from stack.bench.protocol import RAW_HEADER, RAW_MAGIC, RAW_REQRESP, RAW_REQUEST
+from stack.bench.server import BenchServer
+
+
+def test_batch_messages_is_what_is_posted_within_the_cap() -> None:
+    assert batch_messages(64, 128) == 128
+    assert batch_messages(1 << 20, 128) == 1
+    assert batch_messages(65536, 128) == BATCH_BYTES // 65536
+    assert batch_messages(0, 5) == 5 and batch_messages(64, 0) == 1
+
+
+@pytest.fixture
+def blocking_server() -> Iterator[BlockingServer]:
+    server = BlockingServer("127.0.0.1")
+    yield server
+    server.close()
+
+
+def _replies_to_a_burst(port: int, requests: int, size: int) -> list[int]:
+    """Send ``requests`` requests at once; the sizes of the reads that bring the replies."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, size, RAW_REQUEST))
+        sock.sendall(bytes(RAW_REQUEST * requests))
+        sock.settimeout(10)
+        got: list[int] = []
+        while sum(got) < requests * size:
+            data = sock.recv(1 << 20)
+            assert data, "server closed early"
+            got.append(len(data))
+        return got
+
+
+def test_blocking_server_answers_every_pending_request_at_once(
+    blocking_server: BlockingServer,
+) -> None:
+    reads = _replies_to_a_burst(blocking_server.port, 100, 64)
+    assert sum(reads) == 6400
+    assert len(reads) <= 3  # one sendall for the whole burst (one per request: ~100 reads)
+
+
+def test_trio_server_answers_every_pending_request_at_once() -> None:
+    async def main() -> list[int]:
+        server = BenchServer()
+        async with trio.open_nursery() as nursery:
+            _port, raw_port = await nursery.start(server.run)
+            reads = await trio.to_thread.run_sync(_replies_to_a_burst, raw_port, 100, 64)
+            nursery.cancel_scope.cancel()
+        return reads
+
+    reads = trio.run(main)
+    assert sum(reads) == 6400 and len(reads) <= 3
+
+
+@pytest.mark.parametrize("test", ["write", "send", "read", "atomic"])
+def test_blocking_baselines_move_the_bytes(blocking_server: BlockingServer, test: str) -> None:
+    opts = BenchOptions(test=test, sizes=(4096,), num_qps=2)
+    assert blocking_bandwidth("127.0.0.1", blocking_server.port, opts, 4096, 64) > 0
+    assert blocking_latency("127.0.0.1", blocking_server.port, opts, 64, 8) > 0
+
+
+def test_blocking_baseline_to_a_closed_port_is_a_bench_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BenchError, match="blocking-TCP port"):
+        blocking_bandwidth("127.0.0.1", port, BenchOptions(test="write", sizes=(64,)), 64, 4)
