@@ -3,7 +3,8 @@
 Column names and spacing are perftest's (``ib_write_bw``, ``ib_read_lat``, ...); a value
 starts under its column name.  ``--baseline`` appends the raw trio TCP figure and its
 ratio, then the blocking-socket figure and its ratio (``ratio_blk``), and the opening
-block says what each compares with; ``--cpu`` the CPU time per message; ``iwarp bench idle-qps`` has its own table.
+block says what each compares with; ``--cpu`` the CPU time per message; ``iwarp bench
+idle-qps`` has its own table.
 """
 
 from __future__ import annotations
