@@ -10,10 +10,12 @@ task each; Request Credits = N):
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
 
-The baseline, in the same run, is raw trio TCP with the same shape: one connection, N
-requests in flight, a 40-octet request and a 40-octet response, with the block's octets in
-the response (LOAD) or after the request (STORE, ALLOC_STORE); the server copies stored
-octets into its memory, as the target places them.  Figures: operations per second and
+The baseline, in the same run, is pipelined raw trio TCP with the same shape
+(:mod:`kbtp.cli.bench_baseline`): one connection, N requests in flight, a 40-octet request
+and a 40-octet response, with the block's octets in the response (LOAD) or after the
+request (STORE, ALLOC_STORE); the client sends every request it may in one go, the server
+answers every complete request in one send and copies stored octets into its memory, as
+the target places them.  Figures: operations per second and
 GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each (both ends run in this process, so CPU per operation is the figure
 that survives a busy machine best).  Speed is reported, never asserted.
@@ -23,15 +25,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
+from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
@@ -52,7 +53,6 @@ from stack.cli.json_report import (
     text_to_stderr_if_json_stdout,
     write_json,
 )
-from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.events import MpaSettings
 from stack.wire.framing import mulpdu_for
 
@@ -63,12 +63,6 @@ MIN_ITERS = 64
 MAX_ITERS = 8192
 OPS = ("store", "load", "alloc_store")
 """Run order: LOAD needs the blocks the STOREs wrote (then sealed)."""
-
-_RAW_HEADER = struct.Struct(">B3xI32x")
-"""A raw request or response: op, length, padding to 40 octets (a KBTP request's size)."""
-RAW_LOAD, RAW_STORE = 1, 2
-JOIN_LIMIT = 64 * 1024
-"""Up to this size a raw message goes out in one ``send_all`` (header and data joined)."""
 
 
 @dataclass(slots=True)
@@ -216,103 +210,6 @@ async def bench_kbtp_size(
                 seconds, cpu = await _workers(inflight, iters, alloc_store)
                 results.append(Result(op, size, iters, seconds, path, cpu))
     return results
-
-
-# ======================================================================================
-# raw TCP baseline
-# ======================================================================================
-
-
-class _Reader:
-    """Exact reads from a trio stream (one copy of each octet into its destination)."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self.stream = stream
-        self.pending = bytearray()
-
-    async def read_into(self, dest: memoryview) -> bool:
-        """Fill ``dest``; False at a clean end of stream before the first octet."""
-        want = len(dest)
-        pos = min(want, len(self.pending))
-        if pos:
-            dest[:pos] = self.pending[:pos]
-            del self.pending[:pos]
-        while pos < want:
-            chunk = await self.stream.receive_some(RECEIVE_SIZE)
-            if not chunk:
-                if pos == 0:
-                    return False
-                raise trio.BrokenResourceError("short read")
-            take = min(want - pos, len(chunk))
-            dest[pos : pos + take] = memoryview(chunk)[:take]
-            pos += take
-            if take < len(chunk):
-                self.pending += memoryview(chunk)[take:]
-        return True
-
-
-async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
-    """The baseline server: LOAD answers with octets, STORE copies them into memory."""
-    reader = _Reader(stream)
-    header = memoryview(bytearray(_RAW_HEADER.size))
-    memory = memoryview(bytearray(max_size))
-    source = memoryview(bytearray(os.urandom(max_size)))
-    reply = _RAW_HEADER.pack(0, 0)
-    try:
-        while await reader.read_into(header):
-            op, length = _RAW_HEADER.unpack(header)
-            if op == RAW_LOAD and length <= JOIN_LIMIT:
-                await stream.send_all(_RAW_HEADER.pack(op, length) + source[:length])
-            elif op == RAW_LOAD:
-                await stream.send_all(_RAW_HEADER.pack(op, length))
-                await stream.send_all(source[:length])
-            else:
-                await reader.read_into(memory[:length])
-                await stream.send_all(reply)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
-async def bench_raw(
-    port: int, op: str, size: int, iters: int, inflight: int
-) -> tuple[float, float]:
-    """(seconds, CPU seconds) of ``iters`` raw exchanges with ``inflight`` outstanding."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    reader = _Reader(stream)
-    lock = trio.Lock()
-    waiting: deque[tuple[memoryview | None, trio.Event]] = deque()
-    data = memoryview(bytearray(os.urandom(size)))
-    buffers = [memoryview(bytearray(size)) for _ in range(inflight)]
-    kind = RAW_LOAD if op == "load" else RAW_STORE
-    request = _RAW_HEADER.pack(kind, size)
-    joined = request + data if kind == RAW_STORE and size <= JOIN_LIMIT else None
-
-    async def responses() -> None:
-        header = memoryview(bytearray(_RAW_HEADER.size))
-        while await reader.read_into(header):
-            dest, done = waiting.popleft()
-            if dest is not None:
-                await reader.read_into(dest)
-            done.set()
-
-    async def job(w: int, i: int) -> None:
-        done = trio.Event()
-        async with lock:
-            waiting.append((buffers[w] if kind == RAW_LOAD else None, done))
-            if joined is not None:
-                await stream.send_all(joined)
-            else:
-                await stream.send_all(request)
-                if kind == RAW_STORE:
-                    await stream.send_all(data)
-        await done.wait()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responses)
-        seconds = await _workers(inflight, iters, job)
-        nursery.cancel_scope.cancel()
-    await stream.aclose()
-    return seconds
 
 
 # ======================================================================================

@@ -1,0 +1,168 @@
+"""``kbtp bench``'s baseline: pipelined raw trio TCP request/response of the same shape.
+
+The fastest honest way to do what a KBTP LOAD or STORE does, in Python with trio: one
+connection, ``inflight`` requests outstanding, a 40-octet request and a 40-octet response
+(a KBTP request's and COMPLETION's size), the block's octets in the response (LOAD) or
+after the request (STORE).  Both ends pipeline: the client sends every request it may
+send in one go (as many as responses just completed), the server answers every complete
+request it has received in one send, and octets are copied once, from the received chunk
+into their destination (the server's memory for a STORE, the client's buffer for a LOAD),
+as the target places them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterator
+
+import trio
+
+from stack.transport.driver import RECEIVE_SIZE
+
+RAW_HEADER = struct.Struct(">B3xI32x")
+"""A raw request or response: op, length, padding to 40 octets (a KBTP request's size)."""
+RAW_LOAD, RAW_STORE = 1, 2
+JOIN_LIMIT = 64 * 1024
+"""Pieces up to this size are joined into one send; larger ones go out as they are."""
+
+
+def coalesce(pieces: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+    """``pieces`` as few sends: runs of small pieces joined, large ones alone."""
+    run: list[bytes | memoryview] = []
+    size = 0
+    for piece in pieces:
+        if len(piece) > JOIN_LIMIT:
+            if run:
+                yield b"".join(run)
+                run, size = [], 0
+            yield piece
+            continue
+        run.append(piece)
+        size += len(piece)
+        if size >= JOIN_LIMIT:
+            yield b"".join(run)
+            run, size = [], 0
+    if run:
+        yield b"".join(run)
+
+
+class _Parser:
+    """Headers and bodies out of received chunks, each body octet copied once.
+
+    ``feed`` returns the headers completed by a chunk, as (op, length); a body that
+    follows a header with ``body_for(op, length)`` not None is copied into that view.
+    """
+
+    def __init__(self, body_for: object) -> None:
+        self._body_for = body_for
+        self._carry = bytearray()
+        self._dest: memoryview | None = None
+        self._filled = 0
+        self._pending: tuple[int, int] | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[int, int]]:
+        done: list[tuple[int, int]] = []
+        view = memoryview(chunk)
+        pos = 0
+        while pos < len(view):
+            if self._dest is not None:
+                take = min(len(self._dest) - self._filled, len(view) - pos)
+                self._dest[self._filled : self._filled + take] = view[pos : pos + take]
+                self._filled += take
+                pos += take
+                if self._filled == len(self._dest):
+                    assert self._pending is not None
+                    done.append(self._pending)
+                    self._dest, self._pending = None, None
+                continue
+            need = RAW_HEADER.size - len(self._carry)
+            if self._carry or len(view) - pos < RAW_HEADER.size:
+                self._carry += view[pos : pos + need]
+                pos += min(need, len(view) - pos)
+                if len(self._carry) < RAW_HEADER.size:
+                    break
+                op, length = RAW_HEADER.unpack(self._carry)
+                self._carry.clear()
+            else:
+                op, length = RAW_HEADER.unpack_from(view, pos)
+                pos += RAW_HEADER.size
+            dest = self._body_for(op, length) if length else None  # type: ignore[operator]
+            if dest is None:
+                done.append((op, length))
+            else:
+                self._dest, self._filled, self._pending = dest[:length], 0, (op, length)
+        return done
+
+
+async def _send(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
+    for piece in coalesce(pieces):
+        await stream.send_all(piece)
+
+
+async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
+    """The baseline server: LOAD answers with octets, STORE copies them into memory."""
+    memory = memoryview(bytearray(max_size))
+    source = memoryview(bytearray(os.urandom(max_size)))
+    reply = RAW_HEADER.pack(RAW_STORE, 0)
+
+    def body_for(op: int, length: int) -> memoryview | None:
+        return memory if op == RAW_STORE and length <= max_size else None
+
+    parser = _Parser(body_for)
+    try:
+        while chunk := await stream.receive_some(RECEIVE_SIZE):
+            out: list[bytes | memoryview] = []
+            for op, length in parser.feed(chunk):
+                if op == RAW_LOAD:
+                    out += [RAW_HEADER.pack(op, length), source[: min(length, max_size)]]
+                else:
+                    out.append(reply)
+            await _send(stream, out)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def bench_raw(
+    port: int, op: str, size: int, iters: int, inflight: int
+) -> tuple[float, float]:
+    """(seconds, CPU seconds) of ``iters`` raw exchanges with ``inflight`` outstanding."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    kind = RAW_LOAD if op == "load" else RAW_STORE
+    data = memoryview(bytearray(os.urandom(size)))
+    buffers = [memoryview(bytearray(size)) for _ in range(inflight)]
+    request = RAW_HEADER.pack(kind, size)
+    landed = 0
+    # Response j lands in buffers[j % inflight]: at most ``inflight`` are outstanding.
+
+    def body_for(op: int, length: int) -> memoryview | None:
+        nonlocal landed
+        if op != RAW_LOAD:
+            return None
+        landed += 1
+        return buffers[(landed - 1) % inflight]
+
+    def requests(count: int) -> list[bytes | memoryview]:
+        return [request] * count if kind == RAW_LOAD else [request, data] * count
+
+    parser = _Parser(body_for)
+    cpu = time.process_time()
+    start = time.perf_counter()
+    sent = min(inflight, iters)
+    done = 0
+    try:
+        await _send(stream, requests(sent))
+        while done < iters:
+            chunk = await stream.receive_some(RECEIVE_SIZE)
+            if not chunk:
+                raise trio.BrokenResourceError("the baseline server closed early")
+            completed = parser.feed(chunk)
+            done += len(completed)
+            more = min(len(completed), iters - sent)
+            if more:
+                await _send(stream, requests(more))
+                sent += more
+    finally:
+        await stream.aclose()
+    return time.perf_counter() - start, time.process_time() - cpu

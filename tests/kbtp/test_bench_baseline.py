@@ -1,0 +1,98 @@
+"""``kbtp bench``'s raw baseline: pipelined at both ends, each octet copied once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from kbtp.cli.bench_baseline import (
+    JOIN_LIMIT,
+    RAW_HEADER,
+    RAW_LOAD,
+    RAW_STORE,
+    _Parser,
+    bench_raw,
+    coalesce,
+    raw_server,
+)
+
+
+def _stream_of(messages: list[tuple[int, bytes]]) -> bytes:
+    return b"".join(RAW_HEADER.pack(op, len(body)) + body for op, body in messages)
+
+
+@pytest.mark.parametrize("step", [1, 7, 40, 41, 1000, 1 << 20])
+def test_parser_gives_the_same_messages_however_the_stream_is_cut(step: int) -> None:
+    bodies = [os.urandom(n) for n in (0, 1, 39, 40, 4096, 70000)]
+    wire = _stream_of([(RAW_STORE, b) for b in bodies]) + RAW_HEADER.pack(RAW_LOAD, 9)
+    landed: list[bytearray] = []
+
+    def body_for(op: int, length: int) -> memoryview | None:
+        if op != RAW_STORE:
+            return None
+        landed.append(bytearray(length))
+        return memoryview(landed[-1])
+
+    parser = _Parser(body_for)
+    seen = []
+    for pos in range(0, len(wire), step):
+        seen += parser.feed(wire[pos : pos + step])
+    assert seen == [(RAW_STORE, len(b)) for b in bodies] + [(RAW_LOAD, 9)]
+    assert [bytes(b) for b in landed] == [b for b in bodies if b]
+
+
+def test_coalesce_joins_small_pieces_and_keeps_large_ones_whole() -> None:
+    big = bytes(JOIN_LIMIT + 1)
+    sends = list(coalesce([b"a", b"b", big, b"c"]))
+    assert sends == [b"ab", big, b"c"]
+    sends = list(coalesce([bytes(100)] * 1000))
+    assert [len(s) for s in sends] == [JOIN_LIMIT + 64, 100_000 - JOIN_LIMIT - 64]
+
+
+def test_server_answers_a_burst_of_requests_in_one_send() -> None:
+    async def main() -> tuple[list[int], bytes]:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 4096), listeners)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            burst = _stream_of([(RAW_STORE, bytes(100))] * 20) + RAW_HEADER.pack(RAW_LOAD, 64) * 10
+            await stream.send_all(burst)
+            want = 20 * RAW_HEADER.size + 10 * (RAW_HEADER.size + 64)
+            reads, got = [], b""
+            while len(got) < want:
+                chunk = await stream.receive_some(1 << 20)
+                assert chunk
+                reads.append(len(chunk))
+                got += chunk
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+        return reads, got
+
+    reads, got = trio.run(main)
+    assert len(reads) <= 3  # one send per received chunk, not one per request (30)
+    ops = []
+    pos = 0
+    while pos < len(got):
+        op, length = RAW_HEADER.unpack_from(got, pos)
+        ops.append((op, length))
+        pos += RAW_HEADER.size + (length if op == RAW_LOAD else 0)
+    assert ops == [(RAW_STORE, 0)] * 20 + [(RAW_LOAD, 64)] * 10
+
+
+@pytest.mark.parametrize("op", ["load", "store"])
+@pytest.mark.parametrize("inflight", [1, 16])
+def test_bench_raw_completes_every_exchange(op: str, inflight: int) -> None:
+    async def main() -> tuple[float, float]:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 65536), listeners)
+            result = await bench_raw(port, op, 65536, 50, inflight)
+            nursery.cancel_scope.cancel()
+        return result
+
+    seconds, cpu = trio.run(main)
+    assert seconds > 0 and cpu > 0
