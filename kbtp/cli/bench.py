@@ -318,9 +318,10 @@ def bench_document(
     baseline = None
     if parameters["baseline"]:
         baseline = {
-            "name": "raw trio TCP request/response",
+            "name": "pipelined raw trio TCP request/response",
             "shape": "one connection, the same requests in flight, 40-octet requests and "
-            "responses carrying the same block octets",
+            "responses carrying the same block octets; the client sends every request it "
+            "may at once, the server answers every pending request in one send",
             "same_run": True,
         }
     return {
