@@ -178,6 +178,7 @@ def test_kbtp_bench_json_rows_match_the_table(capsys: pytest.CaptureFixture[str]
     code, doc, err = _json_stdout(capsys, kbtp_main, argv)
     assert code == 0 and doc["schema"] == "kbtp-bench/1"
     assert doc["parameters"]["sizes_bytes"] == [4096, 16384]
+    assert doc["parameters"]["processes"] == 2 and "pipelined" in doc["baseline"]["name"]
     rows = doc["results"]
     text = [line.split() for line in err.splitlines()[2:]]
     assert [(r["operation"], r["size_bytes"]) for r in rows] == [

@@ -1,8 +1,9 @@
 """``kbtp bench``: KBTP throughput over iWARP against a raw TCP request/response baseline.
 
-For each block size (default 4K, 16K, 64K, 256K, 1M) one target and one initiator run in
-this process over loopback TCP, and N requests are kept in flight (default 16, one worker
-task each; Request Credits = N):
+For each block size (default 4K, 16K, 64K, 256K, 1M) one target (in a second process,
+:mod:`kbtp.cli.bench_peer`; ``--in-process``: in this one) and one initiator talk over
+loopback TCP, and N requests are kept in flight (default 16, one worker task each;
+Request Credits = N):
 
 * **LOAD**: every worker loads its own sealed block into its own buffer (the target
   RDMA-writes it, then sends the COMPLETION);
@@ -17,8 +18,8 @@ request (STORE, ALLOC_STORE); the client sends every request it may in one go, t
 answers every complete request in one send and copies stored octets into its memory, as
 the target places them.  Figures: operations per second and
 GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
-per operation of each (both ends run in this process, so CPU per operation is the figure
-that survives a busy machine best).  Speed is reported, never asserted.
+per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
+the figure that survives a busy machine best).  Speed is reported, never asserted.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from kbtp.cli.bench_baseline import bench_raw, raw_server
+from kbtp.cli.bench_peer import IDENTITY, bench_config, peer_process
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
@@ -44,7 +48,6 @@ from kbtp.cli.target import (
 from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.initiator import KbtpInitiator
 from kbtp.target import KbtpTarget
-from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
@@ -134,10 +137,16 @@ def format_row(r: Result) -> str:
 # ======================================================================================
 
 
-async def _workers(inflight: int, iters: int, job: object) -> tuple[float, float]:
+CpuClock = Callable[[], float | None]
+"""CPU seconds of the other process (None: one process, or not measurable)."""
+
+
+async def _workers(
+    inflight: int, iters: int, job: object, peer_cpu: CpuClock
+) -> tuple[float, float]:
     """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
 
-    Returns (wall-clock seconds, process CPU seconds); both ends run in this process.
+    Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
     """
     counter = iter(range(iters))
 
@@ -145,12 +154,26 @@ async def _workers(inflight: int, iters: int, job: object) -> tuple[float, float
         for i in counter:
             await job(w, i)  # type: ignore[operator]
 
-    cpu = time.process_time()
+    cpu, peer = time.process_time(), peer_cpu()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for w in range(inflight):
             nursery.start_soon(worker, w)
-    return time.perf_counter() - start, time.process_time() - cpu
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    peer_after = peer_cpu()
+    if peer is not None and peer_after is not None:
+        cpu += peer_after - peer
+    return seconds, cpu
+
+
+def _no_peer() -> float | None:
+    return None
+
+
+def pool_blocks(ops: list[str], iters: int, inflight: int) -> int:
+    """Blocks a row's target needs: one per worker, and one per ALLOC_STORE."""
+    return (iters if "alloc_store" in ops else 0) + inflight
 
 
 async def bench_kbtp_size(
@@ -161,26 +184,18 @@ async def bench_kbtp_size(
     settings: MpaSettings,
     inline: bool | None,
     max_inline: int = DEFAULT_MAX_INLINE,
+    *,
+    port: int,
+    peer_cpu: CpuClock = _no_peer,
 ) -> list[Result]:
-    """KBTP figures at one block size (one target, one session)."""
-    alloc_iters = iters if "alloc_store" in ops else 0
-    blocks = alloc_iters + inflight
-    config = TargetConfig(
-        block_size=size,
-        pool_blocks=blocks,
-        initiators=(InitiatorConfig(b"bench", 0, blocks, blocks),),
-        request_credits=max(inflight, 1),
-        max_inline=max_inline,
-    )
-    target = KbtpTarget(config, settings=settings)
+    """KBTP figures at one block size against the target at ``port`` (one session)."""
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
     results = []
-    path = "inline" if (size <= config.max_inline if inline is None else inline) else "rdma"
-    async with (
-        target.running(),
-        KbtpInitiator.connect("127.0.0.1", target.port, "bench", settings=settings) as ini,
-    ):
+    path = "inline" if (size <= max_inline if inline is None else inline) else "rdma"
+    async with KbtpInitiator.connect(
+        "127.0.0.1", port, IDENTITY.decode(), settings=settings
+    ) as ini:
         for w in range(inflight):
             await ini.alloc_store(w, data)
 
@@ -199,15 +214,15 @@ async def bench_kbtp_size(
             if op == "load":
                 for w in range(inflight):
                     await ini.store(w, data, seal=True)
-                seconds, cpu = await _workers(inflight, iters, load)
+                seconds, cpu = await _workers(inflight, iters, load, peer_cpu)
                 if any(buf != data for buf in buffers):
                     raise CliError("LOAD returned wrong data")
                 results.append(Result(op, size, iters, seconds, "rdma", cpu))
             elif op == "store":
-                seconds, cpu = await _workers(inflight, iters, store)
+                seconds, cpu = await _workers(inflight, iters, store, peer_cpu)
                 results.append(Result(op, size, iters, seconds, path, cpu))
             else:
-                seconds, cpu = await _workers(inflight, iters, alloc_store)
+                seconds, cpu = await _workers(inflight, iters, alloc_store, peer_cpu)
                 results.append(Result(op, size, iters, seconds, path, cpu))
     return results
 
@@ -271,6 +286,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE})",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run target and baseline server in this process (default: a second process, "
+        "CPU counted at both ends)",
+    )
     add_mpa_arguments(parser, LOOPBACK_EMSS)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_argument(parser)
@@ -359,8 +380,9 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     settings = mpa_settings(args)
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
+    layout = "one process" if args.in_process else "target in a second process"
     print(
-        f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, "
+        f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
     print(HEADER, flush=True)
@@ -370,12 +392,31 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         if not args.quiet:
             print(f"kbtp bench: {text}", file=sys.stderr, flush=True)
 
+    @asynccontextmanager
+    async def row_target(size: int, iters: int) -> AsyncIterator[tuple[int, int, CpuClock]]:
+        """(KBTP port, raw port, the peer's CPU clock) of one row's target."""
+        blocks = pool_blocks(ops, iters, args.inflight)
+        if args.in_process:
+            config = bench_config(size, blocks, args.inflight, args.max_inline)
+            async with KbtpTarget(config, settings=settings).running() as target:
+                yield target.port, raw_port, _no_peer
+            return
+        async with peer_process(size, blocks, args.inflight, args.max_inline, mpa) as peer:
+            yield peer.port, peer.raw_port, peer.cpu
+
+    raw_port = 0
+    mpa = [
+        "--crc" if args.crc else "--no-crc",
+        *(["--markers"] if args.markers else []),
+        f"--emss={settings.emss}",
+    ]
+
     async def main() -> None:
+        nonlocal raw_port
         async with trio.open_nursery() as nursery:
-            port = 0
-            if not args.no_baseline:
+            if args.in_process and not args.no_baseline:
                 listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-                port = listeners[0].socket.getsockname()[1]
+                raw_port = listeners[0].socket.getsockname()[1]
                 nursery.start_soon(
                     trio.serve_listeners,
                     lambda s: raw_server(s, max(sizes)),
@@ -384,17 +425,26 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
             for size in sizes:
                 iters = iterations(size, args.bytes, args.iters)
                 progress(f"{size_label(size)}: KBTP, {iters} operations per row")
-                rows = await bench_kbtp_size(
-                    size, ops, iters, args.inflight, settings, args.inline, args.max_inline
-                )
-                for row in rows:
-                    if not args.no_baseline:
-                        progress(f"{size_label(size)}: raw TCP {row.op}")
-                        row.raw_seconds, row.raw_cpu = await bench_raw(
-                            port, row.op, size, iters, args.inflight
-                        )
-                    print(format_row(row), flush=True)
-                    results.append(row)
+                async with row_target(size, iters) as (port, raw, cpu):
+                    rows = await bench_kbtp_size(
+                        size,
+                        ops,
+                        iters,
+                        args.inflight,
+                        settings,
+                        args.inline,
+                        args.max_inline,
+                        port=port,
+                        peer_cpu=cpu,
+                    )
+                    for row in rows:
+                        if not args.no_baseline:
+                            progress(f"{size_label(size)}: raw TCP {row.op}")
+                            row.raw_seconds, row.raw_cpu = await bench_raw(
+                                raw, row.op, size, iters, args.inflight, cpu
+                            )
+                        print(format_row(row), flush=True)
+                        results.append(row)
             nursery.cancel_scope.cancel()
 
     run_trio(main)
@@ -410,5 +460,6 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "emss_bytes": settings.emss,
         "mulpdu_bytes": mulpdu,
         "baseline": not args.no_baseline,
+        "processes": 1 if args.in_process else 2,
     }
     return results, parameters

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -124,10 +124,22 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
         pass
 
 
+def _no_peer() -> float | None:
+    return None
+
+
 async def bench_raw(
-    port: int, op: str, size: int, iters: int, inflight: int
+    port: int,
+    op: str,
+    size: int,
+    iters: int,
+    inflight: int,
+    peer_cpu: Callable[[], float | None] = _no_peer,
 ) -> tuple[float, float]:
-    """(seconds, CPU seconds) of ``iters`` raw exchanges with ``inflight`` outstanding."""
+    """(seconds, CPU seconds of both ends) of ``iters`` exchanges, ``inflight`` outstanding.
+
+    ``peer_cpu`` reads the server process's CPU seconds when it is another process.
+    """
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     kind = RAW_LOAD if op == "load" else RAW_STORE
     data = memoryview(bytearray(os.urandom(size)))
@@ -147,7 +159,7 @@ async def bench_raw(
         return [request] * count if kind == RAW_LOAD else [request, data] * count
 
     parser = _Parser(body_for)
-    cpu = time.process_time()
+    cpu, peer = time.process_time(), peer_cpu()
     start = time.perf_counter()
     sent = min(inflight, iters)
     done = 0
@@ -165,4 +177,8 @@ async def bench_raw(
                 sent += more
     finally:
         await stream.aclose()
-    return time.perf_counter() - start, time.process_time() - cpu
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    peer_after = peer_cpu()
+    if peer is not None and peer_after is not None:
+        cpu += peer_after - peer
+    return seconds, cpu

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,11 +14,14 @@ import pytest
 import trio
 
 from kbtp.cli import COMMANDS, main
+from kbtp.cli.bench import bench_kbtp_size
+from kbtp.cli.bench_peer import peer_process, process_cpu_seconds
 from kbtp.cli.target import mpa_settings
 from kbtp.constants import Capability
 from kbtp.initiator import KbtpInitiator
 from stack.cli import build_parser
 from stack.cli.iwarp import main as iwarp_main
+from stack.wire.events import MpaSettings
 
 
 def _run(argv: list[str]) -> int:
@@ -52,8 +56,11 @@ def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
     assert all(r["direction"] == "i2r" and r["opcode_name"] == "Send" for r in flagged)
 
 
-def test_bench_tiny_run_prints_kbtp_and_raw_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    code = _run(["bench", "-s", "4K,16K", "-n", "16", "-t", "4", "--quiet"])
+@pytest.mark.parametrize("layout", [[], ["--in-process"]])
+def test_bench_tiny_run_prints_kbtp_and_raw_rows(
+    capsys: pytest.CaptureFixture[str], layout: list[str]
+) -> None:
+    code = _run(["bench", "-s", "4K,16K", "-n", "16", "-t", "4", "--quiet", *layout])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line.split() for line in out.splitlines()[2:]]
@@ -62,6 +69,36 @@ def test_bench_tiny_run_prints_kbtp_and_raw_rows(capsys: pytest.CaptureFixture[s
     ]
     assert all(len(r) == 11 and float(r[4]) > 0 and float(r[8]) > 0 for r in rows), rows
     assert rows[0][2] == "inline" and rows[3][2] == "rdma"  # 4K <= Max Inline < 16K
+    expected = "one process" if layout else "target in a second process"
+    assert expected in out.splitlines()[0]
+
+
+def test_bench_peer_is_another_process_and_its_cpu_is_counted() -> None:
+    async def main() -> tuple[int, float | None, float | None, int | None]:
+        async with peer_process(4096, 8, 4, 4096, ["--crc"]) as peer:
+            before = peer.cpu()
+            rows = await bench_kbtp_size(
+                4096, ["store"], 64, 4, MpaSettings(), None, port=peer.port, peer_cpu=peer.cpu
+            )
+            assert rows[0].iters == 64
+            after = peer.cpu()
+            pid = peer.pid
+        return pid, before, after, _exit_status(pid)
+
+    pid, before, after, status = trio.run(main)
+    assert pid != os.getpid()
+    assert before is not None and after is not None and after > before  # it served the STOREs
+    assert status is None  # gone once the block is left
+    assert process_cpu_seconds(os.getpid()) == pytest.approx(time.process_time(), abs=0.05)
+
+
+def _exit_status(pid: int) -> int | None:
+    """None when ``pid`` no longer exists (reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
 
 
 def test_target_emss_defaults_to_each_connection_mss(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,137 @@
+"""``kbtp bench``'s other process: the target and the raw baseline server of one block size.
+
+``kbtp bench`` (two processes, its default) starts ``python -m kbtp.cli.bench_peer`` per
+block size with the configuration of that row; the peer serves a :class:`KbtpTarget` and
+the raw baseline server (:mod:`kbtp.cli.bench_baseline`) on loopback, prints
+``PORT <kbtp> <raw> <pid>`` and serves until its standard input ends.  :class:`PeerProcess`
+is the bench's handle on it, with the peer's CPU time read from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from kbtp.cli.bench_baseline import raw_server
+from kbtp.cli.target import LOOPBACK_EMSS, add_mpa_arguments, mpa_settings, parse_size
+from kbtp.target import KbtpTarget
+from kbtp.target_config import InitiatorConfig, TargetConfig
+from stack.cli import CliError, positive_int
+
+IDENTITY = b"bench"
+START_TIMEOUT = 60.0
+"""Seconds a peer may take to print its ports."""
+
+
+def bench_config(size: int, blocks: int, inflight: int, max_inline: int) -> TargetConfig:
+    """The target of one ``kbtp bench`` row: one identity owning every block."""
+    return TargetConfig(
+        block_size=size,
+        pool_blocks=blocks,
+        initiators=(InitiatorConfig(IDENTITY, 0, blocks, blocks),),
+        request_credits=max(inflight, 1),
+        max_inline=max_inline,
+    )
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(slots=True)
+class PeerProcess:
+    """A running peer: its ports and process id."""
+
+    port: int
+    raw_port: int
+    pid: int
+
+    def cpu(self) -> float | None:
+        return process_cpu_seconds(self.pid)
+
+
+@asynccontextmanager
+async def peer_process(
+    size: int, blocks: int, inflight: int, max_inline: int, argv_mpa: list[str]
+) -> AsyncIterator[PeerProcess]:
+    """Start a peer for one row; it ends when the block is left (standard input closed)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "kbtp.cli.bench_peer",
+        f"--block-size={size}",
+        f"--pool-blocks={blocks}",
+        f"--inflight={inflight}",
+        f"--max-inline={max_inline}",
+        *argv_mpa,
+    ]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = ""
+    try:
+        assert proc.stdout is not None
+        with trio.move_on_after(START_TIMEOUT):
+            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+        words = line.split()
+        if len(words) != 4 or words[0] != "PORT":
+            raise CliError(f"the bench peer did not start (it said {line.strip()!r})")
+        yield PeerProcess(int(words[1]), int(words[2]), int(words[3]))
+    finally:
+        if proc.poll() is None and not line:
+            proc.kill()
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await trio.to_thread.run_sync(proc.wait, 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    config = bench_config(args.block_size, args.pool_blocks, args.inflight, args.max_inline)
+    target = KbtpTarget(config, settings=mpa_settings(args))
+    async with target.running(), trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        raw_port = listeners[0].socket.getsockname()[1]
+        handler = lambda s: raw_server(s, args.block_size)  # noqa: E731
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        print(f"PORT {target.port} {raw_port} {os.getpid()}", flush=True)
+        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        async with stdin:
+            while await stdin.receive_some(4096):
+                pass
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kbtp-bench-peer", description=__doc__)
+    parser.add_argument("--block-size", type=parse_size, required=True)
+    parser.add_argument("--pool-blocks", type=positive_int, required=True)
+    parser.add_argument("--inflight", type=positive_int, required=True)
+    parser.add_argument("--max-inline", type=positive_int, required=True)
+    add_mpa_arguments(parser, LOOPBACK_EMSS)
+    args = parser.parse_args(argv)
+    try:
+        trio.run(serve, args)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
