@@ -36,6 +36,8 @@ from typing import Any
 import trio
 
 from kbtp.cli.bench_baseline import bench_raw, raw_server
+from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
+from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
 from kbtp.cli.bench_peer import IDENTITY, bench_config, peer_process
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
@@ -80,6 +82,9 @@ class Result:
     cpu: float = 0.0
     raw_seconds: float | None = None
     raw_cpu: float | None = None
+    mc_seconds: float | None = None
+    """Mooncake Transfer Engine's TCP transport moving the same blocks (``--vs mooncake``)."""
+    mc_cpu: float | None = None
 
     @property
     def ops(self) -> float:
@@ -99,6 +104,17 @@ class Result:
     def ratio(self) -> float | None:
         raw = self.raw_gbps
         return self.gbps / raw if raw else None
+
+    @property
+    def mc_gbps(self) -> float | None:
+        if self.mc_seconds is None:
+            return None
+        return self.iters * self.size / self.mc_seconds / 1e9
+
+    @property
+    def vs_mooncake(self) -> float | None:
+        mc = self.mc_gbps
+        return self.gbps / mc if mc else None
 
 
 def iterations(size: int, total: int, fixed: int | None) -> int:
@@ -120,16 +136,28 @@ HEADER = (
 )
 
 
-def format_row(r: Result) -> str:
+MC_HEADER = f" {'MC GB/s':>7} {'vs MC':>5} {'MC CPU':>6}"
+"""The ``--vs mooncake`` columns."""
+MC_OPS = {"store": "write", "load": "read"}
+"""The Mooncake transfer each KBTP operation is compared with."""
+
+
+def format_row(r: Result, vs_mooncake: bool = False) -> str:
     raw = "" if r.raw_seconds is None else f"{r.iters / r.raw_seconds:.0f}"
     raw_gb = "" if r.raw_gbps is None else f"{r.raw_gbps:.3f}"
     ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
     raw_cpu = "" if r.raw_cpu is None else f"{r.raw_cpu / r.iters * 1e6:.0f}"
-    return (
+    line = (
         f"{r.op.upper():<12} {size_label(r.size):>5} {r.path:<6} {r.iters:>5} {r.ops:>7.0f}"
         f" {r.gbps:>6.3f} {raw:>9} {raw_gb:>8} {ratio:>5}  {r.cpu / r.iters * 1e6:>9.0f}"
         f" {raw_cpu:>7}"
     )
+    if vs_mooncake:
+        mc = "-" if r.mc_gbps is None else f"{r.mc_gbps:.3f}"
+        vs = "-" if r.vs_mooncake is None else f"{r.vs_mooncake:.2f}"
+        mc_cpu = "-" if r.mc_cpu is None else f"{r.mc_cpu / r.iters * 1e6:.0f}"
+        line += f" {mc:>7} {vs:>5} {mc_cpu:>6}"
+    return line
 
 
 # ======================================================================================
@@ -287,6 +315,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
+        "--vs",
+        choices=["mooncake"],
+        help="also move the same blocks over Mooncake Transfer Engine's TCP transport "
+        f"(STORE: batch writes, LOAD: batch reads; needs {MC_PACKAGE}, not a dependency)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run target and baseline server in this process (default: a second process, "
@@ -329,6 +363,15 @@ def result_row(r: Result) -> dict[str, Any]:
             "cpu_us_per_op": None if r.raw_cpu is None else r.raw_cpu / r.iters * 1e6,
         }
         row["ratio"] = r.ratio
+    if r.mc_seconds is not None:
+        mc_gbps = r.mc_gbps or 0.0
+        row["mooncake"] = {
+            "transfer": MC_OPS[r.op],
+            "seconds": r.mc_seconds,
+            "gbyte_per_s": mc_gbps,
+            "cpu_us_per_op": None if r.mc_cpu is None else r.mc_cpu / r.iters * 1e6,
+        }
+        row["vs_mooncake"] = r.vs_mooncake
     return row
 
 
@@ -377,6 +420,8 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
+    if args.vs and not mooncake_available():
+        raise CliError(f"--vs mooncake needs the {MC_PACKAGE} package, which is not installed")
     settings = mpa_settings(args)
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
@@ -385,7 +430,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
-    print(HEADER, flush=True)
+    print(HEADER + (MC_HEADER if args.vs else ""), flush=True)
     results: list[Result] = []
 
     def progress(text: str) -> None:
@@ -443,7 +488,14 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                             row.raw_seconds, row.raw_cpu = await bench_raw(
                                 raw, row.op, size, iters, args.inflight, cpu
                             )
-                        print(format_row(row), flush=True)
+                        if args.vs and row.op in MC_OPS:
+                            progress(f"{size_label(size)}: Mooncake {MC_OPS[row.op]}")
+                            figures = await trio.to_thread.run_sync(
+                                run_mooncake, size, iters, args.inflight
+                            )
+                            mc = figures[MC_OPS[row.op]]
+                            row.mc_seconds, row.mc_cpu = mc.seconds, mc.cpu
+                        print(format_row(row, bool(args.vs)), flush=True)
                         results.append(row)
             nursery.cancel_scope.cancel()
 
@@ -461,5 +513,6 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "mulpdu_bytes": mulpdu,
         "baseline": not args.no_baseline,
         "processes": 1 if args.in_process else 2,
+        "vs": args.vs,
     }
     return results, parameters

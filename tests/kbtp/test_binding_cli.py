@@ -15,6 +15,7 @@ import trio
 
 from kbtp.cli import COMMANDS, main
 from kbtp.cli.bench import bench_kbtp_size
+from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
 from kbtp.cli.bench_peer import peer_process, process_cpu_seconds
 from kbtp.cli.target import mpa_settings
 from kbtp.constants import Capability
@@ -233,3 +234,28 @@ def test_bad_arguments_give_one_line_and_status_2(
     assert code == 2
     assert err.count("\n") == 1 and "error: " in err and message in err, err
     assert time.perf_counter() - started < 10  # refused up front, nothing served
+
+
+@pytest.mark.skipif(mooncake_available(), reason="Mooncake is installed here")
+def test_bench_vs_mooncake_without_the_package_is_one_clear_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _run(["bench", "--vs", "mooncake", "-s", "4K", "-n", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "kbtp bench: error: --vs mooncake needs the mooncake-transfer-engine-non-cuda "
+        "package, which is not installed"
+    )
+
+
+@pytest.mark.skipif(not mooncake_available(), reason="needs mooncake-transfer-engine-non-cuda")
+def test_bench_vs_mooncake_moves_the_same_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = run_mooncake(65536, 32, 16)
+    assert all(f.seconds > 0 and f.cpu > 0 for f in figures.values())
+    argv = ["bench", "--vs", "mooncake", "-s", "64K", "-n", "32", "--ops", "store,load"]
+    assert _run([*argv, "--quiet", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for row in doc["results"]:
+        mc = row["mooncake"]
+        assert mc["transfer"] == {"STORE": "write", "LOAD": "read"}[row["operation"]]
+        assert row["vs_mooncake"] == pytest.approx(row["gbyte_per_s"] / mc["gbyte_per_s"])

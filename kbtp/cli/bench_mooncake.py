@@ -1,0 +1,146 @@
+"""``kbtp bench --vs mooncake``: the same blocks over Mooncake Transfer Engine's TCP transport.
+
+What an inference-server user would pick instead of KBTP, measured in the same run when the
+``mooncake-transfer-engine-non-cuda`` package is installed (it is not a dependency): two
+processes, each a ``TransferEngine`` initialised with ``P2PHANDSHAKE`` and the ``tcp``
+protocol; the client writes (the STORE row's comparison) and reads (LOAD's) batches of
+``inflight`` blocks of the row's size with ``batch_transfer_sync_write``/``_read``, the
+same number of blocks as the KBTP row.  Figures: seconds, and CPU seconds of both
+processes (the server's from ``/proc``).
+
+``python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH`` prints them as one JSON
+object; :func:`run_mooncake` runs it and parses it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kbtp.cli.bench_peer import process_cpu_seconds
+from stack.cli import CliError
+
+PACKAGE = "mooncake-transfer-engine-non-cuda"
+TIMEOUT = 600.0
+"""Seconds one comparison may take."""
+
+
+def mooncake_available() -> bool:
+    """Whether Mooncake's Python engine can be imported."""
+    try:
+        return importlib.util.find_spec("mooncake.engine") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class MooncakeFigures:
+    """One direction of one size: wall-clock seconds and CPU seconds of both ends."""
+
+    seconds: float
+    cpu: float
+
+
+def run_mooncake(size: int, blocks: int, batch: int) -> dict[str, MooncakeFigures]:
+    """Write and read figures (keys ``write``, ``read``) of ``blocks`` blocks of ``size``."""
+    argv = [sys.executable, "-m", "kbtp.cli.bench_mooncake", "client", str(size)]
+    argv += [str(blocks), str(batch)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise CliError(f"the Mooncake comparison took more than {TIMEOUT:.0f} s") from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CliError(f"the Mooncake comparison failed: {tail}")
+    doc = json.loads(lines[-1])
+    return {op: MooncakeFigures(doc[op]["seconds"], doc[op]["cpu"]) for op in ("write", "read")}
+
+
+def _engine() -> Any:
+    engine: Any = importlib.import_module("mooncake.engine").TransferEngine()
+    if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+        raise RuntimeError("TransferEngine.initialize failed")
+    return engine
+
+
+def _region(engine: Any, length: int) -> tuple[ctypes.Array[ctypes.c_char], int]:
+    buf = ctypes.create_string_buffer(length)
+    addr = ctypes.addressof(buf)
+    if engine.register_memory(addr, length) != 0:
+        raise RuntimeError("TransferEngine.register_memory failed")
+    return buf, addr
+
+
+def _server(length: int) -> None:
+    engine = _engine()
+    _buf, addr = _region(engine, length)
+    print(engine.get_rpc_port(), addr, flush=True)
+    sys.stdin.read()
+
+
+def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
+    length = size * batch
+    argv = [sys.executable, "-m", "kbtp.cli.bench_mooncake", "server", str(length)]
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port, remote = (int(w) for w in server.stdout.readline().split())
+        engine = _engine()
+        buf, addr = _region(engine, length)
+        ctypes.memset(addr, 0x5A, length)
+        peer = f"127.0.0.1:{port}"
+        sources = [addr + i * size for i in range(batch)]
+        targets = [remote + i * size for i in range(batch)]
+        figures = {}
+        for op in ("write", "read"):
+            if op == "read":
+                ctypes.memset(addr, 0, length)  # what the reads bring back is checked
+            call = (
+                engine.batch_transfer_sync_write
+                if op == "write"
+                else (engine.batch_transfer_sync_read)
+            )
+            if call(peer, sources, targets, [size] * batch) != 0:  # warm-up and handshake
+                raise RuntimeError(f"batch {op} failed")
+            cpu, peer_cpu = time.process_time(), process_cpu_seconds(server.pid) or 0.0
+            start = time.perf_counter()
+            left = blocks
+            while left:
+                n = min(batch, left)
+                if call(peer, sources[:n], targets[:n], [size] * n) != 0:
+                    raise RuntimeError(f"batch {op} failed")
+                left -= n
+            seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu
+            cpu += (process_cpu_seconds(server.pid) or 0.0) - peer_cpu
+            figures[op] = {"seconds": seconds, "cpu": cpu}
+        if buf.raw != b"\x5a" * length:
+            raise RuntimeError("the blocks read back differ from the blocks written")
+        return figures
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["server"] and len(args) == 2:
+        _server(int(args[1]))
+        return 0
+    if args[:1] == ["client"] and len(args) == 4:
+        print(json.dumps(_client(int(args[1]), int(args[2]), int(args[3]))), flush=True)
+        return 0
+    print("usage: python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
