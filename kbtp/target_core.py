@@ -57,6 +57,7 @@ from kbtp.messages import (
     decode_message,
 )
 from kbtp.ring import FetchAdd, FreeRing, make_local_fetch_add
+from kbtp.session_rules import target_refusal
 from kbtp.target_actions import (
     Action,
     CloseSession,
@@ -272,26 +273,22 @@ class TargetCore(RequestOps, TicketOps):
         if sess.hello_ack is not None:
             sess.early.append(message)  # processed after the HELLO_ACK
             return out
-        if isinstance(message, Hello):
+        refusal = target_refusal(message.opcode, sess.identity is not None)
+        if refusal is None and isinstance(message, Hello):
             self._hello(session, sess, message, now, out)
             return out
-        if sess.identity is None:
-            rid = getattr(message, "request_id", 0)
-            self._send(out, session, HelloAck(rid, Status.NO_SESSION))
-            self._close(session, now, Status.NO_SESSION, "request before HELLO", out)
+        if refusal is not None:
+            status, reason = refusal
+            rid = message.request_id
+            if isinstance(message, Hello) or status is Status.NO_SESSION:
+                self._send(out, session, HelloAck(rid, status))
+            else:
+                self._send(
+                    out, session, Completion(rid, status=status, request_opcode=message.opcode)
+                )
+            self._close(session, now, status, reason, out)
             return out
-        if not isinstance(message, Load | Store | AllocStore | Free | Bind):
-            self._send(
-                out,
-                session,
-                Completion(
-                    message.request_id, status=Status.BAD_OPCODE, request_opcode=message.opcode
-                ),
-            )
-            self._close(
-                session, now, Status.BAD_OPCODE, f"{message.opcode.name} sent to a target", out
-            )
-            return out
+        assert isinstance(message, Load | Store | AllocStore | Free | Bind)
         if self._over_credit(sess):
             return self._credit_exceeded(
                 session, message.request_id, message.handle, message.opcode, now
@@ -550,9 +547,6 @@ class TargetCore(RequestOps, TicketOps):
             self._send(out, session, HelloAck(hello.request_id, status))
             self._close(session, now, status, reason, out)
 
-        if sess.identity is not None:
-            refuse(Status.BAD_OPCODE, "second HELLO")
-            return
         ini = self._initiators.get(hello.identity)
         if ini is None:
             refuse(Status.UNKNOWN_INITIATOR, f"unknown identity {hello.identity!r}")

@@ -462,6 +462,8 @@ _RULES: tuple[Rule, ...] = (
     _R("SEC-16", "MUST", "5040 8.1.1(12); 5041 8.3.1(7)", (),
        "No firmware from unauthenticated peers; updates only over a secure protocol"),
     # -- docs/kbtp.md ------------------------------------------------------------------
+    _R("KBTP-4.2", "MUST", "4.2", (_UNSPEC,),
+       "HELLO first and once, answered by one HELLO_ACK; requests only after it"),
     _R("KBTP-5", "MUST", "5", (),
        "A KBTP message is one Send-type message: common header, then its opcode's format"),
     _R("KBTP-5.1", "MUST", "5.1", (),

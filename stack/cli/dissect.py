@@ -53,30 +53,24 @@ _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
     """The decoder of the upper-layer protocol carried in Sends (``--ulp``), or None.
 
-    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages.
-    A connection counts as KBTP once the first Send on it decodes as a well-formed KBTP
-    message (a session opens with HELLO); Sends of other protocols are left alone, so
-    their bytes never produce KBTP findings.  The stream decoder stays ULP-agnostic
-    (floors 0-1); this tool layer adds the ULP.
+    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages,
+    with the session rules, by :class:`kbtp.conversation.KbtpConversations` (which streams
+    carry KBTP: those whose first Send is a KBTP message or a HELLO; Sends of other
+    protocols are left alone, so their bytes never produce KBTP findings).  The stream
+    decoder stays ULP-agnostic (floors 0-1); this tool layer adds the ULP.
     """
     if name == "none":
         return None
-    from kbtp.describe import describe_payload
+    from kbtp.conversation import KbtpConversations
 
-    verdict: dict[int, bool] = {}
+    conversations = KbtpConversations()
 
     def annotate(rec: PduRecord) -> Any:
         seg = rec.segment
         if seg is None or seg.opcode not in _SEND_OPCODES or seg.mo != 0 or seg.findings:
             return None
-        known = verdict.get(rec.stream)
-        if known is False:
-            return None
-        summary = describe_payload(seg.payload, complete=seg.last)
-        if known is None:
-            verdict[rec.stream] = known = summary is not None and not summary.findings
-            if not known:
-                return None
+        payload = bytes(seg.payload)
+        summary = conversations.annotate(rec.stream, rec.direction, payload, seg.last)
         if summary is not None and summary.findings:
             rec.findings.extend(summary.findings)
         return summary
