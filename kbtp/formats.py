@@ -260,7 +260,7 @@ HELLO_ACK_BODY = _part(
         ("partition_offset", 8, "Partition Offset", _X),
         ("partition_length", 8, "Partition Length", _X),
         ("head_stag", 4, "Head STag", _X),
-        ("reserved_2", 4, "Reserved", _R),
+        ("table_entries", 4, "Table Entries", _D),
     ),
 )
 COMPLETION_BODY = _part(

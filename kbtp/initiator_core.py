@@ -118,8 +118,8 @@ def check_hello_ack(
         raise _refuse("a handle range beyond 64 bits")
     if granted & Capability.DIRECT_LOAD:
         first = ack.handle_base - ack.table_base_handle
-        end = ack.table_offset + TABLE_ENTRY_LEN * (first + ack.handle_count)
-        if first < 0 or end > _SPACE:
+        end = ack.table_offset + TABLE_ENTRY_LEN * ack.table_entries
+        if first < 0 or first + ack.handle_count > ack.table_entries or end > _SPACE:
             raise _refuse("a block table that does not hold the handle range")
     if granted & Capability.DIRECT_ALLOC:
         n = ack.ring_order
@@ -335,6 +335,9 @@ class DirectLoad:
         self.done = False
 
     def next_op(self) -> ReadOp | None:
+        if not self.done and not self.ack.serves(self.handle):
+            # A read outside the table would end the stream; LOAD answers HANDLE_OUT_OF_RANGE.
+            self._finish("handle not in the table (HANDLE_OUT_OF_RANGE)")
         if self.done:
             return None
         if self.first is None or self.block is not None:

@@ -202,8 +202,9 @@ class HelloAck:
     handle range), ticket_timeout_ms, request_credits, ring_order (n of the initiator's
     partition ring, N = 2**n), max_inline, table_stag, pool_stag, table_offset,
     table_base_handle, pool_offset, ring_stag (the slots, read), partition_stag, ring_offset,
-    head_offset, partition_offset, partition_length, head_stag (the Head, atomics).  Fields
-    of a capability not granted are zero.
+    head_offset, partition_offset, partition_length, head_stag (the Head, atomics),
+    table_entries (DIRECT_LOAD: the handles served are [table_base_handle, + table_entries)).
+    Fields of a capability not granted are zero.
     """
 
     opcode: ClassVar[MessageOpcode] = MessageOpcode.HELLO_ACK
@@ -231,10 +232,15 @@ class HelloAck:
     partition_offset: int = 0
     partition_length: int = 0
     head_stag: int = 0
+    table_entries: int = 0
 
     def encode(self) -> bytes:
         header = CommonHeader(self.opcode, request_id=self.request_id, status=self.status)
         return header.encode() + HELLO_ACK_BODY.pack(self)
+
+    def serves(self, handle: int) -> bool:
+        """Whether DIRECT_LOAD may read ``handle``'s entry: the table has one (§5.4)."""
+        return 0 <= handle - self.table_base_handle < self.table_entries
 
     def entry_to(self, handle: int) -> int:
         """Tagged Offset of ``handle``'s table entry under the Table STag (draft §3.2)."""

@@ -304,7 +304,7 @@ class KBTP_HelloAck(_KbtpPacket):
         XLongField("partition_offset", 0),
         XLongField("partition_length", 0),
         XIntField("head_stag", 0),
-        XIntField("reserved_2", 0),
+        IntField("table_entries", 0),
     ]
 
     def mysummary(self) -> str:

@@ -587,6 +587,7 @@ class TargetCore(RequestOps, TicketOps):
             ack.update(
                 table_offset=lay.to(lay.table_offset),
                 table_base_handle=lay.table_base_handle,
+                table_entries=lay.table_entries,
                 pool_offset=lay.to(lay.pool_offset),
             )
         if granted & Capability.DIRECT_ALLOC:

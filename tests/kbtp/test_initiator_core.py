@@ -23,6 +23,7 @@ from kbtp.initiator_core import (
     SessionRefused,
     WriteOp,
 )
+from kbtp.layout import TableEntry
 from kbtp.messages import (
     AllocStore,
     Completion,
@@ -191,6 +192,40 @@ def test_s6_6_direct_load_sees_a_free_between_its_reads(h: Harness) -> None:
     while (op := load.next_op()) is not None:
         load.feed(p.run(op))  # type: ignore[arg-type]
     assert load.data is None and "changed" in load.reason
+
+
+def test_s6_6_direct_load_refuses_a_torn_entry_read_with_the_same_generation(h: Harness) -> None:
+    """A 16-octet RDMA Read is not atomic: a first read may show the new Generation with the
+    old Data Length and Block Offset.  Both reads must be identical, not just agree on the
+    Generation (docs/kbtp.md §6.6)."""
+    p = Pair(h, 1, b"a", DIRECT)
+    p.ini.submit(
+        AllocStore(
+            0, 3, inline_descriptor(b"new"), b"new", flags=RequestFlag.INLINE | RequestFlag.SEAL
+        )
+    )
+    p.pump()
+    assert p.ini.ack is not None
+    load = DirectLoad(p.ini.ack, 3)
+    whole = p.run(load.next_op())  # type: ignore[arg-type]
+    real = TableEntry.unpack(whole)
+    torn = TableEntry(real.flags, real.generation, real.data_length + 1, real.block_offset)
+    load.feed(torn.pack())
+    while (op := load.next_op()) is not None:
+        load.feed(p.run(op))  # type: ignore[arg-type]
+    assert load.data is None and "changed" in load.reason
+
+
+def test_s6_6_direct_load_never_reads_outside_the_table(h: Harness) -> None:
+    """HELLO_ACK's Table Entries bound the handles DIRECT_LOAD may read (§5.4)."""
+    p = Pair(h, 1, b"a", DIRECT)
+    ack = p.ini.ack
+    assert ack is not None and ack.table_entries > 0
+    last = ack.table_base_handle + ack.table_entries - 1
+    assert DirectLoad(ack, last).next_op() is not None
+    beyond = DirectLoad(ack, last + 1)
+    assert beyond.next_op() is None and beyond.done and beyond.data is None
+    assert "HANDLE_OUT_OF_RANGE" in beyond.reason
 
 
 def test_s6_6_direct_alloc_round_trip(h: Harness) -> None:

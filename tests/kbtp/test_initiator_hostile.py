@@ -58,6 +58,7 @@ GOOD = HelloAck(
     partition_offset=0x20000,
     partition_length=4 * BLOCK,
     head_stag=0x15,
+    table_entries=0x110,
 )
 
 
@@ -87,6 +88,7 @@ BAD = [
     ("partition past 64 bits", {"partition_offset": (1 << 64) - BLOCK}, "partition beyond"),
     ("table past 64 bits", {"table_offset": (1 << 64) - 64}, "block table"),
     ("table below the range", {"table_base_handle": 0x101}, "block table"),
+    ("table shorter than the range", {"table_entries": 0x10F}, "block table"),
     ("no ticket timeout", {"ticket_timeout_ms": 0}, "Ticket Timeout"),
     ("record completion", {"capabilities": DIRECT | Capability.RECORD_COMPLETION}, "capab"),
 ]
