@@ -26,14 +26,14 @@ Octets   Field
 36-63    Reserved (zero)
 =======  ======================================================================
 
-Description (what the file was made for; compared with the configuration on open):
-Block Size (4), Pool Size F (4), Table Base Handle (8), Table Entries (4), first shared
-block (4), shared blocks (4), shared ring order (1; 0: none), counter byte order (1; 0
-little, 1 big), initiator count (2); per initiator in configuration order: identity
-length (2), DIRECT_ALLOC (1), reserved (1), handle base (8), handle count (4), quota (4),
-partition ring order (1; 0: none), reserved (3), the identity padded to 8 octets; then
-the layout size (8), the journal offset (8) and the layout offset (8).  The file is
-exactly layout offset + layout size octets.
+Description (what the file was made for; compared field by field with the configuration
+on open): Block Size (4), Pool Size F (4), Table Base Handle (8), Table Entries (4),
+counter byte order (1; 0 little, 1 big), reserved (1), initiator count (2); per initiator
+in configuration order: identity length (2), DIRECT_ALLOC (1), reserved (1), handle base
+(8), handle count (4), quota (4), partition ring order (1; 0: none), reserved (3), the
+identity padded to 8 octets; then first shared block (4), shared blocks (4), shared ring
+order (1; 0: none), reserved (3), layout size (8), journal offset (8), layout offset (8).
+The file is exactly layout offset + layout size octets.
 
 The journal holds the table a recovery decided on, its Block Offsets relative to layout
 byte 0, written and flushed before the State becomes JOURNAL and the table is rewritten
@@ -77,9 +77,10 @@ from stack.errors import LocalError
 __all__ = ["PoolFile", "PoolFileError", "PoolState", "pool_file_size"]
 
 _PREFIX = struct.Struct(">8sIIIIQI28x")
-_DESC_HEAD = struct.Struct(">IIQIIIBBH")
+_DESC_HEAD = struct.Struct(">IIQIBxH")
+_HEAD_FIELDS = 6
 _DESC_INI = struct.Struct(">HBxQIIB3x")
-_DESC_TAIL = struct.Struct(">QQQ")
+_DESC_TAIL = struct.Struct(">IIB3xQQQ")
 _MAX_DESCRIPTION = 1 << 20
 _BYTEORDER = {"little": 0, "big": 1}
 
@@ -118,8 +119,7 @@ def _labels(initiators: int) -> list[str]:
     """The description's field names, in file order (the three trailer fields last)."""
     names = [
         "block size", "pool blocks", "table base handle", "table entries",
-        "first shared block", "shared blocks", "shared ring order", "counter byte order",
-        "initiator count",
+        "counter byte order", "initiator count",
     ]  # fmt: skip
     for n in range(initiators):
         name = f"initiator {n + 1}"
@@ -127,20 +127,17 @@ def _labels(initiators: int) -> list[str]:
             f"{name} identity", f"{name} DIRECT_ALLOC", f"{name} handle base",
             f"{name} handle count", f"{name} quota", f"{name} partition ring order",
         ]  # fmt: skip
-    return [*names, "layout size", "journal offset", "layout offset"]
+    shared = ["first shared block", "shared blocks", "shared ring order"]
+    return [*names, *shared, "layout size", "journal offset", "layout offset"]
 
 
 def _values(config: TargetConfig, layout: TargetLayout) -> list[object]:
-    """The description's values for ``config``, in file order, without the trailer."""
-    ring = layout.shared_ring
+    """The description's values for ``config``, in file order, up to the shared ring."""
     out: list[object] = [
         layout.block_size,
         layout.pool_blocks,
         layout.table_base_handle,
         layout.table_entries,
-        layout.shared_first_block,
-        layout.shared_blocks,
-        ring.order if ring is not None else 0,
         _BYTEORDER[config.counter_byteorder],
         len(config.initiators),
     ]
@@ -155,18 +152,19 @@ def _values(config: TargetConfig, layout: TargetLayout) -> list[object]:
             ini.quota,
             order,
         ]
-    return out
+    ring = layout.shared_ring
+    return [*out, layout.shared_first_block, layout.shared_blocks, ring.order if ring else 0]
 
 
 def _encode(values: list[object], tail: tuple[int, int, int]) -> bytes:
-    out = bytearray(_DESC_HEAD.pack(*values[:9]))  # type: ignore[arg-type]
-    rest = values[9:]
+    out = bytearray(_DESC_HEAD.pack(*values[:_HEAD_FIELDS]))
+    rest = values[_HEAD_FIELDS:-3]
     for i in range(0, len(rest), 6):
         ident, direct, base, count, quota, order = rest[i : i + 6]
         assert isinstance(ident, bytes)
         out += _DESC_INI.pack(len(ident), direct, base, count, quota, order)
         out += ident + bytes(-len(ident) % 8)
-    return bytes(out + _DESC_TAIL.pack(*tail))
+    return bytes(out + _DESC_TAIL.pack(*values[-3:], *tail))
 
 
 def _decode(data: bytes) -> list[tuple[str, object]] | None:
@@ -176,7 +174,7 @@ def _decode(data: bytes) -> list[tuple[str, object]] | None:
         head = _DESC_HEAD.unpack_from(data, 0)
         values: list[object] = list(head)
         at = _DESC_HEAD.size
-        for _ in range(head[8]):
+        for _ in range(head[-1]):
             length, direct, base, count, quota, order = _DESC_INI.unpack_from(data, at)
             at += _DESC_INI.size
             ident = bytes(data[at : at + length])
@@ -189,7 +187,7 @@ def _decode(data: bytes) -> list[tuple[str, object]] | None:
             return None
     except struct.error:
         return None
-    return list(zip(_labels(head[8]), values, strict=True))
+    return list(zip(_labels(head[-1]), values, strict=True))
 
 
 def _geometry(config: TargetConfig) -> _Geometry:

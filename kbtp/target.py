@@ -193,22 +193,12 @@ class KbtpTarget:
         self.local_mr = self.pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
         self.config = replace(config, base_to=self.local_mr.base)
         self.regions: dict[int, MemoryRegion] = {}  # the core's RegisterMemory MRs by STag
-        persist = None
-        if self.pool is not None:
-            self.recovery = self.pool.recover(self.config)
-            persist = self.pool.persist if pool_sync else None
-            if self.recovery is not None:
-                level = logging.WARNING if self.recovery.repaired else logging.INFO
-                log.log(level, "pool file %s recovered: %s", pool_file, self.recovery.line())
-        self.core = TargetCore(
-            self.config,
-            self.local_mr.buf,
-            fetch_add=self._fetch_add,
-            recovered=self.recovery is not None,
-            persist=persist,
-        )
-        if self.pool is not None and self.recovery is None:
-            self.pool.commit(self.config.base_to)
+        try:
+            self.core = self._make_core(pool_sync)
+        except BaseException:
+            if self.pool is not None:
+                self.pool.close()  # a target that never came up holds no lock
+            raise
         self.sessions: dict[int, TargetSession] = {}
         self.port = 0
         self.host = ""
@@ -216,6 +206,28 @@ class KbtpTarget:
         self._tick_wake = trio.Event()
         self.sessions_served = 0
         self.write_copy_limit = WRITE_COPY_LIMIT
+
+    def _make_core(self, pool_sync: bool) -> TargetCore:
+        """The core over the mapping: a new pool initialized, or a pool file recovered
+        first (docs/kbtp.md §12.3) and adopted."""
+        pool = self.pool
+        persist = None
+        if pool is not None:
+            self.recovery = pool.recover(self.config)
+            persist = pool.persist if pool_sync else None
+            if self.recovery is not None:
+                level = logging.WARNING if self.recovery.repaired else logging.INFO
+                log.log(level, "pool file %s recovered: %s", pool.path, self.recovery.line())
+        core = TargetCore(
+            self.config,
+            self.local_mr.buf,
+            fetch_add=self._fetch_add,
+            recovered=self.recovery is not None,
+            persist=persist,
+        )
+        if pool is not None and self.recovery is None:
+            pool.commit(self.config.base_to)
+        return core
 
     # ----------------------------------------------------------------------------------
     # the core's injected services
