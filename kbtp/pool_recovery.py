@@ -17,6 +17,7 @@ with its Generation advanced and its block, if it names one, returned once.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -63,9 +64,6 @@ class RingDomain:
 
     def has_block(self, index: int) -> bool:
         return self.first <= index < self.first + self.count
-
-    def has_handle(self, handle: int) -> bool:
-        return any(base <= handle < end for base, end in self.handles)
 
 
 def ring_domains(config: TargetConfig, layout: TargetLayout) -> list[RingDomain]:
@@ -228,6 +226,16 @@ def plan_recovery(
     """
     report = RecoveryReport(checked=rings is not None)
     domains = ring_domains(config, layout)
+    spans = sorted(
+        ((base, end, d) for d in domains for base, end in d.handles if end > base),
+        key=lambda span: span[0],
+    )
+    starts = [base for base, _, _ in spans]
+
+    def domain_of(handle: int) -> RingDomain | None:
+        at = bisect_right(starts, handle) - 1
+        return spans[at][2] if at >= 0 and handle < spans[at][1] else None
+
     out = list(entries)
     claims: dict[int, list[int]] = {}
     released: set[int] = set()
@@ -242,7 +250,7 @@ def plan_recovery(
                 out[i] = TableEntry(TableFlag.NONE, entry.generation, 0, EMPTY_BLOCK_OFFSET)
             continue
         index = _index(layout, entry.block_offset, stored_base)
-        domain = next((d for d in domains if d.has_handle(handle)), None)
+        domain = domain_of(handle)
         if (
             flags & ~_KNOWN_FLAGS
             or entry.generation == 0

@@ -203,6 +203,8 @@ def test_s12_sigkill_with_an_alloc_store_in_flight_loses_only_what_was_in_flight
         first = proc.stdout.readline()
         assert "listening on 127.0.0.1:" in first, first
         port = int(first.rsplit(":", 1)[1])
+        lines = [proc.stdout.readline() for _ in range(5)]  # the pool, 2 initiators, the file
+        assert lines[-1] == f"kbtp target: pool file {path}: new pool initialized\n", lines
 
         async def client() -> None:
             with trio.fail_after(60):
