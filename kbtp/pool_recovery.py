@@ -33,6 +33,7 @@ from kbtp.constants import (
 from kbtp.layout import TableEntry, TargetLayout, init_ring, read_counter, read_slot, write_entry
 from kbtp.ring import ticket_distance
 from kbtp.target_config import TargetConfig
+from kbtp.target_state import SHARED_RING
 
 __all__ = [
     "RecoveryPlan",
@@ -45,9 +46,6 @@ __all__ = [
     "read_table",
     "ring_domains",
 ]
-
-SHARED = -1
-"""Ring id of the shared ring (as ``kbtp.target_state.SHARED_RING``); partitions 0.."""
 
 _KNOWN_FLAGS = int(TableFlag.VALID | TableFlag.SEALED)
 
@@ -79,7 +77,8 @@ def ring_domains(config: TargetConfig, layout: TargetLayout) -> list[RingDomain]
             for i in config.initiators
             if not i.direct_alloc
         )
-        domains.append(RingDomain(SHARED, layout.shared_first_block, layout.shared_blocks, spans))
+        first, count = layout.shared_first_block, layout.shared_blocks
+        domains.append(RingDomain(SHARED_RING, first, count, spans))
     return domains
 
 
@@ -169,7 +168,7 @@ def read_ring_blocks(mem: memoryview, layout: TargetLayout) -> dict[int, list[tu
     """
     rings = {p: part.ring for p, part in enumerate(layout.partitions)}
     if layout.shared_ring is not None:
-        rings[SHARED] = layout.shared_ring
+        rings[SHARED_RING] = layout.shared_ring
     out: dict[int, list[tuple[int, bool]]] = {}
     for rid, ring in rings.items():
         head_v = read_counter(mem, ring.head_offset, ring.byteorder)
@@ -331,7 +330,7 @@ def apply_recovery(mem: memoryview, layout: TargetLayout, plan: RecoveryPlan) ->
         write_entry(mem, at, TableEntry(entry.flags, entry.generation, entry.data_length, offset))
     rings = {p: part.ring for p, part in enumerate(layout.partitions)}
     if layout.shared_ring is not None:
-        rings[SHARED] = layout.shared_ring
+        rings[SHARED_RING] = layout.shared_ring
     for rid, geometry in rings.items():
         init_ring(mem, geometry, [layout.block_to(b) for b in plan.free.get(rid, [])])
 

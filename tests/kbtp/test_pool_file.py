@@ -81,10 +81,14 @@ def assert_consistent(target: KbtpTarget, sealed: int) -> None:
 # ======================================================================================
 
 
-async def test_s12_sealed_blocks_survive_a_clean_stop_byte_for_byte(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", [False, True], ids=["flushed-at-stop", "pool-sync"])
+async def test_s12_sealed_blocks_survive_a_clean_stop_byte_for_byte(
+    tmp_path: Path, sync: bool
+) -> None:
     path = tmp_path / "pool"
     with trio.fail_after(60):
-        first = KbtpTarget(config(), pool_file=path)
+        first = KbtpTarget(config(), pool_file=path, pool_sync=sync)
+        assert (first.core.persist is not None) is sync
         assert first.recovery is None and first.pool is not None and first.pool.created
         async with first.running():
             async with KbtpInitiator.connect("127.0.0.1", first.port, "a") as a:
