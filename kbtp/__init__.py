@@ -52,6 +52,8 @@ if TYPE_CHECKING:
         inline_descriptor,
         peek_header,
     )
+    from kbtp.pool_file import PoolFile, PoolFileError
+    from kbtp.pool_recovery import RecoveryReport, check_pool
     from kbtp.target import KbtpTarget
     from kbtp.target_actions import (
         Action,
@@ -101,8 +103,11 @@ __all__ = [
     "Message",
     "MessageOpcode",
     "OpStats",
+    "PoolFile",
+    "PoolFileError",
     "ReadFromInitiator",
     "ReadOp",
+    "RecoveryReport",
     "RegionKind",
     "RegisterMemory",
     "Request",
@@ -119,6 +124,7 @@ __all__ = [
     "TargetCore",
     "WriteOp",
     "WriteToInitiator",
+    "check_pool",
     "decode_message",
     "encode_message",
     "inline_descriptor",
@@ -164,6 +170,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "inline_descriptor",
         "peek_header",
     ),
+    "kbtp.pool_file": ("PoolFile", "PoolFileError"),
+    "kbtp.pool_recovery": ("RecoveryReport", "check_pool"),
     "kbtp.target": ("KbtpTarget",),
     "kbtp.target_actions": (
         "Action",

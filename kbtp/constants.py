@@ -236,3 +236,18 @@ DEFAULT_HELLO_ACK_TIMEOUT = 10.0
 """Seconds an initiator waits for HELLO_ACK after sending HELLO (docs/kbtp.md §4.2)."""
 DEFAULT_MAX_BLOCK_SIZE = 1 << 26
 """Largest Block Size an initiator accepts from a HELLO_ACK, 64 MiB (docs/kbtp.md §4.2)."""
+
+
+# --------------------------------------------------------------------------------------
+# Persistent pool file (docs/kbtp.md §12)
+# --------------------------------------------------------------------------------------
+
+POOL_FILE_MAGIC = b"KBTPPOOL"
+"""The first 8 octets of a pool file."""
+POOL_FILE_VERSION = 1
+"""Format version of the pool file header; a file of another version is refused."""
+POOL_FILE_PREFIX_LEN = 64
+"""Octets of the fixed header prefix; the layout description follows it."""
+POOL_FILE_ALIGN = 64 * 1024
+"""File offsets of the journal and the layout are multiples of this (a multiple of every
+common page size, so both can be mapped on any host)."""

@@ -5,7 +5,9 @@ Theory of operation
 :class:`KbtpTarget` binds the sans-IO :class:`~kbtp.target_core.TargetCore` to one
 :class:`~stack.rnic.Rnic`:
 
-* **Memory.**  One anonymous mapping holds the table, the pool and the rings.  Tagged
+* **Memory.**  One mapping holds the table, the pool and the rings: anonymous, or with
+  ``pool_file`` the layout of a :class:`~kbtp.pool_file.PoolFile` (MAP_SHARED), recovered
+  before the core adopts it and flushed at a clean stop (docs/kbtp.md §12).  Tagged
   Offsets are virtual addresses (VA-based STags), so the core's ``base_to`` is the
   mapping's address and Tagged Offset = ``base_to`` + byte offset.  The core's
   ``RegisterMemory`` actions register sub-ranges of the mapping in the session's protection
@@ -43,6 +45,7 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -51,6 +54,8 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN, Status
+from kbtp.pool_file import PoolFile
+from kbtp.pool_recovery import RecoveryReport
 from kbtp.target_actions import (
     Action,
     CloseSession,
@@ -166,17 +171,34 @@ class KbtpTarget:
         settings: MpaSettings | None = None,
         tap_factory: TapFactory | None = None,
         on_event: Callable[[str], None] | None = None,
+        pool_file: str | os.PathLike[str] | None = None,
+        pool_sync: bool = False,
     ) -> None:
+        """``pool_file``: keep the table, pool and rings in that file (created if absent or
+        empty, else checked against ``config`` and recovered: PoolFileError); ``pool_sync``:
+        flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4)."""
         self.rnic = rnic or Rnic("kbtp-target")
         self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs
         self.settings = settings or MpaSettings()
         self.tap_factory = tap_factory
         self.on_event = on_event
-        self._mapping = mmap.mmap(-1, layout_size(config))
+        self.pool: PoolFile | None = None
+        self.recovery: RecoveryReport | None = None
+        """What the recovery of ``pool_file`` found (None: no file, or a new one)."""
+        if pool_file is None:
+            self._mapping = mmap.mmap(-1, layout_size(config))
+        else:
+            self.pool = PoolFile(pool_file, config)
+            self._mapping = self.pool.mapping
         self.local_mr = self.pd.reg_mr(self._mapping, Access.LOCAL_WRITE)
         self.config = replace(config, base_to=self.local_mr.base)
         self.regions: dict[int, MemoryRegion] = {}  # the core's RegisterMemory MRs by STag
-        self.core = TargetCore(self.config, self.local_mr.buf, fetch_add=self._fetch_add)
+        try:
+            self.core = self._make_core(pool_sync)
+        except BaseException:
+            if self.pool is not None:
+                self.pool.close()  # a target that never came up holds no lock
+            raise
         self.sessions: dict[int, TargetSession] = {}
         self.port = 0
         self.host = ""
@@ -184,6 +206,28 @@ class KbtpTarget:
         self._tick_wake = trio.Event()
         self.sessions_served = 0
         self.write_copy_limit = WRITE_COPY_LIMIT
+
+    def _make_core(self, pool_sync: bool) -> TargetCore:
+        """The core over the mapping: a new pool initialized, or a pool file recovered
+        first (docs/kbtp.md §12.3) and adopted."""
+        pool = self.pool
+        persist = None
+        if pool is not None:
+            self.recovery = pool.recover(self.config)
+            persist = pool.persist if pool_sync else None
+            if self.recovery is not None:
+                level = logging.WARNING if self.recovery.repaired else logging.INFO
+                log.log(level, "pool file %s recovered: %s", pool.path, self.recovery.line())
+        core = TargetCore(
+            self.config,
+            self.local_mr.buf,
+            fetch_add=self._fetch_add,
+            recovered=self.recovery is not None,
+            persist=persist,
+        )
+        if pool is not None and self.recovery is None:
+            pool.commit(self.config.base_to)
+        return core
 
     # ----------------------------------------------------------------------------------
     # the core's injected services
@@ -234,15 +278,24 @@ class KbtpTarget:
         *,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on (host, port) and serve until cancelled; reports the bound port."""
-        async with ConnectionManager.open(self.rnic, tap_factory=self.tap_factory) as cm:
-            listener = await cm.listen(host, port, settings=self.settings)
-            self.host, self.port = listener.host, listener.port
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._ticker)
-                task_status.started(self.port)
-                async for request in listener:
-                    nursery.start_soon(self._run_session, request)
+        """Listen on (host, port) and serve until cancelled; reports the bound port.
+
+        With a pool file, the end of serving is its clean stop: once every session has
+        ended, the file is flushed, marked clean and unlocked (docs/kbtp.md §12.4)."""
+        if self.pool is not None:
+            self.pool.start()
+        try:
+            async with ConnectionManager.open(self.rnic, tap_factory=self.tap_factory) as cm:
+                listener = await cm.listen(host, port, settings=self.settings)
+                self.host, self.port = listener.host, listener.port
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._ticker)
+                    task_status.started(self.port)
+                    async for request in listener:
+                        nursery.start_soon(self._run_session, request)
+        finally:
+            if self.pool is not None:
+                self.pool.stop()
 
     def _event(self, text: str) -> None:
         log.info("%s", text)

@@ -77,6 +77,7 @@ from kbtp.target_state import (
     InitiatorState,
     OpKind,
     PendingOp,
+    Persist,
     SessionState,
 )
 from kbtp.target_tickets import TicketOps
@@ -103,7 +104,11 @@ class TargetCore(RequestOps, TicketOps):
         memory: memoryview | bytearray | None = None,
         *,
         fetch_add: FetchAdd | None = None,
+        recovered: bool = False,
+        persist: Persist | None = None,
     ) -> None:
+        """``recovered``: ``memory`` holds a recovered pool (docs/kbtp.md §12.3) to adopt, not
+        initialize; ``persist(offset, length)`` makes memory durable at each seal and free."""
         check_config(config)
         self.config = config
         self.layout: TargetLayout = plan_target_layout(config)
@@ -115,6 +120,7 @@ class TargetCore(RequestOps, TicketOps):
             raise LocalError(f"memory of {len(mem)} octets, the layout needs {self.layout.size}")
         self.memory = mem
         self.fetch_add = fetch_add or make_local_fetch_add(config.counter_byteorder)
+        self.persist = persist
 
         # rings
         self._rings = {}
@@ -128,14 +134,15 @@ class TargetCore(RequestOps, TicketOps):
             self._rings[index] = FreeRing(mem, part.ring, self.fetch_add)
 
         # memory contents
-        init_table(mem, lay)
-        pool_off, pool_len = lay.pool_region
-        mem[pool_off : pool_off + pool_len] = bytes(pool_len)
-        if SHARED_RING in self._rings:
-            shared = range(lay.shared_first_block, lay.shared_first_block + lay.shared_blocks)
-            self._rings[SHARED_RING].initialize([lay.block_to(b) for b in shared])
-        for index, part in enumerate(lay.partitions):
-            self._rings[index].initialize(self._partition_blocks(part))
+        if not recovered:
+            init_table(mem, lay)
+            pool_off, pool_len = lay.pool_region
+            mem[pool_off : pool_off + pool_len] = bytes(pool_len)
+            if SHARED_RING in self._rings:
+                shared = range(lay.shared_first_block, lay.shared_first_block + lay.shared_blocks)
+                self._rings[SHARED_RING].initialize([lay.block_to(b) for b in shared])
+            for index, part in enumerate(lay.partitions):
+                self._rings[index].initialize(self._partition_blocks(part))
 
         self._initiators = {}
         part_index = 0
@@ -153,6 +160,8 @@ class TargetCore(RequestOps, TicketOps):
         self._bound_blocks = {}  # Block Offset -> the handle whose VALID entry holds it
         self._registered = {}  # session -> STags registered for it, until close_session
         self._orphans = {}  # op id -> session: registrations asked for by a closed session
+        if recovered:
+            self._adopt_table()
 
     def _partition_blocks(self, part: PartitionLayout) -> list[int]:
         return [

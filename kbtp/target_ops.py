@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kbtp.constants import (
     GENERATION_ANY,
+    TABLE_ENTRY_LEN,
     Capability,
     RequestFlag,
     Status,
@@ -123,9 +124,14 @@ class RequestOps(CoreState):
         """§6.2 steps 3-4: Data Length (and SEALED) after the data is in the block."""
         at = self.layout.entry_offset(req.handle)
         entry = read_entry(self.memory, at)
-        flags = entry.flags | (TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE)
+        seal = bool(req.flags & RequestFlag.SEAL)
+        flags = entry.flags | (TableFlag.SEALED if seal else TableFlag.NONE)
         updated = TableEntry(flags, entry.generation, req.descriptor.length, entry.block_offset)
+        if seal:
+            self._persist(self.layout.offset_of(entry.block_offset), req.descriptor.length)
         write_entry(self.memory, at, updated)
+        if seal:
+            self._persist(at, TABLE_ENTRY_LEN)
         self._complete(
             out,
             session,
@@ -210,7 +216,11 @@ class RequestOps(CoreState):
         )
         length = req.data_length if isinstance(req, Bind) else req.descriptor.length
         entry = TableEntry(flags, next_generation(old.generation), length, block)
+        if entry.sealed:  # the data is durable before the entry that seals it (§12.4)
+            self._persist(self.layout.offset_of(block), length)
         write_entry(self.memory, at, entry)
+        if entry.sealed:
+            self._persist(at, TABLE_ENTRY_LEN)
         self._bound_blocks[block] = req.handle
         ini.bound += 1
         if isinstance(req, AllocStore):
@@ -233,6 +243,7 @@ class RequestOps(CoreState):
             at,
             TableEntry(TableFlag.NONE, generation, entry.data_length, entry.block_offset),
         )
+        self._persist(at, TABLE_ENTRY_LEN)  # durable before the block can be reused (§12.4)
         self._bound_blocks.pop(entry.block_offset, None)
         ini.bound -= 1
         self._return_block(self._ring_of_block(entry.block_offset), entry.block_offset, out, now)

@@ -12,6 +12,7 @@ declared here.  All state is plain containers, so that ``TargetCore.clone`` can 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Self
@@ -28,6 +29,10 @@ SHARED_RING = -1
 """Ring id of the shared ring; partition rings are numbered 0.. in configuration order."""
 
 OVER_QUOTA = "direct allocations exceed the Allocation Quota"
+
+Persist = Callable[[int, int], None]
+"""Makes target memory octets [offset, offset + length) durable (a persistent pool's msync,
+docs/kbtp.md §12.4)."""
 
 RECLAIM = -1
 """Waiter marker: an abandoned ticket whose block is reclaimed when its slot is filled."""
@@ -125,6 +130,7 @@ class CoreState:
     layout: TargetLayout
     memory: memoryview
     fetch_add: FetchAdd
+    persist: Persist | None
     _rings: dict[int, FreeRing]
     _initiators: dict[bytes, InitiatorState]
     _sessions: dict[int, SessionState]
@@ -150,6 +156,19 @@ class CoreState:
         ini = self._initiators[identity]
         direct = self._rings[ini.ring].direct_outstanding() if ini.config.direct_alloc else 0
         return ini.bound + ini.allocating + direct
+
+    def _adopt_table(self) -> None:
+        """Take over a table and rings already in memory (a recovered persistent pool,
+        docs/kbtp.md §12.3): count each initiator's bound handles and note their blocks."""
+        for ini in self._initiators.values():
+            cfg = ini.config
+            for handle in range(cfg.handle_base, cfg.handle_base + cfg.handle_count):
+                entry = self.entry(handle)
+                if entry.valid:
+                    ini.bound += 1
+                    self._bound_blocks[entry.block_offset] = handle
+        for ring in self._rings.values():
+            ring.observed_head = ring.head()[0]
 
     # ----------------------------------------------------------------------------------
     # copying and summarizing (the state-space exploration)
@@ -252,6 +271,11 @@ class CoreState:
             generation = self.entry(req.handle).generation
         self._complete(out, session, req, status, generation)
         return True
+
+    def _persist(self, offset: int, length: int) -> None:
+        """Make memory octets durable if the pool is persistent and synced (§12.4)."""
+        if self.persist is not None:
+            self.persist(offset, length)
 
     def _write_block(self, block_offset: int, data: bytes) -> None:
         """Write ``data`` at the start of a pool block (LocalError if it names none)."""
