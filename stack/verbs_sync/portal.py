@@ -128,6 +128,8 @@ class RnicThread:
 
     # ------------------------------------------------------------------ calls
     def _submit(self, job: Callable[[], None], future: Future[Any]) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking verbs call on the RNIC thread would deadlock")
         with self._lock:
             if self._stopped or self._token is None:
                 raise self._closed_error()
@@ -140,8 +142,6 @@ class RnicThread:
                 raise self._closed_error() from None
 
     def _wait(self, future: Future[T], timeout: float | None, what: str) -> T:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("a blocking verbs call on the RNIC thread would deadlock")
         try:
             return future.result(timeout)
         except TimeoutError:
