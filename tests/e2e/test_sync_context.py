@@ -5,9 +5,10 @@ surface as exceptions rather than hangs."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
-import socket
 import threading
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -139,11 +140,8 @@ def test_reject_and_unreachable_as_cm_events() -> None:
         assert rejected.private_data == b"go away"
         with pytest.raises(LocalError):
             request.id.accept(server.qp)  # answered already
-        request.listen_id.close()
-        with socket.socket() as s:  # a port nobody listens on
-            s.bind(("127.0.0.1", 0))
-            free = s.getsockname()[1]
-        CMId(client.channel).connect("127.0.0.1", free, QP(client.pd, client.cq))
+        request.listen_id.close()  # returns once the listening socket is closed
+        CMId(client.channel).connect("127.0.0.1", port, QP(client.pd, client.cq))
         assert "TCP connect" in client.expect(CmEventType.UNREACHABLE).reason
 
 
@@ -218,11 +216,16 @@ def test_register_numpy_and_memoryview_buffers() -> None:
 
 def test_close_leaks_no_thread_or_socket_and_flushes_outstanding_work() -> None:
     before = _open_fds()
-    with sync_pair() as (client, server):
-        server.qp.post_recv(RecvWR(1, ()))
-        assert len(_rnic_threads()) == 2
-    # Leaving the block closed both contexts while connected: the QP is in error and its
-    # receive flushed, the threads are gone, every socket is closed.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with sync_pair() as (client, server):
+            server.qp.post_recv(RecvWR(1, ()))
+            assert len(_rnic_threads()) == 2
+        gc.collect()
+    # Leaving the block closed both contexts while connected (and listening): the QP is in
+    # error and its receive flushed, the threads are gone, every socket was closed by the
+    # stack rather than by the garbage collector.
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
     assert server.qp.state is QpState.ERROR
     assert [(wc.wr_id, wc.status) for wc in server.cq.poll()] == [(1, WcStatus.WR_FLUSH_ERR)]
     assert _rnic_threads() == []
