@@ -23,6 +23,7 @@ from stack.transport.driver import RdmaConnection
 from stack.verbs_sync.mailbox import Mailbox, RnicClosed
 from stack.verbs_sync.portal import CALL_TIMEOUT
 from stack.verbs_sync.verbs import Context, _Closing
+from stack.wire.events import MpaSettings
 
 if TYPE_CHECKING:
     from stack.verbs_sync.verbs import QP
@@ -156,11 +157,22 @@ class CMId(_Closing):
         return events
 
     # ------------------------------------------------------------------ passive side
-    def listen(self, host: str = "127.0.0.1", port: int = 0, timeout: float = CALL_TIMEOUT) -> int:
-        """Listen (``rdma_bind_addr`` + ``rdma_listen``); returns the bound port."""
+    def listen(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        backlog: int = 64,
+        settings: MpaSettings | None = None,
+        timeout: float = CALL_TIMEOUT,
+    ) -> int:
+        """Listen (``rdma_bind_addr`` + ``rdma_listen``); returns the bound port.
+
+        ``backlog``: connection requests waiting for an answer; ``settings``: this side's
+        MPA choices (revision, CRC, markers, peer-to-peer, RFC 5044 §7.1, RFC 6581)."""
 
         async def start() -> Listener:
-            return await self._start().listen(host, port)
+            return await self._start().listen(host, port, settings=settings, backlog=backlog)
 
         self._listener = self.ctx.thread.run(start, timeout=timeout)
         self.host, self.port = self._listener.host, self._listener.port
@@ -198,15 +210,18 @@ class CMId(_Closing):
         port: int,
         qp: QP,
         private_data: bytes = b"",
+        *,
+        settings: MpaSettings | None = None,
         timeout: float = CALL_TIMEOUT,
     ) -> None:
         """Start connecting ``qp`` (``rdma_resolve_addr`` + ``rdma_connect``); the outcome
-        comes on the channel."""
+        comes on the channel.  ``settings``: as for :meth:`listen` (default: the QP's
+        IRD/ORD)."""
         if qp.ctx is not self.ctx:
             raise ValueError("the QP belongs to another context")
 
         def start() -> None:
-            self._start().connect(host, port, qp.qp, private_data=private_data)
+            self._start().connect(host, port, qp.qp, private_data=private_data, settings=settings)
 
         self.qp = qp
         self.ctx.thread.run_sync(start, timeout=timeout)

@@ -1,7 +1,7 @@
 """Synchronous verbs objects (pyverbs' shape) over an RNIC that progresses on its own thread.
 
 ``Context`` (``ibv_context``) starts the RNIC thread (:mod:`stack.verbs_sync.portal`); ``PD``,
-``MR``, ``CompChannel``, ``CQ`` and ``QP`` are built from it as pyverbs builds them.  Every
+``MR``, ``CompChannel``, ``CQ``, ``SRQ`` and ``QP`` are built from it as pyverbs builds them.  Every
 call that changes RNIC state (register, create, post) is handed to the RNIC thread and
 returns once done there, so its errors (:class:`~stack.errors.LocalError`, say) are raised
 in the caller.  :meth:`CQ.poll` does not leave the calling thread: the CQ is guarded by a
@@ -11,13 +11,14 @@ pushes completions.  Work requests and completions are :mod:`stack.rnic.verbs`'s
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 from typing import Any, Self
 
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.device import Rnic
 from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain
-from stack.rnic.qp import QpCap, QpState, QueuePair
+from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
 from stack.rnic.verbs import RecvWR, SendWR, Sge, WorkCompletion
 from stack.transport.cm import TapFactory
 from stack.verbs_sync.mailbox import Mailbox, RnicClosed, Signal
@@ -234,22 +235,30 @@ class CQ(CompletionQueue, _Closing):
             self._signal.notify()
 
     def poll(self, n: int = 16) -> list[WorkCompletion]:
-        """Take up to ``n`` completions, oldest first, without waiting (``ibv_poll_cq``)."""
+        """Take up to ``n`` completions, oldest first, without waiting (``ibv_poll_cq``).
+
+        An empty poll yields the interpreter lock once: the RNIC is software, and a
+        busy-polling thread would otherwise hold the lock until the interpreter's switch
+        interval takes it away."""
         with self._signal.lock:
-            return super().poll(n)
+            out = super().poll(n)
+        if not out:
+            time.sleep(0)
+        return out
 
     def _take(self, count: int) -> list[WorkCompletion] | None:
         return super().poll(count) if len(self) >= count else None
 
-    def wait(self, count: int = 1, timeout: float | None = CALL_TIMEOUT) -> list[WorkCompletion]:
-        """Wait until ``count`` completions are there and take them; on
-        :class:`TimeoutError` nothing is taken."""
+    def wait(self, count: int = 1, timeout: float | None = None) -> list[WorkCompletion]:
+        """Wait until ``count`` completions are there and take them, up to ``timeout``
+        seconds (None: until they come or the RNIC stops); on :class:`TimeoutError` nothing
+        is taken."""
         if not 1 <= count <= self.capacity:
             raise ValueError(f"count must be 1..{self.capacity}")
         return self._signal.wait_until(lambda: self._take(count), timeout)
 
     async def wait_async(
-        self, count: int = 1, timeout: float | None = CALL_TIMEOUT
+        self, count: int = 1, timeout: float | None = None
     ) -> list[WorkCompletion]:
         """:meth:`wait` for asyncio."""
         if not 1 <= count <= self.capacity:
@@ -271,6 +280,25 @@ class CQ(CompletionQueue, _Closing):
         return f"<CQ of {self.ctx.name}: {len(self)} completions>"
 
 
+class SRQ(_Closing):
+    """A shared receive queue (``ibv_create_srq``; pyverbs ``SRQ(pd, attr)``): QPs created
+    with it take their receives from it."""
+
+    def __init__(self, pd: PD, max_wr: int = 1024) -> None:
+        self.pd = pd
+        self.srq: SharedReceiveQueue = pd.ctx.thread.run_sync(pd.ctx.rnic.create_srq, pd.pd, max_wr)
+
+    def post_recv(self, wr: RecvWR | list[RecvWR], timeout: float | None = CALL_TIMEOUT) -> None:
+        """Post receive work requests (``ibv_post_srq_recv``)."""
+        self.pd.ctx.thread.run_sync(self.srq.post_recv, wr, timeout=timeout)
+
+    def __len__(self) -> int:
+        return len(self.srq)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 class QP(_Closing):
     """A reliable-connected queue pair (``ibv_create_qp``; pyverbs ``QP(pd, init_attr)``).
 
@@ -287,6 +315,7 @@ class QP(_Closing):
         recv_cq: CQ | None = None,
         *,
         cap: QpCap | None = None,
+        srq: SRQ | None = None,
         sq_sig_all: bool = False,
         ird: int = 16,
         ord: int = 16,
@@ -294,13 +323,22 @@ class QP(_Closing):
         ctx = pd.ctx
         if send_cq.ctx is not ctx or (recv_cq is not None and recv_cq.ctx is not ctx):
             raise ValueError("the CQs must belong to the PD's context")
+        if srq is not None and srq.pd.ctx is not ctx:
+            raise ValueError("the SRQ must belong to the PD's context")
         self.ctx = ctx
         self.pd = pd
         self.send_cq = send_cq
         self.recv_cq = recv_cq or send_cq
         self.qp: QueuePair = ctx.thread.run_sync(
             lambda: ctx.rnic.create_qp(
-                pd.pd, send_cq, recv_cq, cap=cap, sq_sig_all=sq_sig_all, ird=ird, ord=ord
+                pd.pd,
+                send_cq,
+                recv_cq,
+                cap=cap,
+                srq=None if srq is None else srq.srq,
+                sq_sig_all=sq_sig_all,
+                ird=ird,
+                ord=ord,
             )
         )
         """The trio-side queue pair (touch it on the RNIC thread only)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from stack.rnic import Access, Sge
 from stack.transport import CmEventType
 from stack.verbs_sync import CQ, MR, PD, QP, CMEvent, CMEventChannel, CMId, Context
+from stack.wire.events import MpaSettings
 
 TIMEOUT = 20.0
 """Seconds any blocking call of these tests waits at most (a failure, never a hang)."""
@@ -46,9 +47,9 @@ class SyncHost:
             if event.type is CmEventType.DISCONNECTED and event.id is self.cmid:
                 return
 
-    def listen(self) -> int:
+    def listen(self, settings: MpaSettings | None = None) -> int:
         listen_id = CMId(self.channel)
-        return listen_id.listen("127.0.0.1", 0)
+        return listen_id.listen("127.0.0.1", 0, settings=settings)
 
     def accept_one(self, private_data: bytes = b"") -> CMEvent:
         """Accept the next CONNECT_REQUEST; returns it once ESTABLISHED."""
@@ -72,14 +73,16 @@ def make_sync_host(ctx: Context) -> SyncHost:
 
 
 @contextmanager
-def sync_pair() -> Iterator[tuple[SyncHost, SyncHost]]:
+def sync_pair(
+    client_settings: MpaSettings | None = None, server_settings: MpaSettings | None = None
+) -> Iterator[tuple[SyncHost, SyncHost]]:
     """(client, server) of the sync API, connected; both contexts closed on the way out."""
     with ExitStack() as stack:
         server = make_sync_host(stack.enter_context(Context("server")))
         client = make_sync_host(stack.enter_context(Context("client")))
-        port = server.listen()
+        port = server.listen(server_settings)
         client.cmid = CMId(client.channel)
-        client.cmid.connect("127.0.0.1", port, client.qp, b"hello")
+        client.cmid.connect("127.0.0.1", port, client.qp, b"hello", settings=client_settings)
         request = server.accept_one(b"welcome")
         assert request.private_data == b"hello"
         assert client.expect(CmEventType.ESTABLISHED).private_data == b"welcome"

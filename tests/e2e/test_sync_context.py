@@ -22,6 +22,7 @@ from stack.verbs_sync import (
     MR,
     PD,
     QP,
+    SRQ,
     CMEventChannel,
     CMId,
     CompChannel,
@@ -297,3 +298,23 @@ def test_local_errors_are_raised_in_the_calling_thread() -> None:
             host.cq.wait(1, timeout=0.01)
         with pytest.raises(RuntimeError, match="deadlock"):
             ctx.thread.run_sync(PD, ctx)
+
+
+def test_shared_receive_queue_feeds_qps_of_the_sync_api() -> None:
+    with Context("server") as sctx, Context("client") as cctx:
+        server, client = make_sync_host(sctx), make_sync_host(cctx)
+        srq = SRQ(server.pd, max_wr=8)
+        server.qp = QP(server.pd, server.cq, srq=srq)
+        inbox = server.mr(32)
+        srq.post_recv([RecvWR(i, (inbox.sge(8 * i, 8),)) for i in range(4)])
+        with pytest.raises(LocalError, match="SRQ"):
+            server.qp.post_recv(RecvWR(9, ()))
+        port = server.listen()
+        accepting = threading.Thread(target=server.accept_one)
+        accepting.start()
+        client.connect(port)
+        accepting.join(TIMEOUT)
+        client.qp.post_send([SendWR(i, WrOpcode.SEND, inline_data=b"srq%d" % i) for i in range(3)])
+        assert [wc.wr_id for wc in server.cq.wait(3, TIMEOUT)] == [0, 1, 2]
+        assert inbox.read(20) == b"srq0\0\0\0\0srq1\0\0\0\0srq2"
+        assert len(srq) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.test_tcp import VARIANTS
 from tests.e2e.verbs_scenarios import MODES, SCENARIOS, run_async, run_sync
 
 
@@ -19,3 +20,10 @@ async def test_scenario(name: str, mode: str) -> None:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario_in_plain_python(name: str) -> None:
     run_sync(SCENARIOS[name])
+
+
+@pytest.mark.parametrize("variant", ["rev1-crc", "markers-both", "p2p-read-rtr", "rev2-nocrc"])
+@pytest.mark.parametrize("name", ["write-with-immediate", "rdma-read", "atomics"])
+def test_scenario_in_plain_python_under_mpa_variants(name: str, variant: str) -> None:
+    """``CMId.listen`` / ``connect`` take each side's MPA settings."""
+    run_sync(SCENARIOS[name], *VARIANTS[variant])

@@ -32,6 +32,7 @@ from stack.rnic import (
 )
 from stack.transport import ConnectionManager
 from stack.verbs_sync import Context
+from stack.wire.events import MpaSettings
 from tests.e2e.helpers import Host, make_host
 from tests.e2e.sync_helpers import TIMEOUT, SyncHost, make_sync_host, sync_pair
 
@@ -200,9 +201,14 @@ sync against sync in plain Python."""
 
 
 # ---------------------------------------------------------------------- plain sync driver
-def run_sync(scenario: Callable[[Any, Any], Scenario]) -> None:
-    """Drive ``scenario`` with blocking calls only (no trio in this thread)."""
-    with sync_pair() as (client, server):
+def run_sync(
+    scenario: Callable[[Any, Any], Scenario],
+    client_settings: MpaSettings | None = None,
+    server_settings: MpaSettings | None = None,
+) -> None:
+    """Drive ``scenario`` with blocking calls only (no trio in this thread), over a
+    connection negotiated with the given MPA settings."""
+    with sync_pair(client_settings, server_settings) as (client, server):
         hosts = {"client": client, "server": server}
         steps = scenario(client, server)
         reply: list[WorkCompletion] | None = None
