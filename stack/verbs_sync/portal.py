@@ -208,9 +208,9 @@ class RnicThread:
         self.cm.nursery.start_soon(fn)
 
     # ------------------------------------------------------------------ lifetime
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT, *, wait: bool = True) -> None:
         """Stop the loop: every connection is torn down (its QP goes to ERROR and flushes
-        its work requests) and the thread ends.  Idempotent."""
+        its work requests) and the thread ends; ``wait``: until it has.  Idempotent."""
         with self._lock:
             token, stop = self._token, self._stop
             live = not self._stopped
@@ -219,7 +219,7 @@ class RnicThread:
                 token.run_sync_soon(stop.set)
             except trio.RunFinishedError:
                 pass
-        if threading.current_thread() is not self._thread:
+        if wait and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise TimeoutError(f"RNIC thread {self.rnic.name} did not stop in {timeout} s")

@@ -12,6 +12,7 @@ pushes completions.  Work requests and completions are :mod:`stack.rnic.verbs`'s
 from __future__ import annotations
 
 import time
+import weakref
 from types import TracebackType
 from typing import Any, Self
 
@@ -65,6 +66,8 @@ class Context(_Closing):
         self.thread = RnicThread(self.rnic, tap_factory=tap_factory)
         """The RNIC thread; ``thread.run`` / ``thread.run_sync`` run your own trio code or
         functions there (the trio objects behind these wrappers are not thread safe)."""
+        # A context nobody closed stops its thread once unreachable (or at exit).
+        weakref.finalize(self, self.thread.stop, wait=False)
 
     @property
     def name(self) -> str:

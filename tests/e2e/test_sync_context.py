@@ -318,3 +318,13 @@ def test_shared_receive_queue_feeds_qps_of_the_sync_api() -> None:
         assert [wc.wr_id for wc in server.cq.wait(3, TIMEOUT)] == [0, 1, 2]
         assert inbox.read(20) == b"srq0\0\0\0\0srq1\0\0\0\0srq2"
         assert len(srq) == 1
+
+
+def test_a_context_nobody_closed_stops_its_thread_once_unreachable() -> None:
+    ctx = Context("forgotten")
+    (thread,) = [t for t in _rnic_threads() if t.name == "rnic-forgotten"]
+    PD(ctx)
+    del ctx
+    gc.collect()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive()
