@@ -12,8 +12,6 @@ reject, ``listen_id`` the listener).  Event types are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import trio
 
 from stack.errors import LocalError
@@ -22,11 +20,8 @@ from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
 from stack.verbs_sync.mailbox import Mailbox, RnicClosed
 from stack.verbs_sync.portal import CALL_TIMEOUT
-from stack.verbs_sync.verbs import Context, _Closing
+from stack.verbs_sync.verbs import QP, Context, _Closing
 from stack.wire.events import MpaSettings
-
-if TYPE_CHECKING:
-    from stack.verbs_sync.verbs import QP
 
 _LAST = frozenset(
     {
@@ -172,7 +167,12 @@ class CMId(_Closing):
         MPA choices (revision, CRC, markers, peer-to-peer, RFC 5044 §7.1, RFC 6581)."""
 
         async def start() -> Listener:
-            return await self._start().listen(host, port, settings=settings, backlog=backlog)
+            events = self._start()
+            try:
+                return await events.listen(host, port, settings=settings, backlog=backlog)
+            except BaseException:
+                self._scope.cancel()  # nothing to report: stop this id's forwarding
+                raise
 
         self._listener = self.ctx.thread.run(start, timeout=timeout)
         self.host, self.port = self._listener.host, self._listener.port
@@ -188,6 +188,8 @@ class CMId(_Closing):
         Reply is sent (ESTABLISHED is on the channel).  Raises
         :class:`~stack.transport.cm.ConnectFailed` if the peer went away."""
         request = self._pending_request()
+        if qp.ctx is not self.ctx:
+            raise ValueError("the QP belongs to another context")
 
         async def answer() -> RdmaConnection:
             return await self._start().accept(request, qp.qp, private_data)

@@ -328,3 +328,10 @@ def test_a_context_nobody_closed_stops_its_thread_once_unreachable() -> None:
     gc.collect()
     thread.join(TIMEOUT)
     assert not thread.is_alive()
+
+
+def test_listening_on_a_port_in_use_raises() -> None:
+    with Context("a") as actx, Context("b") as bctx:
+        port = CMId(CMEventChannel(actx)).listen()
+        with pytest.raises(OSError):
+            CMId(CMEventChannel(bctx)).listen("127.0.0.1", port)
