@@ -74,16 +74,13 @@ def test_threads_poll_one_cq_concurrently_and_share_out_every_completion() -> No
         threads = [threading.Thread(target=poll) for _ in range(pollers)]
         for t in threads:
             t.start()
+
         # Two threads post concurrently too: each post is handed to the RNIC thread.
-        posters = [
-            threading.Thread(
-                target=lambda base=base: [
-                    client.qp.post_send(SendWR(base + i, WrOpcode.SEND_IMM, imm_data=base + i))
-                    for i in range(count // 2)
-                ]
-            )
-            for base in (0, count // 2)
-        ]
+        def post(base: int) -> None:
+            for i in range(count // 2):
+                client.qp.post_send(SendWR(base + i, WrOpcode.SEND_IMM, imm_data=base + i))
+
+        posters = [threading.Thread(target=post, args=(base,)) for base in (0, count // 2)]
         for t in posters:
             t.start()
         for t in posters + threads:

@@ -69,6 +69,11 @@ def _ok(wcs: list[WorkCompletion] | None) -> list[WorkCompletion]:
     return wcs
 
 
+def _wcs(wcs: list[WorkCompletion] | None) -> list[WorkCompletion]:
+    assert wcs is not None
+    return wcs
+
+
 def send_recv(c: Any, s: Any) -> Scenario:
     inbox = s.mr(64)
     s.qp.post_recv(RecvWR(7, (s.sge(inbox),)))
@@ -118,15 +123,18 @@ def atomics(c: Any, s: Any) -> Scenario:
     target = s.mr(struct.pack("<Q", 10), RWA)
     results = c.mr(24)
 
-    def atomic(wr_id: int, opcode: WrOpcode, offset: int, **kw: int) -> SendWR:
+    def atomic(wr_id: int, opcode: WrOpcode, offset: int, compare: int, swap: int = 0) -> SendWR:
         sge = c.sge(results, offset, 8)
-        return SendWR(wr_id, opcode, (sge,), rkey=target.rkey, remote_addr=target.base, **kw)
+        return SendWR(
+            wr_id, opcode, (sge,), rkey=target.rkey, remote_addr=target.base,
+            compare_add=compare, swap=swap,
+        )  # fmt: skip
 
     c.qp.post_send(
         [
-            atomic(1, WrOpcode.ATOMIC_FETCH_AND_ADD, 0, compare_add=5),
-            atomic(2, WrOpcode.ATOMIC_CMP_AND_SWP, 8, compare_add=15, swap=99),
-            atomic(3, WrOpcode.ATOMIC_CMP_AND_SWP, 16, compare_add=1, swap=7),  # no match
+            atomic(1, WrOpcode.ATOMIC_FETCH_AND_ADD, 0, compare=5),  # the addend
+            atomic(2, WrOpcode.ATOMIC_CMP_AND_SWP, 8, compare=15, swap=99),
+            atomic(3, WrOpcode.ATOMIC_CMP_AND_SWP, 16, compare=1, swap=7),  # no match
         ]
     )
     wcs = _ok((yield Wait("client", 3)))
@@ -177,7 +185,7 @@ def disconnect_flushes_receives(c: Any, s: Any) -> Scenario:
         (3, WcStatus.WR_FLUSH_ERR),
     ]
     c.qp.post_send(SendWR(9, WrOpcode.SEND, inline_data=b"too late"))
-    (late,) = yield Wait("client")
+    (late,) = _wcs((yield Wait("client")))
     assert (late.wr_id, late.status) == (9, WcStatus.WR_FLUSH_ERR)
 
 
@@ -302,7 +310,7 @@ class SyncSide:
 async def async_pair(client_api: str, server_api: str) -> AsyncIterator[dict[str, Any]]:
     """Connected sides of the given APIs, by role."""
     async with AsyncExitStack() as stack:
-        kinds = {"trio": TrioSide, "sync": SyncSide}
+        kinds: dict[str, type[TrioSide] | type[SyncSide]] = {"trio": TrioSide, "sync": SyncSide}
         server = kinds[server_api]("server", stack)
         client = kinds[client_api]("client", stack)
         await server.open()
