@@ -217,7 +217,8 @@ class CQ(CompletionQueue, _Closing):
     :meth:`poll` takes what is there without waiting (``ibv_poll_cq``), so a busy-poll
     loop works: the RNIC thread keeps progressing.  :meth:`wait` blocks for ``count``
     completions and :meth:`wait_async` awaits them from asyncio.  :meth:`req_notify` arms
-    one event for the completion channel.
+    one event for the completion channel.  The trio methods it inherits (``next``,
+    ``wait_for``, ``wait_event``) are for trio code running on the RNIC thread.
     """
 
     def __init__(
