@@ -5,6 +5,7 @@ Floors (a lower floor never imports a higher one):
 1 ``stack.wire`` (sans-IO MPA, FPDU framing, DDP, RDMAP);
 2 ``stack.rnic`` (verbs: PD, MR, QP, CQ, placement, atomics);
 3 ``stack.transport`` (trio drivers, connection manager, capture tap);
+4 ``stack.verbs_sync`` (synchronous, pyverbs-shaped verbs on an RNIC thread);
 side ``stack.dissect`` (Scapy layers and the capture decoder; floors 0-1 only);
 side ``stack.rules`` (the rule catalog behind every rule ID the tools print);
 5 ``stack.cli`` (the ``iwarp`` command), with ``stack.bench``, ``stack.peers``,

@@ -8,6 +8,7 @@ the error state with a Terminate.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -37,6 +38,9 @@ class CompletionQueue:
         self._armed: bool | None = None  # None: not armed; True: solicited only
         self._event_lot = trio.lowlevel.ParkingLot()
         self._events = 0
+        self.on_event: Callable[[CompletionQueue], None] | None = None
+        """Called with the CQ each time an armed event fires (a completion channel's
+        wake-up, ``ibv_get_cq_event``), on the thread that pushed the completion."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,6 +54,8 @@ class CompletionQueue:
             self._armed = None
             self._events += 1
             self._event_lot.unpark_all()
+            if self.on_event is not None:
+                self.on_event(self)
         self._lot.unpark_all()
 
     def poll(self, n: int = 16) -> list[WorkCompletion]:

@@ -234,6 +234,7 @@ class Listener:
         self.port = 0
         self.host = ""
         self._cancel = trio.CancelScope()
+        self._closed = trio.Event()
 
     async def get_request(self) -> ConnectRequest:
         return await self._recv.receive()
@@ -242,17 +243,25 @@ class Listener:
         return self._recv.__aiter__()
 
     async def aclose(self) -> None:
+        """Stop listening; returns once the listening sockets are closed."""
         self._cancel.cancel()
         await self._send.aclose()
+        await self._closed.wait()
 
     async def _serve(self, listeners: list[trio.SocketListener], task_status: object) -> None:
-        with self._cancel:
-            async with trio.open_nursery() as nursery:
+        """Accept on ``listeners`` until :meth:`aclose` or the manager's end; the listening
+        sockets are closed either way (not left to the garbage collector)."""
+        try:
+            with self._cancel:
+                async with trio.open_nursery() as nursery:
+                    for lst in listeners:
+                        nursery.start_soon(self._accept_loop, lst, nursery)
+                    task_status.started()  # type: ignore[attr-defined]
+        finally:
+            with trio.CancelScope(shield=True):
                 for lst in listeners:
-                    nursery.start_soon(self._accept_loop, lst, nursery)
-                task_status.started()  # type: ignore[attr-defined]
-        for lst in listeners:
-            await lst.aclose()
+                    await lst.aclose()
+            self._closed.set()
 
     async def _accept_loop(self, lst: trio.SocketListener, nursery: trio.Nursery) -> None:
         """Accept for ever; a failing accept() (out of descriptors: EMFILE, ENFILE, or a

@@ -26,6 +26,7 @@ from stack.transport.cm import (
     Listener,
 )
 from stack.transport.driver import RdmaConnection
+from stack.wire.events import MpaSettings
 
 __all__ = ["CmEvent", "CmEventType", "EventChannel"]
 
@@ -79,9 +80,11 @@ class EventChannel:
             self._receive.receive_nowait()
             self._send.send_nowait(event)
 
-    async def listen(self, host: str, port: int) -> Listener:
+    async def listen(
+        self, host: str, port: int, *, settings: MpaSettings | None = None, backlog: int = 64
+    ) -> Listener:
         """Listen (``rdma_listen``): each incoming Request becomes a CONNECT_REQUEST."""
-        listener = await self.cm.listen(host, port)
+        listener = await self.cm.listen(host, port, settings=settings, backlog=backlog)
 
         async def requests() -> None:
             async for request in listener:
@@ -113,13 +116,23 @@ class EventChannel:
         self._established(conn)
         return conn
 
-    def connect(self, host: str, port: int, qp: QueuePair, *, private_data: bytes = b"") -> None:
+    def connect(
+        self,
+        host: str,
+        port: int,
+        qp: QueuePair,
+        *,
+        private_data: bytes = b"",
+        settings: MpaSettings | None = None,
+    ) -> None:
         """Start connecting ``qp`` (``rdma_connect``); the outcome comes as an event:
         ESTABLISHED (then DISCONNECTED), REJECTED, UNREACHABLE or CONNECT_ERROR."""
 
         async def attempt() -> None:
             try:
-                conn = await self.cm.connect(host, port, qp, private_data=private_data)
+                conn = await self.cm.connect(
+                    host, port, qp, private_data=private_data, settings=settings
+                )
             except ConnectRejected as exc:
                 ird_ord = exc.frame.ird_ord
                 self._post(
