@@ -6,7 +6,8 @@ As perftest 4.5's ``run_iter_lat_write``, ``run_iter_lat`` and ``run_iter_lat_se
   into the region the peer advertised, the last byte holding its send count (mod 256),
   and waits until the last byte of its own advertised region holds the peer's count.
   The server writes first; as an MPA responder sends no FPDU before it has received one
-  (MPA-25, RFC 5044 §7.1.2 step 4), our client first Writes zero bytes.  perftest's client
+  (MPA-25, RFC 5044 §7.1.2 step 4), our client first Writes zero bytes (before the
+  last sync, :func:`open_write_lat`).  perftest's client
   sends nothing first: in RFC 6581 peer-to-peer mode its RTR opens the way; without it the
   rule would leave both waiting, so after ``send_first_after`` seconds without an FPDU our
   server Writes first, as Linux siw's responder does (MPA-25 waived, and said so).
@@ -22,7 +23,6 @@ transactions per second.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import trio
 
@@ -128,9 +128,7 @@ async def _write(side: PerftestSide, size: int) -> LatResult:
         rkey=peer.rkey,
         remote_addr=peer.vaddr,
     )
-    if side.active:
-        await _open_write(side, d, wr)
-    else:
+    if not side.active:
         await _may_write_first(side, d)
     posted: list[float] = []
     received = 0
@@ -147,11 +145,23 @@ async def _write(side: PerftestSide, size: int) -> LatResult:
     return _stats(size, o.iters, posted, round_trip=True)
 
 
+async def open_write_lat(side: PerftestSide) -> None:
+    """``ib_write_lat`` client, once the server's pingpong_dest is known: the first FPDU on
+    the data connection, a zero-length Write, before the syncs that start the run.
+
+    MPA-25 (RFC 5044 §7.1.2 step 4) holds the server's FPDUs until it has received one, and
+    the server writes first: this lets it start, and it is on the wire well before a
+    perftest server (which sends anyway, as siw does) starts writing."""
+    d, peer = side.data[0], side.theirs[0]
+    await trio.sleep_until(d.established + side.opts.first_fpdu_delay)
+    wr = SendWR(
+        0, WrOpcode.RDMA_WRITE, (), SendFlags.SIGNALED, rkey=peer.rkey, remote_addr=peer.vaddr
+    )
+    await _open_write(side, d, wr)
+
+
 async def _open_write(side: PerftestSide, d: DataQp, wr: SendWR) -> None:
-    """Client: MPA-25 (RFC 5044 §7.1.2 step 4) holds the server's FPDUs until it has
-    received one, and the server writes first: a zero-length Write (no data placed) lets
-    it start."""
-    d.qp.post_send(replace(wr, sg_list=()))
+    d.qp.post_send(wr)
     await _completion(side, d, "zero-length RDMA Write")
 
 
