@@ -172,58 +172,50 @@ def check_run(run: PeerRun, direction: str, test: str, size: int) -> Decode:
 @BOTH
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("test", ["read", "send"])
-def test_perftest_lat_siw(vm: SiwVM, case: str, direction: str, test: str, size: int) -> None:
+def test_perftest_lat(vm: SiwVM, case: str, direction: str, test: str, size: int) -> None:
     """ib_read_lat and ib_send_lat: the client's first FPDU opens the data connection."""
     run = perftest(vm, case, direction, f"ib_{test}_lat", f"-n {ITERS} -s {size}")
     decode = check_run(run, direction, test, size)
     assert findings_except_siw_pad(decode) == [], run.describe()
 
 
+@BOTH
 @pytest.mark.parametrize("size", SIZES)
-def test_perftest_write_lat_iwarp_client(vm: SiwVM, case: str, size: int) -> None:
-    """Our client's zero-length Write is the data connection's first FPDU, before siw's
-    server writes (it sends first anyway), so nothing is flagged."""
-    run = perftest(vm, case, IWARP_ACTIVE, "ib_write_lat", f"-n {ITERS} -s {size}")
-    decode = check_run(run, IWARP_ACTIVE, "write", size)
-    assert findings_except_siw_pad(decode) == [], run.describe()
+def test_perftest_write_lat(vm: SiwVM, case: str, direction: str, size: int) -> None:
+    """iwarp-active: our client's zero-length Write is the data connection's first FPDU,
+    before siw's server writes (it would anyway): nothing is flagged.  siw-active: siw's
+    client without P2P sends nothing first; after ``--send-first-after`` our server
+    writes first, says so, and that Write is the one finding (MPA-25)."""
+    run = perftest(vm, case, direction, "ib_write_lat", f"-n {ITERS} -s {size}")
+    decode = check_run(run, direction, "write", size)
     _comm, data = streams(decode)
     first = next(r for r in decode.fpdus() if r.stream == data)
-    assert first.direction == "i2r" and first.segment is not None
-    assert first.segment.opcode == Opcode.RDMA_WRITE and not first.segment.payload
-
-
-@pytest.mark.parametrize("size", SIZES)
-def test_perftest_write_lat_siw_client_waits_then_we_write_first(
-    vm: SiwVM, case: str, size: int
-) -> None:
-    """siw's client without P2P sends nothing first: after ``--send-first-after`` our
-    server writes first (saying so); its first Write is the one finding (MPA-25)."""
-    run = perftest(vm, case, SIW_ACTIVE, "ib_write_lat", f"-n {ITERS} -s {size}")
-    decode = check_run(run, SIW_ACTIVE, "write", size)
+    flagged = findings_except_siw_pad(decode)
+    if direction == IWARP_ACTIVE:
+        assert flagged == [], run.describe()
+        assert first.direction == "i2r" and is_write_rtr(first.segment)
+        return
     assert WROTE_FIRST in run.ours, run.describe()
-    _comm, data = streams(decode)
-    first = next(r for r in decode.fpdus() if r.stream == data)
     assert first.direction == "r2i" and [f.rule for f in first.findings] == ["MPA-25"]
     assert first.segment is not None and first.segment.opcode == Opcode.RDMA_WRITE
-    flagged = findings_except_siw_pad(decode)
     assert [(frame, rule) for frame, rule, _ in flagged] == [(first.frame, "MPA-25")], flagged
 
 
+@pytest.mark.parametrize("direction", [SIW_ACTIVE])
 @pytest.mark.parametrize("size", SIZES)
-def test_perftest_write_lat_siw_p2p_client_rtr_opens(vm: SiwVM, case: str, size: int) -> None:
+def test_perftest_write_lat_siw_p2p_rtr(vm: SiwVM, case: str, direction: str, size: int) -> None:
     """siw ``peer_to_peer=Y``: its zero-length Write RTR is the first FPDU; our server
     keeps MPA-25 without waiting out ``--send-first-after``; nothing is flagged."""
     vm.set_siw(p2p=True)
-    run = perftest(vm, case, SIW_ACTIVE, "ib_write_lat", f"-n {ITERS} -s {size}")
-    decode = check_run(run, SIW_ACTIVE, "write", size)
+    run = perftest(vm, case, direction, "ib_write_lat", f"-n {ITERS} -s {size}")
+    decode = check_run(run, direction, "write", size)
     assert WROTE_FIRST not in run.ours, run.describe()
     assert findings_except_siw_pad(decode) == [], run.describe()
     _comm, data = streams(decode)
     [req] = [r for r in decode.records if r.stream == data and r.kind == "mpa_req"]
     assert req.mpa is not None and req.mpa.ird_ord is not None and req.mpa.ird_ord.p2p
     first = next(r for r in decode.fpdus() if r.stream == data)
-    assert first.direction == "i2r" and first.segment is not None
-    assert first.segment.opcode == Opcode.RDMA_WRITE and not first.segment.payload
+    assert first.direction == "i2r" and is_write_rtr(first.segment)
 
 
 @BOTH
