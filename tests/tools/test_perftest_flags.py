@@ -30,6 +30,7 @@ from stack.peers.perftest import (
 )
 from stack.peers.perftest import latency as perftest_latency
 from stack.peers.perftest.cli import device_notes
+from stack.peers.perftest.options import SEND_FIRST_AFTER
 from stack.peers.perftest.protocol import PerftestError
 from stack.peers.perftest.side import _pattern
 
@@ -294,6 +295,16 @@ def test_perftest_subprocess_pair_over_tcp() -> None:
 
 def _parse(*argv: str) -> Any:
     return build_parser("iwarp", "", COMMANDS, only="bench").parse_args(["bench", *argv])
+
+
+def test_send_first_after_option() -> None:
+    """ib_write_lat only; seconds, or never (None: MPA-25 kept); default 1 s."""
+    default = options_from_args(_parse("ib_write_lat"), "write", latency=True)
+    assert default.send_first_after == SEND_FIRST_AFTER == 1.0
+    never = _parse("ib_write_lat", "--send-first-after", "never")
+    assert options_from_args(never, "write", latency=True).send_first_after is None
+    soon = _parse("ib_write_lat", "--send-first-after", "0.5")
+    assert options_from_args(soon, "write", latency=True).send_first_after == 0.5
 
 
 def test_device_options_are_accepted_not_taken_as_the_address() -> None:
