@@ -118,6 +118,17 @@ class RdmaConnection:
     async def wait_closed(self) -> None:
         await self.closed.wait()
 
+    @property
+    def awaiting_first_fpdu(self) -> bool:
+        """Responder: nothing has come from the initiator yet; our FPDUs wait (MPA-25)."""
+        return self.engine.mpa.awaiting_first_fpdu
+
+    def send_first(self) -> None:
+        """Responder: send without waiting for the initiator's first FPDU (waives MPA-25;
+        :meth:`~stack.wire.mpa.MpaConnection.send_first`)."""
+        self.engine.mpa.send_first()
+        self._kick()
+
     # ------------------------------------------------------------------ reader
     async def _reader(self) -> None:
         while True:

@@ -365,6 +365,27 @@ class MpaConnection:
             return self._events.popleft()
         return NEED_DATA
 
+    @property
+    def awaiting_first_fpdu(self) -> bool:
+        """Responder: no valid FPDU has come from the initiator yet, so ours are held (MPA-25)."""
+        return self._held is not None
+
+    def send_first(self) -> None:
+        """Responder: release held FPDUs and send from now on, before the initiator has
+        (waives MPA-25, RFC 5044 §7.1.2 step 4), as Linux siw's responder always does.
+
+        For a ULP whose initiator waits for the responder without RFC 6581 peer-to-peer
+        mode, where keeping the rule leaves both waiting.  In peer-to-peer mode the
+        initiator's RTR comes first (ERC-09), so this is refused there.
+        """
+        self._require_role(Role.RESPONDER, "send_first")
+        if self.negotiated is None:
+            raise LocalError("send_first() before Full Operation")
+        if self.negotiated.p2p:
+            raise LocalError("send_first() in peer-to-peer mode: the RTR comes first (ERC-09)")
+        if self._held is not None:
+            self._release_held()
+
     def send_ulpdu(self, ulpdu: Buffer) -> None:
         """Frame one ULPDU as an FPDU (CRC, pad, markers) and queue it (MPA-01).
 

@@ -18,6 +18,7 @@ import trio
 
 from stack.cli import build_parser
 from stack.cli.iwarp import COMMANDS, main
+from stack.interop.helpers import dissect
 from stack.peers.perftest import (
     PerftestClient,
     PerftestOptions,
@@ -27,26 +28,32 @@ from stack.peers.perftest import (
     options_from_args,
     script,
 )
+from stack.peers.perftest import latency as perftest_latency
 from stack.peers.perftest.cli import device_notes
+from stack.peers.perftest.options import SEND_FIRST_AFTER
+from stack.peers.perftest.protocol import PerftestError
 from stack.peers.perftest.side import _pattern
 
 
 async def _session(
-    test: str, *, latency: bool = False, **common: Any
+    test: str, *, latency: bool = False, server: dict[str, Any] | None = None, **common: Any
 ) -> tuple[PerftestClient, PerftestServer]:
+    """A server and a client with options ``common`` (the server's own: ``server``)."""
     common = {"timeout": 10.0, "port": 0, "latency": latency, **common}
-    sopts = PerftestOptions.build(test, bind="127.0.0.1", crc=False, out=io.StringIO(), **common)
-    server = PerftestServer(sopts)
+    sopts = PerftestOptions.build(
+        test, bind="127.0.0.1", crc=False, out=io.StringIO(), **{**common, **(server or {})}
+    )
+    side = PerftestServer(sopts)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(server.session)
+            port = await nursery.start(side.session)
             common["port"] = port
             copts = PerftestOptions.build(
                 test, host="127.0.0.1", first_fpdu_delay=0.0, out=io.StringIO(), **common
             )
             client = PerftestClient(copts)
             await client.session()
-    return client, server
+    return client, side
 
 
 def _out(side: PerftestClient | PerftestServer) -> str:
@@ -162,6 +169,101 @@ def test_capture_decodes_with_zero_findings(tmp_path: Path, test: str, latency: 
         assert out.count("RDMA Write") >= 5
 
 
+async def _sends_nothing_first(*_args: object) -> None:
+    """perftest's ``ib_write_lat`` client: nothing on the data connection before the server's
+    first Write (no RFC 6581 peer-to-peer mode either)."""
+
+
+WROTE_FIRST = "writing first, as Linux siw does (MPA-25 waived)"
+
+
+def test_write_lat_server_waits_for_our_client_first_fpdu(tmp_path: Path) -> None:
+    """Our client Writes zero bytes first: the server keeps MPA-25 (no waiver, no finding)."""
+    pcap = tmp_path / "server.pcap"
+    server_opts = {"capture": str(pcap), "send_first_after": 5.0}
+    _client, server = trio.run(
+        lambda: _session("write", latency=True, iters=5, size=64, server=server_opts)
+    )
+    assert WROTE_FIRST not in _out(server)
+    assert dissect(pcap).findings() == []
+
+
+def test_write_lat_server_writes_first_for_a_client_that_sends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """perftest's client without P2P waits for the server's first Write: after
+    ``send_first_after`` the server waives MPA-25, says so, and the run completes; the
+    capture flags exactly that: our first Write, before anything from the client."""
+    monkeypatch.setattr(perftest_latency, "_open_write", _sends_nothing_first)
+    pcap = tmp_path / "server.pcap"
+    server_opts = {"capture": str(pcap), "send_first_after": 0.2}
+    client, server = trio.run(
+        lambda: _session("write", latency=True, iters=5, size=64, server=server_opts)
+    )
+    note = f"no FPDU from the client within 0.2 s and no RFC 6581 peer-to-peer mode: {WROTE_FIRST}"
+    assert note in _out(server)
+    assert client.lat_results[0].iterations == 5 == server.lat_results[0].iterations
+    decode = dissect(pcap)
+    [record] = [r for r in decode.records if r.findings]
+    assert [f.rule for f in record.findings] == ["MPA-25"]
+    data_stream = max(r.stream for r in decode.records)
+    firsts = [r for r in decode.fpdus() if r.stream == data_stream]
+    assert firsts[0] is record and record.direction == "r2i"
+    assert record.segment is not None and len(record.segment.payload) == 64
+
+
+def test_write_lat_server_keeping_mpa_25_explains_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``send_first_after=None``: nothing of ours goes first; both sides time out and the
+    server's error says why."""
+    monkeypatch.setattr(perftest_latency, "_open_write", _sends_nothing_first)
+    errors: dict[str, str] = {}
+    common: dict[str, Any] = {"latency": True, "iters": 3, "size": 64, "timeout": 1.0}
+    server = PerftestServer(
+        PerftestOptions.build(
+            "write",
+            bind="127.0.0.1",
+            port=0,
+            crc=False,
+            send_first_after=None,
+            out=io.StringIO(),
+            **common,
+        )
+    )
+
+    async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await server.session(task_status=task_status)
+        except PerftestError as exc:
+            errors["server"] = str(exc)
+
+    async def main() -> None:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve)
+                client = PerftestClient(
+                    PerftestOptions.build(
+                        "write",
+                        host="127.0.0.1",
+                        port=port,
+                        first_fpdu_delay=0.0,
+                        out=io.StringIO(),
+                        **common,
+                    )
+                )
+                try:
+                    await client.session()
+                except PerftestError as exc:
+                    errors["client"] = str(exc)
+
+    trio.run(main)
+    assert "did not negotiate RFC 6581 peer-to-peer mode" in errors["server"]
+    assert "MPA-25 holds our first Write" in errors["server"]
+    assert errors["client"].startswith("no RDMA Write from the peer within 1.0 s")
+    assert "peer-to-peer" not in errors["client"]  # our client sent nothing held
+
+
 def test_perftest_subprocess_pair_over_tcp() -> None:
     """``iwarp bench ib_send_lat`` server and client as two processes."""
     with socket.socket() as probe:
@@ -193,6 +295,16 @@ def test_perftest_subprocess_pair_over_tcp() -> None:
 
 def _parse(*argv: str) -> Any:
     return build_parser("iwarp", "", COMMANDS, only="bench").parse_args(["bench", *argv])
+
+
+def test_send_first_after_option() -> None:
+    """ib_write_lat only; seconds, or never (None: MPA-25 kept); default 1 s."""
+    default = options_from_args(_parse("ib_write_lat"), "write", latency=True)
+    assert default.send_first_after == SEND_FIRST_AFTER == 1.0
+    never = _parse("ib_write_lat", "--send-first-after", "never")
+    assert options_from_args(never, "write", latency=True).send_first_after is None
+    soon = _parse("ib_write_lat", "--send-first-after", "0.5")
+    assert options_from_args(soon, "write", latency=True).send_first_after == 0.5
 
 
 def test_device_options_are_accepted_not_taken_as_the_address() -> None:
@@ -250,6 +362,9 @@ BAD = [
     ["ib_send_lat", "-q", "2"],
     ["ib_read_lat", "-n", "-3"],
     ["ib_read_lat", "--report_gbits"],
+    ["ib_write_lat", "--send-first-after", "soon"],
+    ["ib_write_lat", "--send-first-after", "-1"],
+    ["ib_send_lat", "--send-first-after", "1"],
 ]
 
 

@@ -48,6 +48,7 @@ from stack.peers.perftest.options import (
     LAT_SIZE,
     MAX_DEVICE_READS,
     MAX_SIZE,
+    SEND_FIRST_AFTER,
     PerftestOptions,
 )
 from stack.peers.perftest.protocol import LAT_TESTS, TESTS, PerftestError
@@ -185,7 +186,22 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
         help="client: seconds between a connection and its first FPDU (Linux siw's passive "
         f"race; default {FIRST_FPDU_DELAY})",
     )
+    if latency and test == "write":
+        parser.add_argument(
+            "--send-first-after",
+            type=_send_first_after,
+            default=SEND_FIRST_AFTER,
+            metavar="SECONDS|never",
+            help="server: Write first after SECONDS without an FPDU from a client that did not"
+            " negotiate RFC 6581 peer-to-peer mode, as Linux siw does (MPA-25 waived); never:"
+            f" keep MPA-25, such a client then waits for us (default {SEND_FIRST_AFTER})",
+        )
     one_line_errors(parser)
+
+
+def _send_first_after(text: str) -> float | None:
+    """``never`` (None), or seconds (0 or more)."""
+    return None if text.strip().lower() == "never" else seconds(text)
 
 
 def _emss(text: str) -> int:
@@ -221,6 +237,7 @@ def options_from_args(
             emss=args.emss,
             timeout=args.timeout,
             first_fpdu_delay=args.first_fpdu_delay,
+            send_first_after=getattr(args, "send_first_after", SEND_FIRST_AFTER),
             latency=latency,
             duration=getattr(args, "duration", None),
             report_gbits=getattr(args, "report_gbits", False),

@@ -21,7 +21,7 @@ from stack.bench.report import TEST_NAMES
 from stack.bench.results import BwResult, peak_rate
 from stack.errors import single_exception
 from stack.peers.perftest.channel import check_wc
-from stack.peers.perftest.latency import prepare_latency, run_latency
+from stack.peers.perftest.latency import open_write_lat, prepare_latency, run_latency
 from stack.peers.perftest.options import PerftestOptions
 from stack.peers.perftest.protocol import CREDIT, BwReport, PerftestError, decode_credit
 from stack.peers.perftest.side import PerftestSide, bw_result
@@ -45,6 +45,7 @@ class PerftestClient(PerftestSide):
     """The active side: connects to a perftest (or our) server and drives the test."""
 
     active = True
+    _opened = False
 
     async def session(self) -> list[BwResult]:
         o = self.opts
@@ -87,6 +88,15 @@ class PerftestClient(PerftestSide):
             d = self.new_data_qp()
             d.conn = await self._connect(cm, d.qp, self.opts.cm_reads, f"data (QP {i})")
             d.established = trio.current_time()
+
+    async def dests(self) -> None:
+        """The hand shake; then ``ib_write_lat``'s zero-length Write (:func:`open_write_lat`),
+        once."""
+        await super().dests()
+        o = self.opts
+        if o.latency and o.test == "write" and not self._opened:
+            self._opened = True
+            await open_write_lat(self)
 
     def prepare(self, size: int) -> None:
         if self.opts.latency:
@@ -155,7 +165,11 @@ class PerftestClient(PerftestSide):
                 with trio.move_on_after(wait):
                     wcs = [await d.send_cq.next()]
             for wc in wcs:
-                check_wc(wc.status, f"{TEST_NAMES[o.test]} WR {wc.wr_id} on QP {i}")
+                try:
+                    check_wc(wc.status, f"{TEST_NAMES[o.test]} WR {wc.wr_id} on QP {i}")
+                except PerftestError as exc:  # raised in the run's nursery: explain it here
+                    why = self.terminated()
+                    raise PerftestError(f"{exc} ({why})" if why else str(exc)) from None
                 done = max(done, wc.wr_id + 1)
                 last_progress = time.monotonic()
             if wcs:

@@ -6,8 +6,12 @@ As perftest 4.5's ``run_iter_lat_write``, ``run_iter_lat`` and ``run_iter_lat_se
   into the region the peer advertised, the last byte holding its send count (mod 256),
   and waits until the last byte of its own advertised region holds the peer's count.
   The server writes first; as an MPA responder sends no FPDU before it has received one
-  (MPA-25, RFC 5044 §7.1.2), the client first Writes zero bytes.  Latency: half the time between
-  two of our Writes.
+  (MPA-25, RFC 5044 §7.1.2 step 4), our client first Writes zero bytes (before the
+  last sync, :func:`open_write_lat`).  perftest's client
+  sends nothing first: in RFC 6581 peer-to-peer mode its RTR opens the way; without it the
+  rule would leave both waiting, so after ``send_first_after`` seconds without an FPDU our
+  server Writes first, as Linux siw's responder does (MPA-25 waived, and said so).
+  Latency: half the time between two of our Writes.
 * Send: ping-pong Sends, the client first; each side keeps receives posted (iWARP has no
   receiver-not-ready retry, so they are posted before the sync that starts the run).
 * Read: the client Reads ``size`` bytes, one at a time; the server only waits.
@@ -19,7 +23,6 @@ transactions per second.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import trio
 
@@ -29,6 +32,9 @@ from stack.peers.perftest.options import DEFAULT_RX_SEND
 from stack.peers.perftest.protocol import PerftestError
 from stack.peers.perftest.side import DataQp, PerftestSide
 from stack.rnic import RecvWR, SendFlags, SendWR, Sge, WrOpcode
+
+FIRST_FPDU_POLL = 0.002
+"""Seconds between looks at whether the client's first FPDU has come."""
 
 
 def prepare_latency(side: PerftestSide, size: int) -> None:
@@ -122,11 +128,8 @@ async def _write(side: PerftestSide, size: int) -> LatResult:
         rkey=peer.rkey,
         remote_addr=peer.vaddr,
     )
-    if side.active:
-        # MPA-25 (RFC 5044 §7.1.2): a responder sends no FPDU before it has received one;
-        # the server writes first: a zero-length Write (no data placed) lets it start.
-        d.qp.post_send(replace(wr, sg_list=()))
-        await _completion(side, d, "zero-length RDMA Write")
+    if not side.active:
+        await _may_write_first(side, d)
     posted: list[float] = []
     received = 0
     for sent in range(1, o.iters + 1):
@@ -142,6 +145,57 @@ async def _write(side: PerftestSide, size: int) -> LatResult:
     return _stats(size, o.iters, posted, round_trip=True)
 
 
+async def open_write_lat(side: PerftestSide) -> None:
+    """``ib_write_lat`` client, once the server's pingpong_dest is known: the first FPDU on
+    the data connection, a zero-length Write, before the syncs that start the run.
+
+    MPA-25 (RFC 5044 §7.1.2 step 4) holds the server's FPDUs until it has received one, and
+    the server writes first: this lets it start, and it is on the wire well before a
+    perftest server (which sends anyway, as siw does) starts writing."""
+    d, peer = side.data[0], side.theirs[0]
+    await trio.sleep_until(d.established + side.opts.first_fpdu_delay)
+    wr = SendWR(
+        0, WrOpcode.RDMA_WRITE, (), SendFlags.SIGNALED, rkey=peer.rkey, remote_addr=peer.vaddr
+    )
+    await _open_write(side, d, wr)
+
+
+async def _open_write(side: PerftestSide, d: DataQp, wr: SendWR) -> None:
+    d.qp.post_send(wr)
+    await _completion(side, d, "zero-length RDMA Write")
+
+
+async def _may_write_first(side: PerftestSide, d: DataQp) -> None:
+    """Server: wait ``send_first_after`` seconds for the client's first FPDU (MPA-25), then,
+    without peer-to-peer mode, waive the rule as Linux siw does (module docstring)."""
+    conn, after = d.conn, side.opts.send_first_after
+    if conn is None or conn.negotiated is None or conn.negotiated.p2p or after is None:
+        return  # P2P: the RTR releases our Writes; None: keep MPA-25
+    deadline = trio.current_time() + after
+    while conn.awaiting_first_fpdu and trio.current_time() < deadline:
+        await trio.sleep(FIRST_FPDU_POLL)
+    if conn.awaiting_first_fpdu and not conn.closed.is_set():
+        side.say(
+            f" Note: no FPDU from the client within {after:g} s and no RFC 6581 peer-to-peer"
+            " mode: writing first, as Linux siw does (MPA-25 waived)"
+        )
+        conn.send_first()
+
+
+def _stalled_first(side: PerftestSide) -> str:
+    """Why a server waiting for the first Write gets none: MPA-25 holds ours (or '')."""
+    d = side.data[0]
+    if side.active or d.conn is None or not d.conn.awaiting_first_fpdu:
+        return ""
+    if d.conn.negotiated is not None and d.conn.negotiated.p2p:
+        return ": the client negotiated RFC 6581 peer-to-peer mode but sent no RTR (ERC-09)"
+    return (
+        ": the client sent no FPDU and did not negotiate RFC 6581 peer-to-peer mode, so"
+        " MPA-25 holds our first Write while it waits for it (--send-first-after never);"
+        " run the client peer-to-peer (Linux siw: peer_to_peer=Y) or let us write first"
+    )
+
+
 async def _wait_byte(side: PerftestSide, buf: memoryview, index: int, value: int) -> None:
     """Spin (yielding to the connection) until ``buf[index] == value``, as perftest does."""
     seen, deadline = side.meter.received, trio.current_time() + side.opts.timeout
@@ -150,7 +204,9 @@ async def _wait_byte(side: PerftestSide, buf: memoryview, index: int, value: int
         if side.meter.received != seen:
             seen, deadline = side.meter.received, trio.current_time() + side.opts.timeout
         elif trio.current_time() >= deadline:
-            raise PerftestError(f"no RDMA Write from the peer within {side.opts.timeout} s")
+            raise PerftestError(
+                f"no RDMA Write from the peer within {side.opts.timeout} s{_stalled_first(side)}"
+            )
         broken = side.broken()
         if broken:
             raise PerftestError(f"waiting for the peer's RDMA Write: {broken}")

@@ -37,6 +37,9 @@ DURATION_MODE_TESTS = {False: TESTS, True: ("read",)}
 MAX_DEVICE_READS = DEVICE_MAX_ORD
 FIRST_FPDU_DELAY = 0.2
 """Seconds a client holds its first FPDU on a new connection (Linux siw's passive race)."""
+SEND_FIRST_AFTER = 1.0
+"""Seconds an ``ib_write_lat`` server waits for its client's first FPDU on a data connection
+without RFC 6581 peer-to-peer mode before it Writes first anyway (MPA-25 waived)."""
 
 
 def default_rx_depth(iters: int, all_sizes: bool, rx_depth: int | None = None) -> int:
@@ -54,7 +57,8 @@ class PerftestOptions:
     Fields: test; sizes; all_sizes (``-a``); iters; num_qps; tx_depth; rx_depth (Send);
     cq_mod; out_reads (Read, Atomic: IRD/ORD of the data connections); host (None:
     server); port; bind (server address); crc (request MPA CRC); emss; timeout (seconds
-    without progress); first_fpdu_delay; latency (``ib_*_lat``); duration (``-D``
+    without progress); first_fpdu_delay; send_first_after (``ib_write_lat`` server: None
+    keeps MPA-25 strictly); latency (``ib_*_lat``); duration (``-D``
     seconds instead of ``-n``); report_gbits; out_json (file for the JSON results);
     capture (pcap of our side); out (where the report goes).
     """
@@ -75,6 +79,7 @@ class PerftestOptions:
     emss: int | None = None
     timeout: float = 30.0
     first_fpdu_delay: float = FIRST_FPDU_DELAY
+    send_first_after: float | None = SEND_FIRST_AFTER
     latency: bool = False
     duration: float | None = None
     report_gbits: bool = False

@@ -19,11 +19,14 @@ from stack.errors import IwarpError, single_exception
 from stack.peers.perftest.channel import check_wc
 from stack.peers.perftest.latency import prepare_latency, run_latency
 from stack.peers.perftest.options import DEFAULT_RX_SEND
-from stack.peers.perftest.protocol import BwReport, PerftestError, encode_credit
+from stack.peers.perftest.protocol import BwReport, PerftestError, Step, encode_credit, script
 from stack.peers.perftest.side import DataQp, PerftestSide, bw_result
 from stack.rnic import RecvWR, SendFlags, SendWR, Sge, WrOpcode
 from stack.transport.cm import ConnectionManager, Listener
 
+LINGER_SECONDS = 2.0
+"""How long a server whose script ends with a run waits for the client to close first: Linux
+siw's client can fail its last Write's completion when our FIN comes right after the Write."""
 DURATION_QUIET_SECONDS = 1.0
 """``-D`` Send server: the run ends this long after the last Send past the deadline."""
 
@@ -54,9 +57,21 @@ class PerftestServer(PerftestSide):
             raise PerftestError(f"accepting the exchange connection failed: {exc}") from None
         try:
             await self.walk_explained(cm)
+            await self._linger()
         finally:
             await self.close()
             await listener.aclose()
+
+    async def _linger(self) -> None:
+        """``ib_write_lat`` ends with the client's last Write (no closing sync): let the
+        client close first, for up to :data:`LINGER_SECONDS`."""
+        o = self.opts
+        if script(o.test, len(o.sizes), o.all_sizes, o.latency)[-1] is not Step.RUN:
+            return
+        with trio.move_on_after(LINGER_SECONDS):
+            for d in self.data:
+                if d.conn is not None:
+                    await d.conn.closed.wait()
 
     async def connect_data(self, cm: ConnectionManager) -> None:
         o = self.opts

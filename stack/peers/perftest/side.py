@@ -164,10 +164,19 @@ class PerftestSide:
         try:
             await self.walk(cm)
         except PerftestError as exc:
-            broken = self.broken()
+            broken = self.broken() or self.terminated()
             if broken and broken not in str(exc):
                 raise PerftestError(f"{exc} ({broken})") from None
             raise
+
+    def terminated(self) -> str:
+        """The peer's Terminate on each data QP that got one, while it is still closing
+        ('' when none)."""
+        return "; ".join(
+            f"data QP {i}: the peer sent Terminate {d.qp.peer_terminate.cause}"
+            for i, d in enumerate(self.data)
+            if d.qp.peer_terminate is not None
+        )
 
     async def hello(self) -> None:
         """Version, cycle buffer, cache line and MTU (``exchange_versions`` ... ``check_mtu``)."""
