@@ -196,7 +196,7 @@ def test_kbtp_demo_json_counts_bytes_and_bad_requests(
 ) -> None:
     pcap = tmp_path / "demo.pcap"
     out = tmp_path / "demo.json"
-    argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "0.5", "-w", str(pcap)]
+    argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "1", "-w", str(pcap)]
     assert _run(kbtp_main, [*argv, "--quiet", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())

@@ -36,7 +36,7 @@ def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pcap = tmp_path / "demo.pcap"
-    argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "0.5", "-w", str(pcap)]
+    argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "1", "-w", str(pcap)]
     code = _run([*argv, "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -14,7 +14,7 @@ from stack.cli.iwarp import main as iwarp
 @pytest.fixture(scope="module")
 def demo_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("kbtp") / "demo.pcap"
-    assert kbtp(["demo", "--quiet", "--ticket-timeout", "0.3", "-w", str(path)]) == 0
+    assert kbtp(["demo", "--quiet", "--ticket-timeout", "1", "-w", str(path)]) == 0
     return path
 
 
