@@ -511,8 +511,6 @@ def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
     if h.flags & _INLINE_FLAG:
         if desc.stag or desc.to:
             raise _err(Status.MALFORMED, "INLINE with nonzero STag or TO", h, "KBTP-5.2")
-        if h.flags & _INVALIDATE_FLAG:
-            raise _err(Status.BAD_FLAGS, "INVALIDATE with INLINE: no STag", h, "KBTP-5.1")
         _expect_len(data, end + desc.length, h, f"{name} with {desc.length} inline octets")
         payload = bytes(data[end:])
     else:
@@ -574,6 +572,9 @@ def decode_message(data: Buffer) -> Message:
     extra = h.flags & ~_ALLOWED[opcode]
     if extra:
         raise _err(Status.BAD_FLAGS, f"flags 0x{extra:04x} not allowed in {opcode.name}", h)
+    if h.flags & _INLINE_FLAG and h.flags & _INVALIDATE_FLAG:
+        # A flag rule (§5.2), so before any field rule: there is no STag to invalidate.
+        raise _err(Status.BAD_FLAGS, "INVALIDATE with INLINE: no STag", h, "KBTP-5.1")
     if opcode not in _ANSWERS and h.status != 0:
         raise _err(Status.MALFORMED, f"Status {h.status} in a {opcode.name}", h, "KBTP-5.1")
     return _DECODERS[opcode](data, h)

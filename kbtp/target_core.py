@@ -292,9 +292,10 @@ class TargetCore(RequestOps, TicketOps):
             if isinstance(message, Hello) or status is Status.NO_SESSION:
                 self._send(out, session, HelloAck(rid, status))
             else:
-                self._send(
-                    out, session, Completion(rid, status=status, request_opcode=message.opcode)
-                )
+                echo = Completion(
+                    rid, getattr(message, "handle", 0), status=status, request_opcode=message.opcode
+                )  # the Handle and Opcode of what was refused (§5.8)
+                self._send(out, session, echo)
             self._close(session, now, status, reason, out)
             return out
         assert isinstance(message, Load | Store | AllocStore | Free | Bind)

@@ -60,3 +60,12 @@ async def test_kbtp_9_3_a_fatal_request_ends_the_session_with_terminate_0_2_0xff
             error = session.qp.error
             assert isinstance(error, RdmapError) and error.rule == "KBTP-9.3"
             assert error.term in rule("KBTP-9.3").terminates
+
+
+def test_kbtp_5_1_invalidate_with_inline_is_bad_flags_before_any_field_rule() -> None:
+    """A flag rule comes before the field rules (§5.1 order): INLINE + INVALIDATE with a
+    non-zero STag is BAD_FLAGS, not the MALFORMED of the STag rule."""
+    flags = RequestFlag.INLINE | RequestFlag.INVALIDATE
+    store = Store(1, 2, DataDescriptor(5, 0, 4), data=b"abcd", flags=flags)
+    error = _error(store.encode())
+    assert (error.rule, error.status) == ("KBTP-5.1", Status.BAD_FLAGS)

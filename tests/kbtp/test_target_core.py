@@ -184,8 +184,15 @@ def test_s5_1_request_with_bad_version_is_fatal(h: Harness) -> None:
 
 
 def test_completion_sent_to_target_is_bad_opcode_and_fatal(h: Harness) -> None:
-    h.send(SA, Completion(4))
+    h.send(SA, Completion(4, 0x1234, request_opcode=MessageOpcode.LOAD))
     assert h.last_status() is Status.BAD_OPCODE and h.closed
+    answer = h.completions[-1][1]
+    # The answer echoes what was refused: its Request ID, Handle and Opcode (§5.8).
+    assert (answer.request_id, answer.handle, answer.request_opcode) == (
+        4,
+        0x1234,
+        MessageOpcode.COMPLETION,
+    )
 
 
 def test_malformed_request_is_answered_and_session_continues(h: Harness) -> None:
