@@ -79,6 +79,10 @@ class Capability(IntFlag):
     DIRECT_LOAD = 0x0001
     DIRECT_ALLOC = 0x0002
     RECORD_COMPLETION = 0x0004
+    MASKED_FETCH_ADD = 0x0008
+    """HELLO only: the initiator's RNIC issues RFC 7306 masked Fetch and Add, which
+    DIRECT_ALLOC needs (§3.3); a target grants DIRECT_ALLOC only with it and never
+    echoes it in HELLO_ACK."""
 
 
 RDMAP_BINDING_CAPABILITIES = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC

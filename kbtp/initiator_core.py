@@ -192,7 +192,10 @@ class InitiatorCore:
         if self._hello_id:
             raise LocalError("HELLO already sent")
         self._hello_id = self._take_id()
-        return Hello(self._hello_id, self.capabilities, self.identity).encode()
+        caps = self.capabilities
+        if caps & Capability.DIRECT_ALLOC:
+            caps |= Capability.MASKED_FETCH_ADD  # this stack's RNIC issues it (RFC 7306)
+        return Hello(self._hello_id, caps, self.identity).encode()
 
     def _take_id(self) -> int:
         rid = self._next_id

@@ -568,8 +568,8 @@ class TargetCore(RequestOps, TicketOps):
         allowed = Capability.NONE
         if cfg.direct_load:
             allowed |= Capability.DIRECT_LOAD
-        if cfg.direct_alloc:
-            allowed |= Capability.DIRECT_ALLOC
+        if cfg.direct_alloc and hello.capabilities & Capability.MASKED_FETCH_ADD:
+            allowed |= Capability.DIRECT_ALLOC  # a ring counter needs the masked FetchAdd
         granted = Capability(hello.capabilities) & allowed & RDMAP_BINDING_CAPABILITIES
         sess.identity = hello.identity
         sess.capabilities = granted

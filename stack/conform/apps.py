@@ -327,7 +327,7 @@ class _KbtpClient(AppClient):
         self.ack: HelloAck | None = None
 
     def opening(self) -> list[RdmapMessage]:
-        caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+        caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.MASKED_FETCH_ADD
         return [Send(Hello(request_id=1, capabilities=caps, identity=self.identity).encode())]
 
     def on_segment(self, seg: Segment) -> Reaction:

@@ -105,6 +105,8 @@ class Harness:
         self, session: int, identity: bytes, caps: Capability = Capability.NONE
     ) -> HelloAck:
         self.core.open_session(session)
+        if caps & Capability.DIRECT_ALLOC:
+            caps |= Capability.MASKED_FETCH_ADD  # what this stack's initiator asks with it
         actions = self.registered(
             self.core.handle_message(session, Hello(99, caps, identity).encode(), self.now)
         )

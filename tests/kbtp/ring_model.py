@@ -213,7 +213,11 @@ def initial_world(mc: ModelConfig) -> World:
         zip(cfg.initiators, ("inline", "read", "direct"), mc.budgets, strict=True), start=1
     ):
         core.open_session(session)
-        caps = Capability.DIRECT_ALLOC if kind == "direct" else Capability.NONE
+        caps = (
+            Capability.DIRECT_ALLOC | Capability.MASKED_FETCH_ADD
+            if kind == "direct"
+            else Capability.NONE
+        )
         hello = core.handle_request(session, Hello(0, caps, ic.identity), 0.0)
         acts = registrar.serve(core, hello, 0.0)
         assert isinstance(acts[0], SendMessage) and acts[0].message.status == Status.SUCCESS

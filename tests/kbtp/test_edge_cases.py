@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import trio
 
-from kbtp.constants import RequestFlag, Status
-from kbtp.messages import DataDescriptor, Hello, Load, Store, decode_message
+from kbtp.constants import Capability, RequestFlag, Status
+from kbtp.messages import DataDescriptor, Hello, HelloAck, Load, Store, decode_message
 from kbtp.target import TargetSession
+from kbtp.target_actions import SendMessage
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import DdpError
+from tests.kbtp.helpers import Harness
 from tests.kbtp.test_binding_ops import MAX_INLINE, connect, serving
 
 
@@ -54,3 +56,22 @@ async def test_s6_8_the_9_3_terminate_copies_no_header() -> None:
             term = b.qp.peer_terminate
             assert term is not None and term.cause == TERM_RDMAP_OP_UNSPECIFIED
             assert (term.m, term.d, term.r) == (False, False, False)
+
+
+def test_s4_3_direct_alloc_needs_the_masked_fetch_add_capability() -> None:
+    """Standard verbs have only the unmasked FetchAdd, which would carry into the ring
+    counter (§3.3): DIRECT_ALLOC is granted only to a HELLO that says it can mask."""
+
+    def granted(caps: Capability) -> Capability:
+        h = Harness()
+        identity = next(i.identity for i in h.core.config.initiators if i.direct_alloc)
+        h.core.open_session(1)
+        actions = h.registered(h.core.handle_message(1, Hello(5, caps, identity).encode(), 0.0))
+        [send] = actions
+        assert isinstance(send, SendMessage) and isinstance(send.message, HelloAck)
+        assert send.message.status == Status.SUCCESS
+        return send.message.capabilities
+
+    both = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+    assert granted(both) == Capability.DIRECT_LOAD
+    assert granted(both | Capability.MASKED_FETCH_ADD) == both  # never echoed

@@ -74,7 +74,7 @@ def test_s3_6_no_atomic_reaches_a_slot() -> None:
 def _hello(identity: bytes) -> bytes:
     from kbtp.messages import Hello
 
-    return Hello(99, DIRECT, identity).encode()
+    return Hello(99, DIRECT | Capability.MASKED_FETCH_ADD, identity).encode()
 
 
 # ======================================================================================

@@ -19,7 +19,7 @@ from stack.errors import LocalError
 from tests.kbtp.helpers import Harness
 
 SA, SC = 1, 3
-DIRECT = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+DIRECT = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.MASKED_FETCH_ADD
 
 
 def _hello(h: Harness, session: int, identity: bytes, caps: Capability) -> list[RegisterMemory]:
