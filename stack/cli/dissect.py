@@ -2,7 +2,8 @@
 
 Default output is one line per PDU (frame, relative time, stream, direction, addresses,
 layers, key fields, findings); ``-V`` prints the full tree; ``--json`` (``-T json``) one
-JSON object per PDU; ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
+JSON object per PDU (STags and Tagged Offsets as fixed-width hex strings, as tshark writes
+them); ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
 the names: JSON keys, Wireshark names, derived fields).  ``-Y`` filters on those fields
 (``opcode == 3 and findings contains "MPA-12"``); ``-z STAT`` prints statistics at the
 end; ``-w OUT`` copies the frames in which the shown PDUs end.
@@ -27,6 +28,7 @@ from typing import Any, TextIO
 from stack.cli import CliError, one_line_errors, positive_int
 from stack.constants import SEND_OPCODES
 from stack.dissect import (
+    HEX_DIGITS,
     FieldContext,
     FieldsError,
     FieldsFormat,
@@ -38,6 +40,7 @@ from stack.dissect import (
     TcpConversations,
     compile_filter,
     field_list,
+    json_object,
     note_line,
     parse_stat,
     record_json,
@@ -84,6 +87,16 @@ def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
     return annotate
 
 
+def ulp_hex_digits(name: str) -> dict[str, int]:
+    """The fields written in hex (``--json``, ``-T fields``) and their widths: the iWARP
+    STags and Tagged Offsets, and those of the upper-layer protocol ``name``."""
+    if name == "none":
+        return HEX_DIGITS
+    from kbtp.describe import JSON_HEX_DIGITS
+
+    return {**HEX_DIGITS, **JSON_HEX_DIGITS}
+
+
 MARKER_CHOICES = {
     "auto": (None, None),
     "none": (False, False),
@@ -101,6 +114,14 @@ field is true when present and non-zero.  Fields: the --json keys and their
 Wireshark names (iwarp_ddp.stag, iwarp_rdma.opcode, tcp.port, ip.addr,
 frame.time_relative...; list: -G fields).  Example:
   -Y 'iwarp_rdma.opcode == 7 or findings contains "MPA-12"'
+
+JSON (--json, -T json): one object per PDU and line, its keys those of
+-G fields in a fixed order.  STags and Tagged Offsets (stag, to, inval_stag,
+read_sink_stag/_to, read_src_stag/_to, atomic_remote_stag/_to; with --ulp
+kbtp also the KBTP STags and offsets) are fixed-width hex strings, "0x%08x"
+and "0x%016x" as tshark writes them ("stag": "0x0ca63ebe"); -T fields prints
+the same strings, and -Y compares their numbers (stag == 0x0ca63ebe,
+iwarp_ddp.stag == 212221630).
 
 statistics (-z, repeatable): iwarp (or iwarp,stat; also --stats) for the
 iWARP statistics, conv,tcp for TCP conversations, io,stat,SECONDS for PDUs per
@@ -320,6 +341,7 @@ class _Printer:
         self.ascii = _ascii_fallback(out)
         self.context = FieldContext()
         prefixes = ("kbtp_",) if args.ulp == "kbtp" else ()
+        self.hex_digits = ulp_hex_digits(args.ulp)
         self.predicate = None
         if args.filter:
             try:
@@ -330,7 +352,11 @@ class _Printer:
         if mode == "fields":
             try:
                 self.columns = FieldsFormat(
-                    args.fields or (), args.field_options or (), self.context, prefixes
+                    args.fields or (),
+                    args.field_options or (),
+                    self.context,
+                    prefixes,
+                    self.hex_digits,
                 )
             except FieldsError as exc:
                 raise CliError(str(exc)) from None
@@ -427,7 +453,7 @@ class _Printer:
             if args.quiet:
                 continue
             if mode == "json":
-                record = record or self._json(item, ulp_info)
+                record = json_object(record or self._json(item, ulp_info), self.hex_digits)
                 lines.append(json.dumps(record, separators=(", ", ": ")))
             elif mode == "fields":
                 assert self.columns is not None

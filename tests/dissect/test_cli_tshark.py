@@ -125,6 +125,31 @@ def test_display_filters_take_wireshark_names(capture: Path, capsys) -> None:
     assert "unknown field" in _error(capsys, str(capture), "-Y", "iwarp_ddp.nosuch == 1")
 
 
+def test_json_stags_and_tos_are_fixed_width_hex_and_filters_compare_numbers(
+    capture: Path, capsys
+) -> None:
+    keys = ("stag", "to", "read_sink_stag", "read_sink_to", "read_src_stag", "read_src_to")
+    rows = [json.loads(r) for r in _out(capsys, str(capture), "--json").splitlines()]
+    write, rr = rows[3], rows[4]
+    assert (write["stag"], write["to"]) == ("0x00abcdef", "0x0000000000001000")
+    assert [rr[k] for k in keys[2:]] == ["0x11223344", "0x0000000000002000", "0x55667788",
+                                          "0x0000000000003000"]  # fmt: skip
+    assert rows[2]["stag"] is None and rows[2]["to"] is None  # untagged: null, as before
+    # -T fields prints the very same strings
+    table = _out(capsys, str(capture), "-T", "fields", *(a for k in keys for a in ("-e", k)))
+    for line, rec in zip(table.splitlines(), rows, strict=True):
+        assert line.split("\t") == [rec.get(k) or "" for k in keys]
+
+    def frames(expr: str) -> list[int]:
+        return [json.loads(r)["frame"] for r in _out(capsys, str(capture), "--json", "-Y", expr)
+                .splitlines()]  # fmt: skip
+
+    tagged = [write["frame"], rows[5]["frame"]]
+    assert frames("stag == 0x00abcdef") == frames("iwarp_ddp.stag == 11259375") == tagged[:1]
+    assert frames("stag >= 0x00abcdef") == tagged and frames("to < 0x1001") == tagged[:1]
+    assert frames("read_src_to == 12288") == frames("iwarp_rdma.srcto == 0x3000") == [rr["frame"]]
+
+
 def test_z_takes_tshark_arguments_and_leaves_the_file_alone(capture: Path, capsys) -> None:
     out = _out(capsys, "-q", "-z", "conv,tcp", str(capture))
     assert "TCP Conversations" in out and "10.1.0.1:50001 <-> 10.1.0.2:35287" in out

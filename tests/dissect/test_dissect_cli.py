@@ -115,20 +115,21 @@ def test_json_values_field_by_field(capture: Path, capsys) -> None:
     assert (send["opcode"], send["opcode_name"], send["qn"], send["msn"], send["mo"]) == (
         3, "Send", 0, 1, 0)  # fmt: skip
     assert send["stag"] is None and send["to"] is None and send["ddp_payload_len"] == 13
-    assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == 0xCAFE
-    # reference FPDU E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes
+    assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == "0x0000cafe"
+    # reference FPDU E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes; STags and TOs are
+    # written as fixed-width hex strings, as tshark writes them
     assert (write["ulpdu_len"], write["stag"], write["to"], write["qn"]) == (
-        22, 0x00ABCDEF, 0x1000, None)  # fmt: skip
+        22, "0x00abcdef", "0x0000000000001000", None)  # fmt: skip
     assert write["ddp_payload_len"] == 8
-    assert (rr["read_sink_stag"], rr["read_sink_to"], rr["read_size"]) == (0x11223344, 0x2000,
-                                                                          0x400)  # fmt: skip
+    assert (rr["read_sink_stag"], rr["read_sink_to"], rr["read_size"]) == (
+        "0x11223344", "0x0000000000002000", 0x400)  # fmt: skip
     assert (rr["read_src_stag"], rr["read_src_to"], rr["ddp_payload_len"]) == (
-        0x55667788, 0x3000, 28)  # fmt: skip
+        "0x55667788", "0x0000000000003000", 28)  # fmt: skip
     assert resp["direction"] == "r2i" and resp["markers"] >= 2 and resp["marker_ptrs"][0] == 0
     assert imm["immediate_data"] == "0102030405060708" and imm["opcode_name"] == "Immediate Data"
     assert (atom["atomic_opcode"], atom["atomic_req_id"], atom["atomic_remote_stag"]) == (
-        0, 0xDEADBEEF, 0x0A0B0C0D)  # fmt: skip
-    assert (atom["atomic_remote_to"], atom["atomic_add_swap_data"]) == (0x4000, 1)
+        0, 0xDEADBEEF, "0x0a0b0c0d")  # fmt: skip
+    assert (atom["atomic_remote_to"], atom["atomic_add_swap_data"]) == ("0x0000000000004000", 1)
     assert (atom["atomic_add_swap_mask"], atom["atomic_compare_data"]) == (0, 0)
     assert atom["atomic_compare_mask"] == 2**64 - 1
     assert (aresp["atomic_orig_req_id"], aresp["atomic_orig_value"]) == (0xDEADBEEF, 0x29)
