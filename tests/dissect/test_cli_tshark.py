@@ -168,6 +168,23 @@ def test_json_with_statistics_keeps_stdout_json(capture: Path, capsys) -> None:
     assert len(rows) == 6 and "iWARP statistics" in captured.err
 
 
+@pytest.mark.parametrize("fmt", [["--json"], ["-T", "json"], ["-T", "fields", "-e", "frame"]])
+def test_every_statistic_goes_to_stderr_when_stdout_is_machine_readable(
+    capture: Path, capsys, fmt: list[str]
+) -> None:
+    stats = ["-z", "iwarp", "-z", "conv,tcp", "-z", "io,stat,1", "--stats"]
+    assert main(["dissect", str(capture), *fmt, *stats]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 6
+    if fmt[-1] == "frame":
+        assert all(line.isdigit() for line in lines)
+    else:
+        assert all(isinstance(json.loads(line), dict) for line in lines)
+    for title in ("iWARP statistics", "TCP Conversations", "IO Statistics"):
+        assert title in captured.err and title not in captured.out
+
+
 def test_time_columns(capture: Path, capsys) -> None:
     records = [json.loads(r) for r in _out(capsys, str(capture), "--json").splitlines()]
     first = min(f.timestamp for f in iter_frames(capture))

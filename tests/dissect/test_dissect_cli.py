@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import select
 import struct
 import subprocess
@@ -236,6 +238,70 @@ def test_missing_file_and_bad_filter(capsys) -> None:
     assert main(["dissect", "/nonexistent.pcap", "-Y", "opcode =="]) == 2
     assert "bad display filter" in capsys.readouterr().err
     assert main(["dissect", "/x.pcap", "--initiator", "nonsense"]) == 2
+
+
+def _no_permission(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``path`` unreadable; root reads through mode bits, so it then gets the error
+    the kernel gives other users."""
+    path.chmod(0)
+    if os.geteuid() == 0:
+        real_open = open
+
+        def refuse(name: object, *args: object, **kwargs: object) -> object:
+            if name == str(path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(name, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr("stack.pcap.source.open", refuse, raising=False)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "no such file"),
+        ("directory", "is a directory"),
+        ("unreadable", "cannot read (Permission denied)"),
+        ("not a capture", "not a pcap or pcapng file"),
+        ("corrupt record", "corrupt capture: corrupt record for frame 5"),
+        ("truncated", "truncated capture: file is cut short"),
+        ("unwritable -w", "No such file or directory"),
+    ],
+)
+def test_every_file_error_names_the_file(
+    case: str, message: str, capture: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    path = tmp_path / "x.pcap"
+    args = [str(path)]
+    raw = capture.read_bytes()
+    ends = [24]
+    for frame in iter_frames(raw):
+        ends.append(ends[-1] + 16 + len(frame.data))
+    if case == "directory":
+        path.mkdir()
+    elif case == "unreadable":
+        path.write_bytes(raw)
+        _no_permission(path, monkeypatch)
+    elif case == "not a capture":
+        path.write_bytes(b"GET / HTTP/1.1\r\n\r\n")
+    elif case == "corrupt record":
+        bad = bytearray(raw)
+        struct.pack_into("<I", bad, ends[4] + 8, 0x7FFFFFFF)  # frame 5's captured length
+        path.write_bytes(bytes(bad))
+    elif case == "truncated":
+        path.write_bytes(raw[:-30])
+    elif case == "unwritable -w":
+        path.write_bytes(raw)
+        out = tmp_path / "no" / "such" / "dir.pcap"
+        args += ["-w", str(out)]
+        path = out
+    try:
+        status = main(["dissect", *args, "-q"])
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("iwarp dissect: ") and "\n" not in err and "Traceback" not in err
+    assert f"{path}: " in err and message in err
 
 
 def test_non_iwarp_tcp(tmp_path: Path, capsys) -> None:
