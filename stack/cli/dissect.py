@@ -19,13 +19,21 @@ unreadable, corrupt or truncated file (after printing what was decoded) or a bad
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from stack.cli import CliError, one_line_errors, positive_int
+from stack.cli.dissect_live import (
+    announce,
+    capture_summary,
+    list_interfaces,
+    open_live,
+    stop_on_signals,
+)
 from stack.constants import SEND_OPCODES
 from stack.dissect import (
     HEX_DIGITS,
@@ -48,7 +56,14 @@ from stack.dissect import (
     verbose_lines,
 )
 from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord, StreamInfo
-from stack.pcap import CaptureError, CaptureReader, TruncatedCapture, copy_capture
+from stack.pcap import (
+    CaptureError,
+    CaptureReader,
+    LiveCapture,
+    TcpSegment,
+    TruncatedCapture,
+    copy_capture,
+)
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 
@@ -169,6 +184,21 @@ def register(subparsers: Any) -> None:
         "file", metavar="FILE", nargs="?", help="pcap or pcapng capture (- for stdin)"
     )
     parser.add_argument("-r", dest="read_file", metavar="FILE", help="the capture, as tshark -r")
+    parser.add_argument(
+        "-i",
+        dest="interface",
+        metavar="IFACE",
+        help="capture live on this interface (name or -D number, any: all; CAP_NET_RAW)",
+    )
+    parser.add_argument(
+        "-f",
+        dest="capture_filter",
+        metavar="FILTER",
+        help="capture filter of -i: tcp port N, host ADDR... with and/or/not (see below)",
+    )
+    parser.add_argument(
+        "-D", dest="list_interfaces", action="store_true", help="list the interfaces and exit"
+    )
     out = parser.add_mutually_exclusive_group()
     out.add_argument("-V", "--verbose", action="store_true", help="print the full decode tree")
     out.add_argument("--json", action="store_true", help="one JSON object per PDU (and line)")
@@ -211,7 +241,8 @@ def register(subparsers: Any) -> None:
         "-w",
         dest="write",
         metavar="OUT",
-        help="write the frames in which the shown PDUs end to the pcap OUT",
+        help="write the frames in which the shown PDUs end to the pcap OUT "
+        "(with -i: every captured frame)",
     )
     parser.add_argument(
         "--crc",
@@ -308,7 +339,14 @@ def _output_mode(args: argparse.Namespace) -> str:
     return fmt or "text"
 
 
-def _capture_path(args: argparse.Namespace) -> str:
+def _capture_path(args: argparse.Namespace) -> str | None:
+    """The capture file to read, or None for a live capture (``-i``)."""
+    if args.interface is not None:
+        if args.file is not None or args.read_file is not None:
+            raise CliError("give one source: -i IFACE or a capture file, not both")
+        return None
+    if args.capture_filter is not None:
+        raise CliError("-f is the capture filter of -i IFACE (filter a file with -Y)")
     if args.file is not None and args.read_file is not None:
         raise CliError("give the capture once: FILE or -r FILE, not both")
     path = args.file if args.file is not None else args.read_file
@@ -515,36 +553,31 @@ def _write_frames(path: str, target: str, frames: set[int]) -> int:
         raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    if args.report == "fields":
-        for line in field_list():
-            print(line, file=out)
-        return 0
-    path = _capture_path(args)
-    mode = _output_mode(args)
-    _check_write(args, path)
-    options = options_from(args)
-    printer = _Printer(args, out, mode)
-
-    def flush_decoded() -> None:  # before a read that may wait: show what is decoded
-        printer.flush()
-        out.flush()
-
-    try:
-        reader = CaptureReader(path, on_wait=flush_decoded)
-    except CaptureError as exc:
-        raise CliError(str(exc)) from None
-    dissector = Dissector(options)
-    error: CaptureError | None = None
+def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: _Printer) -> None:
+    """Feed every segment to the decoder and its records to the printer, until ``-c``."""
     feed = dissector.feed
     emit = printer.emit
     snap = printer.snap.add
     conversations = printer.conversations
-    segments = iter(reader)
-    try:
-        for segment in segments:  # the first: the origin of relative times
-            printer.context.t0 = segment.timestamp
+    for segment in segments:  # the first: the origin of relative times
+        printer.context.t0 = segment.timestamp
+        if segment.missing:
+            snap(segment)
+        if conversations is not None:
+            conversations.add(segment)
+        items = feed(segment)
+        if items:
+            emit(items)
+        break
+    if printer.limit is None and conversations is None:
+        for segment in segments:
+            if segment.missing:
+                snap(segment)
+            items = feed(segment)
+            if items:
+                emit(items)
+    elif not printer.done:
+        for segment in segments:
             if segment.missing:
                 snap(segment)
             if conversations is not None:
@@ -552,29 +585,55 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             items = feed(segment)
             if items:
                 emit(items)
-            break
-        if printer.limit is None and conversations is None:
-            for segment in segments:
-                if segment.missing:
-                    snap(segment)
-                items = feed(segment)
-                if items:
-                    emit(items)
-        elif not printer.done:
-            for segment in segments:
-                if segment.missing:
-                    snap(segment)
-                if conversations is not None:
-                    conversations.add(segment)
-                items = feed(segment)
-                if items:
-                    emit(items)
-                    if printer.done:
-                        break
-    except CaptureError as exc:
-        error = exc
-    finally:
-        reader.close()
+                if printer.done:
+                    break
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    if args.report == "fields":
+        for line in field_list():
+            print(line, file=out)
+        return 0
+    if args.list_interfaces:
+        list_interfaces(out)
+        return 0
+    path = _capture_path(args)
+    mode = _output_mode(args)
+    if path is not None:
+        _check_write(args, path)
+    options = options_from(args)
+    printer = _Printer(args, out, mode)
+
+    def flush_decoded() -> None:  # before a read that may wait: show what is decoded
+        printer.flush()
+        out.flush()
+
+    reader: CaptureReader | LiveCapture
+    writer = None
+    if path is None:
+        reader, writer = open_live(args, flush_decoded)
+        printer.frames = None  # -w saves the capture itself, frame by frame
+        announce(reader)
+    else:
+        try:
+            reader = CaptureReader(path, on_wait=flush_decoded)
+        except CaptureError as exc:
+            raise CliError(str(exc)) from None
+    dissector = Dissector(options)
+    error: CaptureError | None = None
+    with stop_on_signals() if path is None else contextlib.nullcontext():
+        try:
+            _decode(iter(reader), dissector, printer)
+        except CaptureError as exc:
+            error = exc
+        except KeyboardInterrupt:  # Ctrl-C ends a live capture: finish as at its end
+            if path is not None:
+                raise
+        finally:
+            reader.close()
+            if writer is not None:
+                writer.close()
     if not printer.done:
         printer.emit(dissector.finish())
     streams = dissector.streams()
@@ -589,13 +648,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         printer.flush()
     out.flush()
     name = reader.name
+    if isinstance(reader, LiveCapture):
+        print(capture_summary(reader), file=sys.stderr)
+        if error is not None:
+            print(f"iwarp dissect: {error}", file=sys.stderr)
+            return 2
     if error is not None:
         kind = "truncated" if isinstance(error, TruncatedCapture) else "corrupt"
         print(f"iwarp dissect: {name}: {kind} capture: {error.message}", file=sys.stderr)
         if args.write:
             print(f"iwarp dissect: {args.write}: not written", file=sys.stderr)
         return 2
-    if printer.frames is not None:
+    if printer.frames is not None and path is not None:
         _write_frames(path, args.write, printer.frames)
     if printer.pdus == 0:
         tcp = reader.stats.tcp
