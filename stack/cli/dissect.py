@@ -6,24 +6,25 @@ JSON object per PDU (STags and Tagged Offsets as fixed-width hex strings, as tsh
 them); ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
 the names: JSON keys, Wireshark names, derived fields).  ``-Y`` filters on those fields
 (``opcode == 3 and findings contains "MPA-12"``); ``-z STAT`` prints statistics at the
-end; ``-w OUT`` copies the frames in which the shown PDUs end.
+end; ``-w OUT`` copies the frames in which the shown PDUs end.  ``-i IFACE`` decodes an
+interface live, as ``tshark -i`` (:mod:`stack.cli.dissect_live`).
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``
 state what the capture cannot show.  ``FILE`` may be ``-`` (standard input) or a pipe: the
 capture is decoded as it arrives, in bounded memory.
 
 Exit status: 0 when iWARP traffic was decoded; 1 when the capture holds none; 2 for an
 unreadable, corrupt or truncated file (after printing what was decoded) or a bad option;
-3 with ``--fail-on-findings`` when any displayed PDU has a finding.
+3 with ``--fail-on-findings`` when any displayed PDU has a finding.  A live capture
+ended by ``-c`` or Ctrl-C exits as a file would at its end.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from stack.cli import CliError, one_line_errors, positive_int
@@ -34,28 +35,9 @@ from stack.cli.dissect_live import (
     open_live,
     stop_on_signals,
 )
-from stack.constants import SEND_OPCODES
-from stack.dissect import (
-    HEX_DIGITS,
-    FieldContext,
-    FieldsError,
-    FieldsFormat,
-    FilterError,
-    IoStatistics,
-    SnapTracker,
-    StatError,
-    Statistics,
-    TcpConversations,
-    compile_filter,
-    field_list,
-    json_object,
-    note_line,
-    parse_stat,
-    record_json,
-    summary_line,
-    verbose_lines,
-)
-from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord, StreamInfo
+from stack.cli.dissect_output import Printer
+from stack.dissect import StatError, field_list, parse_stat
+from stack.dissect.decoder import DissectOptions, Dissector
 from stack.pcap import (
     CaptureError,
     CaptureReader,
@@ -64,53 +46,6 @@ from stack.pcap import (
     TruncatedCapture,
     copy_capture,
 )
-
-_SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
-
-
-def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
-    """The decoder of the upper-layer protocol carried in Sends (``--ulp``), or None.
-
-    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages.
-    A connection counts as KBTP once the first Send on it decodes as a well-formed KBTP
-    message (a session opens with HELLO); Sends of other protocols are left alone, so
-    their bytes never produce KBTP findings.  The stream decoder stays ULP-agnostic
-    (floors 0-1); this tool layer adds the ULP.
-    """
-    if name == "none":
-        return None
-    from kbtp.describe import describe_payload
-
-    verdict: dict[int, bool] = {}
-
-    def annotate(rec: PduRecord) -> Any:
-        seg = rec.segment
-        if seg is None or seg.opcode not in _SEND_OPCODES or seg.mo != 0 or seg.findings:
-            return None
-        known = verdict.get(rec.stream)
-        if known is False:
-            return None
-        summary = describe_payload(seg.payload, complete=seg.last)
-        if known is None:
-            verdict[rec.stream] = known = summary is not None and not summary.findings
-            if not known:
-                return None
-        if summary is not None and summary.findings:
-            rec.findings.extend(summary.findings)
-        return summary
-
-    return annotate
-
-
-def ulp_hex_digits(name: str) -> dict[str, int]:
-    """The fields written in hex (``--json``, ``-T fields``) and their widths: the iWARP
-    STags and Tagged Offsets, and those of the upper-layer protocol ``name``."""
-    if name == "none":
-        return HEX_DIGITS
-    from kbtp.describe import JSON_HEX_DIGITS
-
-    return {**HEX_DIGITS, **JSON_HEX_DIGITS}
-
 
 MARKER_CHOICES = {
     "auto": (None, None),
@@ -142,13 +77,22 @@ statistics (-z, repeatable): iwarp (or iwarp,stat; also --stats) for the
 iWARP statistics, conv,tcp for TCP conversations, io,stat,SECONDS for PDUs per
 interval.  With --json or -T fields they go to standard error.
 
-live decode: tcpdump -U -i IFACE -w - tcp port PORT | iwarp dissect -
+live decode: -i IFACE captures on an interface (Linux; CAP_NET_RAW, as for
+tshark and dumpcap: run as root or grant the capability) and decodes as the
+frames arrive; -D lists the interfaces (-i takes a name or their number; any
+captures on all).  -f is the capture filter: [tcp] [src|dst] port N,
+[tcp] [src|dst] portrange N-M, [src|dst] host ADDR, tcp, ip, ip6, combined with
+and/or/not and parentheses (tcpdump's syntax, applied to TCP segments).  -c N
+stops after N PDUs, Ctrl-C (or SIGTERM) at any time, printing the statistics
+asked for; -w OUT saves every captured frame (Linux cooked pcap, for -r later).
+Example:  iwarp dissect -i lo -f 'tcp port 7174' --json -z iwarp
+Without the capability:  tcpdump -U -i IFACE -w - tcp port PORT | iwarp dissect -
 (standard input is decoded as it arrives, in bounded memory).
 
 exit status: 0 iWARP traffic decoded; 1 the capture holds no iWARP traffic;
 2 an unreadable, corrupt or truncated capture (after printing what was
 decoded) or a bad option; 3 with --fail-on-findings when a shown PDU has a
-finding.
+finding.  A live capture ended by -c or Ctrl-C exits as a file at its end.
 """
 
 
@@ -355,184 +299,6 @@ def _capture_path(args: argparse.Namespace) -> str | None:
     return str(path)
 
 
-def _ascii_fallback(out: TextIO) -> bool:
-    """True when ``out`` cannot encode the arrow of the summary lines (it then writes
-    "->", and any other character it cannot encode as "?")."""
-    encoding = getattr(out, "encoding", None) or "utf-8"
-    try:
-        "\u2192".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        reconfigure = getattr(out, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="replace")
-        return True
-    return False
-
-
-class _Printer:
-    """Formats records as they come; counts what was shown."""
-
-    def __init__(self, args: argparse.Namespace, out: TextIO, mode: str) -> None:
-        self.args = args
-        self.mode = mode
-        self.out = out
-        self.ascii = _ascii_fallback(out)
-        self.context = FieldContext()
-        prefixes = ("kbtp_",) if args.ulp == "kbtp" else ()
-        self.hex_digits = ulp_hex_digits(args.ulp)
-        self.predicate = None
-        if args.filter:
-            try:
-                self.predicate = compile_filter(args.filter, prefixes, self.context)
-            except FilterError as exc:
-                raise CliError(f"bad display filter: {exc}") from None
-        self.columns: FieldsFormat | None = None
-        if mode == "fields":
-            try:
-                self.columns = FieldsFormat(
-                    args.fields or (),
-                    args.field_options or (),
-                    self.context,
-                    prefixes,
-                    self.hex_digits,
-                )
-            except FieldsError as exc:
-                raise CliError(str(exc)) from None
-        specs = list(args.stat_specs or ())
-        if args.stats:
-            specs.append(("iwarp", None))
-        kinds = {kind for kind, _ in specs}
-        self.stats = Statistics() if "iwarp" in kinds else None
-        self.conversations = TcpConversations() if "conv" in kinds else None
-        self.io = [IoStatistics(interval) for kind, interval in specs if kind == "io" and interval]
-        self.frames: set[int] | None = set() if args.write else None
-        self.snap = SnapTracker()
-        self.shown = 0
-        self.with_findings = 0
-        self.pdus = 0
-        self.limit = args.count
-        self.lines: list[str] = []
-        if self.columns is not None and self.columns.show_header:
-            self.lines.append(self.columns.header())
-        self.ulp = ulp_annotator(args.ulp)
-        self.plain = mode == "text" and not (
-            args.quiet
-            or args.filter
-            or self.stats is not None
-            or self.io
-            or args.count
-            or args.write
-        )
-
-    @property
-    def done(self) -> bool:
-        return self.limit is not None and self.shown >= self.limit
-
-    def _note(self, note: Note, time_column: bool) -> None:
-        why = self.snap.explain(note) if self.snap.cut else None
-        if why is not None:
-            hint = Note(note.stream, note.frame, note.direction, "snaplen", why, note.offset)
-            self.lines.append(note_line(hint, time_column))
-        self.lines.append(note_line(note, time_column))
-
-    def emit(self, items: list[PduRecord | Note]) -> None:
-        args = self.args
-        lines = self.lines
-        t0 = self.context.t0 or 0.0
-        if self.plain:  # default output, nothing to filter or count: the bulk path
-            append = lines.append
-            pdus = flagged = 0
-            ulp = self.ulp
-            for item in items:
-                if type(item) is PduRecord:
-                    info = ulp(item) if ulp is not None else None
-                    line = summary_line(item, item.timestamp - t0)
-                    append(line if info is None else f"{line} | {info.line}")
-                    pdus += 1
-                    if item.findings:
-                        flagged += 1
-                elif not args.no_notes:
-                    self._note(item, True)  # type: ignore[arg-type]
-            self.pdus += pdus
-            self.with_findings += flagged
-            self.shown = self.pdus
-            if len(lines) > 512:
-                self.flush()
-            return
-        mode = self.mode
-        for item in items:
-            if self.done:
-                return
-            if type(item) is Note:
-                if self.stats is not None:
-                    self.stats.add_note(item)
-                if mode in ("text", "verbose") and not (
-                    args.quiet or args.no_notes or self.predicate
-                ):
-                    self._note(item, mode == "text")
-                continue
-            assert isinstance(item, PduRecord)
-            self.pdus += 1
-            ulp_info = self.ulp(item) if self.ulp is not None else None
-            record = None
-            if self.predicate is not None:
-                record = self._json(item, ulp_info)
-                if not self.predicate(record):
-                    continue
-            self.shown += 1
-            if item.findings:
-                self.with_findings += 1
-            if self.stats is not None:
-                self.stats.add(item)
-            for io in self.io:
-                io.add(item, self.context.t0)
-            if self.frames is not None:
-                self.frames.add(item.frame)
-            if args.quiet:
-                continue
-            if mode == "json":
-                record = json_object(record or self._json(item, ulp_info), self.hex_digits)
-                lines.append(json.dumps(record, separators=(", ", ": ")))
-            elif mode == "fields":
-                assert self.columns is not None
-                lines.append(self.columns.row(record or self._json(item, ulp_info)))
-            elif mode == "verbose":
-                lines.extend(verbose_lines(item, item.timestamp - t0))
-                if ulp_info is not None:
-                    lines.extend(ulp_info.tree_lines())
-                lines.append("")
-            elif ulp_info is not None:
-                lines.append(f"{summary_line(item, item.timestamp - t0)} | {ulp_info.line}")
-            else:
-                lines.append(summary_line(item, item.timestamp - t0))
-        if len(lines) > 512:
-            self.flush()
-
-    @staticmethod
-    def _json(item: PduRecord, ulp_info: Any) -> dict[str, Any]:
-        record = record_json(item)
-        if ulp_info is not None:
-            record.update(ulp_info.json_fields())
-        return record
-
-    def statistics(self, streams: list[StreamInfo]) -> list[str]:
-        lines: list[str] = []
-        if self.stats is not None:
-            lines.extend(self.stats.render(streams))
-        if self.conversations is not None:
-            lines.extend(self.conversations.render(self.context.t0))
-        for io in self.io:
-            lines.extend(io.render())
-        return lines
-
-    def flush(self) -> None:
-        if self.lines:
-            self.lines.append("")
-            text = "\n".join(self.lines)
-            self.out.write(text.replace("\u2192", "->") if self.ascii else text)
-            self.lines = []
-
-
 def _check_write(args: argparse.Namespace, path: str) -> None:
     """-w needs a capture file it can read a second time, and another file to write."""
     if not args.write:
@@ -553,7 +319,7 @@ def _write_frames(path: str, target: str, frames: set[int]) -> int:
         raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
-def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: _Printer) -> None:
+def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: Printer) -> None:
     """Feed every segment to the decoder and its records to the printer, until ``-c``."""
     feed = dissector.feed
     emit = printer.emit
@@ -603,7 +369,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if path is not None:
         _check_write(args, path)
     options = options_from(args)
-    printer = _Printer(args, out, mode)
+    printer = Printer(args, out, mode)
 
     def flush_decoded() -> None:  # before a read that may wait: show what is decoded
         printer.flush()

@@ -216,6 +216,9 @@ def test_help_has_the_filter_grammar_exit_codes_and_live_decode(capsys) -> None:
     assert "display filter (-Y)" in text and "contains" in text and "tcp.port" in text
     assert "exit status: 0" in text and "--fail-on-findings" in text
     assert "tcpdump -U -i IFACE -w -" in text and "-z" in text
+    assert "-i IFACE" in text and "CAP_NET_RAW" in text and "-D lists the interfaces" in text
+    assert "[tcp] [src|dst] port N" in text and "saves every captured frame" in text
+    assert "JSON (--json, -T json)" in text and '"0x%08x"' in text and '"0x%016x"' in text
 
 
 @pytest.mark.parametrize("extra", [[], ["-V"], ["-z", "iwarp"]])
