@@ -300,12 +300,14 @@ def _capture_path(args: argparse.Namespace) -> str | None:
 
 
 def _check_write(args: argparse.Namespace, path: str) -> None:
-    """-w needs a capture file it can read a second time, and another file to write."""
+    """-w needs a capture file it can read a second time, and another file to write (a
+    missing file or a directory is left to the reader to report)."""
     if not args.write:
         return
-    if path == "-" or not os.path.isfile(path):
+    piped = os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path))
+    if path == "-" or piped:
         raise CliError(f"-w {args.write}: needs a capture file, not a pipe or stdin ({path})")
-    if os.path.exists(args.write) and os.path.samefile(path, args.write):
+    if os.path.exists(path) and os.path.exists(args.write) and os.path.samefile(path, args.write):
         raise CliError(f"-w {args.write}: would overwrite the capture being read")
 
 

@@ -180,9 +180,9 @@ class LiveCapture:
             if pkttype == PACKET_OUTGOING and hatype == ARPHRD_LOOPBACK:
                 continue  # the same packet comes again, arriving
             timestamp = time.time()
-            for level, kind, data in cmsgs:
+            for level, kind, value in cmsgs:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    sec, nsec = _TIMESPEC.unpack_from(data)
+                    sec, nsec = _TIMESPEC.unpack_from(value)
                     timestamp = sec + nsec * 1e-9
             head = _SLL.pack(pkttype, hatype, len(haddr), haddr[:8], proto)
             data = head + bytes(view[: min(size, len(buf))])

@@ -259,6 +259,8 @@ def _no_permission(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     "case, message",
     [
         ("missing", "no such file"),
+        ("missing, with -w", "no such file"),
+        ("directory, with -w", "is a directory"),
         ("directory", "is a directory"),
         ("unreadable", "cannot read (Permission denied)"),
         ("not a capture", "not a pcap or pcapng file"),
@@ -276,7 +278,10 @@ def test_every_file_error_names_the_file(
     ends = [24]
     for frame in iter_frames(raw):
         ends.append(ends[-1] + 16 + len(frame.data))
-    if case == "directory":
+    if case.endswith(", with -w"):
+        (tmp_path / "out.pcap").write_bytes(b"")  # an existing output is no reason to crash
+        args += ["-w", str(tmp_path / "out.pcap")]
+    if case.startswith("directory"):
         path.mkdir()
     elif case == "unreadable":
         path.write_bytes(raw)
