@@ -35,7 +35,7 @@ from kbtp.formats import COMPLETION_DESCRIPTOR, FORMATS, HEADER, Display, Part, 
 from kbtp.messages import KbtpError, Message, decode_message
 from stack.wire.checker import Finding
 
-__all__ = ["KbtpSummary", "describe_payload", "looks_like_kbtp"]
+__all__ = ["JSON_HEX_DIGITS", "KbtpSummary", "describe_payload", "looks_like_kbtp"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -56,6 +56,7 @@ _STORES = frozenset({MessageOpcode.STORE, MessageOpcode.ALLOC_STORE})
 _MAX_PAD = 1 << 20
 """Largest missing tail (complete=False) still validated by zero-padding the message."""
 _HEXDUMP_LIMIT = 64
+_HEX_DISPLAYS = frozenset({Display.HEX, Display.STAG, Display.TAGGED_OFFSET})
 
 _HEADER = HEADER.full
 _BODIES: dict[MessageOpcode, Part] = {op: f.body for op, f in FORMATS.items()}
@@ -65,6 +66,14 @@ _BYTES_FIELDS = {
     for part in (*_BODIES.values(), COMPLETION_DESCRIPTOR)
 }
 """Per part: whether a field of odd size (3 octets) is unpacked as bytes, to convert."""
+JSON_HEX_DIGITS: dict[str, int] = {
+    "kbtp_" + key: 2 * f.size
+    for part in (HEADER, *_BODIES.values(), COMPLETION_DESCRIPTOR)
+    for key, f in zip(part.keys, part.fields, strict=True)
+    if f.stag_or_to
+}
+"""The JSON keys of the STags and Tagged Offsets (:attr:`kbtp.formats.Field.stag_or_to`) and
+their hex digits: ``iwarp dissect --json`` writes them as fixed-width hex strings."""
 
 
 def looks_like_kbtp(payload: Buffer) -> bool:
@@ -133,7 +142,7 @@ def _show(display: Display, value: int | None, size: int) -> str:
     """A field's value as the ``-V`` tree shows it."""
     if display is Display.DEC:
         return _dec(value)
-    if display is Display.HEX:
+    if display in _HEX_DISPLAYS:
         return _hex(value)
     if display is Display.BLOCK:
         return _block(value)

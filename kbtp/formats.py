@@ -54,7 +54,9 @@ class Display(Enum):
     DEC = "decimal"
     HEX = "hex"
     DEC_HEX = "decimal and hex"
-    BLOCK = "block offset"  # hex, "none" when all ones
+    STAG = "STag"  # hex
+    TAGGED_OFFSET = "Tagged Offset"  # hex (docs/kbtp.md §2: the offsets are Tagged Offsets)
+    BLOCK = "block offset"  # a Tagged Offset: hex, "none" when all ones
     CAPABILITIES = "capability names"
     FLAGS = "request flag names"
     STATUS = "status name"
@@ -64,6 +66,7 @@ class Display(Enum):
 
 
 _CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_STAG_OR_TO = frozenset({Display.STAG, Display.TAGGED_OFFSET, Display.BLOCK})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,11 @@ class Field:
     @property
     def reserved(self) -> bool:
         return self.display is Display.RESERVED
+
+    @property
+    def stag_or_to(self) -> bool:
+        """An STag or a Tagged Offset: ``iwarp dissect --json`` writes it as fixed-width hex."""
+        return self.display in _STAG_OR_TO
 
     @property
     def code(self) -> str:
@@ -177,6 +185,7 @@ def _part(name: str, spec: tuple[tuple[str, int, str, Display], ...], key_prefix
 
 
 _D, _X, _B, _R = Display.DEC, Display.HEX, Display.BLOCK, Display.RESERVED
+_S, _T = Display.STAG, Display.TAGGED_OFFSET
 
 HEADER = _part(
     "common header",
@@ -195,8 +204,8 @@ HEADER = _part(
 DATA_DESCRIPTOR = _part(
     "Data Descriptor",
     (
-        ("stag", 4, "Data Descriptor STag", _X),
-        ("to", 8, "Data Descriptor Tagged Offset", _X),
+        ("stag", 4, "Data Descriptor STag", _S),
+        ("to", 8, "Data Descriptor Tagged Offset", _T),
         ("length", 4, "Data Descriptor Length", _D),
     ),
     key_prefix="desc_",
@@ -206,8 +215,8 @@ DATA_DESCRIPTOR = _part(
 COMPLETION_DESCRIPTOR = _part(
     "Completion Descriptor",
     (
-        ("stag", 4, "Completion Descriptor STag", _X),
-        ("to", 8, "Completion Descriptor Tagged Offset", _X),
+        ("stag", 4, "Completion Descriptor STag", _S),
+        ("to", 8, "Completion Descriptor Tagged Offset", _T),
         ("reserved", 4, "Completion Descriptor Reserved", _R),
     ),
     key_prefix="record_",
@@ -248,18 +257,18 @@ HELLO_ACK_BODY = _part(
         ("ring_order", 1, "Ring Order", _D),
         ("reserved", 1, "Reserved", _R),
         ("max_inline", 4, "Max Inline", _D),
-        ("table_stag", 4, "Table STag", _X),
-        ("pool_stag", 4, "Pool STag", _X),
-        ("table_offset", 8, "Table Offset", _X),
+        ("table_stag", 4, "Table STag", _S),
+        ("pool_stag", 4, "Pool STag", _S),
+        ("table_offset", 8, "Table Offset", _T),
         ("table_base_handle", 8, "Table Base Handle", _X),
-        ("pool_offset", 8, "Pool Offset", _X),
-        ("ring_stag", 4, "Ring STag", _X),
-        ("partition_stag", 4, "Partition STag", _X),
-        ("ring_offset", 8, "Ring Offset", _X),
-        ("head_offset", 8, "Head Offset", _X),
-        ("partition_offset", 8, "Partition Offset", _X),
+        ("pool_offset", 8, "Pool Offset", _T),
+        ("ring_stag", 4, "Ring STag", _S),
+        ("partition_stag", 4, "Partition STag", _S),
+        ("ring_offset", 8, "Ring Offset", _T),
+        ("head_offset", 8, "Head Offset", _T),
+        ("partition_offset", 8, "Partition Offset", _T),
         ("partition_length", 8, "Partition Length", _X),
-        ("head_stag", 4, "Head STag", _X),
+        ("head_stag", 4, "Head STag", _S),
         ("table_entries", 4, "Table Entries", _D),
     ),
 )

@@ -2,81 +2,50 @@
 
 Default output is one line per PDU (frame, relative time, stream, direction, addresses,
 layers, key fields, findings); ``-V`` prints the full tree; ``--json`` (``-T json``) one
-JSON object per PDU; ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
+JSON object per PDU (STags and Tagged Offsets as fixed-width hex strings, as tshark writes
+them); ``-T fields -e FIELD ...`` tshark-style columns (``-G fields`` lists
 the names: JSON keys, Wireshark names, derived fields).  ``-Y`` filters on those fields
 (``opcode == 3 and findings contains "MPA-12"``); ``-z STAT`` prints statistics at the
-end; ``-w OUT`` copies the frames in which the shown PDUs end.
+end; ``-w OUT`` copies the frames in which the shown PDUs end.  ``-i IFACE`` decodes an
+interface live, as ``tshark -i`` (:mod:`stack.cli.dissect_live`).
 Mid-stream captures are found automatically; ``--crc``, ``--markers`` and ``--initiator``
 state what the capture cannot show.  ``FILE`` may be ``-`` (standard input) or a pipe: the
 capture is decoded as it arrives, in bounded memory.
 
 Exit status: 0 when iWARP traffic was decoded; 1 when the capture holds none; 2 for an
 unreadable, corrupt or truncated file (after printing what was decoded) or a bad option;
-3 with ``--fail-on-findings`` when any displayed PDU has a finding.
+3 with ``--fail-on-findings`` when any displayed PDU has a finding.  A live capture
+ended by ``-c`` or Ctrl-C exits as a file would at its end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from stack.cli import CliError, one_line_errors, positive_int
-from stack.constants import SEND_OPCODES
-from stack.dissect import (
-    FieldContext,
-    FieldsError,
-    FieldsFormat,
-    FilterError,
-    IoStatistics,
-    SnapTracker,
-    StatError,
-    Statistics,
-    TcpConversations,
-    compile_filter,
-    field_list,
-    note_line,
-    parse_stat,
-    record_json,
-    summary_line,
-    verbose_lines,
+from stack.cli.dissect_live import (
+    announce,
+    capture_summary,
+    list_interfaces,
+    open_live,
+    stop_on_signals,
 )
-from stack.dissect.decoder import DissectOptions, Dissector, Note, PduRecord, StreamInfo
-from stack.pcap import CaptureError, CaptureReader, TruncatedCapture, copy_capture
-
-_SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
-
-
-def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
-    """The decoder of the upper-layer protocol carried in Sends (``--ulp``), or None.
-
-    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages,
-    with the session rules, by :class:`kbtp.conversation.KbtpConversations` (which streams
-    carry KBTP: those whose first Send is a KBTP message or a HELLO; Sends of other
-    protocols are left alone, so their bytes never produce KBTP findings).  The stream
-    decoder stays ULP-agnostic (floors 0-1); this tool layer adds the ULP.
-    """
-    if name == "none":
-        return None
-    from kbtp.conversation import KbtpConversations
-
-    conversations = KbtpConversations()
-
-    def annotate(rec: PduRecord) -> Any:
-        seg = rec.segment
-        if seg is None or seg.opcode not in _SEND_OPCODES or seg.mo != 0 or seg.findings:
-            return None
-        payload = bytes(seg.payload)
-        summary = conversations.annotate(rec.stream, rec.direction, payload, seg.last)
-        if summary is not None and summary.findings:
-            rec.findings.extend(summary.findings)
-        return summary
-
-    return annotate
-
+from stack.cli.dissect_output import Printer
+from stack.dissect import StatError, field_list, parse_stat
+from stack.dissect.decoder import DissectOptions, Dissector
+from stack.pcap import (
+    CaptureError,
+    CaptureReader,
+    LiveCapture,
+    TcpSegment,
+    TruncatedCapture,
+    copy_capture,
+)
 
 MARKER_CHOICES = {
     "auto": (None, None),
@@ -96,17 +65,34 @@ Wireshark names (iwarp_ddp.stag, iwarp_rdma.opcode, tcp.port, ip.addr,
 frame.time_relative...; list: -G fields).  Example:
   -Y 'iwarp_rdma.opcode == 7 or findings contains "MPA-12"'
 
+JSON (--json, -T json): one object per PDU and line, its keys those of
+-G fields in a fixed order.  STags and Tagged Offsets (stag, to, inval_stag,
+read_sink_stag/_to, read_src_stag/_to, atomic_remote_stag/_to; with --ulp
+kbtp also the KBTP STags and offsets) are fixed-width hex strings, "0x%08x"
+and "0x%016x" as tshark writes them ("stag": "0x0ca63ebe"); -T fields prints
+the same strings, and -Y compares their numbers (stag == 0x0ca63ebe,
+iwarp_ddp.stag == 212221630).
+
 statistics (-z, repeatable): iwarp (or iwarp,stat; also --stats) for the
 iWARP statistics, conv,tcp for TCP conversations, io,stat,SECONDS for PDUs per
 interval.  With --json or -T fields they go to standard error.
 
-live decode: tcpdump -U -i IFACE -w - tcp port PORT | iwarp dissect -
+live decode: -i IFACE captures on an interface (Linux; CAP_NET_RAW, as for
+tshark and dumpcap: run as root or grant the capability) and decodes as the
+frames arrive; -D lists the interfaces (-i takes a name or their number; any
+captures on all).  -f is the capture filter: [tcp] [src|dst] port N,
+[tcp] [src|dst] portrange N-M, [src|dst] host ADDR, tcp, ip, ip6, combined with
+and/or/not and parentheses (tcpdump's syntax, applied to TCP segments).  -c N
+stops after N PDUs, Ctrl-C (or SIGTERM) at any time, printing the statistics
+asked for; -w OUT saves every captured frame (Linux cooked pcap, for -r later).
+Example:  iwarp dissect -i lo -f 'tcp port 7174' --json -z iwarp
+Without the capability:  tcpdump -U -i IFACE -w - tcp port PORT | iwarp dissect -
 (standard input is decoded as it arrives, in bounded memory).
 
 exit status: 0 iWARP traffic decoded; 1 the capture holds no iWARP traffic;
 2 an unreadable, corrupt or truncated capture (after printing what was
 decoded) or a bad option; 3 with --fail-on-findings when a shown PDU has a
-finding.
+finding.  A live capture ended by -c or Ctrl-C exits as a file at its end.
 """
 
 
@@ -142,6 +128,21 @@ def register(subparsers: Any) -> None:
         "file", metavar="FILE", nargs="?", help="pcap or pcapng capture (- for stdin)"
     )
     parser.add_argument("-r", dest="read_file", metavar="FILE", help="the capture, as tshark -r")
+    parser.add_argument(
+        "-i",
+        dest="interface",
+        metavar="IFACE",
+        help="capture live on this interface (name or -D number, any: all; CAP_NET_RAW)",
+    )
+    parser.add_argument(
+        "-f",
+        dest="capture_filter",
+        metavar="FILTER",
+        help="capture filter of -i: tcp port N, host ADDR... with and/or/not (see below)",
+    )
+    parser.add_argument(
+        "-D", dest="list_interfaces", action="store_true", help="list the interfaces and exit"
+    )
     out = parser.add_mutually_exclusive_group()
     out.add_argument("-V", "--verbose", action="store_true", help="print the full decode tree")
     out.add_argument("--json", action="store_true", help="one JSON object per PDU (and line)")
@@ -184,7 +185,8 @@ def register(subparsers: Any) -> None:
         "-w",
         dest="write",
         metavar="OUT",
-        help="write the frames in which the shown PDUs end to the pcap OUT",
+        help="write the frames in which the shown PDUs end to the pcap OUT "
+        "(with -i: every captured frame)",
     )
     parser.add_argument(
         "--crc",
@@ -281,7 +283,14 @@ def _output_mode(args: argparse.Namespace) -> str:
     return fmt or "text"
 
 
-def _capture_path(args: argparse.Namespace) -> str:
+def _capture_path(args: argparse.Namespace) -> str | None:
+    """The capture file to read, or None for a live capture (``-i``)."""
+    if args.interface is not None:
+        if args.file is not None or args.read_file is not None:
+            raise CliError("give one source: -i IFACE or a capture file, not both")
+        return None
+    if args.capture_filter is not None:
+        raise CliError("-f is the capture filter of -i IFACE (filter a file with -Y)")
     if args.file is not None and args.read_file is not None:
         raise CliError("give the capture once: FILE or -r FILE, not both")
     path = args.file if args.file is not None else args.read_file
@@ -290,186 +299,15 @@ def _capture_path(args: argparse.Namespace) -> str:
     return str(path)
 
 
-def _ascii_fallback(out: TextIO) -> bool:
-    """True when ``out`` cannot encode the arrow of the summary lines (it then writes
-    "->", and any other character it cannot encode as "?")."""
-    encoding = getattr(out, "encoding", None) or "utf-8"
-    try:
-        "\u2192".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        reconfigure = getattr(out, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="replace")
-        return True
-    return False
-
-
-class _Printer:
-    """Formats records as they come; counts what was shown."""
-
-    def __init__(self, args: argparse.Namespace, out: TextIO, mode: str) -> None:
-        self.args = args
-        self.mode = mode
-        self.out = out
-        self.ascii = _ascii_fallback(out)
-        self.context = FieldContext()
-        prefixes = ("kbtp_",) if args.ulp == "kbtp" else ()
-        self.predicate = None
-        if args.filter:
-            try:
-                self.predicate = compile_filter(args.filter, prefixes, self.context)
-            except FilterError as exc:
-                raise CliError(f"bad display filter: {exc}") from None
-        self.columns: FieldsFormat | None = None
-        if mode == "fields":
-            try:
-                self.columns = FieldsFormat(
-                    args.fields or (), args.field_options or (), self.context, prefixes
-                )
-            except FieldsError as exc:
-                raise CliError(str(exc)) from None
-        specs = list(args.stat_specs or ())
-        if args.stats:
-            specs.append(("iwarp", None))
-        kinds = {kind for kind, _ in specs}
-        self.stats = Statistics() if "iwarp" in kinds else None
-        self.conversations = TcpConversations() if "conv" in kinds else None
-        self.io = [IoStatistics(interval) for kind, interval in specs if kind == "io" and interval]
-        self.frames: set[int] | None = set() if args.write else None
-        self.snap = SnapTracker()
-        self.shown = 0
-        self.with_findings = 0
-        self.pdus = 0
-        self.limit = args.count
-        self.lines: list[str] = []
-        if self.columns is not None and self.columns.show_header:
-            self.lines.append(self.columns.header())
-        self.ulp = ulp_annotator(args.ulp)
-        self.plain = mode == "text" and not (
-            args.quiet
-            or args.filter
-            or self.stats is not None
-            or self.io
-            or args.count
-            or args.write
-        )
-
-    @property
-    def done(self) -> bool:
-        return self.limit is not None and self.shown >= self.limit
-
-    def _note(self, note: Note, time_column: bool) -> None:
-        why = self.snap.explain(note) if self.snap.cut else None
-        if why is not None:
-            hint = Note(note.stream, note.frame, note.direction, "snaplen", why, note.offset)
-            self.lines.append(note_line(hint, time_column))
-        self.lines.append(note_line(note, time_column))
-
-    def emit(self, items: list[PduRecord | Note]) -> None:
-        args = self.args
-        lines = self.lines
-        t0 = self.context.t0 or 0.0
-        if self.plain:  # default output, nothing to filter or count: the bulk path
-            append = lines.append
-            pdus = flagged = 0
-            ulp = self.ulp
-            for item in items:
-                if type(item) is PduRecord:
-                    info = ulp(item) if ulp is not None else None
-                    line = summary_line(item, item.timestamp - t0)
-                    append(line if info is None else f"{line} | {info.line}")
-                    pdus += 1
-                    if item.findings:
-                        flagged += 1
-                elif not args.no_notes:
-                    self._note(item, True)  # type: ignore[arg-type]
-            self.pdus += pdus
-            self.with_findings += flagged
-            self.shown = self.pdus
-            if len(lines) > 512:
-                self.flush()
-            return
-        mode = self.mode
-        for item in items:
-            if self.done:
-                return
-            if type(item) is Note:
-                if self.stats is not None:
-                    self.stats.add_note(item)
-                if mode in ("text", "verbose") and not (
-                    args.quiet or args.no_notes or self.predicate
-                ):
-                    self._note(item, mode == "text")
-                continue
-            assert isinstance(item, PduRecord)
-            self.pdus += 1
-            ulp_info = self.ulp(item) if self.ulp is not None else None
-            record = None
-            if self.predicate is not None:
-                record = self._json(item, ulp_info)
-                if not self.predicate(record):
-                    continue
-            self.shown += 1
-            if item.findings:
-                self.with_findings += 1
-            if self.stats is not None:
-                self.stats.add(item)
-            for io in self.io:
-                io.add(item, self.context.t0)
-            if self.frames is not None:
-                self.frames.add(item.frame)
-            if args.quiet:
-                continue
-            if mode == "json":
-                record = record or self._json(item, ulp_info)
-                lines.append(json.dumps(record, separators=(", ", ": ")))
-            elif mode == "fields":
-                assert self.columns is not None
-                lines.append(self.columns.row(record or self._json(item, ulp_info)))
-            elif mode == "verbose":
-                lines.extend(verbose_lines(item, item.timestamp - t0))
-                if ulp_info is not None:
-                    lines.extend(ulp_info.tree_lines())
-                lines.append("")
-            elif ulp_info is not None:
-                lines.append(f"{summary_line(item, item.timestamp - t0)} | {ulp_info.line}")
-            else:
-                lines.append(summary_line(item, item.timestamp - t0))
-        if len(lines) > 512:
-            self.flush()
-
-    @staticmethod
-    def _json(item: PduRecord, ulp_info: Any) -> dict[str, Any]:
-        record = record_json(item)
-        if ulp_info is not None:
-            record.update(ulp_info.json_fields())
-        return record
-
-    def statistics(self, streams: list[StreamInfo]) -> list[str]:
-        lines: list[str] = []
-        if self.stats is not None:
-            lines.extend(self.stats.render(streams))
-        if self.conversations is not None:
-            lines.extend(self.conversations.render(self.context.t0))
-        for io in self.io:
-            lines.extend(io.render())
-        return lines
-
-    def flush(self) -> None:
-        if self.lines:
-            self.lines.append("")
-            text = "\n".join(self.lines)
-            self.out.write(text.replace("\u2192", "->") if self.ascii else text)
-            self.lines = []
-
-
 def _check_write(args: argparse.Namespace, path: str) -> None:
-    """-w needs a capture file it can read a second time, and another file to write."""
+    """-w needs a capture file it can read a second time, and another file to write (a
+    missing file or a directory is left to the reader to report)."""
     if not args.write:
         return
-    if path == "-" or not os.path.isfile(path):
+    piped = os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path))
+    if path == "-" or piped:
         raise CliError(f"-w {args.write}: needs a capture file, not a pipe or stdin ({path})")
-    if os.path.exists(args.write) and os.path.samefile(path, args.write):
+    if os.path.exists(path) and os.path.exists(args.write) and os.path.samefile(path, args.write):
         raise CliError(f"-w {args.write}: would overwrite the capture being read")
 
 
@@ -483,36 +321,31 @@ def _write_frames(path: str, target: str, frames: set[int]) -> int:
         raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    if args.report == "fields":
-        for line in field_list():
-            print(line, file=out)
-        return 0
-    path = _capture_path(args)
-    mode = _output_mode(args)
-    _check_write(args, path)
-    options = options_from(args)
-    printer = _Printer(args, out, mode)
-
-    def flush_decoded() -> None:  # before a read that may wait: show what is decoded
-        printer.flush()
-        out.flush()
-
-    try:
-        reader = CaptureReader(path, on_wait=flush_decoded)
-    except CaptureError as exc:
-        raise CliError(str(exc)) from None
-    dissector = Dissector(options)
-    error: CaptureError | None = None
+def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: Printer) -> None:
+    """Feed every segment to the decoder and its records to the printer, until ``-c``."""
     feed = dissector.feed
     emit = printer.emit
     snap = printer.snap.add
     conversations = printer.conversations
-    segments = iter(reader)
-    try:
-        for segment in segments:  # the first: the origin of relative times
-            printer.context.t0 = segment.timestamp
+    for segment in segments:  # the first: the origin of relative times
+        printer.context.t0 = segment.timestamp
+        if segment.missing:
+            snap(segment)
+        if conversations is not None:
+            conversations.add(segment)
+        items = feed(segment)
+        if items:
+            emit(items)
+        break
+    if printer.limit is None and conversations is None:
+        for segment in segments:
+            if segment.missing:
+                snap(segment)
+            items = feed(segment)
+            if items:
+                emit(items)
+    elif not printer.done:
+        for segment in segments:
             if segment.missing:
                 snap(segment)
             if conversations is not None:
@@ -520,29 +353,55 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             items = feed(segment)
             if items:
                 emit(items)
-            break
-        if printer.limit is None and conversations is None:
-            for segment in segments:
-                if segment.missing:
-                    snap(segment)
-                items = feed(segment)
-                if items:
-                    emit(items)
-        elif not printer.done:
-            for segment in segments:
-                if segment.missing:
-                    snap(segment)
-                if conversations is not None:
-                    conversations.add(segment)
-                items = feed(segment)
-                if items:
-                    emit(items)
-                    if printer.done:
-                        break
-    except CaptureError as exc:
-        error = exc
-    finally:
-        reader.close()
+                if printer.done:
+                    break
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    if args.report == "fields":
+        for line in field_list():
+            print(line, file=out)
+        return 0
+    if args.list_interfaces:
+        list_interfaces(out)
+        return 0
+    path = _capture_path(args)
+    mode = _output_mode(args)
+    if path is not None:
+        _check_write(args, path)
+    options = options_from(args)
+    printer = Printer(args, out, mode)
+
+    def flush_decoded() -> None:  # before a read that may wait: show what is decoded
+        printer.flush()
+        out.flush()
+
+    reader: CaptureReader | LiveCapture
+    writer = None
+    if path is None:
+        reader, writer = open_live(args, flush_decoded)
+        printer.frames = None  # -w saves the capture itself, frame by frame
+        announce(reader)
+    else:
+        try:
+            reader = CaptureReader(path, on_wait=flush_decoded)
+        except CaptureError as exc:
+            raise CliError(str(exc)) from None
+    dissector = Dissector(options)
+    error: CaptureError | None = None
+    with stop_on_signals() if path is None else contextlib.nullcontext():
+        try:
+            _decode(iter(reader), dissector, printer)
+        except CaptureError as exc:
+            error = exc
+        except KeyboardInterrupt:  # Ctrl-C ends a live capture: finish as at its end
+            if path is not None:
+                raise
+        finally:
+            reader.close()
+            if writer is not None:
+                writer.close()
     if not printer.done:
         printer.emit(dissector.finish())
     streams = dissector.streams()
@@ -557,13 +416,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         printer.flush()
     out.flush()
     name = reader.name
+    if isinstance(reader, LiveCapture):
+        print(capture_summary(reader), file=sys.stderr)
+        if error is not None:
+            print(f"iwarp dissect: {error}", file=sys.stderr)
+            return 2
     if error is not None:
         kind = "truncated" if isinstance(error, TruncatedCapture) else "corrupt"
         print(f"iwarp dissect: {name}: {kind} capture: {error.message}", file=sys.stderr)
         if args.write:
             print(f"iwarp dissect: {args.write}: not written", file=sys.stderr)
         return 2
-    if printer.frames is not None:
+    if printer.frames is not None and path is not None:
         _write_frames(path, args.write, printer.frames)
     if printer.pdus == 0:
         tcp = reader.stats.tcp

@@ -4,7 +4,7 @@ Field names are those of ``-G fields`` (:func:`stack.dissect.fields.field_getter
 JSON keys, their Wireshark names and the derived fields).  Values are printed as
 tshark prints them: booleans as ``1``/``0``, a missing value as an empty column, lists
 and either-end fields joined by the aggregator, STags as ``0x%08x`` and tagged offsets
-as ``0x%016x`` (RFC 5041 §4.2: the fields the text output shows in hex),
+as ``0x%016x`` (:data:`~stack.dissect.fields.HEX_DIGITS`, the strings of ``--json``),
 ``frame.time_relative`` in microseconds (six decimals).  ``-E`` options follow tshark's:
 ``header=y|n``, ``separator=/t|/s|CHAR``, ``quote=d|s|n``, ``aggregator=/s|CHAR``.
 """
@@ -14,17 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from stack.dissect.fields import ALIASES, FieldContext, field_getter
+from stack.dissect.fields import ALIASES, HEX_DIGITS, FieldContext, field_getter, hex_text
 from stack.errors import IwarpError
 
 __all__ = ["FieldsError", "FieldsFormat"]
-
-STAG_KEYS = frozenset(
-    ("stag", "inval_stag", "read_sink_stag", "read_src_stag", "atomic_remote_stag")
-)
-"""Keys shown as 32-bit hex (RFC 5041 §4.2 STag)."""
-TO_KEYS = frozenset(("to", "read_sink_to", "read_src_to", "atomic_remote_to"))
-"""Keys shown as 64-bit hex (RFC 5041 §4.2 Tagged Offset)."""
 
 _SPECIAL = {"/t": "\t", "/s": " "}
 _QUOTES = {"d": '"', "s": "'", "n": ""}
@@ -34,26 +27,27 @@ class FieldsError(IwarpError):
     """An unknown ``-e`` field or a malformed ``-E`` option."""
 
 
-def _render(value: Any, key: str, aggregator: str) -> str:
+def _render(value: Any, digits: int | None, key: str, aggregator: str) -> str:
+    """One column: ``digits`` is the hex width of the field (None: not a hex field)."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
-        if key in STAG_KEYS:
-            return f"0x{value:08x}"
-        if key in TO_KEYS:
-            return f"0x{value:016x}"
-        return str(value)
+        return str(value) if digits is None else hex_text(value, digits)
     if isinstance(value, float):
         return f"{value:.6f}" if key == "frame.time_relative" else repr(value)
     if isinstance(value, list | tuple):
-        return aggregator.join(_render(v, key, aggregator) for v in value)
+        return aggregator.join(_render(v, digits, key, aggregator) for v in value)
     return str(value)
 
 
 class FieldsFormat:
-    """The rows of ``-T fields``: ``header()`` (the names) and ``row(record)``."""
+    """The rows of ``-T fields``: ``header()`` (the names) and ``row(record)``.
+
+    ``hex_digits``: the fields printed in hex and their widths (default
+    :data:`~stack.dissect.fields.HEX_DIGITS`; an upper-layer decoder adds its own).
+    """
 
     def __init__(
         self,
@@ -61,6 +55,7 @@ class FieldsFormat:
         options: Iterable[str] = (),
         context: FieldContext | None = None,
         field_prefixes: tuple[str, ...] = (),
+        hex_digits: dict[str, int] | None = None,
     ) -> None:
         self.names = list(names)
         if not self.names:
@@ -71,14 +66,16 @@ class FieldsFormat:
         self.aggregator = ","
         for option in options:
             self._option(option)
-        getters: list[tuple[str, Callable[[dict[str, Any]], Any]]] = []
+        widths = HEX_DIGITS if hex_digits is None else hex_digits
+        getters: list[tuple[str, int | None, Callable[[dict[str, Any]], Any]]] = []
         for name in self.names:
             get = field_getter(name, context)
             if get is None and field_prefixes and name.startswith(field_prefixes):
                 get = (lambda key: lambda r: r.get(key))(name)
             if get is None:
                 raise FieldsError(f"unknown field {name!r} for -e (list: -G fields)")
-            getters.append((ALIASES.get(name, name), get))
+            json_key = ALIASES.get(name, name)
+            getters.append((json_key, widths.get(json_key), get))
         self._getters = getters
 
     def _option(self, option: str) -> None:
@@ -114,5 +111,6 @@ class FieldsFormat:
     def row(self, record: dict[str, Any]) -> str:
         agg = self.aggregator
         return self.separator.join(
-            self._quoted(_render(get(record), key, agg)) for key, get in self._getters
+            self._quoted(_render(get(record), digits, key, agg))
+            for key, digits, get in self._getters
         )

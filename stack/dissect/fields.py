@@ -15,6 +15,11 @@ union, so the JSON keys and the filter fields cannot drift apart.
   :data:`OPCODE_KEYS` of the opcodes that carry more (Invalidate STag, Read Request,
   Immediate Data, Atomic Request/Response, Terminate; ``null`` when the header is missing).
 
+Records hold numbers, which display filters compare.  Written out (``--json``,
+:func:`json_object`), the STag and Tagged Offset fields (:data:`HEX_DIGITS`) become
+fixed-width hex strings, ``"0x%08x"`` and ``"0x%016x"`` as tshark writes them; ``-T fields``
+prints the same strings.
+
 Names of PDU kinds (:data:`KIND_NAMES`) and opcodes (:func:`opcode_name`) are shared by
 the records, the text output and the statistics.
 """
@@ -58,6 +63,7 @@ __all__ = [
     "FIELD_INFO",
     "FPDU_KEYS",
     "FieldContext",
+    "HEX_DIGITS",
     "IMMEDIATE_KEYS",
     "INVAL_KEYS",
     "KIND_NAMES",
@@ -67,11 +73,15 @@ __all__ = [
     "OPCODE_NAMES_BY_VALUE",
     "READ_KEYS",
     "SEGMENT_KEYS",
+    "STAG_KEYS",
     "TAIL_KEYS",
     "TERM_KEYS",
+    "TO_KEYS",
     "field_getter",
     "field_list",
+    "hex_text",
     "json_line",
+    "json_object",
     "opcode_name",
     "record_json",
 ]
@@ -122,6 +132,13 @@ TERM_KEYS = (
     "term_siw_layout",
 )
 TAIL_KEYS = ("findings", "timestamp", "wire_len", "offset", "finding_details")
+
+STAG_KEYS = ("stag", "inval_stag", "read_sink_stag", "read_src_stag", "atomic_remote_stag")
+"""The STag fields (32 bits: RFC 5041 §4.2, RFC 5040 §4.1 and §4.4, RFC 7306 §5.2.1)."""
+TO_KEYS = ("to", "read_sink_to", "read_src_to", "atomic_remote_to")
+"""The Tagged Offset fields (64 bits: RFC 5041 §4.2, RFC 5040 §4.4, RFC 7306 §5.2.1)."""
+HEX_DIGITS: dict[str, int] = {**dict.fromkeys(STAG_KEYS, 8), **dict.fromkeys(TO_KEYS, 16)}
+"""Fields written as hex strings of fixed width: key -> hex digits (two per octet)."""
 
 KIND_NAMES: dict[str, str] = {"mpa_req": "MPA Request", "mpa_rep": "MPA Reply"}
 """Display names of the startup frames' ``type`` values (FPDUs are named by opcode)."""
@@ -486,6 +503,23 @@ def record_json(rec: PduRecord) -> dict[str, Any]:
     return out
 
 
+def hex_text(value: int, digits: int) -> str:
+    """``value`` as ``0x`` and ``digits`` lower-case hex digits (``0x0ca63ebe``)."""
+    return f"0x{value:0{digits}x}"
+
+
+def json_object(record: dict[str, Any], digits: dict[str, int] | None = None) -> dict[str, Any]:
+    """A copy of ``record`` as written out: every integer field of ``digits`` (default
+    :data:`HEX_DIGITS`; an upper-layer decoder adds its own) as a fixed-width hex string."""
+    out = dict(record)
+    for key, width in (HEX_DIGITS if digits is None else digits).items():
+        value = out.get(key)
+        if type(value) is int:
+            out[key] = hex_text(value, width)
+    return out
+
+
 def json_line(rec: PduRecord) -> str:
-    """One JSON line for ``rec`` (compact, keys in the documented order)."""
-    return json.dumps(record_json(rec), separators=(",", ":"))
+    """One JSON line for ``rec`` (compact, keys in the documented order, STags and TOs in
+    hex: :func:`json_object`)."""
+    return json.dumps(json_object(record_json(rec)), separators=(",", ":"))

@@ -179,7 +179,7 @@ def dissect(pcap: Path, **options: object) -> Decode:
 
 def tshark_cross_check(pcap: Path) -> int:
     """Our decode of a real capture equals Debian tshark's, field by field, wherever
-    tshark is reliable (tests/dissect/tshark_oracle.py): an independent decoder agrees on
+    tshark is reliable (:mod:`stack.interop.tshark`): an independent decoder agrees on
     third-party traffic.  Returns the PDUs compared (0: a capture tshark misdecodes, e.g.
     markers).  Without tshark: a failure in CI (CI=true), nothing on a developer machine."""
     if TSHARK is None:

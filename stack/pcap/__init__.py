@@ -2,12 +2,22 @@
 
 Floor 0: imports nothing of the stack but :mod:`stack.errors`.  :mod:`stack.pcap.format`
 holds the format numbers; :mod:`stack.pcap.reader` reads a path, ``-`` (stdin), a pipe,
-an open file or bytes in bounded memory; :mod:`stack.pcap.writer` synthesizes
-Ethernet/IP/TCP packets around recorded byte streams.
+an open file or bytes in bounded memory; :mod:`stack.pcap.live` captures on a Linux
+interface, filtered by :mod:`stack.pcap.capfilter`; :mod:`stack.pcap.writer` synthesizes
+Ethernet/IP/TCP packets around recorded byte streams and copies captured frames.
 """
 
+from stack.pcap.capfilter import CaptureFilterError, SegmentFilter, compile_capture_filter
 from stack.pcap.errors import CaptureError, TruncatedCapture
 from stack.pcap.format import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
+from stack.pcap.live import (
+    ANY_INTERFACE,
+    CapturePermissionError,
+    LiveCapture,
+    can_capture,
+    interface_name,
+    interfaces,
+)
 from stack.pcap.packet import CaptureStats, Frame, TcpSegment, parse_tcp
 from stack.pcap.reader import (
     CaptureReader,
@@ -20,6 +30,7 @@ from stack.pcap.source import CHUNK, CaptureInput, Source, open_capture
 from stack.pcap.writer import ConnectionRecorder, Direction, PcapWriter, internet_checksum
 
 __all__ = [
+    "ANY_INTERFACE",
     "CHUNK",
     "TCP_ACK",
     "TCP_FIN",
@@ -27,18 +38,26 @@ __all__ = [
     "TCP_RST",
     "TCP_SYN",
     "CaptureError",
+    "CaptureFilterError",
     "CaptureInput",
+    "CapturePermissionError",
     "CaptureReader",
     "CaptureStats",
     "ConnectionRecorder",
     "Direction",
     "Frame",
+    "LiveCapture",
     "PcapWriter",
+    "SegmentFilter",
     "Source",
     "TcpSegment",
     "TruncatedCapture",
+    "can_capture",
     "capture_format",
+    "compile_capture_filter",
     "copy_capture",
+    "interface_name",
+    "interfaces",
     "internet_checksum",
     "iter_frames",
     "open_capture",

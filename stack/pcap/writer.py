@@ -14,6 +14,8 @@ is the side that sent the SYN.  Checksums (IPv4 header and TCP) are computed, so
 packets are valid on any reader.  For tests and fuzzing, :meth:`ConnectionRecorder.segment`
 writes one hand-made segment at any sequence offset (retransmissions, overlaps, holes).
 
+:meth:`PcapWriter.write_frame` copies captured frames as they are (a live capture's ``-w``).
+
 Not thread-safe: one writer per trio task tree (trio is single-threaded).
 """
 
@@ -42,6 +44,7 @@ from stack.pcap.format import (
     TCP_RST,
     TCP_SYN,
 )
+from stack.pcap.packet import Frame
 
 DEFAULT_SNAPLEN = MAXIMUM_SNAPLEN
 DEFAULT_MSS = 1460
@@ -240,11 +243,12 @@ def _ip_bytes(text: str) -> bytes:
 
 
 class PcapWriter:
-    """Writes a classic pcap file (microsecond timestamps, Ethernet link type).
+    """Writes a classic pcap file (microsecond timestamps, Ethernet link type by default).
 
     ``PcapWriter(path_or_binary_file)``; ``connection(src, dst, ...)`` starts recording a
-    connection; ``close()`` flushes and closes the file (a file object passed in is only
-    flushed).  Usable as a context manager.
+    connection (Ethernet only); ``write_frame(frame)`` copies a captured frame of the
+    writer's ``linktype``; ``close()`` flushes and closes the file (a file object passed in
+    is only flushed).  Usable as a context manager.
     """
 
     def __init__(
@@ -253,6 +257,7 @@ class PcapWriter:
         *,
         snaplen: int = DEFAULT_SNAPLEN,
         flush_each: bool = False,
+        linktype: int = LINKTYPE_ETHERNET,
     ) -> None:
         if isinstance(target, str | os.PathLike):
             self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed in close()
@@ -262,11 +267,12 @@ class PcapWriter:
             self._owns = False
         self.snaplen = snaplen
         self.flush_each = flush_each
+        self.linktype = linktype
         self.packets = 0
         self._ip_id = 0
         self._closed = False
         self._file.write(
-            struct.pack("<IHHiIII", PCAP_MAGIC_US, *PCAP_VERSION, 0, 0, snaplen, LINKTYPE_ETHERNET)
+            struct.pack("<IHHiIII", PCAP_MAGIC_US, *PCAP_VERSION, 0, 0, snaplen, linktype)
         )
 
     def __enter__(self) -> PcapWriter:
@@ -293,6 +299,8 @@ class PcapWriter:
         """
         if self._closed:
             raise LocalError("pcap writer is closed")
+        if self.linktype != LINKTYPE_ETHERNET:
+            raise LocalError("recorded connections are written as Ethernet frames")
         return ConnectionRecorder(
             self, src, dst, mss=mss, isn=isn, timestamp=timestamp, handshake=handshake
         )
@@ -347,12 +355,22 @@ class PcapWriter:
             ip = bytearray(_IPV6_HDR.pack(6 << 28, tcp_len, IPPROTO_TCP, 64, half.src, half.dst))
             ethertype = _ETH_IPV6
         frame = half.mac_dst + half.mac_src + ethertype + bytes(ip) + bytes(tcp)
+        self._record(ts, frame, len(frame))
+
+    def write_frame(self, frame: Frame) -> None:
+        """Write a captured frame (of this writer's ``linktype``) as one record."""
+        if self._closed:
+            raise LocalError("pcap writer is closed")
+        self._record(frame.timestamp, frame.data, max(frame.orig_len, len(frame.data)))
+
+    def _record(self, ts: float, frame: bytes | memoryview, orig_len: int) -> None:
+        """One record: header (microsecond timestamp, lengths), then at most snaplen bytes."""
         sec = int(ts)
         usec = int(round((ts - sec) * 1e6))
         if usec >= 1000000:
             sec, usec = sec + 1, usec - 1000000
         caplen = min(len(frame), self.snaplen)
-        self._file.write(_REC_HDR.pack(sec, usec, caplen, len(frame)))
+        self._file.write(_REC_HDR.pack(sec, usec, caplen, orig_len))
         self._file.write(frame[:caplen])
         self.packets += 1
         if self.flush_each:

@@ -125,6 +125,31 @@ def test_display_filters_take_wireshark_names(capture: Path, capsys) -> None:
     assert "unknown field" in _error(capsys, str(capture), "-Y", "iwarp_ddp.nosuch == 1")
 
 
+def test_json_stags_and_tos_are_fixed_width_hex_and_filters_compare_numbers(
+    capture: Path, capsys
+) -> None:
+    keys = ("stag", "to", "read_sink_stag", "read_sink_to", "read_src_stag", "read_src_to")
+    rows = [json.loads(r) for r in _out(capsys, str(capture), "--json").splitlines()]
+    write, rr = rows[3], rows[4]
+    assert (write["stag"], write["to"]) == ("0x00abcdef", "0x0000000000001000")
+    assert [rr[k] for k in keys[2:]] == ["0x11223344", "0x0000000000002000", "0x55667788",
+                                          "0x0000000000003000"]  # fmt: skip
+    assert rows[2]["stag"] is None and rows[2]["to"] is None  # untagged: null, as before
+    # -T fields prints the very same strings
+    table = _out(capsys, str(capture), "-T", "fields", *(a for k in keys for a in ("-e", k)))
+    for line, rec in zip(table.splitlines(), rows, strict=True):
+        assert line.split("\t") == [rec.get(k) or "" for k in keys]
+
+    def frames(expr: str) -> list[int]:
+        return [json.loads(r)["frame"] for r in _out(capsys, str(capture), "--json", "-Y", expr)
+                .splitlines()]  # fmt: skip
+
+    tagged = [write["frame"], rows[5]["frame"]]
+    assert frames("stag == 0x00abcdef") == frames("iwarp_ddp.stag == 11259375") == tagged[:1]
+    assert frames("stag >= 0x00abcdef") == tagged and frames("to < 0x1001") == tagged[:1]
+    assert frames("read_src_to == 12288") == frames("iwarp_rdma.srcto == 0x3000") == [rr["frame"]]
+
+
 def test_z_takes_tshark_arguments_and_leaves_the_file_alone(capture: Path, capsys) -> None:
     out = _out(capsys, "-q", "-z", "conv,tcp", str(capture))
     assert "TCP Conversations" in out and "10.1.0.1:50001 <-> 10.1.0.2:35287" in out
@@ -141,6 +166,23 @@ def test_json_with_statistics_keeps_stdout_json(capture: Path, capsys) -> None:
     captured = capsys.readouterr()
     rows = [json.loads(line) for line in captured.out.splitlines()]
     assert len(rows) == 6 and "iWARP statistics" in captured.err
+
+
+@pytest.mark.parametrize("fmt", [["--json"], ["-T", "json"], ["-T", "fields", "-e", "frame"]])
+def test_every_statistic_goes_to_stderr_when_stdout_is_machine_readable(
+    capture: Path, capsys, fmt: list[str]
+) -> None:
+    stats = ["-z", "iwarp", "-z", "conv,tcp", "-z", "io,stat,1", "--stats"]
+    assert main(["dissect", str(capture), *fmt, *stats]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 6
+    if fmt[-1] == "frame":
+        assert all(line.isdigit() for line in lines)
+    else:
+        assert all(isinstance(json.loads(line), dict) for line in lines)
+    for title in ("iWARP statistics", "TCP Conversations", "IO Statistics"):
+        assert title in captured.err and title not in captured.out
 
 
 def test_time_columns(capture: Path, capsys) -> None:
@@ -174,6 +216,9 @@ def test_help_has_the_filter_grammar_exit_codes_and_live_decode(capsys) -> None:
     assert "display filter (-Y)" in text and "contains" in text and "tcp.port" in text
     assert "exit status: 0" in text and "--fail-on-findings" in text
     assert "tcpdump -U -i IFACE -w -" in text and "-z" in text
+    assert "-i IFACE" in text and "CAP_NET_RAW" in text and "-D lists the interfaces" in text
+    assert "[tcp] [src|dst] port N" in text and "saves every captured frame" in text
+    assert "JSON (--json, -T json)" in text and '"0x%08x"' in text and '"0x%016x"' in text
 
 
 @pytest.mark.parametrize("extra", [[], ["-V"], ["-z", "iwarp"]])

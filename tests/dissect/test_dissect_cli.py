@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import select
 import struct
 import subprocess
@@ -115,20 +117,21 @@ def test_json_values_field_by_field(capture: Path, capsys) -> None:
     assert (send["opcode"], send["opcode_name"], send["qn"], send["msn"], send["mo"]) == (
         3, "Send", 0, 1, 0)  # fmt: skip
     assert send["stag"] is None and send["to"] is None and send["ddp_payload_len"] == 13
-    assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == 0xCAFE
-    # reference FPDU E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes
+    assert inv["opcode_name"] == "Send with Invalidate" and inv["inval_stag"] == "0x0000cafe"
+    # reference FPDU E2: RDMA Write STag 0x00ABCDEF TO 0x1000, 8 bytes; STags and TOs are
+    # written as fixed-width hex strings, as tshark writes them
     assert (write["ulpdu_len"], write["stag"], write["to"], write["qn"]) == (
-        22, 0x00ABCDEF, 0x1000, None)  # fmt: skip
+        22, "0x00abcdef", "0x0000000000001000", None)  # fmt: skip
     assert write["ddp_payload_len"] == 8
-    assert (rr["read_sink_stag"], rr["read_sink_to"], rr["read_size"]) == (0x11223344, 0x2000,
-                                                                          0x400)  # fmt: skip
+    assert (rr["read_sink_stag"], rr["read_sink_to"], rr["read_size"]) == (
+        "0x11223344", "0x0000000000002000", 0x400)  # fmt: skip
     assert (rr["read_src_stag"], rr["read_src_to"], rr["ddp_payload_len"]) == (
-        0x55667788, 0x3000, 28)  # fmt: skip
+        "0x55667788", "0x0000000000003000", 28)  # fmt: skip
     assert resp["direction"] == "r2i" and resp["markers"] >= 2 and resp["marker_ptrs"][0] == 0
     assert imm["immediate_data"] == "0102030405060708" and imm["opcode_name"] == "Immediate Data"
     assert (atom["atomic_opcode"], atom["atomic_req_id"], atom["atomic_remote_stag"]) == (
-        0, 0xDEADBEEF, 0x0A0B0C0D)  # fmt: skip
-    assert (atom["atomic_remote_to"], atom["atomic_add_swap_data"]) == (0x4000, 1)
+        0, 0xDEADBEEF, "0x0a0b0c0d")  # fmt: skip
+    assert (atom["atomic_remote_to"], atom["atomic_add_swap_data"]) == ("0x0000000000004000", 1)
     assert (atom["atomic_add_swap_mask"], atom["atomic_compare_data"]) == (0, 0)
     assert atom["atomic_compare_mask"] == 2**64 - 1
     assert (aresp["atomic_orig_req_id"], aresp["atomic_orig_value"]) == (0xDEADBEEF, 0x29)
@@ -235,6 +238,75 @@ def test_missing_file_and_bad_filter(capsys) -> None:
     assert main(["dissect", "/nonexistent.pcap", "-Y", "opcode =="]) == 2
     assert "bad display filter" in capsys.readouterr().err
     assert main(["dissect", "/x.pcap", "--initiator", "nonsense"]) == 2
+
+
+def _no_permission(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``path`` unreadable; root reads through mode bits, so it then gets the error
+    the kernel gives other users."""
+    path.chmod(0)
+    if os.geteuid() == 0:
+        real_open = open
+
+        def refuse(name: object, *args: object, **kwargs: object) -> object:
+            if name == str(path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(name, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr("stack.pcap.source.open", refuse, raising=False)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "no such file"),
+        ("missing, with -w", "no such file"),
+        ("directory, with -w", "is a directory"),
+        ("directory", "is a directory"),
+        ("unreadable", "cannot read (Permission denied)"),
+        ("not a capture", "not a pcap or pcapng file"),
+        ("corrupt record", "corrupt capture: corrupt record for frame 5"),
+        ("truncated", "truncated capture: file is cut short"),
+        ("unwritable -w", "No such file or directory"),
+    ],
+)
+def test_every_file_error_names_the_file(
+    case: str, message: str, capture: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    path = tmp_path / "x.pcap"
+    args = [str(path)]
+    raw = capture.read_bytes()
+    ends = [24]
+    for frame in iter_frames(raw):
+        ends.append(ends[-1] + 16 + len(frame.data))
+    if case.endswith(", with -w"):
+        (tmp_path / "out.pcap").write_bytes(b"")  # an existing output is no reason to crash
+        args += ["-w", str(tmp_path / "out.pcap")]
+    if case.startswith("directory"):
+        path.mkdir()
+    elif case == "unreadable":
+        path.write_bytes(raw)
+        _no_permission(path, monkeypatch)
+    elif case == "not a capture":
+        path.write_bytes(b"GET / HTTP/1.1\r\n\r\n")
+    elif case == "corrupt record":
+        bad = bytearray(raw)
+        struct.pack_into("<I", bad, ends[4] + 8, 0x7FFFFFFF)  # frame 5's captured length
+        path.write_bytes(bytes(bad))
+    elif case == "truncated":
+        path.write_bytes(raw[:-30])
+    elif case == "unwritable -w":
+        path.write_bytes(raw)
+        out = tmp_path / "no" / "such" / "dir.pcap"
+        args += ["-w", str(out)]
+        path = out
+    try:
+        status = main(["dissect", *args, "-q"])
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("iwarp dissect: ") and "\n" not in err and "Traceback" not in err
+    assert f"{path}: " in err and message in err
 
 
 def test_non_iwarp_tcp(tmp_path: Path, capsys) -> None:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stack.constants import TERM_RDMAP_INVALID_STAG
-from stack.dissect import FIELDS, KIND_NAMES, compile_filter, record_json
+from stack.dissect import (
+    FIELD_INFO,
+    FIELDS,
+    HEX_DIGITS,
+    KIND_NAMES,
+    compile_filter,
+    json_line,
+    json_object,
+    record_json,
+)
 from stack.dissect.decoder import PduRecord, dissect
 from stack.dissect.fields import (
     COMMON_KEYS,
@@ -103,3 +114,30 @@ def test_every_field_is_a_filter_name_that_selects_its_records() -> None:
 def test_kind_names_match_the_json_types() -> None:
     kinds = {record_json(r)["type"] for r in RECORDS}
     assert kinds == {*KIND_NAMES, "fpdu"}
+
+
+def test_hex_fields_are_exactly_the_stags_and_tagged_offsets() -> None:
+    described = {key for key, (text, _) in FIELD_INFO.items()
+                 if "stag" in text.lower() or "tagged offset" in text.lower()}  # fmt: skip
+    assert set(HEX_DIGITS) == described
+    assert {HEX_DIGITS[k] for k in described if "to" in k.split("_")} == {16}
+    assert {HEX_DIGITS[k] for k in described if k.endswith("stag")} == {8}
+
+
+def test_json_object_writes_stags_and_tos_in_hex_and_leaves_the_record_alone() -> None:
+    for rec in RECORDS:
+        record = record_json(rec)
+        written = json_object(record)
+        assert list(written) == list(record)
+        assert json.loads(json_line(rec)) == written
+        for key, value in record.items():
+            if key in HEX_DIGITS and value is not None:
+                assert isinstance(value, int)  # filters compare the numbers
+                assert written[key] == f"0x{value:0{HEX_DIGITS[key]}x}"
+            else:
+                assert written[key] == value
+    write = next(record_json(r) for r in RECORDS if r.segment and r.segment.opcode == 0)
+    assert json_object(write)["stag"] == "0x00abcdef" and write["stag"] == 0x00ABCDEF
+    assert json_object(write)["to"] == "0x0000000000001000"
+    assert json_object(write, {"stag": 4})["stag"] == "0xabcdef"  # only the given keys
+    assert json_object(write, {"stag": 4})["to"] == 0x1000

@@ -14,12 +14,14 @@ machine and FAIL in CI (CI=true), so a broken setup cannot pass silently.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from stack.cli.iwarp import main
 from stack.constants import (
     TERM_DDP_U_MSN_RANGE,
     TERM_LLP_CRC_ERROR,
@@ -29,6 +31,7 @@ from stack.constants import (
 )
 from stack.dissect.decoder import DissectOptions
 from stack.interop.tshark import (
+    OPTIONS,
     TSHARK,
     compare,
     field_hex,
@@ -110,6 +113,34 @@ def test_fields_agree_with_tshark(tshark: str, tmp_path: Path, crc: bool, mss: i
     assert len(mine) == len(theirs) > 20
     for m, t in zip(mine, theirs, strict=True):
         compare(m, t, crc)
+
+
+HEX_FIELDS = {
+    "stag": "iwarp_ddp.stag",
+    "to": "iwarp_ddp.tagged_offset",
+    "read_sink_stag": "iwarp_rdma.sinkstag",
+    "read_sink_to": "iwarp_rdma.sinkto",
+    "read_src_stag": "iwarp_rdma.srcstag",
+    "read_src_to": "iwarp_rdma.srcto",
+}
+"""Our STag/TO keys whose tshark fields are hex (BASE_HEX): the JSON strings must be equal."""
+
+
+def test_json_stag_and_to_strings_are_tsharks(tshark: str, tmp_path: Path, capsys) -> None:
+    path = _reliable_capture(tmp_path, crc=True, mss=1460)
+    assert main(["dissect", str(path), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    names = [arg for name in ("frame.number", *HEX_FIELDS.values()) for arg in ("-e", name)]
+    proc = subprocess.run([tshark, "-n", "-r", str(path), *OPTIONS, "-T", "json", *names],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    layers = [p["_source"]["layers"] for p in json.loads(proc.stdout)]
+    for key, name in HEX_FIELDS.items():
+        mine: dict[int, list[str]] = {}
+        for r in records:
+            if r.get(key) is not None:
+                mine.setdefault(r["frame"], []).append(r[key])
+        theirs = {int(lay["frame.number"][0]): lay[name] for lay in layers if name in lay}
+        assert mine == theirs != {}, key
 
 
 def test_crc_verdict_agrees_on_a_corrupted_fpdu(tshark: str, tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from kbtp.constants import (
     RequestFlag,
     Status,
 )
-from kbtp.describe import KbtpSummary, describe_payload, looks_like_kbtp
+from kbtp.describe import JSON_HEX_DIGITS, KbtpSummary, describe_payload, looks_like_kbtp
+from kbtp.formats import COMPLETION_DESCRIPTOR, FORMATS, HEADER
 from kbtp.messages import (
     AllocStore,
     Bind,
@@ -446,3 +447,14 @@ def test_describe_is_pure_no_scapy_imported() -> None:
     code = "import sys, kbtp.describe; print(any(m.startswith('scapy') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_json_hex_fields_are_the_stags_and_tagged_offsets() -> None:
+    """docs/kbtp.md §2: the offsets named with an STag are Tagged Offsets; those and the STags
+    are written as hex of the field's width by ``iwarp dissect --json``."""
+    parts = (HEADER, COMPLETION_DESCRIPTOR, *(f.body for f in FORMATS.values()))
+    labelled = {"kbtp_" + key: 2 * f.size for part in parts
+                for key, f in zip(part.keys, part.fields, strict=True)
+                if "STag" in f.label or "Offset" in f.label}  # fmt: skip
+    assert JSON_HEX_DIGITS == labelled
+    assert {JSON_HEX_DIGITS["kbtp_desc_stag"], JSON_HEX_DIGITS["kbtp_record_to"]} == {8, 16}
