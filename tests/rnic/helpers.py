@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge
+from stack.rnic import (
+    Access,
+    CompletionQueue,
+    QueuePair,
+    RegMr,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WrOpcode,
+    inc_rkey,
+)
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.wire.connection import IwarpConnection
@@ -36,6 +47,17 @@ class Side:
     def mr(self, size_or_data: int | bytes, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
         buf = bytearray(size_or_data)
         return self.pd.reg_mr(buf, access)
+
+    def fast_mr(
+        self, size_or_data: int | bytes, access: Access = Access.LOCAL_WRITE
+    ) -> MemoryRegion:
+        """A fast-registered MR: ``alloc_mr``, then an unsignalled ``REG_MR`` on this QP."""
+        buf = bytearray(size_or_data)
+        mr = self.pd.alloc_mr(len(buf))
+        reg = RegMr(mr, buf, access, inc_rkey(mr.rkey))
+        self.qp.post_send(SendWR(0, WrOpcode.REG_MR, send_flags=SendFlags.NONE, reg_mr=reg))
+        assert mr.valid, "REG_MR did not run (QP not in RTS?)"
+        return mr
 
     def sge(self, mr: MemoryRegion, offset: int = 0, length: int | None = None) -> Sge:
         n = mr.length - offset if length is None else length
