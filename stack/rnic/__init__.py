@@ -27,7 +27,7 @@ from stack.rnic.verbs import (
     WrOpcode,
     wc_status_str,
 )
-from stack.rnic.windows import MemoryWindow, MwType, inc_rkey
+from stack.rnic.windows import MemoryWindow, MwType, inc_rkey, reg_mr_wr
 
 __all__ = [
     "Access",
@@ -56,6 +56,7 @@ __all__ = [
     "WcOpcode",
     "WcStatus",
     "inc_rkey",
+    "reg_mr_wr",
     "wc_status_str",
     "WorkCompletion",
     "WrOpcode",

@@ -147,7 +147,9 @@ class StagTarget:
     stream the STag is associated with, or None: every stream of the PD), ``valid``,
     ``access_bits``, ``base`` and ``length`` (the TO range); ``remote_invalidate`` says
     whether a Send with Invalidate may invalidate it (RDMAP-09), ``local_invalidate``
-    whether ``LOCAL_INV`` may.
+    whether ``LOCAL_INV`` may.  ``posted_rkey`` is the STag a posted, not yet executed bind
+    or ``REG_MR`` gives it: as in verbs, ``rkey`` shows the new key from the moment the
+    request is built.
     """
 
     kind = "STag"
@@ -160,10 +162,11 @@ class StagTarget:
     stag: int
     remote_invalidate = False
     local_invalidate = True
+    posted_rkey: int | None = None
 
     @property
     def rkey(self) -> int:
-        return self.stag
+        return self.stag if self.posted_rkey is None else self.posted_rkey
 
     def invalidate(self) -> None:
         """The STag stops working; what it names stays allocated (SEC-06)."""
@@ -218,7 +221,7 @@ class MemoryRegion(StagTarget):
 
     @property
     def lkey(self) -> int:
-        return self.stag
+        return self.rkey
 
     @property
     def fast_reg(self) -> bool:
@@ -345,6 +348,8 @@ class StagTable:
         self._keys[stag >> 8] = stag & 0xFF
         self._regions[stag] = target
         target.stag = stag
+        if target.posted_rkey == stag:
+            target.posted_rkey = None
 
     def lookup(self, stag: int) -> StagTarget | None:
         return self._regions.get(stag)

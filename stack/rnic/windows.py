@@ -42,12 +42,30 @@ from stack.rnic.memory import (
 from stack.rnic.verbs import BindMw, MwBindInfo, RegMr, SendFlags, SendWR, WcStatus, WrOpcode
 from stack.wire.events import AtomicRequest
 
-__all__ = ["MemoryWindow", "MwType", "execute_bind", "execute_reg_mr", "inc_rkey"]
+__all__ = ["MemoryWindow", "MwType", "execute_bind", "execute_reg_mr", "inc_rkey", "reg_mr_wr"]
 
 
 def inc_rkey(rkey: int) -> int:
     """verbs' ``ibv_inc_rkey``: the same STag index with the next 8-bit key."""
     return (rkey & 0xFFFFFF00) | ((rkey + 1) & 0xFF)
+
+
+def reg_mr_wr(
+    mr: MemoryRegion,
+    buffer: object,
+    access: Access,
+    *,
+    wr_id: int = 0,
+    send_flags: SendFlags = SendFlags.NONE,
+) -> SendWR:
+    """The ``REG_MR`` work request that fast-registers ``buffer`` in ``mr`` (from
+    ``pd.alloc_mr``) with ``access`` and the next key (:func:`inc_rkey`); like the kernel's
+    ``ib_update_fast_reg_key``, ``mr.rkey`` shows that key from now on."""
+    key = inc_rkey(mr.rkey)
+    mr.posted_rkey = key
+    return SendWR(
+        wr_id, WrOpcode.REG_MR, send_flags=send_flags, reg_mr=RegMr(mr, buffer, access, key)
+    )
 
 
 class MwType(IntEnum):
@@ -79,7 +97,6 @@ class MemoryWindow(StagTarget):
         self.remote_invalidate = self.local_invalidate = self.type is MwType.TYPE_2
         self._bound = False
         self.stag = pd.table.register(self)
-        self._rkey = self.stag
 
     @property
     def valid(self) -> bool:
@@ -89,12 +106,6 @@ class MemoryWindow(StagTarget):
     @valid.setter
     def valid(self, value: bool) -> None:
         self._bound = value
-
-    @property
-    def rkey(self) -> int:
-        """What ``ibv_mw.rkey`` shows: the STag of the latest bind posted (type 1, set by the
-        verb as it posts) or executed (type 2)."""
-        return self._rkey
 
     def bind(
         self,
@@ -155,7 +166,7 @@ def post_type1_bind(
     rkey = inc_rkey(mw.rkey)
     bind = _VerbBind(mw, rkey, bind_info)
     post(SendWR(wr_id, WrOpcode.BIND_MW, send_flags=send_flags, bind_mw=bind))
-    mw._rkey = rkey
+    mw.posted_rkey = rkey  # ibv_bind_mw updates mw->rkey as it posts
     return rkey
 
 
@@ -184,7 +195,6 @@ def execute_bind(bind: BindMw | None, pd: ProtectionDomain, qp: object) -> None:
     check_new_key(mw, bind.rkey, "BIND_MW")
     if info.length == 0:
         mw.pd.table.rekey(mw, bind.rkey)
-        mw._rkey = bind.rkey
         mw._bound, mw.mr, mw.stream = False, None, None
         return
     mr = info.mr
@@ -204,7 +214,6 @@ def execute_bind(bind: BindMw | None, pd: ProtectionDomain, qp: object) -> None:
             f"[0x{mr.base:x}, 0x{mr.base + mr.length:x})"
         )
     pd.table.rekey(mw, bind.rkey)
-    mw._rkey = bind.rkey
     mw.mr, mw.addr, mw.length = mr, info.addr, info.length
     mw.base = 0 if access & Access.ZERO_BASED else info.addr
     mw.access, mw.access_bits = access, int(access & REMOTE_ACCESS)

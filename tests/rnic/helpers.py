@@ -8,18 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stack.rnic import (
-    Access,
-    CompletionQueue,
-    QueuePair,
-    RegMr,
-    Rnic,
-    SendFlags,
-    SendWR,
-    Sge,
-    WrOpcode,
-    inc_rkey,
-)
+from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge, reg_mr_wr
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.wire.connection import IwarpConnection
@@ -49,13 +38,17 @@ class Side:
         return self.pd.reg_mr(buf, access)
 
     def fast_mr(
-        self, size_or_data: int | bytes, access: Access = Access.LOCAL_WRITE
+        self,
+        size_or_data: int | bytes,
+        access: Access = Access.LOCAL_WRITE,
+        *,
+        scoped: bool = False,
     ) -> MemoryRegion:
-        """A fast-registered MR: ``alloc_mr``, then an unsignalled ``REG_MR`` on this QP."""
+        """A fast-registered MR: ``alloc_mr`` (``scoped``: associated with this QP's stream
+        only), then an unsignalled ``REG_MR`` on this QP."""
         buf = bytearray(size_or_data)
-        mr = self.pd.alloc_mr(len(buf))
-        reg = RegMr(mr, buf, access, inc_rkey(mr.rkey))
-        self.qp.post_send(SendWR(0, WrOpcode.REG_MR, send_flags=SendFlags.NONE, reg_mr=reg))
+        mr = self.pd.alloc_mr(len(buf), qp=self.qp if scoped else None)
+        self.qp.post_send(reg_mr_wr(mr, buf, access))
         assert mr.valid, "REG_MR did not run (QP not in RTS?)"
         return mr
 

@@ -653,7 +653,7 @@ def _send_invalidate(wr_id: int, stag: int) -> SendWR:
 def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None:
     first = Pair()
     second = SharedResponder(first.b.rnic, first.b.pd)  # the PD now serves two streams
-    shared = first.b.pd.reg_mr(bytearray(16), RW)
+    shared = first.b.fast_mr(16, RW)  # remotely invalidatable, were it not shared
     second.b.qp.post_recv(RecvWR(1, [second.b.sge(second.b.mr(16))]))
     second.a.qp.post_send(_send_invalidate(1, shared.rkey))
     second.pump()
@@ -668,7 +668,7 @@ def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None
 def test_sec_07_a_stream_scoped_stag_is_invalidated_by_its_own_streams_peer() -> None:
     first = Pair()
     SharedResponder(first.b.rnic, first.b.pd)
-    own = first.b.pd.reg_mr(bytearray(16), RW, qp=first.b.qp)
+    own = first.b.fast_mr(16, RW, scoped=True)
     first.b.qp.post_recv(RecvWR(1, [first.b.sge(first.b.mr(16))]))
     first.a.qp.post_send(_send_invalidate(1, own.rkey))
     first.pump()
