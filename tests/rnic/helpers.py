@@ -120,3 +120,27 @@ class Pair:
             if not (self.step(self.a, self.b) + self.step(self.b, self.a)):
                 return
         raise AssertionError("pair did not quiesce")
+
+
+class SharedResponder(Pair):
+    """A :class:`Pair` whose responder ``b`` is a new QP of an existing RNIC and PD: a second
+    stream into the same RNIC."""
+
+    def __init__(self, rnic: Rnic, pd: ProtectionDomain, **kw: object) -> None:
+        self._shared = (rnic, pd)
+        super().__init__(**kw)  # type: ignore[arg-type]
+
+    def _side(  # type: ignore[override]
+        self,
+        name: str,
+        role: Role,
+        settings: MpaSettings | None,
+        qp_kw: dict,
+        cq_capacity: int,
+    ) -> Side:
+        if name != "b":
+            return Pair._side(name, role, settings, qp_kw, cq_capacity)
+        rnic, pd = self._shared
+        cq: CompletionQueue = rnic.create_cq(cq_capacity)
+        qp = rnic.create_qp(pd, cq, **qp_kw)
+        return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))
