@@ -247,10 +247,11 @@ class MemoryRegion(StagTarget):
         except LocalError as exc:
             raise MemoryOpError(WcStatus.MW_BIND_ERR, f"REG_MR: {exc}") from None
         if len(view) > self.max_len:
+            size = len(view)
             view.release()
             raise MemoryOpError(
                 WcStatus.MW_BIND_ERR,
-                f"REG_MR: {len(view)} octets exceed the region's max_len {self.max_len}",
+                f"REG_MR: {size} octets exceed the region's max_len {self.max_len}",
             )
         self._release()
         self._attach(view, Access(access))

@@ -590,13 +590,13 @@ class QueuePair:
         _scatter(recv.views, seg.mo, seg.data)
         if not seg.last:
             return
-        self._recv = None
         flags = WcFlags.SOLICITED if seg.opcode in SOLICITED_OPCODES else WcFlags.NONE
         invalidated = None
-        if seg.invalidate_stag is not None:
+        if seg.invalidate_stag is not None:  # refused: the receive is flushed with the rest
             remote_invalidate(self.table, self.pd, seg.invalidate_stag, self)
             invalidated = seg.invalidate_stag
             flags |= WcFlags.WITH_INV
+        self._recv = None
         self._complete_recv(
             recv.wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len=end, flags=flags, inval=invalidated
         )

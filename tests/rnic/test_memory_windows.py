@@ -348,7 +348,7 @@ def test_sec_06_a_window_stops_working_with_its_mr_and_when_deallocated() -> Non
     assert refused(q) == (1, 1, 0x00) and bytes(mr.buf) == b"-" * SIZE
 
 
-# ------------------------------------------------------------------------------ remote invalidation
+# ----------------------------------------------------------------------- remote invalidation
 def _send_invalidate(p: Pair, stag: int) -> None:
     p.b.qp.post_recv(RecvWR(7, (p.b.sge(p.b.mr(16)),)))
     p.a.qp.post_send(
