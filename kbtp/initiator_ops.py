@@ -80,7 +80,8 @@ class InitiatorOps:
         """Register one request's buffer.  With INVALIDATE the target ends the request with
         a Send with Invalidate of its STag, so the buffer is fast-registered (``alloc_mr`` +
         ``REG_MR``, ahead of the request on the send queue): the kind of STag a peer may
-        invalidate (RDMAP-09)."""
+        invalidate (RDMAP-09).  Its ``rkey`` and ``iova`` are the REG_MR's at once, even
+        while the REG_MR waits behind Reads on the send queue."""
         if not invalidate:
             return self.pd.reg_mr(view, access)
         mr = self.pd.alloc_mr(len(view))
@@ -118,7 +119,7 @@ class InitiatorOps:
             flags |= RequestFlag.ALLOW_UNSEALED
         if invalidate:
             flags |= RequestFlag.INVALIDATE
-        req = Load(0, handle, DataDescriptor(mr.rkey, mr.base, len(view)), generation, flags)
+        req = Load(0, handle, DataDescriptor(mr.rkey, mr.iova, len(view)), generation, flags)
         return await self._with_buffer(req, mr, check)
 
     async def load(
@@ -165,7 +166,7 @@ class InitiatorOps:
             return cls(0, handle, descriptor, payload, generation, flags | RequestFlag.INLINE), None
         view = _registrable(data)
         mr = self._register(view, Access.REMOTE_READ, invalidate)
-        descriptor = DataDescriptor(mr.rkey, mr.base, len(view))
+        descriptor = DataDescriptor(mr.rkey, mr.iova, len(view))
         return cls(0, handle, descriptor, b"", generation, flags), mr
 
     async def store(

@@ -40,4 +40,5 @@ def test_readme_memory_window_and_fast_registration_example_runs(
     namespace: dict[str, object] = {"__name__": "readme_example"}
     exec(compile(blocks[1], "README.md", "exec"), namespace)
     frmr = namespace["frmr"]
-    assert f"advertise rkey 0x{frmr.rkey:08x}" in capsys.readouterr().out  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert f"advertise rkey 0x{frmr.rkey:08x} TO 0x{frmr.iova:x}" in out  # type: ignore[attr-defined]

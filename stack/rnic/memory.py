@@ -206,6 +206,7 @@ class MemoryRegion(StagTarget):
         """The one stream (QP) the STag is associated with, or None: every stream of the PD."""
         self.max_len = max_len
         """Fast registration: the most octets a ``REG_MR`` may give it; None for ``reg_mr``."""
+        self.posted_base: int | None = None
         self.remote_invalidate = max_len is not None
         self._attach(_registrable(buffer if max_len is None else bytearray(0)), access)
         self.valid = max_len is None
@@ -222,6 +223,24 @@ class MemoryRegion(StagTarget):
     @property
     def lkey(self) -> int:
         return self.rkey
+
+    @property
+    def iova(self) -> int:
+        """The TO of the region's first octet (the kernel's ``ib_mr.iova``): ``base``, or
+        for a ``REG_MR`` built and not yet run, the ``base`` it gives (advertise this)."""
+        return self.base if self.posted_base is None else self.posted_base
+
+    def plan(self, buffer: Any, access: Access, key: int) -> None:
+        """Note a ``REG_MR`` being built (the kernel's ``ib_map_mr_sg`` and
+        ``ib_update_fast_reg_key``): ``rkey`` and ``iova`` show what it gives from now on."""
+        try:
+            view = _registrable(buffer)
+        except LocalError:
+            return  # the REG_MR itself will be refused
+        with view:
+            addr = _buffer_address(view) if len(view) else 0
+        self.posted_rkey = key
+        self.posted_base = 0 if Access(access) & Access.ZERO_BASED else addr
 
     @property
     def fast_reg(self) -> bool:
@@ -256,6 +275,8 @@ class MemoryRegion(StagTarget):
         self._release()
         self._attach(view, Access(access))
         self.pd.table.rekey(self, key)
+        if self.posted_base == self.base:
+            self.posted_base = None
         self.valid = True
 
     def _release(self) -> None:

@@ -59,10 +59,11 @@ def reg_mr_wr(
     send_flags: SendFlags = SendFlags.NONE,
 ) -> SendWR:
     """The ``REG_MR`` work request that fast-registers ``buffer`` in ``mr`` (from
-    ``pd.alloc_mr``) with ``access`` and the next key (:func:`inc_rkey`); like the kernel's
-    ``ib_update_fast_reg_key``, ``mr.rkey`` shows that key from now on."""
+    ``pd.alloc_mr``) with ``access`` and the next key (:func:`inc_rkey`); as with the kernel's
+    ``ib_map_mr_sg`` and ``ib_update_fast_reg_key``, ``mr.rkey`` and ``mr.iova`` show the new
+    STag and TO from now on (:meth:`~MemoryRegion.plan`), to be advertised at once."""
     key = inc_rkey(mr.rkey)
-    mr.posted_rkey = key
+    mr.plan(buffer, access, key)
     return SendWR(
         wr_id, WrOpcode.REG_MR, send_flags=send_flags, reg_mr=RegMr(mr, buffer, access, key)
     )

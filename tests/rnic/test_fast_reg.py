@@ -12,6 +12,7 @@ from stack.rnic import (
     MemoryRegion,
     RecvWR,
     RegMr,
+    Rnic,
     SendFlags,
     SendWR,
     WcFlags,
@@ -66,15 +67,26 @@ def test_sec_05_an_allocated_mr_is_refused_until_reg_mr_makes_it_valid() -> None
     assert refused(q) == (1, 1, 0x00)
 
 
-def test_sec_05_the_rkey_shows_the_new_key_from_the_moment_the_request_is_built() -> None:
-    """As the kernel's ``ib_update_fast_reg_key``: a request posted behind the ``REG_MR``
-    (here before the QP is connected) already names the new STag."""
-    p = Pair()
-    mr = p.b.pd.alloc_mr(8)
-    wr = reg_mr_wr(mr, bytearray(8), RW)
-    assert mr.rkey == wr.reg_mr.key != mr.stag  # type: ignore[union-attr]
-    p.b.qp.post_send(wr)
-    assert mr.rkey == mr.stag and mr.valid
+@pytest.mark.parametrize("zero_based", [False, True])
+def test_sec_05_rkey_and_iova_show_the_reg_mr_from_the_moment_it_is_built(zero_based: bool) -> None:
+    """As the kernel's ``ib_map_mr_sg`` and ``ib_update_fast_reg_key``: a request posted
+    behind a ``REG_MR`` that has not run yet (here: the QP is not connected) can already
+    name the new STag and TO."""
+    rnic = Rnic()
+    pd = rnic.alloc_pd()
+    qp = rnic.create_qp(pd, rnic.create_cq())
+    mr = pd.alloc_mr(8)
+    reserved = mr.stag
+    buf = bytearray(8)
+    access = RW | Access.ZERO_BASED if zero_based else RW
+    qp.post_send(reg_mr_wr(mr, buf, access))
+    assert not mr.valid and mr.stag == reserved
+    assert mr.rkey == mr.lkey == inc_rkey(reserved)
+    planned = mr.iova
+    assert planned == 0 if zero_based else planned != 0
+    qp.set_rts()  # the REG_MR runs
+    assert mr.valid and mr.stag == mr.rkey == inc_rkey(reserved)
+    assert mr.base == mr.iova == planned
 
 
 @pytest.mark.parametrize(
