@@ -32,7 +32,7 @@ from kbtp.messages import (
     inline_descriptor,
 )
 from stack.errors import LocalError
-from stack.rnic import Access, MemoryRegion, ProtectionDomain
+from stack.rnic import Access, MemoryRegion, ProtectionDomain, QueuePair, reg_mr_wr
 
 __all__ = ["DIRECT_LOAD_ATTEMPTS", "InitiatorOps"]
 
@@ -53,6 +53,7 @@ class InitiatorOps:
     :class:`~kbtp.initiator.KbtpInitiator`, which provides the session they run on."""
 
     pd: ProtectionDomain
+    qp: QueuePair
     ack: HelloAck | None
     direct_alloc_disabled: bool
 
@@ -75,6 +76,18 @@ class InitiatorOps:
     # ----------------------------------------------------------------------------------
     # requests (docs/kbtp.md §6.1 - §6.4)
     # ----------------------------------------------------------------------------------
+    def _register(self, view: memoryview, access: Access, invalidate: bool) -> MemoryRegion:
+        """Register one request's buffer.  With INVALIDATE the target ends the request with
+        a Send with Invalidate of its STag, so the buffer is fast-registered (``alloc_mr`` +
+        ``REG_MR``, ahead of the request on the send queue): the kind of STag a peer may
+        invalidate (RDMAP-09).  Its ``rkey`` and ``iova`` are the REG_MR's at once, even
+        while the REG_MR waits behind Reads on the send queue."""
+        if not invalidate:
+            return self.pd.reg_mr(view, access)
+        mr = self.pd.alloc_mr(len(view))
+        self.qp.post_send(reg_mr_wr(mr, view, access))
+        return mr
+
     async def _with_buffer(
         self, request: Request, mr: MemoryRegion | None, check: bool
     ) -> Completion:
@@ -100,13 +113,13 @@ class InitiatorOps:
         if view.readonly or not view.c_contiguous:
             raise LocalError("a LOAD needs a writable, contiguous buffer")
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        mr = self.pd.reg_mr(view, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        mr = self._register(view, Access.LOCAL_WRITE | Access.REMOTE_WRITE, invalidate)
         flags = RequestFlag.NONE
         if allow_unsealed:
             flags |= RequestFlag.ALLOW_UNSEALED
         if invalidate:
             flags |= RequestFlag.INVALIDATE
-        req = Load(0, handle, DataDescriptor(mr.rkey, mr.base, len(view)), generation, flags)
+        req = Load(0, handle, DataDescriptor(mr.rkey, mr.iova, len(view)), generation, flags)
         return await self._with_buffer(req, mr, check)
 
     async def load(
@@ -152,8 +165,8 @@ class InitiatorOps:
             descriptor = inline_descriptor(payload)
             return cls(0, handle, descriptor, payload, generation, flags | RequestFlag.INLINE), None
         view = _registrable(data)
-        mr = self.pd.reg_mr(view, Access.REMOTE_READ)
-        descriptor = DataDescriptor(mr.rkey, mr.base, len(view))
+        mr = self._register(view, Access.REMOTE_READ, invalidate)
+        descriptor = DataDescriptor(mr.rkey, mr.iova, len(view))
         return cls(0, handle, descriptor, b"", generation, flags), mr
 
     async def store(

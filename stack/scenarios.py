@@ -17,7 +17,7 @@ import trio
 
 from stack.constants import RtrType
 from stack.pcap import PcapWriter
-from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WrOpcode
+from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WrOpcode, reg_mr_wr
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.qp import QueuePair
 from stack.transport.cm import ConnectionManager, ConnectRejected
@@ -38,6 +38,14 @@ class Peer:
 
     def mr(self, name: str, size_or_data: int | bytes, access: Access = ALL) -> MemoryRegion:
         mr = self.qp.pd.reg_mr(bytearray(size_or_data), access)
+        self.regions[name] = mr
+        return mr
+
+    def fast_mr(self, name: str, size: int, access: Access = ALL) -> MemoryRegion:
+        """A fast-registered MR (``alloc_mr`` + ``REG_MR``): remotely invalidatable."""
+        buf = bytearray(size)
+        mr = self.qp.pd.alloc_mr(size)
+        self.qp.post_send(reg_mr_wr(mr, buf, access))
         self.regions[name] = mr
         return mr
 
@@ -82,7 +90,7 @@ async def _settle(*peers: Peer, count: int = 0) -> None:
 async def every_operation(c: Peer, s: Peer) -> None:
     s.mr("target", 8192)
     s.mr("inbox", 4096, Access.LOCAL_WRITE)
-    exposed = s.mr("exposed", 16)
+    exposed = s.fast_mr("exposed", 16)  # a Send with Invalidate names it
     s.qp.post_recv([RecvWR(i, (s.sge("inbox"),)) for i in range(8)])
     c.mr("src", bytes(range(256)) * 12)
     c.mr("sink", 3000, Access.LOCAL_WRITE)

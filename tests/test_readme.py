@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,24 +20,39 @@ def test_readme_starts_with_exactly_two_commands() -> None:
     assert commands[1] == "python -m pytest"
 
 
-def _python_examples() -> list[str]:
-    """The runnable examples: blocks tagged exactly ``python`` (the pyverbs one for
-    comparison is tagged ``python pyverbs`` and is not run)."""
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def _python_blocks() -> list[str]:
+    """The README's runnable examples: blocks tagged exactly ``python``, dedented (one sits
+    in a list item); the pyverbs one, shown for comparison, is tagged ``python pyverbs``."""
+    blocks = re.findall(r"^( *)```python\n(.*?)^ *```", README.read_text(), re.S | re.M)
+    return [textwrap.dedent(code) if indent else code for indent, code in blocks]
 
 
-def _run(code: str) -> None:
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+def _block(marker: str) -> str:
+    [code] = [b for b in _python_blocks() if marker in b]
+    return code
+
+
+def _run(code: str) -> dict[str, object]:
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace
 
 
 def test_readme_python_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _sync = _python_examples()
-    _run(code)
+    _run(_python_blocks()[0])
     assert "status=<WcStatus.SUCCESS" in capsys.readouterr().out
 
 
 def test_readme_coming_from_pyverbs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    _trio, code = _python_examples()
     assert "```python pyverbs\n" in README.read_text()
-    _run(code)
+    _run(_block("verbs_sync"))
     assert capsys.readouterr().out.splitlines() == ["success", "RECV b'ping'"]
+
+
+def test_readme_memory_window_and_fast_registration_example_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    namespace = _run(_block("frmr"))
+    frmr = namespace["frmr"]
+    out = capsys.readouterr().out
+    assert f"advertise rkey 0x{frmr.rkey:08x} TO 0x{frmr.iova:x}" in out  # type: ignore[attr-defined]

@@ -26,8 +26,8 @@ from stack.rnic.memory import (
     DDP_TAGGED_CODES,
     RDMAP_REMOTE_CODES,
     Access,
-    MemoryRegion,
     StagTable,
+    StagTarget,
     check_remote_access,
 )
 from stack.rnic.qp import QueuePair
@@ -131,7 +131,7 @@ def rights_ignored(qp: QueuePair, engine: IwarpConnection, shared: dict[str, Any
             handle(event)
         except ProtocolError as exc:
             stag = _stag_of(event)
-            mr: MemoryRegion | None = qp.table.lookup(stag) if stag is not None else None
+            mr: StagTarget | None = qp.table.lookup(stag) if stag is not None else None
             if exc.rule != "SEC-12" or mr is None:
                 raise
             saved = mr.access_bits
@@ -341,7 +341,7 @@ def streams_coupled(qp: QueuePair, engine: IwarpConnection, shared: dict[str, An
     qp.fatal = hooked  # type: ignore[method-assign]
 
 
-def sequential_register(self: StagTable, mr: MemoryRegion) -> int:
+def sequential_register(self: StagTable, mr: StagTarget) -> int:
     """STags handed out one index after the other, key 0 (SEC-08 broken)."""
     index = getattr(self, "_fault_next", 0x100)
     while index in self._in_use:  # noqa: SLF001 - documented fault point

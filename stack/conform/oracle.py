@@ -34,7 +34,7 @@ from stack.constants import MPA_V2_NO_NEGOTIATION, TermCode
 from stack.errors import IwarpError, ProtocolError
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.endpoint import QpEndpoint
-from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain, StagTable
+from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain, StagTable, StagTarget
 from stack.rnic.qp import QpState, QueuePair
 from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
 from stack.wire.connection import IwarpConnection
@@ -65,7 +65,7 @@ class MirrorTable(StagTable):
 
     def __init__(self) -> None:
         super().__init__()
-        self._mirror: dict[int, MemoryRegion] = {}
+        self._mirror: dict[int, StagTarget] = {}
         self._wanted: int | None = None
         self._next_local = _LOCAL_STAGS
         self.reserved: set[int] = set()
@@ -75,7 +75,7 @@ class MirrorTable(StagTable):
         """The next registration gets ``stag``."""
         self._wanted = stag
 
-    def register(self, mr: MemoryRegion) -> int:
+    def register(self, mr: StagTarget) -> int:
         stag = self._wanted
         self._wanted = None
         if stag is None:
@@ -85,10 +85,10 @@ class MirrorTable(StagTable):
         self._mirror[stag] = mr
         return stag
 
-    def unregister(self, mr: MemoryRegion) -> None:
+    def unregister(self, mr: StagTarget) -> None:
         self._mirror.pop(mr.stag, None)
 
-    def lookup(self, stag: int) -> MemoryRegion | None:
+    def lookup(self, stag: int) -> StagTarget | None:
         return self._mirror.get(stag)
 
     def __len__(self) -> int:
@@ -108,6 +108,8 @@ class _MirrorRegion(MemoryRegion):
         self.length = region.length
         self.addr = self.base = region.to
         self.valid = True
+        self.max_len = None
+        self.remote_invalidate = True  # as siw: any region of the stream's PD (RDMAP-09)
         self.buf = memoryview(bytearray(0))
         assert isinstance(pd.table, MirrorTable)
         pd.table.register_as(region.stag)

@@ -2,16 +2,21 @@
 
 ``Rnic`` -> ``alloc_pd()`` -> ``pd.reg_mr(buffer, Access...)``; ``create_cq()``;
 ``create_qp(pd, cq)``; ``qp.post_send(SendWR(...))``, ``qp.post_recv(RecvWR(...))``;
-completions by ``cq.poll()`` or ``await cq.next()``.
+completions by ``cq.poll()`` or ``await cq.next()``.  Memory windows (``pd.alloc_mw``,
+``qp.bind_mw``, ``BIND_MW``) and fast registration (``pd.alloc_mr``, ``REG_MR``): see
+:mod:`stack.rnic.windows`.
 """
 
 from stack.rnic.cq import CompletionQueue, CqOverflow
 from stack.rnic.device import Rnic
-from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain
+from stack.rnic.memory import Access, MemoryOpError, MemoryRegion, ProtectionDomain, StagTarget
 from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
 from stack.rnic.verbs import (
     WC_STATUS_TEXT,
+    BindMw,
+    MwBindInfo,
     RecvWR,
+    RegMr,
     SendFlags,
     SendWR,
     Sge,
@@ -22,26 +27,36 @@ from stack.rnic.verbs import (
     WrOpcode,
     wc_status_str,
 )
+from stack.rnic.windows import MemoryWindow, MwType, inc_rkey, reg_mr_wr
 
 __all__ = [
     "Access",
+    "BindMw",
     "CompletionQueue",
     "CqOverflow",
+    "MemoryOpError",
     "MemoryRegion",
+    "MemoryWindow",
+    "MwBindInfo",
+    "MwType",
     "ProtectionDomain",
     "QpCap",
     "QpState",
     "QueuePair",
     "RecvWR",
+    "RegMr",
     "Rnic",
     "SendFlags",
     "SendWR",
     "Sge",
     "SharedReceiveQueue",
+    "StagTarget",
     "WcFlags",
     "WC_STATUS_TEXT",
     "WcOpcode",
     "WcStatus",
+    "inc_rkey",
+    "reg_mr_wr",
     "wc_status_str",
     "WorkCompletion",
     "WrOpcode",

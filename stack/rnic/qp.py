@@ -37,7 +37,6 @@ from stack.constants import (
     TERM_DDP_U_TOO_LONG,
     TERM_RDMAP_CATASTROPHIC,
     TERM_RDMAP_CATASTROPHIC_STREAM,
-    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
     AtomicOpcode,
     TermLayer,
 )
@@ -47,11 +46,15 @@ from stack.rnic.memory import (
     DDP_TAGGED_CODES,
     RDMAP_REMOTE_CODES,
     Access,
+    MemoryOpError,
     MemoryRegion,
     ProtectionDomain,
     check_remote_access,
+    local_invalidate,
+    remote_invalidate,
 )
 from stack.rnic.verbs import (
+    MwBindInfo,
     RecvWR,
     SendFlags,
     SendWR,
@@ -62,6 +65,7 @@ from stack.rnic.verbs import (
     WorkCompletion,
     WrOpcode,
 )
+from stack.rnic.windows import MemoryWindow, execute_bind, execute_reg_mr, post_type1_bind
 from stack.wire.checker import Checker
 from stack.wire.events import (
     AtomicRequest,
@@ -132,10 +136,12 @@ _WC_OPCODE = {
     WrOpcode.ATOMIC_FETCH_AND_ADD: WcOpcode.FETCH_ADD,
     WrOpcode.ATOMIC_CMP_AND_SWP: WcOpcode.COMP_SWAP,
     WrOpcode.LOCAL_INV: WcOpcode.LOCAL_INV,
+    WrOpcode.RDMA_READ_WITH_INV: WcOpcode.RDMA_READ,
+    WrOpcode.BIND_MW: WcOpcode.BIND_MW,
+    WrOpcode.REG_MR: WcOpcode.REG_MR,
 }
-_NEEDS_ORD = frozenset(
-    {WrOpcode.RDMA_READ, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP}
-)
+_READS = frozenset({WrOpcode.RDMA_READ, WrOpcode.RDMA_READ_WITH_INV})
+_NEEDS_ORD = _READS | {WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP}
 
 
 @dataclass(slots=True)
@@ -301,6 +307,18 @@ class QueuePair:
         if self.state is QpState.RTS:
             self._progress_sq()
 
+    def bind_mw(
+        self,
+        mw: MemoryWindow,
+        bind_info: MwBindInfo,
+        *,
+        wr_id: int = 0,
+        send_flags: SendFlags = SendFlags.SIGNALED,
+    ) -> int:
+        """Bind type 1 window ``mw`` (``ibv_bind_mw``, SEC-05): the bind runs in send-queue
+        order and completes as ``BIND_MW``; returns the window's new rkey at once."""
+        return post_type1_bind(self.post_send, mw, bind_info, wr_id, send_flags)
+
     # ------------------------------------------------------------------ SQ engine
     def _progress_sq(self) -> None:
         """Turn pending WRs into outbound messages, in order, honouring ORD and fences."""
@@ -315,7 +333,7 @@ class QueuePair:
             self._inflight.append(entry)
             try:
                 self._start(entry)
-            except _LocalWrError as exc:
+            except (_LocalWrError, MemoryOpError) as exc:
                 entry.status = exc.status
                 entry.done = True
                 self._reap_sq()
@@ -344,7 +362,7 @@ class QueuePair:
             if op is WrOpcode.RDMA_WRITE_WITH_IMM:
                 msgs.append(ImmediateData(_imm_bytes(wr.imm_data), solicited))
             self._emit(entry, msgs)
-        elif op is WrOpcode.RDMA_READ:
+        elif op in _READS:
             if len(wr.sg_list) != 1:
                 raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, "RDMA Read needs exactly one SGE")
             sge = wr.sg_list[0]
@@ -384,10 +402,13 @@ class QueuePair:
             self._requests.atomic_request(entry.req_id, entry)
             self._emit(entry, [atomic], completes=False)
         elif op is WrOpcode.LOCAL_INV:
-            target = self.table.lookup(wr.invalidate_rkey)
-            if target is None or target.pd is not self.pd:
-                raise _LocalWrError(WcStatus.LOC_PROT_ERR, "LOCAL_INV of an unknown STag")
-            target.invalidate()
+            local_invalidate(self.table, self.pd, wr.invalidate_rkey)
+            entry.done = True
+        elif op is WrOpcode.BIND_MW:
+            execute_bind(wr.bind_mw, self.pd, self)
+            entry.done = True
+        elif op is WrOpcode.REG_MR:
+            execute_reg_mr(wr.reg_mr, self.pd)
             entry.done = True
         else:  # pragma: no cover - enum is closed
             raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, f"unsupported opcode {op}")
@@ -403,7 +424,7 @@ class QueuePair:
     def _local(self, sge: Sge, need: int) -> tuple[MemoryRegion, memoryview]:
         """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
         mr = self.table.lookup(sge.lkey)
-        if mr is None or not mr.valid or mr.pd is not self.pd:
+        if not isinstance(mr, MemoryRegion) or not mr.valid or mr.pd is not self.pd:
             raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"invalid lkey 0x{sge.lkey:08x}")
         if need & _LOCAL_WRITE and not mr.access_bits & _LOCAL_WRITE:
             raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE needs LOCAL_WRITE")
@@ -569,28 +590,13 @@ class QueuePair:
         _scatter(recv.views, seg.mo, seg.data)
         if not seg.last:
             return
-        self._recv = None
         flags = WcFlags.SOLICITED if seg.opcode in SOLICITED_OPCODES else WcFlags.NONE
         invalidated = None
-        if seg.invalidate_stag is not None:
-            mr = self.table.lookup(seg.invalidate_stag)
-            shared = mr is not None and mr.stream is None and len(self.pd.streams) > 1
-            if shared:  # SEC-07: an STag several streams can use is not remotely invalidatable
-                raise RdmapError(
-                    "SEC-07",
-                    f"Send with Invalidate of STag 0x{seg.invalidate_stag:08x}, which other "
-                    "streams of its PD can use",
-                    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
-                )
-            if mr is None or not mr.valid or mr.pd is not self.pd or mr.stream not in (None, self):
-                raise RdmapError(
-                    "RDMAP-09",
-                    f"Send with Invalidate of STag 0x{seg.invalidate_stag:08x} not associated",
-                    TERM_RDMAP_PROT_CANNOT_INVALIDATE,
-                )
-            mr.invalidate()
+        if seg.invalidate_stag is not None:  # refused: the receive is flushed with the rest
+            remote_invalidate(self.table, self.pd, seg.invalidate_stag, self)
             invalidated = seg.invalidate_stag
             flags |= WcFlags.WITH_INV
+        self._recv = None
         self._complete_recv(
             recv.wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len=end, flags=flags, inval=invalidated
         )
@@ -625,6 +631,11 @@ class QueuePair:
             entry.received += size
         if seg.last:
             entry.byte_len = entry.received
+            if entry.wr.opcode is WrOpcode.RDMA_READ_WITH_INV:
+                try:  # the sink STag, invalidated locally once the Read completes
+                    local_invalidate(self.table, self.pd, entry.sink_stag)
+                except MemoryOpError as exc:  # the sink went away meanwhile
+                    entry.status = exc.status
             entry.done = True
             self._reap_sq()
             self._progress_sq()

@@ -13,15 +13,26 @@ Mapping onto RDMAP (RFC 5040, RFC 7306):
 * ``RDMA_READ`` -> Read Request / Read Response, bounded by ORD.
 * ``ATOMIC_FETCH_AND_ADD`` / ``ATOMIC_CMP_AND_SWP`` -> Atomic Request / Response (masked, RFC
   7306 §5); the original value lands in the local 8-byte SGE in little-endian host order.
-* ``LOCAL_INV`` -> local invalidation of ``invalidate_rkey``.
+* ``LOCAL_INV`` -> local invalidation of ``invalidate_rkey`` (SEC-06).
+* ``RDMA_READ_WITH_INV`` -> an RDMA Read whose sink STag (the SGE's ``lkey``) is invalidated
+  locally when the Read completes (verbs' ``IB_WR_RDMA_READ_WITH_INV``; RFC 5040 has no such
+  message, the invalidation is the local RNIC's).
+* ``BIND_MW`` -> bind a memory window (``bind_mw``: :class:`BindMw`); ``REG_MR`` -> fast
+  registration of an MR from ``alloc_mr`` (``reg_mr``: :class:`RegMr`).  Both are local
+  (SEC-05), see :mod:`stack.rnic.windows`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum, IntFlag
+from typing import TYPE_CHECKING, Any
 
 from stack.constants import ALL_ONES_64
+
+if TYPE_CHECKING:
+    from stack.rnic.memory import Access, MemoryRegion
+    from stack.rnic.windows import MemoryWindow
 
 
 class WrOpcode(Enum):
@@ -34,6 +45,9 @@ class WrOpcode(Enum):
     ATOMIC_FETCH_AND_ADD = "ATOMIC_FETCH_AND_ADD"
     ATOMIC_CMP_AND_SWP = "ATOMIC_CMP_AND_SWP"
     LOCAL_INV = "LOCAL_INV"
+    RDMA_READ_WITH_INV = "RDMA_READ_WITH_INV"
+    BIND_MW = "BIND_MW"
+    REG_MR = "REG_MR"
 
 
 class SendFlags(IntFlag):
@@ -120,7 +134,8 @@ def wc_status_str(status: WcStatus | int) -> str:
 
 class WcOpcode(IntEnum):
     """Work-completion opcode, with rdma-core's ``enum ibv_wc_opcode`` values; receive
-    completions have bit 7 set (``IBV_WC_RECV``)."""
+    completions have bit 7 set (``IBV_WC_RECV``).  ``REG_MR`` (10) is the kernel's
+    ``IB_WC_REG_MR`` (libibverbs has no fast registration)."""
 
     SEND = 0
     RDMA_WRITE = 1
@@ -129,6 +144,7 @@ class WcOpcode(IntEnum):
     FETCH_ADD = 4
     BIND_MW = 5
     LOCAL_INV = 6
+    REG_MR = 10
     RECV = 1 << 7
     RECV_RDMA_WITH_IMM = (1 << 7) + 1
 
@@ -137,10 +153,14 @@ class WcOpcode(IntEnum):
 
 
 class WcFlags(IntFlag):
+    """Completion flags with rdma-core's ``enum ibv_wc_flags`` values (``IBV_WC_WITH_IMM``,
+    ``IBV_WC_WITH_INV``: the Send carried an Invalidate, RDMAP-09).  ``SOLICITED`` (the
+    message had the SE bit) is this stack's own, on a bit libibverbs does not use."""
+
     NONE = 0
     WITH_IMM = 0x2
-    WITH_INV = 0x4
-    SOLICITED = 0x8
+    WITH_INV = 0x8
+    SOLICITED = 0x100
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +176,42 @@ class Sge:
 
 
 @dataclass(frozen=True, slots=True)
+class MwBindInfo:
+    """What a memory window is bound to (``ibv_mw_bind_info``): ``length`` octets at ``addr``
+    (in the MR's TO space) of ``mr``, with the remote rights ``mw_access_flags`` (a subset
+    of the MR's; :attr:`Access.ZERO_BASED` makes the window's TOs start at 0).  A zero
+    ``length`` unbinds."""
+
+    mr: MemoryRegion
+    addr: int
+    length: int
+    mw_access_flags: Access
+
+
+@dataclass(frozen=True, slots=True)
+class BindMw:
+    """The ``bind_mw`` part of a ``BIND_MW`` work request: window, its new STag (``rkey``:
+    same index, new key, e.g. :func:`~stack.rnic.windows.inc_rkey` of ``mw.rkey``) and what
+    it is bound to."""
+
+    mw: MemoryWindow
+    rkey: int
+    bind_info: MwBindInfo
+
+
+@dataclass(frozen=True, slots=True)
+class RegMr:
+    """The fast registration of a ``REG_MR`` work request (the kernel's ``ib_reg_wr``):
+    ``mr`` from ``pd.alloc_mr`` gets ``buffer`` (at most its ``max_len`` octets), ``access``
+    and the STag ``key`` (same index, new key)."""
+
+    mr: MemoryRegion
+    buffer: Any
+    access: Access
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
 class SendWR:
     """A send-queue work request (``ibv_send_wr``).
 
@@ -164,6 +220,7 @@ class SendWR:
     ``compare_add_mask`` is the FetchAdd Add Mask (None: 0, a plain 64-bit add) or the
     CmpSwap Compare Mask (None: all ones, a plain compare; 0: compare nothing, so the swap
     always happens); ``swap_mask`` the CmpSwap Swap Mask (all ones: a plain swap).
+    ``bind_mw`` is the ``BIND_MW`` request, ``reg_mr`` the ``REG_MR`` one.
     """
 
     wr_id: int = 0
@@ -179,6 +236,8 @@ class SendWR:
     swap: int = 0
     compare_add_mask: int | None = None
     swap_mask: int = ALL_ONES_64
+    bind_mw: BindMw | None = None
+    reg_mr: RegMr | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import trio
 
-from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge
+from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge, reg_mr_wr
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectionManager, TapFactory
 from stack.transport.driver import RdmaConnection
@@ -25,6 +25,14 @@ class Host:
 
     def mr(self, size_or_data: int | bytes, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
         return self.pd.reg_mr(bytearray(size_or_data), access)
+
+    def fast_mr(self, size_or_data: int | bytes, access: Access) -> MemoryRegion:
+        """A fast-registered (remotely invalidatable) MR: ``alloc_mr``, then ``REG_MR``, which
+        runs when the QP enters RTS if it has not yet, before any inbound message."""
+        buf = bytearray(size_or_data)
+        mr = self.pd.alloc_mr(len(buf))
+        self.qp.post_send(reg_mr_wr(mr, buf, access))
+        return mr
 
     def sge(self, mr: MemoryRegion, offset: int = 0, length: int | None = None) -> Sge:
         return Sge(mr.base + offset, mr.length - offset if length is None else length, mr.lkey)

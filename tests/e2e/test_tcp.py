@@ -19,6 +19,7 @@ RWA = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REM
 async def exercise_all_operations(client, server) -> None:
     """Send, Write, Write-with-imm, Read, FetchAdd, CmpSwap, Send with Invalidate."""
     target = server.mr(8192, RWA)
+    exposed = server.fast_mr(16, RWA)  # remotely invalidatable
     inbox = server.mr(4096)
     server.qp.post_recv([RecvWR(i, (server.sge(inbox),)) for i in range(4)])
     payload = bytes(range(256)) * 16
@@ -58,7 +59,7 @@ async def exercise_all_operations(client, server) -> None:
                 remote_addr=target.base + 5000,
                 imm_data=77,
             ),
-            SendWR(6, WrOpcode.SEND_WITH_INV, inline_data=b"bye", invalidate_rkey=target.rkey),
+            SendWR(6, WrOpcode.SEND_WITH_INV, inline_data=b"bye", invalidate_rkey=exposed.rkey),
         ]
     )
     wcs = await client.cq.wait_for(6)
@@ -68,7 +69,7 @@ async def exercise_all_operations(client, server) -> None:
     rwcs = await server.cq.wait_for(3)
     assert [wc.opcode for wc in rwcs] == [WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM, WcOpcode.RECV]
     assert rwcs[1].imm_data == (77).to_bytes(8, "big")
-    assert rwcs[2].invalidated_rkey == target.rkey and not target.valid
+    assert rwcs[2].invalidated_rkey == exposed.rkey and not exposed.valid and target.valid
     assert bytes(target.buf[:4096]) == payload
     assert struct.unpack_from("<Q", target.buf, 4096)[0] == 5
     assert bytes(target.buf[5000:5003]) == b"imm"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge
+from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge, reg_mr_wr
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.wire.connection import IwarpConnection
@@ -36,6 +36,21 @@ class Side:
     def mr(self, size_or_data: int | bytes, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
         buf = bytearray(size_or_data)
         return self.pd.reg_mr(buf, access)
+
+    def fast_mr(
+        self,
+        size_or_data: int | bytes,
+        access: Access = Access.LOCAL_WRITE,
+        *,
+        scoped: bool = False,
+    ) -> MemoryRegion:
+        """A fast-registered MR: ``alloc_mr`` (``scoped``: associated with this QP's stream
+        only), then an unsignalled ``REG_MR`` on this QP."""
+        buf = bytearray(size_or_data)
+        mr = self.pd.alloc_mr(len(buf), qp=self.qp if scoped else None)
+        self.qp.post_send(reg_mr_wr(mr, buf, access))
+        assert mr.valid, "REG_MR did not run (QP not in RTS?)"
+        return mr
 
     def sge(self, mr: MemoryRegion, offset: int = 0, length: int | None = None) -> Sge:
         n = mr.length - offset if length is None else length
@@ -105,3 +120,27 @@ class Pair:
             if not (self.step(self.a, self.b) + self.step(self.b, self.a)):
                 return
         raise AssertionError("pair did not quiesce")
+
+
+class SharedResponder(Pair):
+    """A :class:`Pair` whose responder ``b`` is a new QP of an existing RNIC and PD: a second
+    stream into the same RNIC."""
+
+    def __init__(self, rnic: Rnic, pd: ProtectionDomain, **kw: object) -> None:
+        self._shared = (rnic, pd)
+        super().__init__(**kw)  # type: ignore[arg-type]
+
+    def _side(  # type: ignore[override]
+        self,
+        name: str,
+        role: Role,
+        settings: MpaSettings | None,
+        qp_kw: dict,
+        cq_capacity: int,
+    ) -> Side:
+        if name != "b":
+            return Pair._side(name, role, settings, qp_kw, cq_capacity)
+        rnic, pd = self._shared
+        cq: CompletionQueue = rnic.create_cq(cq_capacity)
+        qp = rnic.create_qp(pd, cq, **qp_kw)
+        return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))

@@ -86,7 +86,7 @@ def test_send_with_solicited_event_raises_notification() -> None:
 
 def test_rdmap_09_send_with_invalidate_invalidates_the_stag() -> None:
     p = Pair()
-    exposed = p.b.mr(32, RW)
+    exposed = p.b.fast_mr(32, RW)  # remotely invalidatable: fast-registered
     dst = p.b.mr(16)
     p.b.qp.post_recv(RecvWR(1, (p.b.sge(dst),)))
     p.a.qp.post_send(

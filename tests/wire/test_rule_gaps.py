@@ -22,7 +22,6 @@ from stack.constants import (
 from stack.errors import DdpError, LocalError, ProtocolError
 from stack.rnic import (
     Access,
-    CompletionQueue,
     QpState,
     RecvWR,
     Rnic,
@@ -32,43 +31,18 @@ from stack.rnic import (
     WcStatus,
     WrOpcode,
 )
-from stack.rnic.memory import MemoryRegion, ProtectionDomain
-from stack.wire.connection import IwarpConnection
-from stack.wire.events import AtomicResponse, MpaSettings, PeerClosed, RdmaWrite, Role
+from stack.rnic.memory import MemoryRegion
+from stack.wire.events import AtomicResponse, PeerClosed, RdmaWrite
 from stack.wire.framing import FpduDeframer
 from stack.wire.rdmap import decode_ulpdu
 from stack.wire.stream import RdmapStream
-from tests.rnic.helpers import Pair, Side
+from tests.rnic.helpers import Pair, SharedResponder
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 RR = Access.LOCAL_WRITE | Access.REMOTE_READ
 RA = Access.LOCAL_WRITE | Access.REMOTE_ATOMIC
 ALL = RW | RR | RA
 _LE64 = struct.Struct("<Q")
-
-
-class SharedResponder(Pair):
-    """A :class:`Pair` whose responder ``b`` is a new QP of an existing RNIC and PD: a second
-    stream into the same RNIC."""
-
-    def __init__(self, rnic: Rnic, pd: ProtectionDomain, **kw: object) -> None:
-        self._shared = (rnic, pd)
-        super().__init__(**kw)  # type: ignore[arg-type]
-
-    def _side(  # type: ignore[override]
-        self,
-        name: str,
-        role: Role,
-        settings: MpaSettings | None,
-        qp_kw: dict,
-        cq_capacity: int,
-    ) -> Side:
-        if name != "b":
-            return Pair._side(name, role, settings, qp_kw, cq_capacity)
-        rnic, pd = self._shared
-        cq: CompletionQueue = rnic.create_cq(cq_capacity)
-        qp = rnic.create_qp(pd, cq, **qp_kw)
-        return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))
 
 
 def opcodes(wire: bytes) -> list[int]:
@@ -653,7 +627,7 @@ def _send_invalidate(wr_id: int, stag: int) -> SendWR:
 def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None:
     first = Pair()
     second = SharedResponder(first.b.rnic, first.b.pd)  # the PD now serves two streams
-    shared = first.b.pd.reg_mr(bytearray(16), RW)
+    shared = first.b.fast_mr(16, RW)  # remotely invalidatable, were it not shared
     second.b.qp.post_recv(RecvWR(1, [second.b.sge(second.b.mr(16))]))
     second.a.qp.post_send(_send_invalidate(1, shared.rkey))
     second.pump()
@@ -668,7 +642,7 @@ def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None
 def test_sec_07_a_stream_scoped_stag_is_invalidated_by_its_own_streams_peer() -> None:
     first = Pair()
     SharedResponder(first.b.rnic, first.b.pd)
-    own = first.b.pd.reg_mr(bytearray(16), RW, qp=first.b.qp)
+    own = first.b.fast_mr(16, RW, scoped=True)
     first.b.qp.post_recv(RecvWR(1, [first.b.sge(first.b.mr(16))]))
     first.a.qp.post_send(_send_invalidate(1, own.rkey))
     first.pump()
