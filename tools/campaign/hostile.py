@@ -1,0 +1,402 @@
+"""Part 2: hostile peers against each server process over loopback TCP.
+
+Attacks: garbage instead of an MPA Request and garbage FPDUs after a valid one, RST storms
+(connect, or connect and start MPA, then close with SO_LINGER 0), descriptor exhaustion
+(the server's RLIMIT_NOFILE lowered, more connections than that), half-open floods (TCP
+connect, never send MPA), slowloris (the Request one octet per interval), Terminate storms
+(a valid startup, then Terminates), and against the KBTP target forged Block Offsets and
+tickets in BIND, forged one-sided operations on the ring and Head STags, and malformed
+KBTP requests through the initiator API.  After each attack: the server is alive, a good
+client completes real work, blocks stored before the attacks load byte-identical, and
+the server's descriptor count returns near its baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from kbtp import Capability, KbtpInitiator
+from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp, WriteOp
+from kbtp.messages import Bind
+from stack.constants import MPA_KEY_REQ
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
+from stack.wire.rdmap import encode_message
+from tools.campaign.seeds import kbtp_seeds
+from tools.campaign.servers import (
+    KbtpKeeper,
+    Server,
+    block_data,
+    kbtp_target,
+    rping_ping,
+    rping_server,
+    run_trio,
+)
+
+LINGER_0 = struct.pack("ii", 1, 0)
+
+
+@dataclass
+class Attack:
+    """The outcome of one attack on one server."""
+
+    server: str
+    name: str
+    tried: int = 0
+    alive: bool = True
+    served: bool = True
+    lost: int = 0
+    fds_before: int = 0
+    fds_after: int = 0
+    note: str = ""
+
+    @property
+    def fds_ok(self) -> bool:
+        return self.fds_after <= self.fds_before + 3
+
+
+@dataclass
+class HostileFigures:
+    attacks: list[Attack] = field(default_factory=list)
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+    sock.close()
+
+
+def _connect(port: int, source: str = "127.0.0.1", timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(timeout)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _wait_closed(sock: socket.socket, timeout: float) -> bool:
+    """True if the peer closes (EOF or reset) within ``timeout`` seconds."""
+    sock.settimeout(0.5)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def raw_session(port: int, settings: MpaSettings | None = None,
+                source: str = "127.0.0.1") -> tuple[socket.socket, IwarpConnection]:  # fmt: skip
+    """A hand-driven MPA initiator on a plain socket, in Full Operation."""
+    sock = _connect(port, source)
+    engine = IwarpConnection(Role.INITIATOR, settings or MpaSettings())
+    engine.initiate(time.monotonic())
+    sock.sendall(engine.data_to_send())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        data = sock.recv(65536)
+        if not data:
+            break
+        engine.receive_data(data)
+        while not isinstance(event := engine.next_event(), NeedData):
+            if isinstance(event, Established):
+                out = engine.data_to_send()
+                if out:
+                    sock.sendall(out)
+                return sock, engine
+    sock.close()
+    raise ConnectionError("no MPA Reply from the server")
+
+
+# -- the attacks (each returns how many connections or messages it tried) ---------------
+
+
+def garbage(port: int, rng: random.Random, n: int) -> int:
+    for i in range(n):
+        try:
+            sock = _connect(port)
+            if i % 3 == 0:
+                payload = rng.randbytes(rng.randint(1, 4096))
+            elif i % 3 == 1:  # a Request key, then nonsense
+                payload = MPA_KEY_REQ + rng.randbytes(rng.randint(0, 600))
+            else:  # a PD_Length far beyond the limit (MPA-21)
+                payload = MPA_KEY_REQ + bytes([0x40, 0x00, 0xFF, 0xFF]) + rng.randbytes(64)
+            sock.sendall(payload)
+            if i % 10 == 0:
+                _wait_closed(sock, 1.0)
+            sock.close()
+        except OSError:
+            pass
+    for i in range(max(n // 5, 1)):  # valid startup, then garbage FPDUs
+        try:
+            sock, _engine = raw_session(port)
+            body = rng.randbytes(rng.randint(8, 3000))
+            if i % 2:  # a whole FPDU by its length field, failing its CRC at once
+                body = struct.pack(">H", len(body) - 6 + (-len(body) % 4)) + body + bytes(-len(body) % 4)
+            sock.sendall(body)
+            if i % 2:
+                _wait_closed(sock, 2.0)
+            sock.close()
+        except OSError:
+            pass
+    return n + max(n // 5, 1)
+
+
+def rst_storm(port: int, rng: random.Random, n: int) -> int:
+    for i in range(n):
+        try:
+            sock = _connect(port)
+            if i % 4 == 1:
+                sock.sendall(MPA_KEY_REQ[: rng.randint(1, 16)])
+            elif i % 4 == 2:
+                sock.sendall(MPA_KEY_REQ + b"\x40\x00\x00\x08" + bytes(8)[: rng.randint(0, 8)])
+            _reset(sock)
+        except OSError:
+            pass
+    for _ in range(max(n // 10, 1)):  # established, then reset
+        try:
+            sock, engine = raw_session(port)
+            engine.send_message(Send(b"about to vanish", False, None))
+            sock.sendall(engine.data_to_send())
+            _reset(sock)
+        except OSError:
+            pass
+    return n + max(n // 10, 1)
+
+
+def half_open_flood(port: int, n: int, check: Callable[[], bool]) -> tuple[int, bool]:
+    """``n`` silent connections from other loopback addresses; the good client (from
+    127.0.0.1) works while they are held.  Returns (connections made, good client ok)."""
+    held: list[socket.socket] = []
+    for i in range(n):
+        try:
+            held.append(_connect(port, f"127.0.0.{2 + i % 4}"))
+        except OSError:
+            pass
+    time.sleep(0.5)
+    ok = check()
+    for sock in held:
+        sock.close()
+    return len(held), ok
+
+
+def slowloris(port: int, n: int, interval: float) -> tuple[int, int]:
+    """``n`` connections sending the Request one octet per ``interval``; how many the
+    server closed before the whole Request was sent (MPA-26 startup timeout)."""
+    socks = []
+    for i in range(n):
+        with contextlib.suppress(OSError):
+            socks.append(_connect(port, f"127.0.0.{2 + i % 4}"))
+    request = MPA_KEY_REQ + b"\x40\x00\x00\x40" + bytes(64)  # rev 1, 64 octets private data
+    closed: set[int] = set()
+    for octet in request:
+        if len(closed) == len(socks):
+            break
+        for k, sock in enumerate(socks):
+            if k in closed:
+                continue
+            try:
+                sock.send(bytes([octet]))
+            except OSError:
+                closed.add(k)
+        time.sleep(interval)
+    for k, sock in enumerate(socks):
+        if k not in closed and _wait_closed(sock, 0.1):
+            closed.add(k)
+        sock.close()
+    return len(socks), len(closed)
+
+
+def terminate_storm(port: int, n: int, per_connection: int = 20) -> int:
+    """Valid startups, then one Terminate or a burst of them (RDMAP-10 forbids all but
+    the first, so they are framed past the sending stream's own check)."""
+    sent = 0
+    term = Terminate(layer=2, etype=1, code=3)
+    for i in range(n):
+        try:
+            sock, engine = raw_session(port)
+            for k in range(1 if i % 2 else per_connection):
+                for ulpdu in encode_message(term, msn=1 + k, mulpdu=engine.mpa.mulpdu):
+                    engine.mpa.send_ulpdu(ulpdu)
+                sent += 1
+            sock.sendall(engine.data_to_send())
+            _wait_closed(sock, 2.0)
+            sock.close()
+        except OSError:
+            pass
+    return sent
+
+
+def emfile(server_factory: Callable[[int | None], Server] | Server, check: Callable[[Server], bool],
+           limit: int, n: int) -> Attack:  # fmt: skip
+    """A server with RLIMIT_NOFILE ``limit`` and ``n`` connections held against it."""
+    server = (server_factory if isinstance(server_factory, Server) else server_factory(limit)).ready()
+    attack = Attack(server.name, f"EMFILE (RLIMIT_NOFILE {limit}, {n} connections)")
+    try:
+        attack.fds_before = server.baseline_fds
+        held = []
+        for i in range(n):
+            with contextlib.suppress(OSError):
+                held.append(_connect(server.port, f"127.0.0.{2 + i % 8}"))
+        time.sleep(1.0)
+        attack.note = f"{server.fds()} fds held at the limit"
+        for sock in held:
+            sock.close()
+        attack.tried = len(held)
+        attack.fds_after = server.fds_settle()
+        attack.alive = server.alive()
+        attack.served = attack.alive and check(server)
+    finally:
+        server.stop()
+    return attack
+
+
+# -- KBTP-specific attacks through the initiator API -----------------------------------
+
+
+async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> int:
+    """Forged BINDs, one-sided operations on the ring and Head STags, malformed requests.
+    Each forged one-sided op costs the session (the RNIC terminates it): reconnect."""
+    tried = 0
+
+    for r in range(rounds):
+        try:
+            async with KbtpInitiator.connect("127.0.0.1", port, "mallory",
+                                             capabilities=Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC) as ini:  # fmt: skip
+                ack = ini.ack
+                assert ack is not None
+                # forged BINDs: table offset, past the memory, misaligned, random
+                for block in (ack.table_offset, ack.pool_offset + (1 << 40),
+                              ack.pool_offset + 1, rng.getrandbits(64)):  # fmt: skip
+                    await ini.request(Bind(0, ack.handle_base, rng.getrandbits(32), 10, block),
+                                      check=False)  # fmt: skip
+                    tried += 1
+                # malformed requests (mutated KBTP encodings) with fresh request IDs
+                for k, raw in enumerate(kbtp_seeds()):
+                    data = bytearray(raw)
+                    if data:
+                        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                    rid = 1 << 40 | r << 8 | k
+                    data[8:16] = rid.to_bytes(8, "big")
+                    with trio.move_on_after(2):
+                        await ini.send_raw(bytes(data), rid)
+                    tried += 1
+                # one forged one-sided operation (ends the session)
+                ops = [
+                    CompareSwapOp(ack.ring_stag, ack.ring_offset + 8, 0, rng.getrandbits(64)),
+                    FetchAddOp(ack.ring_stag, ack.ring_offset, 1, 0),
+                    ReadOp(ack.head_stag, ack.head_offset, 8),
+                    WriteOp(ack.ring_stag, ack.ring_offset, b"\xff" * 16),
+                    WriteOp(ack.table_stag, ack.table_offset, b"\x00" * 32),
+                    ReadOp(ack.pool_stag, ack.pool_offset, 1 << 20),
+                ]
+                with trio.move_on_after(5):
+                    await ini.one_sided(ops[r % len(ops)])
+                tried += 1
+        except Exception:
+            pass  # the session is ended by the target: that is the expected outcome
+    return tried
+
+
+# -- the part ----------------------------------------------------------------------------
+
+
+def _kbtp_specs() -> list[str]:
+    return ["keeper:quota=16", "mallory:quota=16,direct=both"]
+
+
+def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
+    rng = random.Random(seed)
+    scale = 5 if full else 1
+    figures = HostileFigures()
+
+    def kbtp_factory(nofile: int | None) -> Server:
+        return kbtp_target(_kbtp_specs(), pool=64,
+                           extra=["--hello-timeout", "3", "--idle-timeout", "20"], nofile=nofile)  # fmt: skip
+
+    # The servers start in parallel (each takes seconds to import and listen).
+    kbtp_low, rping_main, rping_low = kbtp_factory(32), rping_server(), rping_server(32)
+
+    # ---- KBTP target -------------------------------------------------------------------
+    with kbtp_factory(None) as server:
+        keeper = KbtpKeeper(server.port)
+        keeper.store_all()
+
+        def after(name: str, tried: int, note: str = "") -> None:
+            attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+            attack.fds_after = server.fds_settle()
+            attack.alive = server.alive()
+            if attack.alive:
+                attack.served, attack.lost = keeper.check()
+            else:
+                attack.served, attack.lost = False, len(keeper.stored)
+            figures.attacks.append(attack)
+            progress(f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, "
+                     f"served {attack.served}, lost {attack.lost}, fds {attack.fds_before}->"
+                     f"{attack.fds_after}{', ' + note if note else ''}")  # fmt: skip
+
+        port = server.port
+        after("garbage", garbage(port, rng, 40 * scale))
+        after("RST storm", rst_storm(port, rng, 200 * scale))
+        made, ok = half_open_flood(port, 100 * scale, lambda: keeper.check()[0])
+        after("half-open flood", made, f"good client during the flood: {'ok' if ok else 'FAILED'}")
+        if not ok:
+            figures.attacks[-1].served = False
+        n, closed = slowloris(port, 8 * scale, 0.1)
+        after("slowloris", n, f"{closed}/{n} closed by the server before the Request was complete")
+        after("Terminate storm", terminate_storm(port, 10 * scale))
+        tried = [0]
+
+        async def forged() -> None:
+            tried[0] = await _forged_kbtp(port, rng, 6 * scale)
+
+        run_trio(forged, timeout=120)
+        after("forged BIND / one-sided ops / malformed requests", tried[0])
+
+    figures.attacks.append(
+        emfile(kbtp_low, lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0], 32, 60 * scale)
+    )
+    progress(f"hostile kbtp-target: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+
+    # ---- rping server --------------------------------------------------------------------
+    with rping_main as server:
+
+        def after_r(name: str, tried: int, note: str = "") -> None:
+            attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+            attack.fds_after = server.fds_settle()
+            attack.alive = server.alive()
+            attack.served = attack.alive and rping_ping(server.port)
+            figures.attacks.append(attack)
+            progress(f"hostile rping: {name}: tried {tried}, alive {attack.alive}, served "
+                     f"{attack.served}, fds {attack.fds_before}->{attack.fds_after}"
+                     f"{', ' + note if note else ''}")  # fmt: skip
+
+        port = server.port
+        after_r("garbage", garbage(port, rng, 40 * scale))
+        after_r("RST storm", rst_storm(port, rng, 200 * scale))
+        made, ok = half_open_flood(port, 100 * scale, lambda: rping_ping(port))
+        after_r("half-open flood", made, f"good client during the flood: {'ok' if ok else 'FAILED'}")
+        if not ok:
+            figures.attacks[-1].served = False
+        n, closed = slowloris(port, 8 * scale, 0.1)
+        after_r("slowloris", n, f"{closed}/{n} closed by the server before the Request was complete")
+        after_r("Terminate storm", terminate_storm(port, 10 * scale))
+
+    figures.attacks.append(emfile(rping_low, lambda s: rping_ping(s.port), 32, 60 * scale))
+    progress(f"hostile rping: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+    return figures
+
+
+__all__ = ["Attack", "HostileFigures", "block_data", "run_hostile"]
