@@ -28,8 +28,14 @@ DEFAULT_INPUTS = 30_000
 FULL_INPUTS = 1_050_000
 
 
-def run(full: bool = False, seed: int = 1, only: Sequence[str] = (), inputs: int | None = None,
-        save: bool = True, progress: bool = True) -> tuple[list[PartSummary], dict[str, object]]:  # fmt: skip
+def run(
+    full: bool = False,
+    seed: int = 1,
+    only: Sequence[str] = (),
+    inputs: int | None = None,
+    save: bool = True,
+    progress: bool = True,
+) -> tuple[list[PartSummary], dict[str, object]]:
     """Run the selected parts; (summaries, parameters)."""
     targets = [n for n in only if n not in PARTS]
     parts = [p for p in PARTS if p in only] or list(PARTS)
@@ -56,8 +62,13 @@ def run(full: bool = False, seed: int = 1, only: Sequence[str] = (), inputs: int
         else:
             out.append(faults_summary(run_faults(full, seed, say), time.monotonic() - t0))
         say(f"part {part}: {'ok' if out[-1].ok else 'FAIL'} in {time.monotonic() - t0:.1f} s")
-    params: dict[str, object] = {"full": full, "seed": seed, "parts": parts,
-                                 "fuzz_inputs": total, "targets": targets or "all"}  # fmt: skip
+    params: dict[str, object] = {
+        "full": full,
+        "seed": seed,
+        "parts": parts,
+        "fuzz_inputs": total,
+        "targets": targets or "all",
+    }
     return out, params
 
 
@@ -68,13 +79,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Robustness campaign: decoder fuzzing, hostile peers, KBTP load, faults.",
         epilog=f"NAME: a part ({', '.join(PARTS)}) or a fuzz target ({', '.join(names)})",
     )
-    parser.add_argument("--full", action="store_true",
-                        help=f"the full form ({FULL_INPUTS} fuzz inputs, 64 initiators, ...)")  # fmt: skip
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the full form ({FULL_INPUTS} fuzz inputs, 64 initiators, ...)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object on stdout (the table goes to stderr)")  # fmt: skip
-    parser.add_argument("--only", nargs="+", metavar="NAME", default=[],
-                        choices=[*PARTS, *names], help="run only these parts or fuzz targets")  # fmt: skip
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout (the table goes to stderr)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        default=[],
+        choices=[*PARTS, *names],
+        help="run only these parts or fuzz targets",
+    )
     parser.add_argument("--inputs", type=int, metavar="N", help="fuzz inputs in total")
     args = parser.parse_args(argv)
     parts, params = run(args.full, args.seed, args.only, args.inputs)

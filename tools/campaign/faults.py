@@ -34,7 +34,7 @@ from stack.cli.rping import Endpoint
 from stack.rnic import WcOpcode
 from stack.transport.cm import ConnectionManager
 from tools.campaign.hostile import _wait_closed, raw_session
-from tools.campaign.servers import ROOT, kbtp_target, rping_ping, rping_server, run_trio
+from tools.campaign.servers import ROOT, Server, kbtp_target, rping_ping, rping_server, run_trio
 
 LINGER_0 = struct.pack("ii", 1, 0)
 
@@ -132,102 +132,140 @@ async def _connect_retry(port: int, identity: str, caps: Capability, **kw: Any) 
     raise AssertionError("unreachable")
 
 
-def kill_initiators(full: bool, seed: int, progress: Callable[[str], None]) -> Fault:
-    hogs = 4 if full else 2
+HOG_QUOTA = 6
+
+
+def hogs_of(full: bool) -> int:
+    return 4 if full else 2
+
+
+def kill_target(full: bool) -> Server:
+    """The KBTP target of the kill and silence faults (identities hog-0.., and k)."""
+    specs = [f"hog-{i}:quota={HOG_QUOTA},direct=both" for i in range(hogs_of(full))]
+    return kbtp_target(
+        [*specs, "k:quota=4"],
+        pool=hogs_of(full) * HOG_QUOTA + 4,
+        block="256K",
+        extra=["--ticket-timeout", "2", "--hello-timeout", "3"],
+    )
+
+
+def kill_initiators(
+    server: Server, full: bool, seed: int, progress: Callable[[str], None]
+) -> Fault:
+    hogs = hogs_of(full)
     rounds = 6 if full else 2
-    quota = 6
-    specs = [f"hog-{i}:quota={quota},direct=both" for i in range(hogs)]
+    quota = HOG_QUOTA
     fault = Fault("kbtp-target", f"kill -9 of {hogs} initiators mid-operation, {rounds} rounds")
     rng = random.Random(f"{seed}:kill")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with kbtp_target(specs, pool=hogs * quota, block="256K", extra=["--ticket-timeout", "2"]) as server:
-        for r in range(rounds):
-            procs = [
-                subprocess.Popen([sys.executable, "-m", "tools.campaign.peer", str(server.port),
-                                  f"hog-{i}"], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-                for i in range(hogs)
-            ]  # fmt: skip
-            for proc in procs:
-                assert proc.stdout is not None
-                proc.stdout.readline()  # "ready" (or EOF if it died)
-            time.sleep(rng.uniform(0.05, 0.5))
-            for proc in procs:
-                proc.send_signal(signal.SIGKILL)
-            for proc in procs:
-                proc.wait()
-                if proc.stdout is not None:
-                    proc.stdout.close()
-            fault.tried += hogs
-            results: list[int] = []
+    for r in range(rounds):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tools.campaign.peer", str(server.port), f"hog-{i}"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            for i in range(hogs)
+        ]
+        for proc in procs:
+            assert proc.stdout is not None
+            proc.stdout.readline()  # "ready" (or EOF if it died)
+        time.sleep(rng.uniform(0.05, 0.5))
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        fault.tried += hogs
+        results: list[int] = []
 
-            async def reclaim(i: int) -> None:
-                cm, ini = await _connect_retry(server.port, f"hog-{i}", Capability.NONE)
-                try:
-                    base, count = ini.ack.handle_base, ini.ack.handle_count
-                    for h in range(base, base + count):  # whatever the killed one had bound
-                        await ini.free(h, check=False)
-                    ok = 0
-                    for k in range(quota):
-                        c = await ini.alloc_store(base + k, b"again", check=False)
-                        ok += c.status == 0
-                    for k in range(quota):
-                        await ini.free(base + k, check=False)
-                    results.append(ok)
-                finally:
-                    await cm.__aexit__(None, None, None)
-
-            async def all_reclaim() -> None:
-                async with trio.open_nursery() as nursery:
-                    for i in range(hogs):
-                        nursery.start_soon(reclaim, i)
-
+        async def reclaim(i: int, results: list[int] = results) -> None:
+            cm, ini = await _connect_retry(server.port, f"hog-{i}", Capability.NONE)
             try:
-                run_trio(all_reclaim, timeout=120)
-            except Exception as exc:
-                fault.note = f"reclaim failed: {type(exc).__name__}: {exc}"
-            short = sum(quota - ok for ok in results) + quota * (hogs - len(results))
-            fault.lost += short
-            progress(f"faults: kill -9 round {r + 1}/{rounds}: quota back "
-                     f"{hogs * quota - short}/{hogs * quota}")  # fmt: skip
-            if not server.alive():
-                break
-        fault.alive = server.alive()
-        fault.served = fault.alive and fault.lost == 0
-        fault.note = fault.note or f"quota released: {fault.lost} blocks short in total"
+                base, count = ini.ack.handle_base, ini.ack.handle_count
+                for h in range(base, base + count):  # whatever the killed one had bound
+                    await ini.free(h, check=False)
+                ok = 0
+                for k in range(quota):
+                    c = await ini.alloc_store(base + k, b"again", check=False)
+                    ok += c.status == 0
+                for k in range(quota):
+                    await ini.free(base + k, check=False)
+                results.append(ok)
+            finally:
+                await cm.__aexit__(None, None, None)
+
+        async def all_reclaim() -> None:
+            async with trio.open_nursery() as nursery:
+                for i in range(hogs):
+                    nursery.start_soon(reclaim, i)
+
+        try:
+            run_trio(all_reclaim, timeout=120)
+        except Exception as exc:
+            fault.note = f"reclaim failed: {type(exc).__name__}: {exc}"
+        short = sum(quota - ok for ok in results) + quota * (hogs - len(results))
+        fault.lost += short
+        progress(
+            f"faults: kill -9 round {r + 1}/{rounds}: quota back "
+            f"{hogs * quota - short}/{hogs * quota}"
+        )
+        if not server.alive():
+            break
+    fault.alive = server.alive()
+    fault.served = fault.alive and fault.lost == 0
+    fault.note = fault.note or f"quota released: {fault.lost} blocks short in total"
     return fault
 
 
-def silence(progress: Callable[[str], None]) -> list[Fault]:
-    """A silent TCP connection (no Request), and for KBTP a silent session (no HELLO)."""
-    out = []
-    kbtp = kbtp_target(["k:quota=4"], pool=4, extra=["--hello-timeout", "3"])
-    rping = rping_server()
-    for server in (kbtp, rping):
-        with server:
-            fault = Fault(server.name, "peer silence during MPA startup")
-            started = time.monotonic()
-            sock = socket.create_connection(("127.0.0.1", server.port))
-            closed = _wait_closed(sock, 30.0)
-            sock.close()
-            took = time.monotonic() - started
-            fault.tried = 1
-            fault.note = f"closed by the server after {took:.1f} s" if closed else "NOT closed in 30 s"
-            if server.name == "kbtp-target":
-                sock2, _ = raw_session(server.port)
-                started = time.monotonic()
-                closed2 = _wait_closed(sock2, 30.0)
-                sock2.close()
-                fault.tried = 2
-                closed = closed and closed2
-                fault.note += (f"; session without HELLO closed after "
-                               f"{time.monotonic() - started:.1f} s" if closed2 else "; NO HELLO session NOT closed")  # fmt: skip
-            fault.alive = server.alive()
-            fault.served = closed and fault.alive and (
-                rping_ping(server.port) if server.name == "rping" else _kbtp_round(server.port, "k")
-            )
-            out.append(fault)
-            progress(f"faults: {server.name}: {fault.name}: {fault.note}")
-    return out
+class Silent:
+    """A silent peer watched in the background: a TCP connection that never sends the MPA
+    Request, or (``session``) a valid startup that never says HELLO."""
+
+    def __init__(self, server: Server, session: bool = False) -> None:
+        self.server = server
+        self.session = session
+        self.closed_after: float | None = None
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        try:
+            if self.session:
+                sock, _ = raw_session(self.server.port)
+            else:
+                sock = socket.create_connection(("127.0.0.1", self.server.port))
+        except OSError:
+            return
+        started = time.monotonic() if self.session else started
+        if _wait_closed(sock, 30.0):
+            self.closed_after = time.monotonic() - started
+        sock.close()
+
+    def join(self) -> None:
+        self._thread.join(40)
+
+    def text(self) -> str:
+        what = "session without HELLO" if self.session else "connection without MPA Request"
+        if self.closed_after is None:
+            return f"{what} NOT closed within 30 s"
+        return f"{what} closed by the server after {self.closed_after:.1f} s"
+
+
+def silence_result(server: Server, watchers: list[Silent], check: Callable[[], bool]) -> Fault:
+    fault = Fault(server.name, "peer silence during MPA startup", tried=len(watchers))
+    for w in watchers:
+        w.join()
+    fault.note = "; ".join(w.text() for w in watchers)
+    fault.alive = server.alive()
+    closed = all(w.closed_after is not None for w in watchers)
+    fault.served = closed and fault.alive and check()
+    return fault
 
 
 def _kbtp_round(port: int, identity: str, size: int = 4096) -> bool:
@@ -250,100 +288,129 @@ def _kbtp_round(port: int, identity: str, size: int = 4096) -> bool:
     return ok[0]
 
 
-def reset_mid_write_kbtp(full: bool, progress: Callable[[str], None]) -> Fault:
-    size = (64 if full else 16) << 20
-    fault = Fault("kbtp-target", f"reset in the middle of a {size >> 20} MiB RDMA Write (DIRECT_ALLOC)")
+def reset_size(full: bool) -> int:
+    return (64 if full else 16) << 20
+
+
+def reset_target(full: bool) -> Server:
+    size = reset_size(full)
+    return kbtp_target(
+        ["w:quota=2,direct=both"], pool=2, block=f"{size >> 20}M", extra=["--max-inline", "4096"]
+    )
+
+
+def reset_mid_write_kbtp(server: Server, full: bool, progress: Callable[[str], None]) -> Fault:
+    size = reset_size(full)
+    fault = Fault(
+        "kbtp-target", f"reset in the middle of a {size >> 20} MiB RDMA Write (DIRECT_ALLOC)"
+    )
     caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
-    with kbtp_target(["w:quota=2,direct=both"], pool=2, block=f"{size >> 20}M",
-                     extra=["--max-inline", "4096"]) as server:  # fmt: skip
-        rss_before = server.rss_kib()
-        relay = ResettingRelay(server.port, True, size // 2)
+    rss_before = server.rss_kib()
+    relay = ResettingRelay(server.port, True, size // 2)
 
-        async def attack() -> None:
-            cm, ini = await _connect_retry(relay.port, "w", caps, max_block_size=size)
-            try:
-                with contextlib.suppress(Exception):
-                    await ini.reserve(os.urandom(1024) * (size // 1024))
-            finally:
-                with contextlib.suppress(BaseException):
-                    await cm.__aexit__(None, None, None)
-
-        with contextlib.suppress(Exception):
-            run_trio(attack, timeout=300)
-        relay.close()
-        fault.tried = 1
-        fired = relay.fired
-        # The next client: both blocks of the quota, a whole block written and read back.
-        verified = [0]
-
-        async def after() -> None:
-            cm, ini = await _connect_retry(server.port, "w", caps, max_block_size=size)
-            try:
-                base = ini.ack.handle_base
-                for k in range(2):
-                    data = os.urandom(1 << 20) * (size >> 20)
-                    await ini.direct_alloc(base + k, data)
-                    got = await ini.load(base + k)
-                    verified[0] += got == data
-                for k in range(2):
-                    await ini.free(base + k)
-            finally:
+    async def attack() -> None:
+        cm, ini = await _connect_retry(relay.port, "w", caps, max_block_size=size)
+        try:
+            with contextlib.suppress(Exception):
+                await ini.reserve(os.urandom(1024) * (size // 1024))
+        finally:
+            with contextlib.suppress(BaseException):
                 await cm.__aexit__(None, None, None)
 
+    with contextlib.suppress(Exception):
+        run_trio(attack, timeout=300)
+    relay.close()
+    fault.tried = 1
+    fired = relay.fired
+    # The next client: both blocks of the quota, a whole block written and read back.
+    verified = [0]
+
+    async def after() -> None:
+        cm, ini = await _connect_retry(server.port, "w", caps, max_block_size=size)
         try:
-            run_trio(after, timeout=600)
-        except Exception as exc:
-            fault.note = f"next client failed: {type(exc).__name__}: {exc}; "
-        fault.alive = server.alive()
-        fault.served = fault.alive and verified[0] == 2 and fired
-        fault.lost = 2 - verified[0]
-        fault.note += (f"reset {'after ' + str(relay.seen >> 20) + ' MiB written' if fired else 'DID NOT FIRE'}; "
-                       f"next client wrote and read back {verified[0]}/2 whole blocks; "
-                       f"RSS {rss_before} -> {server.rss_kib()} KiB")  # fmt: skip
+            base = ini.ack.handle_base
+            for k in range(2):
+                data = os.urandom(1 << 20) * (size >> 20)
+                await ini.direct_alloc(base + k, data)
+                got = await ini.load(base + k)
+                verified[0] += got == data
+            for k in range(2):
+                await ini.free(base + k)
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    try:
+        run_trio(after, timeout=600)
+    except Exception as exc:
+        fault.note = f"next client failed: {type(exc).__name__}: {exc}; "
+    fault.alive = server.alive()
+    fault.served = fault.alive and verified[0] == 2 and fired
+    fault.lost = 2 - verified[0]
+    fault.note += (
+        f"reset {'after ' + str(relay.seen >> 20) + ' MiB written' if fired else 'DID NOT FIRE'}; "
+        f"next client wrote and read back {verified[0]}/2 whole blocks; "
+        f"RSS {rss_before} -> {server.rss_kib()} KiB"
+    )
     progress(f"faults: {fault.name}: {fault.note}")
     return fault
 
 
-def reset_mid_write_rping(progress: Callable[[str], None]) -> list[Fault]:
+def reset_mid_write_rping(server: Server, progress: Callable[[str], None]) -> list[Fault]:
     """The rping server RDMA Reads our buffer, then RDMA Writes its copy back: reset in
     the middle of each (16 MiB, rping's -S limit)."""
     size = 1 << 24
     out = []
-    with rping_server(size=size) as server:
-        for outbound, what in ((True, "RDMA Read Response (ours)"), (False, "RDMA Write (the server's)")):
-            fault = Fault("rping", f"reset in the middle of a 16 MiB {what}")
-            relay = ResettingRelay(server.port, outbound, size // 2)
+    for outbound, what in (
+        (True, "RDMA Read Response (ours)"),
+        (False, "RDMA Write (the server's)"),
+    ):
+        fault = Fault("rping", f"reset in the middle of a 16 MiB {what}")
+        relay = ResettingRelay(server.port, outbound, size // 2)
 
-            async def attack() -> None:
-                ep = Endpoint(size)
-                async with ConnectionManager.open(ep.rnic) as cm:
-                    conn = await cm.connect("127.0.0.1", relay.port, ep.qp, first_fpdu_delay=0.2)
-                    ep.start_mr.buf[:] = b"y" * size  # no NUL: the server writes it all back
-                    ep.send_info(ep.start_mr)
-                    with trio.fail_after(120):
-                        await ep.expect(WcOpcode.RECV)
-                        ep.send_info(ep.rdma_mr)
-                        await ep.expect(WcOpcode.RECV)
-                    await conn.disconnect()
+        async def attack(relay: ResettingRelay = relay) -> None:
+            ep = Endpoint(size)
+            async with ConnectionManager.open(ep.rnic) as cm:
+                conn = await cm.connect("127.0.0.1", relay.port, ep.qp, first_fpdu_delay=0.2)
+                ep.start_mr.buf[:] = b"y" * size  # no NUL: the server writes it all back
+                ep.send_info(ep.start_mr)
+                with trio.fail_after(120):
+                    await ep.expect(WcOpcode.RECV)
+                    ep.send_info(ep.rdma_mr)
+                    await ep.expect(WcOpcode.RECV)
+                await conn.disconnect()
 
-            with contextlib.suppress(BaseException):
-                run_trio(attack, timeout=180)
-            relay.close()
-            fired = relay.fired
-            fault.tried = 1
-            fault.alive = server.alive()
-            fault.served = fault.alive and fired and rping_ping(server.port, size=1 << 20)
-            fault.note = (f"reset after {relay.seen >> 20} MiB" if fired else "reset DID NOT FIRE") + (
-                "; the next client's 1 MiB validated ping worked" if fault.served else "")  # fmt: skip
-            out.append(fault)
-            progress(f"faults: rping: {fault.name}: {fault.note}")
+        with contextlib.suppress(BaseException):
+            run_trio(attack, timeout=180)
+        relay.close()
+        fired = relay.fired
+        fault.tried = 1
+        fault.alive = server.alive()
+        fault.served = fault.alive and fired and rping_ping(server.port, size=1 << 20)
+        fault.note = (f"reset after {relay.seen >> 20} MiB" if fired else "reset DID NOT FIRE") + (
+            "; the next client's 1 MiB validated ping worked" if fault.served else ""
+        )
+        out.append(fault)
+        progress(f"faults: rping: {fault.name}: {fault.note}")
     return out
 
 
 def run_faults(full: bool, seed: int, progress: Callable[[str], None]) -> FaultFigures:
     figures = FaultFigures()
-    figures.faults.append(kill_initiators(full, seed, progress))
-    figures.faults += silence(progress)
-    figures.faults.append(reset_mid_write_kbtp(full, progress))
-    figures.faults += reset_mid_write_rping(progress)
+    servers = [kill_target(full), reset_target(full), rping_server(size=1 << 24)]
+    try:
+        kill, reset, rping = (server.ready() for server in servers)
+        silent_kbtp = [Silent(kill), Silent(kill, session=True)]
+        silent_rping = [Silent(rping)]
+        figures.faults.append(kill_initiators(kill, full, seed, progress))
+        figures.faults.append(reset_mid_write_kbtp(reset, full, progress))
+        figures.faults.append(
+            silence_result(kill, silent_kbtp, lambda: _kbtp_round(kill.port, "k"))
+        )
+        figures.faults.append(silence_result(rping, silent_rping, lambda: rping_ping(rping.port)))
+        for fault in figures.faults[-2:]:
+            progress(f"faults: {fault.server}: {fault.name}: {fault.note}")
+        figures.faults += reset_mid_write_rping(rping, progress)
+    finally:
+        for server in servers:
+            server.stop()
     return figures

@@ -24,10 +24,26 @@ from typing import Any
 
 from tools.campaign.targets import Invariant, Target, all_targets, split
 
-HANG_SECONDS = 2.0
+HANG_SECONDS = 5.0
 CORPUS = Path(__file__).resolve().parent / "corpus"
 INTERESTING_8 = (0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF)
-INTERESTING_16 = (0, 1, 2, 3, 4, 0x7F, 0x80, 0xFF, 0x100, 0x200, 0x201, 0x7FFF, 0x8000, 0xFFFE, 0xFFFF)
+INTERESTING_16 = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    0x7F,
+    0x80,
+    0xFF,
+    0x100,
+    0x200,
+    0x201,
+    0x7FFF,
+    0x8000,
+    0xFFFE,
+    0xFFFF,
+)
 INTERESTING_32 = (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF, 0x10000, 0xFFFF)
 
 
@@ -82,7 +98,9 @@ def mutate(rng: random.Random, data: bytes, pool: list[bytes], max_len: int) -> 
             buf[pos : pos + 2] = rng.choice(INTERESTING_16).to_bytes(2, "big")
         elif op == 4 and n >= 4:
             pos = min(pos, n - 4)
-            buf[pos : pos + 4] = rng.choice(INTERESTING_32).to_bytes(4, rng.choice(("big", "little")))
+            buf[pos : pos + 4] = rng.choice(INTERESTING_32).to_bytes(
+                4, rng.choice(("big", "little"))
+            )
         elif op == 5:
             buf[pos:pos] = rng.randbytes(rng.randint(1, 16))
         elif op == 6 and n:
@@ -161,8 +179,13 @@ class Runner:
                 figures.slowest_ms = max(figures.slowest_ms, took * 1000)
                 if cut != whole:
                     figures.diverged += 1
-                    self._record(figures, target, data, "diverged",
-                                 f"outcome depends on the chunking: {_short(whole)} vs {_short(cut)}")  # fmt: skip
+                    self._record(
+                        figures,
+                        target,
+                        data,
+                        "diverged",
+                        f"outcome depends on the chunking: {_short(whole)} vs {_short(cut)}",
+                    )
         except Hang as exc:
             figures.hangs += 1
             self._record(figures, target, data, "hang", str(exc))
@@ -171,10 +194,17 @@ class Runner:
         except (Exception, Invariant) as exc:
             figures.crashes += 1
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            self._record(figures, target, data, "crash",
-                         f"{type(exc).__name__}: {exc} at {Path(where.filename).name}:{where.lineno}")  # fmt: skip
+            self._record(
+                figures,
+                target,
+                data,
+                "crash",
+                f"{type(exc).__name__}: {exc} at {Path(where.filename).name}:{where.lineno}",
+            )
 
-    def _record(self, figures: TargetFigures, target: Target, data: bytes, kind: str, detail: str) -> None:
+    def _record(
+        self, figures: TargetFigures, target: Target, data: bytes, kind: str, detail: str
+    ) -> None:
         if len(figures.findings) < 20:
             figures.findings.append(Finding(target.name, kind, detail, self._save(target, data)))
 
@@ -183,8 +213,13 @@ class Runner:
             return []
         return [p.read_bytes() for p in sorted(self.corpus.glob(f"{target.name}-*.bin"))]
 
-    def fuzz(self, target: Target, count: int, rng: random.Random,
-             progress: Callable[[str], None] | None = None) -> TargetFigures:  # fmt: skip
+    def fuzz(
+        self,
+        target: Target,
+        count: int,
+        rng: random.Random,
+        progress: Callable[[str], None] | None = None,
+    ) -> TargetFigures:
         """Replay the corpus, the seeds, then ``count`` generated and mutated inputs."""
         figures = TargetFigures(target.name)
         started = time.perf_counter()
@@ -204,8 +239,10 @@ class Runner:
                     data = mutate(rng, rng.choice(pool), pool, target.max_len)
                 self.one(target, data, figures, rng)
                 if progress is not None and (i + 1) % step == 0:
-                    progress(f"{target.name}: {i + 1}/{count} inputs, {figures.crashes} crashes, "
-                             f"{figures.hangs} hangs, {figures.diverged} diverged")  # fmt: skip
+                    progress(
+                        f"{target.name}: {i + 1}/{count} inputs, {figures.crashes} crashes, "
+                        f"{figures.hangs} hangs, {figures.diverged} diverged"
+                    )
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
@@ -218,8 +255,13 @@ def _short(value: Any) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
-def run_fuzz(total: int, seed: int, progress: Callable[[str], None] | None = None,
-             only: list[str] | None = None, save: bool = True) -> list[TargetFigures]:  # fmt: skip
+def run_fuzz(
+    total: int,
+    seed: int,
+    progress: Callable[[str], None] | None = None,
+    only: list[str] | None = None,
+    save: bool = True,
+) -> list[TargetFigures]:
     """Fuzz every target (or those named in ``only``), ``total`` inputs split by weight."""
     targets = [t for t in all_targets() if not only or t.name in only]
     weights = sum(t.weight for t in targets) or 1.0
@@ -231,6 +273,8 @@ def run_fuzz(total: int, seed: int, progress: Callable[[str], None] | None = Non
         out.append(runner.fuzz(target, count, rng, progress))
         if progress is not None:
             f = out[-1]
-            progress(f"{target.name}: done, {f.inputs} inputs in {f.seconds:.1f} s "
-                     f"({k + 1}/{len(targets)} targets)")  # fmt: skip
+            progress(
+                f"{target.name}: done, {f.inputs} inputs in {f.seconds:.1f} s "
+                f"({k + 1}/{len(targets)} targets)"
+            )
     return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import trio
 
 from kbtp import Capability, KbtpInitiator
-from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp, WriteOp
+from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, WriteOp
 from kbtp.messages import Bind
 from stack.constants import MPA_KEY_REQ
 from stack.wire.connection import IwarpConnection
@@ -97,8 +97,9 @@ def _wait_closed(sock: socket.socket, timeout: float) -> bool:
     return False
 
 
-def raw_session(port: int, settings: MpaSettings | None = None,
-                source: str = "127.0.0.1") -> tuple[socket.socket, IwarpConnection]:  # fmt: skip
+def raw_session(
+    port: int, settings: MpaSettings | None = None, source: str = "127.0.0.1"
+) -> tuple[socket.socket, IwarpConnection]:
     """A hand-driven MPA initiator on a plain socket, in Full Operation."""
     sock = _connect(port, source)
     engine = IwarpConnection(Role.INITIATOR, settings or MpaSettings())
@@ -144,7 +145,11 @@ def garbage(port: int, rng: random.Random, n: int) -> int:
             sock, _engine = raw_session(port)
             body = rng.randbytes(rng.randint(8, 3000))
             if i % 2:  # a whole FPDU by its length field, failing its CRC at once
-                body = struct.pack(">H", len(body) - 6 + (-len(body) % 4)) + body + bytes(-len(body) % 4)
+                body = (
+                    struct.pack(">H", len(body) - 6 + (-len(body) % 4))
+                    + body
+                    + bytes(-len(body) % 4)
+                )
             sock.sendall(body)
             if i % 2:
                 _wait_closed(sock, 2.0)
@@ -239,10 +244,9 @@ def terminate_storm(port: int, n: int, per_connection: int = 20) -> int:
     return sent
 
 
-def emfile(server_factory: Callable[[int | None], Server] | Server, check: Callable[[Server], bool],
-           limit: int, n: int) -> Attack:  # fmt: skip
-    """A server with RLIMIT_NOFILE ``limit`` and ``n`` connections held against it."""
-    server = (server_factory if isinstance(server_factory, Server) else server_factory(limit)).ready()
+def emfile(server: Server, check: Callable[[Server], bool], limit: int, n: int) -> Attack:
+    """``n`` connections held against a server started with RLIMIT_NOFILE ``limit``."""
+    server.ready()
     attack = Attack(server.name, f"EMFILE (RLIMIT_NOFILE {limit}, {n} connections)")
     try:
         attack.fds_before = server.baseline_fds
@@ -273,15 +277,24 @@ async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> int:
 
     for r in range(rounds):
         try:
-            async with KbtpInitiator.connect("127.0.0.1", port, "mallory",
-                                             capabilities=Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC) as ini:  # fmt: skip
+            async with KbtpInitiator.connect(
+                "127.0.0.1",
+                port,
+                "mallory",
+                capabilities=Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC,
+            ) as ini:
                 ack = ini.ack
                 assert ack is not None
                 # forged BINDs: table offset, past the memory, misaligned, random
-                for block in (ack.table_offset, ack.pool_offset + (1 << 40),
-                              ack.pool_offset + 1, rng.getrandbits(64)):  # fmt: skip
-                    await ini.request(Bind(0, ack.handle_base, rng.getrandbits(32), 10, block),
-                                      check=False)  # fmt: skip
+                for block in (
+                    ack.table_offset,
+                    ack.pool_offset + (1 << 40),
+                    ack.pool_offset + 1,
+                    rng.getrandbits(64),
+                ):
+                    await ini.request(
+                        Bind(0, ack.handle_base, rng.getrandbits(32), 10, block), check=False
+                    )
                     tried += 1
                 # malformed requests (mutated KBTP encodings) with fresh request IDs
                 for k, raw in enumerate(kbtp_seeds()):
@@ -294,7 +307,7 @@ async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> int:
                         await ini.send_raw(bytes(data), rid)
                     tried += 1
                 # one forged one-sided operation (ends the session)
-                ops = [
+                ops: list[DirectOp] = [
                     CompareSwapOp(ack.ring_stag, ack.ring_offset + 8, 0, rng.getrandbits(64)),
                     FetchAddOp(ack.ring_stag, ack.ring_offset, 1, 0),
                     ReadOp(ack.head_stag, ack.head_offset, 8),
@@ -313,6 +326,14 @@ async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> int:
 # -- the part ----------------------------------------------------------------------------
 
 
+def _during(ok: bool) -> str:
+    return f"good client during the flood: {'ok' if ok else 'FAILED'}"
+
+
+def _slow_note(closed: int, n: int) -> str:
+    return f"{closed}/{n} closed by the server before the Request was complete"
+
+
 def _kbtp_specs() -> list[str]:
     return ["keeper:quota=16", "mallory:quota=16,direct=both"]
 
@@ -323,79 +344,92 @@ def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> Hosti
     figures = HostileFigures()
 
     def kbtp_factory(nofile: int | None) -> Server:
-        return kbtp_target(_kbtp_specs(), pool=64,
-                           extra=["--hello-timeout", "3", "--idle-timeout", "20"], nofile=nofile)  # fmt: skip
+        return kbtp_target(
+            _kbtp_specs(),
+            pool=64,
+            extra=["--hello-timeout", "3", "--idle-timeout", "20"],
+            nofile=nofile,
+        )
 
     # The servers start in parallel (each takes seconds to import and listen).
     kbtp_low, rping_main, rping_low = kbtp_factory(32), rping_server(), rping_server(32)
+    try:
+        # ---- KBTP target -------------------------------------------------------------------
+        with kbtp_factory(None) as server:
+            keeper = KbtpKeeper(server.port)
+            keeper.store_all()
 
-    # ---- KBTP target -------------------------------------------------------------------
-    with kbtp_factory(None) as server:
-        keeper = KbtpKeeper(server.port)
-        keeper.store_all()
+            def after(name: str, tried: int, note: str = "") -> None:
+                attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+                attack.fds_after = server.fds_settle()
+                attack.alive = server.alive()
+                if attack.alive:
+                    attack.served, attack.lost = keeper.check()
+                else:
+                    attack.served, attack.lost = False, len(keeper.stored)
+                figures.attacks.append(attack)
+                progress(
+                    f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, "
+                    f"served {attack.served}, lost {attack.lost}, fds {attack.fds_before}->"
+                    f"{attack.fds_after}{', ' + note if note else ''}"
+                )
 
-        def after(name: str, tried: int, note: str = "") -> None:
-            attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
-            attack.fds_after = server.fds_settle()
-            attack.alive = server.alive()
-            if attack.alive:
-                attack.served, attack.lost = keeper.check()
-            else:
-                attack.served, attack.lost = False, len(keeper.stored)
-            figures.attacks.append(attack)
-            progress(f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, "
-                     f"served {attack.served}, lost {attack.lost}, fds {attack.fds_before}->"
-                     f"{attack.fds_after}{', ' + note if note else ''}")  # fmt: skip
+            port = server.port
+            after("garbage", garbage(port, rng, 40 * scale))
+            after("RST storm", rst_storm(port, rng, 200 * scale))
+            made, ok = half_open_flood(port, 100 * scale, lambda: keeper.check()[0])
+            after("half-open flood", made, _during(ok))
+            if not ok:
+                figures.attacks[-1].served = False
+            n, closed = slowloris(port, 8 * scale, 0.1)
+            after("slowloris", n, _slow_note(closed, n))
+            after("Terminate storm", terminate_storm(port, 10 * scale))
+            tried = [0]
 
-        port = server.port
-        after("garbage", garbage(port, rng, 40 * scale))
-        after("RST storm", rst_storm(port, rng, 200 * scale))
-        made, ok = half_open_flood(port, 100 * scale, lambda: keeper.check()[0])
-        after("half-open flood", made, f"good client during the flood: {'ok' if ok else 'FAILED'}")
-        if not ok:
-            figures.attacks[-1].served = False
-        n, closed = slowloris(port, 8 * scale, 0.1)
-        after("slowloris", n, f"{closed}/{n} closed by the server before the Request was complete")
-        after("Terminate storm", terminate_storm(port, 10 * scale))
-        tried = [0]
+            async def forged() -> None:
+                tried[0] = await _forged_kbtp(port, rng, 6 * scale)
 
-        async def forged() -> None:
-            tried[0] = await _forged_kbtp(port, rng, 6 * scale)
+            run_trio(forged, timeout=120)
+            after("forged BIND / one-sided ops / malformed requests", tried[0])
 
-        run_trio(forged, timeout=120)
-        after("forged BIND / one-sided ops / malformed requests", tried[0])
+        figures.attacks.append(
+            emfile(kbtp_low, lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0], 32, 60 * scale)
+        )
+        progress(
+            f"hostile kbtp-target: {figures.attacks[-1].name}: served {figures.attacks[-1].served}"
+        )
 
-    figures.attacks.append(
-        emfile(kbtp_low, lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0], 32, 60 * scale)
-    )
-    progress(f"hostile kbtp-target: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+        # ---- rping server --------------------------------------------------------------------
+        with rping_main as server:
 
-    # ---- rping server --------------------------------------------------------------------
-    with rping_main as server:
+            def after_r(name: str, tried: int, note: str = "") -> None:
+                attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+                attack.fds_after = server.fds_settle()
+                attack.alive = server.alive()
+                attack.served = attack.alive and rping_ping(server.port)
+                figures.attacks.append(attack)
+                progress(
+                    f"hostile rping: {name}: tried {tried}, alive {attack.alive}, served "
+                    f"{attack.served}, fds {attack.fds_before}->{attack.fds_after}"
+                    f"{', ' + note if note else ''}"
+                )
 
-        def after_r(name: str, tried: int, note: str = "") -> None:
-            attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
-            attack.fds_after = server.fds_settle()
-            attack.alive = server.alive()
-            attack.served = attack.alive and rping_ping(server.port)
-            figures.attacks.append(attack)
-            progress(f"hostile rping: {name}: tried {tried}, alive {attack.alive}, served "
-                     f"{attack.served}, fds {attack.fds_before}->{attack.fds_after}"
-                     f"{', ' + note if note else ''}")  # fmt: skip
+            port = server.port
+            after_r("garbage", garbage(port, rng, 40 * scale))
+            after_r("RST storm", rst_storm(port, rng, 200 * scale))
+            made, ok = half_open_flood(port, 100 * scale, lambda: rping_ping(port))
+            after_r("half-open flood", made, _during(ok))
+            if not ok:
+                figures.attacks[-1].served = False
+            n, closed = slowloris(port, 8 * scale, 0.1)
+            after_r("slowloris", n, _slow_note(closed, n))
+            after_r("Terminate storm", terminate_storm(port, 10 * scale))
 
-        port = server.port
-        after_r("garbage", garbage(port, rng, 40 * scale))
-        after_r("RST storm", rst_storm(port, rng, 200 * scale))
-        made, ok = half_open_flood(port, 100 * scale, lambda: rping_ping(port))
-        after_r("half-open flood", made, f"good client during the flood: {'ok' if ok else 'FAILED'}")
-        if not ok:
-            figures.attacks[-1].served = False
-        n, closed = slowloris(port, 8 * scale, 0.1)
-        after_r("slowloris", n, f"{closed}/{n} closed by the server before the Request was complete")
-        after_r("Terminate storm", terminate_storm(port, 10 * scale))
-
-    figures.attacks.append(emfile(rping_low, lambda s: rping_ping(s.port), 32, 60 * scale))
-    progress(f"hostile rping: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+        figures.attacks.append(emfile(rping_low, lambda s: rping_ping(s.port), 32, 60 * scale))
+        progress(f"hostile rping: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+    finally:
+        for spawned in (kbtp_low, rping_main, rping_low):
+            spawned.stop()
     return figures
 
 

@@ -55,18 +55,20 @@ def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigu
     rounds = 12 if full else 3
     figures = LoadFigures(initiators=n, pool_blocks=n * QUOTA)
 
-
     t0 = time.monotonic()
-    server = kbtp_target([], pool=n * QUOTA,
-                         extra=["--initiators", str(n), "--max-inline", "1024",
-                                "--handles", str(4 * QUOTA)])  # fmt: skip
+    server = kbtp_target(
+        [],
+        pool=n * QUOTA,
+        extra=["--initiators", str(n), "--max-inline", "1024", "--handles", str(4 * QUOTA)],
+    )
     with server:
         figures.rss_start_kib = server.rss_kib()
 
         async def worker(i: int) -> None:
             rng = random.Random(f"{seed}:load:{i}")
-            async with KbtpInitiator.connect("127.0.0.1", server.port, f"init-{i}",
-                                             capabilities=Capability.NONE) as ini:  # fmt: skip
+            async with KbtpInitiator.connect(
+                "127.0.0.1", server.port, f"init-{i}", capabilities=Capability.NONE
+            ) as ini:
                 assert ini.ack is not None
                 base = ini.ack.handle_base
                 for r in range(rounds):
@@ -96,8 +98,9 @@ def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigu
                     progress(f"load: initiator {i} finished {rounds} rounds")
 
         async def accounting(i: int) -> None:
-            async with KbtpInitiator.connect("127.0.0.1", server.port, f"init-{i}",
-                                             capabilities=Capability.NONE) as ini:  # fmt: skip
+            async with KbtpInitiator.connect(
+                "127.0.0.1", server.port, f"init-{i}", capabilities=Capability.NONE
+            ) as ini:
                 assert ini.ack is not None
                 base, quota = ini.ack.handle_base, ini.ack.quota
                 for k in range(quota):
@@ -126,8 +129,10 @@ def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigu
         figures.rss_end_kib = server.rss_kib()
         figures.alive = server.alive()
     figures.seconds = time.monotonic() - t0
-    progress(f"load: {n} initiators, {figures.operations} operations, "
-             f"{figures.bytes_verified} bytes verified, {figures.corrupted} corrupted, "
-             f"pool {figures.reallocated}/{figures.pool_blocks} reallocated, "
-             f"RSS {figures.rss_start_kib} -> {figures.rss_end_kib} KiB")  # fmt: skip
+    progress(
+        f"load: {n} initiators, {figures.operations} operations, "
+        f"{figures.bytes_verified} bytes verified, {figures.corrupted} corrupted, "
+        f"pool {figures.reallocated}/{figures.pool_blocks} reallocated, "
+        f"RSS {figures.rss_start_kib} -> {figures.rss_end_kib} KiB"
+    )
     return figures

@@ -100,8 +100,10 @@ def _yes(value: bool | None) -> str:
 
 def table(parts: list[PartSummary]) -> str:
     """The final table: one line per part, then the detail lines."""
-    head = (f"{'part':<20} {'inputs':>9} {'crashes':>7} {'hangs':>5} {'alive':>5} "
-            f"{'unserved':>8} {'lost':>4} {'seconds':>8}  verdict")  # fmt: skip
+    head = (
+        f"{'part':<20} {'inputs':>9} {'crashes':>7} {'hangs':>5} {'alive':>5} "
+        f"{'unserved':>8} {'lost':>4} {'seconds':>8}  verdict"
+    )
     lines = [head, "-" * len(head)]
     for p in parts:
         lines.append(

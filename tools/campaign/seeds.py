@@ -25,6 +25,7 @@ from kbtp.messages import (
     Hello,
     HelloAck,
     Load,
+    Message,
     Store,
     inline_descriptor,
 )
@@ -65,7 +66,10 @@ ENGINE_SETTINGS: tuple[MpaSettings, ...] = (
 """MPA settings a stream-engine input selects with its first octet (modulo the count)."""
 
 FRAMER_OPTIONS: tuple[tuple[bool, bool, int], ...] = tuple(
-    (crc, markers, offset) for crc in (True, False) for markers in (False, True) for offset in (0, 8, 508)
+    (crc, markers, offset)
+    for crc in (True, False)
+    for markers in (False, True)
+    for offset in (0, 8, 508)
 )
 """(crc, markers, offset) a deframer input selects with its first octet."""
 
@@ -157,10 +161,20 @@ def framer_seeds() -> list[bytes]:
 def ulpdu_seeds() -> list[bytes]:
     """Single ULPDUs (DDP header onwards) of every RDMAP message kind."""
     out: list[bytes] = []
-    term_of = build_terminate((0, 1, 0), encode_message(Send(b"z" * 20, False, None), msn=1, mulpdu=128)[0])
+    term_of = build_terminate(
+        (0, 1, 0), encode_message(Send(b"z" * 20, False, None), msn=1, mulpdu=128)[0]
+    )
     for msg in (*INITIATOR_MESSAGES, *RESPONDER_MESSAGES, term_of):
         out += [bytes(u) for u in encode_message(msg, msn=1, mulpdu=128)]
-    out.append(bytes(encode_message(Terminate(1, 1, 3, m=True, d=True, ddp_seg_len=22, ddp_header=out[0][:14]), msn=1, mulpdu=128)[0]))
+    out.append(
+        bytes(
+            encode_message(
+                Terminate(1, 1, 3, m=True, d=True, ddp_seg_len=22, ddp_header=out[0][:14]),
+                msn=1,
+                mulpdu=128,
+            )[0]
+        )
+    )
     return out
 
 
@@ -183,11 +197,34 @@ def kbtp_seeds() -> list[bytes]:
     """One encoding of every KBTP message kind (docs/kbtp.md §5)."""
     comp = CompletionDescriptor(0x11, 0x22)
     data = b"inline block data"
-    msgs = [
+    msgs: list[Message] = [
         Hello(1, Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC, b"decode-7"),
-        HelloAck(1, Status.SUCCESS, Capability.DIRECT_LOAD, 0x10000, 1024, 64, 0x1000, 256,
-                 2000, 16, 6, 4096, 0x1100, 0x1200, 0x10000000, 0x1000, 0x10010000, 0x1300,
-                 0x1400, 0x14000000, 0x14000400, 0x10010000, 0x400000, 0x1500),
+        HelloAck(
+            1,
+            Status.SUCCESS,
+            Capability.DIRECT_LOAD,
+            0x10000,
+            1024,
+            64,
+            0x1000,
+            256,
+            2000,
+            16,
+            6,
+            4096,
+            0x1100,
+            0x1200,
+            0x10000000,
+            0x1000,
+            0x10010000,
+            0x1300,
+            0x1400,
+            0x14000000,
+            0x14000400,
+            0x10010000,
+            0x400000,
+            0x1500,
+        ),
         Load(0x2A, 0x1005, DataDescriptor(0xABCD01, 0x10000, 0x10000), 4),
         Load(0x2B, 7, DataDescriptor(1, 2, 3), 0, RequestFlag.RECORD, comp),
         Store(0x2C, 9, inline_descriptor(data), data, 1, RequestFlag.INLINE | RequestFlag.SEAL),
@@ -195,7 +232,7 @@ def kbtp_seeds() -> list[bytes]:
         Free(0x2E, 11, 3),
         Bind(0x2F, 12, 7, 100, 0x10020000, 0, RequestFlag.SEAL),
         Completion(0x2A, 0x1005, 4, Status.SUCCESS, 0x10000, 0x10030000, MessageOpcode.LOAD),
-    ]  # fmt: skip
+    ]
     return [m.encode() for m in msgs]
 
 

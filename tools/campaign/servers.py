@@ -46,11 +46,13 @@ def block_data(tag: str, n: int, size: int = KBTP_BLOCK) -> bytes:
 class Server:
     """One server subprocess; ``name`` says which (``kbtp-target`` or ``rping``)."""
 
-    def __init__(self, name: str, argv: list[str], *, nofile: int | None = None,
-                 port: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, name: str, argv: list[str], *, nofile: int | None = None, port: int | None = None
+    ) -> None:
         self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"campaign-{name}-", suffix=".log",
-                                               delete=False)  # fmt: skip
+        self.log = tempfile.NamedTemporaryFile(
+            prefix=f"campaign-{name}-", suffix=".log", delete=False
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
         def limit() -> None:
@@ -58,9 +60,14 @@ class Server:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         self.proc = subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, stderr=self.log, env=env,
-            preexec_fn=limit, cwd=ROOT, text=True,
-        )  # fmt: skip
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            preexec_fn=limit,
+            cwd=ROOT,
+            text=True,
+        )
         self.port = port or 0
         self._port_known = port is not None
         self.baseline_fds = -1
@@ -156,10 +163,27 @@ class Server:
         self.stop()
 
 
-def kbtp_target(specs: Sequence[str], *, pool: int, block: str = "4K",
-                extra: Sequence[str] = (), nofile: int | None = None) -> Server:  # fmt: skip
-    argv = ["-m", "kbtp.cli", "target", "-p", "0", "--quiet", "--block-size", block,
-            "-F", str(pool), *extra]  # fmt: skip
+def kbtp_target(
+    specs: Sequence[str],
+    *,
+    pool: int,
+    block: str = "4K",
+    extra: Sequence[str] = (),
+    nofile: int | None = None,
+) -> Server:
+    argv = [
+        "-m",
+        "kbtp.cli",
+        "target",
+        "-p",
+        "0",
+        "--quiet",
+        "--block-size",
+        block,
+        "-F",
+        str(pool),
+        *extra,
+    ]
     for spec in specs:
         argv += ["--initiator", spec]
     return Server("kbtp-target", argv, nofile=nofile)
@@ -167,8 +191,21 @@ def kbtp_target(specs: Sequence[str], *, pool: int, block: str = "4K",
 
 def rping_server(nofile: int | None = None, size: int = 1 << 24) -> Server:
     port = free_port()
-    argv = ["-m", "stack.cli.iwarp", "rping", "-s", "-P", "-a", "127.0.0.1", "-p", str(port),
-            "-S", str(size), "--timeout", "10"]  # fmt: skip
+    argv = [
+        "-m",
+        "stack.cli.iwarp",
+        "rping",
+        "-s",
+        "-P",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-S",
+        str(size),
+        "--timeout",
+        "10",
+    ]
     return Server("rping", argv, nofile=nofile, port=port)
 
 
@@ -198,8 +235,9 @@ class KbtpKeeper:
     async def _session(self, body: Callable[[KbtpInitiator], object]) -> None:
         for attempt in range(40):  # the previous session may still be ending
             try:
-                async with KbtpInitiator.connect("127.0.0.1", self.port, self.identity,
-                                                 capabilities=Capability.NONE) as ini:  # fmt: skip
+                async with KbtpInitiator.connect(
+                    "127.0.0.1", self.port, self.identity, capabilities=Capability.NONE
+                ) as ini:
                     await body(ini)  # type: ignore[misc]
                     return
             except Exception as exc:
@@ -251,8 +289,23 @@ def rping_ping(port: int, count: int = 2, size: int = 64) -> bool:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
-            rc = main(["rping", "-c", "-a", "127.0.0.1", "-p", str(port), "-C", str(count),
-                       "-S", str(size), "-V", "--timeout", "10"])  # fmt: skip
+            rc = main(
+                [
+                    "rping",
+                    "-c",
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-C",
+                    str(count),
+                    "-S",
+                    str(size),
+                    "-V",
+                    "--timeout",
+                    "10",
+                ]
+            )
         except SystemExit as exc:
             rc = int(exc.code or 0)
     return rc == 0

@@ -20,6 +20,8 @@ from typing import Any
 
 from kbtp.describe import describe_payload
 from kbtp.messages import KbtpError, decode_message
+from stack.dissect.decoder import DissectOptions, dissect
+from stack.dissect.scapy import MPA_FPDU
 from stack.errors import DecodeError, ProtocolError
 from stack.pcap import CaptureError, CaptureReader
 from stack.wire import ddp
@@ -118,7 +120,9 @@ def run_initiator(data: bytes, chunks: Chunks) -> Any:
 
 
 def run_deframer(data: bytes, chunks: Chunks) -> Any:
-    crc, markers, offset = seeds.FRAMER_OPTIONS[data[0] % len(seeds.FRAMER_OPTIONS)] if data else (True, False, 0)
+    crc, markers, offset = (
+        seeds.FRAMER_OPTIONS[data[0] % len(seeds.FRAMER_OPTIONS)] if data else (True, False, 0)
+    )
     rx = FpduDeframer(crc=crc, markers=markers, offset=offset)
     got: list[Any] = []
     for chunk in chunks:
@@ -167,7 +171,8 @@ def run_ulpdu(data: bytes, chunks: Chunks) -> Any:
 def run_rdmap_stream(data: bytes, chunks: Chunks) -> Any:
     """A receiving RdmapStream over length-prefixed ULPDUs; each error gets its Terminate."""
     rx = RdmapStream(1442, rfc7306=bool(data[:1]) and data[0] & 1 == 0)
-    pos, out = 0, []
+    pos = 0
+    out: list[Any] = []
     while pos + 2 <= len(data):
         (n,) = struct.unpack_from(">H", data, pos)
         ulpdu = data[pos + 2 : pos + 2 + n]
@@ -234,8 +239,6 @@ def run_pcap(data: bytes, chunks: Chunks) -> Any:
 
 def run_dissect(data: bytes, chunks: Chunks) -> Any:
     """The capture decoder over whatever TCP segments the (mutated) capture holds."""
-    from stack.dissect.decoder import DissectOptions, dissect
-
     segments = []
     try:
         segments = list(CaptureReader(data))
@@ -250,8 +253,6 @@ def run_dissect(data: bytes, chunks: Chunks) -> Any:
 
 def run_scapy(data: bytes, chunks: Chunks) -> Any:
     """The Scapy layers dissect leniently (DecodeError only from ``strict``)."""
-    from stack.dissect.scapy import MPA_FPDU
-
     pkt = MPA_FPDU(data)
     pkt.summary()
     try:
@@ -282,21 +283,55 @@ def all_targets() -> list[Target]:
 
     pcaps = Path(__file__).resolve().parents[2] / "pcaps"
     return [
-        Target("mpa-responder", run_responder, lambda: seeds.engine_seeds(Role.RESPONDER),
-               (ProtocolError,), chunked=True, config_octet=True, weight=2.0),
-        Target("mpa-initiator", run_initiator, lambda: seeds.engine_seeds(Role.INITIATOR),
-               (ProtocolError,), chunked=True, config_octet=True, weight=1.5),
-        Target("fpdu-deframer", run_deframer, seeds.framer_seeds, (ProtocolError,),
-               chunked=True, config_octet=True, weight=2.0),
-        Target("ddp-rdmap", run_ulpdu, seeds.ulpdu_seeds, (ProtocolError,), weight=2.0,
-               max_len=512),
-        Target("rdmap-stream", run_rdmap_stream, seeds.ulpdu_sequence_seeds, (ProtocolError,),
-               weight=1.0),
-        Target("kbtp-messages", run_kbtp, seeds.kbtp_seeds, (KbtpError,), weight=2.0,
-               max_len=512),
-        Target("pcap-reader", run_pcap, lambda: seeds.pcap_seeds(pcaps), (CaptureError,),
-               chunked=True, weight=0.6, max_len=16384),
-        Target("dissect", run_dissect, lambda: seeds.pcap_seeds(pcaps), (), weight=0.06,
-               max_len=16384),
+        Target(
+            "mpa-responder",
+            run_responder,
+            lambda: seeds.engine_seeds(Role.RESPONDER),
+            (ProtocolError,),
+            chunked=True,
+            config_octet=True,
+            weight=2.0,
+        ),
+        Target(
+            "mpa-initiator",
+            run_initiator,
+            lambda: seeds.engine_seeds(Role.INITIATOR),
+            (ProtocolError,),
+            chunked=True,
+            config_octet=True,
+            weight=1.5,
+        ),
+        Target(
+            "fpdu-deframer",
+            run_deframer,
+            seeds.framer_seeds,
+            (ProtocolError,),
+            chunked=True,
+            config_octet=True,
+            weight=2.0,
+        ),
+        Target(
+            "ddp-rdmap", run_ulpdu, seeds.ulpdu_seeds, (ProtocolError,), weight=2.0, max_len=512
+        ),
+        Target(
+            "rdmap-stream",
+            run_rdmap_stream,
+            seeds.ulpdu_sequence_seeds,
+            (ProtocolError,),
+            weight=1.0,
+        ),
+        Target("kbtp-messages", run_kbtp, seeds.kbtp_seeds, (KbtpError,), weight=2.0, max_len=512),
+        Target(
+            "pcap-reader",
+            run_pcap,
+            lambda: seeds.pcap_seeds(pcaps),
+            (CaptureError,),
+            chunked=True,
+            weight=0.6,
+            max_len=16384,
+        ),
+        Target(
+            "dissect", run_dissect, lambda: seeds.pcap_seeds(pcaps), (), weight=0.06, max_len=16384
+        ),
         Target("scapy-fpdu", run_scapy, seeds.ulpdu_framed_seeds, (), weight=0.06, max_len=2048),
-    ]  # fmt: skip
+    ]
