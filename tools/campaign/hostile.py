@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import trio
@@ -42,6 +43,8 @@ from tools.campaign.servers import (
 )
 
 LINGER_0 = struct.pack("ii", 1, 0)
+EMFILE_LIMIT = 32
+"""RLIMIT_NOFILE of the servers of the EMFILE attack (about 3 x their baseline)."""
 
 
 @dataclass
@@ -338,99 +341,97 @@ def _kbtp_specs() -> list[str]:
     return ["keeper:quota=16", "mallory:quota=16,direct=both"]
 
 
-def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
-    rng = random.Random(seed)
-    scale = 5 if full else 1
-    figures = HostileFigures()
+def _attack_server(
+    server: Server,
+    check: Callable[[], tuple[bool, int]],
+    rng: random.Random,
+    scale: int,
+    progress: Callable[[str], None],
+    extra: Callable[[int], int] | None = None,
+) -> list[Attack]:
+    """Every attack in turn against one running server, ``check`` after each."""
+    attacks: list[Attack] = []
 
-    def kbtp_factory(nofile: int | None) -> Server:
-        return kbtp_target(
-            _kbtp_specs(),
-            pool=64,
-            extra=["--hello-timeout", "3", "--idle-timeout", "20"],
-            nofile=nofile,
+    def after(name: str, tried: int, note: str = "", ok: bool = True) -> None:
+        attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+        attack.fds_after = server.fds_settle()
+        attack.alive = server.alive()
+        attack.served, attack.lost = check() if attack.alive else (False, 0)
+        attack.served = attack.served and ok
+        attacks.append(attack)
+        progress(
+            f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, served "
+            f"{attack.served}, lost {attack.lost}, fds {attack.fds_before}->{attack.fds_after}"
+            f"{', ' + note if note else ''}"
         )
 
-    # The servers start in parallel (each takes seconds to import and listen).
-    kbtp_low, rping_main, rping_low = kbtp_factory(32), rping_server(), rping_server(32)
+    port = server.port
+    after("garbage", garbage(port, rng, 40 * scale))
+    after("RST storm", rst_storm(port, rng, 200 * scale))
+    made, ok = half_open_flood(port, 100 * scale, lambda: check()[0])
+    after("half-open flood", made, _during(ok), ok)
+    n, closed = slowloris(port, 8 * scale, 0.1)
+    after("slowloris", n, _slow_note(closed, n), closed == n)
+    after("Terminate storm", terminate_storm(port, 10 * scale))
+    if extra is not None:
+        after("forged BIND / one-sided ops / malformed requests", extra(port))
+    return attacks
+
+
+def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+    scale = 5 if full else 1
+    rng = random.Random(f"{seed}:hostile:kbtp")
+
+    def factory(nofile: int | None) -> Server:
+        extra = ["--hello-timeout", "3", "--idle-timeout", "20"]
+        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile)
+
+    low = factory(EMFILE_LIMIT)  # starts while the other one is attacked
     try:
-        # ---- KBTP target -------------------------------------------------------------------
-        with kbtp_factory(None) as server:
+        with factory(None) as server:
             keeper = KbtpKeeper(server.port)
             keeper.store_all()
 
-            def after(name: str, tried: int, note: str = "") -> None:
-                attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
-                attack.fds_after = server.fds_settle()
-                attack.alive = server.alive()
-                if attack.alive:
-                    attack.served, attack.lost = keeper.check()
-                else:
-                    attack.served, attack.lost = False, len(keeper.stored)
-                figures.attacks.append(attack)
-                progress(
-                    f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, "
-                    f"served {attack.served}, lost {attack.lost}, fds {attack.fds_before}->"
-                    f"{attack.fds_after}{', ' + note if note else ''}"
-                )
+            def forged(port: int) -> int:
+                tried = [0]
 
-            port = server.port
-            after("garbage", garbage(port, rng, 40 * scale))
-            after("RST storm", rst_storm(port, rng, 200 * scale))
-            made, ok = half_open_flood(port, 100 * scale, lambda: keeper.check()[0])
-            after("half-open flood", made, _during(ok))
-            if not ok:
-                figures.attacks[-1].served = False
-            n, closed = slowloris(port, 8 * scale, 0.1)
-            after("slowloris", n, _slow_note(closed, n))
-            after("Terminate storm", terminate_storm(port, 10 * scale))
-            tried = [0]
+                async def body() -> None:
+                    tried[0] = await _forged_kbtp(port, rng, 6 * scale)
 
-            async def forged() -> None:
-                tried[0] = await _forged_kbtp(port, rng, 6 * scale)
+                run_trio(body, timeout=120)
+                return tried[0]
 
-            run_trio(forged, timeout=120)
-            after("forged BIND / one-sided ops / malformed requests", tried[0])
-
-        figures.attacks.append(
-            emfile(kbtp_low, lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0], 32, 60 * scale)
-        )
-        progress(
-            f"hostile kbtp-target: {figures.attacks[-1].name}: served {figures.attacks[-1].served}"
-        )
-
-        # ---- rping server --------------------------------------------------------------------
-        with rping_main as server:
-
-            def after_r(name: str, tried: int, note: str = "") -> None:
-                attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
-                attack.fds_after = server.fds_settle()
-                attack.alive = server.alive()
-                attack.served = attack.alive and rping_ping(server.port)
-                figures.attacks.append(attack)
-                progress(
-                    f"hostile rping: {name}: tried {tried}, alive {attack.alive}, served "
-                    f"{attack.served}, fds {attack.fds_before}->{attack.fds_after}"
-                    f"{', ' + note if note else ''}"
-                )
-
-            port = server.port
-            after_r("garbage", garbage(port, rng, 40 * scale))
-            after_r("RST storm", rst_storm(port, rng, 200 * scale))
-            made, ok = half_open_flood(port, 100 * scale, lambda: rping_ping(port))
-            after_r("half-open flood", made, _during(ok))
-            if not ok:
-                figures.attacks[-1].served = False
-            n, closed = slowloris(port, 8 * scale, 0.1)
-            after_r("slowloris", n, _slow_note(closed, n))
-            after_r("Terminate storm", terminate_storm(port, 10 * scale))
-
-        figures.attacks.append(emfile(rping_low, lambda s: rping_ping(s.port), 32, 60 * scale))
-        progress(f"hostile rping: {figures.attacks[-1].name}: served {figures.attacks[-1].served}")
+            attacks = _attack_server(server, keeper.check, rng, scale, progress, forged)
+        fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
+        attacks.append(emfile(low, fresh, EMFILE_LIMIT, 60 * scale))
+        progress(f"hostile kbtp-target: {attacks[-1].name}: served {attacks[-1].served}")
     finally:
-        for spawned in (kbtp_low, rping_main, rping_low):
-            spawned.stop()
-    return figures
+        low.stop()
+    return attacks
+
+
+def _hostile_rping(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+    scale = 5 if full else 1
+    rng = random.Random(f"{seed}:hostile:rping")
+    low = rping_server(EMFILE_LIMIT)
+    try:
+        with rping_server() as server:
+            attacks = _attack_server(
+                server, lambda: (rping_ping(server.port), 0), rng, scale, progress
+            )
+        attacks.append(emfile(low, lambda s: rping_ping(s.port), EMFILE_LIMIT, 60 * scale))
+        progress(f"hostile rping: {attacks[-1].name}: served {attacks[-1].served}")
+    finally:
+        low.stop()
+    return attacks
+
+
+def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
+    """The attacks on the KBTP target and on the rping server, the two in parallel."""
+    with ThreadPoolExecutor(2) as pool:
+        kbtp = pool.submit(_hostile_kbtp, full, seed, progress)
+        rping = pool.submit(_hostile_rping, full, seed, progress)
+        return HostileFigures(kbtp.result() + rping.result())
 
 
 __all__ = ["Attack", "HostileFigures", "block_data", "run_hostile"]
