@@ -5,17 +5,17 @@ still running after :data:`HANG_SECONDS` is a *hang*.  An exception other than t
 target's documented error types, or a broken decoder promise (:class:`Invariant`), is a
 *crash*.  A stream engine whose outcome changes with the chunking of its input has
 *diverged* (counted with the crashes).  Every crashing, hanging or diverging input is
-written to the corpus directory as ``<target>-<sha1>.bin``; the corpus is replayed first
+written to the corpus directory as ``<target>-<content id>.bin``; the corpus is replayed first
 on every run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import signal
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +45,11 @@ INTERESTING_16 = (
     0xFFFF,
 )
 INTERESTING_32 = (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF, 0x10000, 0xFFFF)
+
+
+def content_id(data: bytes) -> str:
+    """A short name derived from the bytes (SHA-1 based UUID 5, its first 12 hex digits)."""
+    return uuid.uuid5(uuid.NAMESPACE_OID, data.hex()).hex[:12]
 
 
 class Hang(BaseException):
@@ -152,7 +157,7 @@ class Runner:
         if not self.save:
             return None
         self.corpus.mkdir(parents=True, exist_ok=True)
-        path = self.corpus / f"{target.name}-{hashlib.sha1(data).hexdigest()[:12]}.bin"
+        path = self.corpus / f"{target.name}-{content_id(data)}.bin"
         if not path.exists():
             path.write_bytes(data)
         return str(path)
