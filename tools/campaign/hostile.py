@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
 from kbtp import Capability, KbtpInitiator
+from kbtp.constants import TABLE_ENTRY_LEN, Status
 from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, WriteOp
-from kbtp.messages import Bind
+from kbtp.messages import Bind, HelloAck
 from stack.constants import MPA_KEY_REQ
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
@@ -273,57 +275,130 @@ def emfile(server: Server, check: Callable[[Server], bool], limit: int, n: int) 
 # -- KBTP-specific attacks through the initiator API -----------------------------------
 
 
-async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> int:
-    """Forged BINDs, one-sided operations on the ring and Head STags, malformed requests.
-    Each forged one-sided op costs the session (the RNIC terminates it): reconnect."""
-    tried = 0
+class _Sessions:
+    """One KBTP session at a time as ``identity``, opened again after the target ends it."""
 
-    for r in range(rounds):
-        try:
-            async with KbtpInitiator.connect(
-                "127.0.0.1",
-                port,
-                "mallory",
-                capabilities=Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC,
-            ) as ini:
-                ack = ini.ack
-                assert ack is not None
-                # forged BINDs: table offset, past the memory, misaligned, random
-                for block in (
-                    ack.table_offset,
-                    ack.pool_offset + (1 << 40),
-                    ack.pool_offset + 1,
-                    rng.getrandbits(64),
-                ):
-                    await ini.request(
-                        Bind(0, ack.handle_base, rng.getrandbits(32), 10, block), check=False
-                    )
-                    tried += 1
-                # malformed requests (mutated KBTP encodings) with fresh request IDs
-                for k, raw in enumerate(kbtp_seeds()):
-                    data = bytearray(raw)
-                    if data:
-                        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-                    rid = 1 << 40 | r << 8 | k
-                    data[8:16] = rid.to_bytes(8, "big")
+    def __init__(self, port: int, identity: str) -> None:
+        self.port = port
+        self.identity = identity
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.ini: KbtpInitiator | None = None
+
+    async def get(self) -> KbtpInitiator:
+        if self.ini is None or self.ini.closed:
+            await self.drop()
+            self._stack = contextlib.AsyncExitStack()
+            caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+            host = "127.0.0.1"
+            session = KbtpInitiator.connect(host, self.port, self.identity, capabilities=caps)
+            self.ini = await self._stack.enter_async_context(session)
+        return self.ini
+
+    async def drop(self) -> None:
+        stack, self._stack, self.ini = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+
+
+def _cas(ack: HelloAck, swap: int) -> DirectOp:
+    """A Compare and Swap on the first slot's Block Offset through the Ring STag."""
+    return CompareSwapOp(ack.ring_stag, ack.ring_offset + 8, 0, swap)
+
+
+def _own_entries(ack: HelloAck) -> int:
+    """Where the initiator's own block table entries start (docs/kbtp.md §3.2)."""
+    return ack.table_offset + TABLE_ENTRY_LEN * (ack.handle_base - ack.table_base_handle)
+
+
+async def _forbidden(
+    sessions: _Sessions, build: Callable[[HelloAck], DirectOp], readable: bool
+) -> int:
+    """1 if the target let a forbidden one-sided operation through, else 0.
+
+    A Read or an atomic that completes got through.  An RDMA Write completes at the sender
+    whatever the target does, so the session must end before a Read of the initiator's own
+    table entries that follows it; where the Write aimed at memory the initiator may read
+    (``readable``), a fresh session must find the old contents there."""
+    ini = await sessions.get()
+    ack = ini.ack
+    assert ack is not None
+    op = build(ack)  # STags are per session (docs/kbtp.md §3.6): built for this one
+    own = ReadOp(
+        ack.table_stag,
+        ack.table_offset + TABLE_ENTRY_LEN * (ack.handle_base - ack.table_base_handle),
+        TABLE_ENTRY_LEN,
+    )
+    probe = ReadOp(op.stag, op.to, len(op.data)) if isinstance(op, WriteOp) else own
+    try:
+        before = await ini.one_sided(probe) if readable else b""
+        with trio.fail_after(10):
+            await ini.one_sided(op)
+            if isinstance(op, WriteOp):
+                await ini.one_sided(own)
+        return 1  # completed, or the session outlived the forbidden Write
+    except Exception:
+        await sessions.drop()  # refused: the session is over, as it should be
+    if not (isinstance(op, WriteOp) and readable):
+        return 0
+    ini = await sessions.get()
+    assert ini.ack is not None
+    again = build(ini.ack)  # the same memory under the new session's STag
+    assert isinstance(again, WriteOp)
+    return int(await ini.one_sided(ReadOp(again.stag, again.to, len(again.data))) != before)
+
+
+async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> tuple[int, int]:
+    """Forged BINDs, one-sided operations the STags' rights forbid, malformed requests.
+
+    Returns (tried, accepted): a forged BIND that succeeded or a forbidden one-sided
+    operation that completed is *accepted* (a finding).  A refused one-sided operation
+    ends the session (the RNIC terminates it), as do some malformed requests: the next
+    step opens a new one."""
+    tried = accepted = 0
+    sessions = _Sessions(port, "mallory")
+    try:
+        for r in range(rounds):
+            ini = await sessions.get()
+            ack = ini.ack
+            assert ack is not None
+            # BINDs with forged tickets and Block Offsets: table, past the memory,
+            # misaligned, random (docs/kbtp.md §6.6: BAD_BIND)
+            for block in (ack.table_offset, ack.pool_offset + (1 << 40), ack.pool_offset + 1,
+                          rng.getrandbits(64)):  # fmt: skip
+                tried += 1
+                with contextlib.suppress(Exception):
+                    ini = await sessions.get()
+                    bind = Bind(0, ack.handle_base, rng.getrandbits(32), 10, block)
+                    completion = await ini.request(bind, check=False)
+                    accepted += completion.status == Status.SUCCESS
+            # malformed requests (mutated KBTP encodings) with request IDs of their own
+            for k, raw in enumerate(kbtp_seeds()):
+                data = bytearray(raw)
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                rid = 1 << 40 | r << 8 | k
+                data[8:16] = rid.to_bytes(8, "big")
+                tried += 1
+                try:
+                    ini = await sessions.get()
                     with trio.move_on_after(2):
                         await ini.send_raw(bytes(data), rid)
-                    tried += 1
-                # one forged one-sided operation (ends the session)
-                ops: list[DirectOp] = [
-                    CompareSwapOp(ack.ring_stag, ack.ring_offset + 8, 0, rng.getrandbits(64)),
-                    FetchAddOp(ack.ring_stag, ack.ring_offset, 1, 0),
-                    ReadOp(ack.head_stag, ack.head_offset, 8),
-                    WriteOp(ack.ring_stag, ack.ring_offset, b"\xff" * 16),
-                    WriteOp(ack.table_stag, ack.table_offset, b"\x00" * 32),
-                    ReadOp(ack.pool_stag, ack.pool_offset, 1 << 20),
-                ]
-                with trio.move_on_after(5):
-                    await ini.one_sided(ops[r % len(ops)])
-                tried += 1
-        except Exception:
-            pass  # the session is ended by the target: that is the expected outcome
-    return tried
+                except Exception:
+                    await sessions.drop()
+            # one-sided operations the STags' rights forbid (docs/kbtp.md §3.6)
+            forbidden: list[tuple[Callable[[HelloAck], DirectOp], bool]] = [
+                (partial(_cas, swap=rng.getrandbits(64)), False),
+                (lambda a: FetchAddOp(a.ring_stag, a.ring_offset, 1, 0), False),
+                (lambda a: ReadOp(a.head_stag, a.head_offset, 8), False),
+                (lambda a: WriteOp(a.ring_stag, a.ring_offset, b"\xff" * 16), True),
+                (lambda a: WriteOp(a.table_stag, _own_entries(a), b"\xee" * 32), True),
+                (lambda a: WriteOp(a.table_stag, a.table_offset, bytes(TABLE_ENTRY_LEN)), False),
+            ]
+            tried += 1
+            accepted += await _forbidden(sessions, *forbidden[r % len(forbidden)])
+    finally:
+        await sessions.drop()
+    return tried, accepted
 
 
 # -- the part ----------------------------------------------------------------------------
@@ -347,7 +422,7 @@ def _attack_server(
     rng: random.Random,
     scale: int,
     progress: Callable[[str], None],
-    extra: Callable[[int], int] | None = None,
+    extra: Callable[[int], tuple[int, int]] | None = None,
 ) -> list[Attack]:
     """Every attack in turn against one running server, ``check`` after each."""
     attacks: list[Attack] = []
@@ -374,7 +449,9 @@ def _attack_server(
     after("slowloris", n, _slow_note(closed, n), closed == n)
     after("Terminate storm", terminate_storm(port, 10 * scale))
     if extra is not None:
-        after("forged BIND / one-sided ops / malformed requests", extra(port))
+        tried, accepted = extra(port)
+        note = f"{accepted} forged requests or forbidden operations accepted"
+        after("forged BIND / one-sided ops / malformed requests", tried, note, not accepted)
     return attacks
 
 
@@ -392,14 +469,14 @@ def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> lis
             keeper = KbtpKeeper(server.port)
             keeper.store_all()
 
-            def forged(port: int) -> int:
-                tried = [0]
+            def forged(port: int) -> tuple[int, int]:
+                result = [(0, 0)]
 
                 async def body() -> None:
-                    tried[0] = await _forged_kbtp(port, rng, 6 * scale)
+                    result[0] = await _forged_kbtp(port, rng, 6 * scale)
 
-                run_trio(body, timeout=120)
-                return tried[0]
+                run_trio(body, timeout=300)
+                return result[0]
 
             attacks = _attack_server(server, keeper.check, rng, scale, progress, forged)
         fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
