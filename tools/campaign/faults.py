@@ -6,8 +6,9 @@
 * Peer silence during MPA startup: a TCP connection that never sends the Request is
   closed by the server (MPA-26); for the KBTP target also a session that never says HELLO.
 * A reset (SO_LINGER 0) in the middle of a large RDMA Write: into a KBTP block by
-  DIRECT_ALLOC (64 MiB blocks in the full form), and the rping server's RDMA Write of the
-  ping buffer (16 MiB, the most rping allows) and its RDMA Read of ours.  The server
+  DIRECT_ALLOC (64 MiB blocks in the full form, 8 MiB bounded), and the rping server's RDMA
+  Write of the ping buffer and its RDMA Read of ours (16 MiB, the most rping allows; 4 MiB
+  bounded).  The server
   survives and serves the next client, whose data is verified.
 """
 
@@ -289,7 +290,13 @@ def _kbtp_round(port: int, identity: str, size: int = 4096) -> bool:
 
 
 def reset_size(full: bool) -> int:
-    return (64 if full else 16) << 20
+    """Octets of the KBTP block written when the reset comes (64 MiB in the full form)."""
+    return (64 if full else 8) << 20
+
+
+def rping_size(full: bool) -> int:
+    """rping's buffer (-S) for the resets: 16 MiB (rping's limit) in the full form."""
+    return (16 if full else 4) << 20
 
 
 def reset_target(full: bool) -> Server:
@@ -355,16 +362,17 @@ def reset_mid_write_kbtp(server: Server, full: bool, progress: Callable[[str], N
     return fault
 
 
-def reset_mid_write_rping(server: Server, progress: Callable[[str], None]) -> list[Fault]:
+def reset_mid_write_rping(
+    server: Server, size: int, progress: Callable[[str], None]
+) -> list[Fault]:
     """The rping server RDMA Reads our buffer, then RDMA Writes its copy back: reset in
-    the middle of each (16 MiB, rping's -S limit)."""
-    size = 1 << 24
+    the middle of each."""
     out = []
     for outbound, what in (
         (True, "RDMA Read Response (ours)"),
         (False, "RDMA Write (the server's)"),
     ):
-        fault = Fault("rping", f"reset in the middle of a 16 MiB {what}")
+        fault = Fault("rping", f"reset in the middle of a {size >> 20} MiB {what}")
         relay = ResettingRelay(server.port, outbound, size // 2)
 
         async def attack(relay: ResettingRelay = relay) -> None:
@@ -396,7 +404,7 @@ def reset_mid_write_rping(server: Server, progress: Callable[[str], None]) -> li
 
 def run_faults(full: bool, seed: int, progress: Callable[[str], None]) -> FaultFigures:
     figures = FaultFigures()
-    servers = [kill_target(full), reset_target(full), rping_server(size=1 << 24)]
+    servers = [kill_target(full), reset_target(full), rping_server(size=rping_size(full))]
     try:
         kill, reset, rping = (server.ready() for server in servers)
         silent_kbtp = [Silent(kill), Silent(kill, session=True)]
@@ -409,7 +417,7 @@ def run_faults(full: bool, seed: int, progress: Callable[[str], None]) -> FaultF
         figures.faults.append(silence_result(rping, silent_rping, lambda: rping_ping(rping.port)))
         for fault in figures.faults[-2:]:
             progress(f"faults: {fault.server}: {fault.name}: {fault.note}")
-        figures.faults += reset_mid_write_rping(rping, progress)
+        figures.faults += reset_mid_write_rping(rping, rping_size(full), progress)
     finally:
         for server in servers:
             server.stop()
