@@ -20,6 +20,7 @@ from typing import Any
 
 from kbtp.describe import describe_payload
 from kbtp.messages import KbtpError, decode_message
+from kbtp.scapy_layers import KBTP
 from stack.dissect.decoder import DissectOptions, dissect
 from stack.dissect.scapy import MPA_FPDU
 from stack.errors import DecodeError, ProtocolError
@@ -262,6 +263,16 @@ def run_scapy(data: bytes, chunks: Chunks) -> Any:
     return bytes(pkt) == data
 
 
+def run_kbtp_scapy(data: bytes, chunks: Chunks) -> Any:
+    """The KBTP Scapy layers: a truncated layer raises KbtpError (kbtp.scapy_layers); what
+    dissects rebuilds to the same octets."""
+    pkt = KBTP(data)
+    pkt.summary()
+    if data and bytes(pkt) != data:
+        raise Invariant("KBTP layer does not rebuild the octets it dissected")
+    return pkt.summary()
+
+
 @dataclass
 class Target:
     """One decoder: its runner, seed builder, documented errors and weight in the budget."""
@@ -334,4 +345,7 @@ def all_targets() -> list[Target]:
             "dissect", run_dissect, lambda: seeds.pcap_seeds(pcaps), (), weight=0.06, max_len=16384
         ),
         Target("scapy-fpdu", run_scapy, seeds.ulpdu_framed_seeds, (), weight=0.06, max_len=2048),
+        Target(
+            "kbtp-scapy", run_kbtp_scapy, seeds.kbtp_seeds, (KbtpError,), weight=0.08, max_len=512
+        ),
     ]
