@@ -25,7 +25,7 @@ from functools import partial
 
 import trio
 
-from kbtp import Capability, KbtpInitiator
+from kbtp import Capability, HelloRefused, KbtpInitiator
 from kbtp.constants import TABLE_ENTRY_LEN, Status
 from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, WriteOp
 from kbtp.messages import Bind, HelloAck
@@ -285,13 +285,21 @@ class _Sessions:
         self.ini: KbtpInitiator | None = None
 
     async def get(self) -> KbtpInitiator:
-        if self.ini is None or self.ini.closed:
+        """The open session, or a new one (retried while the target ends the last one)."""
+        attempt = 0
+        while self.ini is None or self.ini.closed:
             await self.drop()
             self._stack = contextlib.AsyncExitStack()
             caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
             host = "127.0.0.1"
             session = KbtpInitiator.connect(host, self.port, self.identity, capabilities=caps)
-            self.ini = await self._stack.enter_async_context(session)
+            try:
+                self.ini = await self._stack.enter_async_context(session)
+            except HelloRefused as exc:
+                attempt += 1
+                if exc.status is not Status.SESSION_EXISTS or attempt > 80:
+                    raise
+                await trio.sleep(0.25)
         return self.ini
 
     async def drop(self) -> None:
@@ -449,9 +457,12 @@ def _attack_server(
     after("slowloris", n, _slow_note(closed, n), closed == n)
     after("Terminate storm", terminate_storm(port, 10 * scale))
     if extra is not None:
-        tried, accepted = extra(port)
-        note = f"{accepted} forged requests or forbidden operations accepted"
-        after("forged BIND / one-sided ops / malformed requests", tried, note, not accepted)
+        try:
+            tried, accepted = extra(port)
+            note, ok = f"{accepted} forged requests or forbidden operations accepted", not accepted
+        except Exception as exc:  # the attack itself could not go on: report, never crash
+            tried, note, ok = 0, f"attack failed: {type(exc).__name__}: {exc}", False
+        after("forged BIND / one-sided ops / malformed requests", tried, note, ok)
     return attacks
 
 
