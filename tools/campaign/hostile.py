@@ -30,6 +30,7 @@ from kbtp.constants import TABLE_ENTRY_LEN, Status
 from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, WriteOp
 from kbtp.messages import Bind, HelloAck
 from stack.constants import MPA_KEY_REQ
+from stack.transport.cm import MAX_STARTUPS, MAX_STARTUPS_PER_PEER
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
 from stack.wire.rdmap import encode_message
@@ -186,20 +187,28 @@ def rst_storm(port: int, rng: random.Random, n: int) -> int:
     return n + max(n // 10, 1)
 
 
-def half_open_flood(port: int, n: int, check: Callable[[], bool]) -> tuple[int, bool]:
-    """``n`` silent connections from other loopback addresses; the good client (from
-    127.0.0.1) works while they are held.  Returns (connections made, good client ok)."""
+def half_open_flood(
+    port: int, n: int, check: Callable[[], bool], sources: int = 3
+) -> tuple[int, bool, bool]:
+    """``n`` silent connections from ``sources`` other loopback addresses, then the good
+    client (from 127.0.0.1) while they are held.  Returns (connections made, good client
+    ok, the flood stayed within the listener's bounds).  Within them (at most
+    MAX_STARTUPS_PER_PEER per address, MAX_STARTUPS in all) the good client must be served;
+    beyond MAX_STARTUPS every new connection is refused at once until the flood's startups
+    time out (MPA-26), by design."""
     held: list[socket.socket] = []
     for i in range(n):
         try:
-            held.append(_connect(port, f"127.0.0.{2 + i % 4}"))
+            held.append(_connect(port, f"127.0.0.{2 + i % sources}"))
         except OSError:
             pass
     time.sleep(0.5)
     ok = check()
     for sock in held:
         sock.close()
-    return len(held), ok
+    per_source = -(-len(held) // sources)
+    within = min(per_source, MAX_STARTUPS_PER_PEER) * sources < MAX_STARTUPS
+    return len(held), ok, within
 
 
 def slowloris(port: int, n: int, interval: float) -> tuple[int, int]:
@@ -413,7 +422,7 @@ async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> tuple[int,
 
 
 def _during(ok: bool) -> str:
-    return f"good client during the flood: {'ok' if ok else 'FAILED'}"
+    return f"good client during the flood: {'ok' if ok else 'refused'}"
 
 
 def _slow_note(closed: int, n: int) -> str:
@@ -451,8 +460,12 @@ def _attack_server(
     port = server.port
     after("garbage", garbage(port, rng, 40 * scale))
     after("RST storm", rst_storm(port, rng, 200 * scale))
-    made, ok = half_open_flood(port, 100 * scale, lambda: check()[0])
-    after("half-open flood", made, _during(ok), ok)
+    made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0])
+    after("half-open flood", made, _during(ok), ok or not within)
+    if scale > 1:  # beyond the listener's bound in all: refused while it lasts, by design
+        made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0], sources=6)
+        note = _during(ok) + ("" if within else f" (flood beyond MAX_STARTUPS {MAX_STARTUPS})")
+        after("half-open flood beyond the bound", made, note, ok or not within)
     n, closed = slowloris(port, 8 * scale, 0.1)
     after("slowloris", n, _slow_note(closed, n), closed == n)
     after("Terminate storm", terminate_storm(port, 10 * scale))
