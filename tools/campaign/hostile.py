@@ -1,0 +1,538 @@
+"""Part 2: hostile peers against each server process over loopback TCP.
+
+Attacks: garbage instead of an MPA Request and garbage FPDUs after a valid one, RST storms
+(connect, or connect and start MPA, then close with SO_LINGER 0), descriptor exhaustion
+(the server's RLIMIT_NOFILE lowered, more connections than that), half-open floods (TCP
+connect, never send MPA), slowloris (the Request one octet per interval), Terminate storms
+(a valid startup, then Terminates), and against the KBTP target forged Block Offsets and
+tickets in BIND, forged one-sided operations on the ring and Head STags, and malformed
+KBTP requests through the initiator API.  After each attack: the server is alive, a good
+client completes real work, blocks stored before the attacks load byte-identical, and
+the server's descriptor count returns near its baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from kbtp import Capability, HelloRefused, KbtpInitiator
+from kbtp.constants import TABLE_ENTRY_LEN, Status
+from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, WriteOp
+from kbtp.messages import Bind, HelloAck
+from stack.constants import MPA_KEY_REQ
+from stack.transport.cm import MAX_STARTUPS, MAX_STARTUPS_PER_PEER
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
+from stack.wire.rdmap import encode_message
+from tools.campaign.seeds import kbtp_seeds
+from tools.campaign.servers import (
+    KbtpKeeper,
+    Server,
+    block_data,
+    kbtp_target,
+    rping_ping,
+    rping_server,
+    run_trio,
+)
+
+LINGER_0 = struct.pack("ii", 1, 0)
+EMFILE_LIMIT = 32
+"""RLIMIT_NOFILE of the servers of the EMFILE attack (about 3 x their baseline)."""
+
+
+@dataclass
+class Attack:
+    """The outcome of one attack on one server."""
+
+    server: str
+    name: str
+    tried: int = 0
+    alive: bool = True
+    served: bool = True
+    lost: int = 0
+    fds_before: int = 0
+    fds_after: int = 0
+    note: str = ""
+
+    @property
+    def fds_ok(self) -> bool:
+        return self.fds_after <= self.fds_before + 3
+
+
+@dataclass
+class HostileFigures:
+    attacks: list[Attack] = field(default_factory=list)
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+    sock.close()
+
+
+def _connect(port: int, source: str = "127.0.0.1", timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(timeout)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _wait_closed(sock: socket.socket, timeout: float) -> bool:
+    """True if the peer closes (EOF or reset) within ``timeout`` seconds."""
+    sock.settimeout(0.5)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def raw_session(
+    port: int, settings: MpaSettings | None = None, source: str = "127.0.0.1"
+) -> tuple[socket.socket, IwarpConnection]:
+    """A hand-driven MPA initiator on a plain socket, in Full Operation."""
+    sock = _connect(port, source)
+    engine = IwarpConnection(Role.INITIATOR, settings or MpaSettings())
+    engine.initiate(time.monotonic())
+    sock.sendall(engine.data_to_send())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        data = sock.recv(65536)
+        if not data:
+            break
+        engine.receive_data(data)
+        while not isinstance(event := engine.next_event(), NeedData):
+            if isinstance(event, Established):
+                out = engine.data_to_send()
+                if out:
+                    sock.sendall(out)
+                return sock, engine
+    sock.close()
+    raise ConnectionError("no MPA Reply from the server")
+
+
+# -- the attacks (each returns how many connections or messages it tried) ---------------
+
+
+def garbage(port: int, rng: random.Random, n: int) -> int:
+    for i in range(n):
+        try:
+            sock = _connect(port)
+            if i % 3 == 0:
+                payload = rng.randbytes(rng.randint(1, 4096))
+            elif i % 3 == 1:  # a Request key, then nonsense
+                payload = MPA_KEY_REQ + rng.randbytes(rng.randint(0, 600))
+            else:  # a PD_Length far beyond the limit (MPA-21)
+                payload = MPA_KEY_REQ + bytes([0x40, 0x00, 0xFF, 0xFF]) + rng.randbytes(64)
+            sock.sendall(payload)
+            if i % 10 == 0:
+                _wait_closed(sock, 1.0)
+            sock.close()
+        except OSError:
+            pass
+    for i in range(max(n // 5, 1)):  # valid startup, then garbage FPDUs
+        try:
+            sock, _engine = raw_session(port)
+            body = rng.randbytes(rng.randint(8, 3000))
+            if i % 2:  # a whole FPDU by its length field, failing its CRC at once
+                body = (
+                    struct.pack(">H", len(body) - 6 + (-len(body) % 4))
+                    + body
+                    + bytes(-len(body) % 4)
+                )
+            sock.sendall(body)
+            if i % 2:
+                _wait_closed(sock, 2.0)
+            sock.close()
+        except OSError:
+            pass
+    return n + max(n // 5, 1)
+
+
+def rst_storm(port: int, rng: random.Random, n: int) -> int:
+    for i in range(n):
+        try:
+            sock = _connect(port)
+            if i % 4 == 1:
+                sock.sendall(MPA_KEY_REQ[: rng.randint(1, 16)])
+            elif i % 4 == 2:
+                sock.sendall(MPA_KEY_REQ + b"\x40\x00\x00\x08" + bytes(8)[: rng.randint(0, 8)])
+            _reset(sock)
+        except OSError:
+            pass
+    for _ in range(max(n // 10, 1)):  # established, then reset
+        try:
+            sock, engine = raw_session(port)
+            engine.send_message(Send(b"about to vanish", False, None))
+            sock.sendall(engine.data_to_send())
+            _reset(sock)
+        except OSError:
+            pass
+    return n + max(n // 10, 1)
+
+
+def half_open_flood(
+    port: int, n: int, check: Callable[[], bool], sources: int = 3
+) -> tuple[int, bool, bool]:
+    """``n`` silent connections from ``sources`` other loopback addresses, then the good
+    client (from 127.0.0.1) while they are held.  Returns (connections made, good client
+    ok, the flood stayed within the listener's bounds).  Within them (at most
+    MAX_STARTUPS_PER_PEER per address, MAX_STARTUPS in all) the good client must be served;
+    beyond MAX_STARTUPS every new connection is refused at once until the flood's startups
+    time out (MPA-26), by design."""
+    held: list[socket.socket] = []
+    for i in range(n):
+        try:
+            held.append(_connect(port, f"127.0.0.{2 + i % sources}"))
+        except OSError:
+            pass
+    time.sleep(0.5)
+    ok = check()
+    for sock in held:
+        sock.close()
+    per_source = -(-len(held) // sources)
+    within = min(per_source, MAX_STARTUPS_PER_PEER) * sources < MAX_STARTUPS
+    return len(held), ok, within
+
+
+def slowloris(port: int, n: int, interval: float) -> tuple[int, int]:
+    """``n`` connections sending the Request one octet per ``interval``; how many the
+    server closed before the whole Request was sent (MPA-26 startup timeout)."""
+    socks = []
+    for i in range(n):
+        with contextlib.suppress(OSError):
+            socks.append(_connect(port, f"127.0.0.{2 + i % 4}"))
+    request = MPA_KEY_REQ + b"\x40\x00\x00\x40" + bytes(64)  # rev 1, 64 octets private data
+    closed: set[int] = set()
+    for octet in request:
+        if len(closed) == len(socks):
+            break
+        for k, sock in enumerate(socks):
+            if k in closed:
+                continue
+            try:
+                sock.send(bytes([octet]))
+            except OSError:
+                closed.add(k)
+        time.sleep(interval)
+    for k, sock in enumerate(socks):
+        if k not in closed and _wait_closed(sock, 0.1):
+            closed.add(k)
+        sock.close()
+    return len(socks), len(closed)
+
+
+def terminate_storm(port: int, n: int, per_connection: int = 20) -> int:
+    """Valid startups, then one Terminate or a burst of them (RDMAP-10 forbids all but
+    the first, so they are framed past the sending stream's own check)."""
+    sent = 0
+    term = Terminate(layer=2, etype=1, code=3)
+    for i in range(n):
+        try:
+            sock, engine = raw_session(port)
+            for k in range(1 if i % 2 else per_connection):
+                for ulpdu in encode_message(term, msn=1 + k, mulpdu=engine.mpa.mulpdu):
+                    engine.mpa.send_ulpdu(ulpdu)
+                sent += 1
+            sock.sendall(engine.data_to_send())
+            _wait_closed(sock, 2.0)
+            sock.close()
+        except OSError:
+            pass
+    return sent
+
+
+def emfile(server: Server, check: Callable[[Server], bool], limit: int, n: int) -> Attack:
+    """``n`` connections held against a server started with RLIMIT_NOFILE ``limit``."""
+    server.ready()
+    attack = Attack(server.name, f"EMFILE (RLIMIT_NOFILE {limit}, {n} connections)")
+    try:
+        attack.fds_before = server.baseline_fds
+        held = []
+        for i in range(n):
+            with contextlib.suppress(OSError):
+                held.append(_connect(server.port, f"127.0.0.{2 + i % 8}"))
+        time.sleep(1.0)
+        attack.note = f"{server.fds()} fds held at the limit"
+        for sock in held:
+            sock.close()
+        attack.tried = len(held)
+        attack.fds_after = server.fds_settle()
+        attack.alive = server.alive()
+        attack.served = attack.alive and check(server)
+    finally:
+        server.stop()
+    return attack
+
+
+# -- KBTP-specific attacks through the initiator API -----------------------------------
+
+
+class _Sessions:
+    """One KBTP session at a time as ``identity``, opened again after the target ends it."""
+
+    def __init__(self, port: int, identity: str) -> None:
+        self.port = port
+        self.identity = identity
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.ini: KbtpInitiator | None = None
+
+    async def get(self) -> KbtpInitiator:
+        """The open session, or a new one (retried while the target ends the last one)."""
+        attempt = 0
+        while self.ini is None or self.ini.closed:
+            await self.drop()
+            self._stack = contextlib.AsyncExitStack()
+            caps = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+            host = "127.0.0.1"
+            session = KbtpInitiator.connect(host, self.port, self.identity, capabilities=caps)
+            try:
+                self.ini = await self._stack.enter_async_context(session)
+            except HelloRefused as exc:
+                attempt += 1
+                if exc.status is not Status.SESSION_EXISTS or attempt > 80:
+                    raise
+                await trio.sleep(0.25)
+        return self.ini
+
+    async def drop(self) -> None:
+        stack, self._stack, self.ini = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+
+
+def _cas(ack: HelloAck, swap: int) -> DirectOp:
+    """A Compare and Swap on the first slot's Block Offset through the Ring STag."""
+    return CompareSwapOp(ack.ring_stag, ack.ring_offset + 8, 0, swap)
+
+
+def _own_entries(ack: HelloAck) -> int:
+    """Where the initiator's own block table entries start (docs/kbtp.md §3.2)."""
+    return ack.table_offset + TABLE_ENTRY_LEN * (ack.handle_base - ack.table_base_handle)
+
+
+async def _forbidden(
+    sessions: _Sessions, build: Callable[[HelloAck], DirectOp], readable: bool
+) -> int:
+    """1 if the target let a forbidden one-sided operation through, else 0.
+
+    A Read or an atomic that completes got through.  An RDMA Write completes at the sender
+    whatever the target does, so the session must end before a Read of the initiator's own
+    table entries that follows it; where the Write aimed at memory the initiator may read
+    (``readable``), a fresh session must find the old contents there."""
+    ini = await sessions.get()
+    ack = ini.ack
+    assert ack is not None
+    op = build(ack)  # STags are per session (docs/kbtp.md §3.6): built for this one
+    own = ReadOp(
+        ack.table_stag,
+        ack.table_offset + TABLE_ENTRY_LEN * (ack.handle_base - ack.table_base_handle),
+        TABLE_ENTRY_LEN,
+    )
+    probe = ReadOp(op.stag, op.to, len(op.data)) if isinstance(op, WriteOp) else own
+    try:
+        before = await ini.one_sided(probe) if readable else b""
+        with trio.fail_after(10):
+            await ini.one_sided(op)
+            if isinstance(op, WriteOp):
+                await ini.one_sided(own)
+        return 1  # completed, or the session outlived the forbidden Write
+    except Exception:
+        await sessions.drop()  # refused: the session is over, as it should be
+    if not (isinstance(op, WriteOp) and readable):
+        return 0
+    ini = await sessions.get()
+    assert ini.ack is not None
+    again = build(ini.ack)  # the same memory under the new session's STag
+    assert isinstance(again, WriteOp)
+    return int(await ini.one_sided(ReadOp(again.stag, again.to, len(again.data))) != before)
+
+
+async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> tuple[int, int]:
+    """Forged BINDs, one-sided operations the STags' rights forbid, malformed requests.
+
+    Returns (tried, accepted): a forged BIND that succeeded or a forbidden one-sided
+    operation that completed is *accepted* (a finding).  A refused one-sided operation
+    ends the session (the RNIC terminates it), as do some malformed requests: the next
+    step opens a new one."""
+    tried = accepted = 0
+    sessions = _Sessions(port, "mallory")
+    try:
+        for r in range(rounds):
+            ini = await sessions.get()
+            ack = ini.ack
+            assert ack is not None
+            # BINDs with forged tickets and Block Offsets: table, past the memory,
+            # misaligned, random (docs/kbtp.md §6.6: BAD_BIND)
+            for block in (ack.table_offset, ack.pool_offset + (1 << 40), ack.pool_offset + 1,
+                          rng.getrandbits(64)):  # fmt: skip
+                tried += 1
+                with contextlib.suppress(Exception):
+                    ini = await sessions.get()
+                    bind = Bind(0, ack.handle_base, rng.getrandbits(32), 10, block)
+                    completion = await ini.request(bind, check=False)
+                    accepted += completion.status == Status.SUCCESS
+            # malformed requests (mutated KBTP encodings) with request IDs of their own
+            for k, raw in enumerate(kbtp_seeds()):
+                data = bytearray(raw)
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                rid = 1 << 40 | r << 8 | k
+                data[8:16] = rid.to_bytes(8, "big")
+                tried += 1
+                try:
+                    ini = await sessions.get()
+                    with trio.move_on_after(2):
+                        await ini.send_raw(bytes(data), rid)
+                except Exception:
+                    await sessions.drop()
+            # one-sided operations the STags' rights forbid (docs/kbtp.md §3.6)
+            forbidden: list[tuple[Callable[[HelloAck], DirectOp], bool]] = [
+                (partial(_cas, swap=rng.getrandbits(64)), False),
+                (lambda a: FetchAddOp(a.ring_stag, a.ring_offset, 1, 0), False),
+                (lambda a: ReadOp(a.head_stag, a.head_offset, 8), False),
+                (lambda a: WriteOp(a.ring_stag, a.ring_offset, b"\xff" * 16), True),
+                (lambda a: WriteOp(a.table_stag, _own_entries(a), b"\xee" * 32), True),
+                (lambda a: WriteOp(a.table_stag, a.table_offset, bytes(TABLE_ENTRY_LEN)), False),
+            ]
+            tried += 1
+            accepted += await _forbidden(sessions, *forbidden[r % len(forbidden)])
+    finally:
+        await sessions.drop()
+    return tried, accepted
+
+
+# -- the part ----------------------------------------------------------------------------
+
+
+def _during(ok: bool) -> str:
+    return f"good client during the flood: {'ok' if ok else 'refused'}"
+
+
+def _slow_note(closed: int, n: int) -> str:
+    return f"{closed}/{n} closed by the server before the Request was complete"
+
+
+def _kbtp_specs() -> list[str]:
+    return ["keeper:quota=16", "mallory:quota=16,direct=both"]
+
+
+def _attack_server(
+    server: Server,
+    check: Callable[[], tuple[bool, int]],
+    rng: random.Random,
+    scale: int,
+    progress: Callable[[str], None],
+    extra: Callable[[int], tuple[int, int]] | None = None,
+) -> list[Attack]:
+    """Every attack in turn against one running server, ``check`` after each."""
+    attacks: list[Attack] = []
+
+    def after(name: str, tried: int, note: str = "", ok: bool = True) -> None:
+        attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
+        attack.fds_after = server.fds_settle()
+        attack.alive = server.alive()
+        attack.served, attack.lost = check() if attack.alive else (False, 0)
+        attack.served = attack.served and ok
+        attacks.append(attack)
+        progress(
+            f"hostile {server.name}: {name}: tried {tried}, alive {attack.alive}, served "
+            f"{attack.served}, lost {attack.lost}, fds {attack.fds_before}->{attack.fds_after}"
+            f"{', ' + note if note else ''}"
+        )
+
+    port = server.port
+    after("garbage", garbage(port, rng, 40 * scale))
+    after("RST storm", rst_storm(port, rng, 200 * scale))
+    made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0])
+    after("half-open flood", made, _during(ok), ok or not within)
+    if scale > 1:  # beyond the listener's bound in all: refused while it lasts, by design
+        made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0], sources=6)
+        note = _during(ok) + ("" if within else f" (flood beyond MAX_STARTUPS {MAX_STARTUPS})")
+        after("half-open flood beyond the bound", made, note, ok or not within)
+    n, closed = slowloris(port, 8 * scale, 0.1)
+    after("slowloris", n, _slow_note(closed, n), closed == n)
+    after("Terminate storm", terminate_storm(port, 10 * scale))
+    if extra is not None:
+        try:
+            tried, accepted = extra(port)
+            note, ok = f"{accepted} forged requests or forbidden operations accepted", not accepted
+        except Exception as exc:  # the attack itself could not go on: report, never crash
+            tried, note, ok = 0, f"attack failed: {type(exc).__name__}: {exc}", False
+        after("forged BIND / one-sided ops / malformed requests", tried, note, ok)
+    return attacks
+
+
+def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+    scale = 5 if full else 1
+    rng = random.Random(f"{seed}:hostile:kbtp")
+
+    def factory(nofile: int | None) -> Server:
+        extra = ["--hello-timeout", "3", "--idle-timeout", "20"]
+        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile)
+
+    low = factory(EMFILE_LIMIT)  # starts while the other one is attacked
+    try:
+        with factory(None) as server:
+            keeper = KbtpKeeper(server.port)
+            keeper.store_all()
+
+            def forged(port: int) -> tuple[int, int]:
+                result = [(0, 0)]
+
+                async def body() -> None:
+                    result[0] = await _forged_kbtp(port, rng, 6 * scale)
+
+                run_trio(body, timeout=300)
+                return result[0]
+
+            attacks = _attack_server(server, keeper.check, rng, scale, progress, forged)
+        fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
+        attacks.append(emfile(low, fresh, EMFILE_LIMIT, 60 * scale))
+        progress(f"hostile kbtp-target: {attacks[-1].name}: served {attacks[-1].served}")
+    finally:
+        low.stop()
+    return attacks
+
+
+def _hostile_rping(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+    scale = 5 if full else 1
+    rng = random.Random(f"{seed}:hostile:rping")
+    low = rping_server(EMFILE_LIMIT)
+    try:
+        with rping_server() as server:
+            attacks = _attack_server(
+                server, lambda: (rping_ping(server.port), 0), rng, scale, progress
+            )
+        attacks.append(emfile(low, lambda s: rping_ping(s.port), EMFILE_LIMIT, 60 * scale))
+        progress(f"hostile rping: {attacks[-1].name}: served {attacks[-1].served}")
+    finally:
+        low.stop()
+    return attacks
+
+
+def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
+    """The attacks on the KBTP target and on the rping server, the two in parallel."""
+    with ThreadPoolExecutor(2) as pool:
+        kbtp = pool.submit(_hostile_kbtp, full, seed, progress)
+        rping = pool.submit(_hostile_rping, full, seed, progress)
+        return HostileFigures(kbtp.result() + rping.result())
+
+
+__all__ = ["Attack", "HostileFigures", "block_data", "run_hostile"]

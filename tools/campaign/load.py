@@ -1,0 +1,138 @@
+"""Part 3: KBTP load: N initiators doing verified STORE/LOAD/ALLOC_STORE/FREE on one target.
+
+Every initiator works its own handles concurrently (one trio run, one session each):
+ALLOC_STORE, LOAD and compare, STORE new contents, LOAD and compare, FREE, for a number
+of rounds, with block contents of every size from a few octets (INLINE) to the whole
+block (the target reads it by RDMA).  The target's VmRSS is read at start and end.  Pool
+accounting at the end: the target exposes no statistics, so every initiator allocates its
+whole quota again (the sum is the pool size), one more allocation must be refused, and
+everything is freed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from kbtp import Capability, KbtpInitiator
+from tools.campaign.servers import KBTP_BLOCK, kbtp_target, run_trio
+
+QUOTA = 8
+
+
+@dataclass
+class LoadFigures:
+    initiators: int = 0
+    operations: int = 0
+    bytes_verified: int = 0
+    corrupted: int = 0
+    errors: list[str] = field(default_factory=list)
+    pool_blocks: int = 0
+    reallocated: int = 0
+    over_quota_refused: int = 0
+    rss_start_kib: int = 0
+    rss_end_kib: int = 0
+    alive: bool = True
+    seconds: float = 0.0
+
+    @property
+    def accounting_ok(self) -> bool:
+        return self.reallocated == self.pool_blocks and self.over_quota_refused == self.initiators
+
+
+def _data(rng: random.Random, tag: str) -> bytes:
+    size = rng.choice((1, 17, 500, 1024, 1025, 3000, KBTP_BLOCK))
+    head = tag.encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigures:
+    n = 64 if full else 8
+    rounds = 12 if full else 3
+    figures = LoadFigures(initiators=n, pool_blocks=n * QUOTA)
+
+    t0 = time.monotonic()
+    server = kbtp_target(
+        [],
+        pool=n * QUOTA,
+        extra=["--initiators", str(n), "--max-inline", "1024", "--handles", str(4 * QUOTA)],
+    )
+    with server:
+        figures.rss_start_kib = server.rss_kib()
+
+        async def worker(i: int) -> None:
+            rng = random.Random(f"{seed}:load:{i}")
+            async with KbtpInitiator.connect(
+                "127.0.0.1", server.port, f"init-{i}", capabilities=Capability.NONE
+            ) as ini:
+                assert ini.ack is not None
+                base = ini.ack.handle_base
+                for r in range(rounds):
+                    handles = [base + (r * QUOTA + k) % ini.ack.handle_count for k in range(QUOTA)]
+                    contents: dict[int, bytes] = {}
+                    for h in handles:
+                        data = _data(rng, f"{i}/{r}/{h}/a")
+                        await ini.alloc_store(h, data)
+                        contents[h] = data
+                        figures.operations += 1
+                    for h in handles:
+                        got = await ini.load(h, allow_unsealed=True)
+                        figures.operations += 1
+                        figures.bytes_verified += len(got)
+                        figures.corrupted += got != contents[h]
+                        data = _data(rng, f"{i}/{r}/{h}/b")
+                        await ini.store(h, data, seal=r % 2 == 0)
+                        contents[h] = data
+                        figures.operations += 1
+                    for h in handles:
+                        got = await ini.load(h, allow_unsealed=True)
+                        figures.bytes_verified += len(got)
+                        figures.corrupted += got != contents[h]
+                        await ini.free(h)
+                        figures.operations += 2
+                if i % max(n // 8, 1) == 0:
+                    progress(f"load: initiator {i} finished {rounds} rounds")
+
+        async def accounting(i: int) -> None:
+            async with KbtpInitiator.connect(
+                "127.0.0.1", server.port, f"init-{i}", capabilities=Capability.NONE
+            ) as ini:
+                assert ini.ack is not None
+                base, quota = ini.ack.handle_base, ini.ack.quota
+                for k in range(quota):
+                    c = await ini.alloc_store(base + k, b"q", check=False)
+                    figures.reallocated += c.status == 0
+                extra = await ini.alloc_store(base + quota, b"over", check=False)
+                figures.over_quota_refused += extra.status != 0
+                for k in range(quota):
+                    await ini.free(base + k)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(guarded, worker, i)
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(guarded, accounting, i)
+
+        async def guarded(fn: Callable[[int], object], i: int) -> None:
+            try:
+                await fn(i)  # type: ignore[misc]
+            except Exception as exc:
+                figures.errors.append(f"init-{i}: {type(exc).__name__}: {exc}")
+
+        run_trio(main, timeout=600 if full else 120)
+        figures.rss_end_kib = server.rss_kib()
+        figures.alive = server.alive()
+    figures.seconds = time.monotonic() - t0
+    progress(
+        f"load: {n} initiators, {figures.operations} operations, "
+        f"{figures.bytes_verified} bytes verified, {figures.corrupted} corrupted, "
+        f"pool {figures.reallocated}/{figures.pool_blocks} reallocated, "
+        f"RSS {figures.rss_start_kib} -> {figures.rss_end_kib} KiB"
+    )
+    return figures
