@@ -2,11 +2,13 @@
 
 ``Rnic`` -> ``alloc_pd()`` -> ``pd.reg_mr(buffer, Access...)``; ``create_cq()``;
 ``create_qp(pd, cq)``; ``qp.post_send(SendWR(...))``, ``qp.post_recv(RecvWR(...))``;
-completions by ``cq.poll()`` or ``await cq.next()``.
+completions by ``cq.poll()`` or ``await cq.next()``; asynchronous events (a QP terminated,
+a CQ overflowed) by ``await rnic.get_async_event()`` or ``rnic.poll_async_event()``.
 """
 
 from stack.rnic.cq import CompletionQueue, CqOverflow
 from stack.rnic.device import Rnic
+from stack.rnic.events import AsyncEvent, AsyncEventQueue, AsyncEventType, event_type_for_cause
 from stack.rnic.memory import Access, MemoryRegion, ProtectionDomain
 from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
 from stack.rnic.verbs import (
@@ -25,6 +27,9 @@ from stack.rnic.verbs import (
 
 __all__ = [
     "Access",
+    "AsyncEvent",
+    "AsyncEventQueue",
+    "AsyncEventType",
     "CompletionQueue",
     "CqOverflow",
     "MemoryRegion",
@@ -45,4 +50,5 @@ __all__ = [
     "wc_status_str",
     "WorkCompletion",
     "WrOpcode",
+    "event_type_for_cause",
 ]

@@ -99,6 +99,13 @@ class Pair:
             dst.endpoint.feed(data)
         return len(data)
 
+    def close_streams(self) -> None:
+        """Both TCP halves are gone (what the driver reports when a connection ends): each
+        QP leaves TERMINATE or CLOSING for ERROR."""
+        for side in (self.a, self.b):
+            assert side.endpoint is not None
+            side.endpoint.stream_closed()
+
     def pump(self, rounds: int = 10_000) -> None:
         """Exchange bytes until both sides are quiet."""
         for _ in range(rounds):

@@ -261,7 +261,7 @@ def test_ext_10_atomics_take_ird_slots_like_reads(kinds: str) -> None:
     p.pump()
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == (0, 2, 0x07)
-    assert p.b.qp.state is QpState.ERROR
+    assert p.b.qp.state is QpState.TERMINATE
 
 
 def test_ext_10_atomics_count_against_ord_at_the_requester() -> None:
@@ -301,7 +301,7 @@ def test_ext_10_an_atomic_response_needs_an_outstanding_atomic() -> None:
     p = Pair()
     p.a.engine.send_message(AtomicResponse(1, 0x29))  # b has no atomic outstanding
     p.pump()
-    assert p.b.qp.state is QpState.ERROR
+    assert p.b.qp.state is QpState.TERMINATE
     assert p.b.qp.error is not None and p.b.qp.error.term == (0, 2, 0x07)
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == (0, 2, 0x07)
@@ -400,15 +400,21 @@ def test_ddp_13_fin_is_reported_and_later_data_is_an_error() -> None:
 
 
 def test_ddp_13_half_close_keeps_the_other_direction_working() -> None:
-    """The peer's FIN ends reading only: the stream still sends on the ULP's request."""
+    """The peer's FIN ends reading only: what was posted before it still goes out and
+    completes.  The QP is CLOSING (RFC 5040 §6.2): no new WRs, FIN once all is sent."""
     p = Pair()
     assert p.a.endpoint is not None and p.b.endpoint is not None
-    assert p.a.endpoint.feed(b"") is False  # the responder closed its sending half
-    assert p.a.endpoint.peer_closed and p.a.qp.state is QpState.RTS
     target = p.b.mr(8, RW)
-    p.a.qp.post_send(write(1, b"goodbye!", target))
+    p.a.qp.post_send(write(1, b"goodbye!", target))  # queued, not handed to TCP yet
+    assert p.a.endpoint.feed(b"") is False  # the responder closed its sending half
+    assert p.a.endpoint.peer_closed and p.a.qp.state is QpState.CLOSING
+    assert not p.a.endpoint.wants_close  # the Write is still to go
+    with pytest.raises(LocalError):
+        p.a.qp.post_send(write(2, b"too late", target))
     p.b.endpoint.feed(bytes(p.a.endpoint.produce()))
     assert bytes(target.buf) == b"goodbye!" and p.b.qp.state is QpState.RTS
+    assert [(wc.wr_id, wc.status) for wc in p.a.cq.poll()] == [(1, WcStatus.SUCCESS)]
+    assert p.a.endpoint.wants_close
 
 
 def test_ddp_13_invalid_ddp_header_is_fatal_but_the_terminate_still_goes_out() -> None:
@@ -630,12 +636,14 @@ def test_sec_15_invalid_stag_use_reaches_the_ulp_and_ends_the_stream() -> None:
     error = p.b.qp.error
     assert isinstance(error, DdpError) and error.term == TERM_DDP_T_INVALID_STAG
     assert [(wc.wr_id, wc.status) for wc in p.b.cq.poll()] == [(5, WcStatus.WR_FLUSH_ERR)]
-    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
+    assert p.a.qp.state is QpState.TERMINATE and p.b.qp.state is QpState.TERMINATE
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == TERM_DDP_T_INVALID_STAG
     p.a.qp.post_send(write(2, b"again!!!", target))
     assert [wc.status for wc in p.a.cq.poll()][-1] is WcStatus.WR_FLUSH_ERR
     assert bytes(target.buf) == bytes(8)
+    p.close_streams()
+    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
 
 
 # ======================================================================================
