@@ -77,6 +77,8 @@ class RdmaConnection:
     async def run(self) -> None:
         """Pump until the connection ends (run it in a nursery)."""
         self.qp.set_rts()
+        if self._disconnecting:  # disconnect() came before the pumps started
+            self.qp.close()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
