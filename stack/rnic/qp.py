@@ -179,8 +179,9 @@ class _SqEntry:
 @dataclass(slots=True)
 class _OutItem:
     message: RdmapMessage
-    entry: _SqEntry | None = None
+    entry: _SqEntry | None = None  # the WR this message completes (Sends, Writes)
     inbound_response: bool = False
+    request: _SqEntry | None = None  # the WR of a Read or Atomic Request
 
 
 @dataclass(slots=True)
@@ -423,7 +424,9 @@ class QueuePair:
         entry.messages_left = len(msgs) if completes else 0
         was_empty = not self._out
         for msg in msgs:
-            self._out.append(_OutItem(msg, entry if completes else None))
+            self._out.append(
+                _OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry)
+            )
         if was_empty and self.on_output is not None:
             self.on_output()
 
@@ -842,7 +845,9 @@ class QueuePair:
             doomed = entries[first:]
             ids = {id(e) for e in doomed}
             self._out = deque(
-                item for item in self._out if item.entry is None or id(item.entry) not in ids
+                item
+                for item in self._out
+                if id(item.entry or item.request) not in ids or item.inbound_response
             )
             for entry in doomed:
                 entry.status, entry.done = WcStatus.WR_FLUSH_ERR, True
