@@ -19,6 +19,8 @@ from stack.wire.events import (
     RequestReceived,
     Role,
 )
+from stack.wire.framing import FpduDeframer
+from stack.wire.rdmap import decode_ulpdu
 
 
 @dataclass
@@ -112,3 +114,34 @@ class Pair:
             if not (self.step(self.a, self.b) + self.step(self.b, self.a)):
                 return
         raise AssertionError("pair did not quiesce")
+
+
+class SharedResponder(Pair):
+    """A :class:`Pair` whose responder ``b`` is a new QP of an existing RNIC and PD: a second
+    stream into the same RNIC."""
+
+    def __init__(self, rnic: Rnic, pd: ProtectionDomain, **kw: object) -> None:
+        self._shared = (rnic, pd)
+        super().__init__(**kw)  # type: ignore[arg-type]
+
+    def _side(  # type: ignore[override]
+        self,
+        name: str,
+        role: Role,
+        settings: MpaSettings | None,
+        qp_kw: dict,
+        cq_capacity: int,
+    ) -> Side:
+        if name != "b":
+            return Pair._side(name, role, settings, qp_kw, cq_capacity)
+        rnic, pd = self._shared
+        cq: CompletionQueue = rnic.create_cq(cq_capacity)
+        qp = rnic.create_qp(pd, cq, **qp_kw)
+        return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))
+
+
+def opcodes(wire: bytes) -> list[int]:
+    """The RDMAP opcodes of the FPDUs in ``wire`` (CRC on, no markers: the pair default)."""
+    deframer = FpduDeframer(crc=True, markers=False)
+    deframer.feed(wire)
+    return [decode_ulpdu(u).opcode for u in deframer]

@@ -19,9 +19,7 @@ from stack.rnic import (
     WorkCompletion,
     WrOpcode,
 )
-from stack.wire.framing import FpduDeframer
-from stack.wire.rdmap import decode_ulpdu
-from tests.rnic.helpers import Pair, Side
+from tests.rnic.helpers import Pair, Side, opcodes
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 
@@ -32,12 +30,6 @@ def _sends(wcs: list[WorkCompletion]) -> list[tuple[int, WcStatus]]:
 
 def _recvs(wcs: list[WorkCompletion]) -> list[tuple[int, WcStatus]]:
     return [(wc.wr_id, wc.status) for wc in wcs if wc.opcode & WcOpcode.RECV]
-
-
-def _opcodes(wire: bytes) -> list[int]:
-    deframer = FpduDeframer(crc=True, markers=False)
-    deframer.feed(wire)
-    return [decode_ulpdu(bytes(u)).opcode for u in deframer]
 
 
 def _events(side: Side) -> list[AsyncEventType]:
@@ -139,7 +131,7 @@ def test_peer_fin_places_what_came_before_and_flushes_in_submit_order() -> None:
     p.b.qp.post_recv(RecvWR(3, ()))  # nothing more can arrive: flushed at once
     assert _recvs(p.b.cq.poll()) == [(3, WcStatus.WR_FLUSH_ERR)]
     wire = bytes(p.b.endpoint.produce())
-    assert _opcodes(wire) == [Opcode.RDMA_WRITE]  # not the Read Request, not the Send
+    assert opcodes(wire) == [Opcode.RDMA_WRITE]  # not the Read Request, not the Send
     assert _sends(p.b.cq.poll()) == [(10, WcStatus.SUCCESS), (11, WcStatus.WR_FLUSH_ERR),
                                      (12, WcStatus.WR_FLUSH_ERR)]  # fmt: skip
     assert p.b.endpoint.wants_close and _events(p.b) == [AsyncEventType.SQ_DRAINED]

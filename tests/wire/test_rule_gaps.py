@@ -22,7 +22,6 @@ from stack.constants import (
 from stack.errors import DdpError, LocalError, ProtocolError
 from stack.rnic import (
     Access,
-    CompletionQueue,
     QpState,
     RecvWR,
     Rnic,
@@ -32,50 +31,16 @@ from stack.rnic import (
     WcStatus,
     WrOpcode,
 )
-from stack.rnic.memory import MemoryRegion, ProtectionDomain
-from stack.wire.connection import IwarpConnection
-from stack.wire.events import AtomicResponse, MpaSettings, PeerClosed, RdmaWrite, Role
-from stack.wire.framing import FpduDeframer
-from stack.wire.rdmap import decode_ulpdu
+from stack.rnic.memory import MemoryRegion
+from stack.wire.events import AtomicResponse, PeerClosed, RdmaWrite
 from stack.wire.stream import RdmapStream
-from tests.rnic.helpers import Pair, Side
+from tests.rnic.helpers import Pair, SharedResponder, opcodes
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 RR = Access.LOCAL_WRITE | Access.REMOTE_READ
 RA = Access.LOCAL_WRITE | Access.REMOTE_ATOMIC
 ALL = RW | RR | RA
 _LE64 = struct.Struct("<Q")
-
-
-class SharedResponder(Pair):
-    """A :class:`Pair` whose responder ``b`` is a new QP of an existing RNIC and PD: a second
-    stream into the same RNIC."""
-
-    def __init__(self, rnic: Rnic, pd: ProtectionDomain, **kw: object) -> None:
-        self._shared = (rnic, pd)
-        super().__init__(**kw)  # type: ignore[arg-type]
-
-    def _side(  # type: ignore[override]
-        self,
-        name: str,
-        role: Role,
-        settings: MpaSettings | None,
-        qp_kw: dict,
-        cq_capacity: int,
-    ) -> Side:
-        if name != "b":
-            return Pair._side(name, role, settings, qp_kw, cq_capacity)
-        rnic, pd = self._shared
-        cq: CompletionQueue = rnic.create_cq(cq_capacity)
-        qp = rnic.create_qp(pd, cq, **qp_kw)
-        return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))
-
-
-def opcodes(wire: bytes) -> list[int]:
-    """The RDMAP opcodes of the FPDUs in ``wire`` (CRC on, no markers: the pair default)."""
-    deframer = FpduDeframer(crc=True, markers=False)
-    deframer.feed(wire)
-    return [decode_ulpdu(u).opcode for u in deframer]
 
 
 def fetch_add(wr_id: int, p: Pair, result: MemoryRegion, word: MemoryRegion, add: int = 1):
