@@ -5,7 +5,7 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
 * The *reader* task receives bytes, feeds the engine, and applies every RDMAP event to the
   QP.  A :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's
   protection checks) makes the connection send a Terminate with the offending ULPDU's
-  headers (RFC 5040 §7.1), move the QP to ERROR and close gracefully (RDMAP-15).
+  headers (RFC 5040 §7.1), move the QP to TERMINATE and close gracefully (RDMAP-15).
 * The *writer* task sleeps until the QP has outbound messages (or the engine has bytes),
   then drains everything available into one buffer and sends it with one ``send_all``:
   many small FPDUs are coalesced into few socket writes.
