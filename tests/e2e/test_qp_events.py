@@ -3,6 +3,9 @@ application as an ``ibv_get_async_event``-style event naming the QP and the caus
 
 from __future__ import annotations
 
+import socket
+import struct
+
 import trio
 
 from stack.constants import (
@@ -123,3 +126,18 @@ async def test_orderly_disconnect_raises_sq_drained_not_an_error() -> None:
             None,
         ]
         assert bytes(inbox.buf[:3]) == b"bye"
+
+
+async def test_a_stream_lost_without_a_terminate_is_qp_fatal_without_cause() -> None:
+    """The peer's socket resets (no Terminate, no FIN): the QP is QP_FATAL with no cause and
+    the reason in the detail, then ERROR."""
+    async with tcp_pair() as (client, server):
+        assert server.conn is not None
+        sock = server.conn.stream.socket  # type: ignore[attr-defined]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await trio.aclose_forcefully(server.conn.stream)  # SO_LINGER 0: RST, not FIN
+        event = await _event(client.rnic)
+        await _closed(client)
+    assert event.event_type is AsyncEventType.QP_FATAL and event.qp is client.qp
+    assert event.cause is None and not event.remote and "stream lost" in event.detail
+    assert client.qp.state is QpState.ERROR
