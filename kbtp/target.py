@@ -545,7 +545,7 @@ class KbtpTarget:
     def _terminate(self, sess: TargetSession) -> None:
         """Terminate the stream with the pending CloseSession's cause and close (§9.3)."""
         conn = sess.conn
-        if conn is None or sess.qp.state is QpState.ERROR:
+        if conn is None or sess.qp.state in (QpState.TERMINATE, QpState.ERROR):
             return
         action = sess.close
         if action is None:

@@ -319,16 +319,15 @@ def streams_coupled(qp: QueuePair, engine: IwarpConnection, shared: dict[str, An
     qps: list[QueuePair] = shared.setdefault("qps", [])
     qps.append(qp)
     fatal = qp.fatal
+    stream_closed = qp.stream_closed
 
-    def hooked(error: ProtocolError | None, *, send_terminate: bool) -> None:
-        first = qp.state.value != "error"
-        fatal(error, send_terminate=send_terminate)
-        if not first or shared.get("killing"):
+    def kill_others() -> None:
+        if shared.get("killing"):
             return
         shared["killing"] = True
         try:
             for other in qps:
-                if other is not qp and other.state.value != "error":
+                if other is not qp and other.state.value not in ("terminate", "error"):
                     err = RdmapError(
                         "SEC-09", "another stream failed", TERM_RDMAP_CATASTROPHIC_STREAM
                     )
@@ -338,7 +337,20 @@ def streams_coupled(qp: QueuePair, engine: IwarpConnection, shared: dict[str, An
         finally:
             shared["killing"] = False
 
+    def hooked(error: ProtocolError | None, *, send_terminate: bool, **kw: Any) -> None:
+        first = qp.state.value not in ("terminate", "error")
+        fatal(error, send_terminate=send_terminate, **kw)
+        if first:
+            kill_others()
+
+    def hooked_close(error: Exception | None = None) -> None:
+        first = qp.state.value != "error"
+        stream_closed(error)
+        if first:
+            kill_others()
+
     qp.fatal = hooked  # type: ignore[method-assign]
+    qp.stream_closed = hooked_close  # type: ignore[method-assign]
 
 
 def sequential_register(self: StagTable, mr: StagTarget) -> int:

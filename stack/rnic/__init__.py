@@ -2,13 +2,15 @@
 
 ``Rnic`` -> ``alloc_pd()`` -> ``pd.reg_mr(buffer, Access...)``; ``create_cq()``;
 ``create_qp(pd, cq)``; ``qp.post_send(SendWR(...))``, ``qp.post_recv(RecvWR(...))``;
-completions by ``cq.poll()`` or ``await cq.next()``.  Memory windows (``pd.alloc_mw``,
-``qp.bind_mw``, ``BIND_MW``) and fast registration (``pd.alloc_mr``, ``REG_MR``): see
-:mod:`stack.rnic.windows`.
+completions by ``cq.poll()`` or ``await cq.next()``; asynchronous events (a QP terminated,
+a CQ overflowed) by ``await rnic.get_async_event()`` or ``rnic.poll_async_event()``.
+Memory windows (``pd.alloc_mw``, ``qp.bind_mw``, ``BIND_MW``) and fast registration
+(``pd.alloc_mr``, ``REG_MR``): see :mod:`stack.rnic.windows`.
 """
 
 from stack.rnic.cq import CompletionQueue, CqOverflow
 from stack.rnic.device import Rnic
+from stack.rnic.events import AsyncEvent, AsyncEventQueue, AsyncEventType, event_type_for_cause
 from stack.rnic.memory import Access, MemoryOpError, MemoryRegion, ProtectionDomain, StagTarget
 from stack.rnic.qp import QpCap, QpState, QueuePair, SharedReceiveQueue
 from stack.rnic.verbs import (
@@ -31,6 +33,9 @@ from stack.rnic.windows import MemoryWindow, MwType, inc_rkey, reg_mr_wr
 
 __all__ = [
     "Access",
+    "AsyncEvent",
+    "AsyncEventQueue",
+    "AsyncEventType",
     "BindMw",
     "CompletionQueue",
     "CqOverflow",
@@ -60,4 +65,5 @@ __all__ = [
     "wc_status_str",
     "WorkCompletion",
     "WrOpcode",
+    "event_type_for_cause",
 ]

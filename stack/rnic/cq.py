@@ -1,8 +1,8 @@
 """Completion queues: poll them, or await them from trio.
 
 A CQ overflow is fatal for the QPs that complete into it and for nothing else (SEC-09):
-:meth:`CompletionQueue.push` raises :class:`CqOverflow`, and the QP that hit it moves to
-the error state with a Terminate.
+:meth:`CompletionQueue.push` raises :class:`CqOverflow`, the QP that hit it sends a Terminate
+and moves to TERMINATE (ERROR once its stream closes), and its RNIC raises ``CQ_ERR``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""The software RNIC: one STag space, and factories for PDs, CQs, QPs and SRQs."""
+"""The software RNIC: one STag space, one asynchronous event queue, and factories for PDs,
+CQs, QPs and SRQs."""
 
 from __future__ import annotations
 
 import itertools
 
 from stack.rnic.cq import CompletionQueue
+from stack.rnic.events import AsyncEvent, AsyncEventQueue
 from stack.rnic.memory import ProtectionDomain, StagTable
 from stack.rnic.qp import QpCap, QueuePair, SharedReceiveQueue
 
@@ -13,7 +15,8 @@ class Rnic:
     """A software RNIC (``ibv_context``): everything created from it shares its STag table.
 
     Atomics are executed by this object's single-threaded engine, so they are atomic with
-    respect to every other operation of every QP of the RNIC (EXT-07).
+    respect to every other operation of every QP of the RNIC (EXT-07).  Its QPs raise
+    asynchronous events (QP_FATAL, QP_ACCESS_ERR, ...) on :attr:`async_events`.
     """
 
     def __init__(self, name: str = "iwarp0", *, max_ird: int = 128, max_ord: int = 128) -> None:
@@ -23,6 +26,16 @@ class Rnic:
         self.table = StagTable()
         self._qp_nums = itertools.count(1)
         self.qps: dict[int, QueuePair] = {}
+        self.async_events = AsyncEventQueue()
+        """Asynchronous events of every QP and CQ of this RNIC (``ibv_get_async_event``)."""
+
+    async def get_async_event(self) -> AsyncEvent:
+        """Wait for the next asynchronous event (``ibv_get_async_event``)."""
+        return await self.async_events.get()
+
+    def poll_async_event(self) -> AsyncEvent | None:
+        """The next asynchronous event, or None at once when there is none."""
+        return self.async_events.poll()
 
     def alloc_pd(self) -> ProtectionDomain:
         """Allocate a protection domain (``ibv_alloc_pd``)."""
@@ -59,6 +72,7 @@ class Rnic:
             sq_sig_all=sq_sig_all,
             ird=min(ird, self.max_ird),
             ord=min(ord, self.max_ord),
+            async_events=self.async_events,
         )
         self.qps[qp.qp_num] = qp
         return qp

@@ -5,8 +5,10 @@
 applies every event to the QP; :meth:`produce` drains the QP's outbound messages into bytes
 to send.  Any :class:`ProtocolError` (the engine's DDP/RDMAP validation or the QP's
 protection checks) is answered with a Terminate that copies the offending ULPDU's headers
-(RFC 5040 §7.1), and the QP moves to ERROR.  The trio driver and the in-memory test pairs
-both use this class, so they behave identically.
+(RFC 5040 §7.1), and the QP moves to TERMINATE.  The peer's FIN is an orderly close of
+its half (DDP-13, :meth:`QueuePair.peer_closed`); :meth:`stream_closed` ends the stream
+(the QP reaches ERROR).  The trio driver and the in-memory test pairs both use this class,
+so they behave identically.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from stack.errors import IwarpError, ProtocolError
-from stack.rnic.qp import QueuePair
+from stack.rnic.qp import QpState, QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     RDMAP_EVENT_TYPES,
@@ -79,6 +81,8 @@ class QpEndpoint:
                     break
                 if isinstance(event, PeerClosed):
                     self.peer_closed = True
+                    self.closing = True
+                    self.qp.peer_closed()
                     return self._stop()
                 if isinstance(event, ConnectionFailed):
                     self.fail(event.error)
@@ -108,13 +112,20 @@ class QpEndpoint:
         return False
 
     def fail(self, exc: Exception, *, offending: bool = True) -> None:
-        """A local error: queue the Terminate, move the QP to ERROR, start closing."""
+        """A local error: queue the Terminate, move the QP to TERMINATE (ERROR when no
+        Terminate could be sent), start closing."""
         self.error = self.error or exc
         self.qp.terminate_pending = None
-        if isinstance(exc, ProtocolError):
+        protocol_error = exc if isinstance(exc, ProtocolError) else None
+        if protocol_error is not None:
             log.info("qp %d: %s", self.qp.qp_num, exc)
-            self.engine.send_terminate(exc, exc.ulpdu if offending else None)
-        self.qp.fatal(exc if isinstance(exc, ProtocolError) else None, send_terminate=False)
+            self.engine.send_terminate(protocol_error, protocol_error.ulpdu if offending else None)
+        self.qp.fatal(
+            protocol_error,
+            send_terminate=False,
+            terminate_sent=self.engine.terminate_sent,
+            detail=str(exc),
+        )
         self.closing = True
 
     def produce(self, limit: int = MAX_COALESCE) -> bytearray:
@@ -137,7 +148,14 @@ class QpEndpoint:
             self.feed(None)  # the responses went out: apply what waited for them
         return out
 
+    def stream_closed(self, error: Exception | None = None) -> None:
+        """The connection is gone (both halves closed, or lost): the QP enters ERROR."""
+        self.reading_done = True
+        self.qp.stream_closed(error)
+
     @property
     def wants_close(self) -> bool:
-        """True when everything queued is out and the connection should close."""
-        return (self.closing or self.qp.state.value == "closing") and not self.qp.has_outgoing
+        """True when everything queued and posted is out and our half should close (FIN)."""
+        qp = self.qp
+        closing = self.closing or qp.state is QpState.CLOSING
+        return closing and not qp.has_outgoing and not qp.has_pending

@@ -10,9 +10,10 @@ invalidatable; ``alloc_mr`` regions start invalid and are made valid by a ``REG_
 request (fast registration, SEC-05), invalidated by ``LOCAL_INV``, a Send with Invalidate
 (RDMAP-09) or a Read with Invalidate, and registered again with a new key.
 
-STags follow Linux siw's shape: a 24-bit index that starts at a random
-value, shifted left by 8, OR an 8-bit key that changes every time the index is reused,
-so STags are hard to predict and are reused slowly (SEC-08).
+STags follow Linux siw's shape: a 24-bit index shifted left by 8, OR an 8-bit key.  Both
+parts are unpredictable (SEC-08): the index is a free one drawn at random from the whole
+space by a cryptographic RNG, and an index that comes back gets a key different from its
+last one, so a just-freed STag is never handed out again as it was.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from stack.rnic.windows import MemoryWindow
 
 U64 = 1 << 64
+_INDEX_SPACE = 1 << 24  # STag indices are 24 bits (RFC 5040 §8.1.1(8) asks for them unguessable)
 _LE64 = struct.Struct("<Q")
 
 
@@ -336,28 +338,41 @@ def check_new_key(target: StagTarget, stag: int, what: str) -> None:
 
 
 class StagTable:
-    """STag allocation and lookup for one RNIC."""
+    """STag allocation and lookup for one RNIC (lookups are one dict access)."""
 
     def __init__(self) -> None:
-        self._next_index = secrets.randbelow(1 << 24)
-        self._keys: dict[int, int] = {}
+        self._keys: dict[int, int] = {}  # index -> the key it was last handed out with
         self._regions: dict[int, StagTarget] = {}
         self._in_use: set[int] = set()
 
     def register(self, mr: StagTarget) -> int:
-        """Give ``mr`` a fresh STag: next free index, that index's key advanced by one."""
-        for _ in range(1 << 24):
-            index = self._next_index
-            self._next_index = (index + 1) & 0xFFFFFF
-            if index == 0 or index in self._in_use:
-                continue
-            key = (self._keys.get(index, secrets.randbelow(256)) + 1) & 0xFF
-            self._keys[index] = key
-            self._in_use.add(index)
-            stag = (index << 8) | key
-            self._regions[stag] = mr
-            return stag
-        raise LocalError("STag space exhausted")  # pragma: no cover
+        """Give ``mr`` a fresh STag (SEC-08): a random free index and a random key, one that
+        differs from the key the index last had."""
+        index = self._random_free_index()
+        last = self._keys.get(index)
+        key = secrets.randbelow(256) if last is None else (last + 1 + secrets.randbelow(255)) & 0xFF
+        self._keys[index] = key
+        self._in_use.add(index)
+        stag = (index << 8) | key
+        self._regions[stag] = mr
+        return stag
+
+    def _random_free_index(self) -> int:
+        """A uniformly drawn index in 1..2^24-1 not in use (index 0 is never handed out)."""
+        for _ in range(64):  # a table at most half full misses 64 times in 2^-64 of draws
+            index = 1 + secrets.randbelow(_INDEX_SPACE - 1)
+            if index not in self._in_use:
+                return index
+        free = _INDEX_SPACE - 1 - len(self._in_use)
+        if free <= 0:
+            raise LocalError("STag space exhausted")
+        nth = secrets.randbelow(free)  # a crowded table: the nth free index, still uniform
+        for index in range(1, _INDEX_SPACE):
+            if index not in self._in_use:
+                if nth == 0:
+                    return index
+                nth -= 1
+        raise LocalError("STag space exhausted")  # pragma: no cover - counted above
 
     def unregister(self, mr: StagTarget) -> None:
         if self._regions.pop(mr.stag, None) is not None:

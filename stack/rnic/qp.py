@@ -16,7 +16,14 @@ Theory of operation.  A :class:`QueuePair` is a synchronous engine (no I/O):
   go in with :meth:`handle_event`.  Every protection check happens here, before any byte
   is placed (RFC 5042 §6.1-6.2, DDP-10); a failure raises a :class:`ProtocolError` carrying the
   Terminate cause, and the caller sends the Terminate and calls :meth:`fatal`, which moves
-  the QP to ERROR and flushes every outstanding WR (WR_FLUSH_ERR).
+  the QP to TERMINATE and flushes every outstanding WR (WR_FLUSH_ERR); a Terminate from the
+  peer does the same.  The QP reaches ERROR when the stream closes (:meth:`stream_closed`).
+* Orderly close (RFC 5040 §6.2, DDP-13): :meth:`close` (ours) keeps sending what was posted
+  before it, then the transport sends FIN; :meth:`peer_closed` (the peer's FIN) keeps what
+  arrived before it and sends what can still complete, and flushes, in submit order, the
+  WRs that needed an answer from the peer and every WR after them.  Both are CLOSING.
+* State changes that the application must hear of raise asynchronous events
+  (:mod:`stack.rnic.events`) on the RNIC's queue, naming the QP and the Terminate's cause.
 * Inbound Read Requests and Atomic Requests occupy an IRD slot until their response has been
   drained by the transport; one more than IRD is a Terminate 0/2/0x07 (SEC-10).
 """
@@ -38,10 +45,12 @@ from stack.constants import (
     TERM_RDMAP_CATASTROPHIC,
     TERM_RDMAP_CATASTROPHIC_STREAM,
     AtomicOpcode,
+    TermCode,
     TermLayer,
 )
 from stack.errors import DdpError, LocalError, ProtocolError, RdmapError
 from stack.rnic.cq import CompletionQueue, CqOverflow
+from stack.rnic.events import AsyncEvent, AsyncEventQueue, AsyncEventType, event_type_for_cause
 from stack.rnic.memory import (
     DDP_TAGGED_CODES,
     RDMAP_REMOTE_CODES,
@@ -106,13 +115,24 @@ MAX_SNAPSHOT_BYTES = 4 << 20
 
 
 class QpState(Enum):
-    """RDMAP stream states (RFC 5040 §6), as a QP reports them."""
+    """RDMAP stream states (RFC 5040 §6), as a QP reports them.
+
+    IDLE until the stream is established, RTS in RDMA mode, CLOSING during an orderly close
+    (ours or the peer's FIN), TERMINATE once a Terminate was sent or received (no more WRs
+    are processed; posted ones are flushed), ERROR when the stream has closed after a
+    Terminate, an abortive loss or an orderly close.  As ``IBV_QPS_*``: INIT, RTS, SQD, SQE,
+    ERR (the mapping Linux siw reports).
+    """
 
     IDLE = "idle"
     RTS = "rts"
     CLOSING = "closing"
     TERMINATE = "terminate"
     ERROR = "error"
+
+
+_SENDING = (QpState.RTS, QpState.CLOSING)  # states in which the send queue is processed
+_FAILED = (QpState.TERMINATE, QpState.ERROR)  # states in which posted WRs are flushed
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +185,9 @@ class _SqEntry:
 @dataclass(slots=True)
 class _OutItem:
     message: RdmapMessage
-    entry: _SqEntry | None = None
+    entry: _SqEntry | None = None  # the WR this message completes (Sends, Writes)
     inbound_response: bool = False
+    request: _SqEntry | None = None  # the WR of a Read or Atomic Request
 
 
 @dataclass(slots=True)
@@ -210,6 +231,7 @@ class QueuePair:
         sq_sig_all: bool = False,
         ird: int = 16,
         ord: int = 16,
+        async_events: AsyncEventQueue | None = None,
     ) -> None:
         self.pd = pd
         pd.streams.add(self)
@@ -242,7 +264,13 @@ class QueuePair:
         self.terminate_pending: ProtocolError | None = None
         """A local error the transport must still send a Terminate for."""
         self.on_output: Callable[[], None] | None = None
-        """Called when the outbound queue becomes non-empty (the transport's wake-up)."""
+        """Called when the outbound queue becomes non-empty, or a closing send queue has
+        drained (the transport's wake-up)."""
+        self.async_events = async_events
+        """Where this QP's asynchronous events go (its RNIC's queue; None: nowhere)."""
+        self._peer_closed = False  # the peer's FIN arrived: nothing more will be received
+        self._drained_reported = False
+        self._last_wqe_reported = False
 
     # ------------------------------------------------------------------ state
     def __repr__(self) -> str:
@@ -264,7 +292,7 @@ class QueuePair:
         """The connection's own Read (the RTR) was answered: its ORD credit is free."""
         if self.ord_reserved:
             self.ord_reserved -= 1
-            if self.state is QpState.RTS:
+            if self.state in _SENDING:
                 self._progress_sq()
 
     # ------------------------------------------------------------------ posting
@@ -276,7 +304,7 @@ class QueuePair:
         for one in wrs:
             if len(one.sg_list) > self.cap.max_recv_sge:
                 raise LocalError(f"receive WR {one.wr_id} has more than max_recv_sge SGEs")
-        if self.state is QpState.ERROR:
+        if self.state in _FAILED or self._peer_closed:
             for one in wrs:
                 self._complete_recv(one, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
             return
@@ -294,12 +322,12 @@ class QueuePair:
                 size = len(one.inline_data or b"") or sum(s.length for s in one.sg_list)
                 if size > self.cap.max_inline_data:
                     raise LocalError(f"inline data of WR {one.wr_id} exceeds max_inline_data")
-        if self.state is QpState.ERROR:
+        if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
             for one in wrs:
                 self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
             return
-        if self.state in (QpState.CLOSING, QpState.TERMINATE):
-            raise LocalError(f"QP {self.qp_num} is {self.state.value}: no new work requests")
+        if self.state is QpState.CLOSING:
+            raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
         for one in wrs:
@@ -322,7 +350,7 @@ class QueuePair:
     # ------------------------------------------------------------------ SQ engine
     def _progress_sq(self) -> None:
         """Turn pending WRs into outbound messages, in order, honouring ORD and fences."""
-        while self._pending and self.state is QpState.RTS:
+        while self._pending and self.state in _SENDING:
             entry = self._pending[0]
             wr = entry.wr
             if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
@@ -417,7 +445,9 @@ class QueuePair:
         entry.messages_left = len(msgs) if completes else 0
         was_empty = not self._out
         for msg in msgs:
-            self._out.append(_OutItem(msg, entry if completes else None))
+            self._out.append(
+                _OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry)
+            )
         if was_empty and self.on_output is not None:
             self.on_output()
 
@@ -508,7 +538,7 @@ class QueuePair:
     def handle_event(self, event: RdmapEvent) -> None:
         """Apply one inbound RDMAP event.  Raises ProtocolError (with Terminate cause), which
         names the event's ULPDU (``ulpdu``) for the Terminate's header copies."""
-        if self.state is QpState.ERROR:
+        if self.state in _FAILED:
             return
         if self._lazy and type(event) is not ReadRequestReceived:
             self._snapshot_reads()
@@ -679,7 +709,8 @@ class QueuePair:
         try:
             cq.push(wc)
         except CqOverflow as exc:
-            if self.state is not QpState.ERROR:
+            if self.state not in _FAILED:
+                self._raise_event(AsyncEventType.CQ_ERR, cq=cq, detail=str(exc))
                 self.fatal(
                     RdmapError("SEC-09", str(exc), TERM_RDMAP_CATASTROPHIC_STREAM),
                     send_terminate=True,
@@ -692,6 +723,8 @@ class QueuePair:
             signalled = self.sq_sig_all or entry.flags & _SIGNALED
             if signalled or entry.status is not WcStatus.SUCCESS:
                 self._push_wc(self.send_cq, self._wc(entry, entry.status))
+        if self.state is QpState.CLOSING and not self._inflight and not self._pending:
+            self._sq_drained()
 
     def _complete_recv(
         self,
@@ -708,20 +741,55 @@ class QueuePair:
         self._push_wc(self.recv_cq, wc)
 
     # ------------------------------------------------------------------ errors
-    def fatal(self, error: ProtocolError | None, *, send_terminate: bool) -> None:
-        """Enter ERROR: record ``error``, fail the WR it hit, flush every other WR.
+    def fatal(
+        self,
+        error: ProtocolError | None,
+        *,
+        send_terminate: bool,
+        terminate_sent: bool = False,
+        detail: str = "",
+    ) -> None:
+        """The stream failed: record ``error``, fail the WR it hit, flush every other WR.
 
         With ``send_terminate`` the transport is expected to send a Terminate for
         ``error`` (it has the offending ULPDU to copy headers from); the QP itself only
-        records the error.
+        records the error.  A Terminate sent (``send_terminate``, ``terminate_sent``) or
+        received (:attr:`peer_terminate`) puts the QP in TERMINATE until the stream closes
+        (RFC 5040 §6.2.1); a failure without one in ERROR at once.  Either way the
+        application hears of it as an asynchronous event (:mod:`stack.rnic.events`).
         """
-        if self.state is QpState.ERROR:
+        self._fail(error, send_terminate, terminate_sent, detail, report=True)
+
+    def _fail(
+        self,
+        error: ProtocolError | None,
+        send_terminate: bool,
+        terminate_sent: bool,
+        detail: str,
+        *,
+        report: bool,
+    ) -> None:
+        if self.state in _FAILED:
             return
-        self.state = QpState.ERROR
         if error is not None and self.error is None:
             self.error = error
         if send_terminate and error is not None:
             self.terminate_pending = error
+        remote = self.peer_terminate is not None
+        terminated = remote or (error is not None and (send_terminate or terminate_sent))
+        self.state = QpState.TERMINATE if terminated else QpState.ERROR
+        if self.peer_terminate is not None:
+            cause: TermCode | None = self.peer_terminate.cause
+        else:
+            cause = error.term if error is not None else None
+        if report:
+            self._raise_event(
+                event_type_for_cause(cause),
+                cause=cause,
+                remote=remote,
+                error=error,
+                detail=detail or (str(error) if error is not None else ""),
+            )
         remote_status = _status_for_terminate(self.peer_terminate)
         self._out.clear()
         self._lazy.clear()
@@ -745,6 +813,11 @@ class QueuePair:
         self._pending.clear()
         self._requests.reads.clear()
         self._requests.atomics.clear()
+        self._flush_receives()
+        self._last_wqe()
+
+    def _flush_receives(self) -> None:
+        """Flush the receive in progress and every posted receive (not an SRQ's: shared)."""
         if self._recv is not None:
             self._complete_recv(self._recv.wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
             self._recv = None
@@ -752,9 +825,96 @@ class QueuePair:
             self._complete_recv(self._rq.popleft(), WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
 
     def close(self) -> None:
-        """Graceful close requested by the ULP: no new WRs; the transport sends FIN."""
+        """Orderly close requested by the ULP (RFC 5040 §6.2, DDP-13): no new WRs; what was
+        posted before is still sent, then the transport sends FIN (:attr:`has_pending`)."""
         if self.state is QpState.RTS:
             self.state = QpState.CLOSING
+            self._progress_sq()
+            if not self._inflight and not self._pending:
+                self._sq_drained()
+
+    def peer_closed(self) -> None:
+        """The peer closed its half (FIN, DDP-13): everything it sent before is applied
+        already; nothing more will arrive.
+
+        The QP enters CLOSING.  Queued Read Responses and Sends and Writes still go out (the
+        other direction keeps working).  A Read or atomic awaiting its answer can never
+        complete: it and every WR posted after it complete with WR_FLUSH_ERR, in submit
+        order (RFC 5040 §5.5), and so do the posted receives.
+        """
+        self._peer_closed = True
+        if self.state in _FAILED:
+            return
+        if self.state in (QpState.IDLE, QpState.RTS):
+            self.state = QpState.CLOSING
+        self._flush_receives()
+        entries = list(self._inflight) + list(self._pending)
+        first = next(
+            (i for i, e in enumerate(entries) if not e.done and e.wr.opcode in _NEEDS_ORD), None
+        )
+        if first is not None:
+            doomed = entries[first:]
+            ids = {id(e) for e in doomed}
+            self._out = deque(
+                item
+                for item in self._out
+                if id(item.entry or item.request) not in ids or item.inbound_response
+            )
+            for entry in doomed:
+                entry.status, entry.done = WcStatus.WR_FLUSH_ERR, True
+            self._inflight.extend(self._pending)
+            self._pending.clear()
+            self._requests.reads.clear()
+            self._requests.atomics.clear()
+        self._reap_sq()
+
+    def stream_closed(self, error: Exception | None = None) -> None:
+        """The LLP stream is gone (RFC 5040 §6.2): enter ERROR and flush what is left.
+
+        After a Terminate or an orderly close this is the last step and raises no error
+        event; a stream lost while in RTS (``error``: why) raises ``QP_FATAL``."""
+        if self.state is QpState.ERROR:
+            return
+        if self.state is QpState.TERMINATE:
+            self.state = QpState.ERROR
+            return
+        lost = self.state is QpState.RTS and error is not None
+        self._fail(None, False, False, f"stream lost: {error}", report=lost)
+
+    @property
+    def has_pending(self) -> bool:
+        """Posted send WRs not yet turned into messages (ORD or a fence holds them)."""
+        return bool(self._pending)
+
+    # ------------------------------------------------------------------ events
+    def _raise_event(
+        self,
+        event_type: AsyncEventType,
+        *,
+        cq: CompletionQueue | None = None,
+        cause: TermCode | None = None,
+        remote: bool = False,
+        error: Exception | None = None,
+        detail: str = "",
+    ) -> None:
+        if self.async_events is not None:
+            self.async_events.post(
+                AsyncEvent(event_type, self, self.qp_num, cq, cause, remote, error, detail)
+            )
+
+    def _sq_drained(self) -> None:
+        """A closing QP has nothing left to send: SQ_DRAINED, and wake the transport."""
+        if not self._drained_reported:
+            self._drained_reported = True
+            self._raise_event(AsyncEventType.SQ_DRAINED)
+            if self.on_output is not None:
+                self.on_output()
+
+    def _last_wqe(self) -> None:
+        """A QP with an SRQ takes no more receives from it: QP_LAST_WQE_REACHED, once."""
+        if self.srq is not None and not self._last_wqe_reported:
+            self._last_wqe_reported = True
+            self._raise_event(AsyncEventType.QP_LAST_WQE_REACHED)
 
 
 class _LocalWrError(Exception):

@@ -5,10 +5,14 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
 * The *reader* task receives bytes, feeds the engine, and applies every RDMAP event to the
   QP.  A :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's
   protection checks) makes the connection send a Terminate with the offending ULPDU's
-  headers (RFC 5040 §7.1), move the QP to ERROR and close gracefully (RDMAP-15).
+  headers (RFC 5040 §7.1), move the QP to TERMINATE and close gracefully (RDMAP-15).
 * The *writer* task sleeps until the QP has outbound messages (or the engine has bytes),
   then drains everything available into one buffer and sends it with one ``send_all``:
   many small FPDUs are coalesced into few socket writes.
+* Orderly close (RFC 5040 §6.2, DDP-13): :meth:`RdmaConnection.disconnect` sends every WR
+  posted before it, then FIN, and keeps reading until the peer's FIN; the peer's FIN first
+  lets what can still complete go out (:meth:`QueuePair.peer_closed`), then FIN.  When the
+  stream is gone the QP enters ERROR (from CLOSING, or from TERMINATE after a Terminate).
 * The optional capture tap records both directions exactly as they crossed the socket.
 """
 
@@ -21,7 +25,7 @@ from typing import Protocol
 import trio
 
 from stack.rnic.endpoint import QpEndpoint
-from stack.rnic.qp import QpState, QueuePair
+from stack.rnic.qp import QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     Negotiated,
@@ -60,7 +64,8 @@ class RdmaConnection:
         self._wake = trio.Event()
         self._reader_done = trio.Event()
         self._drained = trio.Event()
-        self._closing = False
+        self._closing = False  # reading is over: flush what is queued, FIN, tear down
+        self._disconnecting = False  # the ULP asked for an orderly close
         self.on_closed: Callable[[RdmaConnection], None] | None = None
         self.endpoint = QpEndpoint(engine, qp)
         qp.on_output = self._kick
@@ -72,6 +77,8 @@ class RdmaConnection:
     async def run(self) -> None:
         """Pump until the connection ends (run it in a nursery)."""
         self.qp.set_rts()
+        if self._disconnecting:  # disconnect() came before the pumps started
+            self.qp.close()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -89,8 +96,7 @@ class RdmaConnection:
             await self._finish()
 
     async def _finish(self) -> None:
-        if self.qp.state is not QpState.ERROR:
-            self.qp.fatal(None, send_terminate=False)
+        self.endpoint.stream_closed(None if self.peer_closed else self.error)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self.stream)
         close_tap = getattr(self.tap, "close", None)
@@ -106,11 +112,12 @@ class RdmaConnection:
         self.on_closed = None
 
     async def disconnect(self) -> None:
-        """Graceful close (``rdma_disconnect``): flush queued messages, send FIN, flush WRs."""
-        if self._closing:
+        """Orderly close (``rdma_disconnect``): send every WR posted before, then FIN; read
+        until the peer's FIN (answers to our Reads still complete); flush what is left."""
+        if self._closing or self._disconnecting:
             await self.closed.wait()
             return
-        self._closing = True
+        self._disconnecting = True
         self.qp.close()
         self._kick()
         await self.closed.wait()
@@ -180,7 +187,10 @@ class RdmaConnection:
                     self.error = self.error or exc
                     self._nursery.cancel_scope.cancel()
                     return
-            if (self._closing or self.endpoint.wants_close) and not self.qp.has_outgoing:
+            # FIN once everything queued and posted is out (an orderly close, ours or the
+            # peer's), or at once when reading failed (the stream is lost, nothing to keep).
+            lost = self._closing and not self.endpoint.reading_done
+            if lost or self.endpoint.wants_close:
                 try:
                     await self.stream.send_eof()  # type: ignore[attr-defined]
                 except (

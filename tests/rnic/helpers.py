@@ -19,6 +19,8 @@ from stack.wire.events import (
     RequestReceived,
     Role,
 )
+from stack.wire.framing import FpduDeframer
+from stack.wire.rdmap import decode_ulpdu
 
 
 @dataclass
@@ -114,6 +116,13 @@ class Pair:
             dst.endpoint.feed(data)
         return len(data)
 
+    def close_streams(self) -> None:
+        """Both TCP halves are gone (what the driver reports when a connection ends): each
+        QP leaves TERMINATE or CLOSING for ERROR."""
+        for side in (self.a, self.b):
+            assert side.endpoint is not None
+            side.endpoint.stream_closed()
+
     def pump(self, rounds: int = 10_000) -> None:
         """Exchange bytes until both sides are quiet."""
         for _ in range(rounds):
@@ -144,3 +153,10 @@ class SharedResponder(Pair):
         cq: CompletionQueue = rnic.create_cq(cq_capacity)
         qp = rnic.create_qp(pd, cq, **qp_kw)
         return Side(rnic, pd, cq, qp, IwarpConnection(role, settings or MpaSettings()))
+
+
+def opcodes(wire: bytes) -> list[int]:
+    """The RDMAP opcodes of the FPDUs in ``wire`` (CRC on, no markers: the pair default)."""
+    deframer = FpduDeframer(crc=True, markers=False)
+    deframer.feed(wire)
+    return [decode_ulpdu(u).opcode for u in deframer]

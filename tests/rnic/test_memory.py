@@ -9,6 +9,7 @@ import pytest
 
 from stack.errors import LocalError
 from stack.rnic import Access, Rnic, SendWR, WrOpcode
+from stack.rnic.memory import StagTable
 from tests.rnic.helpers import Pair
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
@@ -65,6 +66,38 @@ def test_sec_08_stags_are_unique_and_rekeyed_on_reuse() -> None:
     key_steps = [(b - a) & 0xFF for a, b in zip(stags, stags[1:], strict=False)]
     assert max(key_steps.count(step) for step in set(key_steps)) < 20
     assert len({s & 0xFF for s in stags}) > 64
+
+
+def test_sec_08_indices_are_random_not_sequential() -> None:
+    """The 24-bit index is drawn at random too: successive indices share no step (a
+    sequential allocator has step 1 every time) and spread over the whole space."""
+    pd = Rnic().alloc_pd()
+    indices = [pd.reg_mr(bytearray(8)).stag >> 8 for _ in range(200)]
+    steps = [(b - a) & 0xFFFFFF for a, b in zip(indices, indices[1:], strict=False)]
+    assert max(steps.count(step) for step in set(steps)) < 5
+    assert 0 not in indices
+    # 200 uniform draws from 2^24 land in most of 16 equal slices of the space
+    assert len({i >> 20 for i in indices}) >= 12
+
+
+def test_sec_08_a_freed_stag_is_not_handed_out_again_as_it_was() -> None:
+    """Deregister and register again: never the STag just freed, even when the same index
+    comes back (its key then differs from the last one)."""
+    pd = Rnic().alloc_pd()
+    for _ in range(300):
+        mr = pd.reg_mr(bytearray(8))
+        freed = mr.stag
+        mr.dereg()
+        assert pd.reg_mr(bytearray(8)).stag != freed
+    table = StagTable()
+    table._random_free_index = lambda: 0x123456  # type: ignore[method-assign]
+    mr = pd.reg_mr(bytearray(8))
+    last = table.register(mr)
+    for _ in range(300):
+        table._in_use.discard(last >> 8)  # as unregister does
+        stag = table.register(mr)
+        assert stag >> 8 == 0x123456 and stag != last
+        last = stag
 
 
 def test_sec_06_deregistered_stag_no_longer_reachable() -> None:

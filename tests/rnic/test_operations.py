@@ -121,6 +121,8 @@ def test_rdmap_09_send_with_invalidate_of_foreign_stag_terminates() -> None:
     assert foreign.valid
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == (0, 1, 0x09)
+    assert p.b.qp.state is QpState.TERMINATE and p.a.qp.state is QpState.TERMINATE
+    p.close_streams()  # RFC 5040 §6.2.1: ERROR once the stream has closed
     assert p.b.qp.state is QpState.ERROR and p.a.qp.state is QpState.ERROR
 
 
@@ -418,8 +420,10 @@ def test_sec_09_cq_overflow_errors_only_that_qp() -> None:
     for i in range(3):
         p.a.qp.post_send(SendWR(i, WrOpcode.SEND, inline_data=b"x", send_flags=SendFlags.NONE))
     p.pump()
-    assert p.b.qp.state is QpState.ERROR
+    assert p.b.qp.state is QpState.TERMINATE
     assert p.a.qp.peer_terminate is not None
+    p.close_streams()
+    assert p.b.qp.state is QpState.ERROR
 
 
 def test_post_send_after_error_flushes() -> None:
@@ -438,6 +442,8 @@ def test_local_protection_error_on_bad_lkey() -> None:
     p.pump()
     (wc,) = p.a.cq.poll()
     assert wc.status is WcStatus.LOC_PROT_ERR
+    assert p.a.qp.state is QpState.TERMINATE
+    p.close_streams()
     assert p.a.qp.state is QpState.ERROR
 
 

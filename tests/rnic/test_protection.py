@@ -59,13 +59,13 @@ def _target(p: Pair, case: str):
 
 
 def _assert_aftermath(p: Pair, mr, cause, statuses: list[WcStatus]) -> object:
-    """Memory untouched, both QPs in ERROR, the Terminate, and the requester's completions.
+    """Memory untouched, both QPs in TERMINATE, the Terminate, and the requester's completions.
 
     A Write completes successfully once handed to the LLP (RFC 5040 §5.5 rule 14), so only
     WRs still waiting for the peer fail; later posts are flushed at once.
     """
     assert bytes(mr.buf) == b"\x5a" * 64, "target memory changed"
-    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
+    assert p.a.qp.state is QpState.TERMINATE and p.b.qp.state is QpState.TERMINATE
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == cause
     assert [wc.status for wc in p.a.cq.poll()] == statuses
@@ -73,6 +73,8 @@ def _assert_aftermath(p: Pair, mr, cause, statuses: list[WcStatus]) -> object:
     assert [wc.status for wc in p.a.cq.poll()] == [WcStatus.WR_FLUSH_ERR]
     (rwc,) = p.b.cq.poll()
     assert rwc.status is WcStatus.WR_FLUSH_ERR
+    p.close_streams()  # ERROR once the stream has closed (RFC 5040 §6.2.1)
+    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
     return term
 
 

@@ -33,23 +33,14 @@ from stack.rnic import (
 )
 from stack.rnic.memory import MemoryRegion
 from stack.wire.events import AtomicResponse, PeerClosed, RdmaWrite
-from stack.wire.framing import FpduDeframer
-from stack.wire.rdmap import decode_ulpdu
 from stack.wire.stream import RdmapStream
-from tests.rnic.helpers import Pair, SharedResponder
+from tests.rnic.helpers import Pair, SharedResponder, opcodes
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 RR = Access.LOCAL_WRITE | Access.REMOTE_READ
 RA = Access.LOCAL_WRITE | Access.REMOTE_ATOMIC
 ALL = RW | RR | RA
 _LE64 = struct.Struct("<Q")
-
-
-def opcodes(wire: bytes) -> list[int]:
-    """The RDMAP opcodes of the FPDUs in ``wire`` (CRC on, no markers: the pair default)."""
-    deframer = FpduDeframer(crc=True, markers=False)
-    deframer.feed(wire)
-    return [decode_ulpdu(u).opcode for u in deframer]
 
 
 def fetch_add(wr_id: int, p: Pair, result: MemoryRegion, word: MemoryRegion, add: int = 1):
@@ -235,7 +226,7 @@ def test_ext_10_atomics_take_ird_slots_like_reads(kinds: str) -> None:
     p.pump()
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == (0, 2, 0x07)
-    assert p.b.qp.state is QpState.ERROR
+    assert p.b.qp.state is QpState.TERMINATE
 
 
 def test_ext_10_atomics_count_against_ord_at_the_requester() -> None:
@@ -275,7 +266,7 @@ def test_ext_10_an_atomic_response_needs_an_outstanding_atomic() -> None:
     p = Pair()
     p.a.engine.send_message(AtomicResponse(1, 0x29))  # b has no atomic outstanding
     p.pump()
-    assert p.b.qp.state is QpState.ERROR
+    assert p.b.qp.state is QpState.TERMINATE
     assert p.b.qp.error is not None and p.b.qp.error.term == (0, 2, 0x07)
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == (0, 2, 0x07)
@@ -374,15 +365,21 @@ def test_ddp_13_fin_is_reported_and_later_data_is_an_error() -> None:
 
 
 def test_ddp_13_half_close_keeps_the_other_direction_working() -> None:
-    """The peer's FIN ends reading only: the stream still sends on the ULP's request."""
+    """The peer's FIN ends reading only: what was posted before it still goes out and
+    completes.  The QP is CLOSING (RFC 5040 §6.2): no new WRs, FIN once all is sent."""
     p = Pair()
     assert p.a.endpoint is not None and p.b.endpoint is not None
-    assert p.a.endpoint.feed(b"") is False  # the responder closed its sending half
-    assert p.a.endpoint.peer_closed and p.a.qp.state is QpState.RTS
     target = p.b.mr(8, RW)
-    p.a.qp.post_send(write(1, b"goodbye!", target))
+    p.a.qp.post_send(write(1, b"goodbye!", target))  # queued, not handed to TCP yet
+    assert p.a.endpoint.feed(b"") is False  # the responder closed its sending half
+    assert p.a.endpoint.peer_closed and p.a.qp.state is QpState.CLOSING
+    assert not p.a.endpoint.wants_close  # the Write is still to go
+    with pytest.raises(LocalError):
+        p.a.qp.post_send(write(2, b"too late", target))
     p.b.endpoint.feed(bytes(p.a.endpoint.produce()))
     assert bytes(target.buf) == b"goodbye!" and p.b.qp.state is QpState.RTS
+    assert [(wc.wr_id, wc.status) for wc in p.a.cq.poll()] == [(1, WcStatus.SUCCESS)]
+    assert p.a.endpoint.wants_close
 
 
 def test_ddp_13_invalid_ddp_header_is_fatal_but_the_terminate_still_goes_out() -> None:
@@ -604,12 +601,14 @@ def test_sec_15_invalid_stag_use_reaches_the_ulp_and_ends_the_stream() -> None:
     error = p.b.qp.error
     assert isinstance(error, DdpError) and error.term == TERM_DDP_T_INVALID_STAG
     assert [(wc.wr_id, wc.status) for wc in p.b.cq.poll()] == [(5, WcStatus.WR_FLUSH_ERR)]
-    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
+    assert p.a.qp.state is QpState.TERMINATE and p.b.qp.state is QpState.TERMINATE
     term = p.a.qp.peer_terminate
     assert term is not None and term.cause == TERM_DDP_T_INVALID_STAG
     p.a.qp.post_send(write(2, b"again!!!", target))
     assert [wc.status for wc in p.a.cq.poll()][-1] is WcStatus.WR_FLUSH_ERR
     assert bytes(target.buf) == bytes(8)
+    p.close_streams()
+    assert p.a.qp.state is QpState.ERROR and p.b.qp.state is QpState.ERROR
 
 
 # ======================================================================================
