@@ -38,6 +38,7 @@ from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
 from stack.cli import CliError, address, one_line_errors, port_number, trio_run
+from stack.cli.capture import CAPTURE_HELP
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
@@ -167,6 +168,12 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     _add_mpa_arguments(parser, True, "requested by the client; default on")
     parser.add_argument("--lat", action="store_true", help="latency test (perftest's *_lat)")
     parser.add_argument(
+        "-w",
+        dest="capture",
+        metavar="FILE",
+        help=CAPTURE_HELP,
+    )
+    parser.add_argument(
         "--baseline",
         action="store_true",
         help="also run the same exchange over raw trio TCP and over blocking sockets, "
@@ -263,6 +270,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         latency=args.lat,
         baseline=args.baseline,
         cpu=args.cpu,
+        capture=args.capture,
         mode=mode,
         host=host,
         port=port,

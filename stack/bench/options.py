@@ -50,7 +50,8 @@ class BenchOptions:
     Fields: test (write/read/send/atomic); sizes; iters (None: default per size) or duration
     (seconds); num_qps; post_list; cq_mod; tx_depth; rx_depth (server receives for Send,
     None: enough for two full TCP reads of the smallest Sends); crc; markers; emss (None:
-    the stack's default); latency; baseline; cpu (CPU time per message columns); mode
+    the stack's default); latency; baseline; cpu (CPU time per message columns); capture
+    (-w FILE: the client's pcap); mode
     ("spawn", "in-process" or "connect");
     host, port (connect mode); progress (report on stderr).
     """
@@ -70,6 +71,8 @@ class BenchOptions:
     latency: bool = False
     baseline: bool = False
     cpu: bool = False
+    capture: str | None = None
+    """``-w FILE``: the client's capture of every connection (pcap)."""
     mode: str = "spawn"
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT

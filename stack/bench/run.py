@@ -43,6 +43,7 @@ from stack.bench.report import (
 )
 from stack.bench.results import BwResult, CpuCost, IdleResult, LatResult
 from stack.bench.server import BenchServer
+from stack.cli.capture import capturing_manager
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager
 from stack.wire.events import Negotiated
@@ -141,7 +142,7 @@ async def run_benchmark(
         emss=opts.emss,
     ) as (host, port, layout):
         record.layout = layout
-        async with ConnectionManager.open(Rnic("bench-client")) as cm:
+        async with capturing_manager(Rnic("bench-client"), opts.capture) as cm:
             client = Client(cm, host, port)
             tx_depth = 1 if opts.latency else opts.tx_depth
             printed = shared = False

@@ -30,9 +30,10 @@ from stack.cli import (
     positive_seconds,
     trio_run,
 )
+from stack.cli.capture import CAPTURE_HELP, capturing_manager
 from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpCap, QueuePair
-from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected
+from stack.transport.cm import ConnectFailed, ConnectRejected
 from stack.transport.driver import RdmaConnection
 
 RDMA_EXAMPLES_PORT = 7471
@@ -74,7 +75,7 @@ async def rdma_server(args: argparse.Namespace) -> int:
     side = _Side("rdma_server")
     qp = side.qp(1)
     _mr, recv_sge = side.buffer(MESSAGE_LEN)
-    async with ConnectionManager.open(side.rnic) as cm:
+    async with capturing_manager(side.rnic, args.capture) as cm:
         listener = await cm.listen(args.bind or "0.0.0.0", args.port)
         request = await listener.get_request()
         qp.post_recv(RecvWR(1, (recv_sge,)))
@@ -99,7 +100,7 @@ async def rdma_client(args: argparse.Namespace) -> int:
     qp = side.qp(1)
     _mr, recv_sge = side.buffer(MESSAGE_LEN)
     qp.post_recv(RecvWR(1, (recv_sge,)))
-    async with ConnectionManager.open(side.rnic) as cm:
+    async with capturing_manager(side.rnic, args.capture) as cm:
         try:
             conn = await cm.connect(args.server, args.port, qp, first_fpdu_delay=SIW_RACE_DELAY)
         except (ConnectFailed, ConnectRejected, OSError) as exc:
@@ -150,7 +151,7 @@ async def cmatose(args: argparse.Namespace) -> int:
     try:
         if args.server is None:
             print("cmatose: starting server", flush=True)
-            async with ConnectionManager.open(side.rnic) as cm:
+            async with capturing_manager(side.rnic, args.capture) as cm:
                 listener = await cm.listen(args.bind or "0.0.0.0", args.port)
                 conns: list[RdmaConnection] = []
                 qps = []
@@ -168,7 +169,7 @@ async def cmatose(args: argparse.Namespace) -> int:
                 print("disconnected", flush=True)
         else:
             print("cmatose: starting client", flush=True)
-            async with ConnectionManager.open(side.rnic) as cm:
+            async with capturing_manager(side.rnic, args.capture) as cm:
                 print("cmatose: connecting", flush=True)
                 conns = []
                 qps = []
@@ -228,6 +229,7 @@ def register(subparsers: Any) -> None:
     common.add_argument(
         "--timeout", type=positive_seconds, default=30.0, help="seconds to wait (default 30)"
     )
+    common.add_argument("-w", dest="capture", metavar="FILE", help=CAPTURE_HELP)
 
     p = subparsers.add_parser("rdma-server", parents=[common], help="librdmacm rdma_server peer")
     p.add_argument("-s", dest="bind", type=address, help="address to bind (default all)")

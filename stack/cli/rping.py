@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import struct
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -35,9 +33,9 @@ from stack.cli import (
     seconds,
     trio_run,
 )
+from stack.cli.capture import CAPTURE_HELP, capturing_manager
 from stack.constants import MPA_MAX_PRIVATE_DATA, RtrType
 from stack.errors import IwarpError
-from stack.pcap import PcapWriter
 from stack.rnic import (
     Access,
     RecvWR,
@@ -53,9 +51,8 @@ from stack.rnic.cq import CompletionQueue
 from stack.rnic.endpoint import PeerTerminated
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.qp import QueuePair
-from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRejected, ConnectRequest
+from stack.transport.cm import ConnectFailed, ConnectRejected, ConnectRequest
 from stack.transport.driver import RdmaConnection
-from stack.transport.tap import pcap_tap_factory
 from stack.wire.events import CrcPolicy, MpaSettings
 
 RDMA_INFO = struct.Struct(">QII")
@@ -196,23 +193,10 @@ def settings_from(args: argparse.Namespace) -> MpaSettings:
     return MpaSettings(**kwargs)
 
 
-@asynccontextmanager
-async def _manager(rnic: Rnic, args: argparse.Namespace) -> AsyncIterator[ConnectionManager]:
-    """The connection manager, recording every connection to ``-w FILE`` if given."""
-    path = getattr(args, "capture", None)
-    if path is None:
-        async with ConnectionManager.open(rnic) as cm:
-            yield cm
-        return
-    with PcapWriter(path) as writer:
-        async with ConnectionManager.open(rnic, tap_factory=pcap_tap_factory(writer)) as cm:
-            yield cm
-
-
 async def run_server(args: argparse.Namespace) -> int:
     debug = Debug(args.debug)
     rnic = Rnic("rping")
-    async with _manager(rnic, args) as cm:
+    async with capturing_manager(rnic, args.capture) as cm:
         listener = await cm.listen(args.addr or "0.0.0.0", args.port, settings=settings_from(args))
         debug("rdma_bind_addr successful")
         debug(f"rping: listening on port {listener.port}")
@@ -310,7 +294,7 @@ async def _server_loop(
 async def run_client(args: argparse.Namespace) -> int:
     debug = Debug(args.debug)
     ep = Endpoint(args.size)
-    async with _manager(ep.rnic, args) as cm:
+    async with capturing_manager(ep.rnic, args.capture) as cm:
         try:
             with trio.fail_after(args.timeout):
                 conn = await cm.connect(
@@ -454,7 +438,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-V", dest="validate", action="store_true", help="validate ping data")
     p.add_argument("-d", dest="debug", action="store_true",
                    help="debug output, the negotiated MPA and Terminates (stderr)")  # fmt: skip
-    p.add_argument("-w", dest="capture", metavar="FILE", help="write our side's capture (pcap)")
+    p.add_argument("-w", dest="capture", metavar="FILE", help=CAPTURE_HELP)
     p.add_argument(
         "--mpa-rev", type=int, choices=(1, 2), default=2, help="MPA revision (default 2)"
     )

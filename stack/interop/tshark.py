@@ -117,7 +117,7 @@ def compare(mine: dict[str, Any], theirs: dict[str, Any], crc_on: bool) -> None:
         (check,) = t["f"]["iwarp_mpa.crc_check"]
         good = "Good CRC32" in check.get("showname", "")
         assert good is mine["crc_ok"], where
-        # tshark shows the big-endian reading of the LSB-first wire bytes (tshark.md)
+        # tshark shows the big-endian reading of the LSB-first wire bytes (tshark 4.0.17)
         assert int(check.get("show"), 16) == int.from_bytes(
             mine["_crc_field"].to_bytes(4, "little"), "big"
         ), where
@@ -196,14 +196,14 @@ def _compare_terminate(mine: dict[str, Any], t: dict[str, Any], where: str) -> N
         assert seg_len is not None and int(seg_len, 16) == mine["term_ddp_seg_len"], where
         copied = field_hex(t, "iwarp_rdma.term_ddp_h")
         if (mine["term_layer"], mine["term_etype"]) == (0, 1):
-            # tshark sizes the copied header by EType 1 = "tagged": 14 bytes (tshark.md)
+            # tshark sizes the copied header by EType 1 = "tagged": 14 bytes (tshark 4.0.17)
             assert copied == mine["term_ddp_hdr"][:28], where
         else:
             assert copied == mine["term_ddp_hdr"], where
 
 
 def tshark_reliable(mine: list[dict[str, Any]]) -> bool:
-    """False for captures tshark.md lists as misdecoded: markers (8a-8f: several per FPDU,
+    """False for captures tshark 4.0.17 misdecodes: markers (8a-8f: several per FPDU,
     one direction only, several FPDUs per marked segment, FPDUs ending on a boundary; the
     single-marker cases are cross-checked by test_single_markers_agree_with_tshark), an
     FPDU in the Reply's segment, or no MPA startup (mid-stream), on any of its streams."""

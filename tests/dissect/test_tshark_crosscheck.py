@@ -1,4 +1,4 @@
-"""Cross-check ``iwarp dissect`` against Debian's tshark (shared/specs/tshark.md).
+"""Cross-check ``iwarp dissect`` against Debian's tshark (4.0.17, as Debian packages it).
 
 Where tshark 4.0.17 is reliable (MPA framing without markers or with one marker per FPDU,
 the CRC verdict, every DDP field, RDMAP opcodes 0-7 and 10-11, Terminate fields,
@@ -161,7 +161,7 @@ def test_crc_verdict_agrees_on_a_corrupted_fpdu(tshark: str, tmp_path: Path) -> 
 
 
 def test_single_markers_agree_with_tshark(tshark: str, tmp_path: Path) -> None:
-    """One marker per FPDU at most, FPDUs never ending on a 512 boundary (tshark.md 8)."""
+    """One marker per FPDU at most, FPDUs never ending on a 512 boundary (tshark 4.0.17)."""
     b = CaptureBuilder()
     c = b.connection(rev=1, markers_i2r=True, markers_r2i=True)
     size = 0
@@ -266,7 +266,7 @@ def test_reference_captures_agree_with_tshark(tshark: str, path: Path) -> None:
     mine = ours(path)
     assert mine and all(r["findings"] == [] for r in mine)
     if not tshark_reliable(mine):
-        # tshark misdecodes these (tshark.md 8): every CRC must verify instead; the content
+        # tshark misdecodes these (tshark 4.0.17): every CRC must verify instead; the content
         # itself is checked against the scenario by the reference captures' own tests
         assert all(r["crc_ok"] is not False for r in mine if r["type"] == "fpdu")
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -95,3 +96,39 @@ def test_rdma_server_timeout_is_reported_as_timed_out() -> None:
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_every_peer_tool_writes_our_sides_capture(
+    tmp_path,
+    capsys: pytest.CaptureFixture[str],  # noqa: ANN001
+) -> None:
+    """``-w FILE`` on rdma-server/rdma-client, cmatose and bench: each side's own pcap,
+    decoded with zero findings."""
+    port = _free_port()
+    server_cap, client_cap = tmp_path / "s.pcap", tmp_path / "c.pcap"
+    _run_pair(
+        ["rdma-server", "-s", "127.0.0.1", "-p", port, "-w", str(server_cap)],
+        ["rdma-client", "-s", "127.0.0.1", "-p", port, "-w", str(client_cap)],
+        capsys,
+    )
+    port = _free_port()
+    tose = tmp_path / "tose.pcap"
+    args = ["-p", port, "-C", "3"]
+    _run_pair(
+        ["cmatose", "-b", "127.0.0.1", *args],
+        ["cmatose", "-s", "127.0.0.1", *args, "-w", str(tose)],
+        capsys,
+    )
+    bench = tmp_path / "bench.pcap"
+    assert (
+        main(["bench", "write", "-s", "4K", "-n", "8", "--in-process", "--quiet", "-w", str(bench)])
+        == 0
+    )
+    for path, sends in ((server_cap, 2), (client_cap, 2), (tose, 6), (bench, 0)):
+        capsys.readouterr()
+        assert main(["dissect", str(path), "--json", "--fail-on-findings"]) == 0, path
+        records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert sum(r.get("opcode_name") == "Send" for r in records) >= sends, path
+        assert records, path
+    assert main(["cmatose", "-w", str(tmp_path / "missing" / "x.pcap")]) == 2
+    assert "cannot write the capture" in capsys.readouterr().err
