@@ -86,15 +86,22 @@ def open_live(
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt too (as SIGINT does) while the block runs."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt while the block runs.
+
+    SIGINT explicitly too: a capture started in the background by a non-interactive shell
+    (nohup, a CI runner) inherits SIGINT ignored, and Python would keep ignoring it, so the
+    only way to end the capture cleanly, with its statistics, would be lost.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(signum, signal.default_int_handler) for signum in stops]
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in zip(stops, previous, strict=True):
+            signal.signal(signum, handler)
 
 
 def capture_summary(capture: LiveCapture) -> str:

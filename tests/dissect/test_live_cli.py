@@ -197,3 +197,30 @@ def test_without_cap_net_raw_the_error_says_what_to_do() -> None:
         "iwarp dissect: error: capturing on lo needs CAP_NET_RAW (run as root or grant the "
         "capability), or pipe tcpdump: tcpdump -U -i lo -w - | iwarp dissect -\n"
     )
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@live
+def test_sigint_ends_a_capture_started_with_sigint_ignored() -> None:
+    """A background job of a non-interactive shell (nohup, CI) starts with SIGINT ignored;
+    the capture still ends on it, with its statistics."""
+    proc = subprocess.Popen(
+        [*IWARP, "dissect", "-i", "lo", "-f", f"port {_free_port()}", "-z", "iwarp"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_ignore_sigint,
+    )
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], GUARD)
+        assert ready and proc.stderr.readline() == b"Capturing on 'lo'\n"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=GUARD)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert b"0 packets captured" in err and b"Traceback" not in err
