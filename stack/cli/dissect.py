@@ -382,7 +382,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if path is None:
         reader, writer = open_live(args, flush_decoded)
         printer.frames = None  # -w saves the capture itself, frame by frame
-        announce(reader)
     else:
         try:
             reader = CaptureReader(path, on_wait=flush_decoded)
@@ -392,6 +391,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     error: CaptureError | None = None
     with stop_on_signals() if path is None else contextlib.nullcontext():
         try:
+            if isinstance(reader, LiveCapture):
+                announce(reader)  # once Ctrl-C ends the capture cleanly: a peer may act on it
             _decode(iter(reader), dissector, printer)
         except CaptureError as exc:
             error = exc
