@@ -28,7 +28,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from kbtp.cli.bench_baseline import bench_raw, raw_server
+from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
 from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
 from kbtp.cli.bench_peer import IDENTITY, bench_config, peer_process
@@ -165,10 +166,6 @@ def format_row(r: Result, vs_mooncake: bool = False) -> str:
 # ======================================================================================
 
 
-CpuClock = Callable[[], float | None]
-"""CPU seconds of the other process (None: one process, or not measurable)."""
-
-
 async def _workers(
     inflight: int, iters: int, job: object, peer_cpu: CpuClock
 ) -> tuple[float, float]:
@@ -182,21 +179,12 @@ async def _workers(
         for i in counter:
             await job(w, i)  # type: ignore[operator]
 
-    cpu, peer = time.process_time(), peer_cpu()
+    cpu = BothEndsCpu(peer_cpu)
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for w in range(inflight):
             nursery.start_soon(worker, w)
-    seconds = time.perf_counter() - start
-    cpu = time.process_time() - cpu
-    peer_after = peer_cpu()
-    if peer is not None and peer_after is not None:
-        cpu += peer_after - peer
-    return seconds, cpu
-
-
-def _no_peer() -> float | None:
-    return None
+    return time.perf_counter() - start, cpu.seconds()
 
 
 def pool_blocks(ops: list[str], iters: int, inflight: int) -> int:
@@ -214,7 +202,7 @@ async def bench_kbtp_size(
     max_inline: int = DEFAULT_MAX_INLINE,
     *,
     port: int,
-    peer_cpu: CpuClock = _no_peer,
+    peer_cpu: CpuClock = no_peer,
 ) -> list[Result]:
     """KBTP figures at one block size against the target at ``port`` (one session)."""
     data = bytearray(os.urandom(size))
@@ -444,7 +432,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         if args.in_process:
             config = bench_config(size, blocks, args.inflight, args.max_inline)
             async with KbtpTarget(config, settings=settings).running() as target:
-                yield target.port, raw_port, _no_peer
+                yield target.port, raw_port, no_peer
             return
         async with peer_process(size, blocks, args.inflight, args.max_inline, mpa) as peer:
             yield peer.port, peer.raw_port, peer.cpu

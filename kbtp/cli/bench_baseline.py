@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import trio
 
+from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from stack.transport.driver import RECEIVE_SIZE
 
 RAW_HEADER = struct.Struct(">B3xI32x")
@@ -124,17 +125,13 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
         pass
 
 
-def _no_peer() -> float | None:
-    return None
-
-
 async def bench_raw(
     port: int,
     op: str,
     size: int,
     iters: int,
     inflight: int,
-    peer_cpu: Callable[[], float | None] = _no_peer,
+    peer_cpu: CpuClock = no_peer,
 ) -> tuple[float, float]:
     """(seconds, CPU seconds of both ends) of ``iters`` exchanges, ``inflight`` outstanding.
 
@@ -159,7 +156,7 @@ async def bench_raw(
         return [request] * count if kind == RAW_LOAD else [request, data] * count
 
     parser = _Parser(body_for)
-    cpu, peer = time.process_time(), peer_cpu()
+    cpu = BothEndsCpu(peer_cpu)
     start = time.perf_counter()
     sent = min(inflight, iters)
     done = 0
@@ -177,8 +174,4 @@ async def bench_raw(
                 sent += more
     finally:
         await stream.aclose()
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peer_after = peer_cpu()
-    if peer is not None and peer_after is not None:
-        cpu += peer_after - peer
-    return seconds, cpu
+    return time.perf_counter() - start, cpu.seconds()

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kbtp.cli.bench_peer import process_cpu_seconds
+from kbtp.cli.bench_cpu import BothEndsCpu, process_cpu_seconds
 from stack.cli import CliError
 
 PACKAGE = "mooncake-transfer-engine-non-cuda"
@@ -109,7 +109,7 @@ def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
             )
             if call(peer, sources, targets, [size] * batch) != 0:  # warm-up and handshake
                 raise RuntimeError(f"batch {op} failed")
-            cpu, peer_cpu = time.process_time(), process_cpu_seconds(server.pid) or 0.0
+            cpu = BothEndsCpu(lambda: process_cpu_seconds(server.pid))
             start = time.perf_counter()
             left = blocks
             while left:
@@ -117,10 +117,7 @@ def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
                 if call(peer, sources[:n], targets[:n], [size] * n) != 0:
                     raise RuntimeError(f"batch {op} failed")
                 left -= n
-            seconds = time.perf_counter() - start
-            cpu = time.process_time() - cpu
-            cpu += (process_cpu_seconds(server.pid) or 0.0) - peer_cpu
-            figures[op] = {"seconds": seconds, "cpu": cpu}
+            figures[op] = {"seconds": time.perf_counter() - start, "cpu": cpu.seconds()}
         if buf.raw != b"\x5a" * length:
             raise RuntimeError("the blocks read back differ from the blocks written")
         return figures

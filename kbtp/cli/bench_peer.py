@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from kbtp.cli.bench_baseline import raw_server
+from kbtp.cli.bench_cpu import process_cpu_seconds
 from kbtp.cli.target import LOOPBACK_EMSS, add_mpa_arguments, mpa_settings, parse_size
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
@@ -39,16 +40,6 @@ def bench_config(size: int, blocks: int, inflight: int, max_inline: int) -> Targ
         request_credits=max(inflight, 1),
         max_inline=max_inline,
     )
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(slots=True)

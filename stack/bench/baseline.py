@@ -22,7 +22,7 @@ import time
 
 import trio
 
-from stack.bench.blocking import batch_messages
+from stack.bench.blocking import batch_messages, latency_shape
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import (
     RAW_COUNT,
@@ -121,9 +121,7 @@ async def raw_bandwidth(
 
 async def raw_latency(host: str, raw_port: int, opts: BenchOptions, size: int, count: int) -> float:
     """Baseline median latency (microseconds) of the same exchange, one at a time."""
-    pingpong = opts.test in ("write", "send")
-    reply = ATOMIC_SIZE if opts.test == "atomic" else size
-    request = size if pingpong else RAW_REQUEST
+    pingpong, reply, request = latency_shape(opts, size)
     stream = await open_raw(host, raw_port, RAW_REQRESP, reply, request)
     message = bytes(request)
     clock = time.perf_counter

@@ -34,6 +34,15 @@ RECV_BYTES = 1 << 20
 """The receive buffer of either end."""
 
 
+def latency_shape(opts: BenchOptions, size: int) -> tuple[bool, int, int]:
+    """(ping-pong, reply octets, request octets) of the one-at-a-time exchange of ``opts``:
+    Writes and Sends ping-pong ``size`` octets (half a round trip is the latency); Reads
+    and atomics send a ``RAW_REQUEST``-octet request for a ``size`` (atomics: 8) reply."""
+    pingpong = opts.test in ("write", "send")
+    reply = ATOMIC_SIZE if opts.test == "atomic" else size
+    return pingpong, reply, size if pingpong else RAW_REQUEST
+
+
 def batch_messages(size: int, available: int) -> int:
     """Messages of ``size`` bytes one send carries when ``available`` are posted."""
     return max(1, min(available, BATCH_BYTES // max(size, 1)))
@@ -189,9 +198,7 @@ def blocking_bandwidth(host: str, port: int, opts: BenchOptions, size: int, mess
 
 def blocking_latency(host: str, port: int, opts: BenchOptions, size: int, count: int) -> float:
     """Median microseconds of the same exchange, one at a time, over a blocking socket."""
-    pingpong = opts.test in ("write", "send")
-    reply = ATOMIC_SIZE if opts.test == "atomic" else size
-    request = size if pingpong else RAW_REQUEST
+    pingpong, reply, request = latency_shape(opts, size)
     sock = _connect(host, port, RAW_REQRESP, reply, request)
     message = bytes(request)
     clock = time.perf_counter

@@ -50,21 +50,21 @@ def bw_row(r: BwResult) -> dict[str, Any]:
     }
     row.update(_cpu("cpu_", r.cpu))
     if r.raw_bw is not None:
-        row["baseline"] = {
-            "bw_average_mib_per_s": r.raw_bw,
-            "gbit_per_s": gbit_per_s(r.raw_bw),
-            "msg_per_s": r.raw_bw * MB / r.size,
-            **_cpu("cpu_", r.raw_cpu),
-        }
+        row["baseline"] = {**_baseline_bw(r.raw_bw, r.size), **_cpu("cpu_", r.raw_cpu)}
         row["ratio"] = r.ratio
     if r.blocking_bw is not None:
-        row["blocking"] = {
-            "bw_average_mib_per_s": r.blocking_bw,
-            "gbit_per_s": gbit_per_s(r.blocking_bw),
-            "msg_per_s": r.blocking_bw * MB / r.size,
-        }
+        row["blocking"] = _baseline_bw(r.blocking_bw, r.size)
         row["ratio_blocking"] = r.ratio_blocking
     return row
+
+
+def _baseline_bw(mib_per_s: float, size: int) -> dict[str, float]:
+    """A baseline's bandwidth figures, keyed as iWARP's."""
+    return {
+        "bw_average_mib_per_s": mib_per_s,
+        "gbit_per_s": gbit_per_s(mib_per_s),
+        "msg_per_s": mib_per_s * MB / size,
+    }
 
 
 def lat_row(r: LatResult) -> dict[str, Any]:
