@@ -1,0 +1,329 @@
+"""The send queue engine of a queue pair: posting, ORD and fences, outbound messages.
+
+Work requests are processed in order (RFC 5040 §5.5 rule 13); a Read or atomic waits at
+the head while ORD credits are used up (RDMAP-14), a fenced WR for every earlier Read and
+atomic.  Payloads are memoryviews of registered memory read when the transport encodes
+them; queued Read Responses are snapshotted before a later placement could show through.
+"""
+
+from __future__ import annotations
+
+from stack.constants import (
+    TERM_RDMAP_CATASTROPHIC,
+    AtomicOpcode,
+)
+from stack.errors import LocalError, RdmapError
+from stack.rnic.memory import (
+    MemoryOpError,
+    MemoryRegion,
+    local_invalidate,
+)
+from stack.rnic.qp_base import (
+    _FAILED,
+    _FENCE,
+    _INLINE,
+    _LOCAL_WRITE,
+    _NEEDS_ORD,
+    _READS,
+    _SENDING,
+    _SOLICITED,
+    QpBase,
+    QpState,
+    _imm_bytes,
+    _LocalWrError,
+    _OutItem,
+    _SqEntry,
+)
+from stack.rnic.verbs import (
+    MwBindInfo,
+    RecvWR,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from stack.rnic.windows import MemoryWindow, execute_bind, execute_reg_mr, post_type1_bind
+from stack.wire.events import (
+    AtomicRequest,
+    ImmediateData,
+    RdmapEvent,
+    RdmapMessage,
+    RdmaWrite,
+    ReadRequest,
+    ReadRequestReceived,
+    ReadResponse,
+    Send,
+)
+
+
+class QpSend(QpBase):
+    """Posting and the send queue engine (see :class:`stack.rnic.qp.QueuePair`)."""
+
+    # ------------------------------------------------------------------ state
+    def set_rts(self) -> None:
+        """The stream entered RDMA mode (connection established)."""
+        if self.state is QpState.IDLE:
+            self.state = QpState.RTS
+            self._progress_sq()
+
+    def release_ord_reservation(self) -> None:
+        """The connection's own Read (the RTR) was answered: its ORD credit is free."""
+        if self.ord_reserved:
+            self.ord_reserved -= 1
+            if self.state in _SENDING:
+                self._progress_sq()
+
+    # ------------------------------------------------------------------ posting
+    def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
+        """Post receive WRs (``ibv_post_recv``); flushed at once when the QP is in error."""
+        if self.srq is not None:
+            raise LocalError("QP uses an SRQ: post receives to the SRQ")
+        wrs = wr if isinstance(wr, list) else [wr]
+        for one in wrs:
+            if len(one.sg_list) > self.cap.max_recv_sge:
+                raise LocalError(f"receive WR {one.wr_id} has more than max_recv_sge SGEs")
+        if self.state in _FAILED or self._peer_closed:
+            for one in wrs:
+                self._complete_recv(one, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+            return
+        if len(self._rq) + len(wrs) > self.cap.max_recv_wr:
+            raise LocalError(f"receive queue full ({self.cap.max_recv_wr} WRs)")
+        self._rq.extend(wrs)
+
+    def post_send(self, wr: SendWR | list[SendWR]) -> None:
+        """Post send WRs (``ibv_post_send``); a list is a post list, processed in order."""
+        wrs = wr if isinstance(wr, list) else [wr]
+        for one in wrs:
+            if len(one.sg_list) > self.cap.max_send_sge:
+                raise LocalError(f"send WR {one.wr_id} has more than max_send_sge SGEs")
+            if one.send_flags & _INLINE:
+                size = len(one.inline_data or b"") or sum(s.length for s in one.sg_list)
+                if size > self.cap.max_inline_data:
+                    raise LocalError(f"inline data of WR {one.wr_id} exceeds max_inline_data")
+        if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
+            for one in wrs:
+                self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
+            return
+        if self.state is QpState.CLOSING:
+            raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
+        if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
+            raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
+        for one in wrs:
+            self._pending.append(_SqEntry(one, int(one.send_flags)))
+        if self.state is QpState.RTS:
+            self._progress_sq()
+
+    def bind_mw(
+        self,
+        mw: MemoryWindow,
+        bind_info: MwBindInfo,
+        *,
+        wr_id: int = 0,
+        send_flags: SendFlags = SendFlags.SIGNALED,
+    ) -> int:
+        """Bind type 1 window ``mw`` (``ibv_bind_mw``, SEC-05): the bind runs in send-queue
+        order and completes as ``BIND_MW``; returns the window's new rkey at once."""
+        return post_type1_bind(self.post_send, mw, bind_info, wr_id, send_flags)
+
+    # ------------------------------------------------------------------ SQ engine
+    def _progress_sq(self) -> None:
+        """Turn pending WRs into outbound messages, in order, honouring ORD and fences."""
+        while self._pending and self.state in _SENDING:
+            entry = self._pending[0]
+            wr = entry.wr
+            if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
+                return
+            if entry.flags & _FENCE and self.outstanding_remote:
+                return
+            self._pending.popleft()
+            self._inflight.append(entry)
+            try:
+                self._start(entry)
+            except (_LocalWrError, MemoryOpError) as exc:
+                entry.status = exc.status
+                entry.done = True
+                self._reap_sq()
+                self.fatal(
+                    RdmapError("RDMAP-12", f"WR {wr.wr_id}: {exc}", TERM_RDMAP_CATASTROPHIC),
+                    send_terminate=True,
+                )
+                return
+        self._reap_sq()
+
+    def _start(self, entry: _SqEntry) -> None:
+        wr = entry.wr
+        op = wr.opcode
+        solicited = bool(entry.flags & _SOLICITED)
+        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
+            data = self._gather(wr)
+            entry.byte_len = len(data)
+            inval = wr.invalidate_rkey if op is WrOpcode.SEND_WITH_INV else None
+            self._emit(entry, [Send(data, solicited, inval)])
+        elif op is WrOpcode.SEND_IMM:
+            self._emit(entry, [ImmediateData(_imm_bytes(wr.imm_data), solicited)])
+        elif op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+            data = self._gather(wr)
+            entry.byte_len = len(data)
+            msgs: list[RdmapMessage] = [RdmaWrite(wr.rkey, wr.remote_addr, data)]
+            if op is WrOpcode.RDMA_WRITE_WITH_IMM:
+                msgs.append(ImmediateData(_imm_bytes(wr.imm_data), solicited))
+            self._emit(entry, msgs)
+        elif op in _READS:
+            if len(wr.sg_list) != 1:
+                raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, "RDMA Read needs exactly one SGE")
+            sge = wr.sg_list[0]
+            mr, view = self._local(sge, _LOCAL_WRITE)
+            entry.sink, entry.sink_stag, entry.sink_to = view, mr.stag, sge.addr
+            self._requests.read_request(mr.stag, sge.addr, sge.length, entry)
+            req = ReadRequest(mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr)
+            self._emit(entry, [req], completes=False)
+        elif op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP):
+            if len(wr.sg_list) != 1 or wr.sg_list[0].length != 8:
+                raise _LocalWrError(WcStatus.LOC_LEN_ERR, "atomics need one 8-byte SGE")
+            _mr, view = self._local(wr.sg_list[0], _LOCAL_WRITE)
+            entry.sink, entry.byte_len = view, 8
+            entry.req_id = self._next_req_id
+            self._next_req_id = (self._next_req_id + 1) & 0xFFFFFFFF
+            if op is WrOpcode.ATOMIC_FETCH_AND_ADD:
+                atomic = AtomicRequest(
+                    AtomicOpcode.FETCH_ADD,
+                    entry.req_id,
+                    wr.rkey,
+                    wr.remote_addr,
+                    wr.compare_add,
+                    0 if wr.compare_add_mask is None else wr.compare_add_mask,
+                )
+            else:
+                atomic = AtomicRequest.cmp_swap(
+                    entry.req_id,
+                    wr.rkey,
+                    wr.remote_addr,
+                    compare=wr.compare_add,
+                    swap=wr.swap,
+                    compare_mask=(1 << 64) - 1
+                    if wr.compare_add_mask is None
+                    else wr.compare_add_mask,
+                    swap_mask=wr.swap_mask,
+                )
+            self._requests.atomic_request(entry.req_id, entry)
+            self._emit(entry, [atomic], completes=False)
+        elif op is WrOpcode.LOCAL_INV:
+            local_invalidate(self.table, self.pd, wr.invalidate_rkey)
+            entry.done = True
+        elif op is WrOpcode.BIND_MW:
+            execute_bind(wr.bind_mw, self.pd, self)
+            entry.done = True
+        elif op is WrOpcode.REG_MR:
+            execute_reg_mr(wr.reg_mr, self.pd)
+            entry.done = True
+        else:  # pragma: no cover - enum is closed
+            raise _LocalWrError(WcStatus.LOC_QP_OP_ERR, f"unsupported opcode {op}")
+
+    def _emit(self, entry: _SqEntry, msgs: list[RdmapMessage], completes: bool = True) -> None:
+        entry.messages_left = len(msgs) if completes else 0
+        was_empty = not self._out
+        for msg in msgs:
+            self._out.append(
+                _OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry)
+            )
+        if was_empty and self.on_output is not None:
+            self.on_output()
+
+    def _local(self, sge: Sge, need: int) -> tuple[MemoryRegion, memoryview]:
+        """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
+        mr = self.table.lookup(sge.lkey)
+        if not isinstance(mr, MemoryRegion) or not mr.valid or mr.pd is not self.pd:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"invalid lkey 0x{sge.lkey:08x}")
+        if need & _LOCAL_WRITE and not mr.access_bits & _LOCAL_WRITE:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE needs LOCAL_WRITE")
+        if sge.length < 0 or sge.addr < mr.base or sge.addr + sge.length > mr.base + mr.length:
+            raise _LocalWrError(WcStatus.LOC_PROT_ERR, "SGE outside its memory region")
+        return mr, mr.view(sge.addr, sge.length)
+
+    def _gather(self, wr: SendWR) -> bytes | memoryview:
+        if wr.inline_data is not None:
+            return bytes(wr.inline_data)
+        views = [self._local(sge, 0)[1] for sge in wr.sg_list]
+        if wr.send_flags & _INLINE:
+            return b"".join(views)
+        if len(views) == 1:
+            return views[0]
+        return b"".join(views)
+
+    # ------------------------------------------------------------------ transport side
+    @property
+    def has_outgoing(self) -> bool:
+        return bool(self._out)
+
+    def pop_outgoing(self) -> RdmapMessage | None:
+        """Take the next outbound message (the transport encodes and sends it)."""
+        if not self._out:
+            return None
+        item = self._out.popleft()
+        if item.inbound_response:
+            self._inbound_pending -= 1
+            if self._lazy and self._lazy[0] is item:
+                self._lazy.popleft()
+        entry = item.entry
+        if entry is not None:
+            entry.messages_left -= 1
+            if entry.messages_left == 0:
+                entry.done = True
+                self._reap_sq()
+        return item.message
+
+    def must_wait(self, event: RdmapEvent) -> bool:
+        """Whether applying ``event`` now would copy more than :attr:`max_snapshot_bytes` of
+        queued Read Response data (the responses still view memory, and a later placement
+        must not show through them, RFC 5040 §5.5).  The driver then lets the responses go
+        out first: a peer that asks for many large Reads and does not read its socket makes
+        this connection hold at most that many bytes, not the sum of every Read."""
+        if not self._lazy or type(event) is ReadRequestReceived:
+            return False
+        queued = 0
+        for item in self._lazy:
+            message = item.message
+            assert isinstance(message, ReadResponse)
+            queued += len(message.data)
+            if queued > self.max_snapshot_bytes:
+                return True
+        return False
+
+    def _queue_response(self, msg: RdmapMessage) -> None:
+        was_empty = not self._out
+        item = _OutItem(msg, None, inbound_response=True)
+        if isinstance(msg, ReadResponse) and msg.data:
+            self._lazy.append(item)
+        self._out.append(item)
+        if was_empty and self.on_output is not None:
+            self.on_output()
+
+    def _snapshot_reads(self) -> None:
+        """Copy the source bytes of queued Read Responses before memory changes.
+
+        Read Responses normally reference registered memory and are read when encoded
+        (zero copy).  A later inbound Write, Send or atomic must not show through an
+        earlier Read (requests are processed in order, RFC 5040 §5.5), so before placing
+        anything while responses are queued, their bytes are taken.
+        """
+        while self._lazy:
+            item = self._lazy.popleft()
+            msg = item.message
+            assert isinstance(msg, ReadResponse)
+            item.message = ReadResponse(msg.stag, msg.to, bytes(msg.data))
+
+    def close(self) -> None:
+        """Orderly close requested by the ULP (RFC 5040 §6.2, DDP-13): no new WRs; what was
+        posted before is still sent, then the transport sends FIN (:attr:`has_pending`)."""
+        if self.state is QpState.RTS:
+            self.state = QpState.CLOSING
+            self._progress_sq()
+            if not self._inflight and not self._pending:
+                self._sq_drained()
+
+    @property
+    def has_pending(self) -> bool:
+        """Posted send WRs not yet turned into messages (ORD or a fence holds them)."""
+        return bool(self._pending)
