@@ -288,7 +288,16 @@ class MemoryRegion(StagTarget):
             pass
 
     def dereg(self) -> None:
-        """Deregister (``ibv_dereg_mr``): the STag is gone and the buffer is released."""
+        """Deregister (``ibv_dereg_mr``): the STag is gone and the buffer is released.
+
+        Refused while a memory window is bound over the region (``EBUSY`` in verbs): the
+        window would keep naming memory the application believes released (SEC-06)."""
+        bound = self.pd.table.windows_bound_over(self)
+        if bound:
+            raise LocalError(
+                f"MR 0x{self.stag:08x} has {bound} bound memory window(s): "
+                "invalidate, unbind or deallocate them first"
+            )
         self.valid = False
         self.pd.table.unregister(self)
         self._release()
@@ -377,6 +386,10 @@ class StagTable:
     def unregister(self, mr: StagTarget) -> None:
         if self._regions.pop(mr.stag, None) is not None:
             self._in_use.discard(mr.stag >> 8)
+
+    def windows_bound_over(self, mr: MemoryRegion) -> int:
+        """How many valid memory windows name a range of ``mr``."""
+        return sum(1 for t in self._regions.values() if getattr(t, "mr", None) is mr and t.valid)
 
     def rekey(self, target: StagTarget, stag: int) -> None:
         """Name ``target`` by ``stag`` (its index, a new key): the old STag names nothing."""

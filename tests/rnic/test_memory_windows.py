@@ -384,3 +384,34 @@ def test_rdmap_09_a_type1_window_is_not_remotely_invalidatable() -> None:
     assert refused(p) == (0, 1, 0x09)  # STag cannot be invalidated
     assert p.b.qp.error is not None and p.b.qp.error.rule == "RDMAP-09"
     assert mw.valid
+
+
+# ------------------------------------------------------------------------------ dereg
+def test_sec_06_dereg_of_an_mr_with_a_bound_window_is_refused_until_the_window_goes() -> None:
+    p = Pair()
+    mr = target(p)
+    mw = p.b.pd.alloc_mw(1)
+    bind1(p, mw, mr, 0, 16, W)
+    assert bind_status(p) == [(WcOpcode.BIND_MW, WcStatus.SUCCESS)]
+    with pytest.raises(LocalError, match="1 bound memory window"):
+        mr.dereg()
+    assert mr.valid and p.b.pd.table.lookup(mr.stag) is mr  # nothing changed
+    mw.dealloc()
+    mr.dereg()
+    assert not mr.valid and p.b.pd.table.lookup(mr.stag) is None
+
+
+def test_sec_06_dereg_succeeds_once_a_type2_window_is_invalidated() -> None:
+    p = Pair()
+    mr = target(p)
+    mw = p.b.pd.alloc_mw(2)
+    p.b.qp.post_send(bind2_wr(mw, mr, 0, 16, W))
+    assert bind_status(p) == [(WcOpcode.BIND_MW, WcStatus.SUCCESS)]
+    with pytest.raises(LocalError, match="bound memory window"):
+        mr.dereg()
+    p.b.qp.post_send(
+        SendWR(52, WrOpcode.LOCAL_INV, invalidate_rkey=mw.rkey, send_flags=SendFlags.SIGNALED)
+    )
+    assert bind_status(p) == [(WcOpcode.LOCAL_INV, WcStatus.SUCCESS)]
+    mr.dereg()
+    assert not mr.valid
