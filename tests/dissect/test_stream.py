@@ -349,7 +349,7 @@ def test_rdmap_11_siw_swapped_terminate_is_decoded_and_flagged() -> None:
     b = CaptureBuilder()
     c = b.connection()
     c.send(I2R, Send(b"x"))
-    # siw's layout of 1/2/0x03 with M=D=1 and the copied header: 21 03 03 00 (digest §10.2)
+    # siw's layout of 1/2/0x03 with M=D=1 and the copied header: 21 03 03 00
     hdr = bytes.fromhex("4143000000000000000000000000000700000000")[:18]
     body = bytes.fromhex("21030300") + struct.pack(">H", 5) + hdr
     ulpdu = bytes([0x41, 0x47]) + bytes(4) + struct.pack(">III", 2, 1, 0) + body

@@ -1,4 +1,4 @@
-"""Protection matrix (RFC 5042 §6, digest §7.1 and §8): each failing check of an inbound
+"""Protection matrix (RFC 5042 §6, RFC 5040 §7.2, SEC-01..SEC-06): each failing check of an inbound
 tagged or atomic access gives its Terminate (layer, type, code, M/D/R, header copies), leaves
 target memory untouched, moves both QPs to ERROR and flushes outstanding work requests."""
 

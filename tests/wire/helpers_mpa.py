@@ -85,14 +85,14 @@ class ConnectionPair:
 
 
 def reference_fpdu(ulpdu: bytes) -> bytes:
-    """An FPDU without markers built the slow, obvious way (digest Appendix A)."""
+    """An FPDU without markers built the slow, obvious way (RFC 5044 §4.3 and Appendix A)."""
     body = struct.pack(">H", len(ulpdu)) + ulpdu
     body += bytes(-len(body) & 3)
     return body + crc_field(body)
 
 
 def reference_marker_stream(ulpdus: list[bytes], offset: int = 0, crc: bool = True) -> bytes:
-    """A marker stream built byte by byte (digest Appendix A), starting ``offset`` bytes
+    """A marker stream built byte by byte (RFC 5044 §4.3 and Appendix A), starting ``offset`` bytes
     after SeqStart."""
     out = bytearray(offset)
 

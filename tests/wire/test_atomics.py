@@ -1,4 +1,4 @@
-"""Masked FetchAdd / CmpSwap (RFC 7306 §5.1; digest §6.4) against a bit-serial reference."""
+"""Masked FetchAdd / CmpSwap (RFC 7306 §5.1) against a bit-serial reference."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_ext_06_cmp_swap_matches_bit_serial_reference(
 
 @pytest.mark.parametrize(
     ("value", "add", "mask", "new"),
-    [  # digest §6.4 table
+    [  # worked examples of RFC 7306 §5.1
         (0x00000000FFFFFFFF, 0x0000000100000001, 0, 0x0000000200000000),
         (0x00000000FFFFFFFF, 0x0000000100000001, 0x8000000080000000, 0x0000000100000000),
         (0x00FF7F80FFFF0001, 0x0101010101010101, 0x8080808080808080, 0x0100808100000102),
@@ -78,7 +78,7 @@ def test_ext_06_cmp_swap_matches_bit_serial_reference(
         (0x1, 0x1, ALL_ONES_64, 0x0),
     ],
 )
-def test_ext_06_fetch_add_digest_table(value: int, add: int, mask: int, new: int) -> None:
+def test_ext_06_fetch_add_worked_table(value: int, add: int, mask: int, new: int) -> None:
     assert fetch_add(value, add, mask) == new == ref_fetch_add(value, add, mask)
 
 
@@ -89,7 +89,7 @@ def test_ext_06_fetch_add_mask_zero_is_plain_add_all_ones_is_xor(value: int, add
     assert fetch_add(value, add, ALL_ONES_64) == value ^ add
 
 
-def test_ext_06_cmp_swap_digest_examples() -> None:
+def test_ext_06_cmp_swap_worked_examples() -> None:
     v = 0x1111222233334444
     assert cmp_swap(v, v, ALL_ONES_64, 0xAAAABBBBCCCCDDDD, ALL_ONES_64) == 0xAAAABBBBCCCCDDDD
     assert (

@@ -1,4 +1,4 @@
-"""CRC32c backends and the MPA CRC field (RFC 5044 §4.4, digest §2.4, MPA-12)."""
+"""CRC32c backends and the MPA CRC field (RFC 5044 §4.4 and Appendix B, MPA-12)."""
 
 from __future__ import annotations
 

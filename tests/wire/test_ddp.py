@@ -1,4 +1,4 @@
-"""DDP headers and segmentation (RFC 5041 §4, §5.2; digest §4)."""
+"""DDP headers and segmentation (RFC 5041 §4, §5.2)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_ddp_03_version_error_maps_by_t_bit() -> None:
     assert ddp.version_error(0xC0).rule == "DDP-03"
 
 
-def test_ddp_05_untagged_mo_progression_digest_example() -> None:
+def test_ddp_05_untagged_mo_progression_worked_example() -> None:
     # Digest §4.2: 2048 bytes with MULPDU 1500 -> MO 0 / 1482 B, then MO 1482 / 566 B.
     segs = ddp.segment_untagged(0, 1, 0x43 << 32, bytes(2048), 1500)
     hdrs = [ddp.parse_header(s) for s in segs]
@@ -70,7 +70,7 @@ def test_ddp_05_untagged_mo_progression_digest_example() -> None:
     assert {h.msn for h in hdrs} == {1}
 
 
-def test_ddp_06_tagged_to_progression_digest_example() -> None:
+def test_ddp_06_tagged_to_progression_worked_example() -> None:
     # Digest §4.2: 2048 bytes at TO 16384 with MULPDU 1500 -> 16384 / 1486, 17870 / 562.
     segs = ddp.segment_tagged(5, 16384, 0x40, bytes(2048), 1500)
     hdrs = [ddp.parse_header(s) for s in segs]
@@ -133,7 +133,7 @@ def test_ddp_06_message_must_be_below_2_pow_32() -> None:
 
 def test_ddp_07_zero_length_message_is_one_segment() -> None:
     (t,) = ddp.segment_tagged(1, 0, 0x40, b"", 128)
-    assert bytes(t) == bytes.fromhex("c140 00000001 0000000000000000")  # digest E4 ULPDU
+    assert bytes(t) == bytes.fromhex("c140 00000001 0000000000000000")  # the tagged header alone
     (u,) = ddp.segment_untagged(0, 1, 0x43 << 32, b"", 128)
     hdr = ddp.parse_header(u)
     assert len(u) == 18 and hdr.last and hdr.mo == 0

@@ -1,4 +1,4 @@
-"""FPDU framing: length, pad, CRC32c, markers (RFC 5044 §4-§6, digest §2.3-§2.7, §9)."""
+"""FPDU framing: length, pad, CRC32c, markers (RFC 5044 §4-§6, MPA-10..MPA-16)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MPA Request/Reply frames and the RFC 6581 IRD/ORD word (digest §2.1, §3.1-§3.2, §3.6)."""
+"""MPA Request/Reply frames and the RFC 6581 IRD/ORD word (RFC 5044 §7.1, RFC 6581 §9)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def decode_all(data: bytes, **kwargs: int) -> MpaFrame:
     [(REQ_V2, REQ_V2_FRAME), (REP_V2, REP_V2_FRAME), (REJ_V1, REJ_V1_FRAME)],
     ids=["request-v2", "reply-v2", "reject-v1"],
 )
-def test_erc_03_digest_frames_byte_exact(wire: bytes, frame: MpaFrame) -> None:
+def test_erc_03_reference_frames_byte_exact(wire: bytes, frame: MpaFrame) -> None:
     assert encode_frame(frame) == wire
     assert decode_all(wire) == frame
 

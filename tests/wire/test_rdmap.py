@@ -1,4 +1,4 @@
-"""RDMAP codec: digest §9 vectors, per-rule decode checks, Terminate building (RFC 5040/7306)."""
+"""RDMAP codec: reference vectors, per-rule decode checks, Terminate building (RFC 5040/7306)."""
 
 from __future__ import annotations
 
@@ -474,7 +474,7 @@ def test_rdmap_11_terminate_bounded_by_length() -> None:
         decode_terminate(b"\x12\x03\xc0")
 
 
-def test_rdmap_11_siw_swapped_terminate_digest_example() -> None:
+def test_rdmap_11_siw_swapped_terminate_worked_example() -> None:
     # Digest §10.2 item 8: layer 1 etype 2 code 3 M=D=1 as laid out by siw on x86-64.
     t = decode_terminate(bytes.fromhex("21030300"))
     assert t.siw_swapped and t.cause == TERM_DDP_U_MSN_RANGE and (t.m, t.d, t.r) == (1, 1, 0)
