@@ -29,6 +29,7 @@ from stack.errors import ConnectionTimeout, IwarpError, LocalError
 from stack.rnic.device import Rnic
 from stack.rnic.qp import QueuePair
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection, Tap
+from stack.transport.startup_slots import StartupSlot, StartupSlots
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     ConnectionFailed,
@@ -224,8 +225,8 @@ class Listener:
         self._send, self._recv = trio.open_memory_channel[ConnectRequest](backlog)
         self.max_startups = max_startups
         self.max_startups_per_peer = max_startups_per_peer
-        self.startups: dict[str, int] = {}
-        """Connections per peer address still in MPA startup (or waiting for the ULP)."""
+        self.slots = StartupSlots(max_startups, max_startups_per_peer)
+        """The startup slots, shared fairly between peer addresses (``slots.evicted``)."""
         self.refused = 0
         """Connections closed at once because a startup bound was reached."""
         self.accept_errors = 0
@@ -235,6 +236,11 @@ class Listener:
         self.host = ""
         self._cancel = trio.CancelScope()
         self._closed = trio.Event()
+
+    @property
+    def startups(self) -> dict[str, int]:
+        """Connections per peer address still in MPA startup (or waiting for the ULP)."""
+        return self.slots.counts()
 
     async def get_request(self) -> ConnectRequest:
         return await self._recv.receive()
@@ -290,25 +296,29 @@ class Listener:
             await trio.aclose_forcefully(stream)
             return
         host = str(remote[0])
-        if (
-            sum(self.startups.values()) >= self.max_startups
-            or self.startups.get(host, 0) >= self.max_startups_per_peer
-        ):
+        scope = trio.CancelScope()
+
+        def evict() -> None:
+            log.warning("listener: %s: startup slot given to another address; closed", host)
+            scope.cancel()
+
+        slot = self.slots.admit(host, evict)
+        if slot is None:
             self.refused += 1
             log.warning("listener: %s: too many MPA startups in progress; closed", host)
             await trio.aclose_forcefully(stream)
             return
-        self.startups[host] = self.startups.get(host, 0) + 1
         try:
-            await self._startup(stream, remote)
+            with scope:
+                await self._startup(stream, remote, slot)
+            if scope.cancelled_caught:
+                await trio.aclose_forcefully(stream)
         finally:
-            left = self.startups[host] - 1
-            if left:
-                self.startups[host] = left
-            else:
-                del self.startups[host]
+            self.slots.release(slot)
 
-    async def _startup(self, stream: trio.SocketStream, remote: tuple[str, int]) -> None:
+    async def _startup(
+        self, stream: trio.SocketStream, remote: tuple[str, int], slot: StartupSlot
+    ) -> None:
         try:
             engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream))
             engine.start(trio.current_time())
@@ -322,6 +332,7 @@ class Listener:
         except (trio.BrokenResourceError, OSError) as exc:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
+            slot.evictable = False
             request = ConnectRequest(self.cm, stream, engine, event.frame, remote, tap)
             # The backlog queues requests for the ULP; one not taken within the startup
             # timeout is rejected (MPA-23), as a full backlog would be.

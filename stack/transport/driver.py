@@ -24,6 +24,7 @@ from typing import Protocol
 
 import trio
 
+from stack.errors import ConnectionTimeout
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QueuePair
 from stack.wire.connection import IwarpConnection
@@ -34,6 +35,9 @@ from stack.wire.events import (
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+
+DISCONNECT_TIMEOUT = 30.0
+"""Seconds :meth:`RdmaConnection.disconnect` waits for the orderly close before it aborts."""
 
 
 class Tap(Protocol):
@@ -66,6 +70,7 @@ class RdmaConnection:
         self._drained = trio.Event()
         self._closing = False  # reading is over: flush what is queued, FIN, tear down
         self._disconnecting = False  # the ULP asked for an orderly close
+        self._aborted = False  # abort() before the pumps started: they end at once
         self.on_closed: Callable[[RdmaConnection], None] | None = None
         self.endpoint = QpEndpoint(engine, qp)
         qp.on_output = self._kick
@@ -76,6 +81,9 @@ class RdmaConnection:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Pump until the connection ends (run it in a nursery)."""
+        if self._aborted:
+            await self._finish()
+            return
         self.qp.set_rts()
         if self._disconnecting:  # disconnect() came before the pumps started
             self.qp.close()
@@ -111,16 +119,31 @@ class RdmaConnection:
             self.qp.on_output = None
         self.on_closed = None
 
-    async def disconnect(self) -> None:
+    async def disconnect(self, timeout: float | None = DISCONNECT_TIMEOUT) -> None:
         """Orderly close (``rdma_disconnect``): send every WR posted before, then FIN; read
-        until the peer's FIN (answers to our Reads still complete); flush what is left."""
-        if self._closing or self._disconnecting:
+        until the peer's FIN (answers to our Reads still complete); flush what is left.
+
+        A peer that never answers an outstanding Read or atomic, or never closes, would hold
+        the close for ever: after ``timeout`` seconds (None: wait) the stream is aborted, the
+        error is a :class:`~stack.errors.ConnectionTimeout`, and every WR still outstanding
+        completes with WR_FLUSH_ERR (RFC 5040 §6.2)."""
+        if not (self._closing or self._disconnecting):
+            self._disconnecting = True
+            self.qp.close()
+            self._kick()
+        with trio.move_on_after(float("inf") if timeout is None else timeout) as scope:
             await self.closed.wait()
-            return
-        self._disconnecting = True
-        self.qp.close()
-        self._kick()
-        await self.closed.wait()
+        if scope.cancelled_caught:
+            self.abort(ConnectionTimeout(f"orderly close not done within {timeout} s"))
+            await self.closed.wait()
+
+    def abort(self, error: Exception | None = None) -> None:
+        """Tear the stream down now (no FIN, no flush of what is queued); ``error`` is why."""
+        self.error = self.error or error
+        self._aborted = True
+        nursery = getattr(self, "_nursery", None)
+        if nursery is not None:
+            nursery.cancel_scope.cancel()
 
     async def wait_closed(self) -> None:
         await self.closed.wait()
@@ -155,14 +178,14 @@ class RdmaConnection:
                 self._drained = trio.Event()
                 self._kick()
                 await self._drained.wait()
-            self.error = self.endpoint.error
+            self.error = self.endpoint.error or self.error
             self.peer_closed = self.endpoint.peer_closed
             if self.endpoint.reading_done:
                 return
 
     def _feed(self, data: bytes | bytearray | None) -> bool:
         ok = self.endpoint.feed(data)
-        self.error = self.endpoint.error
+        self.error = self.endpoint.error or self.error
         self.peer_closed = self.endpoint.peer_closed
         return ok
 

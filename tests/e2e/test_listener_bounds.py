@@ -10,6 +10,7 @@ import struct
 import trio
 
 from stack.transport.cm import ConnectionManager, Listener
+from stack.transport.startup_slots import StartupSlots
 from tests.e2e.helpers import make_host
 
 
@@ -103,3 +104,60 @@ async def test_a_burst_beyond_the_backlog_queues_instead_of_refusing() -> None:
                     await request.accept(server.qp)
                 while len(connected) < 4:
                     await trio.sleep(0.01)
+
+
+# ------------------------------------------------------------------ fair startup slots
+def test_full_slots_go_to_a_quieter_address_and_the_busiest_is_refused() -> None:
+    slots = StartupSlots(total=4, per_peer=4)
+    evicted: list[str] = []
+    flood = [slots.admit("10.0.0.1", lambda i=i: evicted.append(f"a{i}")) for i in range(3)]
+    other = slots.admit("10.0.0.2", lambda: evicted.append("b0"))
+    assert all(flood) and other is not None and len(slots) == 4
+    assert slots.admit("10.0.0.1", lambda: evicted.append("a3")) is None  # busiest: refused
+    good = slots.admit("10.0.0.3", lambda: evicted.append("c0"))
+    assert good is not None and evicted == ["a0"]  # the flood's oldest slot went
+    assert slots.counts() == {"10.0.0.1": 2, "10.0.0.2": 1, "10.0.0.3": 1}
+    assert slots.evicted == 1 and len(slots) == 4
+    # 2 against 0 for a fourth address: evict again; 1 against 1 would not
+    assert slots.admit("10.0.0.4", lambda: None) is not None and evicted == ["a0", "a1"]
+    assert slots.admit("10.0.0.5", lambda: None) is None
+    slots.release(flood[0])  # the evicted connection's own release is a no-op
+    assert len(slots) == 4
+    slots.release(good)
+    assert len(slots) == 3 and "10.0.0.3" not in slots.counts()
+
+
+def test_a_request_waiting_for_the_ulp_is_never_evicted() -> None:
+    slots = StartupSlots(total=2, per_peer=2)
+    a, b = (slots.admit("10.0.0.1", lambda: None) for _ in range(2))
+    assert a is not None and b is not None
+    a.evictable = b.evictable = False
+    assert slots.admit("10.0.0.2", lambda: None) is None
+
+
+def _silent_from(source: str, port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+async def test_a_silent_flood_from_other_addresses_does_not_lock_a_good_client_out() -> None:
+    """Every slot held by half-open connections from 127.0.0.2-5: a client from 127.0.0.1
+    takes one of the busiest address's slots and connects at once, not after the flood's
+    startup timeout."""
+    async with ConnectionManager.open() as cm:
+        listener = await cm.listen("127.0.0.1", 0, max_startups=8, max_startups_per_peer=4)
+        flood = [_silent_from(f"127.0.0.{2 + i % 4}", listener.port) for i in range(8)]
+        with trio.fail_after(5):
+            while sum(listener.startups.values()) < 8:
+                await trio.sleep(0.01)
+        extra = _silent_from("127.0.0.2", listener.port)  # 2 against 2: refused
+        with trio.fail_after(5):
+            while listener.refused < 1:
+                await trio.sleep(0.01)
+        with trio.fail_after(3):  # well inside the startup timeout
+            await _good_client_connects(listener, cm)
+        assert listener.slots.evicted == 1 and listener.refused == 1
+        for sock in (*flood, extra):
+            sock.close()

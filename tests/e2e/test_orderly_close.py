@@ -71,3 +71,43 @@ async def test_writes_and_sends_right_before_fin_all_land() -> None:
         (count + 1, WcStatus.WR_FLUSH_ERR),
     ]
     assert all(wc.status is WcStatus.SUCCESS for wc in client.cq.poll(100))
+
+
+async def test_disconnect_aborts_after_its_timeout_when_a_read_is_never_answered() -> None:
+    """ORD 1 and a peer that swallows Read Requests (alive, never answers, never closes):
+    the second Read waits for ORD, so the FIN can never go out and the orderly close cannot
+    finish.  disconnect() aborts after its timeout, both Reads and the Send behind them
+    complete with WR_FLUSH_ERR, and the connection's error says why."""
+    from stack.errors import ConnectionTimeout
+    from stack.wire.events import ReadRequestReceived
+
+    async with tcp_pair(client_qp={"ord": 1}) as (client, server):
+        source = server.mr(b"never read", RW)
+        server.qp.post_recv(RecvWR(9, (server.sge(server.mr(64)),)))
+        real = server.qp.handle_event
+
+        def swallow_reads(event: object) -> None:
+            if not isinstance(event, ReadRequestReceived):
+                real(event)  # type: ignore[arg-type]
+
+        server.qp.handle_event = swallow_reads  # type: ignore[method-assign]
+        sinks = [client.mr(16), client.mr(16)]
+        client.qp.post_send(
+            [
+                SendWR(i, WrOpcode.RDMA_READ, (client.sge(s),), rkey=source.rkey,
+                       remote_addr=source.base)
+                for i, s in enumerate(sinks, 1)
+            ]
+            + [SendWR(3, WrOpcode.SEND, inline_data=b"behind the reads")]
+        )  # fmt: skip
+        assert client.conn is not None and server.conn is not None
+        with trio.fail_after(10):
+            started = trio.current_time()
+            await client.conn.disconnect(timeout=0.5)
+            assert trio.current_time() - started >= 0.5  # it did wait for the close
+            await server.conn.wait_closed()
+        assert isinstance(client.conn.error, ConnectionTimeout)
+        assert [(wc.wr_id, wc.status) for wc in client.cq.poll()] == [
+            (i, WcStatus.WR_FLUSH_ERR) for i in (1, 2, 3)
+        ]
+        assert client.qp.state is QpState.ERROR

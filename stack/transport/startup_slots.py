@@ -1,0 +1,86 @@
+"""The MPA startup slots of a listener, shared fairly between peer addresses (MPA-23).
+
+A listener holds at most ``total`` connections in MPA startup at once, and at most
+``per_peer`` from one address.  When every slot is taken, a connection from an address
+that holds fewer slots than the busiest one takes the busiest address's oldest slot that is
+still in startup (its connection is closed): a silent half-open flood from a few addresses
+then delays good clients from other addresses by nothing, instead of locking them out for
+the startup timeout.  The busiest address itself is refused, so a flood cannot churn its own
+slots.  Pure accounting, no I/O: the listener closes whatever :meth:`StartupSlots.admit`
+evicts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["StartupSlot", "StartupSlots"]
+
+
+@dataclass(eq=False, slots=True)
+class StartupSlot:
+    """One connection's slot: ``evict`` ends its startup; ``evictable`` until the MPA
+    request has arrived (a complete request waits for the ULP and is never taken)."""
+
+    host: str
+    evict: Callable[[], None]
+    evictable: bool = True
+    released: bool = field(default=False)
+
+
+class StartupSlots:
+    """Admission and release of startup slots by peer address."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total = total
+        self.per_peer = per_peer
+        self._by_host: dict[str, deque[StartupSlot]] = {}
+        self._count = 0
+        self.evicted = 0
+        """Slots taken from the busiest address for another one."""
+
+    def __len__(self) -> int:
+        return self._count
+
+    def counts(self) -> dict[str, int]:
+        """Slots held per address."""
+        return {host: len(slots) for host, slots in self._by_host.items()}
+
+    def admit(self, host: str, evict: Callable[[], None]) -> StartupSlot | None:
+        """A slot for a new connection from ``host``, or None (refused).  When the slots are
+        all taken, the busiest address's oldest evictable slot is released and its
+        ``evict`` called, if that address holds at least two more slots than ``host``."""
+        held = len(self._by_host.get(host, ()))
+        if held >= self.per_peer:
+            return None
+        if self._count >= self.total and not self._evict_for(held):
+            return None
+        slot = StartupSlot(host, evict)
+        self._by_host.setdefault(host, deque()).append(slot)
+        self._count += 1
+        return slot
+
+    def release(self, slot: StartupSlot) -> None:
+        """The connection's startup ended (or it was evicted); a second release is a no-op."""
+        if slot.released:
+            return
+        slot.released = True
+        slots = self._by_host[slot.host]
+        slots.remove(slot)
+        if not slots:
+            del self._by_host[slot.host]
+        self._count -= 1
+
+    def _evict_for(self, held: int) -> bool:
+        busiest = max(self._by_host.values(), key=len, default=None)
+        if busiest is None or len(busiest) < held + 2:
+            return False
+        victim = next((slot for slot in busiest if slot.evictable), None)
+        if victim is None:
+            return False
+        self.release(victim)
+        self.evicted += 1
+        victim.evict()
+        return True
