@@ -82,6 +82,14 @@ class QpEndpoint:
                 if isinstance(event, PeerClosed):
                     self.peer_closed = True
                     self.closing = True
+                    if self._holding and self.qp.has_outgoing:
+                        # MPA-25: nothing of ours may go out before the initiator's first
+                        # FPDU, and it closed without one: what we queued is flushed.
+                        self.qp.fatal(
+                            None,
+                            send_terminate=False,
+                            detail="peer closed before its first FPDU (MPA-25)",
+                        )
                     self.qp.peer_closed()
                     return self._stop()
                 if isinstance(event, ConnectionFailed):
@@ -128,10 +136,20 @@ class QpEndpoint:
         )
         self.closing = True
 
+    @property
+    def _holding(self) -> bool:
+        """Responder before the initiator's first FPDU (MPA-25): messages stay queued."""
+        mpa = getattr(self.engine, "mpa", None)
+        return mpa is not None and mpa.awaiting_first_fpdu
+
     def produce(self, limit: int = MAX_COALESCE) -> bytearray:
-        """Encode queued outbound messages (up to about ``limit`` payload bytes) into bytes."""
+        """Encode queued outbound messages (up to about ``limit`` payload bytes) into bytes.
+
+        A responder takes none while it waits for the initiator's first FPDU (MPA-25): they
+        stay on the QP's outbound queue, not yet handed to the transport, so their WRs do not
+        complete before they can be sent, and a close or loss before it flushes them."""
         qp, engine = self.qp, self.engine
-        if engine.stream is not None:
+        if engine.stream is not None and not self._holding:
             budget = limit
             while budget > 0 and qp.has_outgoing:
                 msg = qp.pop_outgoing()

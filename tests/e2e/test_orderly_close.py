@@ -111,3 +111,38 @@ async def test_disconnect_aborts_after_its_timeout_when_a_read_is_never_answered
             (i, WcStatus.WR_FLUSH_ERR) for i in (1, 2, 3)
         ]
         assert client.qp.state is QpState.ERROR
+
+
+async def test_mpa_25_a_responder_send_completes_only_once_it_can_go_out() -> None:
+    """The responder's Send, posted before the initiator's first FPDU, stays queued (not
+    completed: it has not been handed to TCP) until that FPDU arrives; then it goes out and
+    both Sends complete and are placed."""
+    async with tcp_pair() as (client, server):
+        client.qp.post_recv(RecvWR(7, (client.sge(client.mr(64)),)))
+        server.qp.post_recv(RecvWR(8, (server.sge(server.mr(64)),)))
+        server.qp.post_send(SendWR(1, WrOpcode.SEND, inline_data=b"reply first"))
+        await trio.sleep(0.2)
+        assert server.cq.poll() == [] and client.cq.poll() == []
+        client.qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=b"hello"))
+        with trio.fail_after(10):
+            while len(client.cq) < 2 or len(server.cq) < 2:
+                await trio.sleep(0.01)
+        assert sorted((wc.wr_id, wc.status) for wc in server.cq.poll()) == [
+            (1, WcStatus.SUCCESS),
+            (8, WcStatus.SUCCESS),
+        ]
+        assert sorted((wc.wr_id, wc.byte_len) for wc in client.cq.poll()) == [(2, 5), (7, 11)]
+
+
+async def test_mpa_25_an_initiator_closing_before_its_first_fpdu_flushes_the_responder_send() -> (
+    None
+):
+    """The initiator closes without ever sending an FPDU: the responder's Send could never
+    go out (MPA-25), so it completes WR_FLUSH_ERR, not SUCCESS."""
+    async with tcp_pair() as (client, server):
+        server.qp.post_send(SendWR(1, WrOpcode.SEND, inline_data=b"never sent"))
+        assert client.conn is not None and server.conn is not None
+        with trio.fail_after(10):
+            await client.conn.disconnect()
+            await server.conn.wait_closed()
+        assert [(wc.wr_id, wc.status) for wc in server.cq.poll()] == [(1, WcStatus.WR_FLUSH_ERR)]
