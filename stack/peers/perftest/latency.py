@@ -81,7 +81,9 @@ async def _completion(side: PerftestSide, d: DataQp, what: str) -> None:
     with trio.move_on_after(side.opts.timeout) as scope:
         wc = await d.send_cq.next()
     if scope.cancelled_caught:
-        raise PerftestError(f"no completion of our {what} within {side.opts.timeout} s")
+        raise PerftestError(
+            f"no completion of our {what} within {side.opts.timeout} s{_stalled_first(side)}"
+        )
     check_wc(wc.status, what)
 
 
