@@ -39,6 +39,8 @@ OPCODES = {"load": 0x10, "store": 0x11, "alloc_store": 0x12, "free": 0x13, "bind
 FLAGS = {"INLINE": 0x01, "SEAL": 0x02, "RECORD": 0x04, "INVALIDATE": 0x08, "ALLOW_UNSEALED": 0x10}
 CAP_DIRECT_LOAD, CAP_DIRECT_ALLOC, CAP_MASKED_FETCH_ADD = 0x1, 0x2, 0x8
 VALID, SEALED = 0x0001, 0x0002
+ALL_ONES_64 = (1 << 64) - 1
+"""Block Offset of a COMPLETION that names no block (§5.8)."""
 STATUS_NAMES = (
     "SUCCESS BAD_VERSION BAD_OPCODE MALFORMED BAD_FLAGS NOT_OFFERED NO_SESSION "
     "UNKNOWN_INITIATOR SESSION_EXISTS HANDLE_OUT_OF_RANGE WRONG_GENERATION NOT_VALID "
@@ -289,7 +291,9 @@ class Initiator:
         if len(data) != HEADER.size + HELLO_ACK_BODY.size:
             raise RuntimeError(f"HELLO_ACK of {len(data)} octets (want 144)")
         ver, op, _flags, got_rid, _h, _g, st = HEADER.unpack_from(data)
-        ack = dict(zip(HELLO_ACK_FIELDS, HELLO_ACK_BODY.unpack_from(data, HEADER.size)))
+        ack = dict(
+            zip(HELLO_ACK_FIELDS, HELLO_ACK_BODY.unpack_from(data, HEADER.size), strict=True)
+        )
         ack.update(status=st, status_name=status_name(st), request_id=got_rid)
         if ver != VERSION or op != HELLO_ACK or got_rid != rid:
             raise RuntimeError(f"not the HELLO_ACK of our HELLO: {data[:24].hex()}")
@@ -350,24 +354,26 @@ class Initiator:
         opcode = OPCODES[op]
         status_field = int(step.get("status_field", 0))
         head = header(opcode, flags, rid, handle, gen, status_field)
+        record = b"\0" * 16 if step.get("record") else b""  # §5.2 Completion Descriptor
         if op == "free":
-            return head, ctx
+            return head + record, ctx
         if op == "bind":
             body = BIND_BODY.pack(int(step["ticket"]), int(step["length"]), int(step["block"]))
-            return head + body, ctx
+            return head + body + record, ctx
         mr, offset = self.buffer_for(step)
         ctx["mr"], ctx["offset"] = mr, offset
         if op == "load":
             length = int(step.get("desc_len", self.ack["block_size"]))
-            mr.write(b"\0" * min(length, mr.length - offset), min(length, mr.length - offset), offset)
-            desc = DESCRIPTOR.pack(mr.rkey, mr.buf + offset, length)
-            return head + desc, ctx
+            room = min(length, mr.length - offset)
+            mr.write(b"\0" * room, room, offset)
+            return head + DESCRIPTOR.pack(mr.rkey, mr.buf + offset, length) + record, ctx
         length = int(step["length"])
         data = pattern(int(step.get("seed", 0)), length)
         if flags & FLAGS["INLINE"]:
-            return head + DESCRIPTOR.pack(0, 0, length) + data, ctx
+            stag = int(step.get("inline_stag", 0))
+            return head + DESCRIPTOR.pack(stag, 0, length) + record + data, ctx
         mr.write(data, length, offset)
-        return head + DESCRIPTOR.pack(mr.rkey, mr.buf + offset, length), ctx
+        return head + DESCRIPTOR.pack(mr.rkey, mr.buf + offset, length) + record, ctx
 
     def completion(self, data: bytes, wc_flags: int) -> dict[str, Any]:
         if len(data) != HEADER.size + COMPLETION_BODY.size:
@@ -393,9 +399,10 @@ class Initiator:
         step = ctx["step"]
         result = {"name": step.get("name", step["op"]), "op": step["op"], **comp}
         if step["op"] != "raw":
-            echoed = comp["handle"] == int(step["handle"]) and comp["request_opcode"] == OPCODES[
-                step["op"]
-            ]
+            echoed = (
+                comp["handle"] == int(step["handle"])
+                and comp["request_opcode"] == OPCODES[step["op"]]
+            )
             result["echo_ok"] = echoed
         if step["op"] == "load" and comp["status"] == 0:
             expect = pattern(int(step.get("seed", 0)), comp["data_length"])
@@ -422,10 +429,10 @@ class Initiator:
                 peak = max(peak, len(self.outstanding))
             data, wc_flags = self.s.receive()
             comp = self.completion(data, wc_flags)
-            ctx = self.outstanding.pop(comp["request_id"], None)
-            if ctx is None:
+            if comp["request_id"] not in self.outstanding:
                 raise RuntimeError(f"COMPLETION for no outstanding request: {comp}")
-            results[comp["request_id"]] = self.finish(ctx, comp)
+            done = self.outstanding.pop(comp["request_id"])
+            results[comp["request_id"]] = self.finish(done, comp)
         out = [results[r] for r in order]
         for r in out:
             r["peak_outstanding"] = peak
