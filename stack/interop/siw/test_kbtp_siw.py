@@ -386,7 +386,8 @@ def test_kbtp_pyverbs_initiator_crc_settings(
     finally:
         target.stop()
     r = check_common(out, caps=ASKED)
-    assert all(res["status"] == Status.SUCCESS for res in out["results"]), out["results"]
+    statuses = [res["status"] for res in out["results"] if res["op"] != "direct_load"]
+    assert statuses == [Status.SUCCESS] * 6, out["results"]
     assert r["load"]["data_ok"] and r["load-inline"]["data_ok"] and r["direct"]["data_ok"]
     records = dissect_json(pcap)
     rep = next(rec for rec in records if rec["type"] == "mpa_rep")
