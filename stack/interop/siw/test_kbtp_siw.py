@@ -320,7 +320,20 @@ def test_kbtp_pyverbs_initiator_every_operation(vm: SiwVM, case: str) -> None:
     }
     got = {name: r[name]["status_name"] for name in expected}
     assert got == {name: s.name for name, s in expected.items()}
-    assert r["bad-no-space"]["block_offset"] == guest.ALL_ONES_64
+    # §5.8: an error names no block; §6.8 item 7: Generation 0 when refused while decoding
+    # or not served, else the entry's current one; Handle and Opcode always echoed
+    assert all(r[name]["block_offset"] == guest.ALL_ONES_64 for name in expected)
+    assert all(r[name]["echo_ok"] for name in expected)
+    generations = {name: r[name]["generation"] for name in expected}
+    assert generations == {
+        **{name: 0 for name in ("bad-unserved", "bad-flags", "bad-inline-invalidate")},
+        "bad-status-field": 0,
+        **{name: 1 for name in ("bad-other-range", "bad-not-valid", "bad-inline-too-long")},
+        **{name: 1 for name in ("bad-too-long-for-block", "bad-no-space")},
+        **{name: 2 for name in ("bad-generation", "bad-already-valid", "bad-sealed")},
+        **{name: 2 for name in ("bad-short-descriptor", "bad-record", "bad-free-generation")},
+        "load-unsealed": 2,
+    }
     assert r["load-allow-unsealed"]["status"] == ok and r["load-allow-unsealed"]["data_ok"]
     for name in ("alloc-invalidate", "load-invalidate", "fill-15", "fill-16", "fill-17"):
         assert r[name]["status"] == ok, r[name]
