@@ -268,6 +268,40 @@ def header(opcode: int, flags: int, request_id: int, handle: int, gen: int, st: 
     return HEADER.pack(VERSION, opcode, flags, request_id, handle, gen, st)
 
 
+def parse_hello_ack(data: bytes) -> dict[str, Any]:
+    """The fields of a HELLO_ACK (§5.4), with its header's Request ID and Status."""
+    if len(data) != HEADER.size + HELLO_ACK_BODY.size:
+        raise RuntimeError(f"HELLO_ACK of {len(data)} octets (want 144)")
+    ver, op, _flags, rid, _h, _g, st = HEADER.unpack_from(data)
+    if ver != VERSION or op != HELLO_ACK:
+        raise RuntimeError(f"not a HELLO_ACK: {data[:24].hex()}")
+    body = HELLO_ACK_BODY.unpack_from(data, HEADER.size)
+    ack = dict(zip(HELLO_ACK_FIELDS, body, strict=True))
+    ack.update(status=st, status_name=status_name(st), request_id=rid)
+    return ack
+
+
+def parse_completion(data: bytes, wc_flags: int = 0) -> dict[str, Any]:
+    """The fields of a COMPLETION (§5.8) and the receive completion's flags."""
+    if len(data) != HEADER.size + COMPLETION_BODY.size:
+        raise RuntimeError(f"COMPLETION of {len(data)} octets: {data[:48].hex()}")
+    ver, op, _f, rid, handle, gen, st = HEADER.unpack_from(data)
+    length, req_op, block = COMPLETION_BODY.unpack_from(data, HEADER.size)
+    if ver != VERSION or op != COMPLETION:
+        raise RuntimeError(f"not a COMPLETION: {data[:24].hex()}")
+    return {
+        "request_id": rid,
+        "handle": handle,
+        "generation": gen,
+        "status": st,
+        "status_name": status_name(st),
+        "data_length": length,
+        "request_opcode": req_op,
+        "block_offset": block,
+        "wc_flags": wc_flags,
+    }
+
+
 class Initiator:
     """KBTP over one :class:`Session`: HELLO, requests within the credits, COMPLETIONs."""
 
@@ -288,14 +322,9 @@ class Initiator:
         rid = self._rid()
         self.s.send(header(HELLO, 0, rid, 0, 0) + HELLO_BODY.pack(caps, len(ident), 0) + ident)
         data, _ = self.s.receive()
-        if len(data) != HEADER.size + HELLO_ACK_BODY.size:
-            raise RuntimeError(f"HELLO_ACK of {len(data)} octets (want 144)")
-        ver, op, _flags, got_rid, _h, _g, st = HEADER.unpack_from(data)
-        ack = dict(
-            zip(HELLO_ACK_FIELDS, HELLO_ACK_BODY.unpack_from(data, HEADER.size), strict=True)
-        )
-        ack.update(status=st, status_name=status_name(st), request_id=got_rid)
-        if ver != VERSION or op != HELLO_ACK or got_rid != rid:
+        ack = parse_hello_ack(data)
+        st = ack["status"]
+        if ack["request_id"] != rid:
             raise RuntimeError(f"not the HELLO_ACK of our HELLO: {data[:24].hex()}")
         if st == 0:
             self._check_ack(ack, caps)
@@ -375,29 +404,12 @@ class Initiator:
         mr.write(data, length, offset)
         return head + DESCRIPTOR.pack(mr.rkey, mr.buf + offset, length) + record, ctx
 
-    def completion(self, data: bytes, wc_flags: int) -> dict[str, Any]:
-        if len(data) != HEADER.size + COMPLETION_BODY.size:
-            raise RuntimeError(f"COMPLETION of {len(data)} octets: {data[:48].hex()}")
-        ver, op, _f, rid, handle, gen, st = HEADER.unpack_from(data)
-        length, req_op, block = COMPLETION_BODY.unpack_from(data, HEADER.size)
-        if ver != VERSION or op != COMPLETION:
-            raise RuntimeError(f"not a COMPLETION: {data[:24].hex()}")
-        return {
-            "request_id": rid,
-            "handle": handle,
-            "generation": gen,
-            "status": st,
-            "status_name": status_name(st),
-            "data_length": length,
-            "request_opcode": req_op,
-            "block_offset": block,
-            "wc_flags": wc_flags,
-        }
-
     def finish(self, ctx: dict[str, Any], comp: dict[str, Any]) -> dict[str, Any]:
         """A step's result: the COMPLETION checked against its request (§4.2, §6.8 item 7)."""
         step = ctx["step"]
         result = {"name": step.get("name", step["op"]), "op": step["op"], **comp}
+        if "mr" in ctx:
+            result["desc_stag"] = int(ctx["mr"].rkey)
         if step["op"] != "raw":
             echoed = (
                 comp["handle"] == int(step["handle"])
@@ -415,7 +427,7 @@ class Initiator:
 
     def run_batch(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send ``steps`` keeping up to Request Credits outstanding (§9.2); results in order."""
-        credits = int(self.ack["credits"])
+        credits = min(int(self.ack["credits"]), len(self.s.recv_fifo))  # §4.2
         pending = list(steps)
         results: dict[int, dict[str, Any]] = {}
         order: list[int] = []
@@ -428,7 +440,7 @@ class Initiator:
                 order.append(ctx["request_id"])
                 peak = max(peak, len(self.outstanding))
             data, wc_flags = self.s.receive()
-            comp = self.completion(data, wc_flags)
+            comp = parse_completion(data, wc_flags)
             if comp["request_id"] not in self.outstanding:
                 raise RuntimeError(f"COMPLETION for no outstanding request: {comp}")
             done = self.outstanding.pop(comp["request_id"])
@@ -496,9 +508,11 @@ class Initiator:
         self.s.send(message)
         t0 = time.monotonic()
         result: dict[str, Any] = {"name": step.get("name", "expect_disconnect"), "op": op_of(step)}
+        if "mr" in ctx:
+            result["desc_stag"] = int(ctx["mr"].rkey)
         try:
             data, wc_flags = self.s.receive(float(step.get("timeout", self.s.timeout)))
-            result.update(outcome="completion", **self.completion(data, wc_flags))
+            result.update(outcome="completion", **parse_completion(data, wc_flags))
         except Disconnected:
             result.update(outcome="disconnected")
         except QpError as exc:
@@ -548,7 +562,14 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    plan = json.loads(sys.stdin.read())
+    try:
+        plan = json.loads(sys.stdin.read())
+        for key in ("host", "port", "identity"):
+            if key not in plan:
+                raise ValueError(f"the plan has no {key!r}")
+    except ValueError as exc:
+        sys.stdout.write(json.dumps({"results": [], "error": f"bad plan: {exc}"}) + "\n")
+        sys.exit(2)
     result = run(plan)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
