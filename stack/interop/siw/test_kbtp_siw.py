@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -354,7 +355,9 @@ def test_kbtp_siw_active_pyverbs_every_operation(vm: SiwVM, case: str) -> None:
     assert r2["again-direct"]["data_ok"]
     assert loaded == {h: guest.pattern(s, n) for h, (n, s) in STORED.items()}
 
-    assert "HELLO from 'siw-guest' accepted" in log, log
+    # §6.8 item 2: the failed RDMA Read is the first session's close reason at the target
+    assert re.search(r"session 1 \(siw-guest\): ended .*: REMOTE_ACCESS_ERROR", log), log
+    assert re.search(r"session 2 \(siw-guest\): ended .*closed by the initiator", log), log
     records = dissect_json(pcap)
     kbtp_ops = {r.get("kbtp_opcode_name") for r in records} - {None}
     assert kbtp_ops == {"HELLO", "HELLO_ACK", "LOAD", "STORE", "ALLOC_STORE", "FREE", "BIND",
