@@ -374,12 +374,13 @@ class Initiator:
     def build(self, step: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """The request of ``step`` (§5.5-§5.7) and what to check on its COMPLETION."""
         op = step["op"]
+        if op == "raw":  # its own Request ID, octets 4-11, is the one answered
+            data = bytes.fromhex(step["hex"])
+            return data, {"step": step, "request_id": int.from_bytes(data[4:12], "big")}
         rid = self._rid()
         flags = flag_bits(step.get("flags", []))
         handle, gen = int(step["handle"]), int(step.get("gen", 0))
         ctx: dict[str, Any] = {"step": step, "request_id": rid}
-        if op == "raw":
-            return bytes.fromhex(step["hex"]), ctx
         opcode = OPCODES[op]
         status_field = int(step.get("status_field", 0))
         head = header(opcode, flags, rid, handle, gen, status_field)

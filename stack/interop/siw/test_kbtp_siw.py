@@ -174,6 +174,7 @@ def main_steps() -> list[dict[str, Any]]:
         load("bad-record", H, 0, 0, "RECORD", record=True),
         load("bad-status-field", H, 0, 0, status_field=3),
         {"op": "free", "name": "bad-free-generation", "handle": H, "gen": 9},
+        {"op": "raw", "name": "bad-length", "hex": f"01130000 {0x7777:016x} {H:016x} 0000 0000 00"},
         alloc("alloc-unsealed", h13, n13, s13),
         load("load-unsealed", h13, 0, 0),
         load("load-allow-unsealed", h13, n13, s13, "ALLOW_UNSEALED"),
@@ -316,6 +317,7 @@ def test_kbtp_siw_active_pyverbs_every_operation(vm: SiwVM, case: str) -> None:
         "bad-record": Status.NOT_OFFERED,
         "bad-status-field": Status.MALFORMED,
         "bad-free-generation": Status.WRONG_GENERATION,
+        "bad-length": Status.MALFORMED,
         "load-unsealed": Status.NOT_SEALED,
         "bad-no-space": Status.NO_SPACE,
     }
@@ -324,11 +326,13 @@ def test_kbtp_siw_active_pyverbs_every_operation(vm: SiwVM, case: str) -> None:
     # §5.8: an error names no block; §6.8 item 7: Generation 0 when refused while decoding
     # or not served, else the entry's current one; Handle and Opcode always echoed
     assert all(r[name]["block_offset"] == guest.ALL_ONES_64 for name in expected)
-    assert all(r[name]["echo_ok"] for name in expected)
+    assert all(r[name]["echo_ok"] for name in expected if name != "bad-length")
+    assert (r["bad-length"]["request_id"], r["bad-length"]["handle"]) == (0x7777, H)
+    assert r["bad-length"]["request_opcode"] == 0x13
     generations = {name: r[name]["generation"] for name in expected}
     assert generations == {
         **{name: 0 for name in ("bad-unserved", "bad-flags", "bad-inline-invalidate")},
-        "bad-status-field": 0,
+        **{name: 0 for name in ("bad-status-field", "bad-length")},
         **{name: 1 for name in ("bad-other-range", "bad-not-valid", "bad-inline-too-long")},
         **{name: 1 for name in ("bad-too-long-for-block", "bad-no-space")},
         **{name: 2 for name in ("bad-generation", "bad-already-valid", "bad-sealed")},
@@ -380,6 +384,7 @@ def test_kbtp_siw_active_pyverbs_every_operation(vm: SiwVM, case: str) -> None:
         ("i2r", "LOAD", ["KBTP-5"]),  # bad-flags
         ("i2r", "ALLOC_STORE", ["KBTP-5.1"]),  # bad-inline-invalidate
         ("i2r", "LOAD", ["KBTP-5.1"]),  # bad-status-field
+        ("i2r", "FREE", ["KBTP-5"]),  # bad-length
         ("i2r", "Terminate", ["RDMAP-11"]),  # store-invalidated: siw's Read Response failed
     ]
 
