@@ -108,7 +108,8 @@ class KbtpClient:
     ``context``: the :class:`~stack.verbs_sync.Context` whose RNIC thread runs the session
     (shared by several clients if given; otherwise the client makes one and closes it with
     itself).  Connecting raises what :meth:`KbtpInitiator.connect` raises
-    (:class:`~kbtp.initiator_errors.HelloRefused`, ``OSError``, ...) or
+    (:class:`~kbtp.initiator_errors.HelloRefused`, :class:`~stack.transport.cm.ConnectFailed`,
+    ...) or
     :class:`TimeoutError` after ``connect_timeout`` seconds.
     """
 
