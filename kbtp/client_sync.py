@@ -109,8 +109,7 @@ class KbtpClient:
     (shared by several clients if given; otherwise the client makes one and closes it with
     itself).  Connecting raises what :meth:`KbtpInitiator.connect` raises
     (:class:`~kbtp.initiator_errors.HelloRefused`, :class:`~stack.transport.cm.ConnectFailed`,
-    ...) or
-    :class:`TimeoutError` after ``connect_timeout`` seconds.
+    ...) or :class:`TimeoutError` after ``connect_timeout`` seconds.
     """
 
     def __init__(
