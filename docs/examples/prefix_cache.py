@@ -1,7 +1,7 @@
 """A prefix cache on KBTP: the application-shaped example of docs/kbtp.md §13.6.
 
 An inference server keeps the KV cache of token prefixes it has computed.  This cache names
-each full block of tokens by a hash chained over the whole prefix up to it (so equal
+each full block of tokens by a key chained over the whole prefix up to it (so equal
 prefixes give equal keys), maps each key to a KBTP handle, stores a block's KV bytes once,
 and loads the blocks of the longest cached prefix of a new request straight into a
 preallocated KV arena (a numpy array when numpy is installed, else a ``bytearray``),
@@ -19,9 +19,9 @@ which registers and deregisters each block's buffer) on the same session as the 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import struct
+import random
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,16 +44,16 @@ class PrefixCache:
     def __init__(self, client: KbtpClient, arena: Arena, block_tokens: int) -> None:
         self.client, self.arena, self.block_tokens = client, arena, block_tokens
         self.block_size = client.block_size
-        self.handles: dict[bytes, tuple[int, int]] = {}  # key -> (handle, generation)
+        self.handles: dict[uuid.UUID, tuple[int, int]] = {}  # key -> (handle, generation)
         self.next_handle = client.ack.handle_base
 
-    def keys(self, tokens: Sequence[int]) -> list[bytes]:
-        """One key per full block: a hash over every token up to the block's end."""
-        keys, digest = [], b""
+    def keys(self, tokens: Sequence[int]) -> list[uuid.UUID]:
+        """One key per full block, chained over every token up to the block's end: a
+        name-based (SHA-1) UUID of the previous key and the block's tokens (RFC 4122 §4.3)."""
+        keys, key = [], uuid.NAMESPACE_OID
         for end in range(self.block_tokens, len(tokens) + 1, self.block_tokens):
-            chunk = struct.pack(f"<{self.block_tokens}I", *tokens[end - self.block_tokens : end])
-            digest = hashlib.sha256(digest + chunk).digest()
-            keys.append(digest)
+            key = uuid.uuid5(key, ",".join(map(str, tokens[end - self.block_tokens : end])))
+            keys.append(key)
         return keys
 
     def store(self, tokens: Sequence[int], slots: Sequence[int]) -> int:
@@ -108,8 +108,7 @@ def kv_arena(blocks: int, block_size: int) -> Any:
 
 def fake_kv(block: int, block_size: int) -> bytes:
     """Stand-in KV bytes of one computed block (distinct per block)."""
-    seed = hashlib.sha256(block.to_bytes(8, "little")).digest()
-    return (seed * (block_size // len(seed) + 1))[:block_size]
+    return random.Random(block).randbytes(block_size)
 
 
 def per_request_loads(client: KbtpClient, handles: list[int], rounds: int) -> float:
@@ -167,10 +166,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         again = cache.store(first, range(blocks))  # already cached: nothing is sent
         # Request 2 shares the prompt: load its cached prefix into slots blocks..2*blocks-1.
         hits = cache.load(second, range(blocks, 2 * blocks))
-        for i in range(hits):
-            assert bytes(arena.span((blocks + i) * block_size, block_size)) == fake_kv(
-                i, block_size
-            ), f"block {i} differs"
+        wrong = [
+            i
+            for i in range(hits)
+            if bytes(arena.span((blocks + i) * block_size, block_size)) != fake_kv(i, block_size)
+        ]
+        if wrong:
+            raise SystemExit(f"blocks {wrong} were loaded wrong")
         print(
             f"stored {stored} blocks (then {again}), prefix hit: {hits} of "
             f"{len(cache.keys(second))} blocks, every loaded byte verified"
@@ -179,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         # Throughput: the whole prefix loaded again, `rounds` times, one batch each.
         start = time.perf_counter()
         for _ in range(rounds):
-            assert cache.load(second, range(blocks, 2 * blocks)) == blocks
+            if cache.load(second, range(blocks, 2 * blocks)) != blocks:
+                raise SystemExit("a cached block failed to load")
         arena_seconds = time.perf_counter() - start
         handles = [handle for handle, _ in cache.handles.values()]
         baseline_seconds = per_request_loads(client, handles, rounds)
