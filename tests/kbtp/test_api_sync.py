@@ -3,6 +3,7 @@ submitters, closing with batches in flight (docs/kbtp.md §13.3, §13.5)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -209,3 +210,14 @@ def test_connect_errors(target: TargetThread) -> None:
     target.close()
     with pytest.raises(ConnectFailed, match="TCP connect"):
         KbtpClient("127.0.0.1", port, "a", connect_timeout=WAIT)
+
+
+def test_connect_timeout_against_a_silent_peer() -> None:
+    """A TCP peer that never answers the MPA Request: TimeoutError after connect_timeout,
+    and the client's RNIC thread is stopped (nothing left running)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        before = {t.name for t in threading.enumerate()}
+        with pytest.raises(TimeoutError):
+            KbtpClient("127.0.0.1", port, "a", connect_timeout=0.5)
+        assert {t.name for t in threading.enumerate()} - before == set()
