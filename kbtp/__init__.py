@@ -6,6 +6,12 @@ configuration (:class:`TargetConfig`, :class:`InitiatorConfig`), the messages an
 codec (:mod:`kbtp.messages`), the sans-IO cores with their actions and events
 (:class:`TargetCore`, :class:`InitiatorCore`), the wire constants and the errors.  Each is
 imported from its module on first use, so ``import kbtp.messages`` stays light.
+
+The application API (docs/kbtp.md §13): :class:`Arena` (memory registered once),
+:class:`BlockRef` / :class:`BlockResult` and the batch calls (:func:`load_batch`,
+:func:`store_batch`, :func:`free_batch`), :class:`KbtpClient` with its
+:class:`BatchTicket` for threads, :class:`AsyncKbtpClient` for asyncio, and
+:class:`TargetThread`, a target without a trio loop of the caller's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kbtp.arena import Arena, ArenaError
+    from kbtp.batch import BlockRef, BlockResult, free_batch, load_batch, store_batch
+    from kbtp.client_async import AsyncKbtpClient
+    from kbtp.client_sync import BatchTicket, KbtpClient
     from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
     from kbtp.initiator import KbtpInitiator, OpStats
     from kbtp.initiator_core import (
@@ -68,12 +78,19 @@ if TYPE_CHECKING:
     )
     from kbtp.target_config import InitiatorConfig, TargetConfig
     from kbtp.target_core import TargetCore
+    from kbtp.target_thread import TargetThread
 
 __all__ = [
     "Action",
     "AllocState",
     "AllocStore",
+    "Arena",
+    "ArenaError",
+    "AsyncKbtpClient",
+    "BatchTicket",
     "Bind",
+    "BlockRef",
+    "BlockResult",
     "Capability",
     "CloseSession",
     "CommonHeader",
@@ -95,6 +112,7 @@ __all__ = [
     "InitiatorCore",
     "InitiatorEvent",
     "InvalidateStag",
+    "KbtpClient",
     "KbtpError",
     "KbtpInitiator",
     "KbtpStatusError",
@@ -122,16 +140,24 @@ __all__ = [
     "TableFlag",
     "TargetConfig",
     "TargetCore",
+    "TargetThread",
     "WriteOp",
     "WriteToInitiator",
     "check_pool",
     "decode_message",
     "encode_message",
+    "free_batch",
     "inline_descriptor",
+    "load_batch",
     "peek_header",
+    "store_batch",
 ]
 
 _MODULES: dict[str, tuple[str, ...]] = {
+    "kbtp.arena": ("Arena", "ArenaError"),
+    "kbtp.batch": ("BlockRef", "BlockResult", "free_batch", "load_batch", "store_batch"),
+    "kbtp.client_async": ("AsyncKbtpClient",),
+    "kbtp.client_sync": ("BatchTicket", "KbtpClient"),
     "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
     "kbtp.initiator": ("KbtpInitiator", "OpStats"),
     "kbtp.initiator_core": (
@@ -186,6 +212,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "kbtp.target_config": ("InitiatorConfig", "TargetConfig"),
     "kbtp.target_core": ("TargetCore",),
+    "kbtp.target_thread": ("TargetThread",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 """The module each public name lives in."""
