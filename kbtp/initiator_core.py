@@ -444,7 +444,7 @@ class DirectAlloc:
             ticket = counter_ticket(result, n, self.counter_format)
             if ticket is None:
                 fmt = self.counter_format.value
-                raise _refuse(f"a Head of 0x{result:016x}, no counter of its ring ({fmt}, §3.3)")
+                raise _refuse(f"a Head of 0x{result:016x}, no counter of its ring ({fmt} format)")
             self.ticket, self.slot_offset = ticket, SLOT_LEN * (ticket % (1 << n))
             self.state = AllocState.READ
         elif self.state in (AllocState.READ, AllocState.CONFIRM):
