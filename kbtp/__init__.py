@@ -14,7 +14,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
+    from kbtp.constants import (
+        Capability,
+        CounterFormat,
+        MessageOpcode,
+        RequestFlag,
+        Status,
+        TableFlag,
+    )
     from kbtp.initiator import KbtpInitiator, OpStats
     from kbtp.initiator_core import (
         AllocState,
@@ -78,6 +85,7 @@ __all__ = [
     "CloseSession",
     "CommonHeader",
     "CompareSwapOp",
+    "CounterFormat",
     "Completion",
     "CompletionDescriptor",
     "CompletionRecord",
@@ -132,7 +140,14 @@ __all__ = [
 ]
 
 _MODULES: dict[str, tuple[str, ...]] = {
-    "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
+    "kbtp.constants": (
+        "Capability",
+        "CounterFormat",
+        "MessageOpcode",
+        "RequestFlag",
+        "Status",
+        "TableFlag",
+    ),
     "kbtp.initiator": ("KbtpInitiator", "OpStats"),
     "kbtp.initiator_core": (
         "AllocState",
