@@ -5,7 +5,8 @@ verbs) allocate directly: Head holds the Ticket in its high 32 bits and zero bel
 slot is 16 x (Ticket mod N).  These tests drive the ring and the target core through N, 2N,
 3N tickets and across the 32-bit ticket wrap in both formats, run both formats side by side
 on one target, switch an identity's format between sessions, and corrupt an unmasked Head
-the ways a hostile initiator's atomics can (docs/kbtp.md §6.7).
+the ways a hostile initiator's atomics can (docs/kbtp.md §6.7), and recover a pool killed with
+unmasked tickets in flight (§12.3).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from kbtp.constants import (
 )
 from kbtp.layout import RingGeometry, read_counter, write_counter
 from kbtp.messages import Bind, DataDescriptor, Free, Hello, HelloAck, Load
+from kbtp.pool_recovery import apply_recovery, plan_recovery, read_ring_blocks, read_table
 from kbtp.ring import CounterCorrupt, FreeRing, make_local_fetch_add
 from kbtp.target_actions import CloseSession, SendMessage
 from kbtp.target_config import InitiatorConfig
+from kbtp.target_core import TargetCore
 from stack.wire.atomics import fetch_add
 from tests.kbtp.helpers import A, B, C, Harness, default_config
 from tests.kbtp.test_target_core import DIRECT, SA, SC, inline_alloc, rejected
@@ -389,3 +392,41 @@ def test_s4_3_hello_ack_of_an_unmasked_session_round_trips() -> None:
     assert isinstance(ack, HelloAck)
     assert ack.capabilities & Capability.UNMASKED_COUNTER
     assert not ack.capabilities & Capability.MASKED_FETCH_ADD  # never echoed
+
+
+# ======================================================================================
+# The persistent pool (docs/kbtp.md §12.3): the format is a session's, not the file's
+# ======================================================================================
+
+
+def test_s12_3_recovery_counts_unmasked_tickets_in_flight_and_rebuilds_masked() -> None:
+    """A pool killed with two unmasked direct tickets taken and not bound: recovery reads
+    the unmasked Head, reclaims exactly those two blocks, keeps the sealed one, and
+    rebuilds the ring in the masked format; the next unmasked HELLO switches it back."""
+    h = Harness()
+    h.connect(SC, b"c", UNMASKED)
+    ticket, block = _direct(h, SC, b"sealed")
+    assert h.request(SC, Bind(1, 32, ticket, 6, block, flags=RequestFlag.SEAL)).ok
+    _direct(h, SC, b"in flight")
+    h.direct_fetch_add(SC)
+    core, lay, mem = h.core, h.core.layout, h.core.memory
+    assert _head_value(h, b"c") == 3 << 32  # no counter of the masked format
+    plan = plan_recovery(
+        core.config, lay, read_table(mem, lay), lay.base_to, read_ring_blocks(mem, lay)
+    )
+    r = plan.report
+    assert (r.sealed, r.reclaimed, r.repaired) == (1, 2, 0), r.line()
+    apply_recovery(mem, lay, plan)
+    again = TargetCore(core.config, mem, recovered=True)
+    ring = again.ring_of(b"c")
+    assert ring.counter_format is CounterFormat.MASKED
+    assert read_counter(mem, ring.geometry.head_offset) == pack_counter(0, 0)
+    assert len(ring.available_blocks()) == 2 and block not in ring.available_blocks()
+    h2 = Harness(core.config)
+    h2.core = again
+    h2.connect(7, b"c", UNMASKED)
+    assert ring.counter_format is CounterFormat.UNMASKED
+    t2, b2 = _direct(h2, 7, b"after")
+    assert (t2, _head_value(h2, b"c")) == (0, 1 << 32)
+    assert h2.request(7, Bind(2, 33, t2, 5, b2, flags=RequestFlag.SEAL)).ok
+    assert _load(h2, 7, 32, 6) == b"sealed" and _load(h2, 7, 33, 5) == b"after"
