@@ -41,15 +41,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from kbtp.constants import (
-    DIRECT_CAPABILITIES,
-    MIN_TARGET_IRD_DIRECT,
-    MIN_TARGET_ORD,
-    RDMAP_BINDING_CAPABILITIES,
-    Capability,
-    CounterFormat,
-    Status,
-)
+from kbtp.constants import MIN_TARGET_ORD, Capability, CounterFormat, Status
 from kbtp.layout import PartitionLayout, TargetLayout, init_table
 from kbtp.messages import (
     AllocStore,
@@ -77,6 +69,7 @@ from kbtp.target_config import (
     TargetConfig,
     check_config,
     check_handle_ranges,
+    granted_capabilities,
     plan_target_layout,
 )
 from kbtp.target_ops import RequestOps
@@ -589,19 +582,7 @@ class TargetCore(RequestOps, TicketOps):
             )
             return
         cfg = ini.config
-        allowed = Capability.NONE
-        if cfg.direct_load:
-            allowed |= Capability.DIRECT_LOAD
-        if cfg.direct_alloc and hello.capabilities & (
-            Capability.MASKED_FETCH_ADD | Capability.UNMASKED_COUNTER
-        ):
-            # A counter format the initiator's FetchAdd can advance (§4.3).
-            allowed |= Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
-        if sess.ird is not None and sess.ird < MIN_TARGET_IRD_DIRECT:
-            allowed &= ~DIRECT_CAPABILITIES  # no Read or atomic of the initiator can arrive
-        granted = Capability(hello.capabilities) & allowed & RDMAP_BINDING_CAPABILITIES
-        if not granted & Capability.DIRECT_ALLOC:
-            granted &= ~Capability.UNMASKED_COUNTER
+        granted = granted_capabilities(cfg, Capability(hello.capabilities), sess.ird)
         sess.identity = hello.identity
         sess.capabilities = granted
         ini.session = session
