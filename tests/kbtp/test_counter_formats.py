@@ -32,12 +32,19 @@ from kbtp.layout import RingGeometry, read_counter, write_counter
 from kbtp.messages import Bind, DataDescriptor, Free, Hello, HelloAck, Load
 from kbtp.pool_recovery import apply_recovery, plan_recovery, read_ring_blocks, read_table
 from kbtp.ring import CounterCorrupt, FreeRing, make_local_fetch_add
-from kbtp.target_actions import CloseSession, SendMessage
+from kbtp.target_actions import CloseSession, InvalidateStag, SendMessage
 from kbtp.target_config import InitiatorConfig
 from kbtp.target_core import TargetCore
 from stack.wire.atomics import fetch_add
 from tests.kbtp.helpers import A, B, C, Harness, default_config
-from tests.kbtp.test_target_core import DIRECT, SA, SC, inline_alloc, rejected
+from tests.kbtp.test_target_core import (
+    DIRECT,
+    SA,
+    SC,
+    _defer_behind_direct_ticket,
+    inline_alloc,
+    rejected,
+)
 
 UNMASKED = DIRECT | Capability.UNMASKED_COUNTER
 D = InitiatorConfig(b"d", 48, 8, 3, "green", direct_alloc=True)
@@ -430,3 +437,33 @@ def test_s12_3_recovery_counts_unmasked_tickets_in_flight_and_rebuilds_masked() 
     assert (t2, _head_value(h2, b"c")) == (0, 1 << 32)
     assert h2.request(7, Bind(2, 33, t2, 5, b2, flags=RequestFlag.SEAL)).ok
     assert _load(h2, 7, 32, 6) == b"sealed" and _load(h2, 7, 33, 5) == b"after"
+
+
+# ======================================================================================
+# Deferred frees and the Ticket Timeout on an unmasked ring (draft §3.3, §3.4; §6.7)
+# ======================================================================================
+
+
+@pytest.mark.parametrize("start", [0, TICKET_MASK - 1], ids=["tickets from 0", "wrapping"])
+def test_s3_4_unmasked_abandoned_tickets_behind_a_deferred_free_are_reclaimed(
+    start: int,
+) -> None:
+    c2 = InitiatorConfig(b"c", 32, 8, 2, "green", direct_alloc=True)
+    h = Harness(default_config(initiators=(A, c2), pool_blocks=4))
+    h.connect(SC, b"c", Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER)
+    ring = h.core.ring_of(b"c")
+    ring.initialize(h.core._partition_blocks(h.core.layout.partitions[0]), first_ticket=start)
+    t1, t3, _ = _defer_behind_direct_ticket(h)
+    assert (t1, t3) == ((start + 1) & TICKET_MASK, (start + 3) & TICKET_MASK)
+    h.tick(0.0)
+    assert h.core.usage(b"c") == 2
+    h.tick(1.5)  # both expire: the STags are invalidated, then both blocks reclaimed
+    h.finish_all((InvalidateStag,))
+    assert h.core.usage(b"c") == 0 and ring.deferred == {} and ring.outstanding == {}
+    assert sorted(ring.available_blocks()) == h.core._partition_blocks(h.core.layout.partitions[0])
+    rejected(h, SC, Bind(9, 34, t3, 1, 0), Status.TICKET_ABANDONED)
+    g = ring.geometry
+    for offset in (g.head_offset, g.tail_offset):  # the reclaims' FetchAdds kept the format
+        value = read_counter(h.core.memory, offset)
+        assert counter_ticket(value, g.order, ring.counter_format) is not None
+    assert ring.counter_format is CounterFormat.UNMASKED and not h.closed
