@@ -11,6 +11,8 @@ unmasked tickets in flight (§12.3).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kbtp.constants import (
@@ -28,8 +30,18 @@ from kbtp.constants import (
     pack_counter,
     ring_add_mask,
 )
+from kbtp.initiator_core import DirectAlloc, FetchAddOp, InitiatorCore, check_hello_ack
 from kbtp.layout import RingGeometry, read_counter, write_counter
-from kbtp.messages import Bind, DataDescriptor, Free, Hello, HelloAck, Load
+from kbtp.messages import (
+    Bind,
+    DataDescriptor,
+    Free,
+    Hello,
+    HelloAck,
+    KbtpError,
+    Load,
+    decode_message,
+)
 from kbtp.pool_recovery import apply_recovery, plan_recovery, read_ring_blocks, read_table
 from kbtp.ring import CounterCorrupt, FreeRing, make_local_fetch_add
 from kbtp.target_actions import CloseSession, InvalidateStag, SendMessage
@@ -37,6 +49,7 @@ from kbtp.target_config import InitiatorConfig
 from kbtp.target_core import TargetCore
 from stack.wire.atomics import fetch_add
 from tests.kbtp.helpers import A, B, C, Harness, default_config
+from tests.kbtp.test_initiator_hostile import GOOD
 from tests.kbtp.test_target_core import (
     DIRECT,
     SA,
@@ -467,3 +480,35 @@ def test_s3_4_unmasked_abandoned_tickets_behind_a_deferred_free_are_reclaimed(
         value = read_counter(h.core.memory, offset)
         assert counter_ticket(value, g.order, ring.counter_format) is not None
     assert ring.counter_format is CounterFormat.UNMASKED and not h.closed
+
+
+# ======================================================================================
+# The initiator's side of the negotiation (docs/kbtp.md §4.2, §4.3)
+# ======================================================================================
+
+
+def test_s4_3_the_initiator_asks_for_one_format_and_checks_the_grant() -> None:
+    plain = InitiatorCore(b"v", DIRECT | Capability.UNMASKED_COUNTER)
+    hello = decode_message(plain.hello())
+    assert isinstance(hello, Hello)
+    assert hello.capabilities == DIRECT | Capability.UNMASKED_COUNTER  # no MASKED_FETCH_ADD
+    masked = decode_message(InitiatorCore(b"m", DIRECT).hello())
+    assert isinstance(masked, Hello)
+    assert masked.capabilities == DIRECT | Capability.MASKED_FETCH_ADD
+    asked = DIRECT | Capability.UNMASKED_COUNTER
+    unmasked_ack = replace(GOOD, capabilities=asked)
+    check_hello_ack(unmasked_ack, asked)
+    with pytest.raises(KbtpError, match="masked counter to a plain FetchAdd"):
+        check_hello_ack(GOOD, asked)  # DIRECT_ALLOC in the masked format: unusable
+    lone = Capability.DIRECT_LOAD | Capability.UNMASKED_COUNTER
+    with pytest.raises(KbtpError, match="UNMASKED_COUNTER without DIRECT_ALLOC"):
+        check_hello_ack(replace(GOOD, capabilities=lone), asked)
+    # The step machine's FetchAdd follows the grant; a masked value is no counter here.
+    alloc = DirectAlloc(unmasked_ack, b"x")
+    op = alloc.next_op()
+    assert isinstance(op, FetchAddOp) and (op.add, op.mask) == (RING_ADD_DATA_UNMASKED, 0)
+    with pytest.raises(KbtpError, match="no counter of its ring"):
+        alloc.feed(pack_counter(1, 16))
+    alloc = DirectAlloc(unmasked_ack, b"x")
+    alloc.feed(5 << 32)
+    assert (alloc.ticket, alloc.slot_offset) == (5, 16 * (5 % 4))
