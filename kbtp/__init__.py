@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     from kbtp.batch import BlockRef, BlockResult, free_batch, load_batch, store_batch
     from kbtp.client_async import AsyncKbtpClient
     from kbtp.client_sync import BatchTicket, KbtpClient
-    from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, TableFlag
+    from kbtp.constants import (
+        Capability,
+        CounterFormat,
+        MessageOpcode,
+        RequestFlag,
+        Status,
+        TableFlag,
+    )
     from kbtp.initiator import KbtpInitiator, OpStats
     from kbtp.initiator_core import (
         AllocState,
@@ -95,6 +102,7 @@ __all__ = [
     "CloseSession",
     "CommonHeader",
     "CompareSwapOp",
+    "CounterFormat",
     "Completion",
     "CompletionDescriptor",
     "CompletionRecord",
@@ -158,7 +166,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "kbtp.batch": ("BlockRef", "BlockResult", "free_batch", "load_batch", "store_batch"),
     "kbtp.client_async": ("AsyncKbtpClient",),
     "kbtp.client_sync": ("BatchTicket", "KbtpClient"),
-    "kbtp.constants": ("Capability", "MessageOpcode", "RequestFlag", "Status", "TableFlag"),
+    "kbtp.constants": (
+        "Capability",
+        "CounterFormat",
+        "MessageOpcode",
+        "RequestFlag",
+        "Status",
+        "TableFlag",
+    ),
     "kbtp.initiator": ("KbtpInitiator", "OpStats"),
     "kbtp.initiator_core": (
         "AllocState",

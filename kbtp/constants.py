@@ -8,7 +8,7 @@ here in code.  Every other KBTP module imports these names.
 
 from __future__ import annotations
 
-from enum import IntEnum, IntFlag
+from enum import Enum, IntEnum, IntFlag
 
 from stack.constants import ALL_ONES_64
 from stack.errors import LocalError
@@ -81,11 +81,19 @@ class Capability(IntFlag):
     RECORD_COMPLETION = 0x0004
     MASKED_FETCH_ADD = 0x0008
     """HELLO only: the initiator's RNIC issues RFC 7306 masked Fetch and Add, which
-    DIRECT_ALLOC needs (§3.3); a target grants DIRECT_ALLOC only with it and never
-    echoes it in HELLO_ACK."""
+    DIRECT_ALLOC needs with the §3.3 counter format; never echoed in HELLO_ACK."""
+    UNMASKED_COUNTER = 0x0010
+    """HELLO: the initiator asks for its partition ring in the unmasked counter format of
+    draft §9.2 (it issues only plain Fetch and Add); HELLO_ACK: granted with DIRECT_ALLOC,
+    the partition's Head and Tail are in that format for the session (docs/kbtp.md §4.3)."""
 
 
-RDMAP_BINDING_CAPABILITIES = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+DIRECT_CAPABILITIES = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
+"""Capabilities whose use needs RDMA Reads or atomics of the initiator (docs/kbtp.md §4.1)."""
+
+RDMAP_BINDING_CAPABILITIES = (
+    Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
+)
 """What a target may grant on the RDMAP binding: never RECORD_COMPLETION (draft §6.5, §9.1)."""
 
 
@@ -124,6 +132,7 @@ class Status(IntEnum):
     CREDIT_EXCEEDED = 21
     REMOTE_ACCESS_ERROR = 22
     TARGET_FAILURE = 23
+    IRD_ORD_TOO_LOW = 24
 
 
 SESSION_FATAL_STATUSES = frozenset(
@@ -136,6 +145,7 @@ SESSION_FATAL_STATUSES = frozenset(
         Status.CREDIT_EXCEEDED,
         Status.REMOTE_ACCESS_ERROR,
         Status.TARGET_FAILURE,
+        Status.IRD_ORD_TOO_LOW,
     }
 )
 """Statuses after which the target closes the session (docs/kbtp.md §9.3).
@@ -184,7 +194,7 @@ TICKET_MASK = TICKET_MODULUS - 1
 RING_ADD_DATA = 0x0000000100000010
 """Add Data of every Head/Tail FetchAdd: Ticket + 1, Slot Offset + 16 (draft §3.3)."""
 RING_ADD_DATA_UNMASKED = 0x0000000100000000
-"""Add Data with an unmasked Fetch and Add (draft §9.2; not used on the RDMAP binding)."""
+"""Add Data of the unmasked counter format (draft §9.2): Ticket + 1, low 32 bits zero."""
 RING_MIN_ORDER = 1
 """n >= 1: with n = 0 the +16 of Add Data would land in the zero field (docs/kbtp.md §3.3)."""
 RING_MAX_ORDER = 28
@@ -221,10 +231,51 @@ def unpack_counter(value: int, order: int) -> tuple[int, int]:
     return (value >> 32) & TICKET_MASK, value & ((1 << (order + 4)) - 1)
 
 
+class CounterFormat(Enum):
+    """How a ring's Head and Tail encode the Ticket (docs/kbtp.md §3.3, §4.3).
+
+    MASKED: draft §3.3, Ticket in bits 63-32 and Slot Offset below, advanced by the masked
+    FetchAdd of RFC 7306.  UNMASKED: draft §9.2, Ticket in bits 63-32 and zero below,
+    advanced by a plain Fetch and Add; the slot is 16 x (Ticket mod N).
+    """
+
+    MASKED = "masked"
+    UNMASKED = "unmasked"
+
+
+def counter_value(fmt: CounterFormat, ticket: int, order: int) -> int:
+    """The counter value holding ``ticket`` in format ``fmt`` on a ring of order ``order``."""
+    ticket &= TICKET_MASK
+    if fmt is CounterFormat.UNMASKED:
+        return ticket << 32
+    return pack_counter(ticket, SLOT_LEN * (ticket % (1 << order)))
+
+
+def counter_operands(fmt: CounterFormat, order: int) -> tuple[int, int]:
+    """(Add Data, Add Mask) of the FetchAdd that takes a ticket in format ``fmt``; an Add
+    Mask of 0 is the plain Fetch and Add (RFC 7306 §5.1)."""
+    if fmt is CounterFormat.UNMASKED:
+        return RING_ADD_DATA_UNMASKED, 0
+    return RING_ADD_DATA, ring_add_mask(order)
+
+
+def counter_ticket(value: int, order: int, fmt: CounterFormat) -> int | None:
+    """The Ticket of a counter value, or None if no sequence of the format's FetchAdds
+    from an initialized ring can produce ``value`` (a corrupted counter, docs/kbtp.md §6.7)."""
+    ticket = (value >> 32) & TICKET_MASK
+    return ticket if value == counter_value(fmt, ticket, order) else None
+
+
 # --------------------------------------------------------------------------------------
 # Defaults of this implementation (advertised in HELLO_ACK, docs/kbtp.md §5.4)
 # --------------------------------------------------------------------------------------
 
+MIN_TARGET_ORD = 1
+"""A target's ORD on a stream is at least 1: STORE and ALLOC_STORE need its RDMA Reads, which
+the initiator's IRD bounds (docs/kbtp.md §4.1 item 2); below it HELLO gets IRD_ORD_TOO_LOW."""
+MIN_TARGET_IRD_DIRECT = 1
+"""A target's IRD is at least 1 for the direct modes, whose RDMA Reads and atomics the
+initiator's ORD bounds (docs/kbtp.md §4.1 item 2); below it they are not granted."""
 DEFAULT_REQUEST_CREDITS = 16
 DEFAULT_MAX_INLINE = 4096
 DEFAULT_TICKET_TIMEOUT = 2.0

@@ -24,7 +24,6 @@ from kbtp.constants import (
     DEFAULT_MAX_BLOCK_SIZE,
     RDMAP_BINDING_CAPABILITIES,
     REQUEST_OPCODES,
-    RING_ADD_DATA,
     RING_MAX_ORDER,
     RING_MIN_ORDER,
     SLOT_LEN,
@@ -32,10 +31,11 @@ from kbtp.constants import (
     TICKET_MASK,
     TICKET_MODULUS,
     Capability,
+    CounterFormat,
     RequestFlag,
     Status,
-    ring_add_mask,
-    unpack_counter,
+    counter_operands,
+    counter_ticket,
 )
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import (
@@ -103,11 +103,17 @@ def check_hello_ack(
     bits; with DIRECT_LOAD, the range's table entries within 64 bits and at or above Table
     Base Handle; with DIRECT_ALLOC, Ring Order within 1..28 (docs/kbtp.md §3.3) with N ≥
     quota ≥ 1, Partition Length = quota × Block Size, an 8-aligned Head, the slots and
-    partition within 64 bits, and a Ticket Timeout of at least 1 ms.
+    partition within 64 bits, and a Ticket Timeout of at least 1 ms; UNMASKED_COUNTER
+    granted only with DIRECT_ALLOC, and with it whenever requested (docs/kbtp.md §4.3).
     """
     granted = Capability(ack.capabilities)
     if granted & ~(requested & RDMAP_BINDING_CAPABILITIES):
         raise _refuse(f"capabilities {granted!r}, asked for {requested!r}")
+    if granted & Capability.UNMASKED_COUNTER and not granted & Capability.DIRECT_ALLOC:
+        raise _refuse("UNMASKED_COUNTER without DIRECT_ALLOC")
+    if granted & Capability.DIRECT_ALLOC and requested & Capability.UNMASKED_COUNTER:
+        if not granted & Capability.UNMASKED_COUNTER:
+            raise _refuse("DIRECT_ALLOC with the masked counter to a plain FetchAdd")
     if not 1 <= ack.block_size <= max_block_size:
         raise _refuse(f"a Block Size of {ack.block_size} (accepted: 1..{max_block_size})")
     if ack.request_credits < 1:
@@ -193,7 +199,7 @@ class InitiatorCore:
             raise LocalError("HELLO already sent")
         self._hello_id = self._take_id()
         caps = self.capabilities
-        if caps & Capability.DIRECT_ALLOC:
+        if caps & Capability.DIRECT_ALLOC and not caps & Capability.UNMASKED_COUNTER:
             caps |= Capability.MASKED_FETCH_ADD  # this stack's RNIC issues it (RFC 7306)
         return Hello(self._hello_id, caps, self.identity).encode()
 
@@ -413,12 +419,18 @@ class DirectAlloc:
         self.polls = 0
         self._seen: Slot | None = None
 
+    @property
+    def counter_format(self) -> CounterFormat:
+        """The partition counter's format for the session (docs/kbtp.md §4.3)."""
+        if self.ack.capabilities & Capability.UNMASKED_COUNTER:
+            return CounterFormat.UNMASKED
+        return CounterFormat.MASKED
+
     def next_op(self) -> DirectOp | None:
         ack = self.ack
         if self.state is AllocState.FETCH:
-            return FetchAddOp(
-                ack.head_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
-            )
+            add, mask = counter_operands(self.counter_format, ack.ring_order)
+            return FetchAddOp(ack.head_stag, ack.head_offset, add, mask)
         if self.state in (AllocState.READ, AllocState.CONFIRM):
             return ReadOp(ack.ring_stag, ack.ring_offset + self.slot_offset, SLOT_LEN)
         if self.state is AllocState.WRITE:
@@ -428,9 +440,12 @@ class DirectAlloc:
     def feed(self, result: int | bytes) -> None:
         if self.state is AllocState.FETCH:
             assert isinstance(result, int)
-            self.ticket, self.slot_offset = unpack_counter(result, self.ack.ring_order)
-            if self.slot_offset != SLOT_LEN * (self.ticket % (1 << self.ack.ring_order)):
-                raise _refuse(f"a Head of 0x{result:016x}, no counter of its ring (§3.3)")
+            n = self.ack.ring_order
+            ticket = counter_ticket(result, n, self.counter_format)
+            if ticket is None:
+                fmt = self.counter_format.value
+                raise _refuse(f"a Head of 0x{result:016x}, no counter of its ring ({fmt} format)")
+            self.ticket, self.slot_offset = ticket, SLOT_LEN * (ticket % (1 << n))
             self.state = AllocState.READ
         elif self.state in (AllocState.READ, AllocState.CONFIRM):
             assert not isinstance(result, int)

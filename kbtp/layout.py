@@ -28,8 +28,9 @@ from kbtp.constants import (
     SLOT_LEN,
     TABLE_ENTRY_LEN,
     TICKET_MASK,
+    CounterFormat,
     TableFlag,
-    pack_counter,
+    counter_value,
     ring_add_mask,
     ring_order_for,
     unpack_counter,
@@ -215,24 +216,34 @@ class RingGeometry:
         return unpack_counter(value, self.order)
 
 
-def init_ring(buf: memoryview, geometry: RingGeometry, blocks: list[int]) -> None:
+def init_ring(
+    buf: memoryview,
+    geometry: RingGeometry,
+    blocks: list[int],
+    fmt: CounterFormat = CounterFormat.MASKED,
+    first_ticket: int = 0,
+) -> None:
     """Initialize a ring with the Block Offsets ``blocks`` (F = len(blocks)), per draft §3.3.
 
-    Slot s < F gets {Sequence s, blocks[s]}; slot F <= s < N gets {s - N mod 2**32, all
-    ones}; Head = (0, 0); Tail = (F, 16 * (F mod N)).
+    With ticket t_i = first_ticket + i: the slot of t_i (i < F) gets {t_i, blocks[i]}, the
+    slot of t_i (F <= i < N) gets {t_i - N mod 2**32, all ones}; Head holds t_0 and Tail
+    t_F in counter format ``fmt``.  ``first_ticket`` 0 is the draft's initialization; other
+    values start the tickets elsewhere (near the 32-bit wrap, to test it).
     """
     n_slots = geometry.slots
     f = len(blocks)
     if f > n_slots:
         raise LocalError(f"{f} blocks do not fit a ring of {n_slots} slots (N >= F)")
-    for s in range(n_slots):
-        at = geometry.slots_offset + s * SLOT_LEN
-        if s < f:
-            write_slot(buf, at, s, blocks[s])
+    for i in range(n_slots):
+        ticket = (first_ticket + i) & TICKET_MASK
+        at = geometry.slots_offset + geometry.slot_offset(ticket)
+        if i < f:
+            write_slot(buf, at, ticket, blocks[i])
         else:
-            write_slot(buf, at, (s - n_slots) & TICKET_MASK, EMPTY_BLOCK_OFFSET)
-    write_counter(buf, geometry.head_offset, pack_counter(0, 0), geometry.byteorder)
-    tail = pack_counter(f, geometry.slot_offset(f))
+            write_slot(buf, at, (ticket - n_slots) & TICKET_MASK, EMPTY_BLOCK_OFFSET)
+    head = counter_value(fmt, first_ticket, geometry.order)
+    tail = counter_value(fmt, first_ticket + f, geometry.order)
+    write_counter(buf, geometry.head_offset, head, geometry.byteorder)
     write_counter(buf, geometry.tail_offset, tail, geometry.byteorder)
 
 

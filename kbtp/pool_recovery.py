@@ -26,9 +26,10 @@ from kbtp.constants import (
     INITIAL_GENERATION,
     SLOT_LEN,
     TABLE_ENTRY_LEN,
+    CounterFormat,
     TableFlag,
+    counter_ticket,
     next_generation,
-    pack_counter,
 )
 from kbtp.layout import TableEntry, TargetLayout, init_ring, read_counter, read_slot, write_entry
 from kbtp.ring import ticket_distance
@@ -164,7 +165,8 @@ def read_ring_blocks(mem: memoryview, layout: TargetLayout) -> dict[int, list[tu
 
     ``taken``: the slot's Sequence lies before Head, so its ticket was taken and the block
     not yet consumed (a direct allocation between FetchAdd and BIND, or a target allocation
-    waiting for it).  With a Head or Tail that holds no counter, no slot counts as taken.
+    waiting for it).  With a Head or Tail that holds no counter (of one format, §3.3 or
+    §9.2, for both), no slot counts as taken.
     """
     rings = {p: part.ring for p, part in enumerate(layout.partitions)}
     if layout.shared_ring is not None:
@@ -173,17 +175,19 @@ def read_ring_blocks(mem: memoryview, layout: TargetLayout) -> dict[int, list[tu
     for rid, ring in rings.items():
         head_v = read_counter(mem, ring.head_offset, ring.byteorder)
         tail_v = read_counter(mem, ring.tail_offset, ring.byteorder)
-        head, _ = ring.unpack_counter(head_v)
-        tail, _ = ring.unpack_counter(tail_v)
-        pairs = ((head_v, head), (tail_v, tail))
-        sound = all(v == pack_counter(t, ring.slot_offset(t)) for v, t in pairs)
-        live = ticket_distance(tail, head)
+        # The counter format is a session's (docs/kbtp.md §4.3): either may be stored.
+        head: int | None = None
+        live = 0
+        for fmt in CounterFormat:
+            h, t = (counter_ticket(v, ring.order, fmt) for v in (head_v, tail_v))
+            if h is not None and t is not None:
+                head, live = h, ticket_distance(t, h)
         found = []
         for s in range(ring.slots):
             slot = read_slot(mem, ring.slots_offset + s * SLOT_LEN)
             if slot.consumed:
                 continue
-            taken = sound and ticket_distance(slot.sequence, head) >= live
+            taken = head is not None and ticket_distance(slot.sequence, head) >= live
             found.append((slot.block_offset, taken))
         out[rid] = found
     return out

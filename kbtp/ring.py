@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kbtp.constants import (
-    RING_ADD_DATA,
     SLOT_LEN,
     TICKET_MASK,
     TICKET_MODULUS,
-    pack_counter,
+    CounterFormat,
+    counter_operands,
+    counter_ticket,
 )
 from kbtp.layout import (
     ByteOrder,
@@ -64,7 +65,8 @@ def make_local_fetch_add(byteorder: ByteOrder = "little") -> FetchAdd:
 
 
 class CounterCorrupt(LocalError):
-    """A ring counter holds a value no masked FetchAdd of draft §3.3 can produce.
+    """A ring counter holds a value no FetchAdd of its counter format (draft §3.3, §9.2)
+    can produce.
 
     Only a DIRECT_ALLOC initiator's own atomics on its Head can cause it (its Head STag is
     remote atomic, docs/kbtp.md §3.6); the core closes that session (docs/kbtp.md §6.7).
@@ -108,7 +110,8 @@ class FreeRing:
     another trust domain, so the core clears them, draft §6.4); ``outstanding`` (ticket ->
     :class:`Outstanding`); ``abandoned`` (tickets declared abandoned, for TICKET_ABANDONED);
     ``deferred`` (slot number -> [(ticket, block offset)] writes waiting for the slot to be
-    consumed); ``observed_head`` (the next ticket the target has not accounted for).
+    consumed); ``observed_head`` (the next ticket the target has not accounted for);
+    ``counter_format`` (how Head and Tail encode tickets, set by :meth:`initialize`).
     """
 
     def __init__(
@@ -127,24 +130,40 @@ class FreeRing:
         self.abandoned: set[int] = set()
         self.deferred: dict[int, list[tuple[int, int]]] = {}
         self.observed_head = 0
+        self.counter_format = CounterFormat.MASKED
 
     # -- memory -------------------------------------------------------------------------
-    def initialize(self, blocks: list[int]) -> None:
-        """Write the initial slots and counters (draft §3.3) and forget all bookkeeping."""
-        init_ring(self.mem, self.geometry, blocks)
+    def initialize(
+        self,
+        blocks: list[int],
+        counter_format: CounterFormat | None = None,
+        first_ticket: int = 0,
+    ) -> None:
+        """Write the initial slots and counters (draft §3.3) in ``counter_format`` (None:
+        the ring's current one) from ``first_ticket`` on, and forget all bookkeeping."""
+        if counter_format is not None:
+            self.counter_format = counter_format
+        init_ring(self.mem, self.geometry, blocks, self.counter_format, first_ticket)
         self.outstanding.clear()
         self.abandoned.clear()
         self.deferred.clear()
-        self.observed_head = 0
+        self.observed_head = first_ticket & TICKET_MASK
+
+    def _unpack(self, value: int) -> tuple[int, int]:
+        """(Ticket, Slot Offset) a counter value names, in the ring's format, unchecked."""
+        ticket, slot_offset = self.geometry.unpack_counter(value)
+        if self.counter_format is CounterFormat.UNMASKED:
+            slot_offset = self.geometry.slot_offset(ticket)
+        return ticket, slot_offset
 
     def head(self) -> tuple[int, int]:
         """(Ticket, Slot Offset) of Head, read locally (no FetchAdd)."""
         g = self.geometry
-        return g.unpack_counter(read_counter(self.mem, g.head_offset, g.byteorder))
+        return self._unpack(read_counter(self.mem, g.head_offset, g.byteorder))
 
     def tail(self) -> tuple[int, int]:
         g = self.geometry
-        return g.unpack_counter(read_counter(self.mem, g.tail_offset, g.byteorder))
+        return self._unpack(read_counter(self.mem, g.tail_offset, g.byteorder))
 
     def slot_byte_offset(self, ticket: int) -> int:
         return self.geometry.slots_offset + self.geometry.slot_offset(ticket)
@@ -160,18 +179,21 @@ class FreeRing:
 
     def _checked(self, name: str, value: int) -> tuple[int, int]:
         """(Ticket, Slot Offset) of a counter value; :class:`CounterCorrupt` unless the value
-        is one the §3.3 FetchAdds make: Slot Offset = 16 * (Ticket mod N), other bits zero."""
+        is one the FetchAdds of the ring's format make (masked, §3.3: Slot Offset = 16 *
+        (Ticket mod N), other bits zero; unmasked, §9.2: the low 32 bits zero)."""
         g = self.geometry
-        ticket, slot_offset = g.unpack_counter(value)
-        if value != pack_counter(ticket, g.slot_offset(ticket)):
+        ticket = counter_ticket(value, g.order, self.counter_format)
+        if ticket is None:
             raise CounterCorrupt(
-                f"{name} corrupt: 0x{value:016x} is no counter of a ring of {g.slots} slots"
+                f"{name} corrupt: 0x{value:016x} is no counter of a ring of {g.slots} slots "
+                f"({self.counter_format.value} format)"
             )
-        return ticket, slot_offset
+        return ticket, g.slot_offset(ticket)
 
     def _fetch_add(self, counter_offset: int) -> tuple[int, int]:
         g = self.geometry
-        original = self.fetch_add(self.mem, counter_offset, RING_ADD_DATA, g.add_mask)
+        add, mask = counter_operands(self.counter_format, g.order)
+        original = self.fetch_add(self.mem, counter_offset, add, mask)
         name = "Head" if counter_offset == g.head_offset else "Tail"
         return self._checked(name, original)
 
@@ -305,11 +327,13 @@ class FreeRing:
         new.abandoned = set(self.abandoned)
         new.deferred = {k: list(v) for k, v in self.deferred.items()}
         new.observed_head = self.observed_head
+        new.counter_format = self.counter_format
         return new
 
     def state_key(self, now: float, timeout: float) -> tuple[object, ...]:
         """Hashable summary of the bookkeeping; times reduced to "expired or not"."""
         return (
+            self.counter_format.value,
             self.observed_head,
             tuple(
                 sorted(

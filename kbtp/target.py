@@ -329,7 +329,8 @@ class KbtpTarget:
                 sess.reason = str(exc)
                 return
             # The HELLO deadline runs from here (docs/kbtp.md §4.2); wake the ticker for it.
-            self.core.open_session(sid, trio.current_time())
+            # The QP carries the IRD/ORD negotiated in MPA (RFC 6581), checked at HELLO (§4.1).
+            self.core.open_session(sid, trio.current_time(), ird=qp.ird, ord=qp.ord)
             self._tick_wake.set()
             self._event(f"session {sid}: connected from {request.remote[0]}:{request.remote[1]}")
             async with trio.open_nursery() as nursery:

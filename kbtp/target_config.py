@@ -17,6 +17,10 @@ from kbtp.constants import (
     DEFAULT_RECEIVE_MARGIN,
     DEFAULT_REQUEST_CREDITS,
     DEFAULT_TICKET_TIMEOUT,
+    DIRECT_CAPABILITIES,
+    MIN_TARGET_IRD_DIRECT,
+    RDMAP_BINDING_CAPABILITIES,
+    Capability,
 )
 from kbtp.layout import ByteOrder, TargetLayout, plan_layout
 from stack.errors import LocalError
@@ -26,6 +30,7 @@ __all__ = [
     "TargetConfig",
     "check_config",
     "check_handle_ranges",
+    "granted_capabilities",
     "plan_target_layout",
 ]
 
@@ -104,6 +109,29 @@ def check_config(config: TargetConfig) -> None:
     for i in c.initiators:
         if i.quota < 0 or i.handle_count < 0 or (i.direct_alloc and i.quota < 1):
             raise LocalError(f"bad quota or handle range for {i.identity!r}")
+
+
+def granted_capabilities(
+    initiator: InitiatorConfig, requested: Capability, ird: int | None = None
+) -> Capability:
+    """What a HELLO asking for ``requested`` is granted (docs/kbtp.md §4.3): requested and
+    allowed by the configuration and offered on the RDMAP binding; DIRECT_ALLOC only with a
+    counter format the initiator's FetchAdd can advance (MASKED_FETCH_ADD or
+    UNMASKED_COUNTER), UNMASKED_COUNTER only with DIRECT_ALLOC; no direct mode on a stream
+    whose target IRD (``ird``, None: unknown) is below the minimum of §4.1 item 2."""
+    allowed = Capability.NONE
+    if initiator.direct_load:
+        allowed |= Capability.DIRECT_LOAD
+    if initiator.direct_alloc and requested & (
+        Capability.MASKED_FETCH_ADD | Capability.UNMASKED_COUNTER
+    ):
+        allowed |= Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
+    if ird is not None and ird < MIN_TARGET_IRD_DIRECT:
+        allowed &= ~DIRECT_CAPABILITIES  # no Read or atomic of the initiator can arrive
+    granted = requested & allowed & RDMAP_BINDING_CAPABILITIES
+    if not granted & Capability.DIRECT_ALLOC:
+        granted &= ~Capability.UNMASKED_COUNTER
+    return granted
 
 
 def plan_target_layout(config: TargetConfig) -> TargetLayout:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from kbtp.constants import RDMAP_BINDING_CAPABILITIES, Capability, Status
+from kbtp.constants import MIN_TARGET_ORD, Capability, CounterFormat, Status
 from kbtp.layout import PartitionLayout, TargetLayout, init_table
 from kbtp.messages import (
     AllocStore,
@@ -69,6 +69,7 @@ from kbtp.target_config import (
     TargetConfig,
     check_config,
     check_handle_ranges,
+    granted_capabilities,
     plan_target_layout,
 )
 from kbtp.target_ops import RequestOps
@@ -203,12 +204,18 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # sessions
     # ----------------------------------------------------------------------------------
-    def open_session(self, session: int, now: float = 0.0) -> None:
+    def open_session(
+        self, session: int, now: float = 0.0, *, ird: int | None = None, ord: int | None = None
+    ) -> None:
         """An RDMAP stream is established at ``now``; the next message on it must be HELLO,
-        within the HELLO timeout (docs/kbtp.md §4.2)."""
+        within the HELLO timeout (docs/kbtp.md §4.2).
+
+        ``ird`` / ``ord``: the target's IRD and ORD on this stream as negotiated (RFC 6581),
+        None if unknown; their minimums (docs/kbtp.md §4.1) are checked at HELLO.
+        """
         if session in self._sessions:
             raise LocalError(f"session {session} already open")
-        self._sessions[session] = SessionState(opened=now, active=now)
+        self._sessions[session] = SessionState(opened=now, active=now, ird=ird, ord=ord)
 
     def close_session(self, session: int, now: float) -> list[Action]:
         """The connection is gone (closed, reset, Terminated): release what it held.
@@ -531,8 +538,11 @@ class TargetCore(RequestOps, TicketOps):
             if op.request is not None:
                 self._release(op.request.handle, now, out)
 
-    def _reset_partition(self, ini: InitiatorState) -> None:
-        """Rebuild a partition's ring from its unbound blocks (no session can reach it now)."""
+    def _reset_partition(
+        self, ini: InitiatorState, counter_format: CounterFormat | None = None
+    ) -> None:
+        """Rebuild a partition's ring from its unbound blocks (no session can reach it now),
+        in ``counter_format`` (None: the ring's current one)."""
         part = self.layout.partitions[ini.ring]
         bound = set()
         cfg = ini.config
@@ -543,7 +553,7 @@ class TargetCore(RequestOps, TicketOps):
         free = [b for b in self._partition_blocks(part) if b not in bound]
         for key in [k for k in self._waiters if k[0] == ini.ring]:
             del self._waiters[key]
-        self._rings[ini.ring].initialize(free)
+        self._rings[ini.ring].initialize(free, counter_format)
         ini.bound = len(bound)
         ini.allocating = 0
 
@@ -564,13 +574,15 @@ class TargetCore(RequestOps, TicketOps):
         if ini.session is not None:
             refuse(Status.SESSION_EXISTS, f"identity {hello.identity!r} already has a session")
             return
+        if sess.ord is not None and sess.ord < MIN_TARGET_ORD:
+            refuse(
+                Status.IRD_ORD_TOO_LOW,
+                f"target ORD {sess.ord} on this stream: the initiator's IRD allows no RDMA "
+                "Read for STORE and ALLOC_STORE (docs/kbtp.md §4.1)",
+            )
+            return
         cfg = ini.config
-        allowed = Capability.NONE
-        if cfg.direct_load:
-            allowed |= Capability.DIRECT_LOAD
-        if cfg.direct_alloc and hello.capabilities & Capability.MASKED_FETCH_ADD:
-            allowed |= Capability.DIRECT_ALLOC  # a ring counter needs the masked FetchAdd
-        granted = Capability(hello.capabilities) & allowed & RDMAP_BINDING_CAPABILITIES
+        granted = granted_capabilities(cfg, Capability(hello.capabilities), sess.ird)
         sess.identity = hello.identity
         sess.capabilities = granted
         ini.session = session
@@ -606,9 +618,14 @@ class TargetCore(RequestOps, TicketOps):
             regions.append((RegionKind.RING, *lay.ring_region(part.ring)))
             regions.append((RegionKind.HEAD, *lay.head_region(part.ring)))
             regions.append((RegionKind.PARTITION, p_off, p_len))
-            if self._direct_violation(ini, now) is not None:
-                # A late atomic of the identity's previous stream: start the ring afresh.
-                self._reset_partition(ini)
+            fmt = CounterFormat.MASKED
+            if granted & Capability.UNMASKED_COUNTER:
+                fmt = CounterFormat.UNMASKED
+            ring = self._rings[ini.ring]
+            if self._direct_violation(ini, now) is not None or ring.counter_format is not fmt:
+                # A late atomic of the identity's previous stream, or the other counter
+                # format: start the ring afresh (no session of the identity can reach it).
+                self._reset_partition(ini, fmt)
             ack.update(
                 ring_order=part.ring.order,
                 ring_offset=lay.to(part.ring.slots_offset),

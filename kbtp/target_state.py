@@ -88,6 +88,8 @@ class SessionState:
     inflight: int = 0
     uncredited: int = 0  # COMPLETIONs sent since the binding's last receive_batch
     batching: bool = False  # the binding reports receive batches (docs/kbtp.md §9.2)
+    ird: int | None = None  # the target's negotiated IRD on the stream (None: unknown)
+    ord: int | None = None  # the target's negotiated ORD on the stream (docs/kbtp.md §4.1)
     table_stag: int = 0
     pool_stag: int = 0
     ring_stag: int = 0

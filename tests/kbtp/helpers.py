@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kbtp.constants import RING_ADD_DATA, Capability, Status, ring_add_mask
+from kbtp.constants import (
+    TICKET_MASK,
+    Capability,
+    CounterFormat,
+    Status,
+    counter_operands,
+)
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import Completion, Hello, HelloAck, Message, decode_message
 from kbtp.target_actions import (
@@ -102,10 +108,16 @@ class Harness:
 
     # -- driving the core ----------------------------------------------------------------
     def connect(
-        self, session: int, identity: bytes, caps: Capability = Capability.NONE
+        self,
+        session: int,
+        identity: bytes,
+        caps: Capability = Capability.NONE,
+        *,
+        ird: int | None = None,
+        ord: int | None = None,
     ) -> HelloAck:
-        self.core.open_session(session)
-        if caps & Capability.DIRECT_ALLOC:
+        self.core.open_session(session, self.now, ird=ird, ord=ord)
+        if caps & Capability.DIRECT_ALLOC and not caps & Capability.UNMASKED_COUNTER:
             caps |= Capability.MASKED_FETCH_ADD  # what this stack's initiator asks with it
         actions = self.registered(
             self.core.handle_message(session, Hello(99, caps, identity).encode(), self.now)
@@ -206,13 +218,24 @@ class Harness:
         return TableEntry.unpack(raw)
 
     def direct_fetch_add(self, session: int) -> tuple[int, int]:
+        """The session's FetchAdd on its Head in its counter format: (ticket, slot offset)."""
+        ack = self.acks[session]
+        fmt = CounterFormat.MASKED
+        if ack.capabilities & Capability.UNMASKED_COUNTER:
+            fmt = CounterFormat.UNMASKED
+        add, mask = counter_operands(fmt, ack.ring_order)
+        original = self.raw_fetch_add(session, add, mask)
+        ticket = (original >> 32) & TICKET_MASK
+        if fmt is CounterFormat.UNMASKED:
+            return ticket, 16 * (ticket % (1 << ack.ring_order))
+        return ticket, original & ((1 << (ack.ring_order + 4)) - 1)
+
+    def raw_fetch_add(self, session: int, add: int, mask: int = 0) -> int:
+        """Any RFC 7306 FetchAdd through the session's Head STag; the original value."""
         ack = self.acks[session]
         self._region(ack.head_stag, RegionKind.HEAD)
         offset = self.core.layout.offset_of(ack.head_offset)
-        original = self.core.fetch_add(
-            self.core.memory, offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
-        )
-        return original >> 32, original & ((1 << (ack.ring_order + 4)) - 1)
+        return self.core.fetch_add(self.core.memory, offset, add, mask)
 
     def direct_read_slot(self, session: int, slot_offset: int) -> Slot:
         ack = self.acks[session]

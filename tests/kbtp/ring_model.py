@@ -24,7 +24,16 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kbtp.constants import RING_ADD_DATA, TICKET_MODULUS, Capability, RequestFlag, Status
+from kbtp.constants import (
+    TICKET_MASK,
+    TICKET_MODULUS,
+    Capability,
+    CounterFormat,
+    RequestFlag,
+    Status,
+    counter_operands,
+    counter_ticket,
+)
 from kbtp.layout import read_slot
 from kbtp.messages import (
     AllocStore,
@@ -86,6 +95,10 @@ class ModelConfig:
     budgets: tuple[int, int, int] = (3, 3, 5)
     data_length: int = 1
     timeout: float = 1.0
+    counter_format: CounterFormat = CounterFormat.MASKED
+    """C's partition ring: masked (draft §3.3) or unmasked (§9.2, UNMASKED_COUNTER)."""
+    first_ticket: int = 0
+    """Every ring starts its tickets here (near 2**32 to cross the ticket wrap)."""
 
 
 @dataclass
@@ -213,16 +226,23 @@ def initial_world(mc: ModelConfig) -> World:
         zip(cfg.initiators, ("inline", "read", "direct"), mc.budgets, strict=True), start=1
     ):
         core.open_session(session)
-        caps = (
-            Capability.DIRECT_ALLOC | Capability.MASKED_FETCH_ADD
-            if kind == "direct"
-            else Capability.NONE
-        )
+        caps = Capability.NONE
+        if kind == "direct" and mc.counter_format is CounterFormat.UNMASKED:
+            caps = Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
+        elif kind == "direct":
+            caps = Capability.DIRECT_ALLOC | Capability.MASKED_FETCH_ADD
         hello = core.handle_request(session, Hello(0, caps, ic.identity), 0.0)
         acts = registrar.serve(core, hello, 0.0)
         assert isinstance(acts[0], SendMessage) and acts[0].message.status == Status.SUCCESS
         handles = tuple(range(ic.handle_base, ic.handle_base + ic.handle_count))
         actors.append(Actor(ic.identity.decode(), session, kind, handles, ic.quota, budget))
+    if mc.first_ticket:
+        lay = core.layout
+        shared = range(lay.shared_first_block, lay.shared_first_block + lay.shared_blocks)
+        core.ring_of(None).initialize([lay.block_to(b) for b in shared], None, mc.first_ticket)
+        part = lay.partitions[0]
+        core.ring_of(b"C").initialize(core._partition_blocks(part), None, mc.first_ticket)
+    assert core.ring_of(b"C").counter_format is mc.counter_format
     return World(core, actors, 0.0)
 
 
@@ -347,9 +367,11 @@ def _direct_steps(w: World, i: int, a: Actor, mc: ModelConfig) -> list[tuple[str
                 w._kill(b.session)
                 w.apply(w.core.close_session(b.session, w.now))
                 return
-            g = w.core.ring_of(b"C").geometry
-            original = w.core.fetch_add(w.core.memory, g.head_offset, RING_ADD_DATA, g.add_mask)
-            ticket, _ = g.unpack_counter(original)
+            r = w.core.ring_of(b"C")
+            g = r.geometry
+            add, mask = counter_operands(r.counter_format, g.order)  # as its HELLO_ACK says
+            original = w.core.fetch_add(w.core.memory, g.head_offset, add, mask)
+            ticket = (original >> 32) & TICKET_MASK
             w.actors[i] = replace(b, budget=b.budget - 1, phase=("ticket", ticket))
 
         steps.append((f"{a.name}:fetchadd", fetch_add))
@@ -451,6 +473,13 @@ def check(w: World, mc: ModelConfig) -> None:
         if set(here) != mine or any(n != 1 for n in here.values()):
             raise ModelViolation(f"ring {rid}: blocks {dict(here)} != each of {sorted(mine)} once")
         seen += here
+        for offset in (ring.geometry.head_offset, ring.geometry.tail_offset):
+            value = ring.mem[offset : offset + 8]
+            counter = int.from_bytes(value, ring.geometry.byteorder)
+            if counter_ticket(counter, ring.geometry.order, ring.counter_format) is None:
+                raise ModelViolation(f"ring {rid}: counter {counter:#018x} is corrupt")
+        if mc.first_ticket and ring.head()[0] < mc.first_ticket:
+            w.events.append("state:wrapped")  # Head's ticket went past 2**32 - 1 to 0
         if rid == SHARED_RING:  # used by A ("red") and B ("blue"): two trust domains
             for b in available:
                 if any(core.block_bytes(b)):

@@ -3,7 +3,9 @@
 Three initiators share one target: A (target-executed ALLOC_STORE, inline data) and B
 (ALLOC_STORE through RDMA Read) in different trust domains on the shared ring, and C with
 DIRECT_ALLOC on its own partition ring (FetchAdd, slot reads, RDMA Write, BIND) that also
-uses target-executed ALLOC_STORE, frees, and may stall until its tickets are abandoned.
+uses target-executed ALLOC_STORE, frees, and may stall until its tickets are abandoned;
+C's ring in the masked counter format (draft §3.3) or the unmasked one (§9.2), tickets
+from 0 or from just before the 32-bit wrap.
 See :mod:`tests.kbtp.ring_model` for the transitions and the invariants checked in every
 reachable state.  The state counts are printed (run with ``-s``) for the report.
 """
@@ -14,6 +16,7 @@ import pytest
 
 import kbtp.ring as ring_mod
 import kbtp.target_core as tc
+from kbtp.constants import TICKET_MODULUS, CounterFormat, counter_operands
 from kbtp.layout import write_slot
 from tests.kbtp.ring_model import ModelConfig, ModelViolation, explore
 
@@ -56,6 +59,34 @@ def test_s3_3_s3_4_exploration_direct_and_target_allocation_deferred_frees() -> 
         assert coverage.get(event, 0) > 0, event
 
 
+UNMASKED_WRAP_CONFIG = ModelConfig(
+    budgets=(1, 1, 4), counter_format=CounterFormat.UNMASKED, first_ticket=TICKET_MODULUS - 3
+)
+"""DIRECT_CONFIG with C's partition ring in the unmasked format of draft §9.2 (plain
+FetchAdds), every ring's tickets starting 3 before the 32-bit wrap."""
+
+
+def test_s9_2_exploration_unmasked_counter_across_the_ticket_wrap() -> None:
+    coverage = _report("unmasked partition ring across the wrap", UNMASKED_WRAP_CONFIG)
+    for event in (
+        "state:wrapped",
+        "state:deferred",
+        "state:alloc-wait",
+        "state:abandoned",
+        "BIND:SUCCESS",
+        "BIND:TICKET_ABANDONED",
+        "direct:write-after-invalidate",
+    ):
+        assert coverage.get(event, 0) > 0, event
+
+
+@pytest.mark.slow
+def test_s3_3_exploration_masked_counter_across_the_ticket_wrap() -> None:
+    mc = ModelConfig(budgets=(2, 2, 2), first_ticket=TICKET_MODULUS - 1)
+    coverage = _report("masked rings across the wrap", mc)
+    assert coverage.get("state:wrapped", 0) > 0 and coverage.get("BIND:SUCCESS", 0) > 0
+
+
 @pytest.mark.slow
 def test_s3_3_s3_4_exploration_larger_budgets() -> None:
     coverage = _report("larger budgets", ModelConfig(budgets=(2, 2, 4)))
@@ -90,6 +121,15 @@ def test_s3_3_exploration_catches_free_overwriting_an_unconsumed_slot(
 
     monkeypatch.setattr(ring_mod.FreeRing, "free", careless_free)
     _expect_violation(DIRECT_CONFIG, "blocks")
+
+
+def test_s9_2_exploration_catches_the_masked_operands_on_an_unmasked_ring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The target's own FetchAdds with the §3.3 operands on C's unmasked ring corrupt it."""
+    masked = CounterFormat.MASKED
+    monkeypatch.setattr(ring_mod, "counter_operands", lambda fmt, n: counter_operands(masked, n))
+    _expect_violation(UNMASKED_WRAP_CONFIG, "corrupt")
 
 
 def test_s3_4_exploration_catches_reclaim_before_invalidation(
