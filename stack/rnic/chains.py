@@ -142,6 +142,7 @@ class Cmp(Enum):
     NE = "!="
     LE = "<="
     LT = "<"
+    GE = ">="
     ZERO_OR_EQ = "0 or =="
     """The left value is zero or equals the right one."""
 
@@ -238,6 +239,10 @@ class ChainQueue:
         self.running: ChainRun | None = None
         self.stalled = False
         self._watched: set[int] = set()
+        self.runs = 0
+        """Chains that ran a branch (the RNIC's work, counted apart from the application's)."""
+        self.fallbacks = 0
+        """Chains that fell back to the application."""
         self._advancing = False
 
     # ---------------------------------------------------------------- verbs
@@ -352,6 +357,7 @@ class ChainQueue:
             )
             return
         if chosen is None:  # fall back to software, which ENABLEs the queue again
+            self.fallbacks += 1
             self.stalled = True
             if chain.rearm:
                 self.waiting.append(posted)
@@ -362,6 +368,7 @@ class ChainQueue:
             return
         run = ChainRun(self, posted, chosen, recv)
         self.running = run
+        self.runs += 1
         entries = []
         for i, one in enumerate(chain.branches[chosen].wrs):
             entry = _SqEntry(one, int(one.send_flags), chain=run)
@@ -452,6 +459,8 @@ def _holds(guard: Guard, read: _Reader) -> bool:
         return left <= right
     if guard.cmp is Cmp.LT:
         return left < right
+    if guard.cmp is Cmp.GE:
+        return left >= right
     return left == 0 or left == right
 
 

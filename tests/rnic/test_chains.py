@@ -27,6 +27,7 @@ from stack.rnic import (
     WaitRecv,
     WcOpcode,
     WcStatus,
+    WorkCompletion,
     WrOpcode,
 )
 from tests.e2e.helpers import tcp_pair
@@ -176,9 +177,7 @@ def test_a_chain_waits_for_a_cq_count() -> None:
     assert bytes(client.inbox.buf[:8]) == b"counted!"
 
 
-def _wc():  # type: ignore[no-untyped-def]
-    from stack.rnic import WorkCompletion
-
+def _wc() -> WorkCompletion:
     return WorkCompletion(0, WcStatus.SUCCESS, WcOpcode.SEND, 0)
 
 
