@@ -11,8 +11,10 @@ queue* (apart from its send queue, which keeps working) for a trigger:
 * :class:`WaitCq`: a completion queue has had ``count`` completions pushed.
 
 A triggered chain picks the first :class:`Branch` whose :class:`Guard` s all hold and posts
-that branch's work requests on the send queue.  Each :class:`Patch` replaces a field of one
-of them when it reaches the head of the send queue (execution time), from a :class:`Ref`:
+that branch's work requests on the send queue (a :class:`LocalWrite` among them writes
+registered memory once the WRs before it have completed).  Each :class:`Patch` replaces a
+field of one of them when it reaches the head of the send queue (execution time), from a
+:class:`Ref`:
 octets of the triggering receive or of any registered memory, at an address that may itself
 be computed from another Ref.  Every Ref is read through the checks of a local SGE (lkey,
 PD, bounds) and the patched WR is then checked as any other (local and remote STags,
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 
 from stack.constants import ALL_ONES_64, TERM_RDMAP_CATASTROPHIC
 from stack.errors import LocalError, RdmapError
-from stack.rnic.qp_base import _SENDING, _LocalWrError, _SqEntry
+from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
 from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
 
 if TYPE_CHECKING:
@@ -158,10 +160,22 @@ class Guard:
 
 
 @dataclass(frozen=True, slots=True)
-class Branch:
-    """Work requests a chain posts when every guard holds, with their patches."""
+class LocalWrite:
+    """A chain item that writes ``dst.width`` octets into registered memory at ``dst`` (an
+    lkey with LOCAL_WRITE, checked like a local SGE): ``src``'s octets (a Ref of the same
+    width) or constant bytes.  It runs once every earlier WR of its branch has completed
+    (a Read's data is placed), and later WRs start after it."""
 
-    wrs: tuple[SendWR, ...]
+    dst: Ref
+    src: Ref | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """Work requests (and LocalWrites) a chain runs when every guard holds, with their
+    patches (``Patch.wr`` indexes ``wrs``)."""
+
+    wrs: tuple[SendWR | LocalWrite, ...]
     patches: tuple[Patch, ...] = ()
     guards: tuple[Guard, ...] = ()
 
@@ -211,7 +225,44 @@ class ChainRun:
         self.recv = recv
         self.index: dict[int, int] = {}
         self.left = 0
+        self.next = 0  # the next item of the branch to start
         self.status = WcStatus.SUCCESS
+
+    def step(self) -> None:
+        """Start the branch's items in order: WRs up to the next LocalWrite join the send
+        queue; a LocalWrite runs once every earlier WR has completed."""
+        items = self.posted.chain.branches[self.branch].wrs
+        qp = self.queue.qp
+        while self.left == 0 and self.next < len(items):
+            item = items[self.next]
+            if isinstance(item, LocalWrite):
+                try:
+                    _local_write(item, self.queue.reader(self.recv))
+                except _LocalWrError as exc:
+                    self.status = exc.status
+                    qp.fatal(
+                        RdmapError(
+                            "RDMAP-12",
+                            f"chain {self.posted.chain.wr_id}: {exc}",
+                            TERM_RDMAP_CATASTROPHIC,
+                        ),
+                        send_terminate=True,
+                    )
+                    return
+                self.next += 1
+                continue
+            entries = []
+            while self.next < len(items) and isinstance(items[self.next], SendWR):
+                wr = items[self.next]
+                assert isinstance(wr, SendWR)
+                entry = _SqEntry(wr, int(wr.send_flags), chain=self)
+                self.index[id(entry)] = self.next
+                entries.append(entry)
+                self.next += 1
+            self.left = len(entries)
+            qp._enqueue(entries)
+        if self.left == 0 and self.next == len(items) and self.queue.running is self:
+            self.queue.finished(self)
 
     def resolve(self, entry: _SqEntry) -> None:
         """Apply the patches of ``entry``'s WR now, at execution time (raises _LocalWrError)."""
@@ -226,7 +277,10 @@ class ChainRun:
             self.status = entry.status
         self.left -= 1
         if self.left == 0:
-            self.queue.finished(self)
+            if self.status is not WcStatus.SUCCESS:
+                self.queue.finished(self)
+            else:
+                self.step()
 
 
 class ChainQueue:
@@ -274,9 +328,19 @@ class ChainQueue:
         for branch in chain.branches:
             if len(branch.wrs) > qp.cap.max_send_wr:
                 raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
-            for wr in branch.wrs:
-                qp._check_wr(wr)
             refs: list[Ref] = [p.src for p in branch.patches]
+            for item in branch.wrs:
+                if isinstance(item, SendWR):
+                    qp._check_wr(item)
+                    continue
+                src = item.src
+                if item.dst.lkey in (RECV, RECV_LEN):
+                    raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
+                if (len(src) if isinstance(src, bytes) else src.width) != item.dst.width:
+                    raise LocalError(f"chain {chain.wr_id}: LocalWrite widths differ")
+                refs.append(item.dst)
+                if isinstance(src, Ref):
+                    refs.append(src)
             for guard in branch.guards:
                 refs.append(guard.left)
                 if isinstance(guard.right, Ref):
@@ -369,16 +433,7 @@ class ChainQueue:
         run = ChainRun(self, posted, chosen, recv)
         self.running = run
         self.runs += 1
-        entries = []
-        for i, one in enumerate(chain.branches[chosen].wrs):
-            entry = _SqEntry(one, int(one.send_flags), chain=run)
-            run.index[id(entry)] = i
-            entries.append(entry)
-        run.left = len(entries)
-        if not entries:
-            self.finished(run)
-            return
-        self.qp._enqueue(entries)
+        run.step()
 
     def reader(self, recv: tuple[RecvWR, bytes] | None) -> _Reader:
         return _Reader(self.qp, None if recv is None else recv[1])
@@ -485,6 +540,17 @@ def _patched(wr: SendWR, patches: list[Patch], read: _Reader) -> SendWR:
     return dataclasses.replace(wr, sg_list=tuple(sges), **changes)  # type: ignore[arg-type]
 
 
+def _local_write(item: LocalWrite, read: _Reader) -> None:
+    """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
+    data = item.src if isinstance(item.src, bytes) else read.octets(item.src)
+    dst = item.dst
+    addr = dst.addr
+    if dst.index is not None:
+        addr = (addr + dst.scale * read.value(dst.index)) & ALL_ONES_64
+    _mr, view = read.qp._local(Sge(addr, dst.width, dst.lkey), _LOCAL_WRITE)
+    view[:] = data
+
+
 def _check_ref(ref: Ref, chain: Chain) -> None:
     if ref.uses_recv() and not isinstance(chain.wait, WaitRecv):
         raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
@@ -501,6 +567,8 @@ def _check_patch(patch: Patch, branch: Branch, chain: Chain) -> None:
     if not 0 <= patch.wr < len(branch.wrs):
         raise LocalError(f"{where}: no such WR in its branch")
     wr = branch.wrs[patch.wr]
+    if not isinstance(wr, SendWR):
+        raise LocalError(f"{where}: a LocalWrite has no fields to patch")
     field = patch.field
     if field is PatchField.PAYLOAD:
         size = len(wr.inline_data) if wr.inline_data is not None else -1

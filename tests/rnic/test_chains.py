@@ -15,6 +15,7 @@ from stack.rnic import (
     Chain,
     Cmp,
     Guard,
+    LocalWrite,
     Patch,
     PatchField,
     QpState,
@@ -346,3 +347,46 @@ async def test_a_chain_serves_requests_over_real_tcp() -> None:
                 assert bytes(answer.buf[2:6]) == tag.to_bytes(4, "big")
                 assert bytes(sink.buf[tag : tag + 50]) == bytes(pool.buf[100:150])
             assert server.cq.poll(100) == []  # the server application was never called
+
+
+def _read_then_record(server: Server, record_lkey: int, record_addr: int) -> Branch:
+    """Read the requester's 8 octets into the pool, then record the request's tag."""
+    read = SendWR(4, WrOpcode.RDMA_READ, (Sge(server.pool.base, 8, server.pool.lkey),))
+    note = LocalWrite(Ref(record_lkey, record_addr, 4), Ref.recv(16, 4))
+    reply = SendWR(5, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    return Branch(
+        (read, note, reply),
+        patches=(
+            Patch(0, PatchField.RKEY, Ref.recv(4, 4)),
+            Patch(0, PatchField.REMOTE_ADDR, Ref.recv(8, 8)),
+            Patch(2, PatchField.PAYLOAD, Ref(record_lkey, record_addr, 4), at=2),
+        ),
+    )
+
+
+def test_a_local_write_runs_after_the_read_before_it_and_before_the_wrs_after_it() -> None:
+    p, server, client = _setup()
+    struct.pack_into(">Q", client.sink.buf, 0, 0x1122334455667788)
+    record = server.side.mr(8)
+    branch = _read_then_record(server, record.lkey, record.base + 2)
+    server.side.qp.post_chain(Chain(77, WaitRecv(), (branch,)))
+    client.ask(1, 0xCAFEF00D)
+    p.pump()
+    assert bytes(server.pool.buf[:8]) == bytes.fromhex("1122334455667788")  # the Read
+    assert bytes(record.buf[2:6]) == bytes.fromhex("cafef00d")  # then the LocalWrite
+    assert bytes(client.inbox.buf[2:6]) == bytes.fromhex("cafef00d")  # then the Send
+    assert [wc.wr_id for wc in server.side.cq.poll(100)] == [4]
+
+
+def test_a_local_write_into_memory_without_local_write_fails_the_chain() -> None:
+    p, server, client = _setup()
+    readonly = server.side.mr(8, Access(0))
+    branch = _read_then_record(server, readonly.lkey, readonly.base)
+    server.side.qp.post_chain(Chain(77, WaitRecv(), (branch,)))
+    client.ask(1, 0xCAFEF00D)
+    p.pump()
+    _assert_failed(p, server, client, WcStatus.LOC_PROT_ERR)
+    assert bytes(readonly.buf) == bytes(8)
+    with pytest.raises(LocalError):  # widths must agree
+        bad = LocalWrite(Ref(readonly.lkey, readonly.base, 4), b"12345")
+        server.side.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
