@@ -69,11 +69,12 @@ from kbtp.target_actions import (
 )
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
-from kbtp.target_offload import arm, chain_runs
+from kbtp.target_offload import arm, chain_runs, session_chain
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
+    Chain,
     CompletionQueue,
     MemoryRegion,
     ProtectionDomain,
@@ -181,7 +182,8 @@ class KbtpTarget:
         """``pool_file``: keep the table, pool and rings in that file (created if absent or
         empty, else checked against ``config`` and recovered: PoolFileError); ``pool_sync``:
         flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4);
-        ``offload``: the RNIC answers LOADs by pre-posted chains (docs/kbtp.md §8)."""
+        ``offload``: the RNIC answers LOADs and mapped STOREs by pre-posted chains
+        (docs/kbtp.md §8)."""
         self.offload = offload
         self.rnic = rnic or Rnic("kbtp-target")
         self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs
@@ -247,6 +249,13 @@ class KbtpTarget:
         del mem
         mr = self.local_mr
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
+
+    def _chain(self, sess: TargetSession) -> Chain:
+        """The session's offload chain (docs/kbtp.md §8): LOAD, and mapped STORE unless
+        every seal must reach the pool file first (``pool_sync``, §12.4)."""
+        ini = next((i for i in self.config.initiators if i.identity == sess.identity), None)
+        stores = self.core.persist is None
+        return session_chain(self.core.layout, sess.local_mr.lkey, ini, stores)
 
     def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
         """RegisterMemory: an MR over the action's range whose TOs are the core's TOs, in
@@ -441,7 +450,7 @@ class KbtpTarget:
                     self._tick_wake.set()
             self._apply(actions)
             if self.offload and sess.identity is not None and sess.qp.state is QpState.RTS:
-                sess.chained = arm(sess.qp, self.core.layout, sess.local_mr.lkey, sess.chained)
+                sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
             return
         if wc.wr_id == _CLOSE_MARKER:
             self._terminate(sess)

@@ -84,6 +84,32 @@ async def test_s8_loads_make_zero_application_calls_when_offloaded(offload: bool
             assert counted.calls - before == (0 if offload else 20)
 
 
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_mapped_stores_make_zero_application_calls_when_offloaded(
+    offload: bool,
+) -> None:
+    with trio.fail_after(30):
+        async with serving(offload) as (target, counted), connect(target) as a:
+            for h in range(3):
+                assert (await a.alloc_store(h, data(h, 10))).ok  # unsealed
+            before = counted.calls
+            for h in range(3):
+                done = await a.store(h, bytearray(data(h + 5, 2000 + h)), inline=False)
+                assert done.ok and done.data_length == 2000 + h
+                entry = target.core.entry(h)
+                assert (entry.data_length, entry.sealed) == (2000 + h, False)
+                assert done.generation == entry.generation
+                assert done.block_offset == entry.block_offset
+            sealed = await a.store(0, bytearray(data(9, 3000)), inline=False, seal=True)
+            assert sealed.ok and target.core.entry(0).sealed
+            assert await a.load(0) == data(9, 3000)  # offloaded too, after the seal
+            assert target.core.block_bytes(sealed.block_offset, 3000) == data(9, 3000)
+            assert counted.calls - before == (0 if offload else 5)
+            refused = await a.store(0, bytearray(10), inline=False, check=False)
+            assert refused.status == Status.SEALED  # a decision: the application's
+            assert counted.calls - before == (1 if offload else 6)
+
+
 async def trio_gather(calls: list[Callable[[], Any]]) -> list[Any]:
     results: list[Any] = [None] * len(calls)
 
