@@ -11,7 +11,7 @@ Request Credits = N):
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
 
-``--offload`` measures LOAD against the software and the offloaded target instead
+``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
 
 The baseline, in the same run, is pipelined raw trio TCP with the same shape
@@ -309,7 +309,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--offload",
         action="store_true",
-        help="LOAD against the software target and the offloaded one (docs/kbtp.md §8) in "
+        help="STORE and LOAD on the software target and the offloaded one (docs/kbtp.md §8) in "
         "one process: ops/s, p50/p99, target application calls and CPU per operation, at "
         "4K, 64K, 1M (or --sizes) with 1 and --inflight requests in flight",
     )

@@ -1,8 +1,10 @@
-"""``kbtp bench --offload``: LOAD against the software target and the offloaded one, same run.
+"""``kbtp bench --offload``: LOAD and STORE on the software and the offloaded target, one run.
 
 For each block size (default 4K, 64K, 1M) and each number of requests in flight (1 and the
 ``--inflight`` value, default 16), one in-process target of each kind (``KbtpTarget`` and
-``KbtpTarget(offload=True)``, docs/kbtp.md §8) serves one initiator over loopback TCP.
+``KbtpTarget(offload=True)``, docs/kbtp.md §8) serves one initiator over loopback TCP;
+each worker stores its buffer into its own block (mapped STORE, by RDMA Read), then
+loads it back (the blocks sealed in between).
 Figures per row: operations per second, latency p50 and p99, the calls into the target
 application per operation and its CPU time per operation (thread CPU time spent inside
 the target core's entry points), the requests the target's RNIC answered by itself per
@@ -18,7 +20,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +75,9 @@ class AppMeter:
 
 @dataclass(slots=True)
 class OffloadRow:
-    """One row: LOAD of ``size`` octets, ``inflight`` at once, on one kind of target."""
+    """One row: ``op`` of ``size`` octets, ``inflight`` at once, on one kind of target."""
 
+    op: str
     target: str
     size: int
     inflight: int
@@ -96,7 +99,7 @@ class OffloadRow:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "operation": "LOAD",
+            "operation": self.op.upper(),
             "target": self.target,
             "size_bytes": self.size,
             "inflight": self.inflight,
@@ -114,8 +117,8 @@ class OffloadRow:
 
 
 HEADER = (
-    f"{'target':<8} {'size':>5} {'in flight':>9} {'iters':>5} {'ops/s':>7} {'p50 us':>7}"
-    f" {'p99 us':>7} {'app calls/op':>12} {'app CPU us/op':>13} {'RNIC/op':>7}"
+    f"{'operation':<9} {'target':<8} {'size':>5} {'in flight':>9} {'iters':>5} {'ops/s':>7}"
+    f" {'p50 us':>7} {'p99 us':>7} {'app calls/op':>12} {'app CPU us/op':>13} {'RNIC/op':>7}"
     f" {'CPU us/op':>9}"
 )
 
@@ -124,52 +127,89 @@ def format_row(r: OffloadRow) -> str:
     from kbtp.cli.bench import size_label
 
     return (
-        f"{r.target:<8} {size_label(r.size):>5} {r.inflight:>9} {r.iters:>5} {r.ops:>7.0f}"
-        f" {r.percentile(0.5) * 1e6:>7.0f} {r.percentile(0.99) * 1e6:>7.0f}"
+        f"{r.op.upper():<9} {r.target:<8} {size_label(r.size):>5} {r.inflight:>9}"
+        f" {r.iters:>5} {r.ops:>7.0f} {r.percentile(0.5) * 1e6:>7.0f}"
+        f" {r.percentile(0.99) * 1e6:>7.0f}"
         f" {r.app_calls / r.iters:>12.2f} {r.app_cpu / r.iters * 1e6:>13.1f}"
         f" {r.rnic_runs / r.iters:>7.2f} {r.process_cpu / r.iters * 1e6:>9.0f}"
     )
 
 
-async def bench_row(
+async def bench_rows(
     offload: bool, size: int, inflight: int, iters: int, settings: MpaSettings
-) -> OffloadRow:
-    """LOAD ``iters`` times, ``inflight`` at once, against a fresh target of one kind."""
+) -> list[OffloadRow]:
+    """STORE then LOAD ``iters`` times each, ``inflight`` at once, on a fresh target."""
     config = bench_config(size, inflight, inflight, DEFAULT_MAX_INLINE)
     target = KbtpTarget(config, settings=settings, offload=offload)
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
-    latencies: list[float] = []
+    name = "offload" if offload else "software"
+    rows = []
     async with target.running() as running:
         async with KbtpInitiator.connect(
             "127.0.0.1", running.port, IDENTITY.decode(), settings=settings
         ) as ini:
             for w in range(inflight):
-                await ini.alloc_store(w, data, seal=True)
+                await ini.alloc_store(w, b"")
             meter = AppMeter(running)
-            runs0 = sum(chain_runs(s.qp) for s in running.sessions.values())
-            counter = iter(range(iters))
 
-            async def worker(w: int) -> None:
-                for _ in counter:
-                    start = time.perf_counter()
-                    await ini.load_into(w, buffers[w])
-                    latencies.append(time.perf_counter() - start)
+            async def store(w: int) -> None:
+                await ini.store(w, data, inline=False)
 
-            cpu0 = time.process_time()
-            start = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for w in range(inflight):
-                    nursery.start_soon(worker, w)
-            seconds = time.perf_counter() - start
-            cpu = time.process_time() - cpu0
-            runs = sum(chain_runs(s.qp) for s in running.sessions.values()) - runs0
+            async def load(w: int) -> None:
+                await ini.load_into(w, buffers[w])
+
+            for op, job in (("store", store), ("load", load)):
+                if op == "load":
+                    for w in range(inflight):
+                        await ini.store(w, data, inline=False, seal=True)
+                calls, app_cpu = meter.requests, meter.cpu
+                runs0 = _runs(running)
+                seconds, cpu, latencies = await _timed(job, inflight, iters)
+                rows.append(
+                    OffloadRow(
+                        op,
+                        name,
+                        size,
+                        inflight,
+                        iters,
+                        seconds,
+                        latencies,
+                        meter.requests - calls,
+                        meter.cpu - app_cpu,
+                        _runs(running) - runs0,
+                        cpu,
+                    )
+                )
             if any(buf != data for buf in buffers):
                 raise CliError("LOAD returned wrong data")
-    name = "offload" if offload else "software"
-    return OffloadRow(
-        name, size, inflight, iters, seconds, latencies, meter.requests, meter.cpu, runs, cpu
-    )
+    return rows
+
+
+def _runs(target: KbtpTarget) -> int:
+    return sum(chain_runs(s.qp) for s in target.sessions.values())
+
+
+async def _timed(
+    job: Callable[[int], Awaitable[None]], inflight: int, iters: int
+) -> tuple[float, float, list[float]]:
+    """(wall seconds, process CPU seconds, latencies) of ``iters`` jobs on ``inflight``
+    workers."""
+    latencies: list[float] = []
+    counter = iter(range(iters))
+
+    async def worker(w: int) -> None:
+        for _ in counter:
+            start = time.perf_counter()
+            await job(w)
+            latencies.append(time.perf_counter() - start)
+
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for w in range(inflight):
+            nursery.start_soon(worker, w)
+    return time.perf_counter() - start, time.process_time() - cpu0, latencies
 
 
 def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
@@ -188,8 +228,8 @@ def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
     rows: list[OffloadRow] = []
     with text_to_stderr_if_json_stdout(args.json):
         print(
-            "kbtp bench --offload: LOAD, software target vs offloaded target (docs/kbtp.md "
-            "§8), one process, loopback TCP; app = the target core's entry points"
+            "kbtp bench --offload: STORE and LOAD, software target vs offloaded target "
+            "(docs/kbtp.md §8), one process, loopback TCP; app = the target core's entry points"
         )
         print(HEADER, flush=True)
 
@@ -205,9 +245,9 @@ def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
                                 file=sys.stderr,
                                 flush=True,
                             )
-                        row = await bench_row(offload, size, inflight, iters, settings)
-                        print(format_row(row), flush=True)
-                        rows.append(row)
+                        for row in await bench_rows(offload, size, inflight, iters, settings):
+                            print(format_row(row), flush=True)
+                            rows.append(row)
 
         run_trio(main)
     if args.json:
