@@ -69,10 +69,12 @@ from kbtp.target_actions import (
 )
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
+from kbtp.target_offload import arm, chain_runs, session_chain
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
+    Chain,
     CompletionQueue,
     MemoryRegion,
     ProtectionDomain,
@@ -147,6 +149,8 @@ class TargetSession:
     close: CloseSession | None = None
     reason: str = ""
     messages: int = 0
+    chained: bool = False  # the LOAD chain is posted (offload, docs/kbtp.md §8)
+    chain_runs: int = 0  # requests the RNIC answered, as of the last tick
 
     def recv_wr(self, slot: int) -> RecvWR:
         addr = self.recv_mr.base + slot * self.recv_size
@@ -173,10 +177,14 @@ class KbtpTarget:
         on_event: Callable[[str], None] | None = None,
         pool_file: str | os.PathLike[str] | None = None,
         pool_sync: bool = False,
+        offload: bool = False,
     ) -> None:
         """``pool_file``: keep the table, pool and rings in that file (created if absent or
         empty, else checked against ``config`` and recovered: PoolFileError); ``pool_sync``:
-        flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4)."""
+        flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4);
+        ``offload``: the RNIC answers LOADs and mapped STOREs by pre-posted chains
+        (docs/kbtp.md §8)."""
+        self.offload = offload
         self.rnic = rnic or Rnic("kbtp-target")
         self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs
         self.settings = settings or MpaSettings()
@@ -241,6 +249,13 @@ class KbtpTarget:
         del mem
         mr = self.local_mr
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
+
+    def _chain(self, sess: TargetSession) -> Chain:
+        """The session's offload chain (docs/kbtp.md §8): LOAD, and mapped STORE unless
+        every seal must reach the pool file first (``pool_sync``, §12.4)."""
+        ini = next((i for i in self.config.initiators if i.identity == sess.identity), None)
+        stores = self.core.persist is None
+        return session_chain(self.core.layout, sess.local_mr.lkey, ini, stores)
 
     def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
         """RegisterMemory: an MR over the action's range whose TOs are the core's TOs, in
@@ -351,9 +366,8 @@ class KbtpTarget:
                     mr.dereg()
                 self.rnic.destroy_qp(qp)
             who = sess.identity.decode(errors="replace") if sess.identity else "?"
-            self._event(
-                f"session {sid} ({who}): ended after {sess.messages} messages: {sess.reason}"
-            )
+            count = sess.messages + chain_runs(qp)
+            self._event(f"session {sid} ({who}): ended after {count} messages: {sess.reason}")
 
     async def _pump(self, sess: TargetSession) -> None:
         """Feed the core every completion of the session, a whole drain of the CQ at a time:
@@ -381,6 +395,10 @@ class KbtpTarget:
             self._tick_wake = trio.Event()
             now = trio.current_time()
             for sid, sess in list(self.sessions.items()):
+                runs = chain_runs(sess.qp)
+                if runs != sess.chain_runs:  # answered by the RNIC: not idle
+                    sess.chain_runs = runs
+                    self.core.note_activity(sid, now)
                 self._apply(self._guarded(sess, self.core.tick, now, sid))
 
     # ----------------------------------------------------------------------------------
@@ -432,9 +450,14 @@ class KbtpTarget:
                     self._event(f"session {sess.sid}: HELLO from {name!r} accepted")
                     self._tick_wake.set()
             self._apply(actions)
+            if self.offload and sess.identity is not None and sess.qp.state is QpState.RTS:
+                sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
             return
         if wc.wr_id == _CLOSE_MARKER:
             self._terminate(sess)
+            return
+        if wc.opcode is WcOpcode.CHAIN:  # an offload chain failed: the QP is Terminated
+            sess.reason = sess.reason or f"offloaded request failed: {wc.status.text}"
             return
         if wc.wr_id == _UNSIGNALLED or wc.status is WcStatus.WR_FLUSH_ERR:
             return  # a flushed WR: the session ends and the core drops its operations

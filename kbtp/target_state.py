@@ -153,6 +153,13 @@ class CoreState:
             raise LocalError(f"handle {handle} is not served")
         return read_entry(self.memory, self.layout.entry_offset(handle))
 
+    def note_activity(self, session: int, now: float) -> None:
+        """The RNIC answered requests of ``session`` by itself (docs/kbtp.md §8): it is not
+        idle (docs/kbtp.md §4.2)."""
+        sess = self._sessions.get(session)
+        if sess is not None:
+            sess.active = max(sess.active, now)
+
     def usage(self, identity: bytes) -> int:
         """Bound handles + tickets taken and not bound (draft §3.4)."""
         ini = self._initiators[identity]

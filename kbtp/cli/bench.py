@@ -11,6 +11,9 @@ Request Credits = N):
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
 
+``--offload`` measures STORE and LOAD on the software and the offloaded target instead
+(:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
+
 The baseline, in the same run, is pipelined raw trio TCP with the same shape
 (:mod:`kbtp.cli.bench_baseline`): one connection, N requests in flight, a 40-octet request
 and a 40-octet response, with the block's octets in the response (LOAD) or after the
@@ -39,6 +42,7 @@ from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
 from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
+from kbtp.cli.bench_offload import run_offload
 from kbtp.cli.bench_peer import IDENTITY, bench_config, peer_process
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
@@ -303,6 +307,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
+        "--offload",
+        action="store_true",
+        help="STORE and LOAD on the software target and the offloaded one (docs/kbtp.md §8) in "
+        "one process: ops/s, p50/p99, target application calls and CPU per operation, at "
+        "4K, 64K, 1M (or --sizes) with 1 and --inflight requests in flight",
+    )
+    parser.add_argument(
         "--vs",
         choices=["mooncake"],
         help="also move the same blocks over Mooncake Transfer Engine's TCP transport "
@@ -392,6 +403,8 @@ def run_bench(args: argparse.Namespace) -> int:
     problem = check_json_path(args.json)
     if problem:
         raise CliError(problem)
+    if args.offload:
+        return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
     with text_to_stderr_if_json_stdout(args.json):
         results, parameters = _run_bench(args)
     if args.json:

@@ -127,6 +127,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"capture file (default {DEFAULT_CAPTURE})",
     )
     parser.add_argument("--no-capture", action="store_true", help="do not write a capture")
+    parser.add_argument(
+        "--offload",
+        action="store_true",
+        help="run the target with LOADs and mapped STOREs offloaded (docs/kbtp.md §8)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_json_argument(parser)
     parser.add_argument(
@@ -157,7 +162,10 @@ def run_demo(args: argparse.Namespace) -> int:
             raise CliError(f"cannot write {args.capture}: {exc.strerror or exc}") from None
     settings = mpa_settings(args)
     target = KbtpTarget(
-        config, settings=settings, tap_factory=pcap_tap_factory(writer) if writer else None
+        config,
+        settings=settings,
+        tap_factory=pcap_tap_factory(writer) if writer else None,
+        offload=args.offload,
     )
     demo = Demo(args, target, 0, settings, time.perf_counter())
 

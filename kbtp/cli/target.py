@@ -372,6 +372,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --pool-file: flush every seal and free to the file before its COMPLETION "
         "(survives power loss; default: flushed at a clean stop, survives a killed process)",
     )
+    parser.add_argument(
+        "--offload",
+        action="store_true",
+        help="the RNIC answers LOADs by pre-posted chains, without the target application "
+        "(docs/kbtp.md §8); everything else is processed in software",
+    )
     add_mpa_arguments(parser, None)
     parser.add_argument("--capture", metavar="PCAP", help="record every connection to PCAP")
     parser.add_argument(
@@ -408,6 +414,7 @@ def run_target(args: argparse.Namespace) -> int:
             on_event=event,
             pool_file=args.pool_file,
             pool_sync=args.pool_sync,
+            offload=args.offload,
         )
     except IwarpError as exc:
         raise CliError(str(exc)) from None

@@ -5,9 +5,25 @@
 completions by ``cq.poll()`` or ``await cq.next()``; asynchronous events (a QP terminated,
 a CQ overflowed) by ``await rnic.get_async_event()`` or ``rnic.poll_async_event()``.
 Memory windows (``pd.alloc_mw``, ``qp.bind_mw``, ``BIND_MW``) and fast registration
-(``pd.alloc_mr``, ``REG_MR``): see :mod:`stack.rnic.windows`.
+(``pd.alloc_mr``, ``REG_MR``): see :mod:`stack.rnic.windows`.  Chains (``qp.post_chain``:
+WAIT, ENABLE, fields patched at execution time), this stack's verbs extension: see
+:mod:`stack.rnic.chains`.
 """
 
+from stack.rnic.chains import (
+    RECV,
+    RECV_LEN,
+    Branch,
+    Chain,
+    Cmp,
+    Guard,
+    LocalWrite,
+    Patch,
+    PatchField,
+    Ref,
+    WaitCq,
+    WaitRecv,
+)
 from stack.rnic.cq import CompletionQueue, CqOverflow
 from stack.rnic.device import Rnic
 from stack.rnic.events import AsyncEvent, AsyncEventQueue, AsyncEventType, event_type_for_cause
@@ -37,18 +53,28 @@ __all__ = [
     "AsyncEventQueue",
     "AsyncEventType",
     "BindMw",
+    "Branch",
+    "Chain",
+    "Cmp",
     "CompletionQueue",
     "CqOverflow",
+    "Guard",
+    "LocalWrite",
     "MemoryOpError",
     "MemoryRegion",
     "MemoryWindow",
     "MwBindInfo",
     "MwType",
+    "Patch",
+    "PatchField",
     "ProtectionDomain",
     "QpCap",
     "QpState",
     "QueuePair",
+    "RECV",
+    "RECV_LEN",
     "RecvWR",
+    "Ref",
     "RegMr",
     "Rnic",
     "SendFlags",
@@ -56,6 +82,8 @@ __all__ = [
     "Sge",
     "SharedReceiveQueue",
     "StagTarget",
+    "WaitCq",
+    "WaitRecv",
     "WcFlags",
     "WC_STATUS_TEXT",
     "WcOpcode",

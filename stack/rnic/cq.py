@@ -41,6 +41,10 @@ class CompletionQueue:
         self.on_event: Callable[[CompletionQueue], None] | None = None
         """Called with the CQ each time an armed event fires (a completion channel's
         wake-up, ``ibv_get_cq_event``), on the thread that pushed the completion."""
+        self.total = 0
+        """Completions pushed so far (what a chain's ``WaitCq`` counts)."""
+        self.watchers: list[Callable[[], None]] = []
+        """Called after every push (chain queues waiting on this CQ)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -57,6 +61,9 @@ class CompletionQueue:
             if self.on_event is not None:
                 self.on_event(self)
         self._lot.unpark_all()
+        self.total += 1
+        for watcher in self.watchers:
+            watcher()
 
     def poll(self, n: int = 16) -> list[WorkCompletion]:
         """Take up to ``n`` completions, oldest first."""

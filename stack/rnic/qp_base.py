@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from stack.constants import (
     IMMEDIATE_DATA_LEN,
@@ -44,6 +45,9 @@ from stack.wire.events import (
     Terminate,
 )
 from stack.wire.sequence import RequestTracker
+
+if TYPE_CHECKING:
+    from stack.rnic.chains import ChainQueue, ChainRun
 
 _LE64 = struct.Struct("<Q")
 
@@ -128,6 +132,7 @@ class _SqEntry:
     sink_to: int = 0
     received: int = 0
     req_id: int = 0
+    chain: ChainRun | None = None  # the chain that posted it (stack.rnic.chains)
 
 
 @dataclass(slots=True)
@@ -219,6 +224,8 @@ class QpBase:
         self._peer_closed = False  # the peer's FIN arrived: nothing more will be received
         self._drained_reported = False
         self._last_wqe_reported = False
+        self.chains: ChainQueue | None = None
+        """The chain queue (:mod:`stack.rnic.chains`), from the first ``post_chain``."""
 
     # ------------------------------------------------------------------ state
     def __repr__(self) -> str:
@@ -255,6 +262,8 @@ class QpBase:
         """Report completed send WRs in submit order (RFC 5040 §5.5 rule 15)."""
         while self._inflight and self._inflight[0].done:
             entry = self._inflight.popleft()
+            if entry.chain is not None:
+                entry.chain.wr_done(entry)
             signalled = self.sq_sig_all or entry.flags & _SIGNALED
             if signalled or entry.status is not WcStatus.SUCCESS:
                 self._push_wc(self.send_cq, self._wc(entry, entry.status))
@@ -273,6 +282,13 @@ class QpBase:
         inval: int | None = None,
     ) -> None:
         wc = WorkCompletion(wr.wr_id, status, opcode, self.qp_num, byte_len, imm, inval, flags)
+        if self.chains is not None and status is WcStatus.SUCCESS:
+            if self.chains.take_recv(wr, wc):
+                return  # held for a chain that waits on receives
+        self._push_wc(self.recv_cq, wc)
+
+    def _deliver_recv(self, wc: WorkCompletion) -> None:
+        """A receive a chain held and did not consume goes to the application."""
         self._push_wc(self.recv_cq, wc)
 
     # ------------------------------------------------------------------ errors
@@ -348,6 +364,8 @@ class QpBase:
         self._pending.clear()
         self._requests.reads.clear()
         self._requests.atomics.clear()
+        if self.chains is not None:
+            self.chains.fail()
         self._flush_receives()
         self._last_wqe()
 

@@ -13,6 +13,7 @@ from stack.constants import (
     AtomicOpcode,
 )
 from stack.errors import LocalError, RdmapError
+from stack.rnic.chains import Chain, ChainQueue
 from stack.rnic.memory import (
     MemoryOpError,
     MemoryRegion,
@@ -96,12 +97,7 @@ class QpSend(QpBase):
         """Post send WRs (``ibv_post_send``); a list is a post list, processed in order."""
         wrs = wr if isinstance(wr, list) else [wr]
         for one in wrs:
-            if len(one.sg_list) > self.cap.max_send_sge:
-                raise LocalError(f"send WR {one.wr_id} has more than max_send_sge SGEs")
-            if one.send_flags & _INLINE:
-                size = len(one.inline_data or b"") or sum(s.length for s in one.sg_list)
-                if size > self.cap.max_inline_data:
-                    raise LocalError(f"inline data of WR {one.wr_id} exceeds max_inline_data")
+            self._check_wr(one)
         if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
             for one in wrs:
                 self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
@@ -113,6 +109,34 @@ class QpSend(QpBase):
         for one in wrs:
             self._pending.append(_SqEntry(one, int(one.send_flags)))
         if self.state is QpState.RTS:
+            self._progress_sq()
+
+    def _check_wr(self, wr: SendWR) -> None:
+        """A send WR against the QP's capacities (LocalError)."""
+        if len(wr.sg_list) > self.cap.max_send_sge:
+            raise LocalError(f"send WR {wr.wr_id} has more than max_send_sge SGEs")
+        if wr.send_flags & _INLINE:
+            size = len(wr.inline_data or b"") or sum(s.length for s in wr.sg_list)
+            if size > self.cap.max_inline_data:
+                raise LocalError(f"inline data of WR {wr.wr_id} exceeds max_inline_data")
+
+    def post_chain(self, chain: Chain) -> None:
+        """Post a WAIT/ENABLE chain with execution-time patches (:mod:`stack.rnic.chains`)."""
+        if self.state in _FAILED or self.state is QpState.CLOSING:
+            raise LocalError(f"QP {self.qp_num} takes no chains in state {self.state.value}")
+        if self.chains is None:
+            self.chains = ChainQueue(self)
+        self.chains.post(chain)
+
+    def enable_chains(self, count: int | None = None) -> None:
+        """ENABLE: resume the chain queue after a fallback, release ``count`` held chains."""
+        if self.chains is not None:
+            self.chains.enable(count)
+
+    def _enqueue(self, entries: list[_SqEntry]) -> None:
+        """A triggered chain's WRs join the send queue (they hold their own SQ slots)."""
+        self._pending.extend(entries)
+        if self.state in _SENDING:
             self._progress_sq()
 
     def bind_mw(
@@ -140,6 +164,8 @@ class QpSend(QpBase):
             self._pending.popleft()
             self._inflight.append(entry)
             try:
+                if entry.chain is not None:
+                    entry.chain.resolve(entry)  # execution-time patches, checked by _start
                 self._start(entry)
             except (_LocalWrError, MemoryOpError) as exc:
                 entry.status = exc.status

@@ -135,7 +135,7 @@ def wc_status_str(status: WcStatus | int) -> str:
 class WcOpcode(IntEnum):
     """Work-completion opcode, with rdma-core's ``enum ibv_wc_opcode`` values; receive
     completions have bit 7 set (``IBV_WC_RECV``).  ``REG_MR`` (10) is the kernel's
-    ``IB_WC_REG_MR`` (libibverbs has no fast registration)."""
+    ``IB_WC_REG_MR`` (libibverbs has no fast registration); ``CHAIN`` is this stack's."""
 
     SEND = 0
     RDMA_WRITE = 1
@@ -145,6 +145,8 @@ class WcOpcode(IntEnum):
     BIND_MW = 5
     LOCAL_INV = 6
     REG_MR = 10
+    CHAIN = 0x40
+    """A chain of :mod:`stack.rnic.chains` (this stack's own verbs extension)."""
     RECV = 1 << 7
     RECV_RDMA_WITH_IMM = (1 << 7) + 1
 

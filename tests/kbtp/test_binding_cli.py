@@ -32,11 +32,13 @@ def _run(argv: list[str]) -> int:
         return int(exc.code or 0)
 
 
+@pytest.mark.parametrize("target", [[], ["--offload"]])
 def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: list[str]
 ) -> None:
     pcap = tmp_path / "demo.pcap"
     argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "1", "-w", str(pcap)]
+    argv += target  # docs/kbtp.md §8: the offloaded target is indistinguishable
     code = _run([*argv, "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -55,6 +57,30 @@ def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
     flagged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert flagged and all(r["findings"] == ["KBTP-5.1"] for r in flagged)
     assert all(r["direction"] == "i2r" and r["opcode_name"] == "Send" for r in flagged)
+
+
+def test_bench_offload_rows_count_zero_application_calls_for_the_offloaded_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "offload.json"
+    code = _run(
+        ["bench", "--offload", "-s", "4K", "-n", "8", "-t", "2", "--quiet", "--json", str(out_json)]
+    )
+    assert code == 0
+    capsys.readouterr()
+    rows = json.loads(out_json.read_text())["results"]
+    kinds = [(r["operation"], r["target"], r["inflight"]) for r in rows]
+    assert kinds == [
+        (op, target, n)
+        for n in (1, 2)
+        for target in ("software", "offload")
+        for op in ("STORE", "LOAD")
+    ]
+    for r in rows:
+        offloaded = r["target"] == "offload"
+        assert r["app_calls_per_op"] == (0 if offloaded else 1), r
+        assert r["rnic_answers_per_op"] == (1 if offloaded else 0), r
+        assert r["ops_per_s"] > 0 and r["latency_p99_us"] >= r["latency_p50_us"] > 0
 
 
 @pytest.mark.parametrize("layout", [[], ["--in-process"]])

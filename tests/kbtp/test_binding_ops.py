@@ -60,10 +60,21 @@ def config(**overrides: object) -> TargetConfig:
     return TargetConfig(**base)  # type: ignore[arg-type]
 
 
+_MODE = {"offload": False}
+
+
+@pytest.fixture(autouse=True, params=["software", "offload"])
+def target_mode(request: pytest.FixtureRequest) -> str:
+    """Every test runs against the software target and the offloaded one (docs/kbtp.md §8:
+    the initiator cannot tell them apart)."""
+    _MODE["offload"] = request.param == "offload"
+    return str(request.param)
+
+
 @asynccontextmanager
 async def serving(**overrides: object) -> AsyncIterator[KbtpTarget]:
     """A target on 127.0.0.1 (MPA defaults: EMSS 1448, so blocks span several FPDUs)."""
-    target = KbtpTarget(config(**overrides))
+    target = KbtpTarget(config(**overrides), offload=_MODE["offload"])
     async with target.running() as running:
         yield running
 

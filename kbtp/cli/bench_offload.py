@@ -1,0 +1,263 @@
+"""``kbtp bench --offload``: LOAD and STORE on the software and the offloaded target, one run.
+
+For each block size (default 4K, 64K, 1M) and each number of requests in flight (1 and the
+``--inflight`` value, default 16), one in-process target of each kind (``KbtpTarget`` and
+``KbtpTarget(offload=True)``, docs/kbtp.md §8) serves one initiator over loopback TCP;
+each worker stores its buffer into its own block (mapped STORE, by RDMA Read), then
+loads it back (the blocks sealed in between).
+Figures per row: operations per second, latency p50 and p99, the calls into the target
+application per operation and its CPU time per operation (thread CPU time spent inside
+the target core's entry points), the requests the target's RNIC answered by itself per
+operation, and the CPU time of the whole process per operation (both ends, both RNICs:
+the RNIC's work is what remains once the application's is taken out).  Speed is
+reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from kbtp.cli.bench_peer import IDENTITY, bench_config
+from kbtp.cli.target import mpa_settings, parse_size, run_trio
+from kbtp.constants import DEFAULT_MAX_INLINE
+from kbtp.initiator import KbtpInitiator
+from kbtp.target import KbtpTarget
+from kbtp.target_offload import chain_runs
+from stack.cli import CliError
+from stack.cli.json_report import schema, text_to_stderr_if_json_stdout, write_json
+from stack.wire.events import MpaSettings
+
+__all__ = ["OFFLOAD_SIZES", "AppMeter", "OffloadRow", "run_offload"]
+
+OFFLOAD_SIZES = (4 << 10, 64 << 10, 1 << 20)
+_ENTRY_POINTS = (
+    "handle_message",
+    "rdma_completed",
+    "rdma_failed",
+    "memory_registered",
+    "receive_batch",
+    "tick",
+)
+"""The target core's methods the binding calls: the target application's work."""
+
+
+class AppMeter:
+    """Counts the calls into a target's core and the thread CPU time spent in them."""
+
+    def __init__(self, target: KbtpTarget) -> None:
+        self.requests = 0
+        self.cpu = 0.0
+        core = target.core
+        for name in _ENTRY_POINTS:
+            setattr(core, name, self._wrap(name, getattr(core, name)))
+
+    def _wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def metered(*args: Any) -> Any:
+            if name == "handle_message":
+                self.requests += 1
+            start = time.thread_time()
+            try:
+                return call(*args)
+            finally:
+                self.cpu += time.thread_time() - start
+
+        return metered
+
+
+@dataclass(slots=True)
+class OffloadRow:
+    """One row: ``op`` of ``size`` octets, ``inflight`` at once, on one kind of target."""
+
+    op: str
+    target: str
+    size: int
+    inflight: int
+    iters: int
+    seconds: float
+    latencies: list[float]
+    app_calls: int
+    app_cpu: float
+    rnic_runs: int
+    process_cpu: float
+
+    @property
+    def ops(self) -> float:
+        return self.iters / self.seconds
+
+    def percentile(self, p: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation": self.op.upper(),
+            "target": self.target,
+            "size_bytes": self.size,
+            "inflight": self.inflight,
+            "iterations": self.iters,
+            "seconds": self.seconds,
+            "ops_per_s": self.ops,
+            "latency_p50_us": self.percentile(0.5) * 1e6,
+            "latency_p99_us": self.percentile(0.99) * 1e6,
+            "latency_mean_us": statistics.fmean(self.latencies) * 1e6,
+            "app_calls_per_op": self.app_calls / self.iters,
+            "app_cpu_us_per_op": self.app_cpu / self.iters * 1e6,
+            "rnic_answers_per_op": self.rnic_runs / self.iters,
+            "process_cpu_us_per_op": self.process_cpu / self.iters * 1e6,
+        }
+
+
+HEADER = (
+    f"{'operation':<9} {'target':<8} {'size':>5} {'in flight':>9} {'iters':>5} {'ops/s':>7}"
+    f" {'p50 us':>7} {'p99 us':>7} {'app calls/op':>12} {'app CPU us/op':>13} {'RNIC/op':>7}"
+    f" {'CPU us/op':>9}"
+)
+
+
+def format_row(r: OffloadRow) -> str:
+    from kbtp.cli.bench import size_label
+
+    return (
+        f"{r.op.upper():<9} {r.target:<8} {size_label(r.size):>5} {r.inflight:>9}"
+        f" {r.iters:>5} {r.ops:>7.0f} {r.percentile(0.5) * 1e6:>7.0f}"
+        f" {r.percentile(0.99) * 1e6:>7.0f}"
+        f" {r.app_calls / r.iters:>12.2f} {r.app_cpu / r.iters * 1e6:>13.1f}"
+        f" {r.rnic_runs / r.iters:>7.2f} {r.process_cpu / r.iters * 1e6:>9.0f}"
+    )
+
+
+async def bench_rows(
+    offload: bool, size: int, inflight: int, iters: int, settings: MpaSettings
+) -> list[OffloadRow]:
+    """STORE then LOAD ``iters`` times each, ``inflight`` at once, on a fresh target."""
+    config = bench_config(size, inflight, inflight, DEFAULT_MAX_INLINE)
+    target = KbtpTarget(config, settings=settings, offload=offload)
+    data = bytearray(os.urandom(size))
+    buffers = [bytearray(size) for _ in range(inflight)]
+    name = "offload" if offload else "software"
+    rows = []
+    async with target.running() as running:
+        async with KbtpInitiator.connect(
+            "127.0.0.1", running.port, IDENTITY.decode(), settings=settings
+        ) as ini:
+            for w in range(inflight):
+                await ini.alloc_store(w, b"")
+            meter = AppMeter(running)
+
+            async def store(w: int) -> None:
+                await ini.store(w, data, inline=False)
+
+            async def load(w: int) -> None:
+                await ini.load_into(w, buffers[w])
+
+            for op, job in (("store", store), ("load", load)):
+                if op == "load":
+                    for w in range(inflight):
+                        await ini.store(w, data, inline=False, seal=True)
+                calls, app_cpu = meter.requests, meter.cpu
+                runs0 = _runs(running)
+                seconds, cpu, latencies = await _timed(job, inflight, iters)
+                rows.append(
+                    OffloadRow(
+                        op,
+                        name,
+                        size,
+                        inflight,
+                        iters,
+                        seconds,
+                        latencies,
+                        meter.requests - calls,
+                        meter.cpu - app_cpu,
+                        _runs(running) - runs0,
+                        cpu,
+                    )
+                )
+            if any(buf != data for buf in buffers):
+                raise CliError("LOAD returned wrong data")
+    return rows
+
+
+def _runs(target: KbtpTarget) -> int:
+    return sum(chain_runs(s.qp) for s in target.sessions.values())
+
+
+async def _timed(
+    job: Callable[[int], Awaitable[None]], inflight: int, iters: int
+) -> tuple[float, float, list[float]]:
+    """(wall seconds, process CPU seconds, latencies) of ``iters`` jobs on ``inflight``
+    workers."""
+    latencies: list[float] = []
+    counter = iter(range(iters))
+
+    async def worker(w: int) -> None:
+        for _ in counter:
+            start = time.perf_counter()
+            await job(w)
+            latencies.append(time.perf_counter() - start)
+
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for w in range(inflight):
+            nursery.start_soon(worker, w)
+    return time.perf_counter() - start, time.process_time() - cpu0, latencies
+
+
+def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
+    """The ``kbtp bench --offload`` command (parsed arguments of ``kbtp bench``)."""
+    from kbtp.cli.bench import iterations, size_label
+
+    if args.sizes == default_sizes:
+        sizes = list(OFFLOAD_SIZES)
+    else:
+        try:
+            sizes = [parse_size(s.strip()) for s in args.sizes.split(",") if s.strip()]
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(f"argument --sizes: {exc}") from None
+    inflights = sorted({1, args.inflight})
+    settings = mpa_settings(args)
+    rows: list[OffloadRow] = []
+    with text_to_stderr_if_json_stdout(args.json):
+        print(
+            "kbtp bench --offload: STORE and LOAD, software target vs offloaded target "
+            "(docs/kbtp.md §8), one process, loopback TCP; app = the target core's entry points"
+        )
+        print(HEADER, flush=True)
+
+        async def main() -> None:
+            for size in sizes:
+                iters = iterations(size, args.bytes, args.iters)
+                for inflight in inflights:
+                    for offload in (False, True):
+                        if not args.quiet:
+                            kind = "offload" if offload else "software"
+                            print(
+                                f"kbtp bench: {size_label(size)} x{inflight} {kind}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                        for row in await bench_rows(offload, size, inflight, iters, settings):
+                            print(format_row(row), flush=True)
+                            rows.append(row)
+
+        run_trio(main)
+    if args.json:
+        document = {
+            "schema": schema("kbtp bench"),
+            "command": "kbtp bench --offload",
+            "parameters": {"sizes_bytes": sizes, "inflight": inflights, "processes": 1},
+            "results": [r.as_json() for r in rows],
+            "exit_status": 0,
+            "verdict": "ok",
+        }
+        write_json(args.json, document)
+    return 0

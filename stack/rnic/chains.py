@@ -1,0 +1,584 @@
+"""Work-request chains: a verbs extension for WAIT, ENABLE and execution-time patches.
+
+Not in RFC 5040 or libibverbs; modelled on the WAIT/ENABLE work requests and self-modifying
+WQEs of some RNICs.  A :class:`Chain` posted with ``qp.post_chain`` waits in the QP's *chain
+queue* (apart from its send queue, which keeps working) for a trigger:
+
+* :class:`WaitRecv`: the next receive completion of the QP.  While a QP has such a chain
+  posted, its successful receive completions go to the chain queue first, in arrival order;
+  one a chain runs on is consumed by it (never reaches the receive CQ) and re-posted by the
+  RNIC when the chain has completed.
+* :class:`WaitCq`: a completion queue has had ``count`` completions pushed.
+
+A triggered chain picks the first :class:`Branch` whose :class:`Guard` s all hold and posts
+that branch's work requests on the send queue (a :class:`LocalWrite` among them writes
+registered memory once the WRs before it have completed).  Each :class:`Patch` replaces a
+field of one of them when it reaches the head of the send queue (execution time), from a
+:class:`Ref`:
+octets of the triggering receive or of any registered memory, at an address that may itself
+be computed from another Ref.  Every Ref is read through the checks of a local SGE (lkey,
+PD, bounds) and the patched WR is then checked as any other (local and remote STags,
+rights, bounds), so a patch cannot reach memory its WR could not.
+
+No branch holds: the chain *falls back*.  The receive completion goes to the receive CQ as
+if no chain existed, and the chain queue stalls until the application calls
+``qp.enable_chains()`` (ENABLE), so software handles the message before any later one.  A
+``held`` chain also waits for ENABLE.  Chains run one at a time, each after the previous
+chain's WRs completed; a ``rearm`` chain goes back to the tail of the queue after it ran or
+fell back.  A Ref outside its MR fails the chain with LOC_PROT_ERR (a receive read past its
+message: LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12);
+nothing of the failing WR has touched memory.  A QP that fails flushes its chains with
+WR_FLUSH_ERR (opcode :attr:`~stack.rnic.verbs.WcOpcode.CHAIN`) and the receives they held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Literal
+
+from stack.constants import ALL_ONES_64, TERM_RDMAP_CATASTROPHIC
+from stack.errors import LocalError, RdmapError
+from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
+from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
+
+if TYPE_CHECKING:
+    from stack.rnic.cq import CompletionQueue
+    from stack.rnic.qp_send import QpSend
+
+RECV = -1
+""":attr:`Ref.lkey` of the triggering receive: ``addr`` is an octet offset in its message."""
+RECV_LEN = -2
+""":attr:`Ref.lkey` of the triggering receive's length (``byte_len``; addr, width unused)."""
+
+_MAX_REF = 4096  # octets one Ref may copy (a PAYLOAD patch)
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """``width`` octets at ``addr`` of the MR ``lkey`` (or :data:`RECV`), read at execution
+    time; with ``index`` the address is ``addr + scale * value(index)`` mod 2^64."""
+
+    lkey: int
+    addr: int = 0
+    width: int = 8
+    byteorder: Literal["big", "little"] = "big"
+    index: Ref | None = None
+    scale: int = 1
+
+    @classmethod
+    def recv(cls, offset: int, width: int, byteorder: Literal["big", "little"] = "big") -> Ref:
+        """Octets ``offset``.. of the received message."""
+        return cls(RECV, offset, width, byteorder)
+
+    @classmethod
+    def recv_len(cls) -> Ref:
+        """The received message's length."""
+        return cls(RECV_LEN, 0, 4)
+
+    def uses_recv(self) -> bool:
+        return self.lkey in (RECV, RECV_LEN) or (self.index is not None and self.index.uses_recv())
+
+
+class PatchField(Enum):
+    """The fields a :class:`Patch` may set (octets of the value, or raw octets)."""
+
+    REMOTE_ADDR = "remote_addr"
+    RKEY = "rkey"
+    SGE_ADDR = "sge_addr"
+    SGE_LENGTH = "sge_length"
+    COMPARE_ADD = "compare_add"
+    SWAP = "swap"
+    INVALIDATE_RKEY = "invalidate_rkey"
+    PAYLOAD = "payload"
+
+
+_BITS = {
+    PatchField.REMOTE_ADDR: 64,
+    PatchField.RKEY: 32,
+    PatchField.SGE_ADDR: 64,
+    PatchField.SGE_LENGTH: 32,
+    PatchField.COMPARE_ADD: 64,
+    PatchField.SWAP: 64,
+    PatchField.INVALIDATE_RKEY: 32,
+}
+_REMOTE_OPS = frozenset(
+    {
+        WrOpcode.RDMA_WRITE,
+        WrOpcode.RDMA_WRITE_WITH_IMM,
+        WrOpcode.RDMA_READ,
+        WrOpcode.RDMA_READ_WITH_INV,
+        WrOpcode.ATOMIC_FETCH_AND_ADD,
+        WrOpcode.ATOMIC_CMP_AND_SWP,
+    }
+)
+_ATOMICS = frozenset({WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP})
+_APPLIES = {
+    PatchField.REMOTE_ADDR: _REMOTE_OPS,
+    PatchField.RKEY: _REMOTE_OPS,
+    PatchField.COMPARE_ADD: _ATOMICS,
+    PatchField.SWAP: _ATOMICS,
+    PatchField.INVALIDATE_RKEY: frozenset({WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Set ``field`` of WR ``wr`` (its index in the branch) to ``value(src) + add`` (mod the
+    field's width); SGE fields name SGE ``at``; PAYLOAD copies ``src.width`` octets into the
+    WR's inline data at octet ``at``."""
+
+    wr: int
+    field: PatchField
+    src: Ref
+    add: int = 0
+    at: int = 0
+
+
+class Cmp(Enum):
+    """How a :class:`Guard` compares (unsigned, after the mask)."""
+
+    EQ = "=="
+    NE = "!="
+    LE = "<="
+    LT = "<"
+    GE = ">="
+    ZERO_OR_EQ = "0 or =="
+    """The left value is zero or equals the right one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """``left & mask`` compared with ``right`` (a constant, or a Ref's value ``& mask``)."""
+
+    left: Ref
+    cmp: Cmp
+    right: Ref | int
+    mask: int = ALL_ONES_64
+
+
+@dataclass(frozen=True, slots=True)
+class LocalWrite:
+    """A chain item that writes ``dst.width`` octets into registered memory at ``dst`` (an
+    lkey with LOCAL_WRITE, checked like a local SGE): ``src``'s octets (a Ref of the same
+    width) or constant bytes.  It runs once every earlier WR of its branch has completed
+    (a Read's data is placed), and later WRs start after it."""
+
+    dst: Ref
+    src: Ref | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """Work requests (and LocalWrites) a chain runs when every guard holds, with their
+    patches (``Patch.wr`` indexes ``wrs``)."""
+
+    wrs: tuple[SendWR | LocalWrite, ...]
+    patches: tuple[Patch, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecv:
+    """WAIT for the QP's next receive completion."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitCq:
+    """WAIT until ``cq`` has had ``count`` completions pushed (:attr:`CompletionQueue.total`)."""
+
+    cq: CompletionQueue
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """A chain of the chain queue (see the module docstring); ``signaled``: a CHAIN
+    completion with ``wr_id`` when it has run (``extra['branch']``: which branch) or fell
+    back (``extra['branch']`` None)."""
+
+    wr_id: int
+    wait: WaitRecv | WaitCq
+    branches: tuple[Branch, ...]
+    rearm: bool = False
+    held: bool = False
+    signaled: bool = False
+
+
+@dataclass(slots=True)
+class _Posted:
+    chain: Chain
+    held: bool
+
+
+class ChainRun:
+    """One triggered chain: resolves its WRs' patches and learns of their completions."""
+
+    def __init__(
+        self, queue: ChainQueue, posted: _Posted, branch: int, recv: tuple[RecvWR, bytes] | None
+    ) -> None:
+        self.queue = queue
+        self.posted = posted
+        self.branch = branch
+        self.recv = recv
+        self.index: dict[int, int] = {}
+        self.left = 0
+        self.next = 0  # the next item of the branch to start
+        self.status = WcStatus.SUCCESS
+
+    def step(self) -> None:
+        """Start the branch's items in order: WRs up to the next LocalWrite join the send
+        queue; a LocalWrite runs once every earlier WR has completed."""
+        items = self.posted.chain.branches[self.branch].wrs
+        qp = self.queue.qp
+        while self.left == 0 and self.next < len(items):
+            item = items[self.next]
+            if isinstance(item, LocalWrite):
+                try:
+                    _local_write(item, self.queue.reader(self.recv))
+                except _LocalWrError as exc:
+                    self.status = exc.status
+                    qp.fatal(
+                        RdmapError(
+                            "RDMAP-12",
+                            f"chain {self.posted.chain.wr_id}: {exc}",
+                            TERM_RDMAP_CATASTROPHIC,
+                        ),
+                        send_terminate=True,
+                    )
+                    return
+                self.next += 1
+                continue
+            entries = []
+            while self.next < len(items) and isinstance(items[self.next], SendWR):
+                wr = items[self.next]
+                assert isinstance(wr, SendWR)
+                entry = _SqEntry(wr, int(wr.send_flags), chain=self)
+                self.index[id(entry)] = self.next
+                entries.append(entry)
+                self.next += 1
+            self.left = len(entries)
+            qp._enqueue(entries)
+        if self.left == 0 and self.next == len(items) and self.queue.running is self:
+            self.queue.finished(self)
+
+    def resolve(self, entry: _SqEntry) -> None:
+        """Apply the patches of ``entry``'s WR now, at execution time (raises _LocalWrError)."""
+        i = self.index[id(entry)]
+        branch = self.posted.chain.branches[self.branch]
+        patches = [p for p in branch.patches if p.wr == i]
+        if patches:
+            entry.wr = _patched(entry.wr, patches, self.queue.reader(self.recv))
+
+    def wr_done(self, entry: _SqEntry) -> None:
+        if entry.status is not WcStatus.SUCCESS and self.status is WcStatus.SUCCESS:
+            self.status = entry.status
+        self.left -= 1
+        if self.left == 0:
+            if self.status is not WcStatus.SUCCESS:
+                self.queue.finished(self)
+            else:
+                self.step()
+
+
+class ChainQueue:
+    """The chain queue of one QP (created by its first ``post_chain``)."""
+
+    def __init__(self, qp: QpSend) -> None:
+        self.qp = qp
+        self.waiting: deque[_Posted] = deque()
+        self.recvs: deque[tuple[RecvWR, WorkCompletion, bytes]] = deque()
+        self.running: ChainRun | None = None
+        self.stalled = False
+        self._watched: set[int] = set()
+        self.runs = 0
+        """Chains that ran a branch (the RNIC's work, counted apart from the application's)."""
+        self.fallbacks = 0
+        """Chains that fell back to the application."""
+        self._advancing = False
+
+    # ---------------------------------------------------------------- verbs
+    def post(self, chain: Chain) -> None:
+        """Check ``chain`` against the QP (LocalError) and queue it."""
+        self._check(chain)
+        if isinstance(chain.wait, WaitCq) and id(chain.wait.cq) not in self._watched:
+            self._watched.add(id(chain.wait.cq))
+            chain.wait.cq.watchers.append(self.advance)
+        self.waiting.append(_Posted(chain, chain.held))
+        self.advance()
+
+    def enable(self, count: int | None) -> None:
+        """ENABLE: end a fallback stall and release ``count`` held chains (None: all)."""
+        self.stalled = False
+        for posted in self.waiting:
+            if count is not None and count <= 0:
+                break
+            if posted.held:
+                posted.held = False
+                if count is not None:
+                    count -= 1
+        self.advance()
+
+    def _check(self, chain: Chain) -> None:
+        qp = self.qp
+        if isinstance(chain.wait, WaitRecv) and qp.srq is not None:
+            raise LocalError("chains cannot WAIT on receives of a QP with an SRQ")
+        for branch in chain.branches:
+            if len(branch.wrs) > qp.cap.max_send_wr:
+                raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
+            refs: list[Ref] = [p.src for p in branch.patches]
+            for item in branch.wrs:
+                if isinstance(item, SendWR):
+                    qp._check_wr(item)
+                    continue
+                src = item.src
+                if item.dst.lkey in (RECV, RECV_LEN):
+                    raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
+                if (len(src) if isinstance(src, bytes) else src.width) != item.dst.width:
+                    raise LocalError(f"chain {chain.wr_id}: LocalWrite widths differ")
+                refs.append(item.dst)
+                if isinstance(src, Ref):
+                    refs.append(src)
+            for guard in branch.guards:
+                refs.append(guard.left)
+                if isinstance(guard.right, Ref):
+                    refs.append(guard.right)
+            for ref in refs:
+                _check_ref(ref, chain)
+            for patch in branch.patches:
+                _check_patch(patch, branch, chain)
+
+    # ---------------------------------------------------------------- triggers
+    def take_recv(self, wr: RecvWR, wc: WorkCompletion) -> bool:
+        """A receive completed: hold it for the chains if any waits on receives."""
+        if not any(isinstance(p.chain.wait, WaitRecv) for p in self.waiting) and (
+            self.running is None or not isinstance(self.running.posted.chain.wait, WaitRecv)
+        ):
+            return False
+        try:
+            data = self._message(wr, wc.byte_len)
+        except _LocalWrError:
+            return False  # its buffer went away: the application hears of the receive
+        self.recvs.append((wr, wc, data))
+        self.advance()
+        return True
+
+    def _message(self, wr: RecvWR, byte_len: int) -> bytes:
+        """The received octets (the buffer stays the chain's until it completes)."""
+        parts: list[bytes] = []
+        left = byte_len
+        for sge in wr.sg_list:
+            take = min(sge.length, left)
+            if take <= 0:
+                break
+            parts.append(bytes(self.qp._local(Sge(sge.addr, take, sge.lkey), 0)[1]))
+            left -= take
+        return b"".join(parts)
+
+    def advance(self) -> None:
+        """Trigger the head chain if it can run now."""
+        if self._advancing:
+            return
+        self._advancing = True
+        try:
+            while self.running is None and not self.stalled and self.waiting:
+                if self.qp.state not in _SENDING or not self._triggered(self.waiting[0]):
+                    return
+                self._trigger(self.waiting.popleft())
+        finally:
+            self._advancing = False
+
+    def _triggered(self, posted: _Posted) -> bool:
+        if posted.held:
+            return False
+        wait = posted.chain.wait
+        if isinstance(wait, WaitRecv):
+            return bool(self.recvs)
+        return wait.cq.total >= wait.count
+
+    def _trigger(self, posted: _Posted) -> None:
+        chain = posted.chain
+        recv = None
+        wc = None
+        if isinstance(chain.wait, WaitRecv):
+            wr, wc, data = self.recvs.popleft()
+            recv = (wr, data)
+        read = self.reader(recv)
+        try:
+            chosen = next(
+                (i for i, b in enumerate(chain.branches) if all(_holds(g, read) for g in b.guards)),
+                None,
+            )
+        except _LocalWrError as exc:
+            if wc is not None:
+                self.qp._deliver_recv(wc)
+            self._completion(chain, exc.status, None)
+            self.qp.fatal(
+                RdmapError("RDMAP-12", f"chain {chain.wr_id}: {exc}", TERM_RDMAP_CATASTROPHIC),
+                send_terminate=True,
+            )
+            return
+        if chosen is None:  # fall back to software, which ENABLEs the queue again
+            self.fallbacks += 1
+            self.stalled = True
+            if chain.rearm:
+                self.waiting.append(posted)
+            if wc is not None:
+                self.qp._deliver_recv(wc)
+            if chain.signaled:
+                self._completion(chain, WcStatus.SUCCESS, None)
+            return
+        run = ChainRun(self, posted, chosen, recv)
+        self.running = run
+        self.runs += 1
+        run.step()
+
+    def reader(self, recv: tuple[RecvWR, bytes] | None) -> _Reader:
+        return _Reader(self.qp, None if recv is None else recv[1])
+
+    # ---------------------------------------------------------------- completion
+    def finished(self, run: ChainRun) -> None:
+        """Every WR of ``run`` completed: re-post its receive, re-arm, run the next."""
+        self.running = None
+        chain = run.posted.chain
+        if run.status is not WcStatus.SUCCESS:  # a WR failed: the QP is failing
+            self._completion(chain, run.status, run.branch)
+            if run.recv is not None:
+                self.qp._complete_recv(run.recv[0], WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+            return
+        if run.recv is not None and self.qp.state in _SENDING:
+            self.qp.post_recv(run.recv[0])
+        if chain.signaled:
+            self._completion(chain, WcStatus.SUCCESS, run.branch)
+        if chain.rearm:
+            self.waiting.append(run.posted)
+        self.advance()
+
+    def fail(self) -> None:
+        """The QP failed: flush every chain and every receive held for them."""
+        if self.running is not None:
+            run, self.running = self.running, None
+            status = WcStatus.WR_FLUSH_ERR if run.status is WcStatus.SUCCESS else run.status
+            self._completion(run.posted.chain, status, run.branch)
+            if run.recv is not None:
+                self.qp._complete_recv(run.recv[0], WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+        while self.waiting:
+            self._completion(self.waiting.popleft().chain, WcStatus.WR_FLUSH_ERR, None)
+        while self.recvs:
+            wr = self.recvs.popleft()[0]
+            self.qp._complete_recv(wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+
+    def _completion(self, chain: Chain, status: WcStatus, branch: int | None) -> None:
+        wc = WorkCompletion(chain.wr_id, status, WcOpcode.CHAIN, self.qp.qp_num)
+        wc.extra["branch"] = branch
+        self.qp._push_wc(self.qp.send_cq, wc)
+
+
+class _Reader:
+    """Reads Refs for one run, through the QP's local SGE checks."""
+
+    def __init__(self, qp: QpSend, message: bytes | None) -> None:
+        self.qp = qp
+        self.message = message
+
+    def octets(self, ref: Ref) -> bytes:
+        addr = ref.addr
+        if ref.index is not None:
+            addr = (addr + ref.scale * self.value(ref.index)) & ALL_ONES_64
+        if ref.lkey == RECV_LEN:
+            assert self.message is not None  # checked at post
+            return len(self.message).to_bytes(ref.width, ref.byteorder)
+        if ref.lkey == RECV:
+            assert self.message is not None
+            if addr + ref.width > len(self.message):
+                raise _LocalWrError(
+                    WcStatus.LOC_LEN_ERR, f"octets {addr}+{ref.width} beyond the received message"
+                )
+            return self.message[addr : addr + ref.width]
+        return bytes(self.qp._local(Sge(addr, ref.width, ref.lkey), 0)[1])
+
+    def value(self, ref: Ref) -> int:
+        return int.from_bytes(self.octets(ref), ref.byteorder)
+
+
+def _holds(guard: Guard, read: _Reader) -> bool:
+    left = read.value(guard.left) & guard.mask
+    right = (read.value(guard.right) if isinstance(guard.right, Ref) else guard.right) & guard.mask
+    if guard.cmp is Cmp.EQ:
+        return left == right
+    if guard.cmp is Cmp.NE:
+        return left != right
+    if guard.cmp is Cmp.LE:
+        return left <= right
+    if guard.cmp is Cmp.LT:
+        return left < right
+    if guard.cmp is Cmp.GE:
+        return left >= right
+    return left == 0 or left == right
+
+
+def _patched(wr: SendWR, patches: list[Patch], read: _Reader) -> SendWR:
+    changes: dict[str, object] = {}
+    sges = list(wr.sg_list)
+    payload = bytearray(wr.inline_data) if wr.inline_data is not None else None
+    for patch in patches:
+        if patch.field is PatchField.PAYLOAD:
+            assert payload is not None  # checked at post
+            payload[patch.at : patch.at + patch.src.width] = read.octets(patch.src)
+            continue
+        value = (read.value(patch.src) + patch.add) & ((1 << _BITS[patch.field]) - 1)
+        if patch.field is PatchField.SGE_ADDR:
+            sges[patch.at] = dataclasses.replace(sges[patch.at], addr=value)
+        elif patch.field is PatchField.SGE_LENGTH:
+            sges[patch.at] = dataclasses.replace(sges[patch.at], length=value)
+        else:
+            changes[patch.field.value] = value
+    if payload is not None:
+        changes["inline_data"] = bytes(payload)
+    return dataclasses.replace(wr, sg_list=tuple(sges), **changes)  # type: ignore[arg-type]
+
+
+def _local_write(item: LocalWrite, read: _Reader) -> None:
+    """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
+    data = item.src if isinstance(item.src, bytes) else read.octets(item.src)
+    dst = item.dst
+    addr = dst.addr
+    if dst.index is not None:
+        addr = (addr + dst.scale * read.value(dst.index)) & ALL_ONES_64
+    _mr, view = read.qp._local(Sge(addr, dst.width, dst.lkey), _LOCAL_WRITE)
+    view[:] = data
+
+
+def _check_ref(ref: Ref, chain: Chain) -> None:
+    if ref.uses_recv() and not isinstance(chain.wait, WaitRecv):
+        raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
+    if not 1 <= ref.width <= _MAX_REF or ref.addr < 0:
+        raise LocalError(f"chain {chain.wr_id}: Ref width must be 1..{_MAX_REF}")
+    if ref.index is not None:
+        if ref.index.width > 8:
+            raise LocalError(f"chain {chain.wr_id}: an index Ref is at most 8 octets")
+        _check_ref(ref.index, chain)
+
+
+def _check_patch(patch: Patch, branch: Branch, chain: Chain) -> None:
+    where = f"chain {chain.wr_id}: patch of WR {patch.wr}"
+    if not 0 <= patch.wr < len(branch.wrs):
+        raise LocalError(f"{where}: no such WR in its branch")
+    wr = branch.wrs[patch.wr]
+    if not isinstance(wr, SendWR):
+        raise LocalError(f"{where}: a LocalWrite has no fields to patch")
+    field = patch.field
+    if field is PatchField.PAYLOAD:
+        size = len(wr.inline_data) if wr.inline_data is not None else -1
+        if patch.at < 0 or patch.at + patch.src.width > size:
+            raise LocalError(f"{where}: PAYLOAD must fall inside the WR's inline data")
+        return
+    if patch.src.width > 8:
+        raise LocalError(f"{where}: a value Ref is at most 8 octets")
+    if field in (PatchField.SGE_ADDR, PatchField.SGE_LENGTH):
+        if not 0 <= patch.at < len(wr.sg_list):
+            raise LocalError(f"{where}: no SGE {patch.at}")
+    elif wr.opcode not in _APPLIES[field]:
+        raise LocalError(f"{where}: {field.value} does not apply to {wr.opcode.value}")

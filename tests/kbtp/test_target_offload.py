@@ -1,0 +1,192 @@
+"""docs/kbtp.md §8: the offloaded target answers LOADs by pre-posted RNIC chains, with zero
+calls into the target application per LOAD; what needs a decision falls back to it."""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from kbtp.constants import Status
+from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import SessionClosed
+from kbtp.layout import read_entry
+from kbtp.target import KbtpTarget
+from kbtp.target_config import InitiatorConfig, TargetConfig
+from kbtp.target_offload import chain_runs
+from stack.rnic import QpState
+
+BLOCK = 4096
+A = InitiatorConfig(b"a", 0, 32, 8, "red")
+
+
+class Counted:
+    """Counts the calls into the target application's request handler."""
+
+    def __init__(self, target: KbtpTarget) -> None:
+        self.calls = 0
+        core = target.core
+        original: Callable[..., Any] = core.handle_message
+
+        def handle_message(*args: Any) -> Any:
+            self.calls += 1
+            return original(*args)
+
+        core.handle_message = handle_message  # type: ignore[method-assign,assignment]
+
+
+@asynccontextmanager
+async def serving(offload: bool = True) -> AsyncIterator[tuple[KbtpTarget, Counted]]:
+    cfg = TargetConfig(block_size=BLOCK, pool_blocks=16, initiators=(A,), request_credits=8)
+    target = KbtpTarget(cfg, offload=offload)
+    async with target.running() as running:
+        yield running, Counted(running)
+
+
+def data(tag: int, size: int) -> bytes:
+    return bytes((tag * 13 + i * 5) & 0xFF for i in range(size))
+
+
+def connect(target: KbtpTarget) -> AbstractAsyncContextManager[KbtpInitiator]:
+    return KbtpInitiator.connect("127.0.0.1", target.port, "a")
+
+
+async def load_status(a: KbtpInitiator, handle: int, **kw: Any) -> Any:
+    """The COMPLETION of a LOAD, whatever its status."""
+    return await a.load_into(handle, bytearray(BLOCK), check=False, **kw)
+
+
+def runs(target: KbtpTarget) -> int:
+    return sum(chain_runs(s.qp) for s in target.sessions.values())
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_loads_make_zero_application_calls_when_offloaded(offload: bool) -> None:
+    with trio.fail_after(30):
+        async with serving(offload) as (target, counted), connect(target) as a:
+            for h in range(4):
+                assert (await a.alloc_store(h, data(h, 1000 * (h + 1)), seal=True)).ok
+            before = counted.calls
+            for _ in range(3):
+                for h in range(4):
+                    assert await a.load(h) == data(h, 1000 * (h + 1))
+            loads = counted.calls - before
+            assert loads == (0 if offload else 12)
+            assert runs(target) == (12 if offload else 0)
+            # Pipelined: 8 LOADs in flight at once, still none for the application.
+            got = await trio_gather([functools.partial(a.load, h % 4) for h in range(8)])
+            assert got == [data(h % 4, 1000 * (h % 4 + 1)) for h in range(8)]
+            assert counted.calls - before == (0 if offload else 20)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_mapped_stores_make_zero_application_calls_when_offloaded(
+    offload: bool,
+) -> None:
+    with trio.fail_after(30):
+        async with serving(offload) as (target, counted), connect(target) as a:
+            for h in range(3):
+                assert (await a.alloc_store(h, data(h, 10))).ok  # unsealed
+            before = counted.calls
+            for h in range(3):
+                done = await a.store(h, bytearray(data(h + 5, 2000 + h)), inline=False)
+                assert done.ok and done.data_length == 2000 + h
+                entry = target.core.entry(h)
+                assert (entry.data_length, entry.sealed) == (2000 + h, False)
+                assert done.generation == entry.generation
+                assert done.block_offset == entry.block_offset
+            sealed = await a.store(0, bytearray(data(9, 3000)), inline=False, seal=True)
+            assert sealed.ok and target.core.entry(0).sealed
+            assert await a.load(0) == data(9, 3000)  # offloaded too, after the seal
+            assert target.core.block_bytes(sealed.block_offset, 3000) == data(9, 3000)
+            assert counted.calls - before == (0 if offload else 5)
+            refused = await a.store(0, bytearray(10), inline=False, check=False)
+            assert refused.status == Status.SEALED  # a decision: the application's
+            assert counted.calls - before == (1 if offload else 6)
+
+
+async def trio_gather(calls: list[Callable[[], Any]]) -> list[Any]:
+    results: list[Any] = [None] * len(calls)
+
+    async def one(i: int) -> None:
+        results[i] = await calls[i]()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(calls)):
+            nursery.start_soon(one, i)
+    return results
+
+
+async def test_s8_what_needs_a_decision_falls_back_and_keeps_the_order() -> None:
+    """Every error status, ALLOW_UNSEALED, an empty block: the application answers; a LOAD
+    behind a STORE, FREE or ALLOC_STORE of its handle sees what they did (§6.0)."""
+    with trio.fail_after(30):
+        async with serving() as (target, counted), connect(target) as a:
+            before = counted.calls
+            miss = await load_status(a, 1)
+            assert miss.status == Status.NOT_VALID and counted.calls == before + 1
+            assert (await a.alloc_store(1, data(1, 500))).ok  # not sealed
+            assert (await load_status(a, 1)).status == Status.NOT_SEALED
+            assert await a.load(1, allow_unsealed=True) == data(1, 500)
+            stored = await a.store(1, bytearray(data(2, 700)), seal=True)
+            assert await a.load(1) == data(2, 700)  # offloaded, after the STORE
+            assert (await load_status(a, 1, generation=stored.generation + 5)).status == (
+                Status.WRONG_GENERATION
+            )
+            assert (await load_status(a, 999)).status == Status.HANDLE_OUT_OF_RANGE
+            assert (await a.alloc_store(2, b"", seal=True)).ok
+            assert await a.load(2) == b""  # no Write: the application's
+            offloaded = runs(target)
+            assert offloaded == 1
+            async with trio.open_nursery() as nursery:  # FREE then LOAD, not waiting
+                results: list[Any] = []
+
+                async def free() -> None:
+                    results.append(await a.free(1))
+
+                async def load() -> None:
+                    await trio.sleep(0)
+                    results.append(await load_status(a, 1))
+
+                nursery.start_soon(free)
+                nursery.start_soon(load)
+            assert {r.status for r in results} == {Status.SUCCESS, Status.NOT_VALID}
+
+
+async def test_s8_a_bad_descriptor_stag_ends_the_session_as_in_software() -> None:
+    with trio.fail_after(30):
+        async with serving() as (target, _counted), connect(target) as a:
+            assert (await a.alloc_store(3, data(3, 900), seal=True)).ok
+            memory = bytes(target.core.memory)
+            from kbtp.messages import DataDescriptor, Load
+
+            bad = Load(77, 3, DataDescriptor(0x0BAD0BAD, 0, BLOCK)).encode()
+            with pytest.raises(SessionClosed):
+                await a.send_raw(bad, 77)
+                await a.load(3)
+            while target.sessions:
+                await trio.sleep(0.01)
+            assert bytes(target.core.memory) == memory
+
+
+async def test_s8_an_entry_outside_the_pool_fails_the_chain_memory_unchanged() -> None:
+    """A table entry naming memory outside the session's MR: the RNIC's SGE check fails the
+    chain (LOC_PROT_ERR), the session is Terminated, nothing is written."""
+    with trio.fail_after(30):
+        async with serving() as (target, _counted), connect(target) as a:
+            assert (await a.alloc_store(4, data(4, 100), seal=True)).ok
+            at = target.core.layout.entry_offset(4)
+            entry = read_entry(target.core.memory, at)
+            struct.pack_into(">Q", target.core.memory, at + 8, target.local_mr.base + (1 << 40))
+            memory = bytes(target.core.memory)
+            (sess,) = target.sessions.values()
+            with pytest.raises(SessionClosed):
+                await a.load(4)
+            assert sess.qp.state in (QpState.TERMINATE, QpState.ERROR)
+            assert bytes(target.core.memory) == memory
+            assert entry.valid
