@@ -37,7 +37,7 @@ from stack.cli.dissect_live import (
 )
 from stack.cli.dissect_output import Printer
 from stack.dissect import StatError, field_list, parse_stat
-from stack.dissect.decoder import DissectOptions, Dissector
+from stack.dissect.decoder import BriefOutput, DissectOptions, Dissector
 from stack.pcap import (
     CaptureError,
     CaptureReader,
@@ -321,7 +321,9 @@ def _write_frames(path: str, target: str, frames: set[int]) -> int:
         raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
-def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: Printer) -> None:
+def _decode(
+    segments: Iterator[TcpSegment], dissector: Dissector[BriefOutput], printer: Printer
+) -> None:
     """Feed every segment to the decoder and its records to the printer, until ``-c``."""
     feed = dissector.feed
     emit = printer.emit
@@ -387,7 +389,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             reader = CaptureReader(path, on_wait=flush_decoded)
         except CaptureError as exc:
             raise CliError(str(exc)) from None
-    dissector = Dissector(options)
+    dissector = Dissector(options, brief=printer.plain)
     error: CaptureError | None = None
     with stop_on_signals() if path is None else contextlib.nullcontext():
         try:

@@ -43,7 +43,15 @@ from stack.dissect.stats import (
     TcpConversations,
     parse_stat,
 )
-from stack.dissect.text import note_line, rtr_text, summary_line, verbose_lines
+from stack.dissect.text import (
+    brief_line,
+    fpdu_text,
+    head_text,
+    note_line,
+    rtr_text,
+    summary_line,
+    verbose_lines,
+)
 
 __all__ = [
     "ALIASES",
@@ -53,6 +61,7 @@ __all__ = [
     "HEX_DIGITS",
     "KIND_NAMES",
     "AnyOf",
+    "brief_line",
     "FieldContext",
     "FieldsError",
     "FieldsFormat",
@@ -67,6 +76,8 @@ __all__ = [
     "TcpConversations",
     "compile_filter",
     "field_getter",
+    "fpdu_text",
+    "head_text",
     "field_list",
     "hex_text",
     "json_line",

@@ -33,9 +33,17 @@ from stack.wire.events import (
 )
 
 if TYPE_CHECKING:
-    from stack.dissect.decoder import Note, PduRecord
+    from stack.dissect.decoder import BriefFpdu, Note, PduRecord
 
-__all__ = ["note_line", "rtr_text", "summary_line", "verbose_lines"]
+__all__ = [
+    "brief_line",
+    "fpdu_text",
+    "head_text",
+    "note_line",
+    "rtr_text",
+    "summary_line",
+    "verbose_lines",
+]
 
 _NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
 _INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
@@ -91,37 +99,77 @@ def _fields(rec: PduRecord) -> str:
 
 
 _HEADS: dict[tuple[int, str, str, str], str] = {}
+_CRC_TEXT = {True: " CRC ok", None: "", False: " CRC BAD"}
+"""The CRC verdict column (MPA-12): good, not negotiated, bad."""
+
+
+def head_text(route: tuple[int, str, str, str]) -> str:
+    """The stream, direction and addresses columns of a summary line (cached)."""
+    tail = _HEADS.get(route)
+    if tail is None:
+        stream, direction, src, dst = route
+        tail = f" {stream:>3} {direction} {src} \u2192 {dst} "
+        if len(_HEADS) < 4096:
+            _HEADS[route] = tail
+    return tail
+
+
+def fpdu_text(
+    op: int,
+    tagged: bool,
+    f1: int | None,
+    f2: int | None,
+    f3: int | None,
+    f4: int | None,
+    plen: int,
+    last: bool,
+    crc_ok: bool | None,
+    markers: int,
+) -> str:
+    """The layers column of an FPDU with a header-less opcode and no findings: tagged
+    ``f1, f2`` = STag, TO (RFC 5041 §4.2); untagged ``f1..f4`` = QN, MSN, MO, Invalidate
+    STag (§4.3, RFC 5040 §4.3); then the CRC verdict (MPA-12) and the marker count."""
+    name = _NAMES.get(op) or opcode_name(op)
+    end = _CRC_TEXT[crc_ok]
+    if markers:
+        end += f" markers={markers}"
+    if last:
+        end = " L" + end
+    if tagged:
+        return f"MPA/DDP/RDMAP {name} STag=0x{f1:08x} TO=0x{f2:x} len={plen}{end}"
+    if op in _INVALIDATE:
+        return (
+            f"MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen} InvSTag=0x{f4 or 0:08x}{end}"
+        )
+    return f"MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen}{end}"
+
+
+def brief_line(item: BriefFpdu, time: float) -> str:
+    """The summary line of a :data:`~stack.dissect.decoder.records.BriefFpdu`: the text
+    :func:`summary_line` gives the record of the same FPDU (``time``: as there)."""
+    frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
+    tail = _HEADS.get(route) or head_text(route)
+    text = fpdu_text(op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers)
+    return f"{frame:>6} {time:>11.6f}{tail}{text}"
 
 
 def summary_line(rec: PduRecord, time: float | None = None) -> str:
     """One line per PDU, tshark-summary style; ``time`` (seconds since the capture's first
     segment) adds tshark's time column after the frame number."""
     frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
-    key = (rec.stream, rec.direction, rec.src, rec.dst)
-    tail = _HEADS.get(key)
-    if tail is None:
-        tail = f" {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
-        if len(_HEADS) < 4096:
-            _HEADS[key] = tail
+    tail = head_text((rec.stream, rec.direction, rec.src, rec.dst))
     seg = rec.segment
     if seg is not None and seg.header is None and not rec.findings:
         # the bulk of any capture: Write, Read Response and Send segments without findings
-        ok = rec.crc_ok
-        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
-        if rec.marker_ptrs:
-            crc += f" markers={len(rec.marker_ptrs)}"
-        last = " L" if seg.last else ""
-        name = _NAMES.get(seg.opcode) or opcode_name(seg.opcode)
         if seg.tagged:
-            return (
-                f"{frame}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
-                f"TO=0x{seg.to:x} len={seg.ulpdu_len - DDP_TAGGED_HDR_LEN}{last}{crc}"
-            )
-        if seg.opcode not in _INVALIDATE:
-            return (
-                f"{frame}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
-                f"MO={seg.mo} len={seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN}{last}{crc}"
-            )
+            plen = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
+            f1, f2, f3, f4 = seg.stag, seg.to, None, None
+        else:
+            plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
+            f1, f2, f3, f4 = seg.qn, seg.msn, seg.mo, seg.inval_stag
+        text = fpdu_text(seg.opcode, seg.tagged, f1, f2, f3, f4, plen, seg.last, rec.crc_ok,
+                         len(rec.marker_ptrs))  # fmt: skip
+        return f"{frame}{tail}{text}"
     head = f"{frame}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa

@@ -48,28 +48,35 @@ Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
 :mod:`~stack.dissect.decoder.dissector` (TCP segments in, records out).
 """
 
-from stack.dissect.decoder.dissector import Dissector, Output, dissect
+from stack.dissect.decoder.dissector import BriefOutput, Dissector, Output, dissect
 from stack.dissect.decoder.records import (
+    BriefFpdu,
     DirectionInfo,
     DissectOptions,
     Note,
     PduRecord,
+    Route,
     SegmentView,
     StreamInfo,
+    rule_ids,
 )
 from stack.wire.checker import Finding
 from stack.wire.framing import fpdu_layout
 
 __all__ = [
     "DirectionInfo",
+    "BriefFpdu",
+    "BriefOutput",
     "DissectOptions",
     "Dissector",
     "Finding",
     "Note",
     "Output",
     "PduRecord",
+    "Route",
     "SegmentView",
     "StreamInfo",
     "dissect",
+    "rule_ids",
     "fpdu_layout",
 ]

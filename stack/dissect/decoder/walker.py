@@ -6,6 +6,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from stack.constants import (
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
     MPA_CRC_LEN,
     MPA_FRAME_HEADER_LEN,
     MPA_KEY_LEN,
@@ -14,6 +16,7 @@ from stack.constants import (
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
     MULPDU_MAX,
+    RDMAP_OPCODE_MASK,
 )
 from stack.crc import crc32c
 
@@ -22,7 +25,22 @@ try:  # the C function itself, without stack.crc's wrapper call, on the bulk pat
 except ImportError:  # pragma: no cover - crcmod backend
     _crc32c = crc32c
 from stack.dissect.decoder.checks import DirectionChecks, _plausible_ulpdu
-from stack.dissect.decoder.common import _LAYOUTS, _LE32, _MARKER_UNPACK, _MPA_HDR, _ZEROS
+from stack.dissect.decoder.common import (
+    _CTRL_TAGGED_LAST,
+    _CTRL_UNTAGGED_LAST,
+    _FAST_INVALIDATE_OPS,
+    _FAST_SEND_OPS,
+    _FAST_TAGGED,
+    _FAST_TAGGED_OPS,
+    _FAST_UNTAGGED,
+    _LAYOUTS,
+    _LE32,
+    _MARKER_UNPACK,
+    _MPA_HDR,
+    _TAGGED_UNPACK,
+    _UNTAGGED_UNPACK,
+    _ZEROS,
+)
 from stack.dissect.decoder.modes import Cause, Mode, next_mode
 from stack.dissect.decoder.records import DirectionInfo, PduRecord, SegmentView
 from stack.dissect.decoder.resync import Resync
@@ -369,8 +387,13 @@ class DirectionDecoder(Resync):
                 conn.rfc7306,
                 conn.siw_layout,
                 conn.pending_findings[side],
+                (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side]),
+                conn.dissector.brief,
             )
-        _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
+        (_, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending, route,
+         brief) = ctx  # fmt: skip
+        check_tagged = seq.tagged
+        check_untagged = seq.untagged
         crc_on = self.crc
         verdict = True if crc_on else None
         check = seq.check
@@ -429,6 +452,7 @@ class DirectionDecoder(Resync):
                 pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
                 ulpdu = data[pos + 2 : pos + 2 + ulen]
             segment = None
+            flagged: list[Finding] | None = None
             if not (
                 odd
                 or (crc_on and crc_value != crc_field)
@@ -437,6 +461,41 @@ class DirectionDecoder(Resync):
                 or (pad_len and any(pad))
                 or ulen > MULPDU_MAX
             ):
+                if brief and ulen >= DDP_UNTAGGED_HDR_LEN:
+                    # a canonical Write / Read Response / Send-family header (SegmentView's
+                    # fast cases) without findings becomes a BriefFpdu tuple, no objects
+                    ctrl = ulpdu[0]
+                    uc = ulpdu[1]
+                    size = -1
+                    if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
+                        _, _, stag, to = _TAGGED_UNPACK(ulpdu)
+                        size = ulen - DDP_TAGGED_HDR_LEN
+                        last = ctrl == _CTRL_TAGGED_LAST
+                        op = uc & RDMAP_OPCODE_MASK
+                        flagged = []
+                        check_tagged(op, stag, to, size, last, flagged, peer)
+                        if not flagged:
+                            emit((frame, ts, route, op, True, stag, to, None, None, size, last,
+                                  verdict, len(marks) if markers else 0, None))  # fmt: skip
+                    elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
+                        _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(ulpdu)
+                        if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
+                            size = ulen - DDP_UNTAGGED_HDR_LEN
+                            last = ctrl == _CTRL_UNTAGGED_LAST
+                            op = uc & RDMAP_OPCODE_MASK
+                            flagged = []
+                            check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
+                            if not flagged:
+                                emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
+                                      verdict, len(marks) if markers else 0,
+                                      ulpdu[DDP_UNTAGGED_HDR_LEN:]))  # fmt: skip
+                    if size >= 0 and not flagged:
+                        payload_bytes += size
+                        fpdus += 1
+                        wire_bytes += wire
+                        ulpdu_bytes += ulen
+                        pos = end
+                        continue
                 try:
                     segment = make_view(ulpdu, rfc7306, siw)
                 except ProtocolError:
@@ -447,8 +506,11 @@ class DirectionDecoder(Resync):
                 self._hold_rest(data, pos, offset, frame, ts)
                 self.run(False)
                 return
-            findings: list[Finding] = list(segment.findings) if segment.findings else []
-            check(segment, findings, peer)
+            if flagged is None:
+                findings: list[Finding] = list(segment.findings) if segment.findings else []
+                check(segment, findings, peer)
+            else:  # checked on the brief path already
+                findings = flagged
             payload_bytes += len(segment.payload)
             emit(
                 make_record(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
