@@ -45,7 +45,6 @@ from stack.dissect.stats import (
 )
 from stack.dissect.text import (
     brief_line,
-    fpdu_text,
     head_text,
     note_line,
     rtr_text,
@@ -76,7 +75,6 @@ __all__ = [
     "TcpConversations",
     "compile_filter",
     "field_getter",
-    "fpdu_text",
     "head_text",
     "field_list",
     "hex_text",

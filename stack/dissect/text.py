@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "brief_line",
-    "fpdu_text",
     "head_text",
     "note_line",
     "rtr_text",
@@ -114,21 +113,15 @@ def head_text(route: tuple[int, str, str, str]) -> str:
     return tail
 
 
-def fpdu_text(
-    op: int,
-    tagged: bool,
-    f1: int | None,
-    f2: int | None,
-    f3: int | None,
-    f4: int | None,
-    plen: int,
-    last: bool,
-    crc_ok: bool | None,
-    markers: int,
-) -> str:
-    """The layers column of an FPDU with a header-less opcode and no findings: tagged
-    ``f1, f2`` = STag, TO (RFC 5041 §4.2); untagged ``f1..f4`` = QN, MSN, MO, Invalidate
-    STag (§4.3, RFC 5040 §4.3); then the CRC verdict (MPA-12) and the marker count."""
+def brief_line(item: BriefFpdu, time: float | None = None) -> str:
+    """The summary line of an FPDU with a header-less opcode and no findings, given as a
+    :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
+    tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
+    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
+    CRC verdict (MPA-12) and the marker count."""
+    frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
+    head = _HEADS.get(route) or head_text(route)
+    col = f"{frame:>6}" if time is None else f"{frame:>6} {time:>11.6f}"
     name = _NAMES.get(op) or opcode_name(op)
     end = _CRC_TEXT[crc_ok]
     if markers:
@@ -136,28 +129,19 @@ def fpdu_text(
     if last:
         end = " L" + end
     if tagged:
-        return f"MPA/DDP/RDMAP {name} STag=0x{f1:08x} TO=0x{f2:x} len={plen}{end}"
+        return f"{col}{head}MPA/DDP/RDMAP {name} STag=0x{f1:08x} TO=0x{f2:x} len={plen}{end}"
     if op in _INVALIDATE:
         return (
-            f"MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen} InvSTag=0x{f4 or 0:08x}{end}"
+            f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen} "
+            f"InvSTag=0x{f4 or 0:08x}{end}"
         )
-    return f"MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen}{end}"
-
-
-def brief_line(item: BriefFpdu, time: float) -> str:
-    """The summary line of a :data:`~stack.dissect.decoder.records.BriefFpdu`: the text
-    :func:`summary_line` gives the record of the same FPDU (``time``: as there)."""
-    frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
-    tail = _HEADS.get(route) or head_text(route)
-    text = fpdu_text(op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers)
-    return f"{frame:>6} {time:>11.6f}{tail}{text}"
+    return f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen}{end}"
 
 
 def summary_line(rec: PduRecord, time: float | None = None) -> str:
     """One line per PDU, tshark-summary style; ``time`` (seconds since the capture's first
     segment) adds tshark's time column after the frame number."""
-    frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
-    tail = head_text((rec.stream, rec.direction, rec.src, rec.dst))
+    route = (rec.stream, rec.direction, rec.src, rec.dst)
     seg = rec.segment
     if seg is not None and seg.header is None and not rec.findings:
         # the bulk of any capture: Write, Read Response and Send segments without findings
@@ -167,9 +151,11 @@ def summary_line(rec: PduRecord, time: float | None = None) -> str:
         else:
             plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
             f1, f2, f3, f4 = seg.qn, seg.msn, seg.mo, seg.inval_stag
-        text = fpdu_text(seg.opcode, seg.tagged, f1, f2, f3, f4, plen, seg.last, rec.crc_ok,
-                         len(rec.marker_ptrs))  # fmt: skip
-        return f"{frame}{tail}{text}"
+        item = (rec.frame, rec.timestamp, route, seg.opcode, seg.tagged, f1, f2, f3, f4, plen,
+                seg.last, rec.crc_ok, len(rec.marker_ptrs), None)  # fmt: skip
+        return brief_line(item, time)
+    frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
+    tail = head_text(route)
     head = f"{frame}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa

@@ -28,6 +28,9 @@ _Route = tuple[HalfStream, HalfStream, "ConnectionDecoder", "DirectionDecoder"]
 """(sender's TCP half, the other TCP half, MPA connection, sender's MPA half)."""
 
 
+_FPDU = Mode.FPDU  # a module global: an Enum class attribute costs several times more
+
+
 def _frame_of(item: BriefOutput) -> int:
     return item[0] if type(item) is tuple else item.frame  # type: ignore[union-attr]
 
@@ -80,6 +83,23 @@ class Dissector(Generic[OutputT]):
         return conn
 
     def feed(self, segment: TcpSegment) -> list[OutputT]:
+        """Decode ``segment``; return what it completes (see :meth:`take`)."""
+        self.ingest(segment)
+        return self.take()
+
+    def take(self) -> list[OutputT]:
+        """The records and notes completed so far, in capture order; none while a
+        direction is still looking for FPDUs (held, then sorted by frame)."""
+        if not self._out:
+            return []
+        if self.searching:
+            self._held = True
+            return []
+        return self._release()
+
+    def ingest(self, segment: TcpSegment) -> None:
+        """Decode ``segment``, keeping what it completes for :meth:`take` (a caller
+        that takes the output of many segments at once saves a call per segment)."""
         frame = self.last_frame = segment.frame
         ts = self.last_ts = segment.timestamp
         flags = segment.flags
@@ -106,18 +126,11 @@ class Dissector(Generic[OutputT]):
                             half._recent.append((nxt, payload))
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            if mpa_half.mode is Mode.FPDU and not mpa_half.chunks and mpa_half.bulk:
+                            if mpa_half.mode is _FPDU and not mpa_half.chunks and mpa_half.bulk:
                                 mpa_half.walk_plain(payload, nxt, frame, ts)
                             else:
                                 mpa_half.push(payload, nxt, frame, ts)
-                            out = self._out
-                            if not out:
-                                return []
-                            if self.searching:
-                                self._held = True
-                                return []
-                            return self._release()
-                        return []
+                        return
         tcp_conn, side, events = self.tcp.feed(segment)
         user = tcp_conn.user
         conn = user if isinstance(user, ConnectionDecoder) else self._conn(tcp_conn)
@@ -135,13 +148,6 @@ class Dissector(Generic[OutputT]):
             for other_conn, other_side, other_events in deferred:
                 self._conn(other_conn).events(other_side, other_events, ts)
             deferred.clear()
-        out = self._out
-        if not out:
-            return []
-        if self.searching:  # a direction is still looking for FPDUs: hold the output
-            self._held = True
-            return []
-        return self._release()
 
     def _release(self) -> list[OutputT]:
         items = self._out[:]
