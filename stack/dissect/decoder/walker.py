@@ -38,6 +38,7 @@ from stack.dissect.decoder.common import (
     _MARKER_UNPACK,
     _MPA_HDR,
     _TAGGED_UNPACK,
+    _U32,
     _UNTAGGED_UNPACK,
     _ZEROS,
 )
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
     from stack.dissect.decoder.connection import ConnectionDecoder
 
 _LE32_UNPACK = _LE32.unpack_from
+_BE32_UNPACK = _U32.unpack_from
+_PAD_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)
+"""The PAD bytes of a big-endian word ending where the PAD ends, by PAD length (MPA-04)."""
 _FPDU = Mode.FPDU  # module globals: an Enum class attribute costs several times more
 _DEAD = Mode.DEAD
 
@@ -442,13 +446,16 @@ class DirectionDecoder(Resync):
                 ulpdu: bytes | memoryview = body[2 : 2 + ulen]
                 pad = body[2 + ulen :]
                 pad_len = len(pad)
+                odd_pad = pad_len and any(pad)
                 ptrs = tuple(found)
                 at = offset + pos
                 offsets = tuple([at + m for m in marks])
                 reserved = _ZEROS[len(marks)] if len(marks) < 64 else (0,) * len(marks)
             else:
                 pad_len = end_body - pos - 2 - ulen
-                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+                # PAD (0-3 bytes) ends the 4-byte word before the CRC: tested in place
+                odd_pad = pad_len and _BE32_UNPACK(data, end_body - 4)[0] & _PAD_MASKS[pad_len]
+                pad = None  # made below when a record needs it
                 ulpdu = data[pos + 2 : pos + 2 + ulen]
             segment = None
             flagged: list[Finding] | None = None
@@ -457,7 +464,7 @@ class DirectionDecoder(Resync):
                 or (crc_on and crc_value != crc_field)
                 or first_missing
                 or pending
-                or (pad_len and any(pad))
+                or odd_pad
                 or ulen > MULPDU_MAX
             ):
                 if brief and ulen >= DDP_UNTAGGED_HDR_LEN:
@@ -505,6 +512,8 @@ class DirectionDecoder(Resync):
                 self._hold_rest(data, pos, offset, frame, ts)
                 self.run(False)
                 return
+            if pad is None:
+                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
             if flagged is None:
                 findings: list[Finding] = list(segment.findings) if segment.findings else []
                 check(segment, findings, peer)
