@@ -411,6 +411,8 @@ class DirectionDecoder(Resync):
         ptrs: tuple[int, ...] = ()
         offsets: tuple[int, ...] = ()
         reserved: tuple[int, ...] = ()
+        nmarks = 0
+        pad: bytes | None
         while pos + 2 <= n:
             if markers:
                 phase = (offset + pos - seq_start) % MPA_MARKER_INTERVAL
@@ -443,10 +445,14 @@ class DirectionDecoder(Resync):
                         break
                     found.append(ptr)
                 body = unmarked_body(data, pos, lead, end_body, marks)
-                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
-                pad = body[2 + ulen :]
-                pad_len = len(pad)
-                odd_pad = pad_len and any(pad)
+                ulpdu: bytes | memoryview | None = body[2 : 2 + ulen]
+                hbuf: bytes | memoryview = body
+                hat = 2
+                nmarks = len(marks)
+                body_pad = body[2 + ulen :]
+                pad_len = len(body_pad)
+                odd_pad = pad_len and any(body_pad)
+                pad = body_pad
                 ptrs = tuple(found)
                 at = offset + pos
                 offsets = tuple([at + m for m in marks])
@@ -456,7 +462,9 @@ class DirectionDecoder(Resync):
                 # PAD (0-3 bytes) ends the 4-byte word before the CRC: tested in place
                 odd_pad = pad_len and _BE32_UNPACK(data, end_body - 4)[0] & _PAD_MASKS[pad_len]
                 pad = None  # made below when a record needs it
-                ulpdu = data[pos + 2 : pos + 2 + ulen]
+                ulpdu = None
+                hbuf = data  # the DDP header is read in place
+                hat = pos + 2
             segment = None
             flagged: list[Finding] | None = None
             if not (
@@ -470,11 +478,11 @@ class DirectionDecoder(Resync):
                 if brief and ulen >= DDP_UNTAGGED_HDR_LEN:
                     # a canonical Write / Read Response / Send-family header (SegmentView's
                     # fast cases) without findings becomes a BriefFpdu tuple, no objects
-                    ctrl = ulpdu[0]
-                    uc = ulpdu[1]
+                    ctrl = hbuf[hat]
+                    uc = hbuf[hat + 1]
                     size = -1
                     if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
-                        _, _, stag, to = _TAGGED_UNPACK(ulpdu)
+                        _, _, stag, to = _TAGGED_UNPACK(hbuf, hat)
                         size = ulen - DDP_TAGGED_HDR_LEN
                         last = ctrl == _CTRL_TAGGED_LAST
                         op = uc & RDMAP_OPCODE_MASK
@@ -482,9 +490,9 @@ class DirectionDecoder(Resync):
                         check_tagged(op, stag, to, size, last, flagged, peer)
                         if not flagged:
                             emit((frame, ts, route, op, True, stag, to, None, None, size, last,
-                                  verdict, len(marks) if markers else 0, None))  # fmt: skip
+                                  verdict, nmarks, None))  # fmt: skip
                     elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
-                        _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(ulpdu)
+                        _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(hbuf, hat)
                         if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
                             size = ulen - DDP_UNTAGGED_HDR_LEN
                             last = ctrl == _CTRL_UNTAGGED_LAST
@@ -493,8 +501,8 @@ class DirectionDecoder(Resync):
                             check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
                             if not flagged:
                                 emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
-                                      verdict, len(marks) if markers else 0,
-                                      ulpdu[DDP_UNTAGGED_HDR_LEN:]))  # fmt: skip
+                                      verdict, nmarks,
+                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen]))  # fmt: skip
                     if size >= 0 and not flagged:
                         payload_bytes += size
                         fpdus += 1
@@ -502,6 +510,8 @@ class DirectionDecoder(Resync):
                         ulpdu_bytes += ulen
                         pos = end
                         continue
+                if ulpdu is None:
+                    ulpdu = data[pos + 2 : pos + 2 + ulen]
                 try:
                     segment = SegmentView(ulpdu, rfc7306, siw)
                 except ProtocolError:
@@ -514,6 +524,7 @@ class DirectionDecoder(Resync):
                 return
             if pad is None:
                 pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+            assert ulpdu is not None
             if flagged is None:
                 findings: list[Finding] = list(segment.findings) if segment.findings else []
                 check(segment, findings, peer)
