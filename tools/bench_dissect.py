@@ -1,7 +1,7 @@
 """Benchmark: ``iwarp dissect`` against tshark on the same generated capture, in the same run.
 
 ``python -m tools.bench_dissect [--fpdus 1000000] [--markers] [--repeat 1] [--keep FILE]
-[--modes summary,json,fields,stats] [--rss-fpdus N] [--json OUT]``
+[--modes summary,json,fields,stats] [--rss-fpdus N] [--json OUT] [--baseline DIR]``
 
 The capture holds one connection (MPA rev 2 with CRC) carrying a mix of Sends, RDMA Writes
 of varied sizes (segmented at MULPDU into several FPDUs), Read Requests and Read
@@ -23,7 +23,9 @@ Each row has wall and CPU seconds, FPDUs per second, the peak RSS of each tool a
 ratios tshark/ours (above 1: ours is faster).  Constant memory: the summary mode also runs
 on a capture of ``--rss-fpdus`` FPDUs (default a tenth) and both peak RSS are reported.
 ``--json OUT`` writes the figures as one JSON document (``-``: standard output, after the
-table).  Speed is reported, never asserted.
+table); ``--baseline DIR`` times another source tree of the project too (rows
+``MODE@baseline``: before and after a change, in the same run).  Speed is reported, never
+asserted.
 """
 
 from __future__ import annotations
@@ -152,9 +154,11 @@ class Timing(NamedTuple):
     rss_kib: int
 
 
-def _once(cmd: list[str]) -> Timing:
+def _once(cmd: list[str], env: dict[str, str] | None = None) -> Timing:
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_ENV)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or _ENV
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -169,16 +173,17 @@ def _best(a: Timing | None, b: Timing) -> Timing:
     return Timing(min(a.wall, b.wall), min(a.cpu, b.cpu), max(a.rss_kib, b.rss_kib))
 
 
-def _race(mine: list[str], theirs: list[str] | None, repeat: int) -> tuple[Timing, Timing | None]:
-    """Best wall and CPU time (and the peak RSS) of each command; runs alternate."""
-    best_mine: Timing | None = None
-    best_theirs: Timing | None = None
+Command = tuple[list[str], dict[str, str] | None]  # argv, environment (None: the default)
+
+
+def _race(commands: list[Command], repeat: int) -> list[Timing]:
+    """Best wall and CPU time (and the peak RSS) of each command; runs alternate, so all
+    see the same load."""
+    best: list[Timing | None] = [None] * len(commands)
     for _ in range(repeat):
-        best_mine = _best(best_mine, _once(mine))
-        if theirs:
-            best_theirs = _best(best_theirs, _once(theirs))
-    assert best_mine is not None
-    return best_mine, best_theirs
+        for i, (cmd, env) in enumerate(commands):
+            best[i] = _best(best[i], _once(cmd, env))
+    return [b for b in best if b is not None]
 
 
 def _capture(path: str, fpdus: int, markers: bool) -> tuple[int, bool]:
@@ -223,13 +228,13 @@ def _row(mode: str, count: int, ours: Timing, theirs: Timing | None) -> dict[str
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     """The rows as a fixed-width table."""
     lines = [
-        f"{'mode':8} {'ours wall':>9} {'CPU':>7} {'FPDU/s':>8} {'RSS MiB':>7} | "
+        f"{'mode':16} {'ours wall':>9} {'CPU':>7} {'FPDU/s':>8} {'RSS MiB':>7} | "
         f"{'tshark wall':>11} {'CPU':>7} {'FPDU/s':>8} {'RSS MiB':>7} | "
         f"{'tshark/ours wall':>16} {'CPU':>5}"
     ]
     for r in rows:
         line = (
-            f"{r['mode']:8} {r['ours_wall_s']:>8.2f}s {r['ours_cpu_s']:>6.2f}s "
+            f"{r['mode']:16} {r['ours_wall_s']:>8.2f}s {r['ours_cpu_s']:>6.2f}s "
             f"{r['ours_fpdu_per_s']:>8} {int(r['ours_peak_rss_kib']) / 1024:>7.1f} | "
         )
         if "tshark_wall_s" in r:
@@ -277,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         help="FPDUs of the smaller capture of the memory check (default fpdus/10; 0: skip)",
     )
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write JSON (- stdout)")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also time the iwarp dissect of this source tree (an earlier commit, e.g. from "
+        "git archive), in the same runs: rows MODE@baseline",
+    )
     args = parser.parse_args(argv)
     if args.fpdus < 1 or args.repeat < 1:
         parser.error("--fpdus and --repeat must be at least 1")
@@ -301,11 +312,26 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rows: list[dict[str, Any]] = []
+        before_env = None
+        if args.baseline:
+            before_env = {**_ENV, "PYTHONPATH": os.path.abspath(args.baseline)}
+            before_env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache-baseline")
+            _once([sys.executable, "-m", "stack.cli.iwarp", "dissect", "--help"], before_env)
         for mode in modes:
             mine, theirs = mode_commands(mode, path, tshark)
-            ours, ts = _race(mine, theirs, args.repeat)
-            rows.append(_row(mode, count, ours, ts))
-            print(_table(rows)[-1] if len(rows) > 1 else "\n".join(_table(rows)), flush=True)
+            commands: list[Command] = [(mine, None)]
+            if theirs:
+                commands.append((theirs, None))
+            if before_env is not None:
+                commands.append((mine, before_env))
+            timings = _race(commands, args.repeat)
+            ts = timings[1] if theirs else None
+            rows.append(_row(mode, count, timings[0], ts))
+            if before_env is not None:
+                rows.append(_row(f"{mode}@baseline", count, timings[-1], ts))
+            table = _table(rows)
+            new = 2 if before_env is not None else 1
+            print("\n".join(table if mode == modes[0] else table[-new:]), flush=True)
         report: dict[str, Any] = {
             "capture": {"fpdus": count, "bytes": size, "markers": args.markers},
             "repeat": args.repeat,
