@@ -55,10 +55,17 @@ class UlpAnnotator:
         from kbtp.conversation import KbtpConversations
 
         self.conversations = KbtpConversations()
+        self._not_kbtp: set[int] = set()  # streams judged by their first Send: never asked again
 
     def send(self, stream: int, direction: str, payload: bytes | memoryview, last: bool) -> Any:
-        """The reading of the first segment of a Send without findings, or None."""
-        return self.conversations.annotate(stream, direction, bytes(payload), last)
+        """The reading of the first segment of a Send without findings, or None (the
+        stream does not carry KBTP)."""
+        if stream in self._not_kbtp:
+            return None
+        summary = self.conversations.annotate(stream, direction, bytes(payload), last)
+        if summary is None:
+            self._not_kbtp.add(stream)
+        return summary
 
     def __call__(self, rec: PduRecord) -> Any:
         seg = rec.segment
