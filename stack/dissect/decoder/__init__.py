@@ -37,7 +37,9 @@ by the MPA engine's rule tables (:mod:`stack.wire.mpa_rules`: MPA-18..26, ERC-01
 
 Every PDU becomes a :class:`PduRecord` (emitted when the frame that completes it is fed);
 events that are not PDUs (gaps, resynchronisation, non-iWARP connections) become
-:class:`Note`.  Findings carry rule IDs of the catalog (:mod:`stack.rules`,
+:class:`Note`.  ``Dissector(brief=True)`` (the one-line summary) yields the clean FPDUs of
+the bulk walk as :data:`BriefFpdu` tuples instead: the fields the summary shows, no objects.
+Findings carry rule IDs of the catalog (:mod:`stack.rules`,
 ``iwarp rules``); TCP-level facts use the pseudo rule ``TCP-GAP``.
 
 Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
