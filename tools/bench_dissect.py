@@ -314,7 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[dict[str, Any]] = []
         before_env = None
         if args.baseline:
-            before_env = {**_ENV, "PYTHONPATH": os.path.abspath(args.baseline)}
+            # PYTHONSAFEPATH: the current directory (this tree) must not come first
+            before_env = {
+                **_ENV,
+                "PYTHONPATH": os.path.abspath(args.baseline),
+                "PYTHONSAFEPATH": "1",
+            }
             before_env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache-baseline")
             _once([sys.executable, "-m", "stack.cli.iwarp", "dissect", "--help"], before_env)
         for mode in modes:
