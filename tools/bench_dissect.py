@@ -1,28 +1,45 @@
 """Benchmark: ``iwarp dissect`` against tshark on the same generated capture, in the same run.
 
-``python -m tools.bench_dissect [--fpdus 100000] [--markers] [--repeat 3] [--keep FILE]``
+``python -m tools.bench_dissect [--fpdus 1000000] [--markers] [--repeat 1] [--keep FILE]
+[--modes summary,json,fields,stats] [--rss-fpdus N] [--json OUT] [--baseline DIR]``
 
 The capture holds one connection (MPA rev 2 with CRC) carrying a mix of Sends, RDMA Writes
 of varied sizes (segmented at MULPDU into several FPDUs), Read Requests and Read
-Responses, recorded through the capture-tap writer with an MSS of 1460 bytes, so FPDUs
-share segments and straddle segment boundaries.  Both tools run as subprocesses writing
-to /dev/null, interpreter and program start-up included; the best of ``--repeat`` runs is
-kept.  Pairs compared: the one-line summary (tshark ``-Y iwarp_mpa``) and JSON
-(tshark ``-T json -J "iwarp_mpa iwarp_ddp_rdmap"``), tshark with its iWARP dissectors
-enabled and the port decoded as iWARP.  Speed is reported, never asserted.
+Responses, recorded through the capture-tap writer with an MSS of 1460 bytes.  It is
+written to a temporary directory, or to ``--keep FILE`` and reused from there by a later
+run with the same ``--fpdus`` and ``--markers`` (the generator is seeded; a small JSON
+file next to it says what it holds).  Both tools run as subprocesses writing to
+/dev/null, interpreter and program start-up included; runs alternate so both see the
+same load, and the best of ``--repeat`` runs is kept.  The modes compared (tshark with its
+iWARP dissectors enabled and the port decoded as iWARP):
+
+``summary``  the default one-line output; tshark ``-Y iwarp_mpa``
+``json``     ``--json``; tshark ``-Y iwarp_mpa -T json -J "iwarp_mpa iwarp_ddp_rdmap"``
+``fields``   ``-T fields -e ...`` of five columns; tshark the same columns
+``stats``    ``-q -z io,stat,1``; tshark ``-q -z io,stat,1,iwarp_mpa``
+``verbose``  ``-V``; tshark ``-Y iwarp_mpa -V`` (not in the default set: slow)
+
+Each row has wall and CPU seconds, FPDUs per second, the peak RSS of each tool and the
+ratios tshark/ours (above 1: ours is faster).  Constant memory: the summary mode also runs
+on a capture of ``--rss-fpdus`` FPDUs (default a tenth) and both peak RSS are reported.
+``--json OUT`` writes the figures as one JSON document (``-``: standard output, after the
+table); ``--baseline DIR`` times another source tree of the project too (rows
+``MODE@baseline``: before and after a change, in the same run).  Speed is reported, never
+asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, NamedTuple
 
 from stack.constants import MPA_MAX_PRIVATE_DATA
 from stack.pcap import Direction, PcapWriter
@@ -90,48 +107,192 @@ def generate(path: str, fpdus: int, markers: bool = False, seed: int = 1) -> int
     return count
 
 
+FIELDS = [
+    "frame.number",
+    "iwarp_rdma.opcode",
+    "iwarp_ddp.stag",
+    "iwarp_ddp.msn",
+    "iwarp_mpa.ulpdulength",
+]
+"""The columns of the ``fields`` mode: names both tools know."""
+
+MODES = ("summary", "json", "fields", "stats", "verbose")
+DEFAULT_MODES = ("summary", "json", "fields", "stats")
+
+
+def mode_commands(mode: str, path: str, tshark: str | None) -> tuple[list[str], list[str] | None]:
+    """(our command, tshark's equivalent or None) of one mode on the capture ``path``."""
+    ours = [sys.executable, "-m", "stack.cli.iwarp", "dissect", path]
+    theirs = [tshark or "tshark", "-n", "-r", path, *TSHARK_OPTS]
+    columns = [arg for name in FIELDS for arg in ("-e", name)]
+    if mode == "summary":
+        mine, other = ours, [*theirs, "-Y", "iwarp_mpa"]
+    elif mode == "json":
+        mine = [*ours, "--json"]
+        other = [*theirs, "-Y", "iwarp_mpa", "-T", "json", "-J", "iwarp_mpa iwarp_ddp_rdmap"]
+    elif mode == "fields":
+        mine = [*ours, "-T", "fields", *columns]
+        other = [*theirs, "-Y", "iwarp_mpa", "-T", "fields", *columns]
+    elif mode == "stats":
+        mine = [*ours, "-q", "-z", "io,stat,1"]
+        other = [*theirs, "-q", "-z", "io,stat,1,iwarp_mpa"]
+    elif mode == "verbose":
+        mine, other = [*ours, "-V"], [*theirs, "-Y", "iwarp_mpa", "-V"]
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return mine, other if tshark else None
+
+
 _ENV: dict[str, str] | None = None
 
 
-Timing = tuple[float, float]  # (wall seconds, CPU seconds of the child: user + system)
+class Timing(NamedTuple):
+    """One run: wall seconds, CPU seconds of the child (user + system), peak RSS in KiB."""
+
+    wall: float
+    cpu: float
+    rss_kib: int
 
 
-def _once(cmd: list[str]) -> Timing:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _once(cmd: list[str], env: dict[str, str] | None = None) -> Timing:
     start = time.perf_counter()
-    proc = subprocess.run(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=_ENV
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or _ENV
     )
+    _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return elapsed, cpu
+    return Timing(elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
 
-def _race(mine: list[str], theirs: list[str] | None, repeat: int) -> tuple[Timing, Timing | None]:
-    """Best wall and CPU time of each command; runs alternate so both see the same load."""
-    best_mine = (float("inf"), float("inf"))
-    best_theirs: Timing | None = (float("inf"), float("inf")) if theirs else None
+def _best(a: Timing | None, b: Timing) -> Timing:
+    if a is None:
+        return b
+    return Timing(min(a.wall, b.wall), min(a.cpu, b.cpu), max(a.rss_kib, b.rss_kib))
+
+
+Command = tuple[list[str], dict[str, str] | None]  # argv, environment (None: the default)
+
+
+def _race(commands: list[Command], repeat: int) -> list[Timing]:
+    """Best wall and CPU time (and the peak RSS) of each command; runs alternate, so all
+    see the same load."""
+    best: list[Timing | None] = [None] * len(commands)
     for _ in range(repeat):
-        wall, cpu = _once(mine)
-        best_mine = (min(best_mine[0], wall), min(best_mine[1], cpu))
-        if theirs and best_theirs is not None:
-            wall, cpu = _once(theirs)
-            best_theirs = (min(best_theirs[0], wall), min(best_theirs[1], cpu))
-    return best_mine, best_theirs
+        for i, (cmd, env) in enumerate(commands):
+            best[i] = _best(best[i], _once(cmd, env))
+    return [b for b in best if b is not None]
+
+
+def _capture(path: str, fpdus: int, markers: bool) -> tuple[int, bool]:
+    """Generate the capture at ``path``, or reuse it when its note says it holds this
+    one; (exact FPDU count, reused)."""
+    note = path + ".json"
+    wanted = {"fpdus": fpdus, "markers": markers, "seed": 1}
+    if os.path.exists(path) and os.path.exists(note):
+        with open(note, encoding="utf-8") as f:
+            try:
+                held = json.load(f)
+            except ValueError:
+                held = {}
+        if {k: held.get(k) for k in wanted} == wanted and isinstance(held.get("count"), int):
+            return held["count"], True
+    count = generate(path, fpdus, markers)
+    with open(note, "w", encoding="utf-8") as f:
+        json.dump({**wanted, "count": count}, f)
+    return count, False
+
+
+def _row(mode: str, count: int, ours: Timing, theirs: Timing | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "mode": mode,
+        "ours_wall_s": round(ours.wall, 3),
+        "ours_cpu_s": round(ours.cpu, 3),
+        "ours_fpdu_per_s": round(count / ours.wall),
+        "ours_peak_rss_kib": ours.rss_kib,
+    }
+    if theirs is not None:
+        row.update(
+            tshark_wall_s=round(theirs.wall, 3),
+            tshark_cpu_s=round(theirs.cpu, 3),
+            tshark_fpdu_per_s=round(count / theirs.wall),
+            tshark_peak_rss_kib=theirs.rss_kib,
+            speedup_wall=round(theirs.wall / ours.wall, 2),
+            speedup_cpu=round(theirs.cpu / ours.cpu, 2),
+        )
+    return row
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows as a fixed-width table."""
+    lines = [
+        f"{'mode':16} {'ours wall':>9} {'CPU':>7} {'FPDU/s':>8} {'RSS MiB':>7} | "
+        f"{'tshark wall':>11} {'CPU':>7} {'FPDU/s':>8} {'RSS MiB':>7} | "
+        f"{'tshark/ours wall':>16} {'CPU':>5}"
+    ]
+    for r in rows:
+        line = (
+            f"{r['mode']:16} {r['ours_wall_s']:>8.2f}s {r['ours_cpu_s']:>6.2f}s "
+            f"{r['ours_fpdu_per_s']:>8} {int(r['ours_peak_rss_kib']) / 1024:>7.1f} | "
+        )
+        if "tshark_wall_s" in r:
+            line += (
+                f"{r['tshark_wall_s']:>10.2f}s {r['tshark_cpu_s']:>6.2f}s "
+                f"{r['tshark_fpdu_per_s']:>8} {int(r['tshark_peak_rss_kib']) / 1024:>7.1f} | "
+                f"{r['speedup_wall']:>16.2f} {r['speedup_cpu']:>5.2f}"
+            )
+        else:
+            line += "tshark not run"
+        lines.append(line)
+    return lines
+
+
+def _modes(text: str) -> list[str]:
+    """argparse type: a comma-separated list of MODES."""
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {text!r}")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_dissect", description=__doc__)
-    parser.add_argument("--fpdus", type=int, default=100_000)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_dissect",
+        description=__doc__.split("\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("--fpdus", type=int, default=1_000_000)
     parser.add_argument("--markers", action="store_true", help="markers in both directions")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--keep", metavar="FILE", help="write the capture here and keep it")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--keep", metavar="FILE", help="write the capture here (reused next time)")
+    parser.add_argument(
+        "--modes",
+        type=_modes,
+        default=list(DEFAULT_MODES),
+        help=f"comma-separated, of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})",
+    )
     parser.add_argument("--no-json", action="store_true", help="compare the summaries only")
+    parser.add_argument("--no-tshark", action="store_true", help="time iwarp dissect alone")
+    parser.add_argument(
+        "--rss-fpdus",
+        type=int,
+        metavar="N",
+        help="FPDUs of the smaller capture of the memory check (default fpdus/10; 0: skip)",
+    )
+    parser.add_argument("--json", dest="json_out", metavar="OUT", help="write JSON (- stdout)")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also time the iwarp dissect of this source tree (an earlier commit, e.g. from "
+        "git archive), in the same runs: rows MODE@baseline",
+    )
     args = parser.parse_args(argv)
-    tshark = shutil.which("tshark")
+    if args.fpdus < 1 or args.repeat < 1:
+        parser.error("--fpdus and --repeat must be at least 1")
+    modes = ["summary"] if args.no_json else args.modes
+    tshark = None if args.no_tshark else shutil.which("tshark")
     global _ENV
     with tempfile.TemporaryDirectory() as tmp:
         # Byte-compiled modules as an installed package has them (a session may run with
@@ -142,43 +303,77 @@ def main(argv: list[str] | None = None) -> int:
         _once([sys.executable, "-m", "stack.cli.iwarp", "dissect", "--help"])
         path = args.keep or os.path.join(tmp, "bench.pcap")
         t0 = time.perf_counter()
-        count = generate(path, args.fpdus, args.markers)
+        count, reused = _capture(path, args.fpdus, args.markers)
         size = os.path.getsize(path)
+        how = "reused" if reused else f"generated in {time.perf_counter() - t0:.1f} s"
         print(
             f"capture: {count} FPDUs, {size / 1e6:.1f} MB, markers "
-            f"{'on' if args.markers else 'off'} (generated in {time.perf_counter() - t0:.1f} s)"
+            f"{'on' if args.markers else 'off'} ({how})",
+            flush=True,
         )
-        ours = [sys.executable, "-m", "stack.cli.iwarp", "dissect", path]
-        pairs = [("summary", ours, [tshark, "-n", "-r", path, *TSHARK_OPTS, "-Y", "iwarp_mpa"])]
-        if not args.no_json:
-            pairs.append(
-                (
-                    "json",
-                    [*ours, "--json"],
-                    [tshark, "-n", "-r", path, *TSHARK_OPTS, "-Y", "iwarp_mpa", "-T", "json",
-                     "-J", "iwarp_mpa iwarp_ddp_rdmap"],
-                )
+        rows: list[dict[str, Any]] = []
+        before_env = None
+        if args.baseline:
+            # PYTHONSAFEPATH: the current directory (this tree) must not come first
+            before_env = {
+                **_ENV,
+                "PYTHONPATH": os.path.abspath(args.baseline),
+                "PYTHONSAFEPATH": "1",
+            }
+            before_env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache-baseline")
+            _once([sys.executable, "-m", "stack.cli.iwarp", "dissect", "--help"], before_env)
+        for mode in modes:
+            mine, theirs = mode_commands(mode, path, tshark)
+            commands: list[Command] = [(mine, None)]
+            if theirs:
+                commands.append((theirs, None))
+            if before_env is not None:
+                commands.append((mine, before_env))
+            timings = _race(commands, args.repeat)
+            ts = timings[1] if theirs else None
+            rows.append(_row(mode, count, timings[0], ts))
+            if before_env is not None:
+                rows.append(_row(f"{mode}@baseline", count, timings[-1], ts))
+            table = _table(rows)
+            new = 2 if before_env is not None else 1
+            print("\n".join(table if mode == modes[0] else table[-new:]), flush=True)
+        report: dict[str, Any] = {
+            "capture": {"fpdus": count, "bytes": size, "markers": args.markers},
+            "repeat": args.repeat,
+            "rows": rows,
+        }
+        small_fpdus = args.fpdus // 10 if args.rss_fpdus is None else args.rss_fpdus
+        if small_fpdus > 0:
+            small = os.path.join(tmp, "small.pcap")
+            small_count = generate(small, small_fpdus, args.markers)
+            mine, _ = mode_commands("summary", small, None)
+            peak_small = _once(mine).rss_kib
+            peak_big = int(rows[0]["ours_peak_rss_kib"]) if modes[0] == "summary" else (
+                _once(mode_commands("summary", path, None)[0]).rss_kib
             )  # fmt: skip
-        for label, mine, theirs in pairs:
-            (w_ours, c_ours), ts = _race(mine, theirs if tshark else None, args.repeat)
-            line = (
-                f"{label:8} iwarp dissect {w_ours:6.2f} s wall {c_ours:6.2f} s CPU "
-                f"({count / w_ours:7.0f} FPDU/s)"
+            report["memory"] = {
+                "small_fpdus": small_count,
+                "small_peak_rss_kib": peak_small,
+                "large_fpdus": count,
+                "large_peak_rss_kib": peak_big,
+            }
+            print(
+                f"memory (summary, peak RSS): {small_count} FPDUs {peak_small / 1024:.1f} MiB, "
+                f"{count} FPDUs {peak_big / 1024:.1f} MiB"
             )
-            if ts is not None:
-                w_ts, c_ts = ts
-                line += (
-                    f" | tshark {w_ts:6.2f} s wall {c_ts:6.2f} s CPU ({count / w_ts:7.0f} FPDU/s)"
-                    f" | tshark/ours wall {w_ts / w_ours:.2f} CPU {c_ts / c_ours:.2f}"
-                )
-            else:
-                line += " | tshark not installed"
-            print(line)
         if tshark:
             version = subprocess.run(
                 [tshark, "--version"], capture_output=True, text=True, check=False
             ).stdout.splitlines()
-            print(f"tshark: {version[0] if version else 'unknown version'}")
+            report["tshark"] = version[0] if version else "unknown version"
+            print(f"tshark: {report['tshark']}")
+    if args.json_out:
+        text = json.dumps(report, indent=2)
+        if args.json_out == "-":
+            print(text)
+        else:
+            with open(args.json_out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
     return 0
 
 

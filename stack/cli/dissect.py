@@ -37,7 +37,7 @@ from stack.cli.dissect_live import (
 )
 from stack.cli.dissect_output import Printer
 from stack.dissect import StatError, field_list, parse_stat
-from stack.dissect.decoder import DissectOptions, Dissector
+from stack.dissect.decoder import BriefOutput, DissectOptions, Dissector
 from stack.pcap import (
     CaptureError,
     CaptureReader,
@@ -321,7 +321,13 @@ def _write_frames(path: str, target: str, frames: set[int]) -> int:
         raise CliError(f"-w {target}: {exc.strerror or exc}") from None
 
 
-def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: Printer) -> None:
+_BATCH = 256
+"""Segments decoded between two takes of the decoder's output (without -c or -z conv)."""
+
+
+def _decode(
+    segments: Iterator[TcpSegment], dissector: Dissector[BriefOutput], printer: Printer
+) -> None:
     """Feed every segment to the decoder and its records to the printer, until ``-c``."""
     feed = dissector.feed
     emit = printer.emit
@@ -338,12 +344,23 @@ def _decode(segments: Iterator[TcpSegment], dissector: Dissector, printer: Print
             emit(items)
         break
     if printer.limit is None and conversations is None:
+        # nothing to stop early for: the output of many segments is taken at once
+        ingest = dissector.ingest
+        take = dissector.take
+        count = 0
         for segment in segments:
             if segment.missing:
                 snap(segment)
-            items = feed(segment)
-            if items:
-                emit(items)
+            ingest(segment)
+            count += 1
+            if count == _BATCH:
+                count = 0
+                items = take()
+                if items:
+                    emit(items)
+        items = take()
+        if items:
+            emit(items)
     elif not printer.done:
         for segment in segments:
             if segment.missing:
@@ -373,7 +390,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     options = options_from(args)
     printer = Printer(args, out, mode)
 
+    dissector = Dissector(options, brief=printer.plain)
+
     def flush_decoded() -> None:  # before a read that may wait: show what is decoded
+        items = dissector.take()
+        if items:
+            printer.emit(items)
         printer.flush()
         out.flush()
 
@@ -387,7 +409,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             reader = CaptureReader(path, on_wait=flush_decoded)
         except CaptureError as exc:
             raise CliError(str(exc)) from None
-    dissector = Dissector(options)
     error: CaptureError | None = None
     with stop_on_signals() if path is None else contextlib.nullcontext():
         try:

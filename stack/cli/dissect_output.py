@@ -1,7 +1,8 @@
 """How ``iwarp dissect`` shows the decoded records: text, ``-V``, JSON, ``-T fields``.
 
 :class:`Printer` formats records as the decoder yields them (the display filter, ``-c``,
-the statistics asked for, the frames ``-w`` copies); :func:`ulp_annotator` adds the
+the statistics asked for, the frames ``-w`` copies; the brief tuples of the default
+output); :func:`ulp_annotator` adds the
 upper-layer protocol of ``--ulp`` and :func:`ulp_hex_digits` the fields it writes in hex.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from stack.cli import CliError
@@ -24,6 +24,7 @@ from stack.dissect import (
     SnapTracker,
     Statistics,
     TcpConversations,
+    brief_line,
     compile_filter,
     json_object,
     note_line,
@@ -31,39 +32,56 @@ from stack.dissect import (
     summary_line,
     verbose_lines,
 )
-from stack.dissect.decoder import Note, PduRecord, StreamInfo
+from stack.dissect.decoder import BriefOutput, Note, PduRecord, StreamInfo, rule_ids
 
-__all__ = ["Printer", "ulp_annotator", "ulp_hex_digits"]
+__all__ = ["Printer", "UlpAnnotator", "ulp_annotator", "ulp_hex_digits"]
 
 _SEND_OPCODES = frozenset(int(op) for op in SEND_OPCODES)
 
 
-def ulp_annotator(name: str) -> Callable[[PduRecord], Any] | None:
-    """The decoder of the upper-layer protocol carried in Sends (``--ulp``), or None.
+class UlpAnnotator:
+    """The upper-layer protocol carried in Sends (``--ulp``): KBTP messages (docs/kbtp.md)
+    in the first segment of Send-family messages, with the session rules, by
+    :class:`kbtp.conversation.KbtpConversations` (which streams carry KBTP: those whose
+    first Send is a KBTP message or a HELLO; Sends of other protocols are left alone, so
+    their bytes never produce KBTP findings).  The stream decoder stays ULP-agnostic
+    (floors 0-1); this tool layer adds the ULP.
 
-    ``kbtp``: KBTP messages (docs/kbtp.md) in the first segment of Send-family messages,
-    with the session rules, by :class:`kbtp.conversation.KbtpConversations` (which streams
-    carry KBTP: those whose first Send is a KBTP message or a HELLO; Sends of other
-    protocols are left alone, so their bytes never produce KBTP findings).  The stream
-    decoder stays ULP-agnostic (floors 0-1); this tool layer adds the ULP.
+    Called with a record: its reading, the findings added to the record; :meth:`send`
+    reads the DDP payload of a Send's first segment given its stream and direction.
     """
-    if name == "none":
-        return None
-    from kbtp.conversation import KbtpConversations
 
-    conversations = KbtpConversations()
+    def __init__(self) -> None:
+        from kbtp.conversation import KbtpConversations
 
-    def annotate(rec: PduRecord) -> Any:
+        self.conversations = KbtpConversations()
+        self._not_kbtp: set[int] = set()  # streams judged by their first Send: never asked again
+
+    def send(self, stream: int, direction: str, payload: bytes | memoryview, last: bool) -> Any:
+        """The reading of the first segment of a Send without findings, or None (the
+        stream does not carry KBTP)."""
+        if stream in self._not_kbtp:
+            return None
+        summary = self.conversations.annotate(stream, direction, bytes(payload), last)
+        if summary is None:
+            self._not_kbtp.add(stream)
+        return summary
+
+    def __call__(self, rec: PduRecord) -> Any:
         seg = rec.segment
         if seg is None or seg.opcode not in _SEND_OPCODES or seg.mo != 0 or seg.findings:
             return None
-        payload = bytes(seg.payload)
-        summary = conversations.annotate(rec.stream, rec.direction, payload, seg.last)
+        summary = self.send(rec.stream, rec.direction, seg.payload, seg.last)
         if summary is not None and summary.findings:
             rec.findings.extend(summary.findings)
         return summary
 
-    return annotate
+
+def ulp_annotator(name: str) -> UlpAnnotator | None:
+    """The decoder of the upper-layer protocol ``--ulp`` carried in Sends, or None."""
+    if name == "none":
+        return None
+    return UlpAnnotator()
 
 
 def ulp_hex_digits(name: str) -> dict[str, int]:
@@ -156,7 +174,8 @@ class Printer:
             self.lines.append(note_line(hint, time_column))
         self.lines.append(note_line(note, time_column))
 
-    def emit(self, items: list[PduRecord | Note]) -> None:
+    def emit(self, items: list[BriefOutput]) -> None:
+        """Format ``items``; BriefFpdu tuples come only in the plain mode (:attr:`plain`)."""
         args = self.args
         lines = self.lines
         t0 = self.context.t0 or 0.0
@@ -165,7 +184,19 @@ class Printer:
             pdus = flagged = 0
             ulp = self.ulp
             for item in items:
-                if type(item) is PduRecord:
+                if type(item) is tuple:  # a BriefFpdu: a clean FPDU of the decoder's bulk path
+                    line = brief_line(item, item[1] - t0)
+                    payload = item[13]
+                    if payload is not None and ulp is not None and item[7] == 0:
+                        info = ulp.send(item[2][0], item[2][1], payload, item[10])
+                        if info is not None:
+                            if info.findings:
+                                line += " [" + " ".join(rule_ids(info.findings)) + "]"
+                                flagged += 1
+                            line = f"{line} | {info.line}"
+                    append(line)
+                    pdus += 1
+                elif type(item) is PduRecord:
                     info = ulp(item) if ulp is not None else None
                     line = summary_line(item, item.timestamp - t0)
                     append(line if info is None else f"{line} | {info.line}")

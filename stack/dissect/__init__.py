@@ -43,7 +43,14 @@ from stack.dissect.stats import (
     TcpConversations,
     parse_stat,
 )
-from stack.dissect.text import note_line, rtr_text, summary_line, verbose_lines
+from stack.dissect.text import (
+    brief_line,
+    head_text,
+    note_line,
+    rtr_text,
+    summary_line,
+    verbose_lines,
+)
 
 __all__ = [
     "ALIASES",
@@ -53,6 +60,7 @@ __all__ = [
     "HEX_DIGITS",
     "KIND_NAMES",
     "AnyOf",
+    "brief_line",
     "FieldContext",
     "FieldsError",
     "FieldsFormat",
@@ -67,6 +75,7 @@ __all__ = [
     "TcpConversations",
     "compile_filter",
     "field_getter",
+    "head_text",
     "field_list",
     "hex_text",
     "json_line",

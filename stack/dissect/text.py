@@ -33,9 +33,16 @@ from stack.wire.events import (
 )
 
 if TYPE_CHECKING:
-    from stack.dissect.decoder import Note, PduRecord
+    from stack.dissect.decoder import BriefFpdu, Note, PduRecord
 
-__all__ = ["note_line", "rtr_text", "summary_line", "verbose_lines"]
+__all__ = [
+    "brief_line",
+    "head_text",
+    "note_line",
+    "rtr_text",
+    "summary_line",
+    "verbose_lines",
+]
 
 _NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
 _INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
@@ -91,37 +98,64 @@ def _fields(rec: PduRecord) -> str:
 
 
 _HEADS: dict[tuple[int, str, str, str], str] = {}
+_CRC_TEXT = {True: " CRC ok", None: "", False: " CRC BAD"}
+"""The CRC verdict column (MPA-12): good, not negotiated, bad."""
+
+
+def head_text(route: tuple[int, str, str, str]) -> str:
+    """The stream, direction and addresses columns of a summary line (cached)."""
+    tail = _HEADS.get(route)
+    if tail is None:
+        stream, direction, src, dst = route
+        tail = f" {stream:>3} {direction} {src} \u2192 {dst} "
+        if len(_HEADS) < 4096:
+            _HEADS[route] = tail
+    return tail
+
+
+def brief_line(item: BriefFpdu, time: float | None = None) -> str:
+    """The summary line of an FPDU with a header-less opcode and no findings, given as a
+    :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
+    tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
+    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
+    CRC verdict (MPA-12) and the marker count."""
+    frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
+    head = _HEADS.get(route) or head_text(route)
+    col = f"{frame:>6}" if time is None else f"{frame:>6} {time:>11.6f}"
+    name = _NAMES.get(op) or opcode_name(op)
+    end = _CRC_TEXT[crc_ok]
+    if markers:
+        end += f" markers={markers}"
+    if last:
+        end = " L" + end
+    if tagged:
+        return f"{col}{head}MPA/DDP/RDMAP {name} STag=0x{f1:08x} TO=0x{f2:x} len={plen}{end}"
+    if op in _INVALIDATE:
+        return (
+            f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen} "
+            f"InvSTag=0x{f4 or 0:08x}{end}"
+        )
+    return f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen}{end}"
 
 
 def summary_line(rec: PduRecord, time: float | None = None) -> str:
     """One line per PDU, tshark-summary style; ``time`` (seconds since the capture's first
     segment) adds tshark's time column after the frame number."""
-    frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
-    key = (rec.stream, rec.direction, rec.src, rec.dst)
-    tail = _HEADS.get(key)
-    if tail is None:
-        tail = f" {rec.stream:>3} {rec.direction} {rec.src} \u2192 {rec.dst} "
-        if len(_HEADS) < 4096:
-            _HEADS[key] = tail
+    route = (rec.stream, rec.direction, rec.src, rec.dst)
     seg = rec.segment
     if seg is not None and seg.header is None and not rec.findings:
         # the bulk of any capture: Write, Read Response and Send segments without findings
-        ok = rec.crc_ok
-        crc = " CRC ok" if ok else "" if ok is None else " CRC BAD"
-        if rec.marker_ptrs:
-            crc += f" markers={len(rec.marker_ptrs)}"
-        last = " L" if seg.last else ""
-        name = _NAMES.get(seg.opcode) or opcode_name(seg.opcode)
         if seg.tagged:
-            return (
-                f"{frame}{tail}MPA/DDP/RDMAP {name} STag=0x{seg.stag:08x} "
-                f"TO=0x{seg.to:x} len={seg.ulpdu_len - DDP_TAGGED_HDR_LEN}{last}{crc}"
-            )
-        if seg.opcode not in _INVALIDATE:
-            return (
-                f"{frame}{tail}MPA/DDP/RDMAP {name} QN={seg.qn} MSN={seg.msn} "
-                f"MO={seg.mo} len={seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN}{last}{crc}"
-            )
+            plen = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
+            f1, f2, f3, f4 = seg.stag, seg.to, None, None
+        else:
+            plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
+            f1, f2, f3, f4 = seg.qn, seg.msn, seg.mo, seg.inval_stag
+        item = (rec.frame, rec.timestamp, route, seg.opcode, seg.tagged, f1, f2, f3, f4, plen,
+                seg.last, rec.crc_ok, len(rec.marker_ptrs), None)  # fmt: skip
+        return brief_line(item, time)
+    frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
+    tail = head_text(route)
     head = f"{frame}{tail}"
     if rec.kind != "fpdu":
         mpa = rec.mpa

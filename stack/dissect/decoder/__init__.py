@@ -37,7 +37,9 @@ by the MPA engine's rule tables (:mod:`stack.wire.mpa_rules`: MPA-18..26, ERC-01
 
 Every PDU becomes a :class:`PduRecord` (emitted when the frame that completes it is fed);
 events that are not PDUs (gaps, resynchronisation, non-iWARP connections) become
-:class:`Note`.  Findings carry rule IDs of the catalog (:mod:`stack.rules`,
+:class:`Note`.  ``Dissector(brief=True)`` (the one-line summary) yields the clean FPDUs of
+the bulk walk as :data:`BriefFpdu` tuples instead: the fields the summary shows, no objects.
+Findings carry rule IDs of the catalog (:mod:`stack.rules`,
 ``iwarp rules``); TCP-level facts use the pseudo rule ``TCP-GAP``.
 
 Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
@@ -48,28 +50,35 @@ Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
 :mod:`~stack.dissect.decoder.dissector` (TCP segments in, records out).
 """
 
-from stack.dissect.decoder.dissector import Dissector, Output, dissect
+from stack.dissect.decoder.dissector import BriefOutput, Dissector, Output, dissect
 from stack.dissect.decoder.records import (
+    BriefFpdu,
     DirectionInfo,
     DissectOptions,
     Note,
     PduRecord,
+    Route,
     SegmentView,
     StreamInfo,
+    rule_ids,
 )
 from stack.wire.checker import Finding
 from stack.wire.framing import fpdu_layout
 
 __all__ = [
     "DirectionInfo",
+    "BriefFpdu",
+    "BriefOutput",
     "DissectOptions",
     "Dissector",
     "Finding",
     "Note",
     "Output",
     "PduRecord",
+    "Route",
     "SegmentView",
     "StreamInfo",
     "dissect",
+    "rule_ids",
     "fpdu_layout",
 ]

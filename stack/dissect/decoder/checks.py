@@ -73,21 +73,13 @@ class DirectionChecks:
         self.requests.forget()
 
     def check(self, seg: SegmentView, out: list[Finding], peer: DirectionChecks) -> None:
+        """Append to ``out`` what this segment breaks of the stateful rules."""
         op = seg.opcode
-        messages = self.messages
-        if op == _OP_WRITE and seg.last and messages.open_tagged is None and not self.terminated:
-            return  # a one-segment RDMA Write with nothing open: nothing to track
-        chk = self.chk
-        chk.findings = out
-        if self.terminated:
-            out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
         if seg.tagged:
-            size = seg.ulpdu_len - DDP_TAGGED_HDR_LEN
-            messages.tagged(seg.stag, seg.to, op, size, seg.last, chk)  # type: ignore[arg-type]
-            if op == _OP_READ_RESPONSE:
-                peer.requests.read_response(seg.stag, seg.to, size, seg.last, chk)  # type: ignore[arg-type]
+            self.tagged(op, seg.stag, seg.to, seg.ulpdu_len - DDP_TAGGED_HDR_LEN, seg.last,  # type: ignore[arg-type]
+                        out, peer)  # fmt: skip
         elif seg.qn is not None:
-            messages.untagged(
+            self.untagged(
                 seg.qn,
                 seg.msn,  # type: ignore[arg-type]
                 seg.mo,  # type: ignore[arg-type]
@@ -95,9 +87,15 @@ class DirectionChecks:
                 seg.inval_stag or 0,
                 seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN,
                 seg.last,
-                chk,
+                out,
             )
+        elif self.terminated:
+            out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
         header = seg.header
+        if header is None and op != _OP_TERMINATE:
+            return
+        chk = self.chk
+        chk.findings = out
         if op == _OP_TERMINATE:
             self.terminated = True
             if isinstance(header, Terminate):
@@ -108,6 +106,46 @@ class DirectionChecks:
             self.requests.atomic_request(header.req_id)
         elif op == _OP_ATOMIC_RESPONSE and isinstance(header, AtomicResponse):
             peer.requests.atomic_response(header.req_id, chk)
+
+    def tagged(
+        self,
+        op: int,
+        stag: int,
+        to: int,
+        size: int,
+        last: bool,
+        out: list[Finding],
+        peer: DirectionChecks,
+    ) -> None:
+        """The stateful checks of a tagged segment (DDP-02, DDP-04, RDMAP-04, RDMAP-10)."""
+        messages = self.messages
+        if op == _OP_WRITE and last and messages.open_tagged is None and not self.terminated:
+            return  # a one-segment RDMA Write with nothing open: nothing to track
+        chk = self.chk
+        chk.findings = out
+        if self.terminated:
+            out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
+        messages.tagged(stag, to, op, size, last, chk)
+        if op == _OP_READ_RESPONSE:
+            peer.requests.read_response(stag, to, size, last, chk)
+
+    def untagged(
+        self,
+        qn: int,
+        msn: int,
+        mo: int,
+        ulp_ctrl: int,
+        inval: int,
+        size: int,
+        last: bool,
+        out: list[Finding],
+    ) -> None:
+        """The stateful checks of an untagged segment (DDP-02, DDP-04..06, RDMAP-10)."""
+        chk = self.chk
+        chk.findings = out
+        if self.terminated:
+            out.append(Finding("RDMAP-10", "FPDU sent after this side's Terminate"))
+        self.messages.untagged(qn, msn, mo, ulp_ctrl, inval, size, last, chk)
 
 
 def _plausible_ulpdu(u: memoryview | bytes, rfc7306: bool) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from stack.dissect.decoder.common import _TCP_SPECIAL
 from stack.dissect.decoder.connection import ConnectionDecoder
 from stack.dissect.decoder.modes import Mode
-from stack.dissect.decoder.records import DissectOptions, Note, PduRecord, StreamInfo
+from stack.dissect.decoder.records import BriefFpdu, DissectOptions, Note, PduRecord, StreamInfo
 from stack.dissect.decoder.walker import DirectionDecoder
 from stack.dissect.tcp import (
     Connection,
@@ -21,31 +22,50 @@ from stack.pcap import TcpSegment
 # ======================================================================================
 
 Output = PduRecord | Note
+BriefOutput = PduRecord | Note | BriefFpdu
+"""What ``Dissector(brief=True)`` yields."""
 _Route = tuple[HalfStream, HalfStream, "ConnectionDecoder", "DirectionDecoder"]
 """(sender's TCP half, the other TCP half, MPA connection, sender's MPA half)."""
 
 
-def _frame_of(item: Output) -> int:
-    return item.frame
+_FPDU = Mode.FPDU  # a module global: an Enum class attribute costs several times more
 
 
-class Dissector:
+def _frame_of(item: BriefOutput) -> int:
+    return item[0] if type(item) is tuple else item.frame  # type: ignore[union-attr]
+
+
+OutputT = TypeVar("OutputT", Output, BriefOutput)
+
+
+class Dissector(Generic[OutputT]):
     """Feed TCP segments in capture order; collect :class:`PduRecord` and :class:`Note`.
 
     ``feed(segment)`` returns the records completed by that segment; ``finish()``
     flushes the reassembly and returns what the end of the capture completes.
-    ``streams()`` lists :class:`StreamInfo` of every connection seen.
+    ``streams()`` lists :class:`StreamInfo` of every connection seen.  ``brief``: clean
+    FPDUs of the bulk path come out as :data:`~.records.BriefFpdu` tuples instead of
+    records (the one-line summary needs no more; every other FPDU is still a record).
     """
 
-    def __init__(self, options: DissectOptions | None = None) -> None:
+    @overload
+    def __init__(
+        self: Dissector[Output], options: DissectOptions | None = None, brief: Literal[False] = ...
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Dissector[BriefOutput], options: DissectOptions | None, brief: bool
+    ) -> None: ...
+    def __init__(self, options: DissectOptions | None = None, brief: bool = False) -> None:
         self.options = options or DissectOptions()
+        self.brief = brief
         self.tcp = TcpReassembler()
         self._routes: dict[
             tuple[str, int, str, int],
             tuple[HalfStream, HalfStream, ConnectionDecoder, DirectionDecoder],
         ] = {}
         self._conns: dict[int, ConnectionDecoder] = {}
-        self._out: list[Output] = []
+        self._out: list[Any] = []  # OutputT items
         self.searching: set[DirectionDecoder] = set()
         self._held = False
         self.last_frame = 0
@@ -62,7 +82,24 @@ class Dissector:
         assert isinstance(conn, ConnectionDecoder)
         return conn
 
-    def feed(self, segment: TcpSegment) -> list[Output]:
+    def feed(self, segment: TcpSegment) -> list[OutputT]:
+        """Decode ``segment``; return what it completes (see :meth:`take`)."""
+        self.ingest(segment)
+        return self.take()
+
+    def take(self) -> list[OutputT]:
+        """The records and notes completed so far, in capture order; none while a
+        direction is still looking for FPDUs (held, then sorted by frame)."""
+        if not self._out:
+            return []
+        if self.searching:
+            self._held = True
+            return []
+        return self._release()
+
+    def ingest(self, segment: TcpSegment) -> None:
+        """Decode ``segment``, keeping what it completes for :meth:`take` (a caller
+        that takes the output of many segments at once saves a call per segment)."""
         frame = self.last_frame = segment.frame
         ts = self.last_ts = segment.timestamp
         flags = segment.flags
@@ -89,18 +126,11 @@ class Dissector:
                             half._recent.append((nxt, payload))
                             if frame > conn.last_frame:
                                 conn.last_frame = frame
-                            if mpa_half.mode is Mode.FPDU and not mpa_half.chunks and mpa_half.bulk:
+                            if mpa_half.mode is _FPDU and not mpa_half.chunks and mpa_half.bulk:
                                 mpa_half.walk_plain(payload, nxt, frame, ts)
                             else:
                                 mpa_half.push(payload, nxt, frame, ts)
-                            out = self._out
-                            if not out:
-                                return []
-                            if self.searching:
-                                self._held = True
-                                return []
-                            return self._release()
-                        return []
+                        return
         tcp_conn, side, events = self.tcp.feed(segment)
         user = tcp_conn.user
         conn = user if isinstance(user, ConnectionDecoder) else self._conn(tcp_conn)
@@ -118,15 +148,8 @@ class Dissector:
             for other_conn, other_side, other_events in deferred:
                 self._conn(other_conn).events(other_side, other_events, ts)
             deferred.clear()
-        out = self._out
-        if not out:
-            return []
-        if self.searching:  # a direction is still looking for FPDUs: hold the output
-            self._held = True
-            return []
-        return self._release()
 
-    def _release(self) -> list[Output]:
+    def _release(self) -> list[OutputT]:
         items = self._out[:]
         self._out.clear()
         if self._held:  # held output from several directions: back into capture order
@@ -134,7 +157,7 @@ class Dissector:
             items.sort(key=_frame_of)
         return items
 
-    def finish(self) -> list[Output]:
+    def finish(self) -> list[OutputT]:
         for tcp_conn, side, events in self.tcp.flush(self.last_frame):
             self._conn(tcp_conn).events(side, events, self.last_ts)
         for conn in self._conns.values():

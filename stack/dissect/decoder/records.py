@@ -106,7 +106,37 @@ class PduRecord:
     @property
     def rules(self) -> list[str]:
         """Rule IDs of the findings, in order, without repeats."""
-        return list(dict.fromkeys(f.rule for f in self.findings))
+        return rule_ids(self.findings)
+
+
+def rule_ids(findings: list[Finding] | tuple[Finding, ...]) -> list[str]:
+    """The rule IDs of ``findings``, in order, without repeats."""
+    return list(dict.fromkeys(f.rule for f in findings))
+
+
+Route = tuple[int, str, str, str]
+"""(stream, direction, src, dst) of one direction: the same tuple for all its FPDUs."""
+
+BriefFpdu = tuple[
+    int,  # frame completing the FPDU
+    float,  # its timestamp
+    Route,
+    int,  # RDMAP opcode
+    bool,  # tagged
+    int | None,  # tagged: STag; untagged: QN
+    int | None,  # tagged: TO; untagged: MSN
+    int | None,  # untagged: MO (tagged: None)
+    int | None,  # untagged: Invalidate STag (tagged: None)
+    int,  # DDP payload length
+    bool,  # L (last)
+    bool | None,  # CRC good (True), or None when CRC is off
+    int,  # markers in the FPDU
+    "bytes | memoryview | None",  # untagged: the DDP payload (tagged: None)
+]
+"""A clean FPDU as ``Dissector(brief=True)`` yields it, instead of a :class:`PduRecord`:
+a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4: RDMA Write, Read Response or a
+Send-family message on QN 0), CRC good or off, markers as expected, PAD zero, and no
+finding of any stateful check.  Everything the one-line summary shows, and nothing else."""
 
 
 @dataclass(frozen=True, slots=True)

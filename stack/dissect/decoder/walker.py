@@ -6,6 +6,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from stack.constants import (
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
     MPA_CRC_LEN,
     MPA_FRAME_HEADER_LEN,
     MPA_KEY_LEN,
@@ -14,6 +16,7 @@ from stack.constants import (
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
     MULPDU_MAX,
+    RDMAP_OPCODE_MASK,
 )
 from stack.crc import crc32c
 
@@ -22,7 +25,23 @@ try:  # the C function itself, without stack.crc's wrapper call, on the bulk pat
 except ImportError:  # pragma: no cover - crcmod backend
     _crc32c = crc32c
 from stack.dissect.decoder.checks import DirectionChecks, _plausible_ulpdu
-from stack.dissect.decoder.common import _LAYOUTS, _LE32, _MARKER_UNPACK, _MPA_HDR, _ZEROS
+from stack.dissect.decoder.common import (
+    _CTRL_TAGGED_LAST,
+    _CTRL_UNTAGGED_LAST,
+    _FAST_INVALIDATE_OPS,
+    _FAST_SEND_OPS,
+    _FAST_TAGGED,
+    _FAST_TAGGED_OPS,
+    _FAST_UNTAGGED,
+    _LAYOUTS,
+    _LE32,
+    _MARKER_UNPACK,
+    _MPA_HDR,
+    _TAGGED_UNPACK,
+    _U32,
+    _UNTAGGED_UNPACK,
+    _ZEROS,
+)
 from stack.dissect.decoder.modes import Cause, Mode, next_mode
 from stack.dissect.decoder.records import DirectionInfo, PduRecord, SegmentView
 from stack.dissect.decoder.resync import Resync
@@ -32,6 +51,13 @@ from stack.wire.framing import fpdu_layout, unmarked_body
 
 if TYPE_CHECKING:
     from stack.dissect.decoder.connection import ConnectionDecoder
+
+_LE32_UNPACK = _LE32.unpack_from
+_BE32_UNPACK = _U32.unpack_from
+_PAD_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)
+"""The PAD bytes of a big-endian word ending where the PAD ends, by PAD length (MPA-04)."""
+_FPDU = Mode.FPDU  # module globals: an Enum class attribute costs several times more
+_DEAD = Mode.DEAD
 
 
 # ======================================================================================
@@ -79,12 +105,12 @@ class DirectionDecoder(Resync):
         self.chunks.append(data)
         self.buffered += len(data)
         self.ends.append((offset + len(data), frame, ts))
-        if self.mode is Mode.DEAD:
+        if self.mode is _DEAD:
             self.info.undecoded_bytes += len(data)
             self._drop_all()
             return
         if self.buffered >= self.need:
-            if self.mode is Mode.FPDU and self.bulk:
+            if self.mode is _FPDU and self.bulk:
                 # the waiting partial FPDU is now complete: walk the joined bytes in bulk
                 joined = self._joined()
                 base = self.base
@@ -183,7 +209,7 @@ class DirectionDecoder(Resync):
     def run(self, final: bool) -> None:
         while self.buffered:
             mode = self.mode
-            if mode is Mode.FPDU:
+            if mode is _FPDU:
                 if not self._walk():
                     return
             elif mode is Mode.START:
@@ -351,40 +377,42 @@ class DirectionDecoder(Resync):
         a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
         """
         conn = self.conn
-        n = len(data)
-        pos = 0
-        side = self.side
         ctx = self._bulk
         if ctx is None or ctx[0] != conn.initiator:
+            side = self.side
+            seq = self.seq
+            route = (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side])
             ctx = self._bulk = (
                 conn.initiator,
                 conn.emit,
-                conn.stream,
-                conn.direction(side),
-                conn.names[side],
-                conn.names[1 - side],
-                self.seq,
+                *route,
+                seq.check,
+                seq.tagged,
+                seq.untagged,
                 conn.halves[1 - side].seq,
                 self.info,
                 conn.rfc7306,
                 conn.siw_layout,
                 conn.pending_findings[side],
+                route,
+                conn.dissector.brief,
+                conn.first_fpdu_frame,
             )
-        _, emit, stream, direction, src, dst, seq, peer, info, rfc7306, siw, pending = ctx
+        (_, emit, stream, direction, src, dst, check, check_tagged, check_untagged, peer, info,
+         rfc7306, siw, pending, route, brief, first_frames) = ctx  # fmt: skip
+        n = len(data)
+        pos = 0
         crc_on = self.crc
         verdict = True if crc_on else None
-        check = seq.check
-        make_view = SegmentView
-        make_record = PduRecord
-        crc_of = _crc32c
-        read_crc = _LE32.unpack_from
         fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
         markers = self.markers
         seq_start = self.seq_start
-        first_missing = conn.first_fpdu_frame[side] is None
+        first_missing = first_frames[self.side] is None
         ptrs: tuple[int, ...] = ()
         offsets: tuple[int, ...] = ()
         reserved: tuple[int, ...] = ()
+        nmarks = 0
+        pad: bytes | None
         while pos + 2 <= n:
             if markers:
                 phase = (offset + pos - seq_start) % MPA_MARKER_INTERVAL
@@ -405,8 +433,8 @@ class DirectionDecoder(Resync):
             if end > n:
                 break
             end_body = end - MPA_CRC_LEN
-            crc_field = read_crc(data, end_body)[0]
-            crc_value = crc_of(data[pos:end_body])
+            crc_field = _LE32_UNPACK(data, end_body)[0]
+            crc_value = _crc32c(data[pos:end_body])
             odd = False
             if markers:
                 found = []
@@ -417,28 +445,75 @@ class DirectionDecoder(Resync):
                         break
                     found.append(ptr)
                 body = unmarked_body(data, pos, lead, end_body, marks)
-                ulpdu: bytes | memoryview = body[2 : 2 + ulen]
-                pad = body[2 + ulen :]
-                pad_len = len(pad)
+                ulpdu: bytes | memoryview | None = body[2 : 2 + ulen]
+                hbuf: bytes | memoryview = body
+                hat = 2
+                nmarks = len(marks)
+                body_pad = body[2 + ulen :]
+                pad_len = len(body_pad)
+                odd_pad = pad_len and any(body_pad)
+                pad = body_pad
                 ptrs = tuple(found)
                 at = offset + pos
                 offsets = tuple([at + m for m in marks])
                 reserved = _ZEROS[len(marks)] if len(marks) < 64 else (0,) * len(marks)
             else:
                 pad_len = end_body - pos - 2 - ulen
-                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
-                ulpdu = data[pos + 2 : pos + 2 + ulen]
+                # PAD (0-3 bytes) ends the 4-byte word before the CRC: tested in place
+                odd_pad = pad_len and _BE32_UNPACK(data, end_body - 4)[0] & _PAD_MASKS[pad_len]
+                pad = None  # made below when a record needs it
+                ulpdu = None
+                hbuf = data  # the DDP header is read in place
+                hat = pos + 2
             segment = None
+            flagged: list[Finding] | None = None
             if not (
                 odd
                 or (crc_on and crc_value != crc_field)
                 or first_missing
                 or pending
-                or (pad_len and any(pad))
+                or odd_pad
                 or ulen > MULPDU_MAX
             ):
+                if brief and ulen >= DDP_UNTAGGED_HDR_LEN:
+                    # a canonical Write / Read Response / Send-family header (SegmentView's
+                    # fast cases) without findings becomes a BriefFpdu tuple, no objects
+                    ctrl = hbuf[hat]
+                    uc = hbuf[hat + 1]
+                    size = -1
+                    if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
+                        _, _, stag, to = _TAGGED_UNPACK(hbuf, hat)
+                        size = ulen - DDP_TAGGED_HDR_LEN
+                        last = ctrl == _CTRL_TAGGED_LAST
+                        op = uc & RDMAP_OPCODE_MASK
+                        flagged = []
+                        check_tagged(op, stag, to, size, last, flagged, peer)
+                        if not flagged:
+                            emit((frame, ts, route, op, True, stag, to, None, None, size, last,
+                                  verdict, nmarks, None))  # fmt: skip
+                    elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
+                        _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(hbuf, hat)
+                        if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
+                            size = ulen - DDP_UNTAGGED_HDR_LEN
+                            last = ctrl == _CTRL_UNTAGGED_LAST
+                            op = uc & RDMAP_OPCODE_MASK
+                            flagged = []
+                            check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
+                            if not flagged:
+                                emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
+                                      verdict, nmarks,
+                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen]))  # fmt: skip
+                    if size >= 0 and not flagged:
+                        payload_bytes += size
+                        fpdus += 1
+                        wire_bytes += wire
+                        ulpdu_bytes += ulen
+                        pos = end
+                        continue
+                if ulpdu is None:
+                    ulpdu = data[pos + 2 : pos + 2 + ulen]
                 try:
-                    segment = make_view(ulpdu, rfc7306, siw)
+                    segment = SegmentView(ulpdu, rfc7306, siw)
                 except ProtocolError:
                     pass
             if segment is None:
@@ -447,11 +522,17 @@ class DirectionDecoder(Resync):
                 self._hold_rest(data, pos, offset, frame, ts)
                 self.run(False)
                 return
-            findings: list[Finding] = list(segment.findings) if segment.findings else []
-            check(segment, findings, peer)
+            if pad is None:
+                pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+            assert ulpdu is not None
+            if flagged is None:
+                findings: list[Finding] = list(segment.findings) if segment.findings else []
+                check(segment, findings, peer)
+            else:  # checked on the brief path already
+                findings = flagged
             payload_bytes += len(segment.payload)
             emit(
-                make_record(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
+                PduRecord(stream, frame, ts, direction, src, dst, "fpdu", offset + pos, wire,
                             findings, None, 0, 0, 0, b"", ulen, verdict, crc_field, crc_value,
                             pad, offsets, ptrs, reserved, segment, ulpdu)
             )  # fmt: skip
@@ -459,7 +540,12 @@ class DirectionDecoder(Resync):
             wire_bytes += wire
             ulpdu_bytes += ulen
             pos = end
-        self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+        if fpdus:  # as _count, written out: one call less per segment
+            info.pdus += fpdus
+            info.fpdus += fpdus
+            info.wire_bytes += wire_bytes
+            info.ulpdu_bytes += ulpdu_bytes
+            info.payload_bytes += payload_bytes
         if frame > conn.last_frame:
             conn.last_frame = frame
         if pos < n:

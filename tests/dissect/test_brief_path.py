@@ -1,0 +1,141 @@
+"""The summary's brief path (``Dissector(brief=True)``, BriefFpdu tuples) prints exactly
+what the reference path (a PduRecord per FPDU, :func:`summary_line`) prints."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from kbtp.cli import main as kbtp
+from stack.cli.iwarp import main
+from stack.dissect import brief_line, summary_line
+from stack.dissect.decoder import Dissector, PduRecord
+from stack.pcap import read_tcp_segments
+from stack.wire.events import ReadRequest, Send
+from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
+from tools.bench_dissect import generate
+
+REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
+
+
+def _text(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(["dissect", *args])
+    got = capsys.readouterr()
+    return status, got.out, got.err
+
+
+def _both(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+    """(brief path output, reference path output) of ``iwarp dissect path``."""
+    brief = _text([str(path)], capsys)
+    with monkeypatch.context() as m:
+        m.setattr("stack.cli.dissect.Dissector", lambda options, brief=False: Dissector(options))
+        reference = _text([str(path)], capsys)
+    return brief, reference
+
+
+def _brief_items(path: Path) -> int:
+    d = Dissector(None, brief=True)
+    items = [i for s in read_tcp_segments(path.read_bytes()) for i in d.feed(s)] + d.finish()
+    return sum(type(i) is tuple for i in items)
+
+
+@pytest.mark.parametrize("capture", REFERENCE_PCAPS, ids=lambda p: p.stem)
+def test_reference_pcaps_print_the_same_text(
+    capture: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    brief, reference = _both(capture, monkeypatch, capsys)
+    assert brief == reference
+    assert brief[1].count("\n") >= 2
+
+
+def test_reference_pcaps_take_the_brief_path() -> None:
+    assert len(REFERENCE_PCAPS) >= 10
+    assert sum(_brief_items(p) for p in REFERENCE_PCAPS) >= 20
+    assert _brief_items(REFERENCE_PCAPS[0]) > 0
+
+
+def _cut(data: bytes, drop: set[int] | int) -> bytes:
+    """``data`` without the frames in ``drop`` (or before frame ``drop``)."""
+    if isinstance(drop, int):
+        return rewrite(data, lambda n, f: f if n >= drop else None)
+    return rewrite(data, lambda n, f: None if n in drop else f)
+
+
+@pytest.mark.parametrize("markers", [False, True], ids=["plain", "markers"])
+def test_bench_captures_print_the_same_text(
+    markers: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    whole = tmp_path / "whole.pcap"
+    generate(str(whole), 600, markers)
+    data = whole.read_bytes()
+    variants = {
+        "whole": data,
+        "mid-stream": _cut(data, 40),  # found by search: output held, then sorted
+        "gap": _cut(data, {200, 201}),  # TCP-GAP finding, resynchronisation
+    }
+    for name, content in variants.items():
+        path = tmp_path / f"{name}.pcap"
+        path.write_bytes(content)
+        brief, reference = _both(path, monkeypatch, capsys)
+        assert brief == reference, name
+        assert _brief_items(path) > (300 if name != "mid-stream" else 50), name
+    assert "TCP-GAP" in brief[1]
+
+
+def test_findings_and_every_send_kind_print_the_same_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = CaptureBuilder()
+    c = b.connection(mss=300)
+    c.send(I2R, Send(b"one"))
+    c.send(I2R, Send(b"inv", invalidate_stag=0xABCD))
+    c.send(I2R, Send(b"se", solicited=True))
+    c.send(I2R, Send(b"seinv", solicited=True, invalidate_stag=0x77))
+    c.send(I2R, Send(bytes(1000)))  # an FPDU in four TCP segments
+    c.send(I2R, ReadRequest(0x11, 0x2000, 300, 0x22, 0x3000))
+    bad = struct.pack(">BBIIII", 0x41, 0x43, 0, 0, 9, 0) + b"abc"  # a Send, MSN 9: DDP-05
+    c.raw(I2R, c.wire(I2R, bad))
+    c.send(R2I, Send(b"other way"))
+    path = tmp_path / "sends.pcap"
+    path.write_bytes(b.data())
+    brief, reference = _both(path, monkeypatch, capsys)
+    assert brief == reference
+    assert "InvSTag=0x0000abcd" in brief[1] and "[DDP-05]" in brief[1]
+    assert brief[1].count("\n") == 2 + 8
+
+
+def test_kbtp_sends_print_the_same_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "demo.pcap"
+    assert kbtp(["demo", "--quiet", "--ticket-timeout", "1", "-w", str(path)]) == 0
+    brief, reference = _both(path, monkeypatch, capsys)
+    assert brief == reference
+    assert "| KBTP HELLO " in brief[1]
+
+
+def test_brief_line_is_the_summary_line_of_the_same_fpdu(tmp_path: Path) -> None:
+    path = tmp_path / "bench.pcap"
+    generate(str(path), 300, True)
+    segments = read_tcp_segments(path.read_bytes())
+    lean = Dissector(None, brief=True)
+    full = Dissector()
+    briefs = [i for s in segments for i in lean.feed(s)] + lean.finish()
+    records = [i for s in segments for i in full.feed(s)] + full.finish()
+    assert len(briefs) == len(records)
+    pairs = [(b, r) for b, r in zip(briefs, records, strict=True) if type(b) is tuple]
+    assert len(pairs) > 250
+    for item, rec in pairs:
+        assert isinstance(rec, PduRecord)
+        assert (item[0], item[1]) == (rec.frame, rec.timestamp)
+        assert brief_line(item, 1.5) == summary_line(rec, 1.5)
+        assert brief_line(item) == summary_line(rec)
+    assert [repr(s) for s in lean.streams()] == [repr(s) for s in full.streams()]
