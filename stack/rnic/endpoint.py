@@ -130,6 +130,19 @@ class QpEndpoint:
 
     def produce(self, limit: int = MAX_COALESCE) -> bytearray:
         """Encode queued outbound messages (up to about ``limit`` payload bytes) into bytes."""
+        self._encode(limit)
+        out = self.engine.data_to_send()
+        self.resume_stalled()
+        return out
+
+    def produce_iov(self, limit: int = MAX_COALESCE) -> list[bytes | bytearray | memoryview]:
+        """:meth:`produce` as pieces for one scatter-gather send.  Large payloads view the
+        memory they come from: the caller sends or copies them, then calls
+        :meth:`resume_stalled` (which may place data into that memory)."""
+        self._encode(limit)
+        return self.engine.data_to_send_iov()
+
+    def _encode(self, limit: int) -> None:
         qp, engine = self.qp, self.engine
         if engine.stream is not None:
             budget = limit
@@ -143,10 +156,11 @@ class QpEndpoint:
                     budget -= 64
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
-        out = engine.data_to_send()
+
+    def resume_stalled(self) -> None:
+        """Apply the event that waited for queued Read Responses once they are out."""
         if self.stalled is not None and not self.qp.must_wait(self.stalled):
             self.feed(None)  # the responses went out: apply what waited for them
-        return out
 
     def stream_closed(self, error: Exception | None = None) -> None:
         """The connection is gone (both halves closed, or lost): the QP enters ERROR."""

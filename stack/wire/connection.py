@@ -188,5 +188,10 @@ class IwarpConnection:
     def data_to_send(self) -> bytearray:
         return self.mpa.data_to_send()
 
+    def data_to_send_iov(self) -> list[bytes | bytearray | memoryview]:
+        """:meth:`data_to_send` as pieces for a scatter-gather send (payloads by
+        reference: :meth:`~stack.wire.mpa.MpaConnection.data_to_send_iov`)."""
+        return self.mpa.data_to_send_iov()
+
 
 __all__ = ["ConnectionEvent", "IwarpConnection", "WRITE_RTR_STAG", "ConnectionFailed", "NeedData"]
