@@ -2,10 +2,11 @@
 
 Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per direction).
 
-* The *reader* task receives bytes, feeds the engine, and applies every RDMAP event to the
-  QP.  A :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's
-  protection checks) makes the connection send a Terminate with the offending ULPDU's
-  headers (RFC 5040 §7.1), move the QP to TERMINATE and close gracefully (RDMAP-15).
+* The *reader* task receives bytes (from the socket itself when there is one), feeds the
+  engine, and applies every RDMAP event to the QP. A :class:`ProtocolError` (from the
+  engine's DDP/RDMAP validation or the QP's protection checks) makes the connection send a
+  Terminate with the offending ULPDU's headers (RFC 5040 §7.1), move the QP to TERMINATE and
+  close gracefully (RDMAP-15).
 * Sends go out from the task that produced them when they can (fewer wake-ups per round
   trip): the reader after feeding a segment (Read Responses, atomic responses), and
   :meth:`QueuePair.post_send` of one WR.  On a socket they leave as scatter-gather
@@ -74,12 +75,14 @@ class RdmaConnection:
         self._disconnecting = False  # the ULP asked for an orderly close
         self.on_closed: Callable[[RdmaConnection], None] | None = None
         self.endpoint = QpEndpoint(engine, qp)
-        # Scatter-gather sends need the socket itself (a trio stream has no sendmsg): a
-        # non-blocking duplicate of the stream's socket, or ``sock`` (tests pass their own).
-        self._sock = sock if sock is not None else _raw_socket(stream)
-        self._sendq = None if self._sock is None else SendQueue(self._sock.sendmsg)
+        # Scatter-gather sends need the socket itself (a trio stream has no sendmsg): the
+        # stream's socket (made in run(), released in _finish), or ``sock`` from a test.
+        self._given_sock = sock
+        self._sock: socket.socket | None = None
+        self._sendq: SendQueue | None = None
         self._flushing = False  # guards against re-entry from QP callbacks
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
+        self._rx_empty = True  # the last read emptied the socket
         qp.on_output = self._on_output
 
     def __repr__(self) -> str:
@@ -88,6 +91,9 @@ class RdmaConnection:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Pump until the connection ends (run it in a nursery)."""
+        self._sock = self._given_sock or _raw_socket(self.stream)
+        if self._sock is not None:
+            self._sendq = SendQueue(self._sock.sendmsg)
         self.qp.set_rts()
         if self._disconnecting:  # disconnect() came before the pumps started
             self.qp.close()
@@ -112,7 +118,7 @@ class RdmaConnection:
         if self._sendq is not None:
             self._sendq.clear()
         if self._sock is not None:
-            self._sock.close()  # the duplicate only: the stream's socket closes below
+            self._sock.detach()  # the stream owns the descriptor: it is closed below
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self.stream)
         close_tap = getattr(self.tap, "close", None)
@@ -156,7 +162,7 @@ class RdmaConnection:
     async def _reader(self) -> None:
         while True:
             try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
+                data = await self._receive()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.error = self.error or exc
                 return
@@ -175,6 +181,25 @@ class RdmaConnection:
             self.peer_closed = self.endpoint.peer_closed
             if self.endpoint.reading_done:
                 return
+
+    async def _receive(self) -> bytes | bytearray:
+        """The next received bytes (b"" at FIN).  On a socket, straight from it: after a
+        read that emptied it, wait for readability first (one ``recv`` per message)."""
+        sock = self._sock
+        if sock is None:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        if self._rx_empty:
+            await trio.lowlevel.wait_readable(sock)
+        else:
+            await trio.lowlevel.checkpoint()
+        while True:
+            try:
+                data = sock.recv(RECEIVE_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            self._rx_empty = len(data) < RECEIVE_SIZE
+            return data
 
     def _feed(self, data: bytes | bytearray | None) -> bool:
         ok = self.endpoint.feed(data)
@@ -297,10 +322,12 @@ class RdmaConnection:
 
 
 def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
-    """A non-blocking duplicate of a trio socket stream's socket, or None for other streams."""
+    """A standard socket object on a trio socket stream's descriptor (not a duplicate, so a
+    close of the stream is seen at once), or None for other streams.  Release it with
+    ``detach()``: the stream closes the descriptor."""
     trio_sock = getattr(stream, "socket", None)
     if trio_sock is None or trio_sock.type != socket.SOCK_STREAM:
         return None
-    dup = socket.fromfd(trio_sock.fileno(), trio_sock.family, trio_sock.type, trio_sock.proto)
-    dup.setblocking(False)
-    return dup
+    sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
+    sock.setblocking(False)
+    return sock

@@ -101,11 +101,14 @@ class TrickleSocket:
         data = b"".join(pieces)[:limit]
         return self.sock.send(data)
 
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def close(self) -> None:
-        self.sock.close()
+    def detach(self) -> int:
+        return self.sock.detach()
 
 
 @pytest.mark.parametrize("markers", [False, True])
