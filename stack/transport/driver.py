@@ -80,7 +80,7 @@ class RdmaConnection:
         self._given_sock = sock
         self._sock: socket.socket | None = None
         self._sendq: SendQueue | None = None
-        self._flushing = False  # guards against re-entry from QP callbacks
+        self._flushing = False  # inside a send or a feed: QP callbacks only kick
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
         self._rx_empty = True  # the last read emptied the socket
         qp.on_output = self._on_output
@@ -202,7 +202,11 @@ class RdmaConnection:
             return data
 
     def _feed(self, data: bytes | bytearray | None) -> bool:
-        ok = self.endpoint.feed(data)
+        self._flushing = True  # output waits until the whole chunk is applied
+        try:
+            ok = self.endpoint.feed(data)
+        finally:
+            self._flushing = False
         self.error = self.endpoint.error
         self.peer_closed = self.endpoint.peer_closed
         return ok
@@ -213,7 +217,8 @@ class RdmaConnection:
 
     def _on_output(self) -> None:
         """The QP queued output: send it now unless a post list is still being queued (the
-        writer then sends it all together) or this is a call from inside a send."""
+        writer then sends it all together) or this is a call from inside a send or a feed
+        (the reader sends after the chunk)."""
         if self._flushing or self.qp.has_pending:
             self._kick()
         else:
