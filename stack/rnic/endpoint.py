@@ -26,11 +26,16 @@ from stack.wire.events import (
     RdmapEvent,
     RdmaWrite,
     ReadResponse,
+    ReadResponseSegment,
     Send,
+    SendSegment,
     TerminateReceived,
+    WriteSegment,
 )
 
 log = logging.getLogger(__name__)
+
+_DATA_SEGMENTS = (WriteSegment, ReadResponseSegment, SendSegment)
 
 MAX_COALESCE = 1024 * 1024
 """Bytes of payload gathered into one :meth:`QpEndpoint.produce` result at most."""
@@ -75,8 +80,19 @@ class QpEndpoint:
                     return True
                 waited, self.stalled = self.stalled, None
                 self.qp.handle_event(waited)
+            next_event = engine.next_event
+            handle = self.qp.handle_event
+            must_wait = self.qp.must_wait
             while True:
-                event = engine.next_event()
+                event = next_event()
+                # The bulk of the stream first: data segments, one type test (same path as
+                # the RDMAP_EVENT_TYPES branch below).
+                if isinstance(event, _DATA_SEGMENTS):
+                    if must_wait(event):
+                        self.stalled = event
+                        return True
+                    handle(event)
+                    continue
                 if isinstance(event, NeedData):
                     break
                 if isinstance(event, PeerClosed):

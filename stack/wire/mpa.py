@@ -743,18 +743,20 @@ class MpaConnection:
         if deframer is None or self.state is not MpaState.FULL_OPERATION:
             return
         deframer.feed(data)
-        events = self._events
+        append = self._events.append
+        next_ulpdu = deframer.next_ulpdu
         try:
-            for ulpdu in deframer:
-                events.append(UlpduReceived(ulpdu))
-                if self._held is not None:
-                    self._release_held()
+            if self._held is not None and (ulpdu := next_ulpdu()) is not None:
+                append(UlpduReceived(ulpdu))
+                self._release_held()
+            while (ulpdu := next_ulpdu()) is not None:
+                append(UlpduReceived(ulpdu))
         except MpaError as exc:
             self._transition(_Input.FPDU_ERROR)
             if self._held is not None:
                 # The initiator evidently is in Full Operation; let a Terminate out.
                 self._release_held()
-            events.append(ConnectionFailed(exc, close=False, terminate=exc.term))
+            append(ConnectionFailed(exc, close=False, terminate=exc.term))
 
     def _release_held(self) -> None:
         """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""
