@@ -20,7 +20,9 @@ compute an FPDU's wire length up front, so the receiver waits for whole FPDUs an
 re-parses partial input.
 
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
-CRC32c over it once.  With markers no Python object is made per marker or per 508-byte
+CRC32c over it once; :meth:`FpduFramer.frame_parts_split` does not copy it at all (the
+length field + header and the PAD + CRC around the caller's view, for a scatter-gather
+send).  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
 fall on fixed offsets, and one ``join`` over fixed memoryviews of it (a marker as the
 separator) lays out the FPDU; one strided slice assignment from a precomputed table then
