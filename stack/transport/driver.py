@@ -114,11 +114,10 @@ class RdmaConnection:
             await self._finish()
 
     async def _finish(self) -> None:
-        self.endpoint.stream_closed(None if self.peer_closed else self.error)
-        if self._sendq is not None:
-            self._sendq.clear()
         if self._sock is not None:
             self._sock.detach()  # the stream owns the descriptor: it is closed below
+        self._sock = self._sendq = None
+        self.endpoint.stream_closed(None if self.peer_closed else self.error)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self.stream)
         close_tap = getattr(self.tap, "close", None)
@@ -331,8 +330,8 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     close of the stream is seen at once), or None for other streams.  Release it with
     ``detach()``: the stream closes the descriptor."""
     trio_sock = getattr(stream, "socket", None)
-    if trio_sock is None or trio_sock.type != socket.SOCK_STREAM:
-        return None
+    if trio_sock is None or trio_sock.type != socket.SOCK_STREAM or trio_sock.fileno() < 0:
+        return None  # not a socket, or already closed: the stream's own errors then
     sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
     sock.setblocking(False)
     return sock
