@@ -79,6 +79,10 @@ MULPDU_MIN = 128
 MULPDU_MAX = 64768
 """DDP never posts a ULPDU larger than this (MPA-02)."""
 DEFAULT_EMSS = 1448
+IOV_MIN_PAYLOAD = 2048
+"""Payloads this large are sent by reference (scatter-gather), smaller ones are copied."""
+IOV_MAX = 1024
+"""Buffers one ``sendmsg`` takes at most (Linux UIO_MAXIOV)."""
 
 MPA_REPLY_TIMEOUT = 10.0
 """Seconds an initiator waits for the Reply (siw's value; RFC 5044 gives none)."""

@@ -26,11 +26,16 @@ from stack.wire.events import (
     RdmapEvent,
     RdmaWrite,
     ReadResponse,
+    ReadResponseSegment,
     Send,
+    SendSegment,
     TerminateReceived,
+    WriteSegment,
 )
 
 log = logging.getLogger(__name__)
+
+_DATA_SEGMENTS = (WriteSegment, ReadResponseSegment, SendSegment)
 
 MAX_COALESCE = 1024 * 1024
 """Bytes of payload gathered into one :meth:`QpEndpoint.produce` result at most."""
@@ -75,8 +80,19 @@ class QpEndpoint:
                     return True
                 waited, self.stalled = self.stalled, None
                 self.qp.handle_event(waited)
+            next_event = engine.next_event
+            handle = self.qp.handle_event
+            must_wait = self.qp.must_wait
             while True:
-                event = engine.next_event()
+                event = next_event()
+                # The bulk of the stream first: data segments, one type test (same path as
+                # the RDMAP_EVENT_TYPES branch below).
+                if isinstance(event, _DATA_SEGMENTS):
+                    if must_wait(event):
+                        self.stalled = event
+                        return True
+                    handle(event)
+                    continue
                 if isinstance(event, NeedData):
                     break
                 if isinstance(event, PeerClosed):
@@ -148,6 +164,19 @@ class QpEndpoint:
         A responder takes none while it waits for the initiator's first FPDU (MPA-25): they
         stay on the QP's outbound queue, not yet handed to the transport, so their WRs do not
         complete before they can be sent, and a close or loss before it flushes them."""
+        self._encode(limit)
+        out = self.engine.data_to_send()
+        self.resume_stalled()
+        return out
+
+    def produce_iov(self, limit: int = MAX_COALESCE) -> list[bytes | bytearray | memoryview]:
+        """:meth:`produce` as pieces for one scatter-gather send.  Large payloads view the
+        memory they come from: the caller sends or copies them, then calls
+        :meth:`resume_stalled` (which may place data into that memory)."""
+        self._encode(limit)
+        return self.engine.data_to_send_iov()
+
+    def _encode(self, limit: int) -> None:
         qp, engine = self.qp, self.engine
         if engine.stream is not None and not self._holding:
             budget = limit
@@ -161,10 +190,11 @@ class QpEndpoint:
                     budget -= 64
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
-        out = engine.data_to_send()
+
+    def resume_stalled(self) -> None:
+        """Apply the event that waited for queued Read Responses once they are out."""
         if self.stalled is not None and not self.qp.must_wait(self.stalled):
             self.feed(None)  # the responses went out: apply what waited for them
-        return out
 
     def stream_closed(self, error: Exception | None = None) -> None:
         """The connection is gone (both halves closed, or lost): the QP enters ERROR."""

@@ -115,7 +115,7 @@ class QpSend(QpBase):
         """A send WR against the QP's capacities (LocalError)."""
         if len(wr.sg_list) > self.cap.max_send_sge:
             raise LocalError(f"send WR {wr.wr_id} has more than max_send_sge SGEs")
-        if wr.send_flags & _INLINE:
+        if int(wr.send_flags) & _INLINE:
             size = len(wr.inline_data or b"") or sum(s.length for s in wr.sg_list)
             if size > self.cap.max_inline_data:
                 raise LocalError(f"inline data of WR {wr.wr_id} exceeds max_inline_data")
@@ -272,7 +272,7 @@ class QpSend(QpBase):
         if wr.inline_data is not None:
             return bytes(wr.inline_data)
         views = [self._local(sge, 0)[1] for sge in wr.sg_list]
-        if wr.send_flags & _INLINE:
+        if int(wr.send_flags) & _INLINE:
             return b"".join(views)
         if len(views) == 1:
             return views[0]

@@ -1,6 +1,7 @@
 """The trio drivers (floor 3): an RDMA connection over a TCP stream, the connection manager
-(listen, connect, accept, reject; RFC 5044 §7.1 startup over a real socket) and the capture
-tap that records both directions of a connection into a pcap."""
+(listen, connect, accept, reject; RFC 5044 §7.1 startup over a real socket), the
+scatter-gather send queue and the capture tap that records both directions of a connection
+into a pcap."""
 
 from stack.transport.cm import (
     ConnectFailed,
@@ -11,6 +12,7 @@ from stack.transport.cm import (
 )
 from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
+from stack.transport.sendq import SendQueue
 from stack.transport.tap import CaptureTap, pcap_tap_factory
 
 __all__ = [
@@ -24,5 +26,6 @@ __all__ = [
     "EventChannel",
     "Listener",
     "RdmaConnection",
+    "SendQueue",
     "pcap_tap_factory",
 ]

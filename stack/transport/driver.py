@@ -2,13 +2,19 @@
 
 Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per direction).
 
-* The *reader* task receives bytes, feeds the engine, and applies every RDMAP event to the
-  QP.  A :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's
-  protection checks) makes the connection send a Terminate with the offending ULPDU's
-  headers (RFC 5040 §7.1), move the QP to TERMINATE and close gracefully (RDMAP-15).
-* The *writer* task sleeps until the QP has outbound messages (or the engine has bytes),
-  then drains everything available into one buffer and sends it with one ``send_all``:
-  many small FPDUs are coalesced into few socket writes.
+* The *reader* task receives bytes (from the socket itself when there is one), feeds the
+  engine, and applies every RDMAP event to the QP. A :class:`ProtocolError` (from the
+  engine's DDP/RDMAP validation or the QP's protection checks) makes the connection send a
+  Terminate with the offending ULPDU's headers (RFC 5040 §7.1), move the QP to TERMINATE and
+  close gracefully (RDMAP-15).
+* Sends go out from the task that produced them when they can (fewer wake-ups per round
+  trip): the reader after feeding a segment (Read Responses, atomic responses), and
+  :meth:`QueuePair.post_send` of one WR.  On a socket they leave as scatter-gather
+  ``sendmsg`` calls (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of
+  registered memory, many FPDUs per call); what the socket does not take now is copied and
+  the *writer* task sends it once the socket is writable.  The writer also drains post lists
+  and whatever else was queued while a send was waiting: many small FPDUs leave together.
+  A stream that is not a socket is written with ``send_all`` by the writer alone.
 * Orderly close (RFC 5040 §6.2, DDP-13): :meth:`RdmaConnection.disconnect` sends every WR
   posted before it, then FIN, and keeps reading until the peer's FIN; the peer's FIN first
   lets what can still complete go out (:meth:`QueuePair.peer_closed`), then FIN.  When the
@@ -19,6 +25,7 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from typing import Protocol
 
@@ -27,10 +34,9 @@ import trio
 from stack.errors import ConnectionTimeout
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QueuePair
+from stack.transport.sendq import SendQueue
 from stack.wire.connection import IwarpConnection
-from stack.wire.events import (
-    Negotiated,
-)
+from stack.wire.events import Negotiated
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ class RdmaConnection:
         qp: QueuePair,
         *,
         tap: Tap | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.stream = stream
         self.engine = engine
@@ -73,7 +80,15 @@ class RdmaConnection:
         self._aborted = False  # abort() before the pumps started: they end at once
         self.on_closed: Callable[[RdmaConnection], None] | None = None
         self.endpoint = QpEndpoint(engine, qp)
-        qp.on_output = self._kick
+        # Scatter-gather sends need the socket itself (a trio stream has no sendmsg): the
+        # stream's socket (made in run(), released in _finish), or ``sock`` from a test.
+        self._given_sock = sock
+        self._sock: socket.socket | None = None
+        self._sendq: SendQueue | None = None
+        self._flushing = False  # inside a send or a feed: QP callbacks only kick
+        self._send_error: OSError | None = None  # the socket failed; the writer ends it
+        self._rx_empty = True  # the last read emptied the socket
+        qp.on_output = self._on_output
 
     def __repr__(self) -> str:
         return f"<RdmaConnection qp={self.qp.qp_num} {self.qp.state.value}>"
@@ -84,6 +99,9 @@ class RdmaConnection:
         if self._aborted:
             await self._finish()
             return
+        self._sock = self._given_sock or _raw_socket(self.stream)
+        if self._sock is not None:
+            self._sendq = SendQueue(self._sock.sendmsg)
         self.qp.set_rts()
         if self._disconnecting:  # disconnect() came before the pumps started
             self.qp.close()
@@ -104,6 +122,9 @@ class RdmaConnection:
             await self._finish()
 
     async def _finish(self) -> None:
+        if self._sock is not None:
+            self._sock.detach()  # the stream owns the descriptor: it is closed below
+        self._sock = self._sendq = None
         self.endpoint.stream_closed(None if self.peer_closed else self.error)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self.stream)
@@ -115,7 +136,7 @@ class RdmaConnection:
             self.on_closed(self)
         # Break the QP -> connection reference cycle, so a closed connection's buffers go
         # when its last reference does, not at the next cyclic garbage collection.
-        if self.qp.on_output == self._kick:
+        if self.qp.on_output == self._on_output:
             self.qp.on_output = None
         self.on_closed = None
 
@@ -163,7 +184,7 @@ class RdmaConnection:
     async def _reader(self) -> None:
         while True:
             try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
+                data = await self._receive()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.error = self.error or exc
                 return
@@ -171,7 +192,7 @@ class RdmaConnection:
                 self.tap.record(False, data)
             if not self._feed(data):
                 return
-            self._kick()
+            self._flush()
             # Backpressure: an event waits for queued Read Responses to go out; read no more
             # until the writer has sent them (it resumes the event itself).
             while self.endpoint.stalled is not None and not self.endpoint.reading_done:
@@ -183,8 +204,31 @@ class RdmaConnection:
             if self.endpoint.reading_done:
                 return
 
+    async def _receive(self) -> bytes | bytearray:
+        """The next received bytes (b"" at FIN).  On a socket, straight from it: after a
+        read that emptied it, wait for readability first (one ``recv`` per message)."""
+        sock = self._sock
+        if sock is None:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        if self._rx_empty:
+            await trio.lowlevel.wait_readable(sock)
+        else:
+            await trio.lowlevel.checkpoint()
+        while True:
+            try:
+                data = sock.recv(RECEIVE_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            self._rx_empty = len(data) < RECEIVE_SIZE
+            return data
+
     def _feed(self, data: bytes | bytearray | None) -> bool:
-        ok = self.endpoint.feed(data)
+        self._flushing = True  # output waits until the whole chunk is applied
+        try:
+            ok = self.endpoint.feed(data)
+        finally:
+            self._flushing = False
         self.error = self.endpoint.error or self.error
         self.peer_closed = self.endpoint.peer_closed
         return ok
@@ -193,23 +237,60 @@ class RdmaConnection:
     def _kick(self) -> None:
         self._wake.set()
 
+    def _on_output(self) -> None:
+        """The QP queued output: send it now unless a post list is still being queued (the
+        writer then sends it all together) or this is a call from inside a send or a feed
+        (the reader sends after the chunk)."""
+        if self._flushing or self.qp.has_pending:
+            self._kick()
+        else:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send what can go out now, from the calling task; leave the rest to the writer."""
+        sendq = self._sendq
+        if sendq is None or self._flushing or sendq.backlog or self._send_error is not None:
+            self._kick()
+            return
+        self._flushing = True
+        try:
+            while True:
+                pieces = self.endpoint.produce_iov()
+                if not pieces:
+                    break
+                if self.tap is not None:
+                    self.tap.record(True, b"".join(pieces))
+                done = sendq.send(pieces)
+                del pieces  # no view of registered memory outlives the send (SendQueue)
+                self.endpoint.resume_stalled()
+                if not done:
+                    break
+        except OSError as exc:
+            self._send_error = exc
+            sendq.clear()
+        finally:
+            self._flushing = False
+        endpoint = self.endpoint
+        if (
+            sendq.backlog
+            or self._send_error is not None
+            or self._closing
+            or endpoint.closing
+            or endpoint.stalled is not None
+            or endpoint.wants_close
+        ):
+            self._kick()  # the writer: backlog, an error, FIN, a stalled reader
+
     async def _writer(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            while True:
-                data = self.endpoint.produce()
-                if not data:
-                    self._drained.set()
-                    break
-                if self.tap is not None:
-                    self.tap.record(True, data)
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self.error = self.error or exc
-                    self._nursery.cancel_scope.cancel()
+            if self._sendq is not None:
+                if not await self._send_socket(self._sendq):
                     return
+            elif not await self._send_stream():
+                return
+            self._drained.set()
             # FIN once everything queued and posted is out (an orderly close, ours or the
             # peer's), or at once when reading failed (the stream is lost, nothing to keep).
             lost = self._closing and not self.endpoint.reading_done
@@ -228,3 +309,52 @@ class RdmaConnection:
                     await self._reader_done.wait()
                 self._nursery.cancel_scope.cancel()
                 return
+
+    async def _send_socket(self, sendq: SendQueue) -> bool:
+        """Drain the backlog and everything queued; False when the socket failed."""
+        assert self._sock is not None
+        while self._send_error is None:
+            if sendq.backlog:
+                try:
+                    await trio.lowlevel.wait_writable(self._sock)
+                    if not sendq.send_backlog():
+                        continue
+                except OSError as exc:
+                    self._send_error = exc
+                    break
+            self._flush()
+            if not sendq.backlog and not self.qp.has_outgoing:
+                break
+        if self._send_error is not None:
+            self.error = self.error or self._send_error
+            sendq.clear()
+            self._nursery.cancel_scope.cancel()
+            return False
+        return True
+
+    async def _send_stream(self) -> bool:
+        """Without a socket: ``send_all`` of each coalesced batch; False when it failed."""
+        while True:
+            data = self.endpoint.produce()
+            if not data:
+                return True
+            if self.tap is not None:
+                self.tap.record(True, data)
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.error = self.error or exc
+                self._nursery.cancel_scope.cancel()
+                return False
+
+
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
+    """A standard socket object on a trio socket stream's descriptor (not a duplicate, so a
+    close of the stream is seen at once), or None for other streams.  Release it with
+    ``detach()``: the stream closes the descriptor."""
+    trio_sock = getattr(stream, "socket", None)
+    if trio_sock is None or trio_sock.type != socket.SOCK_STREAM or trio_sock.fileno() < 0:
+        return None  # not a socket, or already closed: the stream's own errors then
+    sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
+    sock.setblocking(False)
+    return sock

@@ -109,9 +109,13 @@ class IwarpConnection:
             if self._events:
                 return self._events.popleft()
             event = self.mpa.next_event()
-            if isinstance(event, UlpduReceived):
+            if type(event) is UlpduReceived:
                 assert self.stream is not None
-                for rdmap_event in self.stream.receive_ulpdu(event.ulpdu):
+                rdmap_events = self.stream.receive_ulpdu(event.ulpdu)
+                if len(rdmap_events) == 1 and not self._rtr_pending:
+                    if not self._rtr_read_outstanding:
+                        return rdmap_events[0]  # the common case: no RTR left to absorb
+                for rdmap_event in rdmap_events:
                     if not self._absorb_rtr(rdmap_event):
                         self._events.append(rdmap_event)
                 continue
@@ -187,6 +191,11 @@ class IwarpConnection:
 
     def data_to_send(self) -> bytearray:
         return self.mpa.data_to_send()
+
+    def data_to_send_iov(self) -> list[bytes | bytearray | memoryview]:
+        """:meth:`data_to_send` as pieces for a scatter-gather send (payloads by
+        reference: :meth:`~stack.wire.mpa.MpaConnection.data_to_send_iov`)."""
+        return self.mpa.data_to_send_iov()
 
 
 __all__ = ["ConnectionEvent", "IwarpConnection", "WRITE_RTR_STAG", "ConnectionFailed", "NeedData"]

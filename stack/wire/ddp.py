@@ -195,6 +195,9 @@ def segment_tagged_parts(
     if not 0 <= to <= _MASK64:
         raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
     src = byte_view(payload)
+    if len(src) <= mulpdu - DDP_TAGGED_HDR_LEN and mulpdu > DDP_TAGGED_HDR_LEN:
+        # One segment (DDP-06): its header packed, and range-checked, once.
+        return [(_pack(TAGGED_HDR, _CTRL_TAGGED_LAST, rsvd_ulp, stag, to), src)]
     sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
     _pack(TAGGED_HDR, _CTRL_TAGGED, rsvd_ulp, stag, to)  # range-check the fixed fields once
     pack = TAGGED_HDR.pack

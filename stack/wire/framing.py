@@ -20,7 +20,9 @@ compute an FPDU's wire length up front, so the receiver waits for whole FPDUs an
 re-parses partial input.
 
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
-CRC32c over it once.  With markers no Python object is made per marker or per 508-byte
+CRC32c over it once; :meth:`FpduFramer.frame_parts_split` does not copy it at all (the
+length field + header and the PAD + CRC around the caller's view, for a scatter-gather
+send).  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
 fall on fixed offsets, and one ``join`` over fixed memoryviews of it (a marker as the
 separator) lays out the FPDU; one strided slice assignment from a precomputed table then
@@ -215,8 +217,12 @@ class FpduFramer:
         never joined first.  With markers the pieces are joined and framed as usual.
         """
         n = len(header) + len(payload)
-        if self.markers or n > self.max_ulpdu:
-            return self.frame_into(out, bytes(header) + bytes(payload))
+        if n > self.max_ulpdu:
+            raise LocalError(f"ULPDU of {n} bytes exceeds the maximum {self.max_ulpdu} (MPA-02)")
+        if self.markers:
+            fpdu = self._frame_markers(header, n, payload)
+            out += fpdu
+            return len(fpdu)
         length = _U16.pack(n)
         pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
         if self.crc:
@@ -232,18 +238,44 @@ class FpduFramer:
         self.offset += size
         return size
 
-    def _frame_markers(self, ulpdu: Buffer, n: int) -> bytearray:
+    def frame_parts_split(
+        self, header: Buffer, payload: Buffer
+    ) -> tuple[bytes | bytearray, Buffer, bytes | bytearray]:
+        """The FPDU of the ULPDU ``header + payload`` as (prefix, body, suffix) for a
+        scatter-gather send (MPA-01): without markers ``payload`` itself is the body (not
+        copied; the caller sends it before the memory changes) between the length field +
+        header and the PAD + CRC; with markers the whole FPDU is the body.  Advances
+        ``offset`` like :meth:`frame_parts_into`, whose bytes the three pieces join to.
+        """
+        n = len(header) + len(payload)
+        if n > self.max_ulpdu:
+            raise LocalError(f"ULPDU of {n} bytes exceeds the maximum {self.max_ulpdu} (MPA-02)")
+        if self.markers:
+            fpdu = self._frame_markers(header, n, payload)
+            return b"", fpdu, b""
+        length = _U16.pack(n)
+        pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
+        if self.crc:
+            c = crc32c(payload, crc32c(header, crc32c(length)))
+            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
+        else:
+            trailer = pad + _ZERO_MARKER
+        self.offset += MPA_LENGTH_LEN + n + len(trailer)
+        return length + header, payload, trailer
+
+    def _frame_markers(self, ulpdu: Buffer, n: int, payload: Buffer = b"") -> bytearray:
         """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC.
 
         The body (length, ULPDU, PAD) and a zero CRC slot are copied into the staging buffer
         at the length field's stream offset mod 512 (4 if that is a marker position), so the
         FPDU's marker positions fall on ``4 + 508k`` there whatever the offset.  The runs
         between them are fixed memoryviews made once per framer, and one ``join`` lays out
-        the whole FPDU with no per-marker Python objects; its separator is a marker with
-        RESERVED 0 (MPA-06) and the FPDUPTR low byte, which is the same for all markers of
-        the FPDU, and one strided slice assignment writes the high bytes (MPA-08).  Then the
-        CRC over it all.  ``stage[0:4]`` is never written: it is the leading marker (FPDUPTR
-        0) when there is one.
+        the whole FPDU with no per-marker Python objects (``payload``, when given, follows
+        ``ulpdu`` in the ULPDU: parts are staged without being joined first); its separator
+        is a marker with RESERVED 0 (MPA-06) and the FPDUPTR low byte, which is the same for
+        all markers of the FPDU, and one strided slice assignment writes the high bytes
+        (MPA-08).  Then the CRC over it all.  ``stage[0:4]`` is never written: it is the
+        leading marker (FPDUPTR 0) when there is one.
         """
         stage = self._stage
         if len(stage) < n + _STAGE_SLACK:
@@ -255,10 +287,12 @@ class FpduFramer:
         body_end = (end + 3) & ~3  # ``at`` is a multiple of 4, so this adds the PAD
         view = self._stage_view
         _U16.pack_into(stage, at, n)
-        try:
-            view[at + MPA_LENGTH_LEN : end] = ulpdu  # one copy (bytearray slicing makes two)
-        except (TypeError, ValueError):  # a buffer of another format
-            stage[at + MPA_LENGTH_LEN : end] = ulpdu
+        split = end - len(payload)
+        for lo, hi, piece in ((at + MPA_LENGTH_LEN, split, ulpdu), (split, end, payload)):
+            try:
+                view[lo:hi] = piece  # one copy (bytearray slicing makes two)
+            except (TypeError, ValueError):  # a buffer of another format
+                stage[lo:hi] = piece
         _PAD_AND_CRC.pack_into(stage, end)  # zero PAD and CRC slot (and up to 4 bytes more)
         # A marker position at body_end sits between PAD and CRC and is covered by the CRC.
         count = (body_end - MPA_MARKER_LEN) // MARKER_DATA

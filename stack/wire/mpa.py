@@ -47,6 +47,7 @@ from collections.abc import Iterable
 
 from stack.constants import (
     DEFAULT_EMSS,
+    IOV_MIN_PAYLOAD,
     MPA_MAX_PRIVATE_DATA,
     MPA_REV_1,
     MPA_REV_2,
@@ -195,7 +196,8 @@ class MpaConnection:
         """Deviations of the peer's startup frame that are only noted (MPA-19, ERC-01...)."""
         self._local_frame: MpaFrame | None = None
         self._events: deque[MpaEvent] = deque()
-        self._out = bytearray()
+        self._out = bytearray()  # queued output after _iov's pieces
+        self._iov: list[Buffer] = []  # queued output as pieces, payloads by reference
         self._inbuf = bytearray()  # startup bytes; later, bytes held until accept()
         self._deadline: float | None = None
         self._framer: FpduFramer | None = None
@@ -411,16 +413,50 @@ class MpaConnection:
         framer = self._framer
         if framer is None or self.state not in _SENDING:
             raise LocalError(f"cannot send FPDUs in state {self.state.value}")
-        out = self._out if self._held is None else self._held
         frame = framer.frame_parts_into
+        if self._held is not None:
+            for header, payload in parts:
+                frame(self._held, header, payload)
+            return
+        # Large payloads are queued by reference between the framing bytes (one copy fewer
+        # for a scatter-gather send, data_to_send_iov); small ones are copied.
+        out = self._out
+        iov = self._iov
+        split = framer.frame_parts_split
         for header, payload in parts:
-            frame(out, header, payload)
+            if len(payload) < IOV_MIN_PAYLOAD:
+                frame(out, header, payload)
+                continue
+            prefix, body, suffix = split(header, payload)
+            out += prefix
+            iov.append(out)
+            iov.append(body)
+            out = bytearray(suffix)
+        self._out = out
 
     def data_to_send(self) -> bytearray:
         """All queued outbound bytes; ownership passes to the caller."""
         out = self._out
         self._out = bytearray()
+        if self._iov:
+            joined = bytearray()
+            for piece in self._iov:
+                joined += piece
+            joined += out
+            self._iov = []
+            return joined
         return out
+
+    def data_to_send_iov(self) -> list[Buffer]:
+        """All queued outbound bytes as pieces for one scatter-gather send; ownership passes
+        to the caller.  Pieces may view the memory a payload came from (registered memory):
+        send them, or copy them, before that memory may change."""
+        iov = self._iov
+        if self._out:
+            iov.append(self._out)
+            self._out = bytearray()
+        self._iov = []
+        return iov
 
     def handle_timer(self, now: float) -> None:
         """Fire the startup timer if due (MPA-27); responder/responder shows up here (MPA-26)."""
@@ -707,18 +743,20 @@ class MpaConnection:
         if deframer is None or self.state is not MpaState.FULL_OPERATION:
             return
         deframer.feed(data)
-        events = self._events
+        append = self._events.append
+        next_ulpdu = deframer.next_ulpdu
         try:
-            for ulpdu in deframer:
-                events.append(UlpduReceived(ulpdu))
-                if self._held is not None:
-                    self._release_held()
+            if self._held is not None and (ulpdu := next_ulpdu()) is not None:
+                append(UlpduReceived(ulpdu))
+                self._release_held()
+            while (ulpdu := next_ulpdu()) is not None:
+                append(UlpduReceived(ulpdu))
         except MpaError as exc:
             self._transition(_Input.FPDU_ERROR)
             if self._held is not None:
                 # The initiator evidently is in Full Operation; let a Terminate out.
                 self._release_held()
-            events.append(ConnectionFailed(exc, close=False, terminate=exc.term))
+            append(ConnectionFailed(exc, close=False, terminate=exc.term))
 
     def _release_held(self) -> None:
         """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""

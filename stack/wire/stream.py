@@ -215,7 +215,10 @@ class RdmapStream:
 
     def receive_ulpdu(self, ulpdu: Data) -> list[RdmapEvent]:
         """Validate one ULPDU and return its events (module docstring)."""
-        view = ddp.byte_view(ulpdu)
+        if isinstance(ulpdu, memoryview) and ulpdu.format == "B" and ulpdu.ndim == 1:
+            view = ulpdu
+        else:
+            view = ddp.byte_view(ulpdu)
         if self.recv_state is RecvState.OPEN:
             fast = self._fast_path(view)
             if fast is not None:

@@ -657,3 +657,63 @@ def test_mpa_12_frame_parts_equals_framing_the_joined_ulpdu(header, payload, crc
         a.frame_parts_into(out_a, header, memoryview(payload))
         b.frame_into(out_b, header + payload)
     assert out_a == out_b and a.offset == b.offset
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.binary(min_size=0, max_size=30),
+    st.binary(min_size=0, max_size=3000),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2047),
+)
+def test_mpa_01_frame_parts_split_joins_to_the_framed_fpdu(header, payload, crc, markers, off):
+    """frame_parts_split (scatter-gather: the payload by reference without markers) joins to
+    the bytes frame_parts_into appends, and advances the offset alike."""
+    off &= ~3
+    a = FpduFramer(crc=crc, markers=markers, offset=off)
+    b = FpduFramer(crc=crc, markers=markers, offset=off)
+    out_a, out_b = bytearray(), bytearray()
+    view = memoryview(payload)
+    for _ in range(2):
+        prefix, body, suffix = a.frame_parts_split(header, view)
+        if not markers:
+            assert body is view  # not copied
+        out_a += prefix
+        out_a += body
+        out_a += suffix
+        b.frame_parts_into(out_b, header, payload)
+    assert out_a == out_b and a.offset == b.offset
+
+
+def test_mpa_02_frame_parts_split_refuses_a_ulpdu_above_the_maximum() -> None:
+    with pytest.raises(LocalError, match="MPA-02"):
+        FpduFramer().frame_parts_split(b"", bytes(MULPDU_MAX + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.binary(max_size=20), st.integers(0, 9000)), min_size=1, max_size=8),
+    st.booleans(),
+)
+def test_mpa_01_data_to_send_iov_joins_to_data_to_send(parts, markers):
+    """The scatter-gather output of an MpaConnection (large payloads by reference, small
+    ones copied) is byte for byte what data_to_send gives, and the peer delivers the
+    ULPDUs sent."""
+    from stack.wire.events import MpaSettings, UlpduReceived
+    from tests.wire.helpers_mpa import ConnectionPair, drain
+
+    settings = MpaSettings(want_markers=markers)
+    pairs = [ConnectionPair(settings, settings) for _ in range(2)]
+    for pair in pairs:
+        pair.handshake()
+    ulpdus = [(h, bytes(random.Random(n).randbytes(n))) for h, n in parts]
+    for pair in pairs:
+        pair.initiator.send_ulpdu_parts((h, memoryview(p)) for h, p in ulpdus)
+    iov = pairs[0].initiator.data_to_send_iov()
+    pieces = b"".join(iov)
+    assert pieces == pairs[1].initiator.data_to_send()
+    assert pairs[0].initiator.data_to_send_iov() == []
+    pairs[0].responder.receive_data(pieces)
+    got = [bytes(e.ulpdu) for e in drain(pairs[0].responder) if isinstance(e, UlpduReceived)]
+    assert got == [h + p for h, p in ulpdus]

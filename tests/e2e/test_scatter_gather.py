@@ -1,0 +1,165 @@
+"""Scatter-gather sends: the send queue's partial sends and EAGAIN, and the driver over a
+socket that takes a few bytes at a time (MPA-01 framing unchanged, RFC 5040 §5.5 memory)."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Sequence
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stack.constants import IOV_MAX
+from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.transport import driver
+from stack.transport.sendq import SendQueue
+from stack.wire.events import MpaSettings
+from tests.e2e.helpers import tcp_pair
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FakeSocket:
+    """Takes at most ``takes[i]`` bytes on the i-th call (0: EAGAIN), then everything."""
+
+    def __init__(self, takes: list[int]) -> None:
+        self.takes = list(takes)
+        self.wire = bytearray()
+        self.calls: list[int] = []
+
+    def sendmsg(self, pieces: Sequence[Buffer]) -> int:
+        assert len(pieces) <= IOV_MAX
+        self.calls.append(len(pieces))
+        data = b"".join(pieces)
+        limit = self.takes.pop(0) if self.takes else len(data)
+        if not limit and data:
+            raise BlockingIOError
+        self.wire += data[:limit]
+        return min(limit, len(data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    takes=st.lists(st.integers(0, 500), max_size=20),
+)
+def test_send_queue_keeps_order_under_partial_sends_and_eagain(
+    sizes: list[int], takes: list[int]
+) -> None:
+    sock = FakeSocket(takes)
+    queue = SendQueue(sock.sendmsg)
+    expected = bytearray()
+    memories: list[bytearray] = []
+    for k, size in enumerate(sizes):
+        memory = bytearray(random.Random(k).randbytes(size))
+        memories.append(memory)
+        expected += memory
+        queue.send([b"h", memoryview(memory)])
+        expected[len(expected) - size : len(expected) - size] = b"h"
+        memory[:] = bytes(size)  # the memory changes once the call returned
+        if k % 3 == 0:
+            queue.send_backlog()
+    while not queue.send_backlog():
+        pass
+    assert bytes(sock.wire) == bytes(expected)
+    assert queue.sent == len(expected)
+
+
+def test_send_queue_splits_iovecs_at_iov_max() -> None:
+    sock = FakeSocket([])
+    queue = SendQueue(sock.sendmsg)
+    pieces: list[Buffer] = [bytes([k % 256]) for k in range(2 * IOV_MAX + 5)]
+    assert queue.send(pieces)
+    assert sock.calls == [IOV_MAX, IOV_MAX, 5]
+    assert bytes(sock.wire) == b"".join(pieces)
+
+
+def test_send_queue_passes_socket_errors_on() -> None:
+    def broken(pieces: Sequence[Buffer]) -> int:
+        raise BrokenPipeError
+
+    with pytest.raises(BrokenPipeError):
+        SendQueue(broken).send([b"x"])
+
+
+class TrickleSocket:
+    """A real socket whose ``sendmsg`` takes only part of each iovec or none (EAGAIN)."""
+
+    def __init__(self, sock: socket.socket, seed: int) -> None:
+        self.sock = sock
+        self.rng = random.Random(seed)
+
+    def sendmsg(self, pieces: Sequence[Buffer]) -> int:
+        total = sum(len(p) for p in pieces)
+        roll = self.rng.random()
+        if roll < 0.2:
+            raise BlockingIOError
+        limit = total if roll > 0.8 else self.rng.randint(1, max(1, total))
+        data = b"".join(pieces)[:limit]
+        return self.sock.send(data)
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def detach(self) -> int:
+        return self.sock.detach()
+
+
+@pytest.mark.parametrize("markers", [False, True])
+async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
+    monkeypatch: pytest.MonkeyPatch, markers: bool
+) -> None:
+    """Writes of 200 KiB through a socket taking random parts: the target holds the source
+    bytes as posted, although the source is overwritten as soon as each Write completes."""
+    seeds = iter(range(100))
+    real = driver._raw_socket
+
+    def trickle(stream: trio.abc.Stream) -> TrickleSocket | None:
+        sock = real(stream)
+        return None if sock is None else TrickleSocket(sock, next(seeds))
+
+    monkeypatch.setattr(driver, "_raw_socket", trickle)
+    settings = MpaSettings(want_markers=markers)
+    async with tcp_pair(settings, settings) as (client, server):
+        size = 200 * 1024
+        target = server.mr(4 * size, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+        src = client.mr(size)
+        expected = bytearray()
+        for k in range(4):
+            pattern = random.Random(k).randbytes(size)
+            src.buf[:] = pattern
+            expected += pattern
+            client.qp.post_send(
+                SendWR(
+                    k,
+                    WrOpcode.RDMA_WRITE,
+                    (client.sge(src),),
+                    rkey=target.rkey,
+                    remote_addr=target.base + k * size,
+                )
+            )
+            with trio.fail_after(20):
+                wc = await client.cq.next()
+            assert wc.status is WcStatus.SUCCESS
+            src.buf[:] = bytes(size)  # reuse the buffer at once, as a completion allows
+        sink = client.mr(4 * size)
+        client.qp.post_send(
+            SendWR(
+                9,
+                WrOpcode.RDMA_READ,
+                (client.sge(sink),),
+                rkey=target.rkey,
+                remote_addr=target.base,
+            )
+        )
+        with trio.fail_after(20):
+            wc = await client.cq.next()
+        assert wc.status is WcStatus.SUCCESS
+        assert bytes(target.buf) == bytes(expected)
+        assert bytes(sink.buf) == bytes(expected)
