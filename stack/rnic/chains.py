@@ -12,7 +12,10 @@ queue* (apart from its send queue, which keeps working) for a trigger:
 
 A triggered chain picks the first :class:`Branch` whose :class:`Guard` s all hold and posts
 that branch's work requests on the send queue (a :class:`LocalWrite` among them writes
-registered memory once the WRs before it have completed).  Each :class:`Patch` replaces a
+registered memory once the WRs before it have completed; a :class:`LocalAtomic` runs an
+RFC 7306 FetchAdd or CmpSwap there and stores the original value for later Refs; a
+:class:`Check` evaluates guards at that point and, if one fails, *stops* the chain: it
+falls back as below, what ran before it staying done).  Each :class:`Patch` replaces a
 field of one of them when it reaches the head of the send queue (execution time), from a
 :class:`Ref`:
 octets of the triggering receive or of any registered memory, at an address that may itself
@@ -36,65 +39,55 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from stack.constants import ALL_ONES_64, TERM_RDMAP_CATASTROPHIC
+from stack.constants import ALL_ONES_64, ATOMIC_ALIGNMENT, TERM_RDMAP_CATASTROPHIC
 from stack.errors import LocalError, RdmapError
+from stack.rnic.chain_items import (
+    RECV,
+    RECV_LEN,
+    Branch,
+    Chain,
+    ChainItem,
+    Check,
+    Cmp,
+    Guard,
+    LocalAtomic,
+    LocalWrite,
+    Patch,
+    PatchField,
+    Ref,
+    WaitCq,
+    WaitRecv,
+)
 from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
 from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
+from stack.wire.events import AtomicRequest
 
 if TYPE_CHECKING:
-    from stack.rnic.cq import CompletionQueue
     from stack.rnic.qp_send import QpSend
 
-RECV = -1
-""":attr:`Ref.lkey` of the triggering receive: ``addr`` is an octet offset in its message."""
-RECV_LEN = -2
-""":attr:`Ref.lkey` of the triggering receive's length (``byte_len``; addr, width unused)."""
+__all__ = [
+    "RECV",
+    "RECV_LEN",
+    "Branch",
+    "Chain",
+    "ChainItem",
+    "ChainQueue",
+    "ChainRun",
+    "Check",
+    "Cmp",
+    "Guard",
+    "LocalAtomic",
+    "LocalWrite",
+    "Patch",
+    "PatchField",
+    "Ref",
+    "WaitCq",
+    "WaitRecv",
+]
 
 _MAX_REF = 4096  # octets one Ref may copy (a PAYLOAD patch)
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """``width`` octets at ``addr`` of the MR ``lkey`` (or :data:`RECV`), read at execution
-    time; with ``index`` the address is ``addr + scale * value(index)`` mod 2^64."""
-
-    lkey: int
-    addr: int = 0
-    width: int = 8
-    byteorder: Literal["big", "little"] = "big"
-    index: Ref | None = None
-    scale: int = 1
-
-    @classmethod
-    def recv(cls, offset: int, width: int, byteorder: Literal["big", "little"] = "big") -> Ref:
-        """Octets ``offset``.. of the received message."""
-        return cls(RECV, offset, width, byteorder)
-
-    @classmethod
-    def recv_len(cls) -> Ref:
-        """The received message's length."""
-        return cls(RECV_LEN, 0, 4)
-
-    def uses_recv(self) -> bool:
-        return self.lkey in (RECV, RECV_LEN) or (self.index is not None and self.index.uses_recv())
-
-
-class PatchField(Enum):
-    """The fields a :class:`Patch` may set (octets of the value, or raw octets)."""
-
-    REMOTE_ADDR = "remote_addr"
-    RKEY = "rkey"
-    SGE_ADDR = "sge_addr"
-    SGE_LENGTH = "sge_length"
-    COMPARE_ADD = "compare_add"
-    SWAP = "swap"
-    INVALIDATE_RKEY = "invalidate_rkey"
-    PAYLOAD = "payload"
-
-
 _BITS = {
     PatchField.REMOTE_ADDR: 64,
     PatchField.RKEY: 32,
@@ -124,89 +117,6 @@ _APPLIES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Patch:
-    """Set ``field`` of WR ``wr`` (its index in the branch) to ``value(src) + add`` (mod the
-    field's width); SGE fields name SGE ``at``; PAYLOAD copies ``src.width`` octets into the
-    WR's inline data at octet ``at``."""
-
-    wr: int
-    field: PatchField
-    src: Ref
-    add: int = 0
-    at: int = 0
-
-
-class Cmp(Enum):
-    """How a :class:`Guard` compares (unsigned, after the mask)."""
-
-    EQ = "=="
-    NE = "!="
-    LE = "<="
-    LT = "<"
-    GE = ">="
-    ZERO_OR_EQ = "0 or =="
-    """The left value is zero or equals the right one."""
-
-
-@dataclass(frozen=True, slots=True)
-class Guard:
-    """``left & mask`` compared with ``right`` (a constant, or a Ref's value ``& mask``)."""
-
-    left: Ref
-    cmp: Cmp
-    right: Ref | int
-    mask: int = ALL_ONES_64
-
-
-@dataclass(frozen=True, slots=True)
-class LocalWrite:
-    """A chain item that writes ``dst.width`` octets into registered memory at ``dst`` (an
-    lkey with LOCAL_WRITE, checked like a local SGE): ``src``'s octets (a Ref of the same
-    width) or constant bytes.  It runs once every earlier WR of its branch has completed
-    (a Read's data is placed), and later WRs start after it."""
-
-    dst: Ref
-    src: Ref | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    """Work requests (and LocalWrites) a chain runs when every guard holds, with their
-    patches (``Patch.wr`` indexes ``wrs``)."""
-
-    wrs: tuple[SendWR | LocalWrite, ...]
-    patches: tuple[Patch, ...] = ()
-    guards: tuple[Guard, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class WaitRecv:
-    """WAIT for the QP's next receive completion."""
-
-
-@dataclass(frozen=True, slots=True)
-class WaitCq:
-    """WAIT until ``cq`` has had ``count`` completions pushed (:attr:`CompletionQueue.total`)."""
-
-    cq: CompletionQueue
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Chain:
-    """A chain of the chain queue (see the module docstring); ``signaled``: a CHAIN
-    completion with ``wr_id`` when it has run (``extra['branch']``: which branch) or fell
-    back (``extra['branch']`` None)."""
-
-    wr_id: int
-    wait: WaitRecv | WaitCq
-    branches: tuple[Branch, ...]
-    rearm: bool = False
-    held: bool = False
-    signaled: bool = False
-
-
 @dataclass(slots=True)
 class _Posted:
     chain: Chain
@@ -217,27 +127,34 @@ class ChainRun:
     """One triggered chain: resolves its WRs' patches and learns of their completions."""
 
     def __init__(
-        self, queue: ChainQueue, posted: _Posted, branch: int, recv: tuple[RecvWR, bytes] | None
+        self,
+        queue: ChainQueue,
+        posted: _Posted,
+        branch: int,
+        recv: tuple[RecvWR, bytes] | None,
+        wc: WorkCompletion | None = None,
     ) -> None:
         self.queue = queue
         self.posted = posted
         self.branch = branch
         self.recv = recv
+        self.wc = wc
         self.index: dict[int, int] = {}
         self.left = 0
         self.next = 0  # the next item of the branch to start
         self.status = WcStatus.SUCCESS
 
     def step(self) -> None:
-        """Start the branch's items in order: WRs up to the next LocalWrite join the send
-        queue; a LocalWrite runs once every earlier WR has completed."""
+        """Start the branch's items in order: WRs up to the next local item join the send
+        queue; a local item (LocalWrite, LocalAtomic, Check) runs once every earlier WR has
+        completed."""
         items = self.posted.chain.branches[self.branch].wrs
         qp = self.queue.qp
         while self.left == 0 and self.next < len(items):
             item = items[self.next]
-            if isinstance(item, LocalWrite):
+            if not isinstance(item, SendWR):
                 try:
-                    _local_write(item, self.queue.reader(self.recv))
+                    held = _run_local(item, self.queue.reader(self.recv))
                 except _LocalWrError as exc:
                     self.status = exc.status
                     qp.fatal(
@@ -248,6 +165,9 @@ class ChainRun:
                         ),
                         send_terminate=True,
                     )
+                    return
+                if not held:
+                    self.queue.stopped(self, self.next)
                     return
                 self.next += 1
                 continue
@@ -333,6 +253,16 @@ class ChainQueue:
                 if isinstance(item, SendWR):
                     qp._check_wr(item)
                     continue
+                if isinstance(item, Check):
+                    refs += _guard_refs(item.guards)
+                    continue
+                if isinstance(item, LocalAtomic):
+                    if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN}:
+                        raise LocalError(f"chain {chain.wr_id}: a LocalAtomic works on MRs")
+                    if item.dst.width != 8 or item.result.width != 8:
+                        raise LocalError(f"chain {chain.wr_id}: LocalAtomic octets are 8 wide")
+                    refs += [item.dst, item.result]
+                    continue
                 src = item.src
                 if item.dst.lkey in (RECV, RECV_LEN):
                     raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
@@ -341,10 +271,7 @@ class ChainQueue:
                 refs.append(item.dst)
                 if isinstance(src, Ref):
                     refs.append(src)
-            for guard in branch.guards:
-                refs.append(guard.left)
-                if isinstance(guard.right, Ref):
-                    refs.append(guard.right)
+            refs += _guard_refs(branch.guards)
             for ref in refs:
                 _check_ref(ref, chain)
             for patch in branch.patches:
@@ -421,22 +348,33 @@ class ChainQueue:
             )
             return
         if chosen is None:  # fall back to software, which ENABLEs the queue again
-            self.fallbacks += 1
-            self.stalled = True
-            if chain.rearm:
-                self.waiting.append(posted)
-            if wc is not None:
-                self.qp._deliver_recv(wc)
-            if chain.signaled:
-                self._completion(chain, WcStatus.SUCCESS, None)
+            self._fall_back(posted, wc, None, None)
             return
-        run = ChainRun(self, posted, chosen, recv)
+        run = ChainRun(self, posted, chosen, recv, wc)
         self.running = run
         self.runs += 1
         run.step()
 
     def reader(self, recv: tuple[RecvWR, bytes] | None) -> _Reader:
         return _Reader(self.qp, None if recv is None else recv[1])
+
+    def _fall_back(
+        self, posted: _Posted, wc: WorkCompletion | None, branch: int | None, at: int | None
+    ) -> None:
+        """The receive goes to the application; the queue stalls until ENABLE."""
+        self.fallbacks += 1
+        self.stalled = True
+        if posted.chain.rearm:
+            self.waiting.append(posted)
+        if wc is not None:
+            self.qp._deliver_recv(wc)
+        if posted.chain.signaled:
+            self._completion(posted.chain, WcStatus.SUCCESS, branch, at)
+
+    def stopped(self, run: ChainRun, at: int) -> None:
+        """A :class:`Check` at item ``at`` of ``run`` failed: the chain falls back there."""
+        self.running = None
+        self._fall_back(run.posted, run.wc, run.branch, at)
 
     # ---------------------------------------------------------------- completion
     def finished(self, run: ChainRun) -> None:
@@ -470,9 +408,12 @@ class ChainQueue:
             wr = self.recvs.popleft()[0]
             self.qp._complete_recv(wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
 
-    def _completion(self, chain: Chain, status: WcStatus, branch: int | None) -> None:
+    def _completion(
+        self, chain: Chain, status: WcStatus, branch: int | None, at: int | None = None
+    ) -> None:
         wc = WorkCompletion(chain.wr_id, status, WcOpcode.CHAIN, self.qp.qp_num)
         wc.extra["branch"] = branch
+        wc.extra["stopped"] = at
         self.qp._push_wc(self.qp.send_cq, wc)
 
 
@@ -484,9 +425,7 @@ class _Reader:
         self.message = message
 
     def octets(self, ref: Ref) -> bytes:
-        addr = ref.addr
-        if ref.index is not None:
-            addr = (addr + ref.scale * self.value(ref.index)) & ALL_ONES_64
+        addr = _address(ref, self)
         if ref.lkey == RECV_LEN:
             assert self.message is not None  # checked at post
             return len(self.message).to_bytes(ref.width, ref.byteorder)
@@ -540,15 +479,55 @@ def _patched(wr: SendWR, patches: list[Patch], read: _Reader) -> SendWR:
     return dataclasses.replace(wr, sg_list=tuple(sges), **changes)  # type: ignore[arg-type]
 
 
+def _address(ref: Ref, read: _Reader) -> int:
+    if ref.index is None:
+        return ref.addr
+    return (ref.addr + ref.scale * read.value(ref.index)) & ALL_ONES_64
+
+
+def _run_local(item: ChainItem, read: _Reader) -> bool:
+    """Run a local item; False: a Check failed (the chain stops there)."""
+    if isinstance(item, Check):
+        return all(_holds(g, read) for g in item.guards)
+    if isinstance(item, LocalWrite):
+        _local_write(item, read)
+    elif isinstance(item, LocalAtomic):
+        _local_atomic(item, read)
+    return True
+
+
 def _local_write(item: LocalWrite, read: _Reader) -> None:
     """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
     data = item.src if isinstance(item.src, bytes) else read.octets(item.src)
     dst = item.dst
-    addr = dst.addr
-    if dst.index is not None:
-        addr = (addr + dst.scale * read.value(dst.index)) & ALL_ONES_64
-    _mr, view = read.qp._local(Sge(addr, dst.width, dst.lkey), _LOCAL_WRITE)
+    _mr, view = read.qp._local(Sge(_address(dst, read), dst.width, dst.lkey), _LOCAL_WRITE)
     view[:] = data
+
+
+def _local_atomic(item: LocalAtomic, read: _Reader) -> None:
+    """Run a LocalAtomic: both addresses checked (LOCAL_WRITE, bounds, alignment) before
+    the atomic engine changes anything (EXT-05, EXT-07)."""
+    qp = read.qp
+    addr = _address(item.dst, read)
+    out_addr = _address(item.result, read)
+    mr, _view = qp._local(Sge(addr, 8, item.dst.lkey), _LOCAL_WRITE)
+    _out_mr, out = qp._local(Sge(out_addr, 8, item.result.lkey), _LOCAL_WRITE)
+    if (mr.addr + addr - mr.base) % ATOMIC_ALIGNMENT:
+        raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"atomic address 0x{addr:x} not 8-aligned")
+    if item.swap is None:
+        req = AtomicRequest.fetch_add(0, mr.stag, addr, item.add, item.mask)
+    else:
+        req = AtomicRequest.cmp_swap(0, mr.stag, addr, item.add, item.swap)
+    out[:] = mr.atomic(req).to_bytes(8, item.result.byteorder)
+
+
+def _guard_refs(guards: tuple[Guard, ...]) -> list[Ref]:
+    out: list[Ref] = []
+    for guard in guards:
+        out.append(guard.left)
+        if isinstance(guard.right, Ref):
+            out.append(guard.right)
+    return out
 
 
 def _check_ref(ref: Ref, chain: Chain) -> None:
