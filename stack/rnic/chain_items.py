@@ -118,11 +118,13 @@ class Guard:
 class LocalWrite:
     """A chain item that writes ``dst.width`` octets into registered memory at ``dst`` (an
     lkey with LOCAL_WRITE, checked like a local SGE): ``src``'s octets (a Ref of the same
-    width) or constant bytes.  It runs once every earlier WR of its branch has completed
-    (a Read's data is placed), and later WRs start after it."""
+    width; with ``add``, its value + ``add`` modulo 2^(8 width), at most 8 octets) or
+    constant bytes.  It runs once every earlier WR of its branch has completed (a Read's
+    data is placed), and later WRs start after it."""
 
     dst: Ref
     src: Ref | bytes
+    add: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,7 +246,7 @@ class ChainQueue:
         if isinstance(chain.wait, WaitRecv) and qp.srq is not None:
             raise LocalError("chains cannot WAIT on receives of a QP with an SRQ")
         for branch in chain.branches:
-            if len(branch.wrs) > qp.cap.max_send_wr:
+            if sum(isinstance(i, SendWR) for i in branch.wrs) > qp.cap.max_send_wr:
                 raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
             refs: list[Ref] = [p.src for p in branch.patches]
             for item in branch.wrs:
@@ -268,6 +268,8 @@ class ChainQueue:
                     raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
                 if (len(src) if isinstance(src, bytes) else src.width) != item.dst.width:
                     raise LocalError(f"chain {chain.wr_id}: LocalWrite widths differ")
+                if item.add and (isinstance(src, bytes) or src.width > 8):
+                    raise LocalError(f"chain {chain.wr_id}: add needs a Ref of 8 octets at most")
                 refs.append(item.dst)
                 if isinstance(src, Ref):
                     refs.append(src)
@@ -498,7 +500,15 @@ def _run_local(item: ChainItem, read: _Reader) -> bool:
 
 def _local_write(item: LocalWrite, read: _Reader) -> None:
     """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
-    data = item.src if isinstance(item.src, bytes) else read.octets(item.src)
+    src = item.src
+    if isinstance(src, bytes):
+        data = src
+    elif item.add:
+        data = ((read.value(src) + item.add) % (1 << 8 * src.width)).to_bytes(
+            src.width, src.byteorder
+        )
+    else:
+        data = read.octets(src)
     dst = item.dst
     _mr, view = read.qp._local(Sge(_address(dst, read), dst.width, dst.lkey), _LOCAL_WRITE)
     view[:] = data

@@ -519,3 +519,20 @@ def test_local_atomics_outside_the_checked_set_are_refused_when_posted() -> None
     with pytest.raises(LocalError):  # a Check's Refs are checked like a guard's
         check = Check((Guard(Ref.recv(0, 4), Cmp.EQ, 0),))
         p.b.qp.post_chain(Chain(1, WaitCq(p.b.cq, 1), (Branch((check,)),)))
+
+
+def test_a_local_write_with_add_writes_the_value_plus_add_in_the_refs_byte_order() -> None:
+    p, server, client = _setup()
+    counter = server.side.mr(bytes.fromhex("00fffffe"))
+    at = Ref(counter.lkey, counter.base + 2, 2)
+    bump = LocalWrite(at, at, add=3)  # 0xfffe + 3 wraps to 0x0001 in two octets
+    reply = SendWR(5, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    branch = Branch((bump, reply), patches=(Patch(1, PatchField.PAYLOAD, at, at=2),))
+    server.side.qp.post_chain(Chain(3, WaitRecv(), (branch,)))
+    client.ask(1, 0)
+    p.pump()
+    assert bytes(counter.buf) == bytes.fromhex("00ff0001")
+    assert bytes(client.inbox.buf[2:4]) == bytes.fromhex("0001")  # patched after the write
+    with pytest.raises(LocalError):  # constant bytes take no add
+        bad = LocalWrite(at, b"12", add=1)
+        server.side.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
