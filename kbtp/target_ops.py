@@ -227,6 +227,25 @@ class RequestOps(CoreState):
             ini.allocating -= 1
         self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
 
+    def offloaded_allocations(
+        self, session: int, records: list[tuple[int, int, int]], now: float
+    ) -> list[Action]:
+        """Account the ALLOC_STOREs the session's chain ran (docs/kbtp.md §8.1), each a
+        (ticket, block offset, handle) of its partition ring, in ticket order: usage, the
+        bound block and the ring's tickets as if the core had run them (§3.3, §3.4)."""
+        out: list[Action] = []
+        sess = self._sessions.get(session)
+        if not records or sess is None or sess.identity is None:
+            return out
+        ini = self._initiators[sess.identity]
+        ring = self._rings[ini.ring]
+        for ticket, block, handle in records:
+            self._wake(ini.ring, ring.consumed_by_rnic(ticket, now), out, now)
+            self._bound_blocks[block] = handle
+            ini.bound += 1
+        self.note_activity(session, now)
+        return out
+
     # -- §6.4 Block Free -----------------------------------------------------------------
     def _free(
         self, session: int, ini: InitiatorState, req: Free, now: float, out: list[Action]

@@ -190,3 +190,60 @@ async def test_s8_an_entry_outside_the_pool_fails_the_chain_memory_unchanged() -
             assert sess.qp.state in (QpState.TERMINATE, QpState.ERROR)
             assert bytes(target.core.memory) == memory
             assert entry.valid
+
+
+D = InitiatorConfig(b"d", 32, 32, 6, "blue", direct_alloc=True)
+
+
+@asynccontextmanager
+async def partitioned(offload: bool = True) -> AsyncIterator[tuple[KbtpTarget, Counted]]:
+    """A target whose initiator ``d`` has a DIRECT_ALLOC partition of 6 blocks."""
+    cfg = TargetConfig(block_size=BLOCK, pool_blocks=16, initiators=(A, D), request_credits=8)
+    target = KbtpTarget(cfg, offload=offload)
+    async with target.running() as running:
+        yield running, Counted(running)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_alloc_stores_on_a_partition_make_zero_application_calls(offload: bool) -> None:
+    """§6.3 run by the RNIC: masked FetchAdd on the partition's Head, slot checked and
+    consumed, RDMA Read, entry 4-15 then 0-3, COMPLETION; the core's usage stays exact."""
+    with trio.fail_after(30):
+        async with partitioned(offload) as (target, counted), connect_as(target, "d") as a:
+            before = counted.calls
+            done = []
+            for i in range(4):
+                got = await a.alloc_store(32 + i, data(i, 1500 + i), seal=i % 2 == 1, inline=False)
+                assert got.ok and got.data_length == 1500 + i
+                done.append(got)
+            assert counted.calls - before == (0 if offload else 4)
+            ring = target.core.ring_of(b"d")
+            assert ring.head()[0] == 4
+            for i, got in enumerate(done):
+                entry = target.core.entry(32 + i)
+                assert (entry.valid, entry.sealed) == (True, i % 2 == 1)
+                assert (entry.generation, entry.block_offset) == (got.generation, got.block_offset)
+                assert target.core.block_bytes(got.block_offset, 1500 + i) == data(i, 1500 + i)
+                slot = ring.slot(i)
+                assert slot.consumed  # §3.3: consumed by the target
+            assert len({g.block_offset for g in done}) == 4
+            assert await a.load(33) == data(1, 1501)
+            # The core's accounting is exact: two more fit the quota of 6, the seventh not.
+            for i in (4, 5):
+                assert (await a.alloc_store(32 + i, data(i, 100), inline=False)).ok
+            over = await a.alloc_store(38, data(9, 100), inline=False, check=False)
+            assert over.status == Status.NO_SPACE  # the core looked at the log first
+            assert target.core.usage(b"d") == 6
+            assert (await a.free(32)).ok  # software FREE of an offloaded block
+            assert target.core.usage(b"d") == 5
+            again = await a.alloc_store(38, data(8, 700), inline=False)
+            assert again.ok and again.block_offset == done[0].block_offset  # round the ring
+            assert target.core.block_bytes(again.block_offset, 700) == data(8, 700)
+            if offload:  # the NO_SPACE and the FREE were the application's
+                assert counted.calls - before == 2
+            assert sorted(target.core.held_blocks()) == []
+            assert target.core.pending_ops() == 0
+
+
+def connect_as(target: KbtpTarget, who: str) -> AbstractAsyncContextManager[KbtpInitiator]:
+    return KbtpInitiator.connect("127.0.0.1", target.port, who)
