@@ -103,6 +103,18 @@ class FreeOutcome:
     ready: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RingRecord:
+    """One request a target's RNIC ran on a ring (docs/kbtp.md §8.1): an ALLOC_STORE
+    (``freed`` False: ticket of Head, the block it took, the handle bound) or a FREE
+    (ticket of Tail, the block returned, the handle unbound)."""
+
+    freed: bool
+    ticket: int
+    block: int
+    handle: int
+
+
 class FreeRing:
     """One free-block ring in target memory (draft §3.3) and the target's view of its tickets.
 

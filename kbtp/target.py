@@ -70,7 +70,12 @@ from kbtp.target_actions import (
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
 from kbtp.target_offload import arm, chain_runs, session_chain
-from kbtp.target_offload_alloc import AllocLog, alloc_store_branches, partition_ring
+from kbtp.target_offload_alloc import (
+    AllocLog,
+    alloc_store_branches,
+    free_branches,
+    partition_ring,
+)
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
@@ -265,14 +270,16 @@ class KbtpTarget:
             mr = sess.pd.reg_mr(bytearray(AllocLog.SIZE), Access.LOCAL_WRITE)
             sess.regions.append(mr)
             sess.alloc_log = AllocLog(mr)
-        alloc = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
-        return session_chain(layout, lkey, ini, stores, alloc)
+        part = next(p for p in layout.partitions if p.ring == ring)
+        more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
+        more += free_branches(layout, lkey, ini, part, sess.alloc_log)
+        return session_chain(layout, lkey, ini, stores, more)
 
     def _offloaded(self, sess: TargetSession, now: float) -> None:
         """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
         ran since the last look (docs/kbtp.md §8.1, the budget rule)."""
         if sess.alloc_log is not None and (records := sess.alloc_log.take()):
-            call = self.core.offloaded_allocations
+            call = self.core.offloaded_ring_ops
             self._apply(self._guarded(sess, call, sess.sid, records, now))
 
     def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
@@ -562,6 +569,9 @@ class KbtpTarget:
                 )
                 if not self._post(sess, marker):
                     self._terminate(sess)
+        for sess in self.sessions.values():  # what the FREE chains must know (§8.1)
+            if sess.alloc_log is not None and sess.identity is not None:
+                sess.alloc_log.publish_deferred(len(self.core.ring_of(sess.identity).deferred))
 
     def _post_rdma(
         self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode

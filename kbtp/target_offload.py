@@ -130,9 +130,17 @@ class Request:
             Patch(0, PatchField.PAYLOAD, _req(HEADER, "request_id"), at=_at(HEADER, "request_id")),
             Patch(0, PatchField.PAYLOAD, self.handle, at=_at(HEADER, "handle")),
             Patch(
-                0, PatchField.PAYLOAD, self.entry(ENTRY_GENERATION), at=_at(HEADER, "generation")
+                0,
+                PatchField.PAYLOAD,
+                self.entry(ENTRY_GENERATION),
+                at=_at(HEADER, "generation"),
             ),
-            Patch(0, PatchField.PAYLOAD, data_length, at=_at(COMPLETION_BODY, "data_length", body)),
+            Patch(
+                0,
+                PatchField.PAYLOAD,
+                data_length,
+                at=_at(COMPLETION_BODY, "data_length", body),
+            ),
             Patch(
                 0,
                 PatchField.PAYLOAD,

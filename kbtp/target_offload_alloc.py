@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 
 from kbtp.constants import (
+    COMMON_HEADER_LEN,
     GENERATION_MAX,
     CounterFormat,
     MessageOpcode,
@@ -29,7 +30,9 @@ from kbtp.constants import (
     TableFlag,
     counter_operands,
 )
-from kbtp.layout import RingGeometry, TargetLayout
+from kbtp.formats import COMPLETION_BODY
+from kbtp.layout import PartitionLayout, RingGeometry, TargetLayout
+from kbtp.ring import RingRecord
 from kbtp.target_config import InitiatorConfig
 from kbtp.target_core import TargetCore
 from kbtp.target_offload import (
@@ -44,6 +47,7 @@ from kbtp.target_offload import (
 from stack.constants import ALL_ONES_64
 from stack.rnic import (
     Branch,
+    ChainItem,
     Check,
     Cmp,
     Guard,
@@ -59,7 +63,13 @@ from stack.rnic import (
     WrOpcode,
 )
 
-__all__ = ["ALLOC_BUDGET", "AllocLog", "alloc_store_branches", "partition_ring"]
+__all__ = [
+    "ALLOC_BUDGET",
+    "AllocLog",
+    "alloc_store_branches",
+    "free_branches",
+    "partition_ring",
+]
 
 ALLOC_BUDGET = 64
 """Offloaded ALLOC_STOREs a session's chain may run between two looks of the core."""
@@ -68,8 +78,10 @@ _RESULT = 0  # log octets: the Head FetchAdd result (big-endian)
 _COUNT = 8  # records written since the core's last look (little-endian, atomic)
 _INDEX = 16  # the count FetchAdd result (big-endian): this allocation's record
 _RECORDS = 32
-_RECORD = struct.Struct(">QQQ8x")  # ticket counter value | block offset | handle
+_RECORD = struct.Struct(">QQQQ")  # ticket counter value | block offset | handle | kind
+_DEFERRED = 24  # frees the core holds back (§3.3), published by the binding (big-endian)
 _ALL_ONES = ALL_ONES_64.to_bytes(8, "big")
+_ALLOCATED, _FREED = 0, 1
 
 
 class AllocLog:
@@ -89,17 +101,36 @@ class AllocLog:
         """Octets ``at`` of this allocation's record."""
         return self.ref(_RECORDS + at, width, index=self.ref(_INDEX), scale=_RECORD.size)
 
-    def take(self) -> list[tuple[int, int, int]]:
-        """The records (ticket, block offset, handle) written since the last call, in
-        allocation order; the log is empty again afterwards (the budget renewed)."""
+    def take(self) -> list[RingRecord]:
+        """The records written since the last call, in the order the chain ran them; the
+        log is empty again afterwards (the budget renewed)."""
         buf = self.mr.view(self.mr.base, self.SIZE)
         count = int.from_bytes(buf[_COUNT : _COUNT + 8], "little")
         out = []
         for i in range(min(count, ALLOC_BUDGET)):
-            counter, block, handle = _RECORD.unpack_from(buf, _RECORDS + i * _RECORD.size)
-            out.append((counter >> 32, block, handle))
+            counter, block, handle, kind = _RECORD.unpack_from(buf, _RECORDS + i * _RECORD.size)
+            out.append(RingRecord(kind == _FREED, counter >> 32, block, handle))
         buf[_COUNT : _COUNT + 8] = bytes(8)
         return out
+
+    def publish_deferred(self, count: int) -> None:
+        """How many frees of the ring wait for their slot (§3.3); not 0: FREE falls back."""
+        buf = self.mr.view(self.mr.base + _DEFERRED, 8)
+        buf[:] = count.to_bytes(8, "big")
+
+    def items(self, ticket_of: Ref, block: Ref, handle: Ref, kind: int) -> list[ChainItem]:
+        """The chain items that take a record and fill it in."""
+        return [
+            LocalAtomic(self.ref(_COUNT, 8, byteorder="little"), self.ref(_INDEX), 1),
+            LocalWrite(self.record(0, 8), ticket_of),
+            LocalWrite(self.record(8, 8), block),
+            LocalWrite(self.record(16, 8), handle),
+            LocalWrite(self.record(24, 8), kind.to_bytes(8, "big")),
+        ]
+
+    def guards(self) -> tuple[Guard, ...]:
+        """The budget: room for one more record."""
+        return (Guard(self.ref(_COUNT, 8, byteorder="little"), Cmp.LT, ALLOC_BUDGET),)
 
 
 def alloc_store_branches(
@@ -127,19 +158,16 @@ def alloc_store_branches(
         Guard(req.entry(ENTRY_GENERATION), Cmp.LT, GENERATION_MAX),  # a wrap: software
         Guard(req.length, Cmp.NE, 0),
         Guard(req.length, Cmp.LE, layout.block_size),
-        Guard(log.ref(_COUNT, 8, byteorder="little"), Cmp.LT, ALLOC_BUDGET),
+        *log.guards(),
         Guard(head_offset, Cmp.EQ, 0, mask=0xFFFF_FFFF & ~offset_bits),
         Guard(slot(0, 4, head_offset), Cmp.EQ, head_ticket),
         Guard(slot(8, 8, head_offset), Cmp.NE, ALL_ONES_64),
     )
     add, mask = counter_operands(CounterFormat.MASKED, ring.order)
-    items_before: list[LocalAtomic | Check | LocalWrite] = [
+    items_before: list[ChainItem] = [
         LocalAtomic(Ref(lkey, head_at, 8, "little"), log.ref(_RESULT), add, mask),
         Check((Guard(slot(0, 4, result_offset), Cmp.EQ, log.ref(_RESULT, 4)),)),
-        LocalAtomic(log.ref(_COUNT, 8, byteorder="little"), log.ref(_INDEX), 1),
-        LocalWrite(log.record(0, 8), log.ref(_RESULT)),
-        LocalWrite(log.record(8, 8), slot(8, 8, result_offset)),
-        LocalWrite(log.record(16, 8), req.handle),
+        *log.items(log.ref(_RESULT), slot(8, 8, result_offset), req.handle, _ALLOCATED),
         LocalWrite(slot(8, 8, result_offset), _ALL_ONES),  # consumed (§3.3)
     ]
     block = log.record(8, 8)
@@ -176,3 +204,62 @@ def partition_ring(core: TargetCore, initiator: InitiatorConfig | None) -> RingG
         return None
     ring = core.ring_of(initiator.identity)
     return ring.geometry if ring.counter_format is CounterFormat.MASKED else None
+
+
+def free_branches(
+    layout: TargetLayout,
+    lkey: int,
+    initiator: InitiatorConfig,
+    part: PartitionLayout,
+    log: AllocLog,
+) -> list[Branch]:
+    """FREE (§6.4) of a block of the partition ``part``: entry octets 0-3 (Flags cleared,
+    the next Generation), FetchAdd on Tail, the block into the slot at Ring + (result &
+    (16N - 1)) (Block Offset, then Sequence, §3.3), the COMPLETION.  Only when the slot is
+    consumed and the core holds back no free: otherwise §3.3 defers the write (software)."""
+    req = Request(layout, lkey)
+    ring = part.ring
+    tail_at = layout.to(ring.tail_offset)
+    slots_at = layout.to(ring.slots_offset)
+    first, length = layout.partition_region(part)
+    tail_offset = Ref(lkey, tail_at, 4, "little")
+    result_offset = log.ref(_RESULT + 4, 4)
+    block = req.entry(ENTRY_BLOCK_OFFSET)
+    header = [
+        g
+        for g in req.header(MessageOpcode.FREE, initiator.handle_base, initiator.handle_count)
+        if g.left != Ref.recv_len()
+    ]
+    guards = (
+        Guard(Ref.recv_len(), Cmp.EQ, COMMON_HEADER_LEN),
+        *header,
+        Guard(req.flags, Cmp.EQ, RequestFlag.NONE),
+        Guard(req.entry(ENTRY_GENERATION), Cmp.LT, GENERATION_MAX),
+        Guard(block, Cmp.GE, layout.to(first)),
+        Guard(block, Cmp.LT, layout.to(first + length)),
+        *log.guards(),
+        Guard(log.ref(_DEFERRED), Cmp.EQ, 0),
+        Guard(tail_offset, Cmp.EQ, 0, mask=0xFFFF_FFFF & ~(16 * ring.slots - 1)),
+        Guard(Ref(lkey, slots_at + 8, 8, index=tail_offset), Cmp.EQ, ALL_ONES_64),
+    )
+    add, mask = counter_operands(CounterFormat.MASKED, ring.order)
+    send, completion = req.completion(MessageOpcode.FREE, req.handle)
+    length_at = COMMON_HEADER_LEN + next(
+        f.offset for f in COMPLETION_BODY.fields if f.name == "data_length"
+    )
+    completion = [p for p in completion if p.at != length_at]  # Data Length 0
+    out = []
+    for flags in (TableFlag.VALID, TableFlag.VALID | TableFlag.SEALED):
+        head = req.entry((ENTRY_FLAGS[0], 4))  # Flags | Generation
+        items: tuple[ChainItem, ...] = (
+            LocalWrite(head, head, add=(1 << 32) - (int(flags) << 16) + 1),
+            LocalAtomic(Ref(lkey, tail_at, 8, "little"), log.ref(_RESULT), add, mask),
+            *log.items(log.ref(_RESULT), block, req.handle, _FREED),
+            LocalWrite(Ref(lkey, slots_at + 8, 8, index=result_offset), block),
+            LocalWrite(Ref(lkey, slots_at, 4, index=result_offset), log.ref(_RESULT, 4)),
+            send,
+        )
+        patches = shifted(completion, len(items) - 1)
+        entry_flags = Guard(req.entry(ENTRY_FLAGS), Cmp.EQ, int(flags))
+        out.append(Branch(items, tuple(patches), (*guards, entry_flags)))
+    return out

@@ -234,12 +234,13 @@ async def test_s8_alloc_stores_on_a_partition_make_zero_application_calls(offloa
             over = await a.alloc_store(38, data(9, 100), inline=False, check=False)
             assert over.status == Status.NO_SPACE  # the core looked at the log first
             assert target.core.usage(b"d") == 6
-            assert (await a.free(32)).ok  # software FREE of an offloaded block
-            assert target.core.usage(b"d") == 5
+            assert (await a.free(32)).ok
             again = await a.alloc_store(38, data(8, 700), inline=False)
             assert again.ok and again.block_offset == done[0].block_offset  # round the ring
             assert target.core.block_bytes(again.block_offset, 700) == data(8, 700)
-            if offload:  # the NO_SPACE and the FREE were the application's
+            over = await a.alloc_store(39, data(9, 100), inline=False, check=False)
+            assert over.status == Status.NO_SPACE and target.core.usage(b"d") == 6
+            if offload:  # only the two NO_SPACEs were the application's
                 assert counted.calls - before == 2
             assert sorted(target.core.held_blocks()) == []
             assert target.core.pending_ops() == 0
@@ -247,3 +248,36 @@ async def test_s8_alloc_stores_on_a_partition_make_zero_application_calls(offloa
 
 def connect_as(target: KbtpTarget, who: str) -> AbstractAsyncContextManager[KbtpInitiator]:
     return KbtpInitiator.connect("127.0.0.1", target.port, who)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_frees_on_a_partition_make_zero_application_calls(offload: bool) -> None:
+    """§6.4 run by the RNIC: entry 0-3 (Flags cleared, next Generation), FetchAdd on Tail,
+    the block into its consumed slot (Block Offset, then Sequence), COMPLETION; the blocks
+    go round the ring and the core's usage stays exact."""
+    with trio.fail_after(30):
+        async with partitioned(offload) as (target, counted), connect_as(target, "d") as a:
+            before = counted.calls
+            for round_ in range(3):  # 3 x 4 allocations on a ring of 8 slots: it wraps
+                stored = []
+                for i in range(4):
+                    payload = data(round_ * 4 + i, 900 + i)
+                    got = await a.alloc_store(40 + i, payload, seal=True, inline=False)
+                    assert got.ok
+                    stored.append(got)
+                for i, got in enumerate(stored):
+                    freed = await a.free(40 + i)
+                    assert freed.ok and freed.block_offset == got.block_offset
+                    entry = target.core.entry(40 + i)
+                    assert not entry.valid and entry.generation == freed.generation
+                    assert freed.generation == got.generation % 0xFFFF + 1
+            assert counted.calls - before == (0 if offload else 24)
+            ring = target.core.ring_of(b"d")
+            assert ring.head()[0] == ring.tail()[0] - 6 == 12  # every block back in the ring
+            assert sorted(ring.available_blocks()) == sorted(
+                target.core._partition_blocks(target.core.layout.partitions[0])
+            )
+            missing = await a.free(40, check=False)  # a decision: NOT_VALID, software
+            assert missing.status == Status.NOT_VALID
+            assert target.core.usage(b"d") == 0
+            assert counted.calls - before == (1 if offload else 25)
