@@ -571,7 +571,8 @@ class KbtpTarget:
                     self._terminate(sess)
         for sess in self.sessions.values():  # what the FREE chains must know (§8.1)
             if sess.alloc_log is not None and sess.identity is not None:
-                sess.alloc_log.publish_deferred(len(self.core.ring_of(sess.identity).deferred))
+                deferred = len(self.core.ring_of(sess.identity).deferred)
+                sess.alloc_log.publish(deferred, self.core.pending_ops())
 
     def _post_rdma(
         self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode

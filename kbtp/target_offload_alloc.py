@@ -77,7 +77,8 @@ ALLOC_BUDGET = 64
 _RESULT = 0  # log octets: the Head FetchAdd result (big-endian)
 _COUNT = 8  # records written since the core's last look (little-endian, atomic)
 _INDEX = 16  # the count FetchAdd result (big-endian): this allocation's record
-_RECORDS = 32
+_PENDING = 32  # the core's operations in flight (big-endian), published by the binding
+_RECORDS = 64
 _RECORD = struct.Struct(">QQQQ")  # ticket counter value | block offset | handle | kind
 _DEFERRED = 24  # frees the core holds back (§3.3), published by the binding (big-endian)
 _ALL_ONES = ALL_ONES_64.to_bytes(8, "big")
@@ -113,10 +114,13 @@ class AllocLog:
         buf[_COUNT : _COUNT + 8] = bytes(8)
         return out
 
-    def publish_deferred(self, count: int) -> None:
-        """How many frees of the ring wait for their slot (§3.3); not 0: FREE falls back."""
-        buf = self.mr.view(self.mr.base + _DEFERRED, 8)
-        buf[:] = count.to_bytes(8, "big")
+    def publish(self, deferred: int, pending: int) -> None:
+        """What the chain must know of the core: the frees of the ring waiting for their
+        slot (§3.3; not 0: FREE falls back) and the core's operations in flight (not 0:
+        ALLOC_STORE falls back, so it queues behind one of its handle, §6.0)."""
+        buf = self.mr.view(self.mr.base, self.SIZE)
+        buf[_DEFERRED : _DEFERRED + 8] = deferred.to_bytes(8, "big")
+        buf[_PENDING : _PENDING + 8] = pending.to_bytes(8, "big")
 
     def items(self, ticket_of: Ref, block: Ref, handle: Ref, kind: int) -> list[ChainItem]:
         """The chain items that take a record and fill it in."""
@@ -159,6 +163,7 @@ def alloc_store_branches(
         Guard(req.length, Cmp.NE, 0),
         Guard(req.length, Cmp.LE, layout.block_size),
         *log.guards(),
+        Guard(log.ref(_PENDING), Cmp.EQ, 0),
         Guard(head_offset, Cmp.EQ, 0, mask=0xFFFF_FFFF & ~offset_bits),
         Guard(slot(0, 4, head_offset), Cmp.EQ, head_ticket),
         Guard(slot(8, 8, head_offset), Cmp.NE, ALL_ONES_64),
