@@ -257,7 +257,8 @@ def session_chain(
     if stores and initiator is not None:
         branches += store_branches(layout, lkey, initiator)
     branches += more or []
-    return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True)
+    key = _req(HEADER, "handle")  # §6.0: one at a time per handle, others concurrently
+    return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True, key=key)
 
 
 def arm(qp: QueuePair, chain: Callable[[], Chain], armed: bool) -> bool:

@@ -74,9 +74,9 @@ __all__ = [
 ALLOC_BUDGET = 64
 """Offloaded ALLOC_STOREs a session's chain may run between two looks of the core."""
 
-_RESULT = 0  # log octets: the Head FetchAdd result (big-endian)
-_COUNT = 8  # records written since the core's last look (little-endian, atomic)
-_INDEX = 16  # the count FetchAdd result (big-endian): this allocation's record
+_RESULT = Ref.run(0)  # the run's own: the Head or Tail FetchAdd result (big-endian)
+_INDEX = Ref.run(8)  # the run's own: the count FetchAdd result, its record's index
+_COUNT = 8  # log octets: records written since the core's last look (little-endian, atomic)
 _PENDING = 32  # the core's operations in flight (big-endian), published by the binding
 _RECORDS = 64
 _RECORD = struct.Struct(">QQQQ")  # ticket counter value | block offset | handle | kind
@@ -100,7 +100,7 @@ class AllocLog:
 
     def record(self, at: int, width: int) -> Ref:
         """Octets ``at`` of this allocation's record."""
-        return self.ref(_RECORDS + at, width, index=self.ref(_INDEX), scale=_RECORD.size)
+        return self.ref(_RECORDS + at, width, index=_INDEX, scale=_RECORD.size)
 
     def take(self) -> list[RingRecord]:
         """The records written since the last call, in the order the chain ran them; the
@@ -125,7 +125,7 @@ class AllocLog:
     def items(self, ticket_of: Ref, block: Ref, handle: Ref, kind: int) -> list[ChainItem]:
         """The chain items that take a record and fill it in."""
         return [
-            LocalAtomic(self.ref(_COUNT, 8, byteorder="little"), self.ref(_INDEX), 1),
+            LocalAtomic(self.ref(_COUNT, 8, byteorder="little"), _INDEX, 1),
             LocalWrite(self.record(0, 8), ticket_of),
             LocalWrite(self.record(8, 8), block),
             LocalWrite(self.record(16, 8), handle),
@@ -151,7 +151,7 @@ def alloc_store_branches(
     offset_bits = 16 * ring.slots - 1
     head_offset = Ref(lkey, head_at, 4, "little")  # the low half of a little-endian Head
     head_ticket = Ref(lkey, head_at + 4, 4, "little")
-    result_offset = log.ref(_RESULT + 4, 4)
+    result_offset = Ref.run(4, 4)
 
     def slot(at: int, width: int, index: Ref) -> Ref:
         return Ref(lkey, slots_at + at, width, index=index)
@@ -170,9 +170,9 @@ def alloc_store_branches(
     )
     add, mask = counter_operands(CounterFormat.MASKED, ring.order)
     items_before: list[ChainItem] = [
-        LocalAtomic(Ref(lkey, head_at, 8, "little"), log.ref(_RESULT), add, mask),
-        Check((Guard(slot(0, 4, result_offset), Cmp.EQ, log.ref(_RESULT, 4)),)),
-        *log.items(log.ref(_RESULT), slot(8, 8, result_offset), req.handle, _ALLOCATED),
+        LocalAtomic(Ref(lkey, head_at, 8, "little"), _RESULT, add, mask),
+        Check((Guard(slot(0, 4, result_offset), Cmp.EQ, Ref.run(0, 4)),)),
+        *log.items(_RESULT, slot(8, 8, result_offset), req.handle, _ALLOCATED),
         LocalWrite(slot(8, 8, result_offset), _ALL_ONES),  # consumed (§3.3)
     ]
     block = log.record(8, 8)
@@ -228,7 +228,7 @@ def free_branches(
     slots_at = layout.to(ring.slots_offset)
     first, length = layout.partition_region(part)
     tail_offset = Ref(lkey, tail_at, 4, "little")
-    result_offset = log.ref(_RESULT + 4, 4)
+    result_offset = Ref.run(4, 4)
     block = req.entry(ENTRY_BLOCK_OFFSET)
     header = [
         g
@@ -258,10 +258,10 @@ def free_branches(
         head = req.entry((ENTRY_FLAGS[0], 4))  # Flags | Generation
         items: tuple[ChainItem, ...] = (
             LocalWrite(head, head, add=(1 << 32) - (int(flags) << 16) + 1),
-            LocalAtomic(Ref(lkey, tail_at, 8, "little"), log.ref(_RESULT), add, mask),
-            *log.items(log.ref(_RESULT), block, req.handle, _FREED),
+            LocalAtomic(Ref(lkey, tail_at, 8, "little"), _RESULT, add, mask),
+            *log.items(_RESULT, block, req.handle, _FREED),
             LocalWrite(Ref(lkey, slots_at + 8, 8, index=result_offset), block),
-            LocalWrite(Ref(lkey, slots_at, 4, index=result_offset), log.ref(_RESULT, 4)),
+            LocalWrite(Ref(lkey, slots_at, 4, index=result_offset), Ref.run(0, 4)),
             send,
         )
         patches = shifted(completion, len(items) - 1)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "RECV",
     "RECV_LEN",
+    "RUN",
+    "RUN_SCRATCH",
     "Branch",
     "Chain",
     "ChainItem",
@@ -38,6 +40,10 @@ RECV = -1
 """:attr:`Ref.lkey` of the triggering receive: ``addr`` is an octet offset in its message."""
 RECV_LEN = -2
 """:attr:`Ref.lkey` of the triggering receive's length (``byte_len``; addr, width unused)."""
+RUN = -3
+""":attr:`Ref.lkey` of the run's own scratch octets (:data:`RUN_SCRATCH` of them, zero when
+the chain triggers): private to one run, so runs in flight at once do not share them."""
+RUN_SCRATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,11 @@ class Ref:
     def recv_len(cls) -> Ref:
         """The received message's length."""
         return cls(RECV_LEN, 0, 4)
+
+    @classmethod
+    def run(cls, offset: int, width: int = 8, byteorder: Literal["big", "little"] = "big") -> Ref:
+        """Octets ``offset``.. of the run's scratch (written by LocalWrite, LocalAtomic)."""
+        return cls(RUN, offset, width, byteorder)
 
     def uses_recv(self) -> bool:
         return self.lkey in (RECV, RECV_LEN) or (self.index is not None and self.index.uses_recv())
@@ -192,3 +203,7 @@ class Chain:
     rearm: bool = False
     held: bool = False
     signaled: bool = False
+    key: Ref | None = None
+    """With a key (a Ref read when the chain triggers), the chain may trigger while runs
+    of earlier chains are in flight, unless one of them has the same key value or none;
+    without, it waits until every earlier run has completed."""

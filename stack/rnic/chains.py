@@ -46,6 +46,8 @@ from stack.errors import LocalError, RdmapError
 from stack.rnic.chain_items import (
     RECV,
     RECV_LEN,
+    RUN,
+    RUN_SCRATCH,
     Branch,
     Chain,
     ChainItem,
@@ -70,6 +72,8 @@ if TYPE_CHECKING:
 __all__ = [
     "RECV",
     "RECV_LEN",
+    "RUN",
+    "RUN_SCRATCH",
     "Branch",
     "Chain",
     "ChainItem",
@@ -133,12 +137,18 @@ class ChainRun:
         branch: int,
         recv: tuple[RecvWR, bytes] | None,
         wc: WorkCompletion | None = None,
+        read: _Reader | None = None,
+        key: int | None = None,
     ) -> None:
         self.queue = queue
         self.posted = posted
         self.branch = branch
         self.recv = recv
         self.wc = wc
+        self.read = queue.reader(recv) if read is None else read
+        self.key = key
+        self.done = False
+        self.rearmed = False
         self.index: dict[int, int] = {}
         self.left = 0
         self.next = 0  # the next item of the branch to start
@@ -154,7 +164,7 @@ class ChainRun:
             item = items[self.next]
             if not isinstance(item, SendWR):
                 try:
-                    held = _run_local(item, self.queue.reader(self.recv))
+                    held = _run_local(item, self.read)
                 except _LocalWrError as exc:
                     self.status = exc.status
                     qp.fatal(
@@ -181,7 +191,9 @@ class ChainRun:
                 self.next += 1
             self.left = len(entries)
             qp._enqueue(entries)
-        if self.left == 0 and self.next == len(items) and self.queue.running is self:
+        if self.queue.running is self and (self.left or self.next == len(items)):
+            self.queue.issued(self)  # waiting on its WRs, or every item started
+        if self.left == 0 and self.next == len(items):
             self.queue.finished(self)
 
     def resolve(self, entry: _SqEntry) -> None:
@@ -190,7 +202,7 @@ class ChainRun:
         branch = self.posted.chain.branches[self.branch]
         patches = [p for p in branch.patches if p.wr == i]
         if patches:
-            entry.wr = _patched(entry.wr, patches, self.queue.reader(self.recv))
+            entry.wr = _patched(entry.wr, patches, self.read)
 
     def wr_done(self, entry: _SqEntry) -> None:
         if entry.status is not WcStatus.SUCCESS and self.status is WcStatus.SUCCESS:
@@ -211,6 +223,9 @@ class ChainQueue:
         self.waiting: deque[_Posted] = deque()
         self.recvs: deque[tuple[RecvWR, WorkCompletion, bytes]] = deque()
         self.running: ChainRun | None = None
+        """The run whose items are not all started yet."""
+        self.flight: list[ChainRun] = []
+        """Runs whose items have all started, with WRs still outstanding."""
         self.stalled = False
         self._watched: set[int] = set()
         self.runs = 0
@@ -245,6 +260,10 @@ class ChainQueue:
         qp = self.qp
         if isinstance(chain.wait, WaitRecv) and qp.srq is not None:
             raise LocalError("chains cannot WAIT on receives of a QP with an SRQ")
+        if chain.key is not None:
+            if chain.key.width > 8 or chain.key.lkey == RUN:
+                raise LocalError(f"chain {chain.wr_id}: a key is at most 8 octets of memory")
+            _check_ref(chain.key, chain)
         for branch in chain.branches:
             if sum(isinstance(i, SendWR) for i in branch.wrs) > qp.cap.max_send_wr:
                 raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
@@ -257,7 +276,7 @@ class ChainQueue:
                     refs += _guard_refs(item.guards)
                     continue
                 if isinstance(item, LocalAtomic):
-                    if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN}:
+                    if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN} or item.dst.lkey == RUN:
                         raise LocalError(f"chain {chain.wr_id}: a LocalAtomic works on MRs")
                     if item.dst.width != 8 or item.result.width != 8:
                         raise LocalError(f"chain {chain.wr_id}: LocalAtomic octets are 8 wide")
@@ -282,9 +301,8 @@ class ChainQueue:
     # ---------------------------------------------------------------- triggers
     def take_recv(self, wr: RecvWR, wc: WorkCompletion) -> bool:
         """A receive completed: hold it for the chains if any waits on receives."""
-        if not any(isinstance(p.chain.wait, WaitRecv) for p in self.waiting) and (
-            self.running is None or not isinstance(self.running.posted.chain.wait, WaitRecv)
-        ):
+        active = [r.posted for r in self.flight] + [r.posted for r in [self.running] if r]
+        if not any(isinstance(p.chain.wait, WaitRecv) for p in [*self.waiting, *active]):
             return False
         try:
             data = self._message(wr, wc.byte_len)
@@ -315,7 +333,10 @@ class ChainQueue:
             while self.running is None and not self.stalled and self.waiting:
                 if self.qp.state not in _SENDING or not self._triggered(self.waiting[0]):
                     return
-                self._trigger(self.waiting.popleft())
+                key = self._key(self.waiting[0])
+                if key is False:
+                    return
+                self._trigger(self.waiting.popleft(), key)
         finally:
             self._advancing = False
 
@@ -327,7 +348,24 @@ class ChainQueue:
             return bool(self.recvs)
         return wait.cq.total >= wait.count
 
-    def _trigger(self, posted: _Posted) -> None:
+    def _key(self, posted: _Posted) -> int | None | bool:
+        """The head chain's key value, or False while it must wait for runs in flight."""
+        key = posted.chain.key
+        if key is None:
+            return False if self.flight else None
+        recv = None
+        if isinstance(posted.chain.wait, WaitRecv):
+            wr, _wc, data = self.recvs[0]
+            recv = (wr, data)
+        try:
+            value = self.reader(recv).value(key)
+        except _LocalWrError:
+            return False if self.flight else None  # the trigger reports the bad Ref
+        if any(r.key is None or r.key == value for r in self.flight):
+            return False
+        return value
+
+    def _trigger(self, posted: _Posted, key: int | None = None) -> None:
         chain = posted.chain
         recv = None
         wc = None
@@ -352,7 +390,7 @@ class ChainQueue:
         if chosen is None:  # fall back to software, which ENABLEs the queue again
             self._fall_back(posted, wc, None, None)
             return
-        run = ChainRun(self, posted, chosen, recv, wc)
+        run = ChainRun(self, posted, chosen, recv, wc, read, key)
         self.running = run
         self.runs += 1
         run.step()
@@ -361,12 +399,17 @@ class ChainQueue:
         return _Reader(self.qp, None if recv is None else recv[1])
 
     def _fall_back(
-        self, posted: _Posted, wc: WorkCompletion | None, branch: int | None, at: int | None
+        self,
+        posted: _Posted,
+        wc: WorkCompletion | None,
+        branch: int | None,
+        at: int | None,
+        rearmed: bool = False,
     ) -> None:
         """The receive goes to the application; the queue stalls until ENABLE."""
         self.fallbacks += 1
         self.stalled = True
-        if posted.chain.rearm:
+        if posted.chain.rearm and not rearmed:
             self.waiting.append(posted)
         if wc is not None:
             self.qp._deliver_recv(wc)
@@ -375,13 +418,37 @@ class ChainQueue:
 
     def stopped(self, run: ChainRun, at: int) -> None:
         """A :class:`Check` at item ``at`` of ``run`` failed: the chain falls back there."""
-        self.running = None
-        self._fall_back(run.posted, run.wc, run.branch, at)
+        run.done = True
+        if self.running is run:
+            self.running = None
+        if run in self.flight:
+            self.flight.remove(run)
+        self._fall_back(run.posted, run.wc, run.branch, at, run.rearmed)
+        self.advance()
 
     # ---------------------------------------------------------------- completion
-    def finished(self, run: ChainRun) -> None:
-        """Every WR of ``run`` completed: re-post its receive, re-arm, run the next."""
+    def issued(self, run: ChainRun) -> None:
+        """``run`` waits on its WRs or has started every item: it is in flight, a
+        ``rearm`` chain goes back to the queue, and the next chain may trigger (see
+        :attr:`Chain.key`)."""
         self.running = None
+        if run.status is not WcStatus.SUCCESS:
+            return
+        self.flight.append(run)
+        if run.posted.chain.rearm:
+            run.rearmed = True
+            self.waiting.append(run.posted)
+        self.advance()
+
+    def finished(self, run: ChainRun) -> None:
+        """Every WR of ``run`` completed: re-post its receive, signal, run the next."""
+        if run.done:
+            return
+        run.done = True
+        if self.running is run:
+            self.running = None
+        if run in self.flight:
+            self.flight.remove(run)
         chain = run.posted.chain
         if run.status is not WcStatus.SUCCESS:  # a WR failed: the QP is failing
             self._completion(chain, run.status, run.branch)
@@ -392,14 +459,15 @@ class ChainQueue:
             self.qp.post_recv(run.recv[0])
         if chain.signaled:
             self._completion(chain, WcStatus.SUCCESS, run.branch)
-        if chain.rearm:
-            self.waiting.append(run.posted)
         self.advance()
 
     def fail(self) -> None:
         """The QP failed: flush every chain and every receive held for them."""
-        if self.running is not None:
-            run, self.running = self.running, None
+        runs = [*self.flight, *([self.running] if self.running is not None else [])]
+        self.running = None
+        self.flight = []
+        for run in runs:
+            run.done = True
             status = WcStatus.WR_FLUSH_ERR if run.status is WcStatus.SUCCESS else run.status
             self._completion(run.posted.chain, status, run.branch)
             if run.recv is not None:
@@ -425,6 +493,13 @@ class _Reader:
     def __init__(self, qp: QpSend, message: bytes | None) -> None:
         self.qp = qp
         self.message = message
+        self.scratch = bytearray(RUN_SCRATCH)
+
+    def run_view(self, addr: int, width: int) -> memoryview:
+        """Octets of the run's scratch (LOC_LEN_ERR beyond it)."""
+        if addr + width > RUN_SCRATCH:
+            raise _LocalWrError(WcStatus.LOC_LEN_ERR, f"octets {addr}+{width} beyond the scratch")
+        return memoryview(self.scratch)[addr : addr + width]
 
     def octets(self, ref: Ref) -> bytes:
         addr = _address(ref, self)
@@ -438,6 +513,8 @@ class _Reader:
                     WcStatus.LOC_LEN_ERR, f"octets {addr}+{ref.width} beyond the received message"
                 )
             return self.message[addr : addr + ref.width]
+        if ref.lkey == RUN:
+            return bytes(self.run_view(addr, ref.width))
         return bytes(self.qp._local(Sge(addr, ref.width, ref.lkey), 0)[1])
 
     def value(self, ref: Ref) -> int:
@@ -510,6 +587,9 @@ def _local_write(item: LocalWrite, read: _Reader) -> None:
     else:
         data = read.octets(src)
     dst = item.dst
+    if dst.lkey == RUN:
+        read.run_view(_address(dst, read), dst.width)[:] = data
+        return
     _mr, view = read.qp._local(Sge(_address(dst, read), dst.width, dst.lkey), _LOCAL_WRITE)
     view[:] = data
 
@@ -521,7 +601,10 @@ def _local_atomic(item: LocalAtomic, read: _Reader) -> None:
     addr = _address(item.dst, read)
     out_addr = _address(item.result, read)
     mr, _view = qp._local(Sge(addr, 8, item.dst.lkey), _LOCAL_WRITE)
-    _out_mr, out = qp._local(Sge(out_addr, 8, item.result.lkey), _LOCAL_WRITE)
+    if item.result.lkey == RUN:
+        out = read.run_view(out_addr, 8)
+    else:
+        out = qp._local(Sge(out_addr, 8, item.result.lkey), _LOCAL_WRITE)[1]
     if (mr.addr + addr - mr.base) % ATOMIC_ALIGNMENT:
         raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"atomic address 0x{addr:x} not 8-aligned")
     if item.swap is None:
@@ -545,6 +628,8 @@ def _check_ref(ref: Ref, chain: Chain) -> None:
         raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
     if not 1 <= ref.width <= _MAX_REF or ref.addr < 0:
         raise LocalError(f"chain {chain.wr_id}: Ref width must be 1..{_MAX_REF}")
+    if ref.lkey == RUN and ref.index is None and ref.addr + ref.width > RUN_SCRATCH:
+        raise LocalError(f"chain {chain.wr_id}: a run Ref beyond its {RUN_SCRATCH} octets")
     if ref.index is not None:
         if ref.index.width > 8:
             raise LocalError(f"chain {chain.wr_id}: an index Ref is at most 8 octets")
