@@ -536,3 +536,60 @@ def test_a_local_write_with_add_writes_the_value_plus_add_in_the_refs_byte_order
     with pytest.raises(LocalError):  # constant bytes take no add
         bad = LocalWrite(at, b"12", add=1)
         server.side.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
+
+
+# -- keyed chains: runs of other keys in flight at once; the run's own scratch ------------
+def _keyed(server: Server, record: Side, key: Ref) -> Chain:
+    """Index 1: Read, then a LocalWrite, then the reply; any other index: the reply."""
+    log = record.mr(8)
+    slow = _read_then_record(server, log.lkey, log.base)
+    slow = Branch(slow.wrs, slow.patches, (Guard(Ref.recv(0, 4), Cmp.EQ, 1),))
+    reply = SendWR(6, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    fast = Branch((reply,), (Patch(0, PatchField.PAYLOAD, Ref.recv(16, 4), at=2),))
+    return Chain(9, WaitRecv(), (slow, fast), rearm=True, key=key)
+
+
+@pytest.mark.parametrize(("key_at", "order"), [(16, [6, 5]), (4, [5, 6])])
+def test_a_keyed_chain_triggers_while_a_run_of_another_key_waits_on_its_read(
+    key_at: int, order: list[int]
+) -> None:
+    """Key = the tag (different): the second request's reply overtakes the first one's,
+    which waits on its Read; key = the rkey (the same): they run one at a time."""
+    p, server, client = _setup()
+    server.side.qp.post_chain(_keyed(server, server.side, Ref.recv(key_at, 4)))
+    client.ask(1, 0xAAAA, wr_id=5)
+    client.ask(2, 0xBBBB, wr_id=6)
+    p.pump()
+    got = [wc.wr_id for wc in client.side.cq.poll(100) if wc.opcode is WcOpcode.RECV]
+    assert got == order
+    assert WcOpcode.RECV not in {wc.opcode for wc in server.side.cq.poll(100)}  # consumed
+    assert server.side.qp.chains is not None and not server.side.qp.chains.flight
+    assert len(server.side.qp._rq) == 4  # both receives re-posted
+
+
+def test_a_run_scratch_is_private_to_each_run() -> None:
+    """Two runs in flight at once each keep their own scratch octets (Ref.run)."""
+    p, server, client = _setup()
+    keep = LocalWrite(Ref.run(0, 4), Ref.recv(16, 4))  # the tag, before the Read
+    read = SendWR(4, WrOpcode.RDMA_READ, (Sge(server.pool.base, 8, server.pool.lkey),))
+    reply = SendWR(5, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    branch = Branch(
+        (keep, read, reply),
+        patches=(
+            Patch(1, PatchField.RKEY, Ref.recv(4, 4)),
+            Patch(1, PatchField.REMOTE_ADDR, Ref.recv(8, 8)),
+            Patch(2, PatchField.PAYLOAD, Ref.run(0, 4), at=2),  # read after the Read
+        ),
+    )
+    server.side.qp.post_chain(Chain(9, WaitRecv(), (branch,), rearm=True, key=Ref.recv(16, 4)))
+    for tag, wr_id in ((0x11111111, 5), (0x22222222, 6)):
+        client.side.qp.post_recv(RecvWR(wr_id, (client.side.sge(client.inbox, 8 * wr_id, 8),)))
+        request = REQ.pack(1, client.sink.rkey, client.sink.base, tag)
+        client.side.qp.post_send(SendWR(wr_id, WrOpcode.SEND, inline_data=request))
+    p.pump()
+    assert bytes(client.inbox.buf[42:46]) == bytes.fromhex("11111111")
+    assert bytes(client.inbox.buf[50:54]) == bytes.fromhex("22222222")
+    with pytest.raises(LocalError):
+        server.side.qp.post_chain(
+            Chain(1, WaitRecv(), (Branch((LocalWrite(Ref.run(62, 4), b"1234"),)),))
+        )
