@@ -549,7 +549,7 @@ def _keyed(server: Server, record: Side, key: Ref) -> Chain:
     return Chain(9, WaitRecv(), (slow, fast), rearm=True, key=key)
 
 
-@pytest.mark.parametrize(("key_at", "order"), [(16, [6, 5]), (4, [5, 6])])
+@pytest.mark.parametrize(("key_at", "order"), [(16, [0xBBBB, 0xAAAA]), (4, [0xAAAA, 0xBBBB])])
 def test_a_keyed_chain_triggers_while_a_run_of_another_key_waits_on_its_read(
     key_at: int, order: list[int]
 ) -> None:
@@ -557,11 +557,13 @@ def test_a_keyed_chain_triggers_while_a_run_of_another_key_waits_on_its_read(
     which waits on its Read; key = the rkey (the same): they run one at a time."""
     p, server, client = _setup()
     server.side.qp.post_chain(_keyed(server, server.side, Ref.recv(key_at, 4)))
-    client.ask(1, 0xAAAA, wr_id=5)
-    client.ask(2, 0xBBBB, wr_id=6)
+    for index, tag, wr_id in ((1, 0xAAAA, 5), (2, 0xBBBB, 6)):
+        client.side.qp.post_recv(RecvWR(wr_id, (client.side.sge(client.inbox, 8 * wr_id, 8),)))
+        request = REQ.pack(index, client.sink.rkey, client.sink.base, tag)
+        client.side.qp.post_send(SendWR(wr_id, WrOpcode.SEND, inline_data=request))
     p.pump()
-    got = [wc.wr_id for wc in client.side.cq.poll(100) if wc.opcode is WcOpcode.RECV]
-    assert got == order
+    arrived = [int.from_bytes(client.inbox.buf[at + 2 : at + 6], "big") for at in (40, 48)]
+    assert arrived == order  # replies land in the receives in arrival order
     assert WcOpcode.RECV not in {wc.opcode for wc in server.side.cq.poll(100)}  # consumed
     assert server.side.qp.chains is not None and not server.side.qp.chains.flight
     assert len(server.side.qp._rq) == 4  # both receives re-posted
