@@ -17,18 +17,19 @@ RFC 7306 FetchAdd or CmpSwap there and stores the original value for later Refs;
 :class:`Check` evaluates guards at that point and, if one fails, *stops* the chain: it
 falls back as below, what ran before it staying done).  Each :class:`Patch` replaces a
 field of one of them when it reaches the head of the send queue (execution time), from a
-:class:`Ref`:
-octets of the triggering receive or of any registered memory, at an address that may itself
-be computed from another Ref.  Every Ref is read through the checks of a local SGE (lkey,
+:class:`Ref`: octets of the triggering receive, of the run's own scratch (``Ref.run``) or
+of any registered memory, at an address that may itself be computed from another Ref.
+Every Ref is read through the checks of a local SGE (lkey,
 PD, bounds) and the patched WR is then checked as any other (local and remote STags,
 rights, bounds), so a patch cannot reach memory its WR could not.
 
 No branch holds: the chain *falls back*.  The receive completion goes to the receive CQ as
 if no chain existed, and the chain queue stalls until the application calls
 ``qp.enable_chains()`` (ENABLE), so software handles the message before any later one.  A
-``held`` chain also waits for ENABLE.  Chains run one at a time, each after the previous
-chain's WRs completed; a ``rearm`` chain goes back to the tail of the queue after it ran or
-fell back.  A Ref outside its MR fails the chain with LOC_PROT_ERR (a receive read past its
+``held`` chain also waits for ENABLE.  A run is *in flight* once it waits on its WRs or
+has started every item; then a ``rearm`` chain goes back to the tail of the queue (or once
+it fell back), and the next chain may trigger if it has a ``key`` whose value no run in
+flight shares (runs of one key, and chains without a key, go one at a time).  A Ref outside its MR fails the chain with LOC_PROT_ERR (a receive read past its
 message: LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12);
 nothing of the failing WR has touched memory.  A QP that fails flushes its chains with
 WR_FLUSH_ERR (opcode :attr:`~stack.rnic.verbs.WcOpcode.CHAIN`) and the receives they held.
