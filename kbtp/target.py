@@ -155,7 +155,7 @@ class TargetSession:
     close: CloseSession | None = None
     reason: str = ""
     messages: int = 0
-    chained: bool = False  # the LOAD chain is posted (offload, docs/kbtp.md §8)
+    chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
 
@@ -189,8 +189,8 @@ class KbtpTarget:
         """``pool_file``: keep the table, pool and rings in that file (created if absent or
         empty, else checked against ``config`` and recovered: PoolFileError); ``pool_sync``:
         flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4);
-        ``offload``: the RNIC answers LOADs and mapped STOREs by pre-posted chains
-        (docs/kbtp.md §8)."""
+        ``offload``: the RNIC answers LOADs, mapped STOREs and, on a DIRECT_ALLOC
+        partition, ALLOC_STOREs and FREEs by pre-posted chains (docs/kbtp.md §8.1)."""
         self.offload = offload
         self.rnic = rnic or Rnic("kbtp-target")
         self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs

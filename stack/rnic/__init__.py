@@ -13,6 +13,8 @@ WAIT, ENABLE, fields patched at execution time), this stack's verbs extension: s
 from stack.rnic.chains import (
     RECV,
     RECV_LEN,
+    RUN,
+    RUN_SCRATCH,
     Branch,
     Chain,
     ChainItem,
@@ -79,6 +81,8 @@ __all__ = [
     "QueuePair",
     "RECV",
     "RECV_LEN",
+    "RUN",
+    "RUN_SCRATCH",
     "RecvWR",
     "Ref",
     "RegMr",

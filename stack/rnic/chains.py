@@ -29,9 +29,10 @@ if no chain existed, and the chain queue stalls until the application calls
 ``held`` chain also waits for ENABLE.  A run is *in flight* once it waits on its WRs or
 has started every item; then a ``rearm`` chain goes back to the tail of the queue (or once
 it fell back), and the next chain may trigger if it has a ``key`` whose value no run in
-flight shares (runs of one key, and chains without a key, go one at a time).  A Ref outside its MR fails the chain with LOC_PROT_ERR (a receive read past its
-message: LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12);
-nothing of the failing WR has touched memory.  A QP that fails flushes its chains with
+flight shares (runs of one key, and chains without a key, go one at a time).  A Ref
+outside its MR fails the chain with LOC_PROT_ERR (a receive read past its message:
+LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12); nothing
+of the failing WR has touched memory.  A QP that fails flushes its chains with
 WR_FLUSH_ERR (opcode :attr:`~stack.rnic.verbs.WcOpcode.CHAIN`) and the receives they held.
 """
 
