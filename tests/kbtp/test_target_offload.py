@@ -281,3 +281,34 @@ async def test_s8_frees_on_a_partition_make_zero_application_calls(offload: bool
             assert missing.status == Status.NOT_VALID
             assert target.core.usage(b"d") == 0
             assert counted.calls - before == (1 if offload else 25)
+
+
+async def test_s8_a_free_that_must_be_deferred_falls_back_and_stays_exact() -> None:
+    """§3.3: a FREE whose slot a direct allocation has not consumed yet must wait; the
+    chain cannot defer, so that FREE is the application's, and the ones after it too
+    until the deferred write is done (the BIND consumes the slot)."""
+    with trio.fail_after(30):
+        async with partitioned() as (target, counted), connect_as(target, "d") as a:
+            reserved = await a.reserve(data(7, 500))  # ticket 0, its slot not consumed
+            assert reserved.ticket == 0
+            for i in range(1, 6):
+                assert (await a.alloc_store(40 + i, data(i, 300), inline=False)).ok
+            before = counted.calls
+            for i in (1, 2):  # Tail tickets 6 and 7: slots 6 and 7, consumed
+                assert (await a.free(40 + i)).ok
+            assert counted.calls == before
+            assert (await a.free(43)).ok  # Tail ticket 8 = slot 0, ticket 0's: deferred
+            ring = target.core.ring_of(b"d")
+            assert counted.calls == before + 1 and len(ring.deferred) == 1
+            assert (await a.free(44)).ok  # the core holds a free back: software too
+            assert counted.calls == before + 2
+            bound = await a.bind(reserved, 40, seal=True)  # consumes slot 0: written now
+            assert bound.ok and not ring.deferred
+            assert await a.load(40) == data(7, 500)
+            assert (await a.free(45)).ok  # offloaded again
+            assert counted.calls == before + 3  # the two FREEs and the BIND; LOAD is not
+            again = await a.free(45, check=False)  # NOT_VALID: the core looks at the log
+            assert again.status == Status.NOT_VALID and target.core.usage(b"d") == 1
+            blocks = sorted(ring.available_blocks())
+            assert len(blocks) == 5 and len(set(blocks)) == 5
+            assert ring.tail()[0] == 11
