@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stack.constants import ALL_ONES_64, ATOMIC_ALIGNMENT, TERM_RDMAP_CATASTROPHIC
-from stack.errors import LocalError, RdmapError
+from stack.errors import RdmapError
+from stack.rnic.chain_checks import check_chain
 from stack.rnic.chain_items import (
     RECV,
     RECV_LEN,
@@ -65,7 +66,7 @@ from stack.rnic.chain_items import (
     WaitRecv,
 )
 from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
-from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
+from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion
 from stack.wire.events import AtomicRequest
 
 if TYPE_CHECKING:
@@ -93,7 +94,6 @@ __all__ = [
     "WaitRecv",
 ]
 
-_MAX_REF = 4096  # octets one Ref may copy (a PAYLOAD patch)
 _BITS = {
     PatchField.REMOTE_ADDR: 64,
     PatchField.RKEY: 32,
@@ -102,24 +102,6 @@ _BITS = {
     PatchField.COMPARE_ADD: 64,
     PatchField.SWAP: 64,
     PatchField.INVALIDATE_RKEY: 32,
-}
-_REMOTE_OPS = frozenset(
-    {
-        WrOpcode.RDMA_WRITE,
-        WrOpcode.RDMA_WRITE_WITH_IMM,
-        WrOpcode.RDMA_READ,
-        WrOpcode.RDMA_READ_WITH_INV,
-        WrOpcode.ATOMIC_FETCH_AND_ADD,
-        WrOpcode.ATOMIC_CMP_AND_SWP,
-    }
-)
-_ATOMICS = frozenset({WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP})
-_APPLIES = {
-    PatchField.REMOTE_ADDR: _REMOTE_OPS,
-    PatchField.RKEY: _REMOTE_OPS,
-    PatchField.COMPARE_ADD: _ATOMICS,
-    PatchField.SWAP: _ATOMICS,
-    PatchField.INVALIDATE_RKEY: frozenset({WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV}),
 }
 
 
@@ -239,7 +221,7 @@ class ChainQueue:
     # ---------------------------------------------------------------- verbs
     def post(self, chain: Chain) -> None:
         """Check ``chain`` against the QP (LocalError) and queue it."""
-        self._check(chain)
+        check_chain(self.qp, chain)
         if isinstance(chain.wait, WaitCq) and id(chain.wait.cq) not in self._watched:
             self._watched.add(id(chain.wait.cq))
             chain.wait.cq.watchers.append(self.advance)
@@ -257,48 +239,6 @@ class ChainQueue:
                 if count is not None:
                     count -= 1
         self.advance()
-
-    def _check(self, chain: Chain) -> None:
-        qp = self.qp
-        if isinstance(chain.wait, WaitRecv) and qp.srq is not None:
-            raise LocalError("chains cannot WAIT on receives of a QP with an SRQ")
-        if chain.key is not None:
-            if chain.key.width > 8 or chain.key.lkey == RUN:
-                raise LocalError(f"chain {chain.wr_id}: a key is at most 8 octets of memory")
-            _check_ref(chain.key, chain)
-        for branch in chain.branches:
-            if sum(isinstance(i, SendWR) for i in branch.wrs) > qp.cap.max_send_wr:
-                raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
-            refs: list[Ref] = [p.src for p in branch.patches]
-            for item in branch.wrs:
-                if isinstance(item, SendWR):
-                    qp._check_wr(item)
-                    continue
-                if isinstance(item, Check):
-                    refs += _guard_refs(item.guards)
-                    continue
-                if isinstance(item, LocalAtomic):
-                    if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN} or item.dst.lkey == RUN:
-                        raise LocalError(f"chain {chain.wr_id}: a LocalAtomic works on MRs")
-                    if item.dst.width != 8 or item.result.width != 8:
-                        raise LocalError(f"chain {chain.wr_id}: LocalAtomic octets are 8 wide")
-                    refs += [item.dst, item.result]
-                    continue
-                src = item.src
-                if item.dst.lkey in (RECV, RECV_LEN):
-                    raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
-                if (len(src) if isinstance(src, bytes) else src.width) != item.dst.width:
-                    raise LocalError(f"chain {chain.wr_id}: LocalWrite widths differ")
-                if item.add and (isinstance(src, bytes) or src.width > 8):
-                    raise LocalError(f"chain {chain.wr_id}: add needs a Ref of 8 octets at most")
-                refs.append(item.dst)
-                if isinstance(src, Ref):
-                    refs.append(src)
-            refs += _guard_refs(branch.guards)
-            for ref in refs:
-                _check_ref(ref, chain)
-            for patch in branch.patches:
-                _check_patch(patch, branch, chain)
 
     # ---------------------------------------------------------------- triggers
     def take_recv(self, wr: RecvWR, wc: WorkCompletion) -> bool:
@@ -614,47 +554,3 @@ def _local_atomic(item: LocalAtomic, read: _Reader) -> None:
     else:
         req = AtomicRequest.cmp_swap(0, mr.stag, addr, item.add, item.swap)
     out[:] = mr.atomic(req).to_bytes(8, item.result.byteorder)
-
-
-def _guard_refs(guards: tuple[Guard, ...]) -> list[Ref]:
-    out: list[Ref] = []
-    for guard in guards:
-        out.append(guard.left)
-        if isinstance(guard.right, Ref):
-            out.append(guard.right)
-    return out
-
-
-def _check_ref(ref: Ref, chain: Chain) -> None:
-    if ref.uses_recv() and not isinstance(chain.wait, WaitRecv):
-        raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
-    if not 1 <= ref.width <= _MAX_REF or ref.addr < 0:
-        raise LocalError(f"chain {chain.wr_id}: Ref width must be 1..{_MAX_REF}")
-    if ref.lkey == RUN and ref.index is None and ref.addr + ref.width > RUN_SCRATCH:
-        raise LocalError(f"chain {chain.wr_id}: a run Ref beyond its {RUN_SCRATCH} octets")
-    if ref.index is not None:
-        if ref.index.width > 8:
-            raise LocalError(f"chain {chain.wr_id}: an index Ref is at most 8 octets")
-        _check_ref(ref.index, chain)
-
-
-def _check_patch(patch: Patch, branch: Branch, chain: Chain) -> None:
-    where = f"chain {chain.wr_id}: patch of WR {patch.wr}"
-    if not 0 <= patch.wr < len(branch.wrs):
-        raise LocalError(f"{where}: no such WR in its branch")
-    wr = branch.wrs[patch.wr]
-    if not isinstance(wr, SendWR):
-        raise LocalError(f"{where}: a LocalWrite has no fields to patch")
-    field = patch.field
-    if field is PatchField.PAYLOAD:
-        size = len(wr.inline_data) if wr.inline_data is not None else -1
-        if patch.at < 0 or patch.at + patch.src.width > size:
-            raise LocalError(f"{where}: PAYLOAD must fall inside the WR's inline data")
-        return
-    if patch.src.width > 8:
-        raise LocalError(f"{where}: a value Ref is at most 8 octets")
-    if field in (PatchField.SGE_ADDR, PatchField.SGE_LENGTH):
-        if not 0 <= patch.at < len(wr.sg_list):
-            raise LocalError(f"{where}: no SGE {patch.at}")
-    elif wr.opcode not in _APPLIES[field]:
-        raise LocalError(f"{where}: {field.value} does not apply to {wr.opcode.value}")
