@@ -1,24 +1,26 @@
-"""Target-executed LOAD on the software RNIC's chains (docs/kbtp.md §8).
+"""Target-executed LOAD and mapped STORE on the software RNIC's chains (docs/kbtp.md §8.1).
 
-:func:`load_chain` builds the chain a session pre-posts once its HELLO is accepted: it
-waits for each received request (``WaitRecv``), checks in the RNIC what draft §6.1 and
-docs/kbtp.md §5.1 require of a LOAD that can be answered SUCCESS (length, Version, opcode,
-flags, Status, the handle served, Generation, entry VALID and SEALED, Data Length within
-the descriptor and not zero), then RDMA-writes the block named by the table entry to the
-Data Descriptor and sends the COMPLETION (a Send with Invalidate of the descriptor's STag
-with INVALIDATE), every address patched at execution time from the request and the entry
-(stack.rnic.chains).  It is ``rearm``: the RNIC re-posts the receive and the chain after
-each request, so the target application is called for no LOAD it answers.
+:func:`session_chain` builds the chain a session pre-posts once its HELLO is accepted: it
+waits for each received request (``WaitRecv``) and checks in the RNIC what draft §6.1
+and docs/kbtp.md §5.1 require of a LOAD that can be answered SUCCESS (length, Version,
+opcode, flags, Status, the handle served, Generation, entry VALID and SEALED, Data Length
+within the descriptor and not zero), then RDMA-writes the block named by the table entry
+to the Data Descriptor and sends the COMPLETION (a Send with Invalidate of the
+descriptor's STag with INVALIDATE), every address patched at execution time from the
+request and the entry (stack.rnic.chains); likewise mapped STORE (:func:`store_branches`)
+and, on a DIRECT_ALLOC partition, ALLOC_STORE and FREE (kbtp.target_offload_alloc).  It
+is ``rearm`` and keyed by the request's Handle: the RNIC re-posts the receive and the
+chain, and requests of other handles overlap (§6.0), so the target application is called
+for no request it answers.
 
 Anything else falls back: the receive completes to the application, the core processes the
 message as it would without offload (every other opcode, every error status, RECORD,
 ALLOW_UNSEALED, an empty block), and the binding ENABLEs the chain queue again when the
-core has taken the message (:func:`resume`).  Why that keeps §6.0's order: the chain runs
+core has taken the message (:func:`arm`).  Why that keeps §6.0's order: the chain runs
 only on a VALID and SEALED entry, and no operation of the core changes such an entry except
 FREE, which does so before it returns; a STORE, ALLOC_STORE or BIND in progress leaves its
 entry unsealed or not VALID until it is over, so a LOAD behind it falls back and queues.
 """
-
 from __future__ import annotations
 
 import dataclasses
