@@ -21,6 +21,7 @@ only on a VALID and SEALED entry, and no operation of the core changes such an e
 FREE, which does so before it returns; a STORE, ALLOC_STORE or BIND in progress leaves its
 entry unsealed or not VALID until it is over, so a LOAD behind it falls back and queues.
 """
+
 from __future__ import annotations
 
 import dataclasses
