@@ -73,8 +73,11 @@ __all__ = [
 SESSION_CHAIN_WR_ID = (1 << 64) - 2
 """wr_id of a session's chain (apart from the driver's op ids and markers)."""
 
-OFFLOADED_OPCODES = frozenset({MessageOpcode.LOAD, MessageOpcode.STORE, MessageOpcode.ALLOC_STORE})
-"""Requests the RNIC answers without the target application (docs/kbtp.md §8)."""
+OFFLOADED_OPCODES = frozenset(
+    {MessageOpcode.LOAD, MessageOpcode.STORE, MessageOpcode.ALLOC_STORE, MessageOpcode.FREE}
+)
+"""Requests the RNIC may answer without the target application (docs/kbtp.md §8.1;
+ALLOC_STORE and FREE on a DIRECT_ALLOC partition only)."""
 
 ENTRY_FLAGS = (0, 2)  # docs/kbtp.md §3.2: octet offset and size of each entry field
 ENTRY_GENERATION = (2, 2)
