@@ -103,6 +103,18 @@ class FreeOutcome:
     ready: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RingRecord:
+    """One request a target's RNIC ran on a ring (docs/kbtp.md §8.1): an ALLOC_STORE
+    (``freed`` False: ticket of Head, the block it took, the handle bound) or a FREE
+    (ticket of Tail, the block returned, the handle unbound)."""
+
+    freed: bool
+    ticket: int
+    block: int
+    handle: int
+
+
 class FreeRing:
     """One free-block ring in target memory (draft §3.3) and the target's view of its tickets.
 
@@ -251,8 +263,26 @@ class FreeRing:
         block = self.ready_block(ticket)
         if block is None:
             raise LocalError(f"ticket {ticket} consumed before its slot holds it")
+        consume_slot(self.mem, self.slot_byte_offset(ticket))
+        return block, self._consumed(ticket)
+
+    def consumed_by_rnic(self, ticket: int, now: float) -> tuple[int, ...]:
+        """``ticket`` was taken and its slot consumed by the target's RNIC, an offloaded
+        allocation (docs/kbtp.md §8.1); returns the tickets made ready.
+
+        Tickets before it not yet accounted for are direct ones; a free deferred on its
+        slot is written now, as :meth:`consume` does.
+        """
+        t = self.observed_head
+        if ticket_distance(ticket, t) < self.geometry.slots:
+            while t != ticket:
+                self.outstanding.setdefault(t, Outstanding(TicketOwner.DIRECT, now))
+                t = (t + 1) & TICKET_MASK
+            self.observed_head = (ticket + 1) & TICKET_MASK
+        return self._consumed(ticket)
+
+    def _consumed(self, ticket: int) -> tuple[int, ...]:
         at = self.slot_byte_offset(ticket)
-        consume_slot(self.mem, at)
         self.outstanding.pop(ticket, None)
         ready: tuple[int, ...] = ()
         index = ticket % self.geometry.slots
@@ -263,7 +293,7 @@ class FreeRing:
                 del self.deferred[index]
             write_slot(self.mem, at, later, later_block)
             ready = (later,)
-        return block, ready
+        return ready
 
     # -- free ---------------------------------------------------------------------------
     def free(self, block_offset: int) -> FreeOutcome:

@@ -70,6 +70,12 @@ from kbtp.target_actions import (
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
 from kbtp.target_offload import arm, chain_runs, session_chain
+from kbtp.target_offload_alloc import (
+    AllocLog,
+    alloc_store_branches,
+    free_branches,
+    partition_ring,
+)
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
@@ -149,8 +155,9 @@ class TargetSession:
     close: CloseSession | None = None
     reason: str = ""
     messages: int = 0
-    chained: bool = False  # the LOAD chain is posted (offload, docs/kbtp.md §8)
+    chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
+    alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
         addr = self.recv_mr.base + slot * self.recv_size
@@ -182,8 +189,8 @@ class KbtpTarget:
         """``pool_file``: keep the table, pool and rings in that file (created if absent or
         empty, else checked against ``config`` and recovered: PoolFileError); ``pool_sync``:
         flush every seal and free to it before the COMPLETION (docs/kbtp.md §12.4);
-        ``offload``: the RNIC answers LOADs and mapped STOREs by pre-posted chains
-        (docs/kbtp.md §8)."""
+        ``offload``: the RNIC answers LOADs, mapped STOREs and, on a DIRECT_ALLOC
+        partition, ALLOC_STOREs and FREEs by pre-posted chains (docs/kbtp.md §8.1)."""
         self.offload = offload
         self.rnic = rnic or Rnic("kbtp-target")
         self.pd = self.rnic.alloc_pd()  # the core's own view; sessions have their own PDs
@@ -255,7 +262,25 @@ class KbtpTarget:
         every seal must reach the pool file first (``pool_sync``, §12.4)."""
         ini = next((i for i in self.config.initiators if i.identity == sess.identity), None)
         stores = self.core.persist is None
-        return session_chain(self.core.layout, sess.local_mr.lkey, ini, stores)
+        layout, lkey = self.core.layout, sess.local_mr.lkey
+        ring = partition_ring(self.core, ini) if stores else None
+        if ring is None or ini is None:
+            return session_chain(layout, lkey, ini, stores)
+        if sess.alloc_log is None:
+            mr = sess.pd.reg_mr(bytearray(AllocLog.SIZE), Access.LOCAL_WRITE)
+            sess.regions.append(mr)
+            sess.alloc_log = AllocLog(mr)
+        part = next(p for p in layout.partitions if p.ring == ring)
+        more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
+        more += free_branches(layout, lkey, ini, part, sess.alloc_log)
+        return session_chain(layout, lkey, ini, stores, more)
+
+    def _offloaded(self, sess: TargetSession, now: float) -> None:
+        """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
+        ran since the last look (docs/kbtp.md §8.1, the budget rule)."""
+        if sess.alloc_log is not None and (records := sess.alloc_log.take()):
+            call = self.core.offloaded_ring_ops
+            self._apply(self._guarded(sess, call, sess.sid, records, now))
 
     def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
         """RegisterMemory: an MR over the action's range whose TOs are the core's TOs, in
@@ -360,6 +385,7 @@ class KbtpTarget:
             if not sess.reason:
                 sess.reason = "the target is stopping"
             with trio.CancelScope(shield=True):
+                self._offloaded(sess, trio.current_time())
                 self._apply(self._guarded(sess, self.core.close_session, sid, trio.current_time()))
                 for mr in sess.regions:
                     self.regions.pop(mr.stag, None)
@@ -399,6 +425,7 @@ class KbtpTarget:
                 if runs != sess.chain_runs:  # answered by the RNIC: not idle
                     sess.chain_runs = runs
                     self.core.note_activity(sid, now)
+                self._offloaded(sess, now)
                 self._apply(self._guarded(sess, self.core.tick, now, sid))
 
     # ----------------------------------------------------------------------------------
@@ -434,6 +461,7 @@ class KbtpTarget:
     # ----------------------------------------------------------------------------------
     def _on_wc(self, sess: TargetSession, wc: WorkCompletion) -> None:
         now = trio.current_time()
+        self._offloaded(sess, now)
         if wc.opcode is WcOpcode.RECV:
             if wc.status is not WcStatus.SUCCESS:
                 return  # flushed: the connection is ending
@@ -541,6 +569,10 @@ class KbtpTarget:
                 )
                 if not self._post(sess, marker):
                     self._terminate(sess)
+        for sess in self.sessions.values():  # what the FREE chains must know (§8.1)
+            if sess.alloc_log is not None and sess.identity is not None:
+                deferred = len(self.core.ring_of(sess.identity).deferred)
+                sess.alloc_log.publish(deferred, self.core.pending_ops())
 
     def _post_rdma(
         self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode

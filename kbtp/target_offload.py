@@ -1,19 +1,22 @@
-"""Target-executed LOAD on the software RNIC's chains (docs/kbtp.md §8).
+"""Target-executed LOAD and mapped STORE on the software RNIC's chains (docs/kbtp.md §8.1).
 
-:func:`load_chain` builds the chain a session pre-posts once its HELLO is accepted: it
-waits for each received request (``WaitRecv``), checks in the RNIC what draft §6.1 and
-docs/kbtp.md §5.1 require of a LOAD that can be answered SUCCESS (length, Version, opcode,
-flags, Status, the handle served, Generation, entry VALID and SEALED, Data Length within
-the descriptor and not zero), then RDMA-writes the block named by the table entry to the
-Data Descriptor and sends the COMPLETION (a Send with Invalidate of the descriptor's STag
-with INVALIDATE), every address patched at execution time from the request and the entry
-(stack.rnic.chains).  It is ``rearm``: the RNIC re-posts the receive and the chain after
-each request, so the target application is called for no LOAD it answers.
+:func:`session_chain` builds the chain a session pre-posts once its HELLO is accepted: it
+waits for each received request (``WaitRecv``) and checks in the RNIC what draft §6.1
+and docs/kbtp.md §5.1 require of a LOAD that can be answered SUCCESS (length, Version,
+opcode, flags, Status, the handle served, Generation, entry VALID and SEALED, Data Length
+within the descriptor and not zero), then RDMA-writes the block named by the table entry
+to the Data Descriptor and sends the COMPLETION (a Send with Invalidate of the
+descriptor's STag with INVALIDATE), every address patched at execution time from the
+request and the entry (stack.rnic.chains); likewise mapped STORE (:func:`store_branches`)
+and, on a DIRECT_ALLOC partition, ALLOC_STORE and FREE (kbtp.target_offload_alloc).  It
+is ``rearm`` and keyed by the request's Handle: the RNIC re-posts the receive and the
+chain, and requests of other handles overlap (§6.0), so the target application is called
+for no request it answers.
 
 Anything else falls back: the receive completes to the application, the core processes the
 message as it would without offload (every other opcode, every error status, RECORD,
 ALLOW_UNSEALED, an empty block), and the binding ENABLEs the chain queue again when the
-core has taken the message (:func:`resume`).  Why that keeps §6.0's order: the chain runs
+core has taken the message (:func:`arm`).  Why that keeps §6.0's order: the chain runs
 only on a VALID and SEALED entry, and no operation of the core changes such an entry except
 FREE, which does so before it returns; a STORE, ALLOC_STORE or BIND in progress leaves its
 entry unsealed or not VALID until it is over, so a LOAD behind it falls back and queues.
@@ -42,6 +45,7 @@ from stack.constants import ALL_ONES_64
 from stack.rnic import (
     Branch,
     Chain,
+    ChainItem,
     Cmp,
     Guard,
     LocalWrite,
@@ -69,13 +73,16 @@ __all__ = [
 SESSION_CHAIN_WR_ID = (1 << 64) - 2
 """wr_id of a session's chain (apart from the driver's op ids and markers)."""
 
-OFFLOADED_OPCODES = frozenset({MessageOpcode.LOAD, MessageOpcode.STORE})
-"""Requests the RNIC answers without the target application (docs/kbtp.md §8)."""
+OFFLOADED_OPCODES = frozenset(
+    {MessageOpcode.LOAD, MessageOpcode.STORE, MessageOpcode.ALLOC_STORE, MessageOpcode.FREE}
+)
+"""Requests the RNIC may answer without the target application (docs/kbtp.md §8.1;
+ALLOC_STORE and FREE on a DIRECT_ALLOC partition only)."""
 
-_ENTRY_FLAGS = (0, 2)  # docs/kbtp.md §3.2: octet offset and size of each entry field
-_ENTRY_GENERATION = (2, 2)
-_ENTRY_DATA_LENGTH = (4, 4)
-_ENTRY_BLOCK_OFFSET = (8, 8)
+ENTRY_FLAGS = (0, 2)  # docs/kbtp.md §3.2: octet offset and size of each entry field
+ENTRY_GENERATION = (2, 2)
+ENTRY_DATA_LENGTH = (4, 4)
+ENTRY_BLOCK_OFFSET = (8, 8)
 _REQUEST_LEN = COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN  # LOAD, STORE without RECORD
 _READY = int(TableFlag.VALID | TableFlag.SEALED)
 
@@ -90,7 +97,7 @@ def _req(part: Part, name: str, base: int = 0) -> Ref:
     return Ref.recv(*_field(part, name, base))
 
 
-class _Request:
+class Request:
     """Refs into the received request and its table entry, and the COMPLETION template."""
 
     def __init__(self, layout: TargetLayout, lkey: int) -> None:
@@ -117,7 +124,7 @@ class _Request:
             Guard(_req(HEADER, "status"), Cmp.EQ, 0),
             Guard(self.handle, Cmp.GE, low),
             Guard(self.handle, Cmp.LT, low + count),
-            Guard(_req(HEADER, "generation"), Cmp.ZERO_OR_EQ, self.entry(_ENTRY_GENERATION)),
+            Guard(_req(HEADER, "generation"), Cmp.ZERO_OR_EQ, self.entry(ENTRY_GENERATION)),
         )
 
     def completion(self, opcode: MessageOpcode, data_length: Ref) -> tuple[SendWR, list[Patch]]:
@@ -129,13 +136,21 @@ class _Request:
             Patch(0, PatchField.PAYLOAD, _req(HEADER, "request_id"), at=_at(HEADER, "request_id")),
             Patch(0, PatchField.PAYLOAD, self.handle, at=_at(HEADER, "handle")),
             Patch(
-                0, PatchField.PAYLOAD, self.entry(_ENTRY_GENERATION), at=_at(HEADER, "generation")
+                0,
+                PatchField.PAYLOAD,
+                self.entry(ENTRY_GENERATION),
+                at=_at(HEADER, "generation"),
             ),
-            Patch(0, PatchField.PAYLOAD, data_length, at=_at(COMPLETION_BODY, "data_length", body)),
             Patch(
                 0,
                 PatchField.PAYLOAD,
-                self.entry(_ENTRY_BLOCK_OFFSET),
+                data_length,
+                at=_at(COMPLETION_BODY, "data_length", body),
+            ),
+            Patch(
+                0,
+                PatchField.PAYLOAD,
+                self.entry(ENTRY_BLOCK_OFFSET),
                 at=_at(COMPLETION_BODY, "block_offset", body),
             ),
         ]
@@ -146,11 +161,11 @@ def _at(part: Part, name: str, base: int = 0) -> int:
     return _field(part, name, base)[0]
 
 
-def _branches(
-    items: tuple[SendWR | LocalWrite, ...],
+def branches_of(
+    items: tuple[ChainItem, ...],
     patches: list[Patch],
     guards: tuple[Guard, ...],
-    req: _Request,
+    req: Request,
     flags: RequestFlag,
 ) -> list[Branch]:
     """Two branches: flags exactly ``flags`` (COMPLETION by Send), and with INVALIDATE
@@ -171,62 +186,62 @@ def _branches(
     ]
 
 
-def _shifted(patches: list[Patch], by: int) -> list[Patch]:
+def shifted(patches: list[Patch], by: int) -> list[Patch]:
     return [dataclasses.replace(p, wr=p.wr + by) for p in patches]
 
 
 def load_branches(layout: TargetLayout, lkey: int) -> list[Branch]:
     """LOAD (§6.1) answered SUCCESS: RDMA Write of the block, then the COMPLETION."""
-    req = _Request(layout, lkey)
-    length = req.entry(_ENTRY_DATA_LENGTH)
+    req = Request(layout, lkey)
+    length = req.entry(ENTRY_DATA_LENGTH)
     guards = (
         *req.header(MessageOpcode.LOAD, layout.table_base_handle, layout.table_entries),
-        Guard(req.entry(_ENTRY_FLAGS), Cmp.EQ, _READY, mask=_READY),
+        Guard(req.entry(ENTRY_FLAGS), Cmp.EQ, _READY, mask=_READY),
         Guard(length, Cmp.NE, 0),
         Guard(length, Cmp.LE, req.length),
     )
     write = SendWR(0, WrOpcode.RDMA_WRITE, (Sge(0, 0, lkey),), SendFlags.NONE)
     send, completion = req.completion(MessageOpcode.LOAD, length)
     patches = [
-        Patch(0, PatchField.SGE_ADDR, req.entry(_ENTRY_BLOCK_OFFSET)),
+        Patch(0, PatchField.SGE_ADDR, req.entry(ENTRY_BLOCK_OFFSET)),
         Patch(0, PatchField.SGE_LENGTH, length),
         Patch(0, PatchField.RKEY, req.stag),
         Patch(0, PatchField.REMOTE_ADDR, req.to),
-        *_shifted(completion, 1),
+        *shifted(completion, 1),
     ]
-    return _branches((write, send), patches, guards, req, RequestFlag.NONE)
+    return branches_of((write, send), patches, guards, req, RequestFlag.NONE)
 
 
 def store_branches(layout: TargetLayout, lkey: int, initiator: InitiatorConfig) -> list[Branch]:
     """Mapped STORE (§6.2) by RDMA Read answered SUCCESS: the Read into the block, then
     Data Length (and SEALED) in the entry, then the COMPLETION."""
-    req = _Request(layout, lkey)
+    req = Request(layout, lkey)
     guards = (
         *req.header(MessageOpcode.STORE, initiator.handle_base, initiator.handle_count),
-        Guard(req.entry(_ENTRY_FLAGS), Cmp.EQ, int(TableFlag.VALID)),
+        Guard(req.entry(ENTRY_FLAGS), Cmp.EQ, int(TableFlag.VALID)),
         Guard(req.length, Cmp.NE, 0),
         Guard(req.length, Cmp.LE, layout.block_size),
     )
     read = SendWR(0, WrOpcode.RDMA_READ, (Sge(0, 0, lkey),), SendFlags.NONE)
     read_patches = [
-        Patch(0, PatchField.SGE_ADDR, req.entry(_ENTRY_BLOCK_OFFSET)),
+        Patch(0, PatchField.SGE_ADDR, req.entry(ENTRY_BLOCK_OFFSET)),
         Patch(0, PatchField.SGE_LENGTH, req.length),
         Patch(0, PatchField.RKEY, req.stag),
         Patch(0, PatchField.REMOTE_ADDR, req.to),
     ]
-    record = LocalWrite(req.entry(_ENTRY_DATA_LENGTH), req.length)
-    seal = LocalWrite(req.entry(_ENTRY_FLAGS), _READY.to_bytes(_ENTRY_FLAGS[1], "big"))
+    record = LocalWrite(req.entry(ENTRY_DATA_LENGTH), req.length)
+    seal = LocalWrite(req.entry(ENTRY_FLAGS), _READY.to_bytes(ENTRY_FLAGS[1], "big"))
     send, completion = req.completion(MessageOpcode.STORE, req.length)
-    out = _branches(
+    out = branches_of(
         (read, record, send),
-        [*read_patches, *_shifted(completion, 2)],
+        [*read_patches, *shifted(completion, 2)],
         guards,
         req,
         RequestFlag.NONE,
     )
-    out += _branches(
+    out += branches_of(
         (read, record, seal, send),
-        [*read_patches, *_shifted(completion, 3)],
+        [*read_patches, *shifted(completion, 3)],
         guards,
         req,
         RequestFlag.SEAL,
@@ -235,14 +250,21 @@ def store_branches(layout: TargetLayout, lkey: int, initiator: InitiatorConfig) 
 
 
 def session_chain(
-    layout: TargetLayout, lkey: int, initiator: InitiatorConfig | None, stores: bool
+    layout: TargetLayout,
+    lkey: int,
+    initiator: InitiatorConfig | None,
+    stores: bool,
+    more: list[Branch] | None = None,
 ) -> Chain:
     """The chain a session pre-posts once its HELLO is accepted: LOAD, and with ``stores``
-    the initiator's mapped STOREs; re-armed after every request."""
+    the initiator's mapped STOREs, then ``more`` (ALLOC_STORE, kbtp.target_offload_alloc);
+    re-armed after every request."""
     branches = load_branches(layout, lkey)
     if stores and initiator is not None:
         branches += store_branches(layout, lkey, initiator)
-    return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True)
+    branches += more or []
+    key = _req(HEADER, "handle")  # §6.0: one at a time per handle, others concurrently
+    return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True, key=key)
 
 
 def arm(qp: QueuePair, chain: Callable[[], Chain], armed: bool) -> bool:

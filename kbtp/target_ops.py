@@ -20,7 +20,7 @@ from kbtp.constants import (
 )
 from kbtp.layout import TableEntry, read_entry, write_entry
 from kbtp.messages import AllocStore, Bind, Free, Load, Request, Store
-from kbtp.ring import CounterCorrupt, TicketOwner
+from kbtp.ring import CounterCorrupt, RingRecord, TicketOwner
 from kbtp.target_actions import Action, ReadFromInitiator, WriteToInitiator
 from kbtp.target_state import (
     SHARED_RING,
@@ -226,6 +226,31 @@ class RequestOps(CoreState):
         if isinstance(req, AllocStore):
             ini.allocating -= 1
         self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
+
+    def offloaded_ring_ops(
+        self, session: int, records: list[RingRecord], now: float
+    ) -> list[Action]:
+        """Account the ALLOC_STOREs and FREEs the session's chain ran on its partition ring
+        (docs/kbtp.md §8.1), in the order they ran, as if the core had run them: usage,
+        bound blocks, the ring's tickets, waiting allocations woken (§3.3, §3.4, §6.4)."""
+        out: list[Action] = []
+        sess = self._sessions.get(session)
+        if not records or sess is None or sess.identity is None:
+            return out
+        ini = self._initiators[sess.identity]
+        ring = self._rings[ini.ring]
+        for record in records:
+            if record.freed:
+                self._bound_blocks.pop(record.block, None)
+                ini.bound -= 1
+                ready: tuple[int, ...] = (record.ticket,)
+            else:
+                ready = ring.consumed_by_rnic(record.ticket, now)
+                self._bound_blocks[record.block] = record.handle
+                ini.bound += 1
+            self._wake(ini.ring, ready, out, now)
+        self.note_activity(session, now)
+        return out
 
     # -- §6.4 Block Free -----------------------------------------------------------------
     def _free(

@@ -1,10 +1,14 @@
-"""``kbtp bench --offload``: LOAD and STORE on the software and the offloaded target, one run.
+"""``kbtp bench --offload``: STORE, LOAD, ALLOC_STORE and FREE on the software and the
+offloaded target, one run.
 
 For each block size (default 4K, 64K, 1M) and each number of requests in flight (1 and the
 ``--inflight`` value, default 16), one in-process target of each kind (``KbtpTarget`` and
-``KbtpTarget(offload=True)``, docs/kbtp.md §8) serves one initiator over loopback TCP;
-each worker stores its buffer into its own block (mapped STORE, by RDMA Read), then
-loads it back (the blocks sealed in between).
+``KbtpTarget(offload=True)``, docs/kbtp.md §8) serves one initiator over loopback TCP,
+whose blocks are a DIRECT_ALLOC partition (so the offloaded target runs its ALLOC_STOREs
+and FREEs too, §8.1); each worker stores its buffer into its own block (mapped STORE, by
+RDMA Read), then loads it back (the blocks sealed in between); then rounds of
+``inflight`` ALLOC_STOREs (by RDMA Read) and of ``inflight`` FREEs alternate, each round
+timed on its own.
 Figures per row: operations per second, latency p50 and p99, the calls into the target
 application per operation and its CPU time per operation (thread CPU time spent inside
 the target core's entry points), the requests the target's RNIC answered by itself per
@@ -21,7 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -46,6 +50,7 @@ _ENTRY_POINTS = (
     "memory_registered",
     "receive_batch",
     "tick",
+    "offloaded_ring_ops",
 )
 """The target core's methods the binding calls: the target application's work."""
 
@@ -117,7 +122,7 @@ class OffloadRow:
 
 
 HEADER = (
-    f"{'operation':<9} {'target':<8} {'size':>5} {'in flight':>9} {'iters':>5} {'ops/s':>7}"
+    f"{'operation':<11} {'target':<8} {'size':>5} {'in flight':>9} {'iters':>5} {'ops/s':>7}"
     f" {'p50 us':>7} {'p99 us':>7} {'app calls/op':>12} {'app CPU us/op':>13} {'RNIC/op':>7}"
     f" {'CPU us/op':>9}"
 )
@@ -127,7 +132,7 @@ def format_row(r: OffloadRow) -> str:
     from kbtp.cli.bench import size_label
 
     return (
-        f"{r.op.upper():<9} {r.target:<8} {size_label(r.size):>5} {r.inflight:>9}"
+        f"{r.op.upper():<11} {r.target:<8} {size_label(r.size):>5} {r.inflight:>9}"
         f" {r.iters:>5} {r.ops:>7.0f} {r.percentile(0.5) * 1e6:>7.0f}"
         f" {r.percentile(0.99) * 1e6:>7.0f}"
         f" {r.app_calls / r.iters:>12.2f} {r.app_cpu / r.iters * 1e6:>13.1f}"
@@ -140,6 +145,9 @@ async def bench_rows(
 ) -> list[OffloadRow]:
     """STORE then LOAD ``iters`` times each, ``inflight`` at once, on a fresh target."""
     config = bench_config(size, inflight, inflight, DEFAULT_MAX_INLINE)
+    config = replace(
+        config, initiators=tuple(replace(i, direct_alloc=True) for i in config.initiators)
+    )
     target = KbtpTarget(config, settings=settings, offload=offload)
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
@@ -183,7 +191,52 @@ async def bench_rows(
                 )
             if any(buf != data for buf in buffers):
                 raise CliError("LOAD returned wrong data")
+            for w in range(inflight):
+                await ini.free(w)
+
+            async def alloc_store(w: int) -> None:
+                await ini.alloc_store(w, data, inline=False)
+
+            async def free(w: int) -> None:
+                await ini.free(w)
+
+            rows += await _ring_rows(running, meter, name, size, inflight, iters, alloc_store, free)
+            await ini.alloc_store(0, data, inline=False, seal=True)
+            if await ini.load(0) != data:
+                raise CliError("ALLOC_STORE placed wrong data")
     return rows
+
+
+async def _ring_rows(
+    target: KbtpTarget,
+    meter: AppMeter,
+    name: str,
+    size: int,
+    inflight: int,
+    iters: int,
+    *jobs: Callable[[int], Awaitable[None]],
+) -> list[OffloadRow]:
+    """Rows of ``jobs`` (ALLOC_STORE, FREE) run in alternating rounds of ``inflight``."""
+    totals = [[0.0, 0.0, 0, 0.0, 0] for _ in jobs]  # seconds, cpu, calls, app cpu, runs
+    latencies: list[list[float]] = [[] for _ in jobs]
+    done = 0
+    while done < iters:
+        n = min(inflight, iters - done)
+        for k, job in enumerate(jobs):
+            calls, app_cpu, runs0 = meter.requests, meter.cpu, _runs(target)
+            seconds, cpu, lat = await _timed(job, n, n)
+            t = totals[k]
+            t[0] += seconds
+            t[1] += cpu
+            t[2] += meter.requests - calls
+            t[3] += meter.cpu - app_cpu
+            t[4] += _runs(target) - runs0
+            latencies[k] += lat
+        done += n
+    return [
+        OffloadRow(op, name, size, inflight, iters, t[0], lat, int(t[2]), t[3], int(t[4]), t[1])
+        for op, t, lat in zip(("alloc_store", "free"), totals, latencies, strict=True)
+    ]
 
 
 def _runs(target: KbtpTarget) -> int:
@@ -228,7 +281,8 @@ def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
     rows: list[OffloadRow] = []
     with text_to_stderr_if_json_stdout(args.json):
         print(
-            "kbtp bench --offload: STORE and LOAD, software target vs offloaded target "
+            "kbtp bench --offload: STORE, LOAD, ALLOC_STORE, FREE, software target vs offloaded "
+            "target "
             "(docs/kbtp.md §8), one process, loopback TCP; app = the target core's entry points"
         )
         print(HEADER, flush=True)

@@ -12,22 +12,27 @@ queue* (apart from its send queue, which keeps working) for a trigger:
 
 A triggered chain picks the first :class:`Branch` whose :class:`Guard` s all hold and posts
 that branch's work requests on the send queue (a :class:`LocalWrite` among them writes
-registered memory once the WRs before it have completed).  Each :class:`Patch` replaces a
+registered memory once the WRs before it have completed; a :class:`LocalAtomic` runs an
+RFC 7306 FetchAdd or CmpSwap there and stores the original value for later Refs; a
+:class:`Check` evaluates guards at that point and, if one fails, *stops* the chain: it
+falls back as below, what ran before it staying done).  Each :class:`Patch` replaces a
 field of one of them when it reaches the head of the send queue (execution time), from a
-:class:`Ref`:
-octets of the triggering receive or of any registered memory, at an address that may itself
-be computed from another Ref.  Every Ref is read through the checks of a local SGE (lkey,
+:class:`Ref`: octets of the triggering receive, of the run's own scratch (``Ref.run``) or
+of any registered memory, at an address that may itself be computed from another Ref.
+Every Ref is read through the checks of a local SGE (lkey,
 PD, bounds) and the patched WR is then checked as any other (local and remote STags,
 rights, bounds), so a patch cannot reach memory its WR could not.
 
 No branch holds: the chain *falls back*.  The receive completion goes to the receive CQ as
 if no chain existed, and the chain queue stalls until the application calls
 ``qp.enable_chains()`` (ENABLE), so software handles the message before any later one.  A
-``held`` chain also waits for ENABLE.  Chains run one at a time, each after the previous
-chain's WRs completed; a ``rearm`` chain goes back to the tail of the queue after it ran or
-fell back.  A Ref outside its MR fails the chain with LOC_PROT_ERR (a receive read past its
-message: LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12);
-nothing of the failing WR has touched memory.  A QP that fails flushes its chains with
+``held`` chain also waits for ENABLE.  A run is *in flight* once it waits on its WRs or
+has started every item; then a ``rearm`` chain goes back to the tail of the queue (or once
+it fell back), and the next chain may trigger if it has a ``key`` whose value no run in
+flight shares (runs of one key, and chains without a key, go one at a time).  A Ref
+outside its MR fails the chain with LOC_PROT_ERR (a receive read past its message:
+LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12); nothing
+of the failing WR has touched memory.  A QP that fails flushes its chains with
 WR_FLUSH_ERR (opcode :attr:`~stack.rnic.verbs.WcOpcode.CHAIN`) and the receives they held.
 """
 
@@ -36,64 +41,58 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from stack.constants import ALL_ONES_64, TERM_RDMAP_CATASTROPHIC
-from stack.errors import LocalError, RdmapError
+from stack.constants import ALL_ONES_64, ATOMIC_ALIGNMENT, TERM_RDMAP_CATASTROPHIC
+from stack.errors import RdmapError
+from stack.rnic.chain_checks import check_chain
+from stack.rnic.chain_items import (
+    RECV,
+    RECV_LEN,
+    RUN,
+    RUN_SCRATCH,
+    Branch,
+    Chain,
+    ChainItem,
+    Check,
+    Cmp,
+    Guard,
+    LocalAtomic,
+    LocalWrite,
+    Patch,
+    PatchField,
+    Ref,
+    WaitCq,
+    WaitRecv,
+)
 from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
-from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
+from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion
+from stack.wire.events import AtomicRequest
 
 if TYPE_CHECKING:
-    from stack.rnic.cq import CompletionQueue
     from stack.rnic.qp_send import QpSend
 
-RECV = -1
-""":attr:`Ref.lkey` of the triggering receive: ``addr`` is an octet offset in its message."""
-RECV_LEN = -2
-""":attr:`Ref.lkey` of the triggering receive's length (``byte_len``; addr, width unused)."""
-
-_MAX_REF = 4096  # octets one Ref may copy (a PAYLOAD patch)
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """``width`` octets at ``addr`` of the MR ``lkey`` (or :data:`RECV`), read at execution
-    time; with ``index`` the address is ``addr + scale * value(index)`` mod 2^64."""
-
-    lkey: int
-    addr: int = 0
-    width: int = 8
-    byteorder: Literal["big", "little"] = "big"
-    index: Ref | None = None
-    scale: int = 1
-
-    @classmethod
-    def recv(cls, offset: int, width: int, byteorder: Literal["big", "little"] = "big") -> Ref:
-        """Octets ``offset``.. of the received message."""
-        return cls(RECV, offset, width, byteorder)
-
-    @classmethod
-    def recv_len(cls) -> Ref:
-        """The received message's length."""
-        return cls(RECV_LEN, 0, 4)
-
-    def uses_recv(self) -> bool:
-        return self.lkey in (RECV, RECV_LEN) or (self.index is not None and self.index.uses_recv())
-
-
-class PatchField(Enum):
-    """The fields a :class:`Patch` may set (octets of the value, or raw octets)."""
-
-    REMOTE_ADDR = "remote_addr"
-    RKEY = "rkey"
-    SGE_ADDR = "sge_addr"
-    SGE_LENGTH = "sge_length"
-    COMPARE_ADD = "compare_add"
-    SWAP = "swap"
-    INVALIDATE_RKEY = "invalidate_rkey"
-    PAYLOAD = "payload"
-
+__all__ = [
+    "RECV",
+    "RECV_LEN",
+    "RUN",
+    "RUN_SCRATCH",
+    "Branch",
+    "Chain",
+    "ChainItem",
+    "ChainQueue",
+    "ChainRun",
+    "Check",
+    "Cmp",
+    "Guard",
+    "LocalAtomic",
+    "LocalWrite",
+    "Patch",
+    "PatchField",
+    "Ref",
+    "WaitCq",
+    "WaitRecv",
+]
 
 _BITS = {
     PatchField.REMOTE_ADDR: 64,
@@ -104,107 +103,6 @@ _BITS = {
     PatchField.SWAP: 64,
     PatchField.INVALIDATE_RKEY: 32,
 }
-_REMOTE_OPS = frozenset(
-    {
-        WrOpcode.RDMA_WRITE,
-        WrOpcode.RDMA_WRITE_WITH_IMM,
-        WrOpcode.RDMA_READ,
-        WrOpcode.RDMA_READ_WITH_INV,
-        WrOpcode.ATOMIC_FETCH_AND_ADD,
-        WrOpcode.ATOMIC_CMP_AND_SWP,
-    }
-)
-_ATOMICS = frozenset({WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP})
-_APPLIES = {
-    PatchField.REMOTE_ADDR: _REMOTE_OPS,
-    PatchField.RKEY: _REMOTE_OPS,
-    PatchField.COMPARE_ADD: _ATOMICS,
-    PatchField.SWAP: _ATOMICS,
-    PatchField.INVALIDATE_RKEY: frozenset({WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV}),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Patch:
-    """Set ``field`` of WR ``wr`` (its index in the branch) to ``value(src) + add`` (mod the
-    field's width); SGE fields name SGE ``at``; PAYLOAD copies ``src.width`` octets into the
-    WR's inline data at octet ``at``."""
-
-    wr: int
-    field: PatchField
-    src: Ref
-    add: int = 0
-    at: int = 0
-
-
-class Cmp(Enum):
-    """How a :class:`Guard` compares (unsigned, after the mask)."""
-
-    EQ = "=="
-    NE = "!="
-    LE = "<="
-    LT = "<"
-    GE = ">="
-    ZERO_OR_EQ = "0 or =="
-    """The left value is zero or equals the right one."""
-
-
-@dataclass(frozen=True, slots=True)
-class Guard:
-    """``left & mask`` compared with ``right`` (a constant, or a Ref's value ``& mask``)."""
-
-    left: Ref
-    cmp: Cmp
-    right: Ref | int
-    mask: int = ALL_ONES_64
-
-
-@dataclass(frozen=True, slots=True)
-class LocalWrite:
-    """A chain item that writes ``dst.width`` octets into registered memory at ``dst`` (an
-    lkey with LOCAL_WRITE, checked like a local SGE): ``src``'s octets (a Ref of the same
-    width) or constant bytes.  It runs once every earlier WR of its branch has completed
-    (a Read's data is placed), and later WRs start after it."""
-
-    dst: Ref
-    src: Ref | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    """Work requests (and LocalWrites) a chain runs when every guard holds, with their
-    patches (``Patch.wr`` indexes ``wrs``)."""
-
-    wrs: tuple[SendWR | LocalWrite, ...]
-    patches: tuple[Patch, ...] = ()
-    guards: tuple[Guard, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class WaitRecv:
-    """WAIT for the QP's next receive completion."""
-
-
-@dataclass(frozen=True, slots=True)
-class WaitCq:
-    """WAIT until ``cq`` has had ``count`` completions pushed (:attr:`CompletionQueue.total`)."""
-
-    cq: CompletionQueue
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Chain:
-    """A chain of the chain queue (see the module docstring); ``signaled``: a CHAIN
-    completion with ``wr_id`` when it has run (``extra['branch']``: which branch) or fell
-    back (``extra['branch']`` None)."""
-
-    wr_id: int
-    wait: WaitRecv | WaitCq
-    branches: tuple[Branch, ...]
-    rearm: bool = False
-    held: bool = False
-    signaled: bool = False
 
 
 @dataclass(slots=True)
@@ -217,27 +115,40 @@ class ChainRun:
     """One triggered chain: resolves its WRs' patches and learns of their completions."""
 
     def __init__(
-        self, queue: ChainQueue, posted: _Posted, branch: int, recv: tuple[RecvWR, bytes] | None
+        self,
+        queue: ChainQueue,
+        posted: _Posted,
+        branch: int,
+        recv: tuple[RecvWR, bytes] | None,
+        wc: WorkCompletion | None = None,
+        read: _Reader | None = None,
+        key: int | None = None,
     ) -> None:
         self.queue = queue
         self.posted = posted
         self.branch = branch
         self.recv = recv
+        self.wc = wc
+        self.read = queue.reader(recv) if read is None else read
+        self.key = key
+        self.done = False
+        self.rearmed = False
         self.index: dict[int, int] = {}
         self.left = 0
         self.next = 0  # the next item of the branch to start
         self.status = WcStatus.SUCCESS
 
     def step(self) -> None:
-        """Start the branch's items in order: WRs up to the next LocalWrite join the send
-        queue; a LocalWrite runs once every earlier WR has completed."""
+        """Start the branch's items in order: WRs up to the next local item join the send
+        queue; a local item (LocalWrite, LocalAtomic, Check) runs once every earlier WR has
+        completed."""
         items = self.posted.chain.branches[self.branch].wrs
         qp = self.queue.qp
         while self.left == 0 and self.next < len(items):
             item = items[self.next]
-            if isinstance(item, LocalWrite):
+            if not isinstance(item, SendWR):
                 try:
-                    _local_write(item, self.queue.reader(self.recv))
+                    held = _run_local(item, self.read)
                 except _LocalWrError as exc:
                     self.status = exc.status
                     qp.fatal(
@@ -248,6 +159,9 @@ class ChainRun:
                         ),
                         send_terminate=True,
                     )
+                    return
+                if not held:
+                    self.queue.stopped(self, self.next)
                     return
                 self.next += 1
                 continue
@@ -261,7 +175,9 @@ class ChainRun:
                 self.next += 1
             self.left = len(entries)
             qp._enqueue(entries)
-        if self.left == 0 and self.next == len(items) and self.queue.running is self:
+        if self.queue.running is self and (self.left or self.next == len(items)):
+            self.queue.issued(self)  # waiting on its WRs, or every item started
+        if self.left == 0 and self.next == len(items):
             self.queue.finished(self)
 
     def resolve(self, entry: _SqEntry) -> None:
@@ -270,7 +186,7 @@ class ChainRun:
         branch = self.posted.chain.branches[self.branch]
         patches = [p for p in branch.patches if p.wr == i]
         if patches:
-            entry.wr = _patched(entry.wr, patches, self.queue.reader(self.recv))
+            entry.wr = _patched(entry.wr, patches, self.read)
 
     def wr_done(self, entry: _SqEntry) -> None:
         if entry.status is not WcStatus.SUCCESS and self.status is WcStatus.SUCCESS:
@@ -291,6 +207,9 @@ class ChainQueue:
         self.waiting: deque[_Posted] = deque()
         self.recvs: deque[tuple[RecvWR, WorkCompletion, bytes]] = deque()
         self.running: ChainRun | None = None
+        """The run whose items are not all started yet."""
+        self.flight: list[ChainRun] = []
+        """Runs whose items have all started, with WRs still outstanding."""
         self.stalled = False
         self._watched: set[int] = set()
         self.runs = 0
@@ -302,7 +221,7 @@ class ChainQueue:
     # ---------------------------------------------------------------- verbs
     def post(self, chain: Chain) -> None:
         """Check ``chain`` against the QP (LocalError) and queue it."""
-        self._check(chain)
+        check_chain(self.qp, chain)
         if isinstance(chain.wait, WaitCq) and id(chain.wait.cq) not in self._watched:
             self._watched.add(id(chain.wait.cq))
             chain.wait.cq.watchers.append(self.advance)
@@ -321,41 +240,11 @@ class ChainQueue:
                     count -= 1
         self.advance()
 
-    def _check(self, chain: Chain) -> None:
-        qp = self.qp
-        if isinstance(chain.wait, WaitRecv) and qp.srq is not None:
-            raise LocalError("chains cannot WAIT on receives of a QP with an SRQ")
-        for branch in chain.branches:
-            if len(branch.wrs) > qp.cap.max_send_wr:
-                raise LocalError(f"chain {chain.wr_id}: a branch exceeds max_send_wr")
-            refs: list[Ref] = [p.src for p in branch.patches]
-            for item in branch.wrs:
-                if isinstance(item, SendWR):
-                    qp._check_wr(item)
-                    continue
-                src = item.src
-                if item.dst.lkey in (RECV, RECV_LEN):
-                    raise LocalError(f"chain {chain.wr_id}: a LocalWrite goes to an MR")
-                if (len(src) if isinstance(src, bytes) else src.width) != item.dst.width:
-                    raise LocalError(f"chain {chain.wr_id}: LocalWrite widths differ")
-                refs.append(item.dst)
-                if isinstance(src, Ref):
-                    refs.append(src)
-            for guard in branch.guards:
-                refs.append(guard.left)
-                if isinstance(guard.right, Ref):
-                    refs.append(guard.right)
-            for ref in refs:
-                _check_ref(ref, chain)
-            for patch in branch.patches:
-                _check_patch(patch, branch, chain)
-
     # ---------------------------------------------------------------- triggers
     def take_recv(self, wr: RecvWR, wc: WorkCompletion) -> bool:
         """A receive completed: hold it for the chains if any waits on receives."""
-        if not any(isinstance(p.chain.wait, WaitRecv) for p in self.waiting) and (
-            self.running is None or not isinstance(self.running.posted.chain.wait, WaitRecv)
-        ):
+        active = [r.posted for r in self.flight] + [r.posted for r in [self.running] if r]
+        if not any(isinstance(p.chain.wait, WaitRecv) for p in [*self.waiting, *active]):
             return False
         try:
             data = self._message(wr, wc.byte_len)
@@ -386,7 +275,10 @@ class ChainQueue:
             while self.running is None and not self.stalled and self.waiting:
                 if self.qp.state not in _SENDING or not self._triggered(self.waiting[0]):
                     return
-                self._trigger(self.waiting.popleft())
+                key = self._key(self.waiting[0])
+                if key is False:
+                    return
+                self._trigger(self.waiting.popleft(), key)
         finally:
             self._advancing = False
 
@@ -398,7 +290,24 @@ class ChainQueue:
             return bool(self.recvs)
         return wait.cq.total >= wait.count
 
-    def _trigger(self, posted: _Posted) -> None:
+    def _key(self, posted: _Posted) -> int | None | bool:
+        """The head chain's key value, or False while it must wait for runs in flight."""
+        key = posted.chain.key
+        if key is None:
+            return False if self.flight else None
+        recv = None
+        if isinstance(posted.chain.wait, WaitRecv):
+            wr, _wc, data = self.recvs[0]
+            recv = (wr, data)
+        try:
+            value = self.reader(recv).value(key)
+        except _LocalWrError:
+            return False if self.flight else None  # the trigger reports the bad Ref
+        if any(r.key is None or r.key == value for r in self.flight):
+            return False
+        return value
+
+    def _trigger(self, posted: _Posted, key: int | None = None) -> None:
         chain = posted.chain
         recv = None
         wc = None
@@ -421,16 +330,9 @@ class ChainQueue:
             )
             return
         if chosen is None:  # fall back to software, which ENABLEs the queue again
-            self.fallbacks += 1
-            self.stalled = True
-            if chain.rearm:
-                self.waiting.append(posted)
-            if wc is not None:
-                self.qp._deliver_recv(wc)
-            if chain.signaled:
-                self._completion(chain, WcStatus.SUCCESS, None)
+            self._fall_back(posted, wc, None, None)
             return
-        run = ChainRun(self, posted, chosen, recv)
+        run = ChainRun(self, posted, chosen, recv, wc, read, key)
         self.running = run
         self.runs += 1
         run.step()
@@ -438,10 +340,57 @@ class ChainQueue:
     def reader(self, recv: tuple[RecvWR, bytes] | None) -> _Reader:
         return _Reader(self.qp, None if recv is None else recv[1])
 
+    def _fall_back(
+        self,
+        posted: _Posted,
+        wc: WorkCompletion | None,
+        branch: int | None,
+        at: int | None,
+        rearmed: bool = False,
+    ) -> None:
+        """The receive goes to the application; the queue stalls until ENABLE."""
+        self.fallbacks += 1
+        self.stalled = True
+        if posted.chain.rearm and not rearmed:
+            self.waiting.append(posted)
+        if wc is not None:
+            self.qp._deliver_recv(wc)
+        if posted.chain.signaled:
+            self._completion(posted.chain, WcStatus.SUCCESS, branch, at)
+
+    def stopped(self, run: ChainRun, at: int) -> None:
+        """A :class:`Check` at item ``at`` of ``run`` failed: the chain falls back there."""
+        run.done = True
+        if self.running is run:
+            self.running = None
+        if run in self.flight:
+            self.flight.remove(run)
+        self._fall_back(run.posted, run.wc, run.branch, at, run.rearmed)
+        self.advance()
+
     # ---------------------------------------------------------------- completion
-    def finished(self, run: ChainRun) -> None:
-        """Every WR of ``run`` completed: re-post its receive, re-arm, run the next."""
+    def issued(self, run: ChainRun) -> None:
+        """``run`` waits on its WRs or has started every item: it is in flight, a
+        ``rearm`` chain goes back to the queue, and the next chain may trigger (see
+        :attr:`Chain.key`)."""
         self.running = None
+        if run.status is not WcStatus.SUCCESS:
+            return
+        self.flight.append(run)
+        if run.posted.chain.rearm:
+            run.rearmed = True
+            self.waiting.append(run.posted)
+        self.advance()
+
+    def finished(self, run: ChainRun) -> None:
+        """Every WR of ``run`` completed: re-post its receive, signal, run the next."""
+        if run.done:
+            return
+        run.done = True
+        if self.running is run:
+            self.running = None
+        if run in self.flight:
+            self.flight.remove(run)
         chain = run.posted.chain
         if run.status is not WcStatus.SUCCESS:  # a WR failed: the QP is failing
             self._completion(chain, run.status, run.branch)
@@ -452,14 +401,15 @@ class ChainQueue:
             self.qp.post_recv(run.recv[0])
         if chain.signaled:
             self._completion(chain, WcStatus.SUCCESS, run.branch)
-        if chain.rearm:
-            self.waiting.append(run.posted)
         self.advance()
 
     def fail(self) -> None:
         """The QP failed: flush every chain and every receive held for them."""
-        if self.running is not None:
-            run, self.running = self.running, None
+        runs = [*self.flight, *([self.running] if self.running is not None else [])]
+        self.running = None
+        self.flight = []
+        for run in runs:
+            run.done = True
             status = WcStatus.WR_FLUSH_ERR if run.status is WcStatus.SUCCESS else run.status
             self._completion(run.posted.chain, status, run.branch)
             if run.recv is not None:
@@ -470,9 +420,12 @@ class ChainQueue:
             wr = self.recvs.popleft()[0]
             self.qp._complete_recv(wr, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
 
-    def _completion(self, chain: Chain, status: WcStatus, branch: int | None) -> None:
+    def _completion(
+        self, chain: Chain, status: WcStatus, branch: int | None, at: int | None = None
+    ) -> None:
         wc = WorkCompletion(chain.wr_id, status, WcOpcode.CHAIN, self.qp.qp_num)
         wc.extra["branch"] = branch
+        wc.extra["stopped"] = at
         self.qp._push_wc(self.qp.send_cq, wc)
 
 
@@ -482,11 +435,16 @@ class _Reader:
     def __init__(self, qp: QpSend, message: bytes | None) -> None:
         self.qp = qp
         self.message = message
+        self.scratch = bytearray(RUN_SCRATCH)
+
+    def run_view(self, addr: int, width: int) -> memoryview:
+        """Octets of the run's scratch (LOC_LEN_ERR beyond it)."""
+        if addr + width > RUN_SCRATCH:
+            raise _LocalWrError(WcStatus.LOC_LEN_ERR, f"octets {addr}+{width} beyond the scratch")
+        return memoryview(self.scratch)[addr : addr + width]
 
     def octets(self, ref: Ref) -> bytes:
-        addr = ref.addr
-        if ref.index is not None:
-            addr = (addr + ref.scale * self.value(ref.index)) & ALL_ONES_64
+        addr = _address(ref, self)
         if ref.lkey == RECV_LEN:
             assert self.message is not None  # checked at post
             return len(self.message).to_bytes(ref.width, ref.byteorder)
@@ -497,6 +455,8 @@ class _Reader:
                     WcStatus.LOC_LEN_ERR, f"octets {addr}+{ref.width} beyond the received message"
                 )
             return self.message[addr : addr + ref.width]
+        if ref.lkey == RUN:
+            return bytes(self.run_view(addr, ref.width))
         return bytes(self.qp._local(Sge(addr, ref.width, ref.lkey), 0)[1])
 
     def value(self, ref: Ref) -> int:
@@ -540,45 +500,57 @@ def _patched(wr: SendWR, patches: list[Patch], read: _Reader) -> SendWR:
     return dataclasses.replace(wr, sg_list=tuple(sges), **changes)  # type: ignore[arg-type]
 
 
+def _address(ref: Ref, read: _Reader) -> int:
+    if ref.index is None:
+        return ref.addr
+    return (ref.addr + ref.scale * read.value(ref.index)) & ALL_ONES_64
+
+
+def _run_local(item: ChainItem, read: _Reader) -> bool:
+    """Run a local item; False: a Check failed (the chain stops there)."""
+    if isinstance(item, Check):
+        return all(_holds(g, read) for g in item.guards)
+    if isinstance(item, LocalWrite):
+        _local_write(item, read)
+    elif isinstance(item, LocalAtomic):
+        _local_atomic(item, read)
+    return True
+
+
 def _local_write(item: LocalWrite, read: _Reader) -> None:
     """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
-    data = item.src if isinstance(item.src, bytes) else read.octets(item.src)
+    src = item.src
+    if isinstance(src, bytes):
+        data = src
+    elif item.add:
+        data = ((read.value(src) + item.add) % (1 << 8 * src.width)).to_bytes(
+            src.width, src.byteorder
+        )
+    else:
+        data = read.octets(src)
     dst = item.dst
-    addr = dst.addr
-    if dst.index is not None:
-        addr = (addr + dst.scale * read.value(dst.index)) & ALL_ONES_64
-    _mr, view = read.qp._local(Sge(addr, dst.width, dst.lkey), _LOCAL_WRITE)
+    if dst.lkey == RUN:
+        read.run_view(_address(dst, read), dst.width)[:] = data
+        return
+    _mr, view = read.qp._local(Sge(_address(dst, read), dst.width, dst.lkey), _LOCAL_WRITE)
     view[:] = data
 
 
-def _check_ref(ref: Ref, chain: Chain) -> None:
-    if ref.uses_recv() and not isinstance(chain.wait, WaitRecv):
-        raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
-    if not 1 <= ref.width <= _MAX_REF or ref.addr < 0:
-        raise LocalError(f"chain {chain.wr_id}: Ref width must be 1..{_MAX_REF}")
-    if ref.index is not None:
-        if ref.index.width > 8:
-            raise LocalError(f"chain {chain.wr_id}: an index Ref is at most 8 octets")
-        _check_ref(ref.index, chain)
-
-
-def _check_patch(patch: Patch, branch: Branch, chain: Chain) -> None:
-    where = f"chain {chain.wr_id}: patch of WR {patch.wr}"
-    if not 0 <= patch.wr < len(branch.wrs):
-        raise LocalError(f"{where}: no such WR in its branch")
-    wr = branch.wrs[patch.wr]
-    if not isinstance(wr, SendWR):
-        raise LocalError(f"{where}: a LocalWrite has no fields to patch")
-    field = patch.field
-    if field is PatchField.PAYLOAD:
-        size = len(wr.inline_data) if wr.inline_data is not None else -1
-        if patch.at < 0 or patch.at + patch.src.width > size:
-            raise LocalError(f"{where}: PAYLOAD must fall inside the WR's inline data")
-        return
-    if patch.src.width > 8:
-        raise LocalError(f"{where}: a value Ref is at most 8 octets")
-    if field in (PatchField.SGE_ADDR, PatchField.SGE_LENGTH):
-        if not 0 <= patch.at < len(wr.sg_list):
-            raise LocalError(f"{where}: no SGE {patch.at}")
-    elif wr.opcode not in _APPLIES[field]:
-        raise LocalError(f"{where}: {field.value} does not apply to {wr.opcode.value}")
+def _local_atomic(item: LocalAtomic, read: _Reader) -> None:
+    """Run a LocalAtomic: both addresses checked (LOCAL_WRITE, bounds, alignment) before
+    the atomic engine changes anything (EXT-05, EXT-07)."""
+    qp = read.qp
+    addr = _address(item.dst, read)
+    out_addr = _address(item.result, read)
+    mr, _view = qp._local(Sge(addr, 8, item.dst.lkey), _LOCAL_WRITE)
+    if item.result.lkey == RUN:
+        out = read.run_view(out_addr, 8)
+    else:
+        out = qp._local(Sge(out_addr, 8, item.result.lkey), _LOCAL_WRITE)[1]
+    if (mr.addr + addr - mr.base) % ATOMIC_ALIGNMENT:
+        raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"atomic address 0x{addr:x} not 8-aligned")
+    if item.swap is None:
+        req = AtomicRequest.fetch_add(0, mr.stag, addr, item.add, item.mask)
+    else:
+        req = AtomicRequest.cmp_swap(0, mr.stag, addr, item.add, item.swap)
+    out[:] = mr.atomic(req).to_bytes(8, item.result.byteorder)

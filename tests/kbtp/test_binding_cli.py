@@ -74,7 +74,7 @@ def test_bench_offload_rows_count_zero_application_calls_for_the_offloaded_targe
         (op, target, n)
         for n in (1, 2)
         for target in ("software", "offload")
-        for op in ("STORE", "LOAD")
+        for op in ("STORE", "LOAD", "ALLOC_STORE", "FREE")
     ]
     for r in rows:
         offloaded = r["target"] == "offload"

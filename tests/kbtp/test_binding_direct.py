@@ -19,7 +19,19 @@ from stack.constants import (
     TERM_RDMAP_OP_UNSPECIFIED,
     TERM_RDMAP_STAG_NOT_ASSOCIATED,
 )
-from tests.kbtp.test_binding_ops import BLOCK, A, B, C, connect, data, serving, snapshot
+from tests.kbtp.test_binding_ops import (
+    BLOCK,
+    A,
+    B,
+    C,
+    connect,
+    data,
+    serving,
+    snapshot,
+    target_mode,
+)
+
+__all__ = ["target_mode"]  # autouse: every test against both targets (docs/kbtp.md §8)
 
 
 async def _until(predicate: object, timeout: float = 5.0) -> None:

@@ -8,7 +8,7 @@ status and change nothing (§6.0), and the errors that close a session (§9.3).
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -64,11 +64,12 @@ _MODE = {"offload": False}
 
 
 @pytest.fixture(autouse=True, params=["software", "offload"])
-def target_mode(request: pytest.FixtureRequest) -> str:
+def target_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every test runs against the software target and the offloaded one (docs/kbtp.md §8:
-    the initiator cannot tell them apart)."""
+    the initiator cannot tell them apart); other modules' tests get the software one."""
     _MODE["offload"] = request.param == "offload"
-    return str(request.param)
+    yield str(request.param)
+    _MODE["offload"] = False
 
 
 @asynccontextmanager

@@ -190,3 +190,125 @@ async def test_s8_an_entry_outside_the_pool_fails_the_chain_memory_unchanged() -
             assert sess.qp.state in (QpState.TERMINATE, QpState.ERROR)
             assert bytes(target.core.memory) == memory
             assert entry.valid
+
+
+D = InitiatorConfig(b"d", 32, 32, 6, "blue", direct_alloc=True)
+
+
+@asynccontextmanager
+async def partitioned(offload: bool = True) -> AsyncIterator[tuple[KbtpTarget, Counted]]:
+    """A target whose initiator ``d`` has a DIRECT_ALLOC partition of 6 blocks."""
+    cfg = TargetConfig(block_size=BLOCK, pool_blocks=16, initiators=(A, D), request_credits=8)
+    target = KbtpTarget(cfg, offload=offload)
+    async with target.running() as running:
+        yield running, Counted(running)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_alloc_stores_on_a_partition_make_zero_application_calls(offload: bool) -> None:
+    """§6.3 run by the RNIC: masked FetchAdd on the partition's Head, slot checked and
+    consumed, RDMA Read, entry 4-15 then 0-3, COMPLETION; the core's usage stays exact."""
+    with trio.fail_after(30):
+        async with partitioned(offload) as (target, counted), connect_as(target, "d") as a:
+            before = counted.calls
+            done = []
+            for i in range(4):
+                got = await a.alloc_store(32 + i, data(i, 1500 + i), seal=i % 2 == 1, inline=False)
+                assert got.ok and got.data_length == 1500 + i
+                done.append(got)
+            assert counted.calls - before == (0 if offload else 4)
+            ring = target.core.ring_of(b"d")
+            assert ring.head()[0] == 4
+            for i, got in enumerate(done):
+                entry = target.core.entry(32 + i)
+                assert (entry.valid, entry.sealed) == (True, i % 2 == 1)
+                assert (entry.generation, entry.block_offset) == (got.generation, got.block_offset)
+                assert target.core.block_bytes(got.block_offset, 1500 + i) == data(i, 1500 + i)
+                slot = ring.slot(i)
+                assert slot.consumed  # §3.3: consumed by the target
+            assert len({g.block_offset for g in done}) == 4
+            assert await a.load(33) == data(1, 1501)
+            # The core's accounting is exact: two more fit the quota of 6, the seventh not.
+            for i in (4, 5):
+                assert (await a.alloc_store(32 + i, data(i, 100), inline=False)).ok
+            over = await a.alloc_store(38, data(9, 100), inline=False, check=False)
+            assert over.status == Status.NO_SPACE  # the core looked at the log first
+            assert target.core.usage(b"d") == 6
+            assert (await a.free(32)).ok
+            again = await a.alloc_store(38, data(8, 700), inline=False)
+            assert again.ok and again.block_offset == done[0].block_offset  # round the ring
+            assert target.core.block_bytes(again.block_offset, 700) == data(8, 700)
+            over = await a.alloc_store(39, data(9, 100), inline=False, check=False)
+            assert over.status == Status.NO_SPACE and target.core.usage(b"d") == 6
+            if offload:  # only the two NO_SPACEs were the application's
+                assert counted.calls - before == 2
+            assert sorted(target.core.held_blocks()) == []
+            assert target.core.pending_ops() == 0
+
+
+def connect_as(target: KbtpTarget, who: str) -> AbstractAsyncContextManager[KbtpInitiator]:
+    return KbtpInitiator.connect("127.0.0.1", target.port, who)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s8_frees_on_a_partition_make_zero_application_calls(offload: bool) -> None:
+    """§6.4 run by the RNIC: entry 0-3 (Flags cleared, next Generation), FetchAdd on Tail,
+    the block into its consumed slot (Block Offset, then Sequence), COMPLETION; the blocks
+    go round the ring and the core's usage stays exact."""
+    with trio.fail_after(30):
+        async with partitioned(offload) as (target, counted), connect_as(target, "d") as a:
+            before = counted.calls
+            for round_ in range(3):  # 3 x 4 allocations on a ring of 8 slots: it wraps
+                stored = []
+                for i in range(4):
+                    payload = data(round_ * 4 + i, 900 + i)
+                    got = await a.alloc_store(40 + i, payload, seal=True, inline=False)
+                    assert got.ok
+                    stored.append(got)
+                for i, got in enumerate(stored):
+                    freed = await a.free(40 + i)
+                    assert freed.ok and freed.block_offset == got.block_offset
+                    entry = target.core.entry(40 + i)
+                    assert not entry.valid and entry.generation == freed.generation
+                    assert freed.generation == got.generation % 0xFFFF + 1
+            assert counted.calls - before == (0 if offload else 24)
+            ring = target.core.ring_of(b"d")
+            assert ring.head()[0] == ring.tail()[0] - 6 == 12  # every block back in the ring
+            assert sorted(ring.available_blocks()) == sorted(
+                target.core._partition_blocks(target.core.layout.partitions[0])
+            )
+            missing = await a.free(40, check=False)  # a decision: NOT_VALID, software
+            assert missing.status == Status.NOT_VALID
+            assert target.core.usage(b"d") == 0
+            assert counted.calls - before == (1 if offload else 25)
+
+
+async def test_s8_a_free_that_must_be_deferred_falls_back_and_stays_exact() -> None:
+    """§3.3: a FREE whose slot a direct allocation has not consumed yet must wait; the
+    chain cannot defer, so that FREE is the application's, and the ones after it too
+    until the deferred write is done (the BIND consumes the slot)."""
+    with trio.fail_after(30):
+        async with partitioned() as (target, counted), connect_as(target, "d") as a:
+            reserved = await a.reserve(data(7, 500))  # ticket 0, its slot not consumed
+            assert reserved.ticket == 0
+            for i in range(1, 6):
+                assert (await a.alloc_store(40 + i, data(i, 300), inline=False)).ok
+            before = counted.calls
+            for i in (1, 2):  # Tail tickets 6 and 7: slots 6 and 7, consumed
+                assert (await a.free(40 + i)).ok
+            assert counted.calls == before
+            assert (await a.free(43)).ok  # Tail ticket 8 = slot 0, ticket 0's: deferred
+            ring = target.core.ring_of(b"d")
+            assert counted.calls == before + 1 and len(ring.deferred) == 1
+            assert (await a.free(44)).ok  # the core holds a free back: software too
+            assert counted.calls == before + 2
+            bound = await a.bind(reserved, 40, seal=True)  # consumes slot 0: written now
+            assert bound.ok and not ring.deferred
+            assert await a.load(40) == data(7, 500)
+            assert (await a.free(45)).ok  # offloaded again
+            assert counted.calls == before + 3  # the two FREEs and the BIND; LOAD is not
+            again = await a.free(45, check=False)  # NOT_VALID: the core looks at the log
+            assert again.status == Status.NOT_VALID and target.core.usage(b"d") == 1
+            blocks = sorted(ring.available_blocks())
+            assert len(blocks) == 5 and len(set(blocks)) == 5
+            assert ring.tail()[0] == 11

@@ -13,8 +13,10 @@ from stack.rnic import (
     Access,
     Branch,
     Chain,
+    Check,
     Cmp,
     Guard,
+    LocalAtomic,
     LocalWrite,
     Patch,
     PatchField,
@@ -390,3 +392,206 @@ def test_a_local_write_into_memory_without_local_write_fails_the_chain() -> None
     with pytest.raises(LocalError):  # widths must agree
         bad = LocalWrite(Ref(readonly.lkey, readonly.base, 4), b"12345")
         server.side.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
+
+
+# -- LocalAtomic and Check: a ring allocation run by the RNIC ----------------------------
+SLOTS = 4  # 2^n slots of 16 octets: Sequence (4) | reserved (4) | value (8), big-endian
+TICKET_ADD = 0x0000_0001_0000_0010
+TICKET_MASK = (1 << 63) | (1 << 31) | (1 << 5)  # the carries dropped at bit 63, 31 and n+3
+
+
+class Ring:
+    """Side b hands out ring values: a masked FetchAdd on Head, a Check of the slot's
+    Sequence against the ticket, the slot consumed, the value sent back."""
+
+    def __init__(self, side: Side, *, head_addr: int = 0, head_access: Access | None = None):
+        self.side = side
+        self.head = side.mr(16, Access.LOCAL_WRITE if head_access is None else head_access)
+        self.head_addr = self.head.base + head_addr
+        self.slots = side.mr(16 * SLOTS)
+        self.scratch = side.mr(8)
+        self.inbox = side.mr(64 * 2)
+        side.qp.post_recv([RecvWR(i, (side.sge(self.inbox, 64 * i, 64),)) for i in range(2)])
+        for s in range(SLOTS):
+            self.fill(s, s, 0x1000 + s)
+
+    def fill(self, slot: int, sequence: int, value: int) -> None:
+        struct.pack_into(">IIQ", self.slots.buf, 16 * slot, sequence, 0, value)
+
+    def slot(self, at: int, width: int) -> Ref:
+        offset = Ref(self.scratch.lkey, self.scratch.base + 4, 4)  # low half of the result
+        return Ref(self.slots.lkey, self.slots.base + at, width, index=offset)
+
+    def chain(self, **kw: object) -> Chain:
+        ticket = Ref(self.scratch.lkey, self.scratch.base, 4)  # high half of the result
+        take = LocalAtomic(
+            Ref(self.head.lkey, self.head_addr, 8, "little"),
+            Ref(self.scratch.lkey, self.scratch.base, 8),
+            TICKET_ADD,
+            TICKET_MASK,
+        )
+        check = Check((Guard(self.slot(0, 4), Cmp.EQ, ticket),))
+        consume = LocalWrite(self.slot(8, 8), bytes([0xFF]) * 8)
+        reply = SendWR(6, WrOpcode.SEND, inline_data=bytes(16), send_flags=SendFlags.NONE)
+        branch = Branch(
+            (take, check, reply, consume),
+            patches=(
+                Patch(2, PatchField.PAYLOAD, Ref(self.scratch.lkey, self.scratch.base, 8)),
+                Patch(2, PatchField.PAYLOAD, self.slot(8, 8), at=8),
+            ),
+        )
+        return Chain(40, WaitRecv(), (branch,), **kw)  # type: ignore[arg-type]
+
+    def head_value(self) -> int:
+        return int.from_bytes(self.head.buf[self.head_addr - self.head.base :][:8], "little")
+
+
+def _ask(client: Client, wr_id: int = 5) -> None:
+    client.side.qp.post_recv(RecvWR(wr_id, (client.side.sge(client.inbox),)))
+    client.side.qp.post_send(SendWR(wr_id, WrOpcode.SEND, inline_data=b"take"))
+
+
+def test_a_local_fetch_add_feeds_a_check_and_the_addresses_after_it() -> None:
+    p = Pair()
+    ring, client = Ring(p.b), Client(p.a)
+    p.b.qp.post_chain(ring.chain(rearm=True))
+    answers = []
+    for _ in range(SLOTS + 1):
+        _ask(client)
+        p.pump()
+        answers.append(struct.unpack(">IIQ", client.inbox.buf[:16]))
+        client.side.cq.poll(100)
+        if len(answers) == 2:
+            ring.fill(0, SLOTS, 0x2000)  # slot 0 refilled for ticket N
+    assert answers[:SLOTS] == [(t, 16 * t, 0x1000 + t) for t in range(SLOTS)]
+    assert answers[SLOTS] == (SLOTS, 0, 0x2000)  # the Slot Offset wrapped, the Ticket did not
+    assert ring.head_value() == ((SLOTS + 1) << 32) | 16  # masked: no carry into bit 32
+    assert struct.unpack_from(">Q", ring.slots.buf, 8)[0] == (1 << 64) - 1  # consumed
+    assert _recvs(p.b) == []  # all answered by the RNIC
+
+
+def test_a_failing_check_stops_the_chain_there_and_falls_back() -> None:
+    p = Pair()
+    ring, client = Ring(p.b), Client(p.a)
+    ring.fill(0, 2**32 - SLOTS, (1 << 64) - 1)  # ticket 0's slot not yet filled
+    p.b.qp.post_chain(ring.chain(rearm=True, signaled=True))
+    _ask(client)
+    p.pump()
+    wcs = {wc.opcode: wc for wc in p.b.cq.poll(100)}
+    assert wcs[WcOpcode.RECV].status is WcStatus.SUCCESS  # the application's turn
+    assert (wcs[WcOpcode.CHAIN].extra["branch"], wcs[WcOpcode.CHAIN].extra["stopped"]) == (0, 1)
+    assert ring.head_value() == (1 << 32) | 16  # the FetchAdd before the Check stays done
+    assert int.from_bytes(ring.scratch.buf, "big") == 0  # the ticket it took: 0
+    assert WcOpcode.RECV not in {wc.opcode for wc in client.side.cq.poll(100)}  # no reply
+    _ask(client, wr_id=6)  # stalled until ENABLE
+    p.pump()
+    assert ring.head_value() == (1 << 32) | 16
+    p.b.qp.post_recv(RecvWR(0, (p.b.sge(ring.inbox, 0, 64),)))
+    p.b.qp.enable_chains()
+    p.pump()
+    assert struct.unpack(">IIQ", client.inbox.buf[:16]) == (1, 16, 0x1001)
+
+
+def test_a_local_atomic_without_local_write_or_misaligned_fails_and_changes_nothing() -> None:
+    for ring_kw in ({"head_access": Access(0)}, {"head_addr": 4}):
+        p = Pair()
+        ring, client = Ring(p.b, **ring_kw), Client(p.a)
+        p.b.qp.post_chain(ring.chain())
+        _ask(client)
+        p.pump()
+        wcs = {wc.opcode: wc for wc in p.b.cq.poll(100)}
+        assert wcs[WcOpcode.CHAIN].status is WcStatus.LOC_PROT_ERR
+        assert p.b.qp.state is QpState.TERMINATE
+        assert bytes(ring.head.buf) == bytes(16) and bytes(ring.scratch.buf) == bytes(8)
+
+
+def test_local_atomics_outside_the_checked_set_are_refused_when_posted() -> None:
+    p = Pair()
+    ring = Ring(p.b)
+    head = Ref(ring.head.lkey, ring.head.base, 8)
+    for bad in (
+        LocalAtomic(Ref(ring.head.lkey, ring.head.base, 4), head, 1),
+        LocalAtomic(head, Ref.recv(0, 8), 1),
+        LocalAtomic(Ref.recv(0, 8), head, 1),
+    ):
+        with pytest.raises(LocalError):
+            p.b.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
+    with pytest.raises(LocalError):  # a Check's Refs are checked like a guard's
+        check = Check((Guard(Ref.recv(0, 4), Cmp.EQ, 0),))
+        p.b.qp.post_chain(Chain(1, WaitCq(p.b.cq, 1), (Branch((check,)),)))
+
+
+def test_a_local_write_with_add_writes_the_value_plus_add_in_the_refs_byte_order() -> None:
+    p, server, client = _setup()
+    counter = server.side.mr(bytes.fromhex("00fffffe"))
+    at = Ref(counter.lkey, counter.base + 2, 2)
+    bump = LocalWrite(at, at, add=3)  # 0xfffe + 3 wraps to 0x0001 in two octets
+    reply = SendWR(5, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    branch = Branch((bump, reply), patches=(Patch(1, PatchField.PAYLOAD, at, at=2),))
+    server.side.qp.post_chain(Chain(3, WaitRecv(), (branch,)))
+    client.ask(1, 0)
+    p.pump()
+    assert bytes(counter.buf) == bytes.fromhex("00ff0001")
+    assert bytes(client.inbox.buf[2:4]) == bytes.fromhex("0001")  # patched after the write
+    with pytest.raises(LocalError):  # constant bytes take no add
+        bad = LocalWrite(at, b"12", add=1)
+        server.side.qp.post_chain(Chain(1, WaitRecv(), (Branch((bad,)),)))
+
+
+# -- keyed chains: runs of other keys in flight at once; the run's own scratch ------------
+def _keyed(server: Server, record: Side, key: Ref) -> Chain:
+    """Index 1: Read, then a LocalWrite, then the reply; any other index: the reply."""
+    log = record.mr(8)
+    slow = _read_then_record(server, log.lkey, log.base)
+    slow = Branch(slow.wrs, slow.patches, (Guard(Ref.recv(0, 4), Cmp.EQ, 1),))
+    reply = SendWR(6, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    fast = Branch((reply,), (Patch(0, PatchField.PAYLOAD, Ref.recv(16, 4), at=2),))
+    return Chain(9, WaitRecv(), (slow, fast), rearm=True, key=key)
+
+
+@pytest.mark.parametrize(("key_at", "order"), [(16, [0xBBBB, 0xAAAA]), (4, [0xAAAA, 0xBBBB])])
+def test_a_keyed_chain_triggers_while_a_run_of_another_key_waits_on_its_read(
+    key_at: int, order: list[int]
+) -> None:
+    """Key = the tag (different): the second request's reply overtakes the first one's,
+    which waits on its Read; key = the rkey (the same): they run one at a time."""
+    p, server, client = _setup()
+    server.side.qp.post_chain(_keyed(server, server.side, Ref.recv(key_at, 4)))
+    for index, tag, wr_id in ((1, 0xAAAA, 5), (2, 0xBBBB, 6)):
+        client.side.qp.post_recv(RecvWR(wr_id, (client.side.sge(client.inbox, 8 * wr_id, 8),)))
+        request = REQ.pack(index, client.sink.rkey, client.sink.base, tag)
+        client.side.qp.post_send(SendWR(wr_id, WrOpcode.SEND, inline_data=request))
+    p.pump()
+    arrived = [int.from_bytes(client.inbox.buf[at + 2 : at + 6], "big") for at in (40, 48)]
+    assert arrived == order  # replies land in the receives in arrival order
+    assert WcOpcode.RECV not in {wc.opcode for wc in server.side.cq.poll(100)}  # consumed
+    assert server.side.qp.chains is not None and not server.side.qp.chains.flight
+    assert len(server.side.qp._rq) == 4  # both receives re-posted
+
+
+def test_a_run_scratch_is_private_to_each_run() -> None:
+    """Two runs in flight at once each keep their own scratch octets (Ref.run)."""
+    p, server, client = _setup()
+    keep = LocalWrite(Ref.run(0, 4), Ref.recv(16, 4))  # the tag, before the Read
+    read = SendWR(4, WrOpcode.RDMA_READ, (Sge(server.pool.base, 8, server.pool.lkey),))
+    reply = SendWR(5, WrOpcode.SEND, inline_data=REPLY, send_flags=SendFlags.NONE)
+    branch = Branch(
+        (keep, read, reply),
+        patches=(
+            Patch(1, PatchField.RKEY, Ref.recv(4, 4)),
+            Patch(1, PatchField.REMOTE_ADDR, Ref.recv(8, 8)),
+            Patch(2, PatchField.PAYLOAD, Ref.run(0, 4), at=2),  # read after the Read
+        ),
+    )
+    server.side.qp.post_chain(Chain(9, WaitRecv(), (branch,), rearm=True, key=Ref.recv(16, 4)))
+    for tag, wr_id in ((0x11111111, 5), (0x22222222, 6)):
+        client.side.qp.post_recv(RecvWR(wr_id, (client.side.sge(client.inbox, 8 * wr_id, 8),)))
+        request = REQ.pack(1, client.sink.rkey, client.sink.base, tag)
+        client.side.qp.post_send(SendWR(wr_id, WrOpcode.SEND, inline_data=request))
+    p.pump()
+    assert bytes(client.inbox.buf[42:46]) == bytes.fromhex("11111111")
+    assert bytes(client.inbox.buf[50:54]) == bytes.fromhex("22222222")
+    with pytest.raises(LocalError):
+        server.side.qp.post_chain(
+            Chain(1, WaitRecv(), (Branch((LocalWrite(Ref.run(62, 4), b"1234"),)),))
+        )
