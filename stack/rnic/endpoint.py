@@ -98,7 +98,7 @@ class QpEndpoint:
                 if isinstance(event, PeerClosed):
                     self.peer_closed = True
                     self.closing = True
-                    if self._holding and self.qp.has_outgoing:
+                    if self.holding and self.qp.has_outgoing:
                         # MPA-25: nothing of ours may go out before the initiator's first
                         # FPDU, and it closed without one: what we queued is flushed.
                         self.qp.fatal(
@@ -153,7 +153,7 @@ class QpEndpoint:
         self.closing = True
 
     @property
-    def _holding(self) -> bool:
+    def holding(self) -> bool:
         """Responder before the initiator's first FPDU (MPA-25): messages stay queued."""
         mpa = getattr(self.engine, "mpa", None)
         return mpa is not None and mpa.awaiting_first_fpdu
@@ -178,7 +178,7 @@ class QpEndpoint:
 
     def _encode(self, limit: int) -> None:
         qp, engine = self.qp, self.engine
-        if engine.stream is not None and not self._holding:
+        if engine.stream is not None and not self.holding:
             budget = limit
             while budget > 0 and qp.has_outgoing:
                 msg = qp.pop_outgoing()

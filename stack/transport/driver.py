@@ -323,8 +323,8 @@ class RdmaConnection:
                     self._send_error = exc
                     break
             self._flush()
-            if not sendq.backlog and not self.qp.has_outgoing:
-                break
+            if not sendq.backlog and (not self.qp.has_outgoing or self.endpoint.holding):
+                break  # sent, or held until the initiator's first FPDU (MPA-25)
         if self._send_error is not None:
             self.error = self.error or self._send_error
             sendq.clear()
