@@ -21,8 +21,7 @@ import asyncio
 import threading
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import trio
 
@@ -32,7 +31,7 @@ from kbtp.constants import DEFAULT_HELLO_ACK_TIMEOUT, Capability
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import SessionClosed
 from kbtp.messages import HelloAck, Request
-from stack.verbs_sync import Context, RnicClosed
+from stack.verbs_sync import Closing, Context, RnicClosed
 from stack.wire.events import MpaSettings
 
 __all__ = ["CLOSE_TIMEOUT", "CONNECT_TIMEOUT", "BatchTicket", "KbtpClient"]
@@ -102,7 +101,7 @@ class BatchTicket:
         return f"<BatchTicket {self.count} blocks, {'done' if self.done() else f'{left} left'}>"
 
 
-class KbtpClient:
+class KbtpClient(Closing):
     """One KBTP session usable from any thread (see the module docstring).
 
     ``context``: the :class:`~stack.verbs_sync.Context` whose RNIC thread runs the session
@@ -319,17 +318,6 @@ class KbtpClient:
         finally:
             if self._own_context:
                 self.context.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<KbtpClient {self.context.name} {'closed' if self.closed else 'open'}>"

@@ -8,19 +8,18 @@ so a program without a trio loop of its own can serve blocks next to a
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from kbtp.target import KbtpTarget
 from kbtp.target_config import TargetConfig
 from stack.rnic import Rnic
-from stack.verbs_sync import RnicThread
+from stack.verbs_sync import Closing, RnicThread
 from stack.verbs_sync.portal import CALL_TIMEOUT, STOP_TIMEOUT
 
 __all__ = ["TargetThread"]
 
 
-class TargetThread:
+class TargetThread(Closing):
     """``config`` served on ``host``:``port`` (0: any free port; the bound one is ``port``)
     until :meth:`close`; ``target_options`` go to :class:`~kbtp.target.KbtpTarget`."""
 
@@ -50,14 +49,3 @@ class TargetThread:
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop serving (idempotent): every session is torn down and the thread ends."""
         self.thread.stop(timeout)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

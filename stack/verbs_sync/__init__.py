@@ -12,9 +12,10 @@ and their enums are :mod:`stack.rnic`'s.
 from stack.verbs_sync.cm import CMEvent, CMEventChannel, CMId
 from stack.verbs_sync.mailbox import RnicClosed
 from stack.verbs_sync.portal import RnicFailed, RnicThread
-from stack.verbs_sync.verbs import CQ, MR, PD, QP, SRQ, CompChannel, Context
+from stack.verbs_sync.verbs import CQ, MR, PD, QP, SRQ, Closing, CompChannel, Context
 
 __all__ = [
+    "Closing",
     "CMEvent",
     "CMEventChannel",
     "CMId",

@@ -20,7 +20,7 @@ from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
 from stack.verbs_sync.mailbox import Mailbox, RnicClosed
 from stack.verbs_sync.portal import CALL_TIMEOUT
-from stack.verbs_sync.verbs import QP, Context, _Closing
+from stack.verbs_sync.verbs import QP, Closing, Context
 from stack.wire.events import MpaSettings
 
 _LAST = frozenset(
@@ -70,7 +70,7 @@ class CMEvent:
         return f"<CMEvent {self.type.name} {self.id!r}>"
 
 
-class CMEventChannel(_Closing):
+class CMEventChannel(Closing):
     """Where the events of the ids created on it arrive, in order (pyverbs
     ``CMEventChannel``)."""
 
@@ -92,7 +92,7 @@ class CMEventChannel(_Closing):
         self._events.close(RnicClosed("CM event channel closed"))
 
 
-class CMId(_Closing):
+class CMId(Closing):
     """A connection identifier (``rdma_create_id``; pyverbs ``CMID``) on ``channel``.
 
     Passive side: :meth:`listen`, then each CONNECT_REQUEST event carries a new id to

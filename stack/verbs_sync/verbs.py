@@ -27,7 +27,7 @@ from stack.verbs_sync.portal import CALL_TIMEOUT, STOP_TIMEOUT, RnicThread
 from stack.wire.events import Terminate
 
 
-class _Closing:
+class Closing:
     """Context-manager support: ``with X(...) as x:`` closes ``x`` on the way out."""
 
     def close(self) -> None:
@@ -45,7 +45,7 @@ class _Closing:
         self.close()
 
 
-class Context(_Closing):
+class Context(Closing):
     """A software RNIC progressed by its own thread (``ibv_context``; pyverbs ``Context``).
 
     ``tap_factory`` records connections into a capture
@@ -85,7 +85,7 @@ class Context(_Closing):
         return f"<Context {self.name} {'closed' if self.closed else 'running'}>"
 
 
-class PD(_Closing):
+class PD(Closing):
     """A protection domain (``ibv_alloc_pd``; pyverbs ``PD(ctx)``)."""
 
     def __init__(self, ctx: Context) -> None:
@@ -103,7 +103,7 @@ class PD(_Closing):
         return f"<PD {self.pd.handle} of {self.ctx.name}>"
 
 
-class MR(_Closing):
+class MR(Closing):
     """A memory region (``ibv_reg_mr``; pyverbs ``MR(pd, length, access)``).
 
     ``buffer`` is any writable contiguous buffer (bytearray, memoryview, mmap, a numpy
@@ -188,7 +188,7 @@ class MR(_Closing):
         return f"<MR rkey=0x{self.rkey:08x} len={self.length}>"
 
 
-class CompChannel(_Closing):
+class CompChannel(Closing):
     """A completion channel (``ibv_create_comp_channel``; pyverbs ``CompChannel(ctx)``):
     the CQs created with it report their armed events here."""
 
@@ -210,7 +210,7 @@ class CompChannel(_Closing):
         self._events.close(RnicClosed("completion channel closed"))
 
 
-class CQ(CompletionQueue, _Closing):
+class CQ(CompletionQueue, Closing):
     """A completion queue that any thread may poll (``ibv_create_cq``; pyverbs
     ``CQ(ctx, cqe, cq_context, channel)``).
 
@@ -284,7 +284,7 @@ class CQ(CompletionQueue, _Closing):
         return f"<CQ of {self.ctx.name}: {len(self)} completions>"
 
 
-class SRQ(_Closing):
+class SRQ(Closing):
     """A shared receive queue (``ibv_create_srq``; pyverbs ``SRQ(pd, attr)``): QPs created
     with it take their receives from it."""
 
@@ -303,7 +303,7 @@ class SRQ(_Closing):
         """Nothing to release."""
 
 
-class QP(_Closing):
+class QP(Closing):
     """A reliable-connected queue pair (``ibv_create_qp``; pyverbs ``QP(pd, init_attr)``).
 
     Connect it with :class:`~stack.verbs_sync.cm.CMId`.  :meth:`post_send` and
