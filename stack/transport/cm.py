@@ -223,8 +223,6 @@ class Listener:
         self.cm = cm
         self.settings = settings
         self._send, self._recv = trio.open_memory_channel[ConnectRequest](backlog)
-        self.max_startups = max_startups
-        self.max_startups_per_peer = max_startups_per_peer
         self.slots = StartupSlots(max_startups, max_startups_per_peer)
         """The startup slots, shared fairly between peer addresses (``slots.evicted``)."""
         self.refused = 0

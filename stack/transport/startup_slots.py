@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["StartupSlot", "StartupSlots"]
 
@@ -27,7 +27,7 @@ class StartupSlot:
     host: str
     evict: Callable[[], None]
     evictable: bool = True
-    released: bool = field(default=False)
+    released: bool = False
 
 
 class StartupSlots:
