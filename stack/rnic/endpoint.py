@@ -155,8 +155,7 @@ class QpEndpoint:
     @property
     def holding(self) -> bool:
         """Responder before the initiator's first FPDU (MPA-25): messages stay queued."""
-        mpa = getattr(self.engine, "mpa", None)
-        return mpa is not None and mpa.awaiting_first_fpdu
+        return self.engine.mpa.awaiting_first_fpdu
 
     def produce(self, limit: int = MAX_COALESCE) -> bytearray:
         """Encode queued outbound messages (up to about ``limit`` payload bytes) into bytes.

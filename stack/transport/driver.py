@@ -172,7 +172,7 @@ class RdmaConnection:
     @property
     def awaiting_first_fpdu(self) -> bool:
         """Responder: nothing has come from the initiator yet; our FPDUs wait (MPA-25)."""
-        return self.engine.mpa.awaiting_first_fpdu
+        return self.endpoint.holding
 
     def send_first(self) -> None:
         """Responder: send without waiting for the initiator's first FPDU (waives MPA-25;
