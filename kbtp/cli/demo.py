@@ -132,6 +132,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the target with LOADs and mapped STOREs offloaded (docs/kbtp.md §8)",
     )
+    parser.add_argument(
+        "--unmasked-counter",
+        action="store_true",
+        help="trusted initiators ask for their partition ring in the unmasked counter format "
+        "(UNMASKED_COUNTER, docs/kbtp.md §3.7): DIRECT_ALLOC with a plain FetchAdd",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_json_argument(parser)
     parser.add_argument(
@@ -229,6 +235,8 @@ def demo_document(
             "max_inline_bytes": config.max_inline,
             "ticket_timeout_s": config.ticket_timeout,
             "emss_bytes": demo.settings.emss,
+            "offload": demo.args.offload,
+            "counter_format": "unmasked" if demo.args.unmasked_counter else "masked",
         },
         "initiators": [
             {
@@ -272,7 +280,8 @@ def print_summary(
     print(
         f"kbtp demo: {len(roles)} initiators ({shared} shared-ring, {len(roles) - shared} "
         f"trusted), {demo.target.config.pool_blocks} blocks of {demo.target.config.block_size} "
-        "octets, loopback TCP"
+        f"octets, loopback TCP{', offloaded target' * demo.args.offload}; partition rings "
+        f"in the {'unmasked' if demo.args.unmasked_counter else 'masked'} counter format"
     )
     print()
     print(f"{'operation':<14} {'status':<24} {'count':>7} {'octets':>13}")

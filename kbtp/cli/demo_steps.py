@@ -325,8 +325,8 @@ async def shared_bad_requests(
 async def trusted_scenario(demo: Demo, ini: KbtpInitiator, who: str, abandon: bool) -> None:
     ack = ini.ack
     assert ack is not None
-    if ini.granted != Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC:
-        demo.fail(who, f"granted {ini.granted!r}, expected both direct modes")
+    if ini.granted != trusted_capabilities(demo):
+        demo.fail(who, f"granted {ini.granted!r}, asked for {trusted_capabilities(demo)!r}")
         return
     base = ack.handle_base
 
@@ -432,11 +432,25 @@ async def _cross(demo: Demo, ini: KbtpInitiator, who: str, direct: bool) -> None
     await second.wait()
 
 
+BOTH_DIRECT_MODES = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
+"""What every demo initiator asks for; the target grants a shared-ring one neither."""
+
+
+def trusted_capabilities(demo: Demo) -> Capability:
+    """What a trusted initiator asks for: both direct modes, the partition ring in the
+    unmasked counter format with ``--unmasked-counter`` (docs/kbtp.md §3.7)."""
+    caps = BOTH_DIRECT_MODES
+    if demo.args.unmasked_counter:
+        caps |= Capability.UNMASKED_COUNTER
+    return caps
+
+
 async def run_initiator(demo: Demo, identity: str, trusted: bool, abandon: bool) -> None:
     passed = 0
+    caps = trusted_capabilities(demo) if trusted else BOTH_DIRECT_MODES
     try:
         async with KbtpInitiator.connect(
-            "127.0.0.1", demo.port, identity, settings=demo.settings
+            "127.0.0.1", demo.port, identity, capabilities=caps, settings=demo.settings
         ) as ini:
             try:
                 if trusted:

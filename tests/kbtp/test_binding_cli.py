@@ -59,6 +59,29 @@ def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
     assert all(r["direction"] == "i2r" and r["opcode_name"] == "Send" for r in flagged)
 
 
+@pytest.mark.parametrize("target", [[], ["--offload"]])
+def test_demo_unmasked_counter_allocates_with_plain_fetch_adds_on_the_wire(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: list[str]
+) -> None:
+    """docs/kbtp.md §3.7: with UNMASKED_COUNTER granted, the trusted initiator's Head
+    FetchAdds carry no mask and add one Ticket (2^32); without it they are masked."""
+    heads = {}
+    for counter in ("masked", "unmasked"):
+        pcap = tmp_path / f"{counter}.pcap"
+        argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "1"]
+        argv += ["-w", str(pcap), "--quiet", "--json", "-", *target]
+        argv += ["--unmasked-counter"] * (counter == "unmasked")
+        assert _run(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["verdict"] == "PASS" and report["parameters"]["counter_format"] == counter
+        assert iwarp_main(["dissect", str(pcap), "--json", "-Y", "opcode == 10"]) == 0
+        heads[counter] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert heads[counter], counter
+    assert all(r["atomic_add_swap_mask"] == 0 for r in heads["unmasked"])
+    assert {r["atomic_add_swap_data"] for r in heads["unmasked"]} == {1 << 32}
+    assert all(r["atomic_add_swap_mask"] != 0 for r in heads["masked"])
+
+
 def test_bench_offload_rows_count_zero_application_calls_for_the_offloaded_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
