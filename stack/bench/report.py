@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from stack.bench.options import BenchOptions
 from stack.bench.results import BwResult, IdleResult, LatResult
-from stack.wire.events import MpaSettings, Negotiated
+from stack.wire.events import Negotiated
 
 RESULT_LINE = "-" * 87
 BW_HEADER = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
@@ -144,8 +144,14 @@ def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
     return _row(lat_header(baseline, cpu), names + cpu_names, values + cpu_values)
 
 
-def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
-    """perftest's opening block: test name and the connection's parameters."""
+def header_block(
+    opts: BenchOptions, neg: Negotiated, layout: str, emss: int | None = None
+) -> list[str]:
+    """perftest's opening block: test name and the connection's parameters.
+
+    ``emss``: the EMSS the connection derived its MULPDU from (MPA-13; the socket's MSS
+    unless ``--mtu`` fixed it); None prints what the options asked for.
+    """
     kind = "Latency" if opts.latency else "BW"
     title = f"{TEST_NAMES[opts.test]} {kind} Test"
 
@@ -157,7 +163,8 @@ def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
 
     markers = f"{'ON' if neg.markers_tx else 'OFF'} (to server), "
     markers += f"{'ON' if neg.markers_rx else 'OFF'} (to client)"
-    emss = opts.emss if opts.emss is not None else MpaSettings().emss
+    emss = emss or opts.emss
+    mtu = f"{emss}[B] (EMSS)" if emss else "the socket's MSS (EMSS)"
     return [
         RESULT_LINE,
         title.center(len(RESULT_LINE)).rstrip(),
@@ -165,7 +172,7 @@ def header_block(opts: BenchOptions, neg: Negotiated, layout: str) -> list[str]:
         pair("Connection type", "RC", "Using SRQ", "OFF"),
         pair("MPA revision", neg.rev, "CRC", "ON" if neg.crc else "OFF"),
         one("Markers", markers),
-        one("Mtu", f"{emss}[B] (EMSS), MULPDU {neg.mulpdu}[B]"),
+        one("Mtu", f"{mtu}, MULPDU {neg.mulpdu}[B]"),
         one("TX depth", 1 if opts.latency else opts.tx_depth),
         one("Post list", opts.post_list),
         one("CQ Moderation", 1 if opts.latency else opts.cq_mod),

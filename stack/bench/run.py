@@ -160,7 +160,8 @@ async def run_benchmark(
                     neg = qps[0].conn.negotiated
                     assert neg is not None
                     record.negotiated = neg
-                    lines = header_block(opts, neg, layout)
+                    emss = qps[0].conn.engine.settings.emss
+                    lines = header_block(opts, neg, layout, emss)
                     header = lat_header if opts.latency else bw_header
                     lines.append(header(opts.baseline, opts.cpu))
                     out.write("\n".join(lines) + "\n")

@@ -34,6 +34,7 @@ from stack.bench.cli import parse_host_port
 from stack.cli.iwarp import main
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected
+from stack.wire.markers import mulpdu_for
 
 # perftest's strings, spelled out here independently of the module's constants.
 DASHES = "-" * 87
@@ -105,6 +106,11 @@ def test_write_bw_in_process_prints_perftest_table_and_baseline_ratio(
     assert header_value(out, "CRC") == "ON"
     assert header_value(out, "TX depth") == "128"
     assert header_value(out, "CQ Moderation") == "100"
+    # No --mtu: the EMSS is the connected socket's MSS, and the MULPDU follows it (MPA-13).
+    mtu = re.fullmatch(r"(\d+)\[B\] \(EMSS\), MULPDU (\d+)\[B\]", header_value(out, "Mtu"))
+    assert mtu, header_value(out, "Mtu")
+    emss, mulpdu = mtu.groups()
+    assert int(mulpdu) == mulpdu_for(int(emss), markers=False)
     [row] = table_rows(out, BW_HEADER)
     size, iters, peak, avg, mpps, raw, ratio, blocking, ratio_blk = row
     assert (size, iters) == (1024, 40)
@@ -199,7 +205,8 @@ def test_crc_off_and_markers_show_in_the_header(capsys: pytest.CaptureFixture[st
     assert code == 0
     assert header_value(out, "CRC") == "OFF"
     assert header_value(out, "Markers") == "ON (to server), ON (to client)"
-    assert "MULPDU 1430[B]" in out  # markers take 4 bytes per 512 of the EMSS (MPA-13)
+    # Markers take 4 bytes per 512 of the EMSS (MPA-13).
+    assert header_value(out, "Mtu") == "1448[B] (EMSS), MULPDU 1430[B]"
 
 
 async def test_rdmap_13_write_bandwidth_ends_when_the_data_is_at_the_target() -> None:
