@@ -224,7 +224,8 @@ class Listener:
         self.settings = settings
         self._send, self._recv = trio.open_memory_channel[ConnectRequest](backlog)
         self.slots = StartupSlots(max_startups, max_startups_per_peer)
-        """The startup slots, shared fairly between peer addresses (``slots.evicted``)."""
+        """The startup slots, shared fairly between peer addresses (``slots.evicted``,
+        ``slots.evicted_stale``)."""
         self.refused = 0
         """Connections closed at once because a startup bound was reached."""
         self.accept_errors = 0
@@ -297,10 +298,10 @@ class Listener:
         scope = trio.CancelScope()
 
         def evict() -> None:
-            log.warning("listener: %s: startup slot given to another address; closed", host)
+            log.warning("listener: %s: startup slot given to another connection; closed", host)
             scope.cancel()
 
-        slot = self.slots.admit(host, evict)
+        slot = self.slots.admit(host, evict, trio.current_time())
         if slot is None:
             self.refused += 1
             log.warning("listener: %s: too many MPA startups in progress; closed", host)

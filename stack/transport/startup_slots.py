@@ -16,7 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["StartupSlot", "StartupSlots"]
+__all__ = ["STARTUP_STALE_AFTER", "StartupSlot", "StartupSlots"]
+
+STARTUP_STALE_AFTER = 1.0
+"""Seconds after which a connection without a complete MPA Request may lose its slot to a
+new one when every slot is taken (MPA-23: the initiator sends the Request at once)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -26,6 +30,7 @@ class StartupSlot:
 
     host: str
     evict: Callable[[], None]
+    since: float = 0.0
     evictable: bool = True
     released: bool = False
 
@@ -33,13 +38,16 @@ class StartupSlot:
 class StartupSlots:
     """Admission and release of startup slots by peer address."""
 
-    def __init__(self, total: int, per_peer: int) -> None:
+    def __init__(self, total: int, per_peer: int, stale_after: float = STARTUP_STALE_AFTER) -> None:
         self.total = total
         self.per_peer = per_peer
+        self.stale_after = stale_after
         self._by_host: dict[str, deque[StartupSlot]] = {}
         self._count = 0
         self.evicted = 0
         """Slots taken from the busiest address for another one."""
+        self.evicted_stale = 0
+        """Slots taken because they were stale, every address holding about as many."""
 
     def __len__(self) -> int:
         return self._count
@@ -48,16 +56,20 @@ class StartupSlots:
         """Slots held per address."""
         return {host: len(slots) for host, slots in self._by_host.items()}
 
-    def admit(self, host: str, evict: Callable[[], None]) -> StartupSlot | None:
-        """A slot for a new connection from ``host``, or None (refused).  When the slots are
-        all taken, the busiest address's oldest evictable slot is released and its
-        ``evict`` called, if that address holds at least two more slots than ``host``."""
+    def admit(self, host: str, evict: Callable[[], None], now: float = 0.0) -> StartupSlot | None:
+        """A slot for a new connection from ``host`` at time ``now``, or None (refused).
+        When the slots are all taken, the busiest address's oldest evictable slot is
+        released and its ``evict`` called, if that address holds at least two more slots
+        than ``host``; failing that, the oldest evictable slot at least ``stale_after``
+        seconds old, if ``host`` is not the busiest address."""
         held = len(self._by_host.get(host, ()))
         if held >= self.per_peer:
             return None
-        if self._count >= self.total and not self._evict_for(held):
+        if self._count >= self.total and not (
+            self._evict_for(held) or self._evict_stale(held, now)
+        ):
             return None
-        slot = StartupSlot(host, evict)
+        slot = StartupSlot(host, evict, now)
         self._by_host.setdefault(host, deque()).append(slot)
         self._count += 1
         return slot
@@ -83,4 +95,20 @@ class StartupSlots:
         self.release(victim)
         self.evicted += 1
         victim.evict()
+        return True
+
+    def _evict_stale(self, held: int, now: float) -> bool:
+        if held and held >= max(len(slots) for slots in self._by_host.values()):
+            return False  # the busiest address does not churn its own slots
+        cutoff = now - self.stale_after
+        oldest = min(
+            (slot for slots in self._by_host.values() for slot in slots if slot.evictable),
+            key=lambda slot: slot.since,
+            default=None,
+        )
+        if oldest is None or oldest.since > cutoff:
+            return False
+        self.release(oldest)
+        self.evicted_stale += 1
+        oldest.evict()
         return True

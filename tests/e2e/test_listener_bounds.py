@@ -135,6 +135,26 @@ def test_a_request_waiting_for_the_ulp_is_never_evicted() -> None:
     assert slots.admit("10.0.0.2", lambda: None) is None
 
 
+def test_a_stale_slot_goes_when_every_address_holds_one() -> None:
+    """MPA-23: a flood spread one connection per address has no busiest address; the
+    oldest slot still without a Request goes once it is stale, a fresh one never, and an
+    address already holding as many as any other is refused rather than churn."""
+    slots = StartupSlots(total=3, per_peer=3, stale_after=1.0)
+    evicted: list[str] = []
+    held = [
+        slots.admit(f"10.0.0.{i}", lambda i=i: evicted.append(f"f{i}"), i * 0.1) for i in (1, 2, 3)
+    ]
+    assert all(held)
+    assert slots.admit("10.0.1.1", lambda: None, 0.9) is None  # nothing stale yet
+    held[0].evictable = False  # its Request arrived: it waits for the ULP, never evicted
+    assert slots.admit("10.0.0.2", lambda: None, 5.0) is None  # 1 against 1: no churn
+    good = slots.admit("10.0.1.1", lambda: None, 1.25)
+    assert good is not None and evicted == ["f2"] and slots.evicted_stale == 1
+    assert slots.counts() == {"10.0.0.1": 1, "10.0.0.3": 1, "10.0.1.1": 1}
+    assert slots.admit("10.0.1.2", lambda: None, 1.26) is None  # f3 is 1.06 s old ...
+    assert slots.admit("10.0.1.2", lambda: None, 1.31) is not None and evicted == ["f2", "f3"]
+
+
 def _silent_from(source: str, port: int) -> socket.socket:
     sock = socket.socket()
     sock.bind((source, 0))
@@ -160,4 +180,23 @@ async def test_a_silent_flood_from_other_addresses_does_not_lock_a_good_client_o
             await _good_client_connects(listener, cm)
         assert listener.slots.evicted == 1 and listener.refused == 1
         for sock in (*flood, extra):
+            sock.close()
+
+
+async def test_a_silent_flood_one_connection_per_address_does_not_lock_a_good_client_out() -> None:
+    """Every slot held by one half-open connection from each of 127.0.0.2-9: once they are
+    stale, a client from 127.0.0.1 takes the oldest and connects well inside the startup
+    timeout (MPA-23)."""
+    async with ConnectionManager.open() as cm:
+        listener = await cm.listen("127.0.0.1", 0, max_startups=8, max_startups_per_peer=4)
+        listener.slots.stale_after = 0.3
+        flood = [_silent_from(f"127.0.0.{2 + i}", listener.port) for i in range(8)]
+        with trio.fail_after(5):
+            while sum(listener.startups.values()) < 8:
+                await trio.sleep(0.01)
+        await trio.sleep(0.4)
+        with trio.fail_after(3):  # well inside the startup timeout
+            await _good_client_connects(listener, cm)
+        assert listener.slots.evicted_stale >= 1
+        for sock in flood:
             sock.close()

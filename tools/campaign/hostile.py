@@ -31,6 +31,7 @@ from kbtp.initiator_core import CompareSwapOp, DirectOp, FetchAddOp, ReadOp, Wri
 from kbtp.messages import Bind, HelloAck
 from stack.constants import MPA_KEY_REQ
 from stack.transport.cm import MAX_STARTUPS, MAX_STARTUPS_PER_PEER
+from stack.transport.startup_slots import STARTUP_STALE_AFTER
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
 from stack.wire.rdmap import encode_message
@@ -188,21 +189,23 @@ def rst_storm(port: int, rng: random.Random, n: int) -> int:
 
 
 def half_open_flood(
-    port: int, n: int, check: Callable[[], bool], sources: int = 3
+    port: int, n: int, check: Callable[[], bool], sources: int = 3, settle: float = 0.5
 ) -> tuple[int, bool, bool]:
-    """``n`` silent connections from ``sources`` other loopback addresses, then the good
-    client (from 127.0.0.1) while they are held.  Returns (connections made, good client
-    ok, the flood stayed within the listener's bounds).  The good client must be served
-    either way: within the bounds (MAX_STARTUPS_PER_PEER per address, MAX_STARTUPS in all) a
-    slot is free; beyond them it takes a slot of the busiest flooding address
-    (stack.transport.startup_slots)."""
+    """``n`` silent connections from ``sources`` other loopback addresses, then, ``settle``
+    seconds later, the good client (from 127.0.0.1) while they are held.  Returns
+    (connections made, good client ok, the flood stayed within the listener's bounds).
+    The good client must be served either way: within the bounds (MAX_STARTUPS_PER_PEER per
+    address, MAX_STARTUPS in all) a slot is free; beyond them it takes a slot of the busiest
+    flooding address, or, a flood spread one connection per address, the oldest slot once
+    it is stale (stack.transport.startup_slots)."""
     held: list[socket.socket] = []
     for i in range(n):
+        k = i % sources
         try:
-            held.append(_connect(port, f"127.0.0.{2 + i % sources}"))
+            held.append(_connect(port, f"127.0.{k // 250}.{2 + k % 250}"))
         except OSError:
             pass
-    time.sleep(0.5)
+    time.sleep(settle)
     ok = check()
     for sock in held:
         sock.close()
@@ -466,6 +469,11 @@ def _attack_server(
         made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0], sources=6)
         note = _during(ok) + ("" if within else f" (flood beyond MAX_STARTUPS {MAX_STARTUPS})")
         after("half-open flood beyond the bound", made, note, ok)
+        spread = 60 * scale  # one connection per address: no busiest address to take from
+        settle = STARTUP_STALE_AFTER + 0.5
+        made, ok, within = half_open_flood(port, spread, lambda: check()[0], spread, settle)
+        note = _during(ok) + ("" if within else f" (one per address, beyond {MAX_STARTUPS})")
+        after("half-open flood from many addresses", made, note, ok)
     n, closed = slowloris(port, 8 * scale, 0.1)
     after("slowloris", n, _slow_note(closed, n), closed == n)
     after("Terminate storm", terminate_storm(port, 10 * scale))
