@@ -190,6 +190,8 @@ class KbtpInitiator(InitiatorOps):
         self._hello_mr: MemoryRegion | None = None
         self._closed: SessionClosed | None = None
         self.hello_timeout = DEFAULT_HELLO_ACK_TIMEOUT
+        self._reposts: list[RecvWR] = []
+        self._send_wake = trio.Event()
 
     # ----------------------------------------------------------------------------------
     # session
@@ -245,6 +247,7 @@ class KbtpInitiator(InitiatorOps):
             self.conn = await cm.connect(host, port, self.qp, settings=settings)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump)
+                nursery.start_soon(self._sender)
                 nursery.start_soon(self._watch, self.conn)
                 try:
                     await self._say_hello()
@@ -301,11 +304,26 @@ class KbtpInitiator(InitiatorOps):
     # the completion pump
     # ----------------------------------------------------------------------------------
     async def _pump(self) -> None:
+        """Handle every completion of a drain of the CQ, then repost the drain's receives
+        (one post list) and send the requests the returned credits allow."""
         while True:
             wc = await self.cq.next()
             self._on_wc(wc)
             for wc in self.cq.poll(256):
                 self._on_wc(wc)
+            if self._reposts:
+                reposts, self._reposts = self._reposts, []
+                if self._closed is None:
+                    self.qp.post_recv(reposts)
+            self._flush()
+
+    async def _sender(self) -> None:
+        """Send the requests submitted while others were outstanding, together: the tasks
+        a drain of COMPLETIONs woke submit theirs in one scheduler pass, and they leave as
+        one post list (docs/kbtp.md §9.2 pipelining)."""
+        while True:
+            await self._send_wake.wait()
+            self._send_wake = trio.Event()
             self._flush()
 
     async def _watch(self, conn: RdmaConnection) -> None:
@@ -324,7 +342,7 @@ class KbtpInitiator(InitiatorOps):
                 assert self._recv_mr is not None
                 start = wc.wr_id * RECEIVE_SIZE
                 data = bytes(self._recv_mr.buf[start : start + wc.byte_len])
-                self.qp.post_recv(self._recv_wr(wc.wr_id))
+                self._reposts.append(self._recv_wr(wc.wr_id))  # posted after the drain
             self._on_message(data, wc.invalidated_rkey)
             return
         waiter = self._ops.pop(wc.wr_id, None)
@@ -414,9 +432,13 @@ class KbtpInitiator(InitiatorOps):
         """Send ``request`` (its Request ID is assigned here) and await its COMPLETION."""
         self._check_open()
         waiter = _Waiter()
+        busy = self.core.outstanding
         rid = self.core.submit(request)
         self._requests[rid] = waiter
-        self._flush()
+        if busy:
+            self._send_wake.set()  # others are in flight: leave with the requests of this pass
+        else:
+            self._flush()  # the pipeline is idle: no reason to wait
         try:
             await waiter.wait()
         except SessionClosed:

@@ -31,13 +31,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
 
+from kbtp.arena import Arena
+from kbtp.batch import BlockRef, build_loads, build_stores
 from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
@@ -170,9 +172,7 @@ def format_row(r: Result, vs_mooncake: bool = False) -> str:
 # ======================================================================================
 
 
-async def _workers(
-    inflight: int, iters: int, job: object, peer_cpu: CpuClock
-) -> tuple[float, float]:
+async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> tuple[float, float]:
     """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
 
     Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
@@ -181,7 +181,7 @@ async def _workers(
 
     async def worker(w: int) -> None:
         for i in counter:
-            await job(w, i)  # type: ignore[operator]
+            await job(w, i)
 
     cpu = BothEndsCpu(peer_cpu)
     start = time.perf_counter()
@@ -207,8 +207,14 @@ async def bench_kbtp_size(
     *,
     port: int,
     peer_cpu: CpuClock = no_peer,
+    per_request: bool = False,
 ) -> list[Result]:
-    """KBTP figures at one block size against the target at ``port`` (one session)."""
+    """KBTP figures at one block size against the target at ``port`` (one session).
+
+    Each worker's buffer is its span of one :class:`~kbtp.arena.Arena` registered once
+    (docs/kbtp.md §13.1), as an application moves blocks; ``per_request``: a buffer of its
+    own, registered and deregistered by every LOAD and STORE (``load_into``, ``store``).
+    """
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
     results = []
@@ -218,33 +224,84 @@ async def bench_kbtp_size(
     ) as ini:
         for w in range(inflight):
             await ini.alloc_store(w, data)
-
-        async def store(w: int, i: int) -> None:
-            await ini.store(w, data, inline=inline)
-
-        async def load(w: int, i: int) -> None:
-            await ini.load_into(w, buffers[w])
-
-        async def alloc_store(w: int, i: int) -> None:
-            await ini.alloc_store(inflight + i, data, inline=inline)
-
+        if per_request:
+            jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
+        else:
+            memory = bytearray(data * inflight)
+            arena = Arena.register(ini.pd, memory)
+            jobs = _arena_jobs(ini, arena, inflight, size, inline)
+            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
         for op in OPS:
             if op not in ops:
                 continue
             if op == "load":
                 for w in range(inflight):
                     await ini.store(w, data, seal=True)
-                seconds, cpu = await _workers(inflight, iters, load, peer_cpu)
-                if any(buf != data for buf in buffers):
+                if not per_request:
+                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
+                seconds, cpu = await _workers(inflight, iters, jobs[op], peer_cpu)
+                landed = buffers if per_request else spans
+                if any(buf != data for buf in landed):
                     raise CliError("LOAD returned wrong data")
                 results.append(Result(op, size, iters, seconds, "rdma", cpu))
-            elif op == "store":
-                seconds, cpu = await _workers(inflight, iters, store, peer_cpu)
-                results.append(Result(op, size, iters, seconds, path, cpu))
             else:
-                seconds, cpu = await _workers(inflight, iters, alloc_store, peer_cpu)
+                seconds, cpu = await _workers(inflight, iters, jobs[op], peer_cpu)
                 results.append(Result(op, size, iters, seconds, path, cpu))
+        if not per_request:
+            arena.close()
     return results
+
+
+Job = Callable[[int, int], Awaitable[object]]
+"""One operation of worker ``w``, the ``i``-th of the row."""
+
+
+def _per_request_jobs(
+    ini: KbtpInitiator,
+    inflight: int,
+    data: bytearray,
+    buffers: list[bytearray],
+    inline: bool | None,
+) -> dict[str, Job]:
+    """The operations on per-request buffers: each registers and deregisters its own."""
+
+    async def store(w: int, i: int) -> None:
+        await ini.store(w, data, inline=inline)
+
+    async def load(w: int, i: int) -> None:
+        await ini.load_into(w, buffers[w])
+
+    async def alloc_store(w: int, i: int) -> None:
+        await ini.alloc_store(inflight + i, data, inline=inline)
+
+    return {"store": store, "load": load, "alloc_store": alloc_store}
+
+
+def _arena_jobs(
+    ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
+) -> dict[str, Job]:
+    """The operations on the arena: worker ``w`` loads into and stores from its span; the
+    requests are built once (an ALLOC_STORE's names its fresh handle)."""
+    assert ini.ack is not None
+    refs = [BlockRef(w, w * size, size) for w in range(inflight)]
+    loads = build_loads(arena, refs, ini.block_size)
+    stores = build_stores(
+        arena, refs, ini.block_size, ini.ack.max_inline, alloc=False, seal=False, inline=inline
+    )
+    allocs = build_stores(
+        arena, refs, ini.block_size, ini.ack.max_inline, seal=False, inline=inline
+    )
+
+    async def store(w: int, i: int) -> None:
+        await ini.request(stores[w])
+
+    async def load(w: int, i: int) -> None:
+        await ini.request(loads[w])
+
+    async def alloc_store(w: int, i: int) -> None:
+        await ini.request(replace(allocs[w], handle=inflight + i))
+
+    return {"store": store, "load": load, "alloc_store": alloc_store}
 
 
 # ======================================================================================
@@ -304,6 +361,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_INLINE,
         metavar="OCTETS",
         help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE})",
+    )
+    parser.add_argument(
+        "--per-request",
+        action="store_true",
+        help="register each LOAD's and STORE's buffer for that request (load_into, store) "
+        "instead of one arena registered once (docs/kbtp.md §13.1)",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
@@ -427,8 +490,9 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
     layout = "one process" if args.in_process else "target in a second process"
+    memory = "buffers registered per request" if args.per_request else "one arena"
     print(
-        f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, {layout}, "
+        f"kbtp bench: {args.inflight} in flight, one session, {memory}, loopback TCP, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
     print(HEADER + (MC_HEADER if args.vs else ""), flush=True)
@@ -482,6 +546,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                         args.max_inline,
                         port=port,
                         peer_cpu=cpu,
+                        per_request=args.per_request,
                     )
                     for row in rows:
                         if not args.no_baseline:
@@ -514,6 +579,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "mulpdu_bytes": mulpdu,
         "baseline": not args.no_baseline,
         "processes": 1 if args.in_process else 2,
+        "registration": "per request" if args.per_request else "arena",
         "vs": args.vs,
     }
     return results, parameters
