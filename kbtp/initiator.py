@@ -191,6 +191,7 @@ class KbtpInitiator(InitiatorOps):
         self._closed: SessionClosed | None = None
         self.hello_timeout = DEFAULT_HELLO_ACK_TIMEOUT
         self._reposts: list[RecvWR] = []
+        self._recv_wrs: list[RecvWR] = []  # one per COMPLETION slot, built once
         self._send_wake = trio.Event()
 
     # ----------------------------------------------------------------------------------
@@ -274,7 +275,8 @@ class KbtpInitiator(InitiatorOps):
             raise HelloRefused(ack)
         credits = self.core.request_credits
         self._recv_mr = self.pd.reg_mr(bytearray(credits * RECEIVE_SIZE), Access.LOCAL_WRITE)
-        self.qp.post_recv([self._recv_wr(slot) for slot in range(credits)])
+        self._recv_wrs = [self._recv_wr(slot) for slot in range(credits)]
+        self.qp.post_recv(list(self._recv_wrs))
 
     async def aclose(self) -> None:
         """Disconnect gracefully (outstanding requests then fail with SessionClosed)."""
@@ -342,7 +344,7 @@ class KbtpInitiator(InitiatorOps):
                 assert self._recv_mr is not None
                 start = wc.wr_id * RECEIVE_SIZE
                 data = bytes(self._recv_mr.buf[start : start + wc.byte_len])
-                self._reposts.append(self._recv_wr(wc.wr_id))  # posted after the drain
+                self._reposts.append(self._recv_wrs[wc.wr_id])  # posted after the drain
             self._on_message(data, wc.invalidated_rkey)
             return
         waiter = self._ops.pop(wc.wr_id, None)
@@ -579,8 +581,11 @@ class KbtpInitiator(InitiatorOps):
 _STATUSES = frozenset(int(s) for s in Status)
 
 
+_STATUS_NAMES = {int(s): s.name for s in Status}
+
+
 def _status_name(status: int) -> str:
-    return Status(status).name if status in _STATUSES else f"STATUS_{status}"
+    return _STATUS_NAMES.get(status) or f"STATUS_{status}"
 
 
 def _octets(request: Request, completion: Completion) -> int:

@@ -158,14 +158,19 @@ class TargetSession:
     outbox: list[SendWR] = field(default_factory=list)
     """Work requests of the drain being applied, posted as one post list at its end."""
     reposts: list[RecvWR] = field(default_factory=list)
+    recv_wrs: list[RecvWR] = field(default_factory=list)
     """Receives of the drain being applied, reposted before its outbox is posted."""
     chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
-        addr = self.recv_mr.base + slot * self.recv_size
-        return RecvWR(slot, (Sge(addr, self.recv_size, self.recv_mr.lkey),))
+        """The receive of buffer ``slot`` (built once: reposting it reuses it)."""
+        while len(self.recv_wrs) <= slot:
+            addr = self.recv_mr.base + len(self.recv_wrs) * self.recv_size
+            wr = RecvWR(len(self.recv_wrs), (Sge(addr, self.recv_size, self.recv_mr.lkey),))
+            self.recv_wrs.append(wr)
+        return self.recv_wrs[slot]
 
 
 class KbtpTarget:
