@@ -12,10 +12,15 @@ one QP:
 * **Requests.**  ``load``, ``store``, ``alloc_store``, ``free``, ``bind`` (and the general
   ``request``) may be awaited from many tasks at once: the core assigns Request IDs and
   keeps at most Request Credits requests outstanding; the rest wait in order and go out as
-  COMPLETIONs return credits (pipelining).  Each data buffer is registered for the one
-  request (REMOTE_WRITE for a LOAD's destination, REMOTE_READ for a store's source) and
-  deregistered when it completes; ``invalidate=True`` asks the target to invalidate it
-  with the COMPLETION (Send with Invalidate).
+  COMPLETIONs return credits (pipelining).  A request submitted while the session is idle
+  goes out at once; those submitted while others are outstanding leave together, as one
+  post list, from the sender task (the tasks a drain of COMPLETIONs woke submit theirs in
+  one scheduler pass); a drain's receives are reposted as one list.  Each data buffer of
+  ``load_into``, ``store`` and ``alloc_store`` is registered for the one request
+  (REMOTE_WRITE for a LOAD's destination, REMOTE_READ for a store's source) and
+  deregistered when it completes (an :class:`~kbtp.arena.Arena` is registered once);
+  ``invalidate=True`` asks the target to invalidate it with the COMPLETION (Send with
+  Invalidate).
 * **Direct modes.**  ``direct_load`` and ``direct_alloc`` run the
   :class:`~kbtp.initiator_core.DirectLoad` / :class:`~kbtp.initiator_core.DirectAlloc`
   step machines: each named RDMA Read, FetchAdd or RDMA Write is posted, awaited, and fed

@@ -26,6 +26,10 @@ Theory of operation
   Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
   the core returns are posted as work requests on the QP of the session they name (one
   session's request can release another session's request queued on the same handle).
+  Within one drain of the CQ the work requests and the reposted receives are queued per
+  session and posted at the drain's end, the receives first, then the work as one post
+  list: the answers to a burst of requests leave together (§9.2), in the order the core
+  gave them.
 * **Order.**  A LOAD's COMPLETION is posted only once its RDMA Write is complete for the
   core, that is, once the block's octets have been taken (copied at posting for Writes up
   to ``write_copy_limit``, read by the transport for longer ones): the core may reuse the

@@ -11,6 +11,10 @@ Request Credits = N):
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
 
+The workers' buffers are spans of one :class:`~kbtp.arena.Arena`, registered once, as an
+application moves blocks (docs/kbtp.md §13.1); ``--per-request`` gives each worker a buffer
+of its own that every LOAD and STORE registers and deregisters (``load_into``, ``store``).
+
 ``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
 
@@ -18,9 +22,9 @@ The baseline, in the same run, is pipelined raw trio TCP with the same shape
 (:mod:`kbtp.cli.bench_baseline`): one connection, N requests in flight, a 40-octet request
 and a 40-octet response, with the block's octets in the response (LOAD) or after the
 request (STORE, ALLOC_STORE); the client sends every request it may in one go, the server
-answers every complete request in one send and copies stored octets into its memory, as
-the target places them.  Figures: operations per second and
-GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
+answers every complete request in one send (both scatter-gather ``sendmsg``) and copies
+stored octets into its memory, as the target places them.  Figures: operations per second
+and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
 the figure that survives a busy machine best).  Speed is reported, never asserted.
 """
@@ -447,7 +451,8 @@ def bench_document(
             "name": "pipelined raw trio TCP request/response",
             "shape": "one connection, the same requests in flight, 40-octet requests and "
             "responses carrying the same block octets; the client sends every request it "
-            "may at once, the server answers every pending request in one send",
+            "may at once, the server answers every pending request in one send; sends are "
+            "scatter-gather sendmsg calls",
             "same_run": True,
         }
     return {
