@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import pytest
 import trio
 
 from kbtp.arena import Arena
-from kbtp.batch import BlockRef, build_loads
+from kbtp.batch import BlockRef, build_loads, build_stores
 from kbtp.cli.bench import bench_kbtp_size
 from kbtp.cli.bench_baseline import IOV_MAX, _advance, _send
 from kbtp.cli.bench_peer import IDENTITY, bench_config
 from kbtp.constants import Status
 from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import SessionClosed
+from kbtp.messages import Completion
 from kbtp.target import KbtpTarget
 from stack.rnic import ProtectionDomain, QueuePair, SendWR
 from stack.wire.events import MpaSettings
@@ -96,6 +99,38 @@ async def test_initiator_sends_requests_submitted_together_in_one_post() -> None
                     nursery.start_soon(one, handle)
             assert results == [Status.SUCCESS] * CREDITS
             assert len(spy.wrs) == CREDITS and spy.calls < CREDITS
+
+
+async def test_submit_hands_each_completion_to_its_function() -> None:
+    """``submit``: every result goes to its function, whatever the status, and is counted;
+    a function may submit the next request; once the session has ended, submit raises
+    SessionClosed."""
+    results: list[tuple[int, Status | None, bool]] = []
+    with trio.fail_after(60):
+        async with session() as (_target, ini):
+            arena = Arena.register(ini.pd, bytearray(CREDITS * BLOCK))
+            refs = [BlockRef(h, h * BLOCK, BLOCK) for h in range(2 * CREDITS)]
+            stores = build_stores(arena, refs[:CREDITS] * 2, BLOCK, 1024, inline=False)
+            finished = trio.Event()
+
+            def on_done(i: int, c: Completion | None, e: SessionClosed | None) -> None:
+                results.append((i, None if c is None else Status(c.status), e is not None))
+                if i < CREDITS:  # the second round, from the completion of the first
+                    j = i + CREDITS
+                    ini.submit(stores[j], partial(on_done, j))
+                if len(results) == 2 * CREDITS:
+                    finished.set()
+
+            for i in range(CREDITS):
+                ini.submit(stores[i], partial(on_done, i))
+            await finished.wait()
+            ok = sorted(results)
+            assert ok[:CREDITS] == [(i, Status.SUCCESS, False) for i in range(CREDITS)]
+            assert ok[CREDITS:] == [(i, Status.ALREADY_VALID, False) for i in range(CREDITS, 16)]
+            assert ini.stats[("ALLOC_STORE", "ALREADY_VALID")].count == CREDITS
+            load = build_loads(arena, refs[:1], BLOCK)[0]
+        with pytest.raises(SessionClosed):
+            ini.submit(load, lambda c, e: None)
 
 
 @pytest.mark.parametrize("per_request", [False, True])

@@ -2,8 +2,8 @@
 
 For each block size (default 4K, 16K, 64K, 256K, 1M) one target (in a second process,
 :mod:`kbtp.cli.bench_peer`; ``--in-process``: in this one) and one initiator talk over
-loopback TCP, and N requests are kept in flight (default 16, one worker task each;
-Request Credits = N):
+loopback TCP, and N requests are kept in flight (default 16; Request Credits = N), each
+of N buffers used by one request at a time:
 
 * **LOAD**: every worker loads its own sealed block into its own buffer (the target
   RDMA-writes it, then sends the COMPLETION);
@@ -11,9 +11,11 @@ Request Credits = N):
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
 
-The workers' buffers are spans of one :class:`~kbtp.arena.Arena`, registered once, as an
-application moves blocks (docs/kbtp.md §13.1); ``--per-request`` gives each worker a buffer
-of its own that every LOAD and STORE registers and deregisters (``load_into``, ``store``).
+The buffers are spans of one :class:`~kbtp.arena.Arena`, registered once, as an
+application moves blocks (docs/kbtp.md §13.1), and each completion submits the next request
+(:meth:`~kbtp.initiator.KbtpInitiator.submit`: no task per request).  ``--per-request``:
+one worker task per buffer, awaiting ``load_into``/``store``/``alloc_store``, which register
+and deregister the buffer for every request.
 
 ``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
@@ -58,8 +60,10 @@ from kbtp.cli.target import (
     positive_int,
     run_trio,
 )
-from kbtp.constants import DEFAULT_MAX_INLINE
+from kbtp.constants import DEFAULT_MAX_INLINE, Status
 from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import SessionClosed
+from kbtp.messages import Completion, Request
 from kbtp.target import KbtpTarget
 from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import (
@@ -215,9 +219,9 @@ async def bench_kbtp_size(
 ) -> list[Result]:
     """KBTP figures at one block size against the target at ``port`` (one session).
 
-    Each worker's buffer is its span of one :class:`~kbtp.arena.Arena` registered once
-    (docs/kbtp.md §13.1), as an application moves blocks; ``per_request``: a buffer of its
-    own, registered and deregistered by every LOAD and STORE (``load_into``, ``store``).
+    Buffer ``w`` is span ``w`` of one :class:`~kbtp.arena.Arena` registered once
+    (docs/kbtp.md §13.1) and completions submit the next requests; ``per_request``: a
+    worker task per buffer, which every LOAD and STORE registers and deregisters.
     """
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
@@ -228,13 +232,18 @@ async def bench_kbtp_size(
     ) as ini:
         for w in range(inflight):
             await ini.alloc_store(w, data)
-        if per_request:
-            jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
-        else:
+        jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
+        if not per_request:
             memory = bytearray(data * inflight)
             arena = Arena.register(ini.pd, memory)
-            jobs = _arena_jobs(ini, arena, inflight, size, inline)
+            requests = _arena_requests(ini, arena, inflight, size, inline)
             spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
+
+        async def run(op: str) -> tuple[float, float]:
+            if per_request:
+                return await _workers(inflight, iters, jobs[op], peer_cpu)
+            return await _pipelined(ini, inflight, iters, requests[op], peer_cpu)
+
         for op in OPS:
             if op not in ops:
                 continue
@@ -243,13 +252,13 @@ async def bench_kbtp_size(
                     await ini.store(w, data, seal=True)
                 if not per_request:
                     memory[:] = bytes(len(memory))  # what the LOADs place is checked
-                seconds, cpu = await _workers(inflight, iters, jobs[op], peer_cpu)
+                seconds, cpu = await run(op)
                 landed = buffers if per_request else spans
                 if any(buf != data for buf in landed):
                     raise CliError("LOAD returned wrong data")
                 results.append(Result(op, size, iters, seconds, "rdma", cpu))
             else:
-                seconds, cpu = await _workers(inflight, iters, jobs[op], peer_cpu)
+                seconds, cpu = await run(op)
                 results.append(Result(op, size, iters, seconds, path, cpu))
         if not per_request:
             arena.close()
@@ -281,31 +290,72 @@ def _per_request_jobs(
     return {"store": store, "load": load, "alloc_store": alloc_store}
 
 
-def _arena_jobs(
+RequestFor = Callable[[int, int], Request]
+"""The request of buffer ``w``, the ``i``-th of the row."""
+
+
+def _arena_requests(
     ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
-) -> dict[str, Job]:
-    """The operations on the arena: worker ``w`` loads into and stores from its span; the
-    requests are built once (an ALLOC_STORE's names its fresh handle)."""
+) -> dict[str, RequestFor]:
+    """The requests on the arena: buffer ``w`` loads into and stores from its span; they
+    are built once (an ALLOC_STORE's names its fresh handle)."""
     assert ini.ack is not None
     refs = [BlockRef(w, w * size, size) for w in range(inflight)]
     loads = build_loads(arena, refs, ini.block_size)
+    max_inline = ini.ack.max_inline
     stores = build_stores(
-        arena, refs, ini.block_size, ini.ack.max_inline, alloc=False, seal=False, inline=inline
+        arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
     )
-    allocs = build_stores(
-        arena, refs, ini.block_size, ini.ack.max_inline, seal=False, inline=inline
-    )
+    allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
+    return {
+        "store": lambda w, i: stores[w],
+        "load": lambda w, i: loads[w],
+        "alloc_store": lambda w, i: replace(allocs[w], handle=inflight + i),
+    }
 
-    async def store(w: int, i: int) -> None:
-        await ini.request(stores[w])
 
-    async def load(w: int, i: int) -> None:
-        await ini.request(loads[w])
+async def _pipelined(
+    ini: KbtpInitiator, inflight: int, iters: int, request_for: RequestFor, peer_cpu: CpuClock
+) -> tuple[float, float]:
+    """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
+    completion of the last (:meth:`KbtpInitiator.submit`: no task per request).
 
-    async def alloc_store(w: int, i: int) -> None:
-        await ini.request(replace(allocs[w], handle=inflight + i))
+    Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
+    a session that ends raises :class:`CliError`.
+    """
+    free = list(range(inflight))
+    issued = finished = 0
+    failure: str | None = None
+    all_done = trio.Event()
 
-    return {"store": store, "load": load, "alloc_store": alloc_store}
+    def issue() -> None:
+        nonlocal issued
+        w = free.pop()
+        request = request_for(w, issued)
+        issued += 1
+        ini.submit(request, lambda c, e: on_done(w, request, c, e))
+
+    def on_done(w: int, request: Request, c: Completion | None, e: SessionClosed | None) -> None:
+        nonlocal finished, failure
+        finished += 1
+        free.append(w)
+        if failure is None and (c is None or c.status != Status.SUCCESS):
+            what = e if c is None else Status(c.status).name
+            failure = f"{request.opcode.name} of handle 0x{request.handle:x}: {what}"
+        if failure is None and issued < iters:
+            issue()
+        elif finished == issued:
+            all_done.set()
+
+    cpu = BothEndsCpu(peer_cpu)
+    start = time.perf_counter()
+    for _ in range(min(inflight, iters)):
+        issue()
+    await all_done.wait()
+    seconds = time.perf_counter() - start
+    if failure is not None:
+        raise CliError(failure)
+    return seconds, cpu.seconds()
 
 
 # ======================================================================================
@@ -369,8 +419,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--per-request",
         action="store_true",
-        help="register each LOAD's and STORE's buffer for that request (load_into, store) "
-        "instead of one arena registered once (docs/kbtp.md §13.1)",
+        help="one task per buffer awaiting load_into/store, which register the buffer for "
+        "each request, instead of one arena registered once (docs/kbtp.md §13.1) and "
+        "requests submitted by the completions",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
