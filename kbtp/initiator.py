@@ -308,8 +308,7 @@ class KbtpInitiator(InitiatorOps):
                 self._pumping = False
             if self._reposts:
                 reposts, self._reposts = self._reposts, []
-                if self._closed is None:
-                    self.qp.post_recv(reposts)
+                self.qp.post_recv(reposts)
             self._flush()
 
     async def _sender(self) -> None:

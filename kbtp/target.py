@@ -438,7 +438,7 @@ class KbtpTarget:
         """Post what the drain queued for ``sess``: its receives first, then its work."""
         reposts, sess.reposts = sess.reposts, []
         outbox, sess.outbox = sess.outbox, []
-        if reposts and sess.qp.state is QpState.RTS:
+        if reposts:
             sess.qp.post_recv(reposts)
         if outbox:
             self._post_now(sess, outbox if len(outbox) > 1 else outbox[0])
