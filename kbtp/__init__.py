@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         WriteOp,
     )
     from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
+    from kbtp.initiator_waiters import OnDone
     from kbtp.messages import (
         AllocStore,
         Bind,
@@ -128,6 +129,7 @@ __all__ = [
     "Load",
     "Message",
     "MessageOpcode",
+    "OnDone",
     "OpStats",
     "PoolFile",
     "PoolFileError",
@@ -190,6 +192,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "WriteOp",
     ),
     "kbtp.initiator_errors": ("HelloRefused", "HelloTimeout", "KbtpStatusError", "SessionClosed"),
+    "kbtp.initiator_waiters": ("OnDone",),
     "kbtp.messages": (
         "AllocStore",
         "Bind",

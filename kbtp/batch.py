@@ -4,7 +4,8 @@ One call moves a list of blocks: :func:`store_batch` (ALLOC_STORE or STORE, docs
 §6.2, §6.3) and :func:`load_batch` (LOAD, §6.1) build every request first, refusing a bad
 argument with :class:`~kbtp.arena.ArenaError` before anything is sent, then submit them all
 at once: the session keeps Request Credits of them outstanding and sends the rest as
-COMPLETIONs return credits (§9.2), so the batch is pipelined up to the credits.  Every
+COMPLETIONs return credits (§9.2), so the batch is pipelined up to the credits; results
+are taken in the session's completion task, no task per block.  Every
 Data Descriptor names the arena's one STag, so no memory is registered per request.  Each
 block gets its own :class:`BlockResult` (status, generation, block offset, data length): a
 block that fails does not fail the others, and blocks whose session ends before their
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
@@ -211,26 +213,47 @@ async def run_batch(
 ) -> list[BlockResult]:
     """Submit every request at once and return one result per request, in order.
 
-    The session pipelines them up to its Request Credits (docs/kbtp.md §9.2).  An error
-    status is that block's result; a session that ends fails the blocks still waiting
-    (``error``: :class:`SessionClosed`), never the call.
+    The session pipelines them up to its Request Credits (docs/kbtp.md §9.2); each result
+    is taken from the session's completion task (:meth:`KbtpInitiator.submit`, no task per
+    request), and ``on_result`` is called there as each block completes, until the call
+    returns (an exception it raises is raised by the call).  An error status is that
+    block's result; a session that ends fails the blocks still waiting (``error``:
+    :class:`SessionClosed`), never the call.
     """
     results: list[BlockResult | None] = [None] * len(requests)
+    left = len(requests)
+    all_done = trio.Event()
+    raised: list[Exception] = []
+    live = True
 
-    async def one(index: int, request: Request) -> None:
-        try:
-            completion = await initiator.request(request, check=False)
-        except SessionClosed as exc:
-            result = BlockResult(request.handle, None, error=exc)
+    def finish(index: int, request: Request, c: Completion | None, e: SessionClosed | None) -> None:
+        nonlocal left
+        if c is None:
+            result = BlockResult(request.handle, None, error=e)
         else:
-            result = BlockResult.of(request.handle, completion)
+            result = BlockResult.of(request.handle, c)
         results[index] = result
-        if on_result is not None:
-            on_result(index, result)
+        left -= 1
+        if on_result is not None and live and not raised:
+            try:
+                on_result(index, result)
+            except Exception as exc:  # raised by the call, not in the completion task
+                raised.append(exc)
+        if left == 0 or raised:
+            all_done.set()
 
-    async with trio.open_nursery() as nursery:
+    try:
         for index, request in enumerate(requests):
-            nursery.start_soon(one, index, request)
+            try:
+                initiator.submit(request, partial(finish, index, request))
+            except SessionClosed as exc:
+                finish(index, request, None, exc)
+        if requests:
+            await all_done.wait()
+    finally:
+        live = False
+    if raised:
+        raise raised[0]
     return [r for r in results if r is not None]
 
 

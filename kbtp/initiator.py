@@ -12,10 +12,15 @@ one QP:
 * **Requests.**  ``load``, ``store``, ``alloc_store``, ``free``, ``bind`` (and the general
   ``request``) may be awaited from many tasks at once: the core assigns Request IDs and
   keeps at most Request Credits requests outstanding; the rest wait in order and go out as
-  COMPLETIONs return credits (pipelining).  Each data buffer is registered for the one
-  request (REMOTE_WRITE for a LOAD's destination, REMOTE_READ for a store's source) and
-  deregistered when it completes; ``invalidate=True`` asks the target to invalidate it
-  with the COMPLETION (Send with Invalidate).
+  COMPLETIONs return credits (pipelining).  A request submitted while the session is idle
+  goes out at once; those submitted while others are outstanding leave together, as one
+  post list, from the sender task (the tasks a drain of COMPLETIONs woke submit theirs in
+  one scheduler pass); a drain's receives are reposted as one list.  Each data buffer of
+  ``load_into``, ``store`` and ``alloc_store`` is registered for the one request
+  (REMOTE_WRITE for a LOAD's destination, REMOTE_READ for a store's source) and
+  deregistered when it completes (an :class:`~kbtp.arena.Arena` is registered once);
+  ``invalidate=True`` asks the target to invalidate it with the COMPLETION (Send with
+  Invalidate).
 * **Direct modes.**  ``direct_load`` and ``direct_alloc`` run the
   :class:`~kbtp.initiator_core.DirectLoad` / :class:`~kbtp.initiator_core.DirectAlloc`
   step machines: each named RDMA Read, FetchAdd or RDMA Write is posted, awaited, and fed
@@ -64,6 +69,7 @@ from kbtp.initiator_core import (
 )
 from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
 from kbtp.initiator_ops import DIRECT_LOAD_ATTEMPTS, InitiatorOps
+from kbtp.initiator_waiters import CallbackWaiter, OnDone, Waiter
 from kbtp.messages import (
     AllocStore,
     Bind,
@@ -126,24 +132,6 @@ class OpStats:
     octets: int = 0
 
 
-class _Waiter:
-    """One awaited result: a COMPLETION, a one-sided operation's WC, or an error."""
-
-    __slots__ = ("event", "completion", "wc", "error", "invalidated")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.completion: Completion | None = None
-        self.wc: WorkCompletion | None = None
-        self.error: Exception | None = None
-        self.invalidated: int | None = None
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        if self.error is not None:
-            raise self.error
-
-
 class KbtpInitiator(InitiatorOps):
     """One KBTP session with a target (see the module docstring).
 
@@ -181,15 +169,19 @@ class KbtpInitiator(InitiatorOps):
         self.direct_alloc_disabled = False
         self.invalidations = 0
         """COMPLETIONs that arrived as Send with Invalidate of the request's own STag."""
-        self._hello: _Waiter | None = None
-        self._requests: dict[int, _Waiter] = {}
-        self._raw: dict[int, _Waiter] = {}
-        self._ops: dict[int, _Waiter] = {}
+        self._hello: Waiter | None = None
+        self._requests: dict[int, Waiter] = {}
+        self._raw: dict[int, Waiter] = {}
+        self._ops: dict[int, Waiter] = {}
         self._wr_ids = itertools.count(1)
         self._recv_mr: MemoryRegion | None = None
         self._hello_mr: MemoryRegion | None = None
         self._closed: SessionClosed | None = None
         self.hello_timeout = DEFAULT_HELLO_ACK_TIMEOUT
+        self._reposts: list[RecvWR] = []
+        self._pumping = False  # inside a drain: requests submitted now leave after it
+        self._recv_wrs: list[RecvWR] = []  # one per COMPLETION slot, built once
+        self._send_wake = trio.Event()
 
     # ----------------------------------------------------------------------------------
     # session
@@ -245,6 +237,7 @@ class KbtpInitiator(InitiatorOps):
             self.conn = await cm.connect(host, port, self.qp, settings=settings)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump)
+                nursery.start_soon(self._sender)
                 nursery.start_soon(self._watch, self.conn)
                 try:
                     await self._say_hello()
@@ -256,7 +249,7 @@ class KbtpInitiator(InitiatorOps):
                     nursery.cancel_scope.cancel()
 
     async def _say_hello(self) -> None:
-        self._hello = _Waiter()
+        self._hello = Waiter()
         hello = self.core.hello()
         self.qp.post_send(SendWR(0, WrOpcode.SEND, inline_data=hello, send_flags=SendFlags.NONE))
         with trio.move_on_after(self.hello_timeout):
@@ -271,7 +264,8 @@ class KbtpInitiator(InitiatorOps):
             raise HelloRefused(ack)
         credits = self.core.request_credits
         self._recv_mr = self.pd.reg_mr(bytearray(credits * RECEIVE_SIZE), Access.LOCAL_WRITE)
-        self.qp.post_recv([self._recv_wr(slot) for slot in range(credits)])
+        self._recv_wrs = [self._recv_wr(slot) for slot in range(credits)]
+        self.qp.post_recv(list(self._recv_wrs))
 
     async def aclose(self) -> None:
         """Disconnect gracefully (outstanding requests then fail with SessionClosed)."""
@@ -301,11 +295,29 @@ class KbtpInitiator(InitiatorOps):
     # the completion pump
     # ----------------------------------------------------------------------------------
     async def _pump(self) -> None:
+        """Handle every completion of a drain of the CQ, then repost the drain's receives
+        (one post list) and send the requests the returned credits allow."""
         while True:
             wc = await self.cq.next()
-            self._on_wc(wc)
-            for wc in self.cq.poll(256):
+            self._pumping = True
+            try:
                 self._on_wc(wc)
+                for wc in self.cq.poll(256):
+                    self._on_wc(wc)
+            finally:
+                self._pumping = False
+            if self._reposts:
+                reposts, self._reposts = self._reposts, []
+                self.qp.post_recv(reposts)
+            self._flush()
+
+    async def _sender(self) -> None:
+        """Send the requests submitted while others were outstanding, together: the tasks
+        a drain of COMPLETIONs woke submit theirs in one scheduler pass, and they leave as
+        one post list (docs/kbtp.md §9.2 pipelining)."""
+        while True:
+            await self._send_wake.wait()
+            self._send_wake = trio.Event()
             self._flush()
 
     async def _watch(self, conn: RdmaConnection) -> None:
@@ -324,7 +336,7 @@ class KbtpInitiator(InitiatorOps):
                 assert self._recv_mr is not None
                 start = wc.wr_id * RECEIVE_SIZE
                 data = bytes(self._recv_mr.buf[start : start + wc.byte_len])
-                self.qp.post_recv(self._recv_wr(wc.wr_id))
+                self._reposts.append(self._recv_wrs[wc.wr_id])  # posted after the drain
             self._on_message(data, wc.invalidated_rkey)
             return
         waiter = self._ops.pop(wc.wr_id, None)
@@ -369,7 +381,7 @@ class KbtpInitiator(InitiatorOps):
                 if waiter is not None:
                     waiter.completion = event.completion
                     waiter.invalidated = invalidated
-                    waiter.event.set()
+                    waiter.done()
 
     def _flush(self) -> None:
         """Send the requests the credits allow (docs/kbtp.md §9.2)."""
@@ -391,12 +403,13 @@ class KbtpInitiator(InitiatorOps):
     def _lost(self, reason: str) -> None:
         if self._closed is None:
             self._closed = self._closed_error(reason)
-        for waiter in [*self._requests.values(), *self._ops.values(), *self._raw.values()]:
-            waiter.error = self._closed
-            waiter.event.set()
+        waiters = [*self._requests.values(), *self._ops.values(), *self._raw.values()]
         self._requests.clear()
         self._ops.clear()
         self._raw.clear()
+        for waiter in waiters:
+            waiter.error = self._closed
+            waiter.done()
         if self._hello is not None and not self._hello.event.is_set():
             self._hello.error = self._closed
             self._hello.event.set()
@@ -413,15 +426,51 @@ class KbtpInitiator(InitiatorOps):
     async def request(self, request: Request, *, check: bool = True) -> Completion:
         """Send ``request`` (its Request ID is assigned here) and await its COMPLETION."""
         self._check_open()
-        waiter = _Waiter()
+        waiter = Waiter()
+        self._enqueue(request, waiter)
+        await waiter.event.wait()
+        completion = self._settle(request, waiter)
+        if check and completion.status != Status.SUCCESS:
+            raise KbtpStatusError(
+                Status(completion.status) if completion.status in _STATUSES else Status.MALFORMED,
+                f"{request.opcode.name} of handle 0x{request.handle:x}",
+                completion=completion,
+                request=request,
+            )
+        return completion
+
+    def submit(self, request: Request, on_done: OnDone) -> int:
+        """Send ``request`` without awaiting it; returns its Request ID.
+
+        ``on_done(completion, None)`` is called when its COMPLETION arrives, whatever the
+        status (no :class:`KbtpStatusError`), or ``on_done(None, SessionClosed)`` when the
+        session ends first; it runs in the session's completion task, so it must not block
+        (it may submit more requests: they leave together after the drain).  An exception
+        it raises ends the session and leaves the ``connect`` block.
+        """
+        self._check_open()
+        return self._enqueue(request, CallbackWaiter(request, on_done, self._settle))
+
+    def _enqueue(self, request: Request, waiter: Waiter) -> int:
+        """Hand ``request`` to the core and send it now, or with the requests of this pass
+        when others are in flight (docs/kbtp.md §9.2)."""
+        busy = self.core.outstanding
         rid = self.core.submit(request)
         self._requests[rid] = waiter
-        self._flush()
-        try:
-            await waiter.wait()
-        except SessionClosed:
+        if self._pumping:
+            pass  # the drain's end sends it with the others
+        elif busy:
+            self._send_wake.set()  # others are in flight: leave with the requests of this pass
+        else:
+            self._flush()  # the pipeline is idle: no reason to wait
+        return rid
+
+    def _settle(self, request: Request, waiter: Waiter) -> Completion:
+        """Account a request's result: statistics, invalidations, an abandoned ticket;
+        raises the :class:`SessionClosed` that ended it first."""
+        if waiter.error is not None:
             self._count(request.opcode.name, "SESSION_CLOSED", 0)
-            raise
+            raise waiter.error
         completion = waiter.completion
         assert completion is not None
         if waiter.invalidated is not None and isinstance(request, Load | Store | AllocStore):
@@ -431,13 +480,6 @@ class KbtpInitiator(InitiatorOps):
         self._count(request.opcode.name, status, _octets(request, completion))
         if completion.status == Status.TICKET_ABANDONED:
             self.direct_alloc_disabled = True  # docs/kbtp.md §4.4: its STags are invalid
-        if check and completion.status != Status.SUCCESS:
-            raise KbtpStatusError(
-                Status(completion.status) if completion.status in _STATUSES else Status.MALFORMED,
-                f"{request.opcode.name} of handle 0x{request.handle:x}",
-                completion=completion,
-                request=request,
-            )
         return completion
 
     async def send_raw(self, data: bytes, request_id: int) -> Completion | None:
@@ -449,7 +491,7 @@ class KbtpInitiator(InitiatorOps):
         count against the credits the session tracks, so keep other requests below them.
         """
         self._check_open()
-        waiter = _Waiter()
+        waiter = Waiter()
         self._raw[request_id] = waiter
         self.qp.post_send(
             SendWR(0, WrOpcode.SEND, inline_data=bytes(data), send_flags=SendFlags.NONE)
@@ -464,7 +506,7 @@ class KbtpInitiator(InitiatorOps):
         self._check_open()
         waiters = []
         for _, rid in messages:
-            waiter = _Waiter()
+            waiter = Waiter()
             self._raw[rid] = waiter
             waiters.append(waiter)
         self.qp.post_send(
@@ -535,7 +577,7 @@ class KbtpInitiator(InitiatorOps):
             wr = SendWR(
                 wr_id, WrOpcode.RDMA_WRITE, inline_data=op.data, rkey=op.stag, remote_addr=op.to
             )
-        waiter = _Waiter()
+        waiter = Waiter()
         self._ops[wr_id] = waiter
         try:
             self.qp.post_send(wr)
@@ -557,8 +599,11 @@ class KbtpInitiator(InitiatorOps):
 _STATUSES = frozenset(int(s) for s in Status)
 
 
+_STATUS_NAMES = {int(s): s.name for s in Status}
+
+
 def _status_name(status: int) -> str:
-    return Status(status).name if status in _STATUSES else f"STATUS_{status}"
+    return _STATUS_NAMES.get(status) or f"STATUS_{status}"
 
 
 def _octets(request: Request, completion: Completion) -> int:

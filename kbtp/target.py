@@ -26,6 +26,10 @@ Theory of operation
   Write/Read/LOCAL_INV completion to ``rdma_completed`` (or ``rdma_failed``).  The actions
   the core returns are posted as work requests on the QP of the session they name (one
   session's request can release another session's request queued on the same handle).
+  Within one drain of the CQ the work requests and the reposted receives are queued per
+  session and posted at the drain's end, the receives first, then the work as one post
+  list: the answers to a burst of requests leave together (§9.2), in the order the core
+  gave them.
 * **Order.**  A LOAD's COMPLETION is posted only once its RDMA Write is complete for the
   core, that is, once the block's octets have been taken (copied at posting for Writes up
   to ``write_copy_limit``, read by the transport for longer ones): the core may reuse the
@@ -155,13 +159,22 @@ class TargetSession:
     close: CloseSession | None = None
     reason: str = ""
     messages: int = 0
+    outbox: list[SendWR] = field(default_factory=list)
+    """Work requests of the drain being applied, posted as one post list at its end."""
+    reposts: list[RecvWR] = field(default_factory=list)
+    recv_wrs: list[RecvWR] = field(default_factory=list)
+    """Receives of the drain being applied, reposted before its outbox is posted."""
     chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
-        addr = self.recv_mr.base + slot * self.recv_size
-        return RecvWR(slot, (Sge(addr, self.recv_size, self.recv_mr.lkey),))
+        """The receive of buffer ``slot`` (built once: reposting it reuses it)."""
+        while len(self.recv_wrs) <= slot:
+            addr = self.recv_mr.base + len(self.recv_wrs) * self.recv_size
+            wr = RecvWR(len(self.recv_wrs), (Sge(addr, self.recv_size, self.recv_mr.lkey),))
+            self.recv_wrs.append(wr)
+        return self.recv_wrs[slot]
 
 
 class KbtpTarget:
@@ -221,6 +234,8 @@ class KbtpTarget:
         self._tick_wake = trio.Event()
         self.sessions_served = 0
         self.write_copy_limit = WRITE_COPY_LIMIT
+        self._draining: list[TargetSession] | None = None
+        """While a drain is applied: the sessions with work in their outbox (else None)."""
 
     def _make_core(self, pool_sync: bool) -> TargetCore:
         """The core over the mapping: a new pool initialized, or a pool file recovered
@@ -405,8 +420,28 @@ class KbtpTarget:
             while more := cq.poll(256):
                 batch.extend(more)
             self.core.receive_batch(sess.sid)
-            for wc in batch:
-                self._on_wc(sess, wc)
+            self._draining = []
+            try:
+                for wc in batch:
+                    self._on_wc(sess, wc)
+            finally:
+                self._post_drain()
+
+    def _post_drain(self) -> None:
+        """End of a drain: every session's receives are reposted, then its answers go out
+        as one post list (one hand-off to the transport, not one per work request)."""
+        touched, self._draining = self._draining or [], None
+        for sess in touched:
+            self._post_queued(sess)
+
+    def _post_queued(self, sess: TargetSession) -> None:
+        """Post what the drain queued for ``sess``: its receives first, then its work."""
+        reposts, sess.reposts = sess.reposts, []
+        outbox, sess.outbox = sess.outbox, []
+        if reposts:
+            sess.qp.post_recv(reposts)
+        if outbox:
+            self._post_now(sess, outbox if len(outbox) > 1 else outbox[0])
 
     async def _ticker(self) -> None:
         """Call ``tick`` at the core's deadlines, at least every Ticket Timeout / 2 (§6.7),
@@ -467,7 +502,11 @@ class KbtpTarget:
                 return  # flushed: the connection is ending
             start = wc.wr_id * sess.recv_size
             data = bytes(sess.recv_mr.buf[start : start + wc.byte_len])
-            sess.qp.post_recv(sess.recv_wr(wc.wr_id))
+            if self._draining is None:
+                sess.qp.post_recv(sess.recv_wr(wc.wr_id))
+            else:
+                sess.reposts.append(sess.recv_wr(wc.wr_id))
+                self._touch(sess)
             sess.messages += 1
             fresh = sess.identity is None
             actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
@@ -479,6 +518,9 @@ class KbtpTarget:
                     self._tick_wake.set()
             self._apply(actions)
             if self.offload and sess.identity is not None and sess.qp.state is QpState.RTS:
+                if self._draining is not None:  # the chain goes behind what is queued
+                    self._post_drain()
+                    self._draining = []
                 sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
             return
         if wc.wr_id == _CLOSE_MARKER:
@@ -584,15 +626,32 @@ class KbtpTarget:
         )
         self._post(sess, wr)
 
+    def _touch(self, sess: TargetSession) -> None:
+        """Note that ``sess`` has work queued for the end of the drain."""
+        if self._draining is not None and sess not in self._draining:
+            self._draining.append(sess)
+
     def _post(self, sess: TargetSession, wr: SendWR) -> bool:
-        """Post ``wr`` on the session's QP; False if the QP no longer takes work."""
+        """Post ``wr`` on the session's QP (during a drain: queue it for the drain's post
+        list, in order); False if the QP no longer takes work."""
+        if sess.qp.state is not QpState.RTS:
+            return False  # closing or in error: the core learns from the session's end
+        if self._draining is not None:
+            self._touch(sess)
+            sess.outbox.append(wr)
+            return True
+        return self._post_now(sess, wr)
+
+    def _post_now(self, sess: TargetSession, wr: SendWR | list[SendWR]) -> bool:
+        """Post ``wr`` (one or a post list) now; False if the QP no longer takes work."""
         qp = sess.qp
         if qp.state is not QpState.RTS:
             return False  # closing or in error: the core learns from the session's end
         try:
             qp.post_send(wr)
         except LocalError as exc:
-            log.warning("session %d: cannot post %s: %s", sess.sid, wr.opcode.value, exc)
+            first = wr[0] if isinstance(wr, list) else wr
+            log.warning("session %d: cannot post %s: %s", sess.sid, first.opcode.value, exc)
             sess.reason = f"target failure: {exc}"
             self._terminate(sess)
             return False
@@ -602,6 +661,9 @@ class KbtpTarget:
         """Terminate the stream with the pending CloseSession's cause and close (§9.3)."""
         conn = sess.conn
         if conn is None or sess.qp.state in (QpState.TERMINATE, QpState.ERROR):
+            return
+        self._post_queued(sess)  # what was answered before goes out before the Terminate
+        if sess.qp.state in (QpState.TERMINATE, QpState.ERROR):
             return
         action = sess.close
         if action is None:

@@ -2,14 +2,20 @@
 
 For each block size (default 4K, 16K, 64K, 256K, 1M) one target (in a second process,
 :mod:`kbtp.cli.bench_peer`; ``--in-process``: in this one) and one initiator talk over
-loopback TCP, and N requests are kept in flight (default 16, one worker task each;
-Request Credits = N):
+loopback TCP, and N requests are kept in flight (default 16; Request Credits = N), each
+of N buffers used by one request at a time:
 
 * **LOAD**: every worker loads its own sealed block into its own buffer (the target
   RDMA-writes it, then sends the COMPLETION);
 * **STORE**: every worker stores its buffer into its own unsealed block (INLINE up to Max
   Inline, otherwise the target RDMA-reads the buffer in place);
 * **ALLOC_STORE**: every request allocates a fresh block through the free-block ring.
+
+The buffers are spans of one :class:`~kbtp.arena.Arena`, registered once, as an
+application moves blocks (docs/kbtp.md §13.1), and each completion submits the next request
+(:meth:`~kbtp.initiator.KbtpInitiator.submit`: no task per request).  ``--per-request``:
+one worker task per buffer, awaiting ``load_into``/``store``/``alloc_store``, which register
+and deregister the buffer for every request.
 
 ``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
@@ -18,9 +24,9 @@ The baseline, in the same run, is pipelined raw trio TCP with the same shape
 (:mod:`kbtp.cli.bench_baseline`): one connection, N requests in flight, a 40-octet request
 and a 40-octet response, with the block's octets in the response (LOAD) or after the
 request (STORE, ALLOC_STORE); the client sends every request it may in one go, the server
-answers every complete request in one send and copies stored octets into its memory, as
-the target places them.  Figures: operations per second and
-GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
+answers every complete request in one send (both scatter-gather ``sendmsg``) and copies
+stored octets into its memory, as the target places them.  Figures: operations per second
+and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
 the figure that survives a busy machine best).  Speed is reported, never asserted.
 """
@@ -31,13 +37,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
 
+from kbtp.arena import Arena
+from kbtp.batch import BlockRef, build_loads, build_stores
 from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
@@ -52,8 +60,10 @@ from kbtp.cli.target import (
     positive_int,
     run_trio,
 )
-from kbtp.constants import DEFAULT_MAX_INLINE
+from kbtp.constants import DEFAULT_MAX_INLINE, Status
 from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import SessionClosed
+from kbtp.messages import Completion, Request
 from kbtp.target import KbtpTarget
 from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import (
@@ -170,9 +180,7 @@ def format_row(r: Result, vs_mooncake: bool = False) -> str:
 # ======================================================================================
 
 
-async def _workers(
-    inflight: int, iters: int, job: object, peer_cpu: CpuClock
-) -> tuple[float, float]:
+async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> tuple[float, float]:
     """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
 
     Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
@@ -181,7 +189,7 @@ async def _workers(
 
     async def worker(w: int) -> None:
         for i in counter:
-            await job(w, i)  # type: ignore[operator]
+            await job(w, i)
 
     cpu = BothEndsCpu(peer_cpu)
     start = time.perf_counter()
@@ -207,8 +215,14 @@ async def bench_kbtp_size(
     *,
     port: int,
     peer_cpu: CpuClock = no_peer,
+    per_request: bool = False,
 ) -> list[Result]:
-    """KBTP figures at one block size against the target at ``port`` (one session)."""
+    """KBTP figures at one block size against the target at ``port`` (one session).
+
+    Buffer ``w`` is span ``w`` of one :class:`~kbtp.arena.Arena` registered once
+    (docs/kbtp.md §13.1) and completions submit the next requests; ``per_request``: a
+    worker task per buffer, which every LOAD and STORE registers and deregisters.
+    """
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
     results = []
@@ -218,15 +232,17 @@ async def bench_kbtp_size(
     ) as ini:
         for w in range(inflight):
             await ini.alloc_store(w, data)
+        jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
+        if not per_request:
+            memory = bytearray(data * inflight)
+            arena = Arena.register(ini.pd, memory)
+            requests = _arena_requests(ini, arena, inflight, size, inline)
+            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
 
-        async def store(w: int, i: int) -> None:
-            await ini.store(w, data, inline=inline)
-
-        async def load(w: int, i: int) -> None:
-            await ini.load_into(w, buffers[w])
-
-        async def alloc_store(w: int, i: int) -> None:
-            await ini.alloc_store(inflight + i, data, inline=inline)
+        async def run(op: str) -> tuple[float, float]:
+            if per_request:
+                return await _workers(inflight, iters, jobs[op], peer_cpu)
+            return await _pipelined(ini, inflight, iters, requests[op], peer_cpu)
 
         for op in OPS:
             if op not in ops:
@@ -234,17 +250,112 @@ async def bench_kbtp_size(
             if op == "load":
                 for w in range(inflight):
                     await ini.store(w, data, seal=True)
-                seconds, cpu = await _workers(inflight, iters, load, peer_cpu)
-                if any(buf != data for buf in buffers):
+                if not per_request:
+                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
+                seconds, cpu = await run(op)
+                landed = buffers if per_request else spans
+                if any(buf != data for buf in landed):
                     raise CliError("LOAD returned wrong data")
                 results.append(Result(op, size, iters, seconds, "rdma", cpu))
-            elif op == "store":
-                seconds, cpu = await _workers(inflight, iters, store, peer_cpu)
-                results.append(Result(op, size, iters, seconds, path, cpu))
             else:
-                seconds, cpu = await _workers(inflight, iters, alloc_store, peer_cpu)
+                seconds, cpu = await run(op)
                 results.append(Result(op, size, iters, seconds, path, cpu))
+        if not per_request:
+            arena.close()
     return results
+
+
+Job = Callable[[int, int], Awaitable[object]]
+"""One operation of worker ``w``, the ``i``-th of the row."""
+
+
+def _per_request_jobs(
+    ini: KbtpInitiator,
+    inflight: int,
+    data: bytearray,
+    buffers: list[bytearray],
+    inline: bool | None,
+) -> dict[str, Job]:
+    """The operations on per-request buffers: each registers and deregisters its own."""
+
+    async def store(w: int, i: int) -> None:
+        await ini.store(w, data, inline=inline)
+
+    async def load(w: int, i: int) -> None:
+        await ini.load_into(w, buffers[w])
+
+    async def alloc_store(w: int, i: int) -> None:
+        await ini.alloc_store(inflight + i, data, inline=inline)
+
+    return {"store": store, "load": load, "alloc_store": alloc_store}
+
+
+RequestFor = Callable[[int, int], Request]
+"""The request of buffer ``w``, the ``i``-th of the row."""
+
+
+def _arena_requests(
+    ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
+) -> dict[str, RequestFor]:
+    """The requests on the arena: buffer ``w`` loads into and stores from its span; they
+    are built once (an ALLOC_STORE's names its fresh handle)."""
+    assert ini.ack is not None
+    refs = [BlockRef(w, w * size, size) for w in range(inflight)]
+    loads = build_loads(arena, refs, ini.block_size)
+    max_inline = ini.ack.max_inline
+    stores = build_stores(
+        arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
+    )
+    allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
+    return {
+        "store": lambda w, i: stores[w],
+        "load": lambda w, i: loads[w],
+        "alloc_store": lambda w, i: replace(allocs[w], handle=inflight + i),
+    }
+
+
+async def _pipelined(
+    ini: KbtpInitiator, inflight: int, iters: int, request_for: RequestFor, peer_cpu: CpuClock
+) -> tuple[float, float]:
+    """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
+    completion of the last (:meth:`KbtpInitiator.submit`: no task per request).
+
+    Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
+    a session that ends raises :class:`CliError`.
+    """
+    free = list(range(inflight))
+    issued = finished = 0
+    failure: str | None = None
+    all_done = trio.Event()
+
+    def issue() -> None:
+        nonlocal issued
+        w = free.pop()
+        request = request_for(w, issued)
+        issued += 1
+        ini.submit(request, lambda c, e: on_done(w, request, c, e))
+
+    def on_done(w: int, request: Request, c: Completion | None, e: SessionClosed | None) -> None:
+        nonlocal finished, failure
+        finished += 1
+        free.append(w)
+        if failure is None and (c is None or c.status != Status.SUCCESS):
+            what = e if c is None else Status(c.status).name
+            failure = f"{request.opcode.name} of handle 0x{request.handle:x}: {what}"
+        if failure is None and issued < iters:
+            issue()
+        elif finished == issued:
+            all_done.set()
+
+    cpu = BothEndsCpu(peer_cpu)
+    start = time.perf_counter()
+    for _ in range(min(inflight, iters)):
+        issue()
+    await all_done.wait()
+    seconds = time.perf_counter() - start
+    if failure is not None:
+        raise CliError(failure)
+    return seconds, cpu.seconds()
 
 
 # ======================================================================================
@@ -304,6 +415,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_INLINE,
         metavar="OCTETS",
         help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE})",
+    )
+    parser.add_argument(
+        "--per-request",
+        action="store_true",
+        help="one task per buffer awaiting load_into/store, which register the buffer for "
+        "each request, instead of one arena registered once (docs/kbtp.md §13.1) and "
+        "requests submitted by the completions",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
@@ -384,7 +502,8 @@ def bench_document(
             "name": "pipelined raw trio TCP request/response",
             "shape": "one connection, the same requests in flight, 40-octet requests and "
             "responses carrying the same block octets; the client sends every request it "
-            "may at once, the server answers every pending request in one send",
+            "may at once, the server answers every pending request in one send; sends are "
+            "scatter-gather sendmsg calls",
             "same_run": True,
         }
     return {
@@ -427,8 +546,9 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
     layout = "one process" if args.in_process else "target in a second process"
+    memory = "buffers registered per request" if args.per_request else "one arena"
     print(
-        f"kbtp bench: {args.inflight} in flight, one session, loopback TCP, {layout}, "
+        f"kbtp bench: {args.inflight} in flight, one session, {memory}, loopback TCP, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
     print(HEADER + (MC_HEADER if args.vs else ""), flush=True)
@@ -482,6 +602,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                         args.max_inline,
                         port=port,
                         peer_cpu=cpu,
+                        per_request=args.per_request,
                     )
                     for row in rows:
                         if not args.no_baseline:
@@ -514,6 +635,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "mulpdu_bytes": mulpdu,
         "baseline": not args.no_baseline,
         "processes": 1 if args.in_process else 2,
+        "registration": "per request" if args.per_request else "arena",
         "vs": args.vs,
     }
     return results, parameters

@@ -5,7 +5,8 @@ connection, ``inflight`` requests outstanding, a 40-octet request and a 40-octet
 (a KBTP request's and COMPLETION's size), the block's octets in the response (LOAD) or
 after the request (STORE).  Both ends pipeline: the client sends every request it may
 send in one go (as many as responses just completed), the server answers every complete
-request it has received in one send, and octets are copied once, from the received chunk
+request it has received in one send (scatter-gather ``sendmsg``: headers and block
+octets are not joined first), and octets are copied once, from the received chunk
 into their destination (the server's memory for a STORE, the client's buffer for a LOAD),
 as the target places them.
 """
@@ -27,6 +28,8 @@ RAW_HEADER = struct.Struct(">B3xI32x")
 RAW_LOAD, RAW_STORE = 1, 2
 JOIN_LIMIT = 64 * 1024
 """Pieces up to this size are joined into one send; larger ones go out as they are."""
+IOV_MAX = 1024
+"""Pieces per ``sendmsg`` call at most (the usual ``IOV_MAX``)."""
 
 
 def coalesce(pieces: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
@@ -98,8 +101,29 @@ class _Parser:
 
 
 async def _send(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
-    for piece in coalesce(pieces):
-        await stream.send_all(piece)
+    """Send ``pieces``: on a socket as scatter-gather ``sendmsg`` calls (no joined copy, as
+    the iWARP side sends), otherwise joined runs through ``send_all``."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        for piece in coalesce(pieces):
+            await stream.send_all(piece)
+        return
+    views = [memoryview(p) for p in pieces if len(p)]
+    while views:
+        sent = await sock.sendmsg(views[:IOV_MAX])
+        views = _advance(views, sent)
+
+
+def _advance(views: list[memoryview], sent: int) -> list[memoryview]:
+    """``views`` without their first ``sent`` octets."""
+    skip = 0
+    while skip < len(views) and sent >= len(views[skip]):
+        sent -= len(views[skip])
+        skip += 1
+    rest = views[skip:]
+    if rest and sent:
+        rest[0] = rest[0][sent:]
+    return rest
 
 
 async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
