@@ -24,6 +24,8 @@ from stack.transport.cm import ConnectionManager
 from stack.wire.events import MpaSettings
 from tests.kbtp.test_binding_ops import connect, data, serving, snapshot
 
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
+
 
 async def test_s3_6_no_atomic_of_the_initiator_reaches_a_slot() -> None:
     """A Compare and Swap on a slot's Block Offset through the Ring STag is refused by the
