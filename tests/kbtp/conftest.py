@@ -2,8 +2,7 @@
 
 A test (or module, by ``pytestmark``) marked ``both_targets`` runs once with the software
 target and once with the offloaded one (docs/kbtp.md §8.1: the initiator cannot tell the
-difference); one marked ``software_only(reason)`` too skips its offload run with that
-reason.  Every other test gets the software target.
+difference).  Every other test gets the software target.
 """
 
 from __future__ import annotations
@@ -24,9 +23,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def target_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """The mode the test's targets start in (tests.kbtp.targets)."""
     mode = str(getattr(request, "param", "software"))
-    only = request.node.get_closest_marker("software_only")
-    if mode == "offload" and only is not None:
-        pytest.skip(str(only.args[0]))
     targets.select(mode)
     yield mode
     targets.select("software")

@@ -4,14 +4,15 @@
 MPA/DDP/RDMAP bytes, no sockets) whose responder QP has posted the session chain the
 offloaded target posts for a DIRECT_ALLOC initiator on a masked partition ring
 (:func:`kbtp.target_offload.session_chain` with the branches of
-:mod:`kbtp.target_offload_alloc`), over a zero-based MR whose Tagged Offsets are the
-core's memory offsets.  :meth:`ChainExecutor.offer` sends one request through it for a
-world of the exploration: the world's memory is copied into the MR, the binding's
-``publish`` is done as the target does after every core call, the pair is pumped until
-quiet, and then either the chain answered (memory copied back, the log's records handed
-to the core by ``offloaded_ring_ops``, as the binding does before its next core call) or
-the request fell back (the receive completed to the application: memory is unchanged and
-the caller runs the core, as the target does).  The chain is the target's, not a copy.
+:mod:`kbtp.target_offload_alloc` and the credit count of :mod:`kbtp.target_offload_credits`)
+over a zero-based MR whose Tagged Offsets are the core's memory offsets.
+:meth:`ChainExecutor.offer` sends one request through it for a world of the exploration:
+the world's memory is copied into the MR, the binding's ``publish`` calls are made as
+the target makes them after every core call, and the pair is pumped until quiet.  Then
+either the chain answered (memory copied back, the log's records handed to the core by
+``offloaded_ring_ops``, as the binding does before its next core call) or the request
+fell back (the receive completed to the application: memory is unchanged, and the caller
+runs the core, as the target does).  The chain is the target's, not a copy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kbtp.target_offload_alloc import (
     free_branches,
     partition_ring,
 )
+from kbtp.target_offload_credits import CreditCount
 from stack.rnic import Access, QpState, RecvWR, SendFlags, SendWR, WcOpcode, WcStatus, WrOpcode
 from tests.rnic.helpers import Pair
 
@@ -49,6 +51,7 @@ class ChainExecutor:
         self._mapping = mmap.mmap(-1, size)  # page-aligned, as the target's pool mapping
         self.memory = b.pd.reg_mr(self._mapping, Access.LOCAL_WRITE | Access.ZERO_BASED)
         self.log = AllocLog(b.mr(AllocLog.SIZE))
+        self.credits = CreditCount(b.mr(CreditCount.SIZE))
         self.source = a.mr(source, Access.LOCAL_WRITE | Access.REMOTE_READ)
         self._inbox = {"a": a.mr(_RECV * _RECVS), "b": b.mr(_RECV * _RECVS)}
         for name, side in (("a", a), ("b", b)):
@@ -74,7 +77,8 @@ class ChainExecutor:
         part = next(p for p in layout.partitions if p.ring == ring)
         more = alloc_store_branches(layout, lkey, initiator, ring, self.log)
         more += free_branches(layout, lkey, initiator, part, self.log)
-        self.pair.b.qp.post_chain(session_chain(layout, lkey, initiator, True, more))
+        chain = session_chain(layout, lkey, initiator, True, more, self.credits)
+        self.pair.b.qp.post_chain(chain)
         self._posted = True
 
     def offer(
@@ -90,6 +94,7 @@ class ChainExecutor:
         self.source.buf[: len(data)] = data
         ring = core.ring_of(core.session_identity(session))
         self.log.publish(len(ring.deferred), core.pending_ops())
+        self.credits.publish(core.credits_left(session))
         a.qp.post_send(
             SendWR(1, WrOpcode.SEND, inline_data=request.encode(), send_flags=SendFlags.NONE)
         )
@@ -102,6 +107,7 @@ class ChainExecutor:
             if self._mapping[: len(mem)] != bytes(mem):
                 raise AssertionError("a request that fell back changed the target's memory")
             b.qp.post_recv(self._recv_wr("b", fell[0].wr_id))
+            core.offloaded_requests(session, *self.credits.take())  # before the core's call
             b.qp.enable_chains()
             self.fallbacks += 1
             return None, []
