@@ -73,13 +73,14 @@ from kbtp.target_actions import (
 )
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
-from kbtp.target_offload import arm, chain_runs, session_chain
+from kbtp.target_offload import arm, chain_fallbacks, chain_runs, session_chain
 from kbtp.target_offload_alloc import (
     AllocLog,
     alloc_store_branches,
     free_branches,
     partition_ring,
 )
+from kbtp.target_offload_credits import CreditCount
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
@@ -167,6 +168,8 @@ class TargetSession:
     chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
+    credits: CreditCount | None = None  # the chain's runs against the credits (§8.1)
+    backlog: bool = False  # the next receive fell back from the chain's queue (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
         """The receive of buffer ``slot`` (built once: reposting it reuses it)."""
@@ -279,8 +282,13 @@ class KbtpTarget:
         stores = self.core.persist is None
         layout, lkey = self.core.layout, sess.local_mr.lkey
         ring = partition_ring(self.core, ini) if stores else None
+        if sess.credits is None:
+            mr = sess.pd.reg_mr(bytearray(CreditCount.SIZE), Access.LOCAL_WRITE)
+            sess.regions.append(mr)
+            sess.credits = CreditCount(mr)
+            sess.credits.publish(self.core.credits_left(sess.sid))
         if ring is None or ini is None:
-            return session_chain(layout, lkey, ini, stores)
+            return session_chain(layout, lkey, ini, stores, credits=sess.credits)
         if sess.alloc_log is None:
             mr = sess.pd.reg_mr(bytearray(AllocLog.SIZE), Access.LOCAL_WRITE)
             sess.regions.append(mr)
@@ -288,7 +296,7 @@ class KbtpTarget:
         part = next(p for p in layout.partitions if p.ring == ring)
         more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
         more += free_branches(layout, lkey, ini, part, sess.alloc_log)
-        return session_chain(layout, lkey, ini, stores, more)
+        return session_chain(layout, lkey, ini, stores, more, sess.credits)
 
     def _offloaded(self, sess: TargetSession, now: float) -> None:
         """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
@@ -419,7 +427,9 @@ class KbtpTarget:
             batch = [await cq.next()]
             while more := cq.poll(256):
                 batch.extend(more)
-            self.core.receive_batch(sess.sid)
+            if not sess.backlog:  # held by the chains: it arrived with the last batch
+                self.core.receive_batch(sess.sid)
+            sess.backlog = False
             self._draining = []
             try:
                 for wc in batch:
@@ -509,6 +519,8 @@ class KbtpTarget:
                 self._touch(sess)
             sess.messages += 1
             fresh = sess.identity is None
+            if sess.credits is not None:  # it fell back: the chain's runs count (§8.1)
+                self.core.offloaded_requests(sess.sid, *sess.credits.take())
             actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
             if fresh:
                 sess.identity = self.core.session_identity(sess.sid)
@@ -521,7 +533,9 @@ class KbtpTarget:
                 if self._draining is not None:  # the chain goes behind what is queued
                     self._post_drain()
                     self._draining = []
+                held = chain_fallbacks(sess.qp)
                 sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
+                sess.backlog = chain_fallbacks(sess.qp) > held
             return
         if wc.wr_id == _CLOSE_MARKER:
             self._terminate(sess)
@@ -615,6 +629,8 @@ class KbtpTarget:
             if sess.alloc_log is not None and sess.identity is not None:
                 deferred = len(self.core.ring_of(sess.identity).deferred)
                 sess.alloc_log.publish(deferred, self.core.pending_ops())
+            if sess.credits is not None:
+                sess.credits.publish(self.core.credits_left(sess.sid))
 
     def _post_rdma(
         self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode

@@ -477,10 +477,10 @@ class TargetCore(RequestOps, TicketOps):
         """A request arrives: would it be beyond the Request Credits (docs/kbtp.md §9.2)?
 
         Outstanding at the initiator when it sent this request were at least the requests
-        the core holds (``inflight``) and those answered since the binding's last
-        :meth:`receive_batch`: this request arrived before those answers were sent.
+        the core or the RNIC's chains hold (``inflight``, ``offloaded``, §8.1) and those
+        answered since the last :meth:`receive_batch`: it arrived before they were sent.
         """
-        return sess.inflight + sess.uncredited >= self.config.request_credits
+        return sess.inflight + sess.uncredited + sess.offloaded >= self.config.request_credits
 
     def _credit_exceeded(
         self, session: int, rid: int, handle: int, opcode: int, now: float

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kbtp.constants import (
     COMMON_HEADER_LEN,
@@ -60,10 +61,14 @@ from stack.rnic import (
     WrOpcode,
 )
 
+if TYPE_CHECKING:
+    from kbtp.target_offload_credits import CreditCount
+
 __all__ = [
     "OFFLOADED_OPCODES",
     "SESSION_CHAIN_WR_ID",
     "arm",
+    "chain_fallbacks",
     "chain_runs",
     "load_branches",
     "session_chain",
@@ -255,14 +260,18 @@ def session_chain(
     initiator: InitiatorConfig | None,
     stores: bool,
     more: list[Branch] | None = None,
+    credits: CreditCount | None = None,
 ) -> Chain:
     """The chain a session pre-posts once its HELLO is accepted: LOAD, and with ``stores``
     the initiator's mapped STOREs, then ``more`` (ALLOC_STORE, kbtp.target_offload_alloc);
-    re-armed after every request."""
+    re-armed after every request.  With ``credits`` every branch runs only within the
+    Request Credits (kbtp.target_offload_credits)."""
     branches = load_branches(layout, lkey)
     if stores and initiator is not None:
         branches += store_branches(layout, lkey, initiator)
     branches += more or []
+    if credits is not None:
+        branches = [*map(credits.wrap, branches), credits.over_branch()]
     key = _req(HEADER, "handle")  # §6.0: one at a time per handle, others concurrently
     return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True, key=key)
 
@@ -276,6 +285,11 @@ def arm(qp: QueuePair, chain: Callable[[], Chain], armed: bool) -> bool:
     else:
         qp.post_chain(chain())
     return True
+
+
+def chain_fallbacks(qp: QueuePair) -> int:
+    """Requests that fell back from ``qp``'s chain to the application."""
+    return 0 if qp.chains is None else qp.chains.fallbacks
 
 
 def chain_runs(qp: QueuePair) -> int:

@@ -227,6 +227,19 @@ class RequestOps(CoreState):
             ini.allocating -= 1
         self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
 
+    def offloaded_requests(self, session: int, runs: int, over: bool) -> None:
+        """Before a message of ``session`` that fell back from its chain (docs/kbtp.md
+        §8.1): ``runs`` requests are held by the chain's runs, and ``over``: the chain found
+        the request beyond the credits (so it is answered CREDIT_EXCEEDED, §9.2)."""
+        sess = self._sessions.get(session)
+        if sess is not None:
+            sess.offloaded = self.config.request_credits if over else runs
+
+    def credits_left(self, session: int) -> int:
+        """Request Credits minus the requests the core holds for ``session`` (§9.2)."""
+        sess = self._sessions.get(session)
+        return 0 if sess is None else self.config.request_credits - sess.inflight
+
     def offloaded_ring_ops(
         self, session: int, records: list[RingRecord], now: float
     ) -> list[Action]:

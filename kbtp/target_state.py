@@ -87,6 +87,7 @@ class SessionState:
     active: float = 0.0  # the last message received or operation completed (idle timeout)
     inflight: int = 0
     uncredited: int = 0  # COMPLETIONs sent since the binding's last receive_batch
+    offloaded: int = 0  # requests the RNIC's chains hold (docs/kbtp.md §8.1)
     batching: bool = False  # the binding reports receive batches (docs/kbtp.md §9.2)
     ird: int | None = None  # the target's negotiated IRD on the stream (None: unknown)
     ord: int | None = None  # the target's negotiated ORD on the stream (docs/kbtp.md §4.1)

@@ -152,7 +152,7 @@ async def kbtp_target(*argv: str) -> Any:
     """A running ``kbtp target ARGV`` (in-process); yields its port.  It serves every
     connection, so it needs no restart."""
     args = kbtp_target_args("--host", "127.0.0.1", "-p", "0", "--quiet", *argv)
-    target = KbtpTarget(build_config(args), settings=mpa_settings(args))
+    target = KbtpTarget(build_config(args), settings=mpa_settings(args), offload=args.offload)
     async with target.running("127.0.0.1", 0):
         yield target.port
 

@@ -165,6 +165,7 @@ def test_evidence_of_the_data_phase(baselines: Baselines) -> None:
     [
         (("--no-crc",), _reasons(does_not_ask_for_markers=_MARKERS)),
         (("--markers",), _reasons(asks_for_CRC=("MPA-05",), asks_for_markers=("MPA-17",))),
+        (("--no-crc", "--offload"), _reasons(does_not_ask_for_markers=_MARKERS)),  # §8.1
     ],
 )
 async def test_kbtp_target_variants(argv: tuple[str, ...], skips: dict[str, str]) -> None:

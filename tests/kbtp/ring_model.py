@@ -57,6 +57,7 @@ from kbtp.target_config import InitiatorConfig, TargetConfig
 from kbtp.target_core import TargetCore
 from kbtp.target_state import SHARED_RING
 from tests.kbtp.helpers import CountingRegistrar
+from tests.kbtp.ring_offload import ChainExecutor
 
 
 class ModelViolation(AssertionError):
@@ -99,6 +100,9 @@ class ModelConfig:
     """C's partition ring: masked (draft §3.3) or unmasked (§9.2, UNMASKED_COUNTER)."""
     first_ticket: int = 0
     """Every ring starts its tickets here (near 2**32 to cross the ticket wrap)."""
+    offload: bool = False
+    """C's ALLOC_STOREs (by RDMA Read) and FREEs go to the offloaded target's chain
+    first (tests.kbtp.ring_offload, docs/kbtp.md §8.1); the core takes what falls back."""
 
 
 @dataclass
@@ -112,8 +116,15 @@ class Stats:
 class World:
     """A mutable world; :meth:`copy` clones it for the next transition."""
 
-    def __init__(self, core: TargetCore, actors: list[Actor], now: float) -> None:
+    def __init__(
+        self,
+        core: TargetCore,
+        actors: list[Actor],
+        now: float,
+        chains: ChainExecutor | None = None,
+    ) -> None:
         self.core = core
+        self.chains = chains  # the offloaded target's RNIC, shared by every world
         self.actors = actors
         self.now = now
         self.rnic: dict[int, Action] = {}  # pending RDMA Reads / invalidations by op id
@@ -122,7 +133,7 @@ class World:
         self.events: list[str] = []  # coverage events of the last transition
 
     def copy(self) -> World:
-        new = World(self.core.clone(), list(self.actors), self.now)
+        new = World(self.core.clone(), list(self.actors), self.now, self.chains)
         new.rnic = dict(self.rnic)
         new.stag_valid = dict(self.stag_valid)
         new.ghost = dict(self.ghost)
@@ -139,6 +150,19 @@ class World:
             tuple(sorted(self.stag_valid.items())),
             tuple(sorted(self.ghost.items())),
         )
+
+    def request(self, a: Actor, req: AllocStore | Free, data: bytes = b"") -> None:
+        """``req`` from ``a`` reaches the target: C's to the chain first (offload), the
+        rest, and what falls back, to the core."""
+        if self.chains is not None and a.kind == "direct":
+            answer, actions = self.chains.offer(self.core, a.session, req, data, self.now)
+            if answer is not None:
+                self.events.append("offloaded")
+                self._deliver(a.session, answer)
+                self.apply(actions)
+                return
+            self.events.append("fallback")
+        self.apply(self.core.handle_request(a.session, req, self.now))
 
     # -- delivering the target's actions ------------------------------------------------
     def apply(self, actions: list[Action]) -> None:
@@ -220,6 +244,7 @@ def initial_world(mc: ModelConfig) -> World:
         shared_ring_order=mc.shared_order,
     )
     core = TargetCore(cfg)
+    chains = ChainExecutor(core.layout.size, mc.data_length) if mc.offload else None
     registrar = CountingRegistrar()
     actors = []
     for session, (ic, kind, budget) in enumerate(
@@ -243,7 +268,9 @@ def initial_world(mc: ModelConfig) -> World:
         part = lay.partitions[0]
         core.ring_of(b"C").initialize(core._partition_blocks(part), None, mc.first_ticket)
     assert core.ring_of(b"C").counter_format is mc.counter_format
-    return World(core, actors, 0.0)
+    if chains is not None:
+        chains.arm(core, cfg.initiators[2])  # posted once C's HELLO is accepted
+    return World(core, actors, 0.0, chains)
 
 
 # ======================================================================================
@@ -292,14 +319,17 @@ def _step_alloc(i: int, handle: int, mc: ModelConfig) -> Step:
     def step(w: World) -> None:
         a = w.actors[i]
         data = _data(i, a.budget, mc.data_length)
-        if a.kind == "read":
+        if a.kind == "direct" and w.chains is not None:  # by RDMA Read: offloadable
+            src = w.chains.source
+            req = AllocStore(a.budget, handle, DataDescriptor(src.rkey, src.base, len(data)))
+        elif a.kind == "read":
             req = AllocStore(a.budget, handle, DataDescriptor(0x1000 + i, 0, len(data)))
         else:
             req = AllocStore(
                 a.budget, handle, inline_descriptor(data), data, flags=RequestFlag.INLINE
             )
         w.actors[i] = replace(a, budget=a.budget - 1, inflight=("ALLOC_STORE", handle, data))
-        w.apply(w.core.handle_request(a.session, req, w.now))
+        w.request(a, req, data)
 
     return step
 
@@ -308,7 +338,7 @@ def _step_free(i: int, handle: int) -> Step:
     def step(w: World) -> None:
         a = w.actors[i]
         w.actors[i] = replace(a, budget=a.budget - 1, inflight=("FREE", handle, b""))
-        w.apply(w.core.handle_request(a.session, Free(a.budget, handle), w.now))
+        w.request(a, Free(a.budget, handle))
 
     return step
 

@@ -15,13 +15,16 @@ from kbtp.constants import Status
 from kbtp.initiator_errors import SessionClosed
 from kbtp.target_thread import TargetThread
 from tests.kbtp.api_helpers import BLOCK, CREDITS, config, pattern
+from tests.kbtp.targets import target_thread
+
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 WAIT = 60.0
 
 
 @pytest.fixture
 def target() -> Iterator[TargetThread]:
-    with TargetThread(config()) as served:
+    with target_thread(config()) as served:
         yield served
 
 

@@ -18,11 +18,14 @@ from kbtp.initiator_errors import SessionClosed
 from kbtp.target import KbtpTarget
 from stack.errors import LocalError
 from tests.kbtp.api_helpers import BLOCK, CREDITS, MAX_INLINE, config, pattern
+from tests.kbtp.targets import new_target
+
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 
 @asynccontextmanager
 async def session(**overrides: object) -> AsyncIterator[tuple[KbtpTarget, KbtpInitiator]]:
-    async with KbtpTarget(config(**overrides)).running() as target:
+    async with new_target(config(**overrides)).running() as target:
         async with KbtpInitiator.connect(
             "127.0.0.1", target.port, "a", capabilities=Capability.NONE
         ) as initiator:
@@ -195,7 +198,7 @@ async def test_arena_errors() -> None:
 async def test_free_batch_and_a_session_that_ends_mid_batch() -> None:
     """FREE in a batch; then the target goes away with a batch in flight: the blocks that
     got no COMPLETION carry SessionClosed, the call returns."""
-    target = KbtpTarget(config())
+    target = new_target(config())
     stop_target = trio.CancelScope()
 
     async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:

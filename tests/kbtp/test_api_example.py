@@ -12,8 +12,8 @@ from types import ModuleType
 import pytest
 
 from kbtp.client_sync import KbtpClient
-from kbtp.target_thread import TargetThread
 from tests.kbtp.api_helpers import BLOCK, config
+from tests.kbtp.targets import target_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "prefix_cache.py"
@@ -40,10 +40,11 @@ def test_the_example_runs_and_reports(
     assert report["arena_gbps"] > 0 and report["baseline_gbps"] > 0
 
 
+@pytest.mark.both_targets
 def test_prefix_cache_hits_only_the_shared_prefix(example: ModuleType) -> None:
     """A bytearray arena: keys chain over the prefix, so a change in block 1 misses blocks
     1.. even where later tokens agree; stored blocks are not stored twice."""
-    with TargetThread(config()) as target, KbtpClient("127.0.0.1", target.port, "a") as client:
+    with target_thread(config()) as target, KbtpClient("127.0.0.1", target.port, "a") as client:
         arena = client.register(bytearray(8 * BLOCK))
         cache = example.PrefixCache(client, arena, block_tokens=4)
         for slot in range(4):

@@ -18,13 +18,14 @@ from kbtp.initiator_errors import HelloRefused, SessionClosed
 from kbtp.target_thread import TargetThread
 from stack.transport.cm import ConnectFailed
 from tests.kbtp.api_helpers import BLOCK, CREDITS, config, pattern
+from tests.kbtp.targets import target_thread
 
 WAIT = 60.0
 
 
 @pytest.fixture
 def target() -> Iterator[TargetThread]:
-    with TargetThread(config()) as served:
+    with target_thread(config()) as served:
         yield served
 
 
@@ -38,6 +39,7 @@ def refs(count: int, first_handle: int = 0, first_slot: int = 0) -> list[BlockRe
     return [BlockRef(first_handle + i, (first_slot + i) * BLOCK, BLOCK) for i in range(count)]
 
 
+@pytest.mark.both_targets
 def test_submit_poll_wait_result(target: TargetThread, client: KbtpClient) -> None:
     """A store and a load submitted without waiting; poll() shows per-block results as
     they come, wait()/result() block; the loaded bytes are the stored ones."""
@@ -67,6 +69,7 @@ def test_submit_poll_wait_result(target: TargetThread, client: KbtpClient) -> No
     assert all(r.ok for r in client.load(dst, refs(2), allow_unsealed=True, timeout=WAIT))
 
 
+@pytest.mark.both_targets
 def test_no_registration_per_request(client: KbtpClient) -> None:
     """After the arena, batches register nothing: counted at the session's PD."""
     arena = client.register(bytearray(pattern(1, 2 * CREDITS * BLOCK)))
@@ -94,6 +97,7 @@ def test_no_registration_per_request(client: KbtpClient) -> None:
     assert calls == ["reg_mr"]  # the counter sees a registration
 
 
+@pytest.mark.both_targets
 def test_numpy_arena_loads_in_place(client: KbtpClient) -> None:
     np = pytest.importorskip("numpy")
     values = np.arange(4 * BLOCK // 2, dtype=np.float16).reshape(4, -1)
@@ -106,6 +110,7 @@ def test_numpy_arena_loads_in_place(client: KbtpClient) -> None:
     assert cache.tobytes() == values.tobytes()
 
 
+@pytest.mark.both_targets
 def test_bad_arguments_raise_in_the_callers_thread(client: KbtpClient) -> None:
     arena = client.register(bytearray(2 * BLOCK))
     with pytest.raises(ArenaError, match="outside the arena"):
@@ -125,6 +130,7 @@ def test_bad_arguments_raise_in_the_callers_thread(client: KbtpClient) -> None:
         client.submit_load(arena, refs(1))
 
 
+@pytest.mark.both_targets
 def test_threads_submit_concurrently(target: TargetThread, client: KbtpClient) -> None:
     """Eight threads share one session and one arena: each stores and loads its own
     blocks, several batches at once; every byte comes back to its thread's span."""
@@ -159,6 +165,7 @@ def test_threads_submit_concurrently(target: TargetThread, client: KbtpClient) -
     assert target.target.core.usage(b"a") == threads * per
 
 
+@pytest.mark.both_targets
 def test_close_with_batches_in_flight_fails_them_cleanly(target: TargetThread) -> None:
     """close() while batches run: each ticket finishes, every block either succeeded or
     carries SessionClosed; later submits raise SessionClosed; nothing hangs."""
@@ -185,6 +192,7 @@ def test_close_with_batches_in_flight_fails_them_cleanly(target: TargetThread) -
     assert client.context.closed
 
 
+@pytest.mark.both_targets
 def test_target_gone_then_submit(target: TargetThread) -> None:
     """The target stops under an open client: a submit is refused with SessionClosed (or
     its blocks fail with it); closing the client still works."""
@@ -200,6 +208,7 @@ def test_target_gone_then_submit(target: TargetThread) -> None:
             assert results[0].ok or isinstance(results[0].error, SessionClosed)
 
 
+@pytest.mark.both_targets
 def test_connect_errors(target: TargetThread) -> None:
     with pytest.raises(HelloRefused):
         KbtpClient("127.0.0.1", target.port, "nobody")

@@ -23,6 +23,7 @@ from kbtp.initiator import KbtpInitiator
 from stack.cli import build_parser
 from stack.cli.iwarp import main as iwarp_main
 from stack.wire.events import MpaSettings
+from tests.kbtp.targets import target_argv
 
 
 def _run(argv: list[str]) -> int:
@@ -32,13 +33,13 @@ def _run(argv: list[str]) -> int:
         return int(exc.code or 0)
 
 
-@pytest.mark.parametrize("target", [[], ["--offload"]])
+@pytest.mark.both_targets
 def test_demo_tiny_run_checks_every_byte_and_writes_a_clean_capture(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: list[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pcap = tmp_path / "demo.pcap"
     argv = ["demo", "-n", "2", "--block-size", "4K", "--ticket-timeout", "1", "-w", str(pcap)]
-    argv += target  # docs/kbtp.md §8: the offloaded target is indistinguishable
+    argv += target_argv()  # docs/kbtp.md §8.1: the offloaded target is indistinguishable
     code = _run([*argv, "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -161,6 +162,7 @@ def test_target_emss_defaults_to_each_connection_mss(capsys: pytest.CaptureFixtu
     assert "derived from (default from the connection's TCP MSS;" in text, text
 
 
+@pytest.mark.both_targets
 def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> None:
     pcap = tmp_path / "target.pcap"
     proc = subprocess.Popen(
@@ -181,6 +183,7 @@ def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> N
             "pre:quota=4,domain=b",
             "--capture",
             str(pcap),
+            *target_argv(),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -220,12 +223,13 @@ def test_target_command_serves_initiators_until_interrupted(tmp_path: Path) -> N
     assert pcap.stat().st_size > 1000
 
 
+@pytest.mark.both_targets
 def test_target_command_stops_in_order_on_sigterm_with_a_session_open() -> None:
     """SIGTERM while an initiator is connected: the session ends and says why, the
     initiator sees its session closed, the process exits with 128 + 15."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "kbtp.cli", "target", "-p", "0", "--block-size", "4K",
-         "-F", "8", "--initiator", "only"],
+         "-F", "8", "--initiator", "only", *target_argv()],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -28,10 +28,9 @@ from tests.kbtp.test_binding_ops import (
     data,
     serving,
     snapshot,
-    target_mode,
 )
 
-__all__ = ["target_mode"]  # autouse: every test against both targets (docs/kbtp.md §8)
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 
 async def _until(predicate: object, timeout: float = 5.0) -> None:

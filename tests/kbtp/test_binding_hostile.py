@@ -17,12 +17,14 @@ from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_core import CompareSwapOp, FetchAddOp, ReadOp
 from kbtp.initiator_errors import HelloRefused, SessionClosed
 from kbtp.layout import TableEntry, write_entry
-from kbtp.messages import AllocStore, DataDescriptor, Free
+from kbtp.messages import AllocStore, DataDescriptor, Free, Load, Store
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.rnic import Access, QpState, Rnic
 from stack.transport.cm import ConnectionManager
 from stack.wire.events import MpaSettings
 from tests.kbtp.test_binding_ops import connect, data, serving, snapshot
+
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 
 async def test_s3_6_no_atomic_of_the_initiator_reaches_a_slot() -> None:
@@ -120,6 +122,41 @@ async def test_s9_2_a_burst_beyond_the_credits_is_answered_credit_exceeded(burst
             while target.sessions:
                 await trio.sleep(0.01)
             assert target.core.usage(b"a") == 0 and target.core.pending_ops() == 0
+
+
+@pytest.mark.parametrize("opcode", [MessageOpcode.LOAD, MessageOpcode.STORE])
+async def test_s9_2_credits_plus_one_requests_the_chains_could_answer_get_the_same_statuses(
+    opcode: MessageOpcode,
+) -> None:
+    """4 credits and 5 LOADs of sealed blocks, or 5 mapped STOREs into bound ones, sent at
+    once: on the offloaded target the chains take the first 4 and the 5th falls back as
+    over the credits (docs/kbtp.md §8.1), so neither target answers the 5th but with
+    CREDIT_EXCEEDED (its Request ID, Handle and Opcode), and both close the session for it."""
+    with trio.fail_after(30):
+        async with serving() as target, connect(target, "a") as a:
+            for handle in range(5):
+                await a.alloc_store(handle, data(handle, 3000), seal=opcode is MessageOpcode.LOAD)
+            mr = a.pd.reg_mr(bytearray(data(9, 3000)), Access.LOCAL_WRITE | Access.REMOTE_READ
+                             | Access.REMOTE_WRITE)  # fmt: skip
+            desc = DataDescriptor(mr.rkey, mr.base, 3000)
+            kind = Load if opcode is MessageOpcode.LOAD else Store
+            burst = [kind(20_000 + h, h, desc) for h in range(5)]
+            (session,) = target.sessions.values()
+            answers = await a.send_raw_burst([(m.encode(), m.request_id) for m in burst])
+            got = [None if c is None else (c.request_id, c.handle, c.status) for c in answers]
+            # What each target answers before the session ends depends on timing (an
+            # answer in flight when the Terminate comes is lost): never more than this.
+            for h, answer in enumerate(got[:4]):
+                assert answer in (None, (20_000 + h, h, Status.SUCCESS)), got
+            assert got[4] in (None, (20_004, 4, Status.CREDIT_EXCEEDED)), got
+            assert answers[4] is None or answers[4].request_opcode == opcode
+            assert a.conn is not None
+            await a.conn.wait_closed()
+            while target.sessions:
+                await trio.sleep(0.01)
+            assert session.reason.startswith("closed by the target: CREDIT_EXCEEDED"), (
+                session.reason
+            )
 
 
 async def test_s9_2_many_requests_in_flight_within_the_credits_never_exceed_them() -> None:

@@ -8,7 +8,7 @@ status and change nothing (§6.0), and the errors that close a session (§9.3).
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -38,6 +38,9 @@ from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.rnic import QpState
 from stack.wire.events import MpaSettings
+from tests.kbtp.targets import new_target
+
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 BLOCK = 8192
 MAX_INLINE = 512
@@ -60,22 +63,10 @@ def config(**overrides: object) -> TargetConfig:
     return TargetConfig(**base)  # type: ignore[arg-type]
 
 
-_MODE = {"offload": False}
-
-
-@pytest.fixture(autouse=True, params=["software", "offload"])
-def target_mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test runs against the software target and the offloaded one (docs/kbtp.md §8:
-    the initiator cannot tell them apart); other modules' tests get the software one."""
-    _MODE["offload"] = request.param == "offload"
-    yield str(request.param)
-    _MODE["offload"] = False
-
-
 @asynccontextmanager
 async def serving(**overrides: object) -> AsyncIterator[KbtpTarget]:
     """A target on 127.0.0.1 (MPA defaults: EMSS 1448, so blocks span several FPDUs)."""
-    target = KbtpTarget(config(**overrides), offload=_MODE["offload"])
+    target = new_target(config(**overrides))
     async with target.running() as running:
         yield running
 

@@ -28,9 +28,9 @@ from kbtp.initiator_errors import KbtpStatusError, SessionClosed
 from kbtp.layout import read_counter
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig
-from tests.kbtp.test_binding_ops import A, B, C, connect, data, serving, target_mode
+from tests.kbtp.test_binding_ops import A, B, C, connect, data, serving
 
-__all__ = ["target_mode"]  # autouse: every test against both targets (docs/kbtp.md §8)
+pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 UNMASKED = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.UNMASKED_COUNTER
 D = InitiatorConfig(b"d", 192, 64, 4, "green", direct_load=True, direct_alloc=True)

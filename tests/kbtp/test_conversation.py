@@ -13,10 +13,10 @@ from kbtp.conversation import KbtpConversations, KbtpUndecodable
 from kbtp.describe import KbtpSummary
 from kbtp.messages import Completion, DataDescriptor, Hello, HelloAck, Load
 from kbtp.session_rules import initiator_refusal, target_refusal
-from kbtp.target import KbtpTarget
 from stack.cli.iwarp import main as iwarp
 from stack.pcap import PcapWriter
 from stack.transport.tap import pcap_tap_factory
+from tests.kbtp.targets import new_target
 from tests.kbtp.test_binding_ops import config, connect
 
 HELLO = Hello(1, identity=b"a").encode()
@@ -117,7 +117,7 @@ async def _bad_sessions(path: Path) -> list[Status | None]:
     statuses: list[Status | None] = []
     with path.open("wb") as f:
         writer = PcapWriter(f)
-        target = KbtpTarget(config(), tap_factory=pcap_tap_factory(writer))
+        target = new_target(config(), tap_factory=pcap_tap_factory(writer))
         with trio.fail_after(60):
             async with target.running():
                 for data in bad:
@@ -129,6 +129,7 @@ async def _bad_sessions(path: Path) -> list[Status | None]:
     return statuses
 
 
+@pytest.mark.both_targets
 def test_kbtp_4_2_dissect_shows_every_fatal_refusal_of_a_real_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from kbtp.constants import Capability, RequestFlag, Status
@@ -21,6 +22,7 @@ def test_s6_8_hello_handle_and_generation_are_ignored() -> None:
     assert decode_message(bytes(raw)) == Hello(1, identity=b"a")
 
 
+@pytest.mark.both_targets
 async def test_s6_8_an_inline_store_beyond_the_receive_buffer_ends_only_that_session() -> None:
     size = MAX_INLINE + 17  # 40 + size > 56 + Max Inline: no receive buffer holds it
     big = Store(900, 2, DataDescriptor(0, 0, size), data=bytes(size), flags=RequestFlag.INLINE)
@@ -44,6 +46,7 @@ async def test_s6_8_an_inline_store_beyond_the_receive_buffer_ends_only_that_ses
                 assert done.status == Status.SUCCESS
 
 
+@pytest.mark.both_targets
 async def test_s6_8_the_9_3_terminate_copies_no_header() -> None:
     load = Load(901, 0, DataDescriptor(1, 2, 3)).encode()
     unknown = load[:1] + b"\x7f" + load[2:]

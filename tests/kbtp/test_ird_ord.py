@@ -10,6 +10,7 @@ served with the full credits: the RNIC queues Reads beyond ORD (RDMAP-14).
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from kbtp.constants import Capability, Status
@@ -77,6 +78,7 @@ def test_s4_1_an_unknown_identity_is_refused_before_its_ird_ord() -> None:
 # ======================================================================================
 
 
+@pytest.mark.both_targets
 async def test_s4_1_an_initiator_with_ird_zero_is_refused_ird_ord_too_low() -> None:
     with trio.fail_after(30):
         async with serving() as target:
@@ -90,6 +92,7 @@ async def test_s4_1_an_initiator_with_ird_zero_is_refused_ird_ord_too_low() -> N
                 assert (await a.alloc_store(1, data(1, 3000), seal=True)).ok
 
 
+@pytest.mark.both_targets
 async def test_s4_1_an_initiator_with_ord_zero_gets_no_direct_mode() -> None:
     with trio.fail_after(30):
         async with serving() as target:
@@ -104,6 +107,7 @@ async def test_s4_1_an_initiator_with_ord_zero_gets_no_direct_mode() -> None:
                     assert exc.status is Status.NOT_OFFERED
 
 
+@pytest.mark.both_targets
 async def test_s4_1_a_target_ord_of_one_serves_every_credit() -> None:
     """Initiator IRD 1: the target's Reads of four concurrent non-inline stores (four
     credits) are queued by its RNIC one at a time, and all complete."""

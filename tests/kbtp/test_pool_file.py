@@ -56,6 +56,7 @@ from kbtp.target_config import plan_target_layout
 from kbtp.target_core import TargetCore
 from stack.cli import build_parser
 from tests.kbtp.helpers import Harness, default_config
+from tests.kbtp.targets import new_target, target_argv
 from tests.kbtp.test_binding_ops import BLOCK, config, data
 
 DIRECT = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC
@@ -83,13 +84,14 @@ def assert_consistent(target: KbtpTarget, sealed: int) -> None:
 # ======================================================================================
 
 
+@pytest.mark.both_targets
 @pytest.mark.parametrize("sync", [False, True], ids=["flushed-at-stop", "pool-sync"])
 async def test_s12_sealed_blocks_survive_a_clean_stop_byte_for_byte(
     tmp_path: Path, sync: bool
 ) -> None:
     path = tmp_path / "pool"
     with trio.fail_after(60):
-        first = KbtpTarget(config(), pool_file=path, pool_sync=sync)
+        first = new_target(config(), pool_file=path, pool_sync=sync)
         assert (first.core.persist is not None) is sync
         assert first.recovery is None and first.pool is not None and first.pool.created
         async with first.running():
@@ -105,7 +107,7 @@ async def test_s12_sealed_blocks_survive_a_clean_stop_byte_for_byte(
         assert first.pool.was_clean  # as opened (a new file)
         base_before = first.config.base_to
 
-        second = KbtpTarget(config(), pool_file=path)
+        second = new_target(config(), pool_file=path)
         report = second.recovery
         assert report is not None and second.pool is not None and second.pool.was_clean
         assert (report.sealed, report.unsealed, report.reclaimed, report.repaired) == (3, 1, 0, 0)
@@ -146,9 +148,10 @@ async def test_s12_sealed_blocks_survive_a_clean_stop_byte_for_byte(
         assert_consistent(second, 3 + 6)
 
 
+@pytest.mark.both_targets
 async def test_s12_the_file_is_locked_while_a_target_uses_it(tmp_path: Path) -> None:
     path = tmp_path / "pool"
-    target = KbtpTarget(config(), pool_file=path)
+    target = new_target(config(), pool_file=path)
     with pytest.raises(PoolFileError, match="in use by another target"):
         KbtpTarget(config(), pool_file=path)
     async with target.running():
@@ -191,13 +194,14 @@ class KillOnInbound:
         pass
 
 
+@pytest.mark.both_targets
 def test_s12_sigkill_with_an_alloc_store_in_flight_loses_only_what_was_in_flight(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "pool"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kbtp", "target", "-p", "0", "--pool-file", str(path),
-         *TARGET_ARGS],
+         *TARGET_ARGS, *target_argv()],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -235,7 +239,7 @@ def test_s12_sigkill_with_an_alloc_store_in_flight_loses_only_what_was_in_flight
 
     parser = build_parser("kbtp", "", COMMANDS, only="target")
     cfg = build_config(parser.parse_args(["target", *TARGET_ARGS]))
-    target = KbtpTarget(cfg, pool_file=path)
+    target = new_target(cfg, pool_file=path)
     report = target.recovery
     assert report is not None and target.pool is not None and not target.pool.was_clean
     # The ALLOC_STORE's block (consumed from the shared ring, never bound) and the direct
@@ -485,13 +489,14 @@ def test_s12_3_a_pool_killed_between_operations_needs_no_repair() -> None:
 # ======================================================================================
 
 
+@pytest.mark.both_targets
 def test_s12_3_an_interrupted_recovery_resumes_from_its_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "pool"
 
     async def store() -> None:
-        target = KbtpTarget(config(), pool_file=path)
+        target = new_target(config(), pool_file=path)
         async with target.running():
             async with KbtpInitiator.connect("127.0.0.1", target.port, "a") as a:
                 await a.alloc_store(7, data(7, 3000), seal=True)
@@ -515,7 +520,7 @@ def test_s12_3_an_interrupted_recovery_resumes_from_its_journal(
     pool.close()
 
     async def reload() -> None:
-        target = KbtpTarget(config(), pool_file=path)
+        target = new_target(config(), pool_file=path)
         report = target.recovery
         assert report is not None and not report.checked and report.sealed == 2
         assert target.pool is not None and target.pool.state is PoolState.TABLE

@@ -7,10 +7,15 @@ uses target-executed ALLOC_STORE, frees, and may stall until its tickets are aba
 C's ring in the masked counter format (draft §3.3) or the unmasked one (§9.2), tickets
 from 0 or from just before the 32-bit wrap.
 See :mod:`tests.kbtp.ring_model` for the transitions and the invariants checked in every
-reachable state.  The state counts are printed (run with ``-s``) for the report.
+reachable state.  The offload variants send C's ALLOC_STOREs (by RDMA Read) and FREEs to the
+offloaded target's own chain first, run by the software RNIC on the model's memory
+(:mod:`tests.kbtp.ring_offload`, docs/kbtp.md §8.1), with the same invariants.  The
+state counts are printed (run with ``-s``) for the report.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +23,8 @@ import kbtp.ring as ring_mod
 import kbtp.target_core as tc
 from kbtp.constants import TICKET_MODULUS, CounterFormat, counter_operands
 from kbtp.layout import write_slot
+from stack.rnic import Check, LocalWrite
+from tests.kbtp import ring_offload
 from tests.kbtp.ring_model import ModelConfig, ModelViolation, explore
 
 SHARED_RING_CONFIG = ModelConfig(budgets=(2, 2, 2))
@@ -57,6 +64,20 @@ def test_s3_3_s3_4_exploration_direct_and_target_allocation_deferred_frees() -> 
         "direct:stale-stag",  # reading the slot through the invalidated Ring STag fails
     ):
         assert coverage.get(event, 0) > 0, event
+
+
+@pytest.mark.parametrize(
+    ("name", "mc"), [("shared ring", SHARED_RING_CONFIG), ("partition ring", DIRECT_CONFIG)]
+)
+def test_s8_1_exploration_with_the_offloaded_targets_chains(name: str, mc: ModelConfig) -> None:
+    """C's ALLOC_STOREs and FREEs run by the chains where the offloaded target runs them,
+    by the core where they fall back (a deferred free, an operation in flight, §8.1)."""
+    coverage = _report(f"{name}, offloaded", replace(mc, offload=True))
+    for event in ("offloaded", "fallback", "ALLOC_STORE:SUCCESS", "FREE:SUCCESS", "BIND:SUCCESS"):
+        assert coverage.get(event, 0) > 0, event
+    if mc is DIRECT_CONFIG:
+        for event in ("state:deferred", "state:alloc-wait", "state:abandoned"):
+            assert coverage.get(event, 0) > 0, event
 
 
 UNMASKED_WRAP_CONFIG = ModelConfig(
@@ -109,6 +130,27 @@ def test_s3_3_s3_4_exploration_ring_larger_than_pool() -> None:
 def _expect_violation(mc: ModelConfig, match: str) -> None:
     with pytest.raises(ModelViolation, match=match):
         explore(mc)
+
+
+def test_s8_1_exploration_catches_a_chain_that_does_not_consume_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The offloaded ALLOC_STORE's chain without its write of all ones to slot octets
+    8-15 (§3.3): the block it hands out stays in the ring too."""
+    original = ring_offload.alloc_store_branches
+
+    def careless(*args: object) -> list[object]:
+        out = []
+        for branch in original(*args):  # type: ignore[arg-type]
+            wrs = tuple(
+                Check(()) if isinstance(i, LocalWrite) and i.src == b"\xff" * 8 else i
+                for i in branch.wrs
+            )
+            out.append(replace(branch, wrs=wrs))
+        return out
+
+    monkeypatch.setattr(ring_offload, "alloc_store_branches", careless)
+    _expect_violation(replace(DIRECT_CONFIG, offload=True), "blocks")
 
 
 def test_s3_3_exploration_catches_free_overwriting_an_unconsumed_slot(

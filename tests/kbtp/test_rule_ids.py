@@ -43,6 +43,7 @@ def test_kbtp_5_2_inline_store_with_an_stag_is_malformed() -> None:
     assert (error.rule, error.status) == ("KBTP-5.2", Status.MALFORMED)
 
 
+@pytest.mark.both_targets
 async def test_kbtp_9_3_a_fatal_request_ends_the_session_with_terminate_0_2_0xff() -> None:
     """BAD_VERSION is answered, then the target terminates the stream; the error it
     records on the session's QP names KBTP-9.3."""
