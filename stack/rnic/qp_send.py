@@ -106,10 +106,20 @@ class QpSend(QpBase):
             raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
+        pending = self._pending
         for one in wrs:
-            self._pending.append(_SqEntry(one, int(one.send_flags)))
+            pending.append(_SqEntry(one, int(one.send_flags)))
         if self.state is QpState.RTS:
-            self._progress_sq()
+            # A post list reaches the transport once, with all of its messages queued: one
+            # encode pass and one send for the whole list.
+            outer, self._batching = self._batching, True
+            try:
+                self._progress_sq()
+            finally:
+                self._batching = outer
+            if not outer and self._output_deferred:
+                self._output_deferred = False
+                self._notify_output()
 
     def _check_wr(self, wr: SendWR) -> None:
         """A send WR against the QP's capacities (LocalError)."""
@@ -250,12 +260,11 @@ class QpSend(QpBase):
     def _emit(self, entry: _SqEntry, msgs: list[RdmapMessage], completes: bool = True) -> None:
         entry.messages_left = len(msgs) if completes else 0
         was_empty = not self._out
+        out = self._out
         for msg in msgs:
-            self._out.append(
-                _OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry)
-            )
-        if was_empty and self.on_output is not None:
-            self.on_output()
+            out.append(_OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry))
+        if was_empty:
+            self._notify_output()
 
     def _local(self, sge: Sge, need: int) -> tuple[MemoryRegion, memoryview]:
         """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
@@ -323,8 +332,8 @@ class QpSend(QpBase):
         if isinstance(msg, ReadResponse) and msg.data:
             self._lazy.append(item)
         self._out.append(item)
-        if was_empty and self.on_output is not None:
-            self.on_output()
+        if was_empty:
+            self._notify_output()
 
     def _snapshot_reads(self) -> None:
         """Copy the source bytes of queued Read Responses before memory changes.
