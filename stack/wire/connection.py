@@ -185,8 +185,14 @@ class IwarpConnection:
     def send_messages(self, messages: Iterable[RdmapMessage]) -> None:
         """Segment, frame and queue ``messages`` in order, framed in one pass (a post list
         of small messages becomes one run of FPDUs).  Whatever was segmented before an
-        error is still queued, as with one :meth:`send_message` call per message."""
+        error is still queued, as with one :meth:`send_message` call per message.  A
+        ``send_message`` replaced on the instance (a conformance fault's hook) still sees
+        every message."""
         assert self.stream is not None, "send_messages before Full Operation"
+        if "send_message" in self.__dict__:
+            for message in messages:
+                self.send_message(message)
+            return
         send_parts = self.stream.send_parts
         parts: list[Parts] = []
         try:
