@@ -8,12 +8,13 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
   Terminate with the offending ULPDU's headers (RFC 5040 §7.1), move the QP to TERMINATE and
   close gracefully (RDMAP-15).
 * Sends go out from the task that produced them when they can (fewer wake-ups per round
-  trip): the reader after feeding a segment (Read Responses, atomic responses), and
-  :meth:`QueuePair.post_send` of one WR.  On a socket they leave as scatter-gather
-  ``sendmsg`` calls (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of
-  registered memory, many FPDUs per call); what the socket does not take now is copied and
-  the *writer* task sends it once the socket is writable.  The writer also drains post lists
-  and whatever else was queued while a send was waiting: many small FPDUs leave together.
+  trip): the reader after feeding a segment (Read Responses, atomic responses, in the pass
+  that parsed their requests), and :meth:`QueuePair.post_send` (one WR, or a post list: one
+  encode pass, one send).  On a socket they leave as scatter-gather ``sendmsg`` calls
+  (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of registered memory,
+  many FPDUs per call); what the socket does not take now is copied and the *writer* task
+  sends it once the socket is writable, with whatever was queued while it waited.  Output
+  queued inside a feed or a send wakes no task: the pass in progress sends it.
   A stream that is not a socket is written with ``send_all`` by the writer alone.
 * Orderly close (RFC 5040 §6.2, DDP-13): :meth:`RdmaConnection.disconnect` sends every WR
   posted before it, then FIN, and keeps reading until the peer's FIN; the peer's FIN first
