@@ -214,10 +214,13 @@ async def _bw_one_qp(
             count = min(post_list, tx_depth - (posted - done))
             if end is not None:
                 count = min(count, end - posted)
-            batch = []
-            for i in range(posted, posted + count):
-                last = i + 1 == end
-                batch.append(signalled(i) if last or (i + 1) % cq_mod == 0 else unsignalled)
+            # Every cq_mod-th WR and the last one signalled; no per-WR work in this loop
+            # beyond what the baseline's sender does per message (bench overhead stays low).
+            batch = [unsignalled] * count
+            for i in range(posted + (-(posted + 1)) % cq_mod, posted + count, cq_mod):
+                batch[i - posted] = signalled(i)
+            if end is not None and posted + count == end:
+                batch[-1] = signalled(end - 1)
             qp.post_send(batch)
             posted += count
         if end is not None and done >= end:
@@ -226,7 +229,8 @@ async def _bw_one_qp(
         wcs += cq.poll(len(cq))
         before = done
         for wc in wcs:
-            _check(wc.status, f"{opts.test} WR {wc.wr_id}")
+            if wc.status is not WcStatus.SUCCESS:
+                _check(wc.status, f"{opts.test} WR {wc.wr_id}")
             done = wc.wr_id + 1
         samples.append((clock(), done))
         progress.advance(done - before)
@@ -307,7 +311,8 @@ async def measure_lat(c: ClientQp, opts: BenchOptions, size: int, progress: Prog
             qp.post_send(wr)
             wc = await cq.next()
             t1 = clock()
-            _check(wc.status, f"{opts.test} WR")
+            if wc.status is not WcStatus.SUCCESS:
+                _check(wc.status, f"{opts.test} WR")
             if i >= WARMUP_ITERS:
                 times.append(t1 - t0)
                 progress.advance(1)
@@ -325,7 +330,8 @@ async def measure_lat(c: ClientQp, opts: BenchOptions, size: int, progress: Prog
             qp.post_send(ping)
             wc = await cq.next()
             t1 = clock()
-            _check(wc.status, "Send ping-pong")
+            if wc.status is not WcStatus.SUCCESS:
+                _check(wc.status, "Send ping-pong")
             qp.post_recv(recv)
             if i >= WARMUP_ITERS:
                 times.append(t1 - t0)

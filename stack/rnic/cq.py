@@ -60,7 +60,8 @@ class CompletionQueue:
             self._event_lot.unpark_all()
             if self.on_event is not None:
                 self.on_event(self)
-        self._lot.unpark_all()
+        if self._lot:  # a task awaits next(): wake it (nothing to do for a poller)
+            self._lot.unpark_all()
         self.total += 1
         for watcher in self.watchers:
             watcher()

@@ -112,8 +112,9 @@ _WC_OPCODE = {
     WrOpcode.BIND_MW: WcOpcode.BIND_MW,
     WrOpcode.REG_MR: WcOpcode.REG_MR,
 }
-_READS = frozenset({WrOpcode.RDMA_READ, WrOpcode.RDMA_READ_WITH_INV})
-_NEEDS_ORD = _READS | {WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP}
+# Tuples, not sets: membership is an identity test, without the Python-level Enum hash.
+_READS = (WrOpcode.RDMA_READ, WrOpcode.RDMA_READ_WITH_INV)
+_NEEDS_ORD = (*_READS, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
 
 
 @dataclass(slots=True)
@@ -218,7 +219,9 @@ class QpBase:
         """A local error the transport must still send a Terminate for."""
         self.on_output: Callable[[], None] | None = None
         """Called when the outbound queue becomes non-empty, or a closing send queue has
-        drained (the transport's wake-up)."""
+        drained (the transport's wake-up); once per post list (:meth:`_notify_output`)."""
+        self._batching = False  # a post list is being processed: on_output waits for it
+        self._output_deferred = False  # on_output was due while batching
         self.async_events = async_events
         """Where this QP's asynchronous events go (its RNIC's queue; None: nowhere)."""
         self._peer_closed = False  # the peer's FIN arrived: nothing more will be received
@@ -441,13 +444,20 @@ class QpBase:
                 AsyncEvent(event_type, self, self.qp_num, cq, cause, remote, error, detail)
             )
 
+    def _notify_output(self) -> None:
+        """Tell the transport there is output (:attr:`on_output`), after the post list
+        being processed, if any, is all queued."""
+        if self._batching:
+            self._output_deferred = True
+        elif self.on_output is not None:
+            self.on_output()
+
     def _sq_drained(self) -> None:
         """A closing QP has nothing left to send: SQ_DRAINED, and wake the transport."""
         if not self._drained_reported:
             self._drained_reported = True
             self._raise_event(AsyncEventType.SQ_DRAINED)
-            if self.on_output is not None:
-                self.on_output()
+            self._notify_output()
 
     def _last_wqe(self) -> None:
         """A QP with an SRQ takes no more receives from it: QP_LAST_WQE_REACHED, once."""

@@ -96,8 +96,10 @@ class QpSend(QpBase):
     def post_send(self, wr: SendWR | list[SendWR]) -> None:
         """Post send WRs (``ibv_post_send``); a list is a post list, processed in order."""
         wrs = wr if isinstance(wr, list) else [wr]
+        max_sge = self.cap.max_send_sge
         for one in wrs:
-            self._check_wr(one)
+            if len(one.sg_list) > max_sge or int(one.send_flags) & _INLINE:
+                self._check_wr(one)  # only WRs that may break a capacity
         if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
             for one in wrs:
                 self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
@@ -106,8 +108,9 @@ class QpSend(QpBase):
             raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
+        pending = self._pending
         for one in wrs:
-            self._pending.append(_SqEntry(one, int(one.send_flags)))
+            pending.append(_SqEntry(one, int(one.send_flags)))
         if self.state is QpState.RTS:
             self._progress_sq()
 
@@ -153,7 +156,20 @@ class QpSend(QpBase):
 
     # ------------------------------------------------------------------ SQ engine
     def _progress_sq(self) -> None:
-        """Turn pending WRs into outbound messages, in order, honouring ORD and fences."""
+        """Turn pending WRs into outbound messages, in order, honouring ORD and fences.
+
+        The transport hears of them once, when all are queued: a post list (or the WRs an
+        ORD credit or RTS released) becomes one encode pass and one send."""
+        outer, self._batching = self._batching, True
+        try:
+            self._progress_pending()
+        finally:
+            self._batching = outer
+        if not outer and self._output_deferred:
+            self._output_deferred = False
+            self._notify_output()
+
+    def _progress_pending(self) -> None:
         while self._pending and self.state in _SENDING:
             entry = self._pending[0]
             wr = entry.wr
@@ -181,6 +197,11 @@ class QpSend(QpBase):
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
         op = wr.opcode
+        if op is WrOpcode.RDMA_WRITE:  # the most frequent small message first
+            data = self._gather(wr)
+            entry.byte_len = len(data)
+            self._emit(entry, [RdmaWrite(wr.rkey, wr.remote_addr, data)])
+            return
         solicited = bool(entry.flags & _SOLICITED)
         if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
             data = self._gather(wr)
@@ -189,12 +210,13 @@ class QpSend(QpBase):
             self._emit(entry, [Send(data, solicited, inval)])
         elif op is WrOpcode.SEND_IMM:
             self._emit(entry, [ImmediateData(_imm_bytes(wr.imm_data), solicited)])
-        elif op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+        elif op is WrOpcode.RDMA_WRITE_WITH_IMM:
             data = self._gather(wr)
             entry.byte_len = len(data)
-            msgs: list[RdmapMessage] = [RdmaWrite(wr.rkey, wr.remote_addr, data)]
-            if op is WrOpcode.RDMA_WRITE_WITH_IMM:
-                msgs.append(ImmediateData(_imm_bytes(wr.imm_data), solicited))
+            msgs: list[RdmapMessage] = [
+                RdmaWrite(wr.rkey, wr.remote_addr, data),
+                ImmediateData(_imm_bytes(wr.imm_data), solicited),
+            ]
             self._emit(entry, msgs)
         elif op in _READS:
             if len(wr.sg_list) != 1:
@@ -250,12 +272,11 @@ class QpSend(QpBase):
     def _emit(self, entry: _SqEntry, msgs: list[RdmapMessage], completes: bool = True) -> None:
         entry.messages_left = len(msgs) if completes else 0
         was_empty = not self._out
+        out = self._out
         for msg in msgs:
-            self._out.append(
-                _OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry)
-            )
-        if was_empty and self.on_output is not None:
-            self.on_output()
+            out.append(_OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry))
+        if was_empty:
+            self._notify_output()
 
     def _local(self, sge: Sge, need: int) -> tuple[MemoryRegion, memoryview]:
         """Validate a local SGE (lkey, PD, rights, bounds) and return its bytes."""
@@ -271,7 +292,10 @@ class QpSend(QpBase):
     def _gather(self, wr: SendWR) -> bytes | memoryview:
         if wr.inline_data is not None:
             return bytes(wr.inline_data)
-        views = [self._local(sge, 0)[1] for sge in wr.sg_list]
+        sg_list = wr.sg_list
+        if len(sg_list) == 1 and not int(wr.send_flags) & _INLINE:
+            return self._local(sg_list[0], 0)[1]
+        views = [self._local(sge, 0)[1] for sge in sg_list]
         if int(wr.send_flags) & _INLINE:
             return b"".join(views)
         if len(views) == 1:
@@ -323,8 +347,8 @@ class QpSend(QpBase):
         if isinstance(msg, ReadResponse) and msg.data:
             self._lazy.append(item)
         self._out.append(item)
-        if was_empty and self.on_output is not None:
-            self.on_output()
+        if was_empty:
+            self._notify_output()
 
     def _snapshot_reads(self) -> None:
         """Copy the source bytes of queued Read Responses before memory changes.

@@ -8,12 +8,13 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
   Terminate with the offending ULPDU's headers (RFC 5040 §7.1), move the QP to TERMINATE and
   close gracefully (RDMAP-15).
 * Sends go out from the task that produced them when they can (fewer wake-ups per round
-  trip): the reader after feeding a segment (Read Responses, atomic responses), and
-  :meth:`QueuePair.post_send` of one WR.  On a socket they leave as scatter-gather
-  ``sendmsg`` calls (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of
-  registered memory, many FPDUs per call); what the socket does not take now is copied and
-  the *writer* task sends it once the socket is writable.  The writer also drains post lists
-  and whatever else was queued while a send was waiting: many small FPDUs leave together.
+  trip): the reader after feeding a segment (Read Responses, atomic responses, in the pass
+  that parsed their requests), and :meth:`QueuePair.post_send` (one WR, or a post list: one
+  encode pass, one send).  On a socket they leave as scatter-gather ``sendmsg`` calls
+  (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of registered memory,
+  many FPDUs per call); what the socket does not take now is copied and the *writer* task
+  sends it once the socket is writable, with whatever was queued while it waited.  Output
+  queued inside a feed or a send wakes no task: the pass in progress sends it.
   A stream that is not a socket is written with ``send_all`` by the writer alone.
 * Orderly close (RFC 5040 §6.2, DDP-13): :meth:`RdmaConnection.disconnect` sends every WR
   posted before it, then FIN, and keeps reading until the peer's FIN; the peer's FIN first
@@ -33,7 +34,7 @@ import trio
 
 from stack.errors import ConnectionTimeout
 from stack.rnic.endpoint import QpEndpoint
-from stack.rnic.qp import QueuePair
+from stack.rnic.qp import QpState, QueuePair
 from stack.transport.sendq import SendQueue
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Negotiated
@@ -238,46 +239,52 @@ class RdmaConnection:
         self._wake.set()
 
     def _on_output(self) -> None:
-        """The QP queued output: send it now unless a post list is still being queued (the
-        writer then sends it all together) or this is a call from inside a send or a feed
-        (the reader sends after the chunk)."""
-        if self._flushing or self.qp.has_pending:
-            self._kick()
-        else:
+        """The QP queued output: send it now, from the calling task.
+
+        A call from inside a feed or a send wakes nobody: the reader sends after the chunk
+        it applied, and a send in progress takes what was queued meanwhile (:meth:`_flush`
+        loops until the QP has nothing more).  A post list arrives here once, after all
+        of its WRs were queued (:meth:`QueuePair.post_send`)."""
+        if not self._flushing:
             self._flush()
 
     def _flush(self) -> None:
         """Send what can go out now, from the calling task; leave the rest to the writer."""
         sendq = self._sendq
-        if sendq is None or self._flushing or sendq.backlog or self._send_error is not None:
+        if sendq is None or self._flushing or sendq.has_backlog or self._send_error is not None:
             self._kick()
             return
+        endpoint = self.endpoint
+        qp = self.qp
         self._flushing = True
         try:
             while True:
-                pieces = self.endpoint.produce_iov()
+                pieces = endpoint.produce_iov()
                 if not pieces:
                     break
                 if self.tap is not None:
                     self.tap.record(True, b"".join(pieces))
                 done = sendq.send(pieces)
                 del pieces  # no view of registered memory outlives the send (SendQueue)
-                self.endpoint.resume_stalled()
-                if not done:
+                stalled = endpoint.stalled is not None
+                if stalled:
+                    endpoint.resume_stalled()
+                # Another pass only when something may have been queued meanwhile: by the
+                # QP (callbacks during the send), or by the event that waited (its feed).
+                if not done or not (stalled or qp.has_outgoing):
                     break
         except OSError as exc:
             self._send_error = exc
             sendq.clear()
         finally:
             self._flushing = False
-        endpoint = self.endpoint
         if (
-            sendq.backlog
+            sendq.has_backlog
             or self._send_error is not None
             or self._closing
             or endpoint.closing
             or endpoint.stalled is not None
-            or endpoint.wants_close
+            or qp.state is QpState.CLOSING
         ):
             self._kick()  # the writer: backlog, an error, FIN, a stalled reader
 
@@ -314,7 +321,7 @@ class RdmaConnection:
         """Drain the backlog and everything queued; False when the socket failed."""
         assert self._sock is not None
         while self._send_error is None:
-            if sendq.backlog:
+            if sendq.has_backlog:
                 try:
                     await trio.lowlevel.wait_writable(self._sock)
                     if not sendq.send_backlog():
@@ -323,7 +330,7 @@ class RdmaConnection:
                     self._send_error = exc
                     break
             self._flush()
-            if not sendq.backlog and (not self.qp.has_outgoing or self.endpoint.holding):
+            if not sendq.has_backlog and (not self.qp.has_outgoing or self.endpoint.holding):
                 break  # sent, or held until the initiator's first FPDU (MPA-25)
         if self._send_error is not None:
             self.error = self.error or self._send_error

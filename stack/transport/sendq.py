@@ -41,7 +41,12 @@ class SendQueue:
     @property
     def backlog(self) -> int:
         """Bytes waiting for the socket to become writable."""
-        return sum(len(piece) for piece in self._backlog)
+        return sum(map(len, self._backlog)) if self._backlog else 0
+
+    @property
+    def has_backlog(self) -> bool:
+        """Whether bytes wait for the socket to become writable (:attr:`backlog` > 0)."""
+        return bool(self._backlog)
 
     def send(self, pieces: list[Buffer]) -> bool:
         """Send ``pieces`` now as far as the socket takes them; True when all went out.

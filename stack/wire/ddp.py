@@ -52,6 +52,7 @@ _CTRL_TAGGED = DDP_TAGGED | DDP_VERSION
 _CTRL_TAGGED_LAST = DDP_TAGGED | DDP_LAST | DDP_VERSION
 _CTRL_UNTAGGED = DDP_VERSION
 _CTRL_UNTAGGED_LAST = DDP_LAST | DDP_VERSION
+_TAGGED_PACK = TAGGED_HDR.pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +195,13 @@ def segment_tagged_parts(
     """:func:`segment_tagged` without the copy: (header, payload view) per segment."""
     if not 0 <= to <= _MASK64:
         raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
-    src = byte_view(payload)
+    src = payload if type(payload) is memoryview and payload.format == "B" else byte_view(payload)
     if len(src) <= mulpdu - DDP_TAGGED_HDR_LEN and mulpdu > DDP_TAGGED_HDR_LEN:
         # One segment (DDP-06): its header packed, and range-checked, once.
-        return [(_pack(TAGGED_HDR, _CTRL_TAGGED_LAST, rsvd_ulp, stag, to), src)]
+        try:
+            return [(_TAGGED_PACK(_CTRL_TAGGED_LAST, rsvd_ulp, stag, to), src)]
+        except struct.error as exc:
+            raise LocalError(f"DDP header field out of range: {exc}") from None
     sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
     _pack(TAGGED_HDR, _CTRL_TAGGED, rsvd_ulp, stag, to)  # range-check the fixed fields once
     pack = TAGGED_HDR.pack

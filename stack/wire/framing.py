@@ -223,15 +223,14 @@ class FpduFramer:
             fpdu = self._frame_markers(header, n, payload)
             out += fpdu
             return len(fpdu)
-        length = _U16.pack(n)
+        lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
         pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
         if self.crc:
-            c = crc32c(payload, crc32c(header, crc32c(length)))
+            c = crc32c(payload, crc32c(lead))
             trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
         else:
             trailer = pad + _ZERO_MARKER
-        out += length
-        out += header
+        out += lead
         out += payload
         out += trailer
         size = MPA_LENGTH_LEN + n + len(trailer)

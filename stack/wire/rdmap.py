@@ -470,6 +470,9 @@ def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:
 
 def message_qn(msg: RdmapMessage) -> int | None:
     """The untagged queue ``msg`` travels on, or None for tagged messages (RDMAP-01)."""
+    qn = _QN_OF_TYPE.get(type(msg), -1)
+    if qn != -1:
+        return qn
     if isinstance(msg, RdmaWrite | ReadResponse):
         return None
     if isinstance(msg, Send | ImmediateData):
@@ -481,3 +484,16 @@ def message_qn(msg: RdmapMessage) -> int | None:
     if isinstance(msg, AtomicResponse):
         return QueueNumber.ATOMIC_RESPONSE
     raise LocalError(f"not an RDMAP message: {type(msg).__name__}")
+
+
+_QN_OF_TYPE: dict[type, int | None] = {
+    RdmaWrite: None,
+    ReadResponse: None,
+    Send: QueueNumber.SEND,
+    ImmediateData: QueueNumber.SEND,
+    ReadRequest: QueueNumber.READ_REQUEST,
+    AtomicRequest: QueueNumber.READ_REQUEST,
+    Terminate: QueueNumber.TERMINATE,
+    AtomicResponse: QueueNumber.ATOMIC_RESPONSE,
+}
+""":func:`message_qn` of each message type itself (one lookup; subclasses take the tests)."""

@@ -82,6 +82,7 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.rdmap import (
+    _QN_OF_TYPE,
     check_ddp,
     check_rdmap,
     decode_ulpdu,
@@ -192,7 +193,9 @@ class RdmapStream:
             raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
-        qn = message_qn(msg)
+        qn = _QN_OF_TYPE.get(type(msg), -1)
+        if qn == -1:
+            qn = message_qn(msg)
         msn = None if qn is None else self._tx_msn[qn]
         parts = encode_message_parts(msg, msn=msn, mulpdu=self._mulpdu)
         if qn is not None:

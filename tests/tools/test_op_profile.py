@@ -1,0 +1,18 @@
+"""The work-count tool (``python -m tools.op_profile``) measures the real data path."""
+
+from __future__ import annotations
+
+from tools.op_profile import post_list_writes, round_trip
+
+
+def test_post_list_writes_counts_the_senders_work_per_wr() -> None:
+    one = post_list_writes(1, 20)["python_calls"]
+    listed = post_list_writes(8, 20)["python_calls"]
+    assert 0 < listed < one  # a post list shares its per-send work among its WRs
+
+
+def test_round_trip_counts_both_ends() -> None:
+    figures = round_trip("read", 20)
+    assert figures["python_calls"] > 0
+    assert figures["socket_calls"] >= 2  # at least the Read Request and its Response sent
+    assert figures["task_steps"] >= 2  # at least the server's and the client's reader

@@ -1,0 +1,262 @@
+"""Load-independent cost of small operations: work counted, not time measured.
+
+``python -m tools.op_profile [--iters 2000] [--post-list 16] [--lists 2000] [--baseline DIR]``
+
+On a shared machine wall-clock latencies and message rates say more about the load than
+about the code, so this counts what a small operation costs:
+
+``read`` / ``atomic``  one 64-byte RDMA Read or 8-byte FetchAdd round trip over loopback
+                       TCP, both ends in this process (the real trio driver): Python
+                       calls (cProfile), socket calls (``send``/``sendmsg``/``recv``/
+                       ``recv_into`` of both ends), scheduler passes (trio run-loop
+                       iterations) and task steps, each per round trip.
+``write``              the sender's work per 64-byte RDMA Write posted in lists of
+                       ``--post-list`` WRs, the last of each list signalled (selective
+                       signalling): posting, the send queue engine, DDP/RDMAP encoding
+                       and MPA framing, with no socket (sans-IO, the bytes are dropped).
+
+``--baseline DIR`` runs the same in another source tree of the project (before and after a
+change, in one run).  Counts are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from stack.rnic import Access, QpCap, Rnic, SendFlags, SendWR, Sge, WrOpcode
+from stack.rnic.endpoint import QpEndpoint
+from stack.transport.cm import ConnectionManager
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import Established, MpaSettings, NeedData, RequestReceived, Role
+
+_SOCKET_CALLS = ("send", "sendmsg", "recv", "recv_into")
+_REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+
+
+@contextmanager
+def _counting_sockets() -> Iterator[list[int]]:
+    """Count calls of the data-path methods of every standard socket while active."""
+    count = [0]
+    saved = {name: getattr(socket.socket, name) for name in _SOCKET_CALLS}
+
+    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for name, original in saved.items():
+        setattr(socket.socket, name, counted(original))
+    try:
+        yield count
+    finally:
+        for name, original in saved.items():
+            setattr(socket.socket, name, original)
+
+
+class _Steps(trio.abc.Instrument):
+    """Scheduler passes and task steps while ``counting``."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.passes = 0
+        self.steps = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.counting:
+            self.passes += 1
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.counting:
+            self.steps += 1
+
+
+def round_trip(kind: str, iters: int) -> dict[str, float]:
+    """Per round trip of a 64 B Read (``read``) or 8 B FetchAdd (``atomic``): python calls
+    (counted without the instruments), socket calls, scheduler passes, task steps."""
+    return trio.run(_round_trip, kind, iters)
+
+
+async def _round_trip(kind: str, iters: int) -> dict[str, float]:
+    settings = MpaSettings()  # CRC requested (the default)
+    server_rnic, client_rnic = Rnic("server"), Rnic("client")
+    spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
+    scq, ccq = server_rnic.create_cq(), client_rnic.create_cq()
+    sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
+    target = spd.reg_mr(bytearray(64), _REMOTE)
+    local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
+    size = 64 if kind == "read" else 8
+    sge = (Sge(local.base, size, local.lkey),)
+    if kind == "read":
+        wr = SendWR(1, WrOpcode.RDMA_READ, sge, rkey=target.rkey, remote_addr=target.base)
+    else:
+        wr = SendWR(
+            1,
+            WrOpcode.ATOMIC_FETCH_AND_ADD,
+            sge,
+            rkey=target.rkey,
+            remote_addr=target.base,
+            compare_add=1,
+        )
+
+    async def loop(n: int) -> None:
+        for _ in range(n):
+            cqp.post_send(wr)
+            wc = await ccq.next()
+            if wc.status:
+                raise RuntimeError(f"{kind} completed with {wc.status.text}")
+
+    steps = _Steps()
+    out: dict[str, float] = {}
+    # Count from before the connection: the driver binds the socket's methods when it starts.
+    with _counting_sockets() as sockets:
+        async with (
+            ConnectionManager.open(server_rnic) as scm,
+            ConnectionManager.open(client_rnic) as ccm,
+        ):
+            listener = await scm.listen("127.0.0.1", 0, settings=settings)
+            async with trio.open_nursery() as nursery:
+
+                async def serve() -> None:
+                    request = await listener.get_request()
+                    await request.accept(sqp)
+
+                nursery.start_soon(serve)
+                conn = await ccm.connect("127.0.0.1", listener.port, cqp, settings=settings)
+            await loop(200)  # warm up
+            profile = cProfile.Profile()
+            sockets[0] = 0
+            profile.enable()
+            await loop(iters)
+            profile.disable()
+            # Less this tool's own wrapper, one Python call per socket call counted.
+            out["python_calls"] = (_calls(profile) - sockets[0]) / iters
+            trio.lowlevel.add_instrument(steps)
+            sockets[0] = 0
+            steps.counting = True
+            await loop(iters)
+            steps.counting = False
+            out["socket_calls"] = sockets[0] / iters
+            trio.lowlevel.remove_instrument(steps)
+            out["scheduler_passes"] = steps.passes / iters
+            out["task_steps"] = steps.steps / iters
+            await conn.disconnect()
+    return out
+
+
+def _calls(profile: cProfile.Profile) -> int:
+    """Calls ``profile`` saw."""
+    total: int = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    return total
+
+
+def _drain(engine: IwarpConnection) -> list[object]:
+    events: list[object] = []
+    while not isinstance(event := engine.next_event(), NeedData):
+        events.append(event)
+    return events
+
+
+def post_list_writes(post_list: int, lists: int) -> dict[str, float]:
+    """Python calls per 64 B Write WR on the sender, posted ``post_list`` at a time."""
+    settings = MpaSettings()  # CRC requested (the default)
+    a, b = IwarpConnection(Role.INITIATOR, settings), IwarpConnection(Role.RESPONDER, settings)
+    a.initiate(0.0)
+    b.start(0.0)
+    b.receive_data(a.data_to_send())
+    if not any(isinstance(e, RequestReceived) for e in _drain(b)):
+        raise RuntimeError("no MPA Request")
+    b.accept()
+    a.receive_data(b.data_to_send())
+    if not any(isinstance(e, Established) for e in _drain(a)):
+        raise RuntimeError("no MPA Reply")
+    rnic = Rnic("sender")
+    pd = rnic.alloc_pd()
+    cq = rnic.create_cq()
+    qp = rnic.create_qp(pd, cq, cap=QpCap(max_send_wr=max(256, 2 * post_list)))
+    endpoint = QpEndpoint(a, qp)
+    qp.set_rts()
+    src = pd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
+    sge = (Sge(src.base, 64, src.lkey),)
+    quiet = SendWR(0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=0x100, remote_addr=0)
+    signalled = SendWR(1, WrOpcode.RDMA_WRITE, sge, SendFlags.SIGNALED, rkey=0x100)
+    batch = [quiet] * (post_list - 1) + [signalled]
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            qp.post_send(batch)
+            endpoint.produce_iov()  # the driver's send pass; the bytes are dropped here
+            cq.poll(len(cq))
+
+    run(100)
+    profile = cProfile.Profile()
+    profile.enable()
+    run(lists)
+    profile.disable()
+    return {"python_calls": _calls(profile) / (lists * post_list)}
+
+
+def measure(iters: int, post_list: int, lists: int) -> dict[str, dict[str, float]]:
+    """Every figure of this tool, by case."""
+    return {
+        "read": round_trip("read", iters),
+        "atomic": round_trip("atomic", iters),
+        f"write post list {post_list}": post_list_writes(post_list, lists),
+        "write post list 1": post_list_writes(1, lists),
+    }
+
+
+def _in_tree(tree: str, argv: list[str]) -> dict[str, dict[str, float]]:
+    """:func:`measure` of another source tree (a subprocess with it first on the path)."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "op_profile.py"), *argv, "--json"]
+    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
+    result: dict[str, dict[str, float]] = json.loads(done.stdout)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.op_profile", description=__doc__)
+    parser.add_argument("--iters", type=int, default=2000, help="round trips per case")
+    parser.add_argument("--post-list", type=int, default=16, help="WRs per post_send")
+    parser.add_argument("--lists", type=int, default=2000, help="post lists measured")
+    parser.add_argument("--baseline", metavar="DIR", help="also measure this source tree")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    ours = measure(args.iters, args.post_list, args.lists)
+    if args.json:
+        print(json.dumps(ours))
+        return 0
+    rows = {"": ours}
+    if args.baseline:
+        own = ["--iters", str(args.iters), "--post-list", str(args.post_list)]
+        rows = {"baseline": _in_tree(args.baseline, own + ["--lists", str(args.lists)]), "": ours}
+    columns = ("python_calls", "socket_calls", "scheduler_passes", "task_steps")
+    print(f"{'case':<28}" + "".join(f"{c:>18}" for c in columns))
+    for case in ours:
+        for label, figures in rows.items():
+            name = f"{case}@{label}" if label else case
+            cells = "".join(
+                f"{figures[case][c]:>18.2f}" if c in figures[case] else f"{'-':>18}"
+                for c in columns
+            )
+            print(f"{name:<28}{cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
