@@ -43,7 +43,7 @@ Full Operation) moves to :attr:`MpaState.ERROR`: nothing more is delivered (MPA-
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from stack.constants import (
     DEFAULT_EMSS,
@@ -136,6 +136,17 @@ class MpaConnection(MpaStartup):
         self._held: bytearray | None = None  # MPA-25: responder output before first FPDU
         self._fin = False
         self._fin_reported = False
+        self.borrow_views = False
+        """Full Operation: a memoryview fed is parsed in place, not copied; the ULPDUs of
+        the events view it, so the caller keeps it unchanged until they have been taken
+        and applied (a partial FPDU at its end is copied before :meth:`receive_data`
+        returns, MPA-16)."""
+        self.ulpdu_sink: Callable[[memoryview], bool] | None = None
+        """Full Operation: takes a validated ULPDU before an event is made for it (the bulk
+        path of the layer above); returns False to have it queued as an event instead.
+        Called only while no event is queued, so events and sunk ULPDUs keep stream order;
+        an exception it raises propagates from :meth:`receive_data` (the ULPDU is
+        consumed, later bytes stay buffered)."""
 
     # -- introspection -------------------------------------------------------------------
 
@@ -150,7 +161,8 @@ class MpaConnection(MpaStartup):
     # -- data path -----------------------------------------------------------------------
 
     def receive_data(self, data: Buffer) -> None:
-        """Feed bytes received from TCP; ``b""`` means the peer sent FIN."""
+        """Feed bytes received from TCP; ``b""`` means the peer sent FIN (see
+        :attr:`borrow_views` for a memoryview)."""
         if not data:
             if not self._fin:
                 self._fin = True
@@ -160,7 +172,7 @@ class MpaConnection(MpaStartup):
             raise LocalError("data received after the peer's FIN")
         state = self.state
         if state is MpaState.FULL_OPERATION:
-            self._feed_fpdus(data)
+            self._feed_fpdus(data, self.borrow_views and type(data) is memoryview)
             return
         if state in (MpaState.IDLE, MpaState.AWAIT_REPLY, MpaState.AWAIT_REQUEST):
             self._inbuf += data
@@ -277,25 +289,36 @@ class MpaConnection(MpaStartup):
 
     # -- internals: Full Operation ------------------------------------------------------
 
-    def _feed_fpdus(self, data: Buffer) -> None:
+    def _feed_fpdus(self, data: Buffer, borrow: bool = False) -> None:
+        """Deframe what is complete (MPA-16): each ULPDU goes to :attr:`ulpdu_sink` while no
+        event is queued (so the order of everything received is kept), else it is queued
+        as an :class:`UlpduReceived` event."""
         deframer = self._deframer
         if deframer is None or self.state is not MpaState.FULL_OPERATION:
             return
-        deframer.feed(data)
-        append = self._events.append
+        deframer.feed(data, borrow=borrow)
+        events = self._events
+        append = events.append
         next_ulpdu = deframer.next_ulpdu
+        sink = self.ulpdu_sink
         try:
-            if self._held is not None and (ulpdu := next_ulpdu()) is not None:
-                append(UlpduReceived(ulpdu))
+            ulpdu = next_ulpdu()
+            if ulpdu is not None and self._held is not None:
                 self._release_held()
-            while (ulpdu := next_ulpdu()) is not None:
+            if sink is not None and not events:
+                while ulpdu is not None and sink(ulpdu):
+                    ulpdu = next_ulpdu()
+            while ulpdu is not None:
                 append(UlpduReceived(ulpdu))
+                ulpdu = next_ulpdu()
         except MpaError as exc:
             self._transition(MpaInput.FPDU_ERROR)
             if self._held is not None:
                 # The initiator evidently is in Full Operation; let a Terminate out.
                 self._release_held()
             append(ConnectionFailed(exc, close=False, terminate=exc.term))
+        finally:
+            deframer.settle()
 
     def _release_held(self) -> None:
         """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""

@@ -143,7 +143,7 @@ class MpaStartup:
     def _enter_full_operation(self, negotiated: Negotiated) -> None:
         raise NotImplementedError
 
-    def _feed_fpdus(self, data: Buffer) -> None:
+    def _feed_fpdus(self, data: Buffer, borrow: bool = False) -> None:
         raise NotImplementedError
 
     def _report_fin(self) -> None:
