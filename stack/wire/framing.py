@@ -26,13 +26,15 @@ send).  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
 fall on fixed offsets, and one ``join`` over fixed memoryviews of it (a marker as the
 separator) lays out the FPDU; one strided slice assignment from a precomputed table then
-completes the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks and hands out
-``memoryview`` slices; without markers a ULPDU inside one received chunk is not copied at
-all, and only an FPDU that straddles chunks is joined (input is never re-copied per FPDU,
-wsproto's ``Buffer`` idea).  With markers, the FPDU is copied once, straight from the
-chunks, into a 32-bit word array: the CRC is checked over it, the markers (one word every
-128, 4-aligned) are compared with a precomputed table in one go and removed by one strided
-deletion.  Marked FPDUs without an inner marker inside one chunk are not copied either.
+completes the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks, or
+borrows the caller's buffer (``feed(view, borrow=True)``, the driver's ``recv_into``
+buffer) until :meth:`~FpduDeframer.settle` copies the unread rest once, and hands out
+``memoryview`` slices; without markers a ULPDU inside one chunk is not copied at all, and
+only an FPDU that straddles chunks is joined (input is never re-copied per FPDU, wsproto's
+``Buffer`` idea).  With markers the FPDU is checked where it lies too: the CRC over the
+view, the markers (one word every 128, 4-aligned) read by one strided slice and compared
+with a precomputed table in one go; the runs between them are cut by one precomputed
+getter and joined (the one copy), and an FPDU with no marker inside is not copied.
 """
 
 from __future__ import annotations
@@ -130,22 +132,19 @@ _STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a U
 _TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
 _WORD: Literal["I", "L"] = "I" if array("I").itemsize == MPA_MARKER_LEN else "L"
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
-_RxCut = tuple[Callable[[memoryview], tuple[memoryview, ...]], int]
-_RX_CUTS: dict[int, _RxCut] = {}
-"""``(offset % 512 >> 2) << 8 | inner markers`` -> :func:`_rx_cut` (made when first needed)."""
+_RxRuns = Callable[[memoryview], tuple[memoryview, ...]]
+_RX_RUNS: dict[int, _RxRuns] = {}
+"""``(offset % 512 >> 2) << 8 | inner markers`` -> :func:`_rx_runs` (made when first needed)."""
 
 
-def _rx_cut(lead: int, first: int, count: int) -> _RxCut:
-    """How to cut an FPDU view with ``count`` inner markers (MPA-10) in one C call: a getter
-    of its markers (the leading one first, if any), then its unmarked runs from the length
-    field on (up to the first marker, 508 bytes between markers, then to the end; the PAD
-    and CRC are cut off with the ULPDU's length), and how many of the pieces are markers."""
+def _rx_runs(lead: int, first: int, count: int) -> _RxRuns:
+    """A getter cutting an FPDU view with ``count`` inner markers into its unmarked runs in
+    one C call (MPA-10), from its length field on: up to the first marker, 508 bytes
+    between markers, then to the end (the PAD and CRC go with the ULPDU's length)."""
     inner = [lead + first + MPA_MARKER_INTERVAL * k for k in range(count)]
-    marks = [0, *inner] if lead else inner
     ends: list[int | None] = [*inner, None]
     starts = [lead, *(m + MPA_MARKER_LEN for m in inner)]
-    pieces = [slice(m, m + MPA_MARKER_LEN) for m in marks] + list(map(slice, starts, ends))
-    return itemgetter(*pieces), len(marks)
+    return itemgetter(*map(slice, starts, ends))
 
 
 class FpduFramer:
@@ -613,14 +612,16 @@ class FpduDeframer:
             raise self._fail(self._crc_error(fpdu[:-MPA_CRC_LEN], fpdu[-MPA_CRC_LEN:]))
         start = lead + MPA_LENGTH_LEN
         if count:
-            cut = _RX_CUTS.get(geometry << 8 | count)
-            if cut is None:
-                cut = _RX_CUTS[geometry << 8 | count] = _rx_cut(lead, first, count)
-            pieces = cut[0](fpdu)
-            marks = b"".join(pieces[: cut[1]])
+            # Marker words sit at word ``index`` (0 for a leading marker, which is 508
+            # bytes before the first inner one) and every 128 words after; fewer than 128
+            # words follow the last one, the CRC word included.
+            marks = fpdu.cast(_WORD)[index::_WORDS_PER_INTERVAL].tobytes()
             if not _MARKERS[index].startswith(marks):
                 self._check_markers(marks, index)
-            ulpdu = memoryview(b"".join(pieces[cut[1] :]))
+            runs = _RX_RUNS.get(geometry << 8 | count)
+            if runs is None:
+                runs = _RX_RUNS[geometry << 8 | count] = _rx_runs(lead, first, count)
+            ulpdu = memoryview(b"".join(runs(fpdu)))
             start = MPA_LENGTH_LEN
         else:
             if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
