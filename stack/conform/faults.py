@@ -16,7 +16,8 @@ Where faults are applied (the documented points; nothing else is touched):
 * :data:`CONNECTION_FACTORY` -- ``stack.transport.cm.RdmaConnection``, the driver the
   connection manager builds around each engine and the application's queue pair: faults
   of the RNIC's checks patch that QP (its ``handle_event``, ``fatal``, ``ird`` and the
-  ``_snapshot_reads`` step of RFC 5040 §5.5 ordering).
+  ``_snapshot_reads`` step of RFC 5040 §5.5 ordering).  A DUT with faults receives by
+  the event path only (its endpoint's ``bulk`` is off), where these points are.
 * on each engine the DUT creates (:class:`~stack.wire.connection.IwarpConnection`): its
   public methods ``receive_data``, ``next_event``, ``data_to_send``, ``timer_deadline``,
   ``send_message`` and ``send_terminate``, its ``settings``, ``rfc7306`` and those of its
@@ -566,7 +567,10 @@ def injected(*names: str, **settings: Any) -> Iterator[None]:
         for fault in faults:
             if fault.apply_qp is not None:
                 fault.apply_qp(qp, engine, shared)
-        return original_conn(stream, engine, qp, **kwargs)
+        conn = original_conn(stream, engine, qp, **kwargs)
+        if faults:  # the fault points are on the event path: a faulty DUT takes it always
+            conn.endpoint.bulk = False
+        return conn
 
     saved = [(obj, name, getattr(obj, name)) for f in faults for obj, name, _ in f.patches]
     setattr(module, ENGINE_FACTORY[1], factory)

@@ -54,7 +54,7 @@ class PeerTerminated(IwarpError):
 class QpEndpoint:
     """One side of a connection: engine + QP, no I/O."""
 
-    def __init__(self, engine: IwarpConnection, qp: QueuePair) -> None:
+    def __init__(self, engine: IwarpConnection, qp: QueuePair, *, bulk: bool = True) -> None:
         self.engine = engine
         self.qp = qp
         self.error: Exception | None = None
@@ -62,14 +62,31 @@ class QpEndpoint:
         self.reading_done = False
         self.closing = False
         qp.ord_reserved += int(engine.rtr_read_outstanding)  # the RTR counts against ORD
+        self.bulk = bulk
         self.stalled: RdmapEvent | None = None
         """An event waiting until queued Read Responses have gone out (backpressure,
         :meth:`QueuePair.must_wait`); the driver stops reading meanwhile."""
 
+    @property
+    def bulk(self) -> bool:
+        """The bulk receive path: tagged segments placed as they are deframed, with no event
+        each (:meth:`IwarpConnection.receive_data`), and a memoryview fed parsed in place
+        (:meth:`feed`).  False: every ULPDU becomes an event from the engine's own copy
+        (the reference path)."""
+        return self.engine.tagged_placer is not None
+
+    @bulk.setter
+    def bulk(self, on: bool) -> None:
+        self.engine.tagged_placer = self.qp.place_tagged if on else None
+        self.engine.mpa.borrow_views = on
+
     def feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Feed received bytes (None: drain pending events only; b"": FIN).
 
-        Returns False once nothing more will be read (FIN, Terminate, error).
+        With :attr:`bulk`, a memoryview is parsed in place, not copied: keep it unchanged
+        while :attr:`stalled` (the events that wait view it); it may be reused once this
+        returns otherwise.  Returns False once nothing more will be read (FIN, Terminate,
+        error).
         """
         if self.reading_done:
             return False

@@ -109,13 +109,37 @@ class QueuePair(QpSend):
                 exc.ulpdu = event.ulpdu
             raise
 
+    def place_tagged(
+        self, write: bool, last: bool, stag: int, to: int, payload: memoryview, ulpdu: memoryview
+    ) -> bool:
+        """The bulk path: place a tagged Write or Read Response segment with no event (a
+        :data:`~stack.wire.stream.TaggedPlacer`), by the same checks and placement as
+        :meth:`handle_event`.  False (nothing done) when :meth:`handle_event` would do more
+        than place: queued Read Responses still view memory (snapshot first, RFC 5040
+        §5.5), or the QP has failed (dropped there)."""
+        if self._lazy or self.state in _FAILED:
+            return False
+        try:
+            if write:
+                self._place_write(stag, to, payload)
+            else:
+                self._place_read_response(stag, to, payload, last)
+        except ProtocolError as exc:
+            if exc.ulpdu is None:
+                exc.ulpdu = ulpdu
+            raise
+        return True
+
     def _on_write_segment(self, seg: WriteSegment) -> None:
-        if seg.data:
+        self._place_write(seg.stag, seg.to, seg.data)
+
+    def _place_write(self, stag: int, to: int, data: memoryview) -> None:
+        """Tagged placement (RFC 5041 §4.1): checked, then copied into the tagged buffer."""
+        if data:
             view = check_remote_access(
-                self.table, self.pd, seg.stag, seg.to, len(seg.data), _REMOTE_WRITE,
-                DDP_TAGGED_CODES, self,
-            )  # fmt: skip
-            view[:] = seg.data
+                self.table, self.pd, stag, to, len(data), _REMOTE_WRITE, DDP_TAGGED_CODES, self
+            )
+            view[:] = data
 
     def _on_read_request_received(self, event: ReadRequestReceived) -> None:
         self._take_ird("Read Request")
@@ -208,18 +232,21 @@ class QueuePair(QpSend):
         self._queue_response(ReadResponse(req.sink_stag, req.sink_to, view))
 
     def _on_read_response(self, seg: ReadResponseSegment) -> None:
+        self._place_read_response(seg.stag, seg.to, seg.data, seg.last)
+
+    def _place_read_response(self, stag: int, to: int, data: memoryview, last: bool) -> None:
         """Place a Read Response segment in its Read's sink (matched by the request tracker,
         RDMAP-04: Sink STag, continuing Sink TO, the requested size)."""
-        size = len(seg.data)
-        match = self._requests.read_response(seg.stag, seg.to, size, seg.last, self._checker)
+        size = len(data)
+        match = self._requests.read_response(stag, to, size, last, self._checker)
         assert match is not None  # strict: no outstanding Read raises
         request, offset = match
         entry = request.context
         assert isinstance(entry, _SqEntry) and entry.sink is not None
         if size:
-            entry.sink[offset : offset + size] = seg.data
+            entry.sink[offset : offset + size] = data
             entry.received += size
-        if seg.last:
+        if last:
             entry.byte_len = entry.received
             if entry.wr.opcode is WrOpcode.RDMA_READ_WITH_INV:
                 try:  # the sink STag, invalidated locally once the Read completes

@@ -89,6 +89,7 @@ class RdmaConnection:
         self._flushing = False  # inside a send or a feed: QP callbacks only kick
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
         self._rx_empty = True  # the last read emptied the socket
+        self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
         qp.on_output = self._on_output
 
     def __repr__(self) -> str:
@@ -205,9 +206,11 @@ class RdmaConnection:
             if self.endpoint.reading_done:
                 return
 
-    async def _receive(self) -> bytes | bytearray:
-        """The next received bytes (b"" at FIN).  On a socket, straight from it: after a
-        read that emptied it, wait for readability first (one ``recv`` per message)."""
+    async def _receive(self) -> bytes | bytearray | memoryview:
+        """The next received bytes (b"" at FIN).  On a socket, straight from it into the
+        preallocated receive buffer (``recv_into``; the bytes are a view of it, parsed in
+        place by :meth:`_feed`): after a read that emptied the socket, wait for
+        readability first (one ``recv_into`` per message)."""
         sock = self._sock
         if sock is None:
             return await self.stream.receive_some(RECEIVE_SIZE)
@@ -215,16 +218,23 @@ class RdmaConnection:
             await trio.lowlevel.wait_readable(sock)
         else:
             await trio.lowlevel.checkpoint()
+        rx = self._rx_view
+        if rx is None:
+            rx = self._rx_view = memoryview(bytearray(RECEIVE_SIZE))
         while True:
             try:
-                data = sock.recv(RECEIVE_SIZE)
+                n = sock.recv_into(rx)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
                 continue
-            self._rx_empty = len(data) < RECEIVE_SIZE
-            return data
+            self._rx_empty = n < RECEIVE_SIZE
+            return rx[:n] if n else b""
 
-    def _feed(self, data: bytes | bytearray | None) -> bool:
+    def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+        """Apply received bytes.  A view of the receive buffer is parsed in place (the
+        engine copies only a partial FPDU at its end); the buffer is not read into again
+        before the events that view it are applied (the reader waits while one is
+        stalled)."""
         self._flushing = True  # output waits until the whole chunk is applied
         try:
             ok = self.endpoint.feed(data)

@@ -4,8 +4,9 @@ Bytes and time in, events and bytes out; nothing here does I/O or reads a clock.
 implementation of every rule: the endpoint runs it strictly, the capture decoder and the
 conformance runner leniently (:class:`Checker`).
 
-* :mod:`~stack.wire.mpa_frames`, :mod:`~stack.wire.mpa_rules`, :mod:`~stack.wire.mpa`:
-  startup frames, the startup rule tables and RFC 6581 negotiation, the MPA engine;
+* :mod:`~stack.wire.mpa_frames`, :mod:`~stack.wire.mpa_rules`, :mod:`~stack.wire.mpa_startup`,
+  :mod:`~stack.wire.mpa`:
+  startup frames, the startup rule tables, the startup negotiation (RFC 6581), the MPA engine;
 * :mod:`~stack.wire.framing`: FPDUs, CRC32c and the marker geometry;
 * :mod:`~stack.wire.ddp`, :mod:`~stack.wire.rdmap`, :mod:`~stack.wire.atomics`: segments,
   messages, Terminates (Fig. 10), atomic arithmetic;
@@ -57,6 +58,7 @@ from stack.wire.framing import FpduDeframer, FpduFramer, fpdu_layout, mulpdu_for
 from stack.wire.mpa import MpaConnection, MpaState
 from stack.wire.mpa_frames import decode_frame, encode_frame
 from stack.wire.mpa_rules import FRAME_RULES, REPLY_RULES, check_startup_frame
+from stack.wire.mpa_startup import MpaStartup
 from stack.wire.rdmap import Segment, decode_ulpdu, encode_message
 from stack.wire.sequence import MessageSequencer, RequestTracker
 from stack.wire.stream import RdmapStream
@@ -92,6 +94,7 @@ __all__ = [
     "MpaEvent",
     "MpaFrame",
     "MpaSettings",
+    "MpaStartup",
     "MpaState",
     "NeedData",
     "Negotiated",

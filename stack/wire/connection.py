@@ -47,7 +47,7 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.mpa import MpaConnection
-from stack.wire.stream import RdmapStream
+from stack.wire.stream import RdmapStream, TaggedPlacer
 from stack.wire.terminate import build_terminate
 
 WRITE_RTR_STAG = 1
@@ -71,6 +71,9 @@ class IwarpConnection:
         self._events: deque[ConnectionEvent] = deque()
         self._rtr_pending: RtrType = RtrType.NONE  # responder: RTR still to absorb
         self._rtr_read_outstanding = False  # initiator: zero-length Read RTR unanswered
+        self.tagged_placer: TaggedPlacer | None = None
+        """The RNIC's placement of tagged segments for the bulk path (:meth:`receive_data`);
+        None: every segment becomes an event."""
 
     @property
     def rtr_read_outstanding(self) -> bool:
@@ -99,7 +102,28 @@ class IwarpConnection:
 
     # ------------------------------------------------------------------ data path
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        self.mpa.receive_data(data)
+        """Feed received bytes (a memoryview is parsed in place with
+        :attr:`~stack.wire.mpa.MpaConnection.borrow_views`).
+
+        With a :attr:`tagged_placer`, tagged Write / Read Response segments that arrive
+        while no event is waiting are placed during this call, with no event (the bulk
+        path, :meth:`~stack.wire.stream.RdmapStream.place_tagged`); not while an RTR is
+        still to be absorbed (ERC-09), which needs the event.
+        """
+        mpa = self.mpa
+        stream = self.stream
+        if (
+            self.tagged_placer is not None
+            and stream is not None
+            and not self._events
+            and not self._rtr_pending
+            and not self._rtr_read_outstanding
+        ):
+            stream.placer = self.tagged_placer
+            mpa.ulpdu_sink = stream.place_tagged
+        else:
+            mpa.ulpdu_sink = None
+        mpa.receive_data(data)
 
     def next_event(self) -> ConnectionEvent:
         """The next MPA or RDMAP event, or ``NEED_DATA``.  Raises ProtocolError on bad input.

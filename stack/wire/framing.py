@@ -26,13 +26,15 @@ send).  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
 fall on fixed offsets, and one ``join`` over fixed memoryviews of it (a marker as the
 separator) lays out the FPDU; one strided slice assignment from a precomputed table then
-completes the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks and hands out
-``memoryview`` slices; without markers a ULPDU inside one received chunk is not copied at
-all, and only an FPDU that straddles chunks is joined (input is never re-copied per FPDU,
-wsproto's ``Buffer`` idea).  With markers, the FPDU is copied once, straight from the
-chunks, into a 32-bit word array: the CRC is checked over it, the markers (one word every
-128, 4-aligned) are compared with a precomputed table in one go and removed by one strided
-deletion.  Marked FPDUs without an inner marker inside one chunk are not copied either.
+completes the FPDUPTRs.  :class:`FpduDeframer` keeps immutable ``bytes`` chunks, or
+borrows the caller's buffer (``feed(view, borrow=True)``, the driver's ``recv_into``
+buffer) until :meth:`~FpduDeframer.settle` copies the unread rest once, and hands out
+``memoryview`` slices; without markers a ULPDU inside one chunk is not copied at all, and
+only an FPDU that straddles chunks is joined (input is never re-copied per FPDU, wsproto's
+``Buffer`` idea).  With markers the FPDU is checked where it lies too: the CRC over the
+view, the markers (one word every 128, 4-aligned) read by one strided slice and compared
+with a precomputed table in one go; the runs between them are cut by one precomputed
+getter and joined (the one copy), and an FPDU with no marker inside is not copied.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from __future__ import annotations
 import struct
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from operator import itemgetter
+from typing import Literal
 
 from stack.constants import (
     MPA_CRC_LEN,
@@ -126,8 +130,21 @@ _RX_GEOMETRY = tuple(
 )
 _STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a ULPDU
 _TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
-_WORD = next(code for code in "IHLB" if array(code).itemsize == MPA_MARKER_LEN)
+_WORD: Literal["I", "L"] = "I" if array("I").itemsize == MPA_MARKER_LEN else "L"
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
+_RxRuns = Callable[[memoryview], tuple[memoryview, ...]]
+_RX_RUNS: dict[int, _RxRuns] = {}
+"""``(offset % 512 >> 2) << 8 | inner markers`` -> :func:`_rx_runs` (made when first needed)."""
+
+
+def _rx_runs(lead: int, first: int, count: int) -> _RxRuns:
+    """A getter cutting an FPDU view with ``count`` inner markers into its unmarked runs in
+    one C call (MPA-10), from its length field on: up to the first marker, 508 bytes
+    between markers, then to the end (the PAD and CRC go with the ULPDU's length)."""
+    inner = [lead + first + MPA_MARKER_INTERVAL * k for k in range(count)]
+    ends: list[int | None] = [*inner, None]
+    starts = [lead, *(m + MPA_MARKER_LEN for m in inner)]
+    return itemgetter(*map(slice, starts, ends))
 
 
 class FpduFramer:
@@ -361,6 +378,10 @@ class FpduDeframer:
     CRC), and ``ULPDU_Length <= max_ulpdu``.  After an error nothing more is delivered
     (MPA-28): every later call raises the same error.
 
+    Borrowed input (``feed(view, borrow=True)``) is parsed in place, not copied: the
+    caller keeps it unchanged until it calls :meth:`settle`, which copies what is left
+    unread (a partial FPDU at the end, MPA-16) once, so the caller may reuse its buffer.
+
     Fields: ``offset`` (stream offset since SeqStart of the next unread byte),
     ``fpdu_offset`` / ``fpdu_wire_length`` (where the last delivered FPDU sat on the wire,
     markers included), ``error`` (the sticky :class:`MpaError` or None).
@@ -380,6 +401,7 @@ class FpduDeframer:
         "_more",
         "_more_len",
         "_more_pos",
+        "_borrowed",
     )
 
     def __init__(
@@ -399,25 +421,54 @@ class FpduDeframer:
         self.fpdu_offset = offset
         self.fpdu_wire_length = 0
         self.error: MpaError | None = None
-        self._buf = b""
+        self._buf: Buffer = b""  # the current chunk: bytes, or a borrowed memoryview
         self._view = memoryview(self._buf)
         self._pos = 0
-        self._more: deque[bytes] = deque()
+        self._more: deque[Buffer] = deque()
         self._more_len = 0  # unread bytes in _more
         self._more_pos = 0  # bytes of _more[0] already consumed
+        self._borrowed = False  # some chunk is a caller's buffer (until settle())
 
     @property
     def pending(self) -> int:
         """Bytes received but not yet delivered (a partial FPDU, or unread whole ones)."""
         return len(self._buf) - self._pos + self._more_len
 
-    def feed(self, data: Buffer) -> None:
-        """Add received stream bytes (copied once unless they are already ``bytes``)."""
+    def feed(self, data: Buffer, *, borrow: bool = False) -> None:
+        """Add received stream bytes: copied once unless they are ``bytes``, or ``borrow``
+        (then parsed in place until :meth:`settle`)."""
         if not data:
             return
-        chunk = data if type(data) is bytes else bytes(data)
+        if borrow:
+            view = data if isinstance(data, memoryview) else memoryview(data)
+            chunk: Buffer = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+            self._borrowed = True
+        else:
+            chunk = data if type(data) is bytes else bytes(data)
         self._more.append(chunk)
         self._more_len += len(chunk)
+
+    def settle(self) -> None:
+        """Stop borrowing: copy the unread part of borrowed input (once) into own memory.
+
+        ULPDUs handed out before stay views of the caller's buffer.
+        """
+        if not self._borrowed:
+            return
+        self._borrowed = False
+        if type(self._buf) is memoryview:
+            self._buf = self._view[self._pos :].tobytes()
+            self._view = memoryview(self._buf)
+            self._pos = 0
+        more = self._more
+        if more and any(type(chunk) is memoryview for chunk in more):
+            start = self._more_pos
+            self._more = deque(
+                chunk[start if k == 0 else 0 :].tobytes() if type(chunk) is memoryview else chunk
+                for k, chunk in enumerate(more)
+            )
+            if type(more[0]) is memoryview:
+                self._more_pos = 0
 
     def __iter__(self) -> Iterator[memoryview]:
         next_ulpdu = self.next_ulpdu
@@ -474,6 +525,7 @@ class FpduDeframer:
         self._more.clear()
         self._more_len = 0
         self._more_pos = 0
+        self._borrowed = False
         return error
 
     def next_ulpdu(self) -> memoryview | None:
@@ -523,15 +575,16 @@ class FpduDeframer:
     def _next_marked(self) -> memoryview | None:
         """With markers (MPA-07..MPA-10): the FPDU, its leading marker if any, inner markers.
 
-        An FPDU without markers inside one chunk is handed out as a view, like the unmarked
-        fast path.  Otherwise the FPDU (leading marker to CRC, from one or several chunks) is
-        copied once into a 32-bit word array; the CRC is checked over it (MPA-12: the CRC of
-        covered bytes plus a correct CRC field is the constant MPA_CRC_RESIDUE), then the
-        markers, which are one word every 128 words, are compared in one go with the
-        precomputed ones (a mismatch is re-checked marker by marker with RESERVED and the low
-        FPDUPTR bits ignored, MPA-06/MPA-08) and removed by one strided deletion (MPA-10).
+        The FPDU is checked where it lies (an FPDU that straddles chunks is joined first,
+        once): the CRC over the view (MPA-12: the CRC of covered bytes plus a correct CRC
+        field is the constant MPA_CRC_RESIDUE); then its markers, one 32-bit word every 128
+        words, read by one strided slice of the view and compared in one go with the
+        precomputed ones (a mismatch is re-checked marker by marker with RESERVED and the
+        low FPDUPTR bits ignored, MPA-06/MPA-08).  The ULPDU is the view itself when no
+        marker is inside it, else the runs between the markers joined (MPA-10).
         """
-        lead, first, index = _RX_GEOMETRY[(self.offset % MPA_MARKER_INTERVAL) >> 2]
+        geometry = (self.offset % MPA_MARKER_INTERVAL) >> 2
+        lead, first, index = _RX_GEOMETRY[geometry]
         buf = self._buf
         pos = self._pos
         avail = len(buf) - pos
@@ -550,77 +603,34 @@ class FpduDeframer:
         if wire > avail:
             if wire > avail + self._more_len:
                 return None  # MPA-16: hold until the FPDU is complete
-        elif not count:
-            view = self._view
-            if self.crc and crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
-                crc_at = pos + wire - MPA_CRC_LEN
-                raise self._fail(self._crc_error(view[pos:crc_at], buf[crc_at : crc_at + 4]))
-            if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
-                self._check_markers(bytes(buf[pos : pos + MPA_MARKER_LEN]), 0)
-            self.fpdu_offset = self.offset
-            self.fpdu_wire_length = wire
-            self.offset += wire
-            self._pos = pos + wire
-            return view[pos + lead + MPA_LENGTH_LEN : pos + lead + MPA_LENGTH_LEN + n]
-        words = array(_WORD)
-        if wire <= avail:
-            words.frombytes(self._view[pos : pos + wire])
-            self._pos = pos + wire
+            self._ensure(wire)
+            buf = self._buf
+            pos = 0
+        fpdu = self._view[pos : pos + wire]
+        if self.crc and crc32c(fpdu) != MPA_CRC_RESIDUE:
+            raise self._fail(self._crc_error(fpdu[:-MPA_CRC_LEN], fpdu[-MPA_CRC_LEN:]))
+        start = lead + MPA_LENGTH_LEN
+        if count:
+            # Marker words sit at word ``index`` (0 for a leading marker, which is 508
+            # bytes before the first inner one) and every 128 words after; fewer than 128
+            # words follow the last one, the CRC word included.
+            marks = fpdu.cast(_WORD)[index::_WORDS_PER_INTERVAL].tobytes()
+            if not _MARKERS[index].startswith(marks):
+                self._check_markers(marks, index)
+            runs = _RX_RUNS.get(geometry << 8 | count)
+            if runs is None:
+                runs = _RX_RUNS[geometry << 8 | count] = _rx_runs(lead, first, count)
+            ulpdu = memoryview(b"".join(runs(fpdu)))
+            start = MPA_LENGTH_LEN
         else:
-            self._take_into(words, wire)
-        if self.crc and crc32c(words) != MPA_CRC_RESIDUE:
-            covered = words.tobytes()
-            raise self._fail(self._crc_error(covered[:-MPA_CRC_LEN], covered[-MPA_CRC_LEN:]))
-        # Marker words sit at word ``index`` (0 for a leading marker, which is 508 bytes
-        # before the first inner one) and every 128 words after; fewer than 128 words
-        # follow the last one, the CRC word included.
-        marks = words[index::_WORDS_PER_INTERVAL].tobytes()
-        if not _MARKERS[index].startswith(marks):
-            self._check_markers(marks, index)
-        del words[index::_WORDS_PER_INTERVAL]
+            if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
+                self._check_markers(bytes(fpdu[:MPA_MARKER_LEN]), 0)
+            ulpdu = fpdu
         self.fpdu_offset = self.offset
         self.fpdu_wire_length = wire
         self.offset += wire
-        return memoryview(words).cast("B")[MPA_LENGTH_LEN : MPA_LENGTH_LEN + n]
-
-    def _take_into(self, words: array[int], n: int) -> None:
-        """Append the next ``n`` received bytes (all arrived; ``n`` a multiple of 4) to
-        ``words`` and consume them.
-
-        Chunks are copied straight into the array; ``array.frombytes`` takes whole words
-        only, so up to 3 bytes at a chunk's end are carried over to the next one.  The chunk
-        holding the last of the bytes becomes the current one, parsed in place next.
-        """
-        pos = self._pos
-        take = min(len(self._buf) - pos, n)
-        whole = take & ~3
-        words.frombytes(self._view[pos : pos + whole])
-        carry = self._buf[pos + whole : pos + take]
-        self._pos = pos + take
-        n -= take
-        more = self._more
-        while n:
-            chunk = more.popleft()
-            start = self._more_pos
-            self._more_pos = 0
-            self._more_len -= len(chunk) - start
-            view = memoryview(chunk)
-            take = min(len(chunk) - start, n)
-            n -= take
-            self._buf = chunk
-            self._view = view
-            self._pos = start + take
-            if carry:
-                fill = min(MPA_MARKER_LEN - len(carry), take)
-                carry += chunk[start : start + fill]
-                if len(carry) < MPA_MARKER_LEN:
-                    continue
-                words.frombytes(carry)
-                start += fill
-                take -= fill
-            whole = take & ~3
-            words.frombytes(view[start : start + whole])
-            carry = chunk[start + whole : start + take]
+        self._pos = pos + wire
+        return ulpdu[start : start + n]
 
     def _length_error(self, n: int) -> MpaError:
         return MpaError(

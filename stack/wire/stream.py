@@ -105,6 +105,17 @@ _UNTAGGED_MORE = DDP_VERSION
 _RDMAP_WRITE = rdmap_ctrl(Opcode.RDMA_WRITE)
 _RDMAP_READ_RESPONSE = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
 _FAST_SEND_CTRLS = {rdmap_ctrl(op): op for op in SEND_OPCODES}
+_TAGGED_EXACT: dict[int, tuple[bool, bool]] = {
+    b0 << 8 | b1: (b1 == _RDMAP_WRITE, b0 == _TAGGED_LAST)
+    for b0 in (_TAGGED_LAST, _TAGGED_MORE)
+    for b1 in (_RDMAP_WRITE, _RDMAP_READ_RESPONSE)
+}
+"""First two header bytes of a tagged Write / Read Response segment whose every DDP and
+RDMAP header check passes (DDP-01, RDMAP-01: DV=1, RV=1, reserved 0) -> (Write, Last)."""
+
+TaggedPlacer = Callable[[bool, bool, int, int, memoryview, memoryview], bool]
+"""``placer(write, last, stag, to, payload, ulpdu)``: places a tagged segment (RFC 5041
+§4.1) and returns True, or returns False to have it delivered as an event instead."""
 MAX_FINDINGS = 256
 """Non-fatal findings kept per stream (the oldest are kept; later ones are counted)."""
 
@@ -151,6 +162,8 @@ class RdmapStream:
         self._tx_msn = [1] * _NUM_QN
         self.sequencer = MessageSequencer()
         """Receive sequencing: MSN, MO and RsvdULP per queue (DDP-02, DDP-04..06)."""
+        self.placer: TaggedPlacer | None = None
+        """The bulk path's consumer of tagged segments (:meth:`place_tagged`)."""
 
     # -- configuration -----------------------------------------------------------------
 
@@ -244,18 +257,14 @@ class RdmapStream:
             return None
         b0 = view[0]
         b1 = view[1]
-        if b0 == _TAGGED_LAST or b0 == _TAGGED_MORE:
-            if b1 == _RDMAP_WRITE:
-                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
-                return [WriteSegment(stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST, view)]
-            if b1 == _RDMAP_READ_RESPONSE:
-                _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
-                return [
-                    ReadResponseSegment(
-                        stag, to, view[DDP_TAGGED_HDR_LEN:], b0 == _TAGGED_LAST, view
-                    )
-                ]
-            return None
+        if b0 & DDP_TAGGED:
+            tagged = _TAGGED_EXACT.get(b0 << 8 | b1)
+            if tagged is None:
+                return None
+            _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
+            write, last = tagged
+            segment = WriteSegment if write else ReadResponseSegment
+            return [segment(stag, to, view[DDP_TAGGED_HDR_LEN:], last, view)]
         if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
             return None
         op = _FAST_SEND_CTRLS.get(b1)
@@ -277,6 +286,23 @@ class RdmapStream:
         return [
             SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None, view)
         ]
+
+    def place_tagged(self, ulpdu: memoryview) -> bool:
+        """The bulk path: hand a tagged Write / Read Response segment that passes every
+        stream check (the :meth:`_fast_path` header test) straight to :attr:`placer`, with
+        no event; False (nothing changed) for anything else, which goes the event way.
+
+        ``ulpdu`` is a byte view (what the deframer hands out).  The placer runs the RNIC's
+        checks (RFC 5041 §7.1, SEC-*) and raises their :class:`ProtocolError`.
+        """
+        if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not RecvState.OPEN:
+            return False
+        tagged = _TAGGED_EXACT.get(ulpdu[0] << 8 | ulpdu[1])
+        placer = self.placer
+        if tagged is None or placer is None:
+            return False
+        _, _, stag, to = ddp.TAGGED_HDR.unpack_from(ulpdu)
+        return placer(tagged[0], tagged[1], stag, to, ulpdu[DDP_TAGGED_HDR_LEN:], ulpdu)
 
     def _process(self, view: memoryview) -> list[RdmapEvent]:
         chk = Checker(strict=True)

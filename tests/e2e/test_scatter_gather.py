@@ -104,6 +104,9 @@ class TrickleSocket:
     def recv(self, size: int) -> bytes:
         return self.sock.recv(size)
 
+    def recv_into(self, buffer: memoryview) -> int:
+        return self.sock.recv_into(buffer)
+
     def fileno(self) -> int:
         return self.sock.fileno()
 

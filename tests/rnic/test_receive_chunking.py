@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stack.constants import DDP_TAGGED, DDP_TAGGED_HDR_LEN
 from stack.rnic import Access, RecvWR, SendWR, WrOpcode
 from stack.rnic import memory as memory_module
 from stack.wire.events import MpaSettings
+from stack.wire.framing import FpduDeframer, FpduFramer
 from tests.rnic.helpers import Pair
 
 _TARGET = 1 << 16
@@ -39,6 +41,9 @@ def _pair(markers: bool, seed: int, emss: int | None) -> Pair:
         )  # type: ignore[attr-defined]
         pair.inbox = pair.b.mr(3000 * 12)  # type: ignore[attr-defined]
         pair.src = pair.a.mr(random.Random(seed).randbytes(9000))  # type: ignore[attr-defined]
+        zero_based_read = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.ZERO_BASED
+        pair.read_src = pair.a.pd.reg_mr(pair.src.buf, zero_based_read)  # type: ignore[attr-defined]
+        pair.sink = pair.b.mr(9000 * 3, Access.LOCAL_WRITE | Access.ZERO_BASED)  # type: ignore[attr-defined]
     return pair
 
 
@@ -123,3 +128,144 @@ def test_mpa_15_chunking_never_changes_placement_or_completions(
             target[offset : offset + size] = src[:size]
     assert expected[0] == bytes(target)
     assert len(expected[2]) == sum(kind != "write" for kind, _, _ in ops)
+
+
+# -- the bulk path against the reference path ---------------------------------------------
+# The same wire, cut into the same chunks, goes to two identical pairs: one places tagged
+# segments as they are deframed from borrowed views of a reused buffer (the driver's
+# recv_into), the other turns every ULPDU into an event from its own bytes.  Placements,
+# completions, async events, errors and the Terminate sent must be the same, for good
+# streams and for bad ones (CRC, STag, bounds, truncation and FIN mid-FPDU).
+
+_FAULTS = st.sampled_from(["none", "flip", "stag", "bounds", "truncate"])
+_READS = st.lists(st.integers(0, 9000), max_size=3)
+
+
+def _with_reads(pair: Pair, reads: list[int]) -> None:
+    """``b`` posts RDMA Reads of ``a``'s source into its sink; ``a`` gets the requests."""
+    a, b = pair.a, pair.b
+    src = pair.read_src  # type: ignore[attr-defined]
+    wrs = [
+        SendWR(
+            500 + k,
+            WrOpcode.RDMA_READ,
+            (b.sge(pair.sink, 9000 * k, size),),  # type: ignore[attr-defined]
+            rkey=src.rkey,
+            remote_addr=src.base,
+        )
+        for k, size in enumerate(reads)
+    ]
+    if wrs:
+        b.engine.mpa.send_first()  # the Read Requests go before anything came from ``a``
+        b.qp.post_send(wrs)
+        assert b.endpoint is not None and a.endpoint is not None
+        assert a.endpoint.feed(bytes(b.endpoint.produce()))
+
+
+def _ulpdus(wire: bytes, offset: int, markers: bool) -> list[bytes]:
+    deframer = FpduDeframer(markers=markers, offset=offset)
+    deframer.feed(wire)
+    out = [bytes(u) for u in deframer]
+    assert not deframer.pending
+    return out
+
+
+def _faulty(wire: bytes, offset: int, markers: bool, fault: str, where: int) -> bytes:
+    """``wire`` (FPDUs from stream offset ``offset``) with one fault in it."""
+    if fault == "none" or not wire:
+        return wire
+    if fault == "flip":  # any byte: a length, CRC or marker error, or a header the checks refuse
+        at = where % len(wire)
+        return wire[:at] + bytes([wire[at] ^ 0x41]) + wire[at + 1 :]
+    if fault == "truncate":
+        return wire[: where % len(wire)]
+    ulpdus = _ulpdus(wire, offset, markers)
+    tagged = [k for k, u in enumerate(ulpdus) if u[0] & DDP_TAGGED]
+    if not tagged:
+        return wire
+    k = tagged[where % len(tagged)]
+    header = bytearray(ulpdus[k][:DDP_TAGGED_HDR_LEN])
+    if fault == "stag":
+        header[4:8] = (int.from_bytes(header[4:8], "big") ^ 0x0100).to_bytes(4, "big")
+    else:  # bounds: past the end of the tagged buffer
+        to = int.from_bytes(header[8:16], "big") + _TARGET
+        header[8:16] = to.to_bytes(8, "big")
+    ulpdus[k] = bytes(header) + ulpdus[k][DDP_TAGGED_HDR_LEN:]
+    framer = FpduFramer(markers=markers, offset=offset)
+    return b"".join(bytes(framer.frame(u)) for u in ulpdus)
+
+
+def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
+    b = pair.b
+    assert b.endpoint is not None
+    err = b.endpoint.error
+    error = None if err is None else (type(err).__name__, getattr(err, "rule", None), str(err))
+    wcs = [(wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data) for wc in b.cq.poll(1000)]
+    asyncs = []
+    while (event := b.rnic.async_events.poll()) is not None:
+        asyncs.append(repr(event))
+    return (
+        results,
+        bytes(pair.target.buf),  # type: ignore[attr-defined]
+        bytes(pair.inbox.buf),  # type: ignore[attr-defined]
+        bytes(pair.sink.buf),  # type: ignore[attr-defined]
+        wcs,
+        asyncs,
+        error,
+        b.qp.state,
+        bytes(b.endpoint.produce()),  # the Terminate, if any
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    ops=_OPS,
+    reads=_READS,
+    markers=st.booleans(),
+    small_fpdus=st.booleans(),
+    seed=st.integers(0, 2**32),
+    cuts=st.lists(st.integers(1, 5000), max_size=60),
+    fault=_FAULTS,
+    where=st.integers(0, 2**32),
+)
+def test_bulk_placement_matches_the_event_path(
+    ops: list[tuple[str, int, int]],
+    reads: list[int],
+    markers: bool,
+    small_fpdus: bool,
+    seed: int,
+    cuts: list[int],
+    fault: str,
+    where: int,
+) -> None:
+    emss = 600 if small_fpdus else None
+    fast, reference = _pair(markers, seed, emss), _pair(markers, seed, emss)
+    assert reference.b.endpoint is not None and fast.b.endpoint is not None
+    reference.b.endpoint.bulk = False  # every ULPDU an event: the reference path
+    for pair in (fast, reference):
+        _with_reads(pair, reads)
+    framer = fast.a.engine.mpa._framer  # noqa: SLF001 - where the wire starts (markers)
+    assert framer is not None
+    start = framer.offset
+    wire = _post(fast, ops)
+    assert _post(reference, ops) == wire
+    wire = _faulty(wire, start, markers, fault, where)
+    chunks, at = [], 0
+    for cut in cuts:
+        if at >= len(wire):
+            break
+        chunks.append(wire[at : at + cut])
+        at += cut
+    if at < len(wire):
+        chunks.append(wire[at:])
+    if fault == "truncate":
+        chunks.append(b"")  # the peer closes mid-FPDU
+    rx = bytearray(max(map(len, chunks), default=0))
+    fast_results, reference_results = [], []
+    for chunk in chunks:
+        reference_results.append(reference.b.endpoint.feed(chunk))
+        rx[: len(chunk)] = chunk
+        fast_results.append(fast.b.endpoint.feed(memoryview(rx)[: len(chunk)]))
+        assert fast.b.endpoint.stalled is None
+        rx[:] = bytes([0xEE]) * len(rx)  # reused at once: nothing may still view it
+    assert _observe(fast, fast_results) == _observe(reference, reference_results)

@@ -717,3 +717,35 @@ def test_mpa_01_data_to_send_iov_joins_to_data_to_send(parts, markers):
     pairs[0].responder.receive_data(pieces)
     got = [bytes(e.ulpdu) for e in drain(pairs[0].responder) if isinstance(e, UlpduReceived)]
     assert got == [h + p for h, p in ulpdus]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=12),
+    markers=st.booleans(),
+    cuts=st.lists(st.integers(1, 700), min_size=1, max_size=40),
+)
+def test_mpa_16_borrowed_input_is_parsed_in_place_and_the_rest_kept(
+    sizes: list[int], markers: bool, cuts: list[int]
+) -> None:
+    """Fed as views of one reused buffer (``borrow``), the deframer hands out the same
+    ULPDUs as fed ``bytes``; after settle() nothing it keeps views that buffer (a partial
+    FPDU at the end is its own copy), so scribbling over the buffer changes nothing."""
+    framer = FpduFramer(markers=markers)
+    ulpdus = [bytes([k % 251]) * size for k, size in enumerate(sizes)]
+    wire = b"".join(bytes(framer.frame(u)) for u in ulpdus)
+    deframer = FpduDeframer(markers=markers)
+    rx = bytearray(max(cuts))
+    got: list[bytes] = []
+    at = k = 0
+    while at < len(wire):
+        chunk = wire[at : at + cuts[k % len(cuts)]]
+        at += len(chunk)
+        k += 1
+        rx[: len(chunk)] = chunk
+        deframer.feed(memoryview(rx)[: len(chunk)], borrow=True)
+        got.extend(bytes(u) for u in deframer)  # taken (copied) before the buffer changes
+        deframer.settle()
+        rx[:] = b"\xa5" * len(rx)
+    assert got == ulpdus
+    assert not deframer.pending and deframer.offset == len(wire)
