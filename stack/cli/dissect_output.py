@@ -16,6 +16,7 @@ from stack.cli import CliError
 from stack.constants import SEND_OPCODES
 from stack.dissect import (
     HEX_DIGITS,
+    BriefLines,
     FieldContext,
     FieldsError,
     FieldsFormat,
@@ -24,7 +25,6 @@ from stack.dissect import (
     SnapTracker,
     Statistics,
     TcpConversations,
-    brief_line,
     compile_filter,
     json_object,
     note_line,
@@ -154,6 +154,7 @@ class Printer:
         if self.columns is not None and self.columns.show_header:
             self.lines.append(self.columns.header())
         self.ulp = ulp_annotator(args.ulp)
+        self._brief: BriefLines | None = None
         self.plain = mode == "text" and not (
             args.quiet
             or args.filter
@@ -183,9 +184,13 @@ class Printer:
             append = lines.append
             pdus = flagged = 0
             ulp = self.ulp
+            brief = self._brief
+            if brief is None or brief.t0 != t0:
+                brief = self._brief = BriefLines(t0)
+            brief_line = brief.line
             for item in items:
                 if type(item) is tuple:  # a BriefFpdu: a clean FPDU of the decoder's bulk path
-                    line = brief_line(item, item[1] - t0)
+                    line = brief_line(item)
                     payload = item[13]
                     if payload is not None and ulp is not None and item[7] == 0:
                         info = ulp.send(item[2][0], item[2][1], payload, item[10])

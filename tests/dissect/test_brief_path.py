@@ -10,7 +10,7 @@ import pytest
 
 from kbtp.cli import main as kbtp
 from stack.cli.iwarp import main
-from stack.dissect import brief_line, summary_line
+from stack.dissect import BriefLines, brief_line, summary_line
 from stack.dissect.decoder import Dissector, PduRecord
 from stack.pcap import read_tcp_segments
 from stack.wire.events import ReadRequest, Send
@@ -139,3 +139,21 @@ def test_brief_line_is_the_summary_line_of_the_same_fpdu(tmp_path: Path) -> None
         assert brief_line(item, 1.5) == summary_line(rec, 1.5)
         assert brief_line(item) == summary_line(rec)
     assert [repr(s) for s in lean.streams()] == [repr(s) for s in full.streams()]
+
+
+def test_brief_lines_reuse_the_time_text_and_keep_percent_signs(tmp_path: Path) -> None:
+    path = tmp_path / "bench.pcap"
+    generate(str(path), 300, False)
+    segments = read_tcp_segments(path.read_bytes())
+    lean = Dissector(None, brief=True)
+    items = [i for s in segments for i in lean.feed(s) if type(i) is tuple]
+    t0 = segments[0].timestamp
+    lines = BriefLines(t0)
+    assert len({i[1] for i in items}) < len(items)  # segments with several FPDUs
+    assert [lines.line(i) for i in items] == [brief_line(i, i[1] - t0) for i in items]
+    # any text of the route is kept as it is, "%" included (a template never sees it raw)
+    odd = (7, "i2r", "fe80::1%eth0.40000", "100%:1")
+    for item in items[:40]:
+        moved = (*item[:2], odd, *item[3:])
+        assert " fe80::1%eth0.40000 \u2192 100%:1 MPA/DDP/RDMAP " in brief_line(moved, 2.0)
+        assert brief_line(moved).endswith(brief_line(item).split("MPA/DDP/RDMAP", 1)[1])
