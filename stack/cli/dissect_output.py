@@ -156,13 +156,13 @@ class Printer:
         self.ulp = ulp_annotator(args.ulp)
         self._brief: BriefLines | None = None
         self.plain = mode == "text" and not (
-            args.quiet
-            or args.filter
+            args.filter
             or self.stats is not None
-            or self.io
             or args.count
             or args.write
+            or (self.io and not args.quiet)
         )
+        """The bulk path: BriefFpdu tuples, the default text or (``-q``) counts only."""
 
     @property
     def done(self) -> bool:
@@ -180,6 +180,9 @@ class Printer:
         args = self.args
         lines = self.lines
         t0 = self.context.t0 or 0.0
+        if self.plain and args.quiet:
+            self._tally(items)
+            return
         if self.plain:  # default output, nothing to filter or count: the bulk path
             append = lines.append
             pdus = flagged = 0
@@ -264,6 +267,35 @@ class Printer:
                 lines.append(summary_line(item, item.timestamp - t0))
         if len(lines) > 512:
             self.flush()
+
+    def _tally(self, items: list[BriefOutput]) -> None:
+        """The plain mode with ``-q``: count the PDUs, their findings and their ``-z
+        io,stat`` intervals, as the general path of :meth:`emit` does, without text."""
+        t0 = self.context.t0
+        ulp = self.ulp
+        io = self.io
+        pdus = flagged = 0
+        for item in items:
+            if type(item) is tuple:  # a BriefFpdu
+                payload = item[13]
+                if payload is not None and ulp is not None and item[7] == 0:
+                    info = ulp.send(item[2][0], item[2][1], payload, item[10])
+                    if info is not None and info.findings:
+                        flagged += 1
+                for stat in io:
+                    stat.add_at(item[1], item[14], t0)
+                pdus += 1
+            elif type(item) is PduRecord:
+                if ulp is not None:
+                    ulp(item)
+                if item.findings:
+                    flagged += 1
+                for stat in io:
+                    stat.add(item, t0)
+                pdus += 1
+        self.pdus += pdus
+        self.with_findings += flagged
+        self.shown = self.pdus
 
     @staticmethod
     def _json(item: PduRecord, ulp_info: Any) -> dict[str, Any]:

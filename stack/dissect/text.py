@@ -169,7 +169,7 @@ class BriefLines:
     @staticmethod
     def format(item: BriefFpdu, clock: str) -> str:
         """The line of ``item`` with ``clock`` as its time column (text, or "")."""
-        frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
+        frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _, _ = item
         key = (route, op, tagged, last, crc_ok, markers)
         template = _TEMPLATES.get(key) or _template(key)
         if tagged:
@@ -199,7 +199,7 @@ def summary_line(rec: PduRecord, time: float | None = None) -> str:
             plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
             f1, f2, f3, f4 = seg.qn, seg.msn, seg.mo, seg.inval_stag
         item = (rec.frame, rec.timestamp, route, seg.opcode, seg.tagged, f1, f2, f3, f4, plen,
-                seg.last, rec.crc_ok, len(rec.marker_ptrs), None)  # fmt: skip
+                seg.last, rec.crc_ok, len(rec.marker_ptrs), None, rec.wire_len)  # fmt: skip
         return brief_line(item, time)
     frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
     tail = head_text(route)

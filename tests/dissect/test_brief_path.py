@@ -28,13 +28,16 @@ def _text(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 
 def _both(
-    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...] = (),
 ) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
-    """(brief path output, reference path output) of ``iwarp dissect path``."""
-    brief = _text([str(path)], capsys)
+    """(brief path output, reference path output) of ``iwarp dissect path *args``."""
+    brief = _text([str(path), *args], capsys)
     with monkeypatch.context() as m:
         m.setattr("stack.cli.dissect.Dissector", lambda options, brief=False: Dissector(options))
-        reference = _text([str(path)], capsys)
+        reference = _text([str(path), *args], capsys)
     return brief, reference
 
 
@@ -157,3 +160,32 @@ def test_brief_lines_reuse_the_time_text_and_keep_percent_signs(tmp_path: Path) 
         moved = (*item[:2], odd, *item[3:])
         assert " fe80::1%eth0.40000 \u2192 100%:1 MPA/DDP/RDMAP " in brief_line(moved, 2.0)
         assert brief_line(moved).endswith(brief_line(item).split("MPA/DDP/RDMAP", 1)[1])
+
+
+QUIET = [("-q", "-z", "io,stat,0.0005"), ("-q", "--fail-on-findings"), ("-q", "--ulp", "none")]
+
+
+@pytest.mark.parametrize("args", QUIET, ids=lambda a: " ".join(a))
+def test_quiet_counts_are_the_same_on_the_brief_path(
+    args: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    whole = tmp_path / "whole.pcap"
+    generate(str(whole), 600, True)
+    gap = tmp_path / "gap.pcap"
+    gap.write_bytes(_cut(whole.read_bytes(), {200, 201}))
+    demo = tmp_path / "demo.pcap"
+    assert kbtp(["demo", "--quiet", "--ticket-timeout", "1", "-w", str(demo)]) == 0
+    statuses = set()
+    for path in [whole, gap, demo, *REFERENCE_PCAPS]:
+        brief, reference = _both(path, monkeypatch, capsys, args)
+        assert brief == reference, path.name
+        statuses.add(brief[0])
+        if "io,stat,0.0005" in args:
+            assert "IO Statistics" in brief[1]
+        else:
+            assert brief[1] == ""
+    if "--fail-on-findings" in args:
+        assert statuses == {0, 3}

@@ -490,7 +490,7 @@ class DirectionDecoder(Resync):
                         check_tagged(op, stag, to, size, last, flagged, peer)
                         if not flagged:
                             emit((frame, ts, route, op, True, stag, to, None, None, size, last,
-                                  verdict, nmarks, None))  # fmt: skip
+                                  verdict, nmarks, None, wire))  # fmt: skip
                     elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
                         _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(hbuf, hat)
                         if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
@@ -502,7 +502,8 @@ class DirectionDecoder(Resync):
                             if not flagged:
                                 emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
                                       verdict, nmarks,
-                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen]))  # fmt: skip
+                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
+                                      wire))  # fmt: skip
                     if size >= 0 and not flagged:
                         payload_bytes += size
                         fpdus += 1
