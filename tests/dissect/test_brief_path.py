@@ -4,15 +4,17 @@ what the reference path (a PduRecord per FPDU, :func:`summary_line`) prints."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kbtp.cli import main as kbtp
 from stack.cli.iwarp import main
-from stack.dissect import BriefLines, brief_line, summary_line
+from stack.dissect import BriefLines, brief_line, summary_line, verbose_lines
 from stack.dissect.decoder import Dissector, PduRecord
-from stack.pcap import read_tcp_segments
+from stack.pcap import TcpSegment, read_tcp_segments
 from stack.wire.events import ReadRequest, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
 from tools.bench_dissect import generate
@@ -189,3 +191,68 @@ def test_quiet_counts_are_the_same_on_the_brief_path(
             assert brief[1] == ""
     if "--fail-on-findings" in args:
         assert statuses == {0, 3}
+
+
+def test_ingest_many_is_ingest_of_each_segment(tmp_path: Path) -> None:
+    path = tmp_path / "bench.pcap"
+    generate(str(path), 300, True)
+    data = _cut(path.read_bytes(), {120, 121})  # a gap: the general path in the middle
+    segments = read_tcp_segments(data)
+    one = Dissector(None, brief=True)
+    each = []
+    for start in range(0, len(segments), 37):  # the same takes, segment by segment
+        for segment in segments[start : start + 37]:
+            one.ingest(segment)
+        each += one.take()
+    each += one.finish()
+    many = Dissector(None, brief=True)
+    seen: list[int] = []
+    got = []
+    for start in range(0, len(segments), 37):
+        batch = iter(segments[start : start + 37])
+        assert many.ingest_many(batch, lambda s: seen.append(s.frame)) == min(
+            37, len(segments) - start
+        )
+        got += many.take()
+    assert many.ingest_many(iter(())) == 0
+    got += many.finish()
+
+    def shown(items: list[Any]) -> list[object]:
+        return [
+            brief_line(i) if type(i) is tuple else verbose_lines(i) if type(i) is PduRecord else i
+            for i in items
+        ]
+
+    assert len(got) == len(each) > 300
+    assert shown(got) == shown(each)
+    assert seen == []  # nothing was cut by a snapshot length
+    assert (many.last_frame, many.last_ts) == (one.last_frame, one.last_ts)
+    assert [repr(s) for s in many.streams()] == [repr(s) for s in one.streams()]
+
+
+def test_ingest_many_shows_cut_segments_and_stays_consistent_when_reading_fails() -> None:
+    raw = (Path(__file__).parents[2] / "pcaps" / "term-read-bounds.pcap").read_bytes()
+    header = bytearray(raw[:24])
+    struct.pack_into("<I", header, 16, 96)
+    out, pos = [bytes(header)], 24
+    while pos < len(raw):
+        sec, usec, incl, orig = struct.unpack_from("<IIII", raw, pos)
+        body = raw[pos + 16 : pos + 16 + incl][:96]
+        out.append(struct.pack("<IIII", sec, usec, len(body), orig) + body)
+        pos += 16 + incl
+    segments = read_tcp_segments(b"".join(out))
+    cut = [s.frame for s in segments if s.missing]
+    assert cut
+    seen: list[int] = []
+    d = Dissector(None, brief=True)
+
+    def failing() -> Iterator[TcpSegment]:
+        yield from segments[:-1]
+        raise ValueError("the reader failed")
+
+    with pytest.raises(ValueError, match="reader failed"):
+        d.ingest_many(failing(), lambda s: seen.append(s.frame))
+    assert (d.last_frame, d.last_ts) == (segments[-2].frame, segments[-2].timestamp)
+    assert seen == [f for f in cut if f != segments[-1].frame]
+    assert d.ingest_many(segments[-1:], lambda s: seen.append(s.frame)) == 1
+    assert seen == cut
