@@ -25,6 +25,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any, TextIO
 
 from stack.cli import CliError, one_line_errors, positive_int
@@ -345,22 +346,15 @@ def _decode(
         break
     if printer.limit is None and conversations is None:
         # nothing to stop early for: the output of many segments is taken at once
-        ingest = dissector.ingest
+        ingest_many = dissector.ingest_many
         take = dissector.take
-        count = 0
-        for segment in segments:
-            if segment.missing:
-                snap(segment)
-            ingest(segment)
-            count += 1
-            if count == _BATCH:
-                count = 0
-                items = take()
-                if items:
-                    emit(items)
-        items = take()
-        if items:
-            emit(items)
+        while True:
+            count = ingest_many(islice(segments, _BATCH), snap)
+            items = take()
+            if items:
+                emit(items)
+            if count < _BATCH:
+                break
     elif not printer.done:
         for segment in segments:
             if segment.missing:

@@ -16,6 +16,7 @@ from stack.cli import CliError
 from stack.constants import SEND_OPCODES
 from stack.dissect import (
     HEX_DIGITS,
+    BriefLines,
     FieldContext,
     FieldsError,
     FieldsFormat,
@@ -24,7 +25,6 @@ from stack.dissect import (
     SnapTracker,
     Statistics,
     TcpConversations,
-    brief_line,
     compile_filter,
     json_object,
     note_line,
@@ -154,14 +154,15 @@ class Printer:
         if self.columns is not None and self.columns.show_header:
             self.lines.append(self.columns.header())
         self.ulp = ulp_annotator(args.ulp)
+        self._brief: BriefLines | None = None
         self.plain = mode == "text" and not (
-            args.quiet
-            or args.filter
+            args.filter
             or self.stats is not None
-            or self.io
             or args.count
             or args.write
+            or (self.io and not args.quiet)
         )
+        """The bulk path: BriefFpdu tuples, the default text or (``-q``) counts only."""
 
     @property
     def done(self) -> bool:
@@ -179,13 +180,20 @@ class Printer:
         args = self.args
         lines = self.lines
         t0 = self.context.t0 or 0.0
+        if self.plain and args.quiet:
+            self._tally(items)
+            return
         if self.plain:  # default output, nothing to filter or count: the bulk path
             append = lines.append
             pdus = flagged = 0
             ulp = self.ulp
+            brief = self._brief
+            if brief is None or brief.t0 != t0:
+                brief = self._brief = BriefLines(t0)
+            brief_line = brief.line
             for item in items:
                 if type(item) is tuple:  # a BriefFpdu: a clean FPDU of the decoder's bulk path
-                    line = brief_line(item, item[1] - t0)
+                    line = brief_line(item)
                     payload = item[13]
                     if payload is not None and ulp is not None and item[7] == 0:
                         info = ulp.send(item[2][0], item[2][1], payload, item[10])
@@ -259,6 +267,35 @@ class Printer:
                 lines.append(summary_line(item, item.timestamp - t0))
         if len(lines) > 512:
             self.flush()
+
+    def _tally(self, items: list[BriefOutput]) -> None:
+        """The plain mode with ``-q``: count the PDUs, their findings and their ``-z
+        io,stat`` intervals, as the general path of :meth:`emit` does, without text."""
+        t0 = self.context.t0
+        ulp = self.ulp
+        io = self.io
+        pdus = flagged = 0
+        for item in items:
+            if type(item) is tuple:  # a BriefFpdu
+                payload = item[13]
+                if payload is not None and ulp is not None and item[7] == 0:
+                    info = ulp.send(item[2][0], item[2][1], payload, item[10])
+                    if info is not None and info.findings:
+                        flagged += 1
+                for stat in io:
+                    stat.add_at(item[1], item[14], t0)
+                pdus += 1
+            elif type(item) is PduRecord:
+                if ulp is not None:
+                    ulp(item)
+                if item.findings:
+                    flagged += 1
+                for stat in io:
+                    stat.add(item, t0)
+                pdus += 1
+        self.pdus += pdus
+        self.with_findings += flagged
+        self.shown = self.pdus
 
     @staticmethod
     def _json(item: PduRecord, ulp_info: Any) -> dict[str, Any]:

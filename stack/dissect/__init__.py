@@ -44,6 +44,7 @@ from stack.dissect.stats import (
     parse_stat,
 )
 from stack.dissect.text import (
+    BriefLines,
     brief_line,
     head_text,
     note_line,
@@ -60,6 +61,7 @@ __all__ = [
     "HEX_DIGITS",
     "KIND_NAMES",
     "AnyOf",
+    "BriefLines",
     "brief_line",
     "FieldContext",
     "FieldsError",

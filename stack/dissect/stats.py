@@ -192,9 +192,13 @@ class IoStatistics:
         self.bytes: Counter[int] = Counter()
 
     def add(self, rec: PduRecord, t0: float | None) -> None:
-        index = int(max(0.0, rec.timestamp - (t0 or rec.timestamp)) // self.interval)
+        self.add_at(rec.timestamp, rec.wire_len, t0)
+
+    def add_at(self, timestamp: float, wire_len: int, t0: float | None) -> None:
+        """Count a PDU of ``wire_len`` bytes on the wire, seen at ``timestamp``."""
+        index = int(max(0.0, timestamp - (t0 or timestamp)) // self.interval)
         self.bins[index] += 1
-        self.bytes[index] += rec.wire_len
+        self.bytes[index] += wire_len
 
     def render(self) -> list[str]:
         lines = ["=" * 48, f"IO Statistics (interval {self.interval:g} s, PDUs shown)", "=" * 48]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from stack.dissect.decoder import BriefFpdu, Note, PduRecord
 
 __all__ = [
+    "BriefLines",
     "brief_line",
     "head_text",
     "note_line",
@@ -113,29 +114,75 @@ def head_text(route: tuple[int, str, str, str]) -> str:
     return tail
 
 
-def brief_line(item: BriefFpdu, time: float | None = None) -> str:
-    """The summary line of an FPDU with a header-less opcode and no findings, given as a
-    :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
-    tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
-    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
-    CRC verdict (MPA-12) and the marker count."""
-    frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _ = item
-    head = _HEADS.get(route) or head_text(route)
-    col = f"{frame:>6}" if time is None else f"{frame:>6} {time:>11.6f}"
+_Shape = tuple[tuple[int, str, str, str], int, bool, bool, bool | None, int]
+_TEMPLATES: dict[_Shape, str] = {}
+"""printf-style templates of brief lines by shape (route, opcode, tagged, L, CRC, markers)."""
+
+
+def _template(key: _Shape) -> str:
+    """The template of a brief line's shape: the fixed text with the varying fields as
+    conversions (frame, time text, then STag, TO, length, or QN, MSN, MO, length and the
+    Invalidate STag, which ``%.0s`` swallows for opcodes without one)."""
+    route, op, tagged, last, crc_ok, markers = key
     name = _NAMES.get(op) or opcode_name(op)
     end = _CRC_TEXT[crc_ok]
     if markers:
         end += f" markers={markers}"
     if last:
         end = " L" + end
+    fixed = (head_text(route) + "MPA/DDP/RDMAP " + name).replace("%", "%%")
+    end = end.replace("%", "%%")
     if tagged:
-        return f"{col}{head}MPA/DDP/RDMAP {name} STag=0x{f1:08x} TO=0x{f2:x} len={plen}{end}"
-    if op in _INVALIDATE:
-        return (
-            f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen} "
-            f"InvSTag=0x{f4 or 0:08x}{end}"
-        )
-    return f"{col}{head}MPA/DDP/RDMAP {name} QN={f1} MSN={f2} MO={f3} len={plen}{end}"
+        body = " STag=0x%08x TO=0x%x len=%s"
+    elif op in _INVALIDATE:
+        body = " QN=%s MSN=%s MO=%s len=%s InvSTag=0x%08x"
+    else:
+        body = " QN=%s MSN=%s MO=%s len=%s%.0s"
+    template = "%6d%s" + fixed + body + end
+    if len(_TEMPLATES) < 4096:
+        _TEMPLATES[key] = template
+    return template
+
+
+def brief_line(item: BriefFpdu, time: float | None = None) -> str:
+    """The summary line of an FPDU with a header-less opcode and no findings, given as a
+    :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
+    tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
+    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
+    CRC verdict (MPA-12) and the marker count."""
+    clock = "" if time is None else f" {time:>11.6f}"
+    return BriefLines.format(item, clock)
+
+
+class BriefLines:
+    """Summary lines of a run of :data:`~stack.dissect.decoder.records.BriefFpdu` tuples,
+    as :func:`brief_line` writes them, with the time column relative to ``t0``: the
+    formatted time is reused while the timestamp repeats (the FPDUs of one segment)."""
+
+    __slots__ = ("t0", "_ts", "_clock")
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self._ts: float | None = None
+        self._clock = ""
+
+    @staticmethod
+    def format(item: BriefFpdu, clock: str) -> str:
+        """The line of ``item`` with ``clock`` as its time column (text, or "")."""
+        frame, _, route, op, tagged, f1, f2, f3, f4, plen, last, crc_ok, markers, _, _ = item
+        key = (route, op, tagged, last, crc_ok, markers)
+        template = _TEMPLATES.get(key) or _template(key)
+        if tagged:
+            return template % (frame, clock, f1, f2, plen)
+        return template % (frame, clock, f1, f2, f3, plen, f4 or 0)
+
+    def line(self, item: BriefFpdu) -> str:
+        """The summary line of ``item`` (time column: its timestamp minus ``t0``)."""
+        ts = item[1]
+        if ts != self._ts:
+            self._ts = ts
+            self._clock = " %11.6f" % (ts - self.t0)
+        return self.format(item, self._clock)
 
 
 def summary_line(rec: PduRecord, time: float | None = None) -> str:
@@ -152,7 +199,7 @@ def summary_line(rec: PduRecord, time: float | None = None) -> str:
             plen = seg.ulpdu_len - DDP_UNTAGGED_HDR_LEN
             f1, f2, f3, f4 = seg.qn, seg.msn, seg.mo, seg.inval_stag
         item = (rec.frame, rec.timestamp, route, seg.opcode, seg.tagged, f1, f2, f3, f4, plen,
-                seg.last, rec.crc_ok, len(rec.marker_ptrs), None)  # fmt: skip
+                seg.last, rec.crc_ok, len(rec.marker_ptrs), None, rec.wire_len)  # fmt: skip
         return brief_line(item, time)
     frame = f"{rec.frame:>6}" if time is None else f"{rec.frame:>6} {time:>11.6f}"
     tail = head_text(route)

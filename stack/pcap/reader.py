@@ -125,6 +125,8 @@ def _walk_pcap(
         need = ETH_IPV4_TCP.size
         inline = linktype == LINKTYPE_ETHERNET and not frames
         names: dict[int, str] = {}
+        last_src = last_dst = -1  # IPv4 addresses of src_name and dst_name
+        src_name = dst_name = ""
         stats.linktypes.add(linktype)
         size = len(buf)
         offset = PCAP_FILE_HEADER_LEN
@@ -177,12 +179,18 @@ def _walk_pcap(
                     end = ip_end if ip_end <= incl_len else incl_len
                     if hlen >= 20 and start <= end:
                         tcp_count += 1
-                        src_name = names.get(src)
-                        if src_name is None:
-                            src_name = names[src] = address(src.to_bytes(4, "big"))
-                        dst_name = names.get(dst)
-                        if dst_name is None:
-                            dst_name = names[dst] = address(dst.to_bytes(4, "big"))
+                        if src != last_src:  # the addresses of the frame before, mostly
+                            cached = names.get(src)
+                            if cached is None:
+                                cached = names[src] = address(src.to_bytes(4, "big"))
+                            src_name = cached
+                            last_src = src
+                        if dst != last_dst:
+                            cached = names.get(dst)
+                            if cached is None:
+                                cached = names[dst] = address(dst.to_bytes(4, "big"))
+                            dst_name = cached
+                            last_dst = dst
                         yield TcpSegment(
                             number,
                             ts_sec + ts_frac * scale,

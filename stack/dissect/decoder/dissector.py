@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from stack.dissect.decoder.common import _TCP_SPECIAL
@@ -100,37 +100,68 @@ class Dissector(Generic[OutputT]):
     def ingest(self, segment: TcpSegment) -> None:
         """Decode ``segment``, keeping what it completes for :meth:`take` (a caller
         that takes the output of many segments at once saves a call per segment)."""
-        frame = self.last_frame = segment.frame
-        ts = self.last_ts = segment.timestamp
-        flags = segment.flags
-        if not flags & _TCP_SPECIAL and not segment.missing:
-            # bulk path: the next in-order bytes of a known connection, straight to MPA
-            # (the same steps as TcpReassembler.feed's fast path, without event objects)
-            route = self._routes.get((segment.src, segment.sport, segment.dst, segment.dport))
-            if route is not None:
-                half, other, conn, mpa_half = route
-                base_seq = half.base_seq
-                if (
-                    base_seq is not None
-                    and half.fin_offset is None
-                    and not half._pending
-                    and not other._pending
-                ):
-                    nxt = half.next_offset
-                    if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
-                        payload = segment.payload
-                        size = len(payload)
-                        if size:
-                            half.next_offset = nxt + size
-                            half.delivered_bytes += size
-                            half._recent.append((nxt, payload))
-                            if frame > conn.last_frame:
-                                conn.last_frame = frame
-                            if mpa_half.mode is _FPDU and not mpa_half.chunks and mpa_half.bulk:
-                                mpa_half.walk_plain(payload, nxt, frame, ts)
-                            else:
-                                mpa_half.push(payload, nxt, frame, ts)
-                        return
+        self.ingest_many((segment,))
+
+    def ingest_many(
+        self, segments: Iterable[TcpSegment], cut: Callable[[TcpSegment], object] | None = None
+    ) -> int:
+        """:meth:`ingest` every segment of ``segments`` in turn; return how many there were.
+
+        One call for a batch: the bulk path (the next in-order bytes of a known connection
+        go straight to MPA) runs without a call per segment.  ``cut`` is called with each
+        segment whose snapshot length cut its payload, before it is decoded.
+        """
+        routes = self._routes
+        count = 0
+        frame = self.last_frame
+        ts = self.last_ts
+        try:
+            for segment in segments:
+                count += 1
+                frame = segment.frame
+                ts = segment.timestamp
+                if not segment.flags & _TCP_SPECIAL and not segment.missing:
+                    # bulk path (the same steps as TcpReassembler.feed's fast path, without
+                    # event objects)
+                    route = routes.get((segment.src, segment.sport, segment.dst, segment.dport))
+                    if route is not None:
+                        half, other, conn, mpa_half = route
+                        base_seq = half.base_seq
+                        if (
+                            base_seq is not None
+                            and half.fin_offset is None
+                            and not half._pending
+                            and not other._pending
+                        ):
+                            nxt = half.next_offset
+                            if segment.seq == (base_seq + nxt) & 0xFFFFFFFF:
+                                payload = segment.payload
+                                size = len(payload)
+                                if size:
+                                    half.next_offset = nxt + size
+                                    half.delivered_bytes += size
+                                    half._recent.append((nxt, payload))
+                                    if frame > conn.last_frame:
+                                        conn.last_frame = frame
+                                    if (
+                                        mpa_half.mode is _FPDU
+                                        and not mpa_half.chunks
+                                        and mpa_half.bulk
+                                    ):
+                                        mpa_half.walk_plain(payload, nxt, frame, ts)
+                                    else:
+                                        mpa_half.push(payload, nxt, frame, ts)
+                                continue
+                elif cut is not None and segment.missing:
+                    cut(segment)
+                self._general(segment, ts)
+        finally:
+            self.last_frame = frame
+            self.last_ts = ts
+        return count
+
+    def _general(self, segment: TcpSegment, ts: float) -> None:
+        """The general path of one segment: TCP reassembly events, then MPA."""
         tcp_conn, side, events = self.tcp.feed(segment)
         user = tcp_conn.user
         conn = user if isinstance(user, ConnectionDecoder) else self._conn(tcp_conn)
@@ -142,7 +173,7 @@ class Dissector(Generic[OutputT]):
             conn.halves[side],
         )
         if events:
-            conn.events(side, events, segment.timestamp)
+            conn.events(side, events, ts)
         deferred = self.tcp.deferred
         if deferred:
             for other_conn, other_side, other_events in deferred:

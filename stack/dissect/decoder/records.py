@@ -132,6 +132,7 @@ BriefFpdu = tuple[
     bool | None,  # CRC good (True), or None when CRC is off
     int,  # markers in the FPDU
     "bytes | memoryview | None",  # untagged: the DDP payload (tagged: None)
+    int,  # the FPDU's length on the wire (markers included)
 ]
 """A clean FPDU as ``Dissector(brief=True)`` yields it, instead of a :class:`PduRecord`:
 a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4: RDMA Write, Read Response or a

@@ -375,6 +375,7 @@ class DirectionDecoder(Resync):
         end is buffered for :meth:`push`.  Anything unusual (bad CRC, a marker that is
         not as expected, non-zero PAD, an undecodable ULPDU, the first FPDU of a direction,
         a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
+        The caller has counted ``frame`` in the connection's ``last_frame``.
         """
         conn = self.conn
         ctx = self._bulk
@@ -404,10 +405,11 @@ class DirectionDecoder(Resync):
         pos = 0
         crc_on = self.crc
         verdict = True if crc_on else None
-        fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
+        fpdus = ulpdu_bytes = payload_bytes = 0  # wire bytes: pos, every FPDU counted
         markers = self.markers
         seq_start = self.seq_start
-        first_missing = first_frames[self.side] is None
+        # the first FPDU of a direction and a pending gap finding take the general path
+        general = pending or first_frames[self.side] is None
         ptrs: tuple[int, ...] = ()
         offsets: tuple[int, ...] = ()
         reserved: tuple[int, ...] = ()
@@ -470,8 +472,7 @@ class DirectionDecoder(Resync):
             if not (
                 odd
                 or (crc_on and crc_value != crc_field)
-                or first_missing
-                or pending
+                or general
                 or odd_pad
                 or ulen > MULPDU_MAX
             ):
@@ -490,7 +491,7 @@ class DirectionDecoder(Resync):
                         check_tagged(op, stag, to, size, last, flagged, peer)
                         if not flagged:
                             emit((frame, ts, route, op, True, stag, to, None, None, size, last,
-                                  verdict, nmarks, None))  # fmt: skip
+                                  verdict, nmarks, None, wire))  # fmt: skip
                     elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
                         _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(hbuf, hat)
                         if qn == 0 and (not inval or uc in _FAST_INVALIDATE_OPS):
@@ -502,11 +503,11 @@ class DirectionDecoder(Resync):
                             if not flagged:
                                 emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
                                       verdict, nmarks,
-                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen]))  # fmt: skip
+                                      hbuf[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
+                                      wire))  # fmt: skip
                     if size >= 0 and not flagged:
                         payload_bytes += size
                         fpdus += 1
-                        wire_bytes += wire
                         ulpdu_bytes += ulen
                         pos = end
                         continue
@@ -518,7 +519,7 @@ class DirectionDecoder(Resync):
                     pass
             if segment is None:
                 # the general path (findings, first-FPDU checks, lost framing, bad ULPDU)
-                self._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+                self._count(fpdus, pos, ulpdu_bytes, payload_bytes)
                 self._hold_rest(data, pos, offset, frame, ts)
                 self.run(False)
                 return
@@ -537,17 +538,14 @@ class DirectionDecoder(Resync):
                             pad, offsets, ptrs, reserved, segment, ulpdu)
             )  # fmt: skip
             fpdus += 1
-            wire_bytes += wire
             ulpdu_bytes += ulen
             pos = end
         if fpdus:  # as _count, written out: one call less per segment
             info.pdus += fpdus
             info.fpdus += fpdus
-            info.wire_bytes += wire_bytes
+            info.wire_bytes += pos
             info.ulpdu_bytes += ulpdu_bytes
             info.payload_bytes += payload_bytes
-        if frame > conn.last_frame:
-            conn.last_frame = frame
         if pos < n:
             self._hold_rest(data, pos, offset, frame, ts)
             left = n - pos
