@@ -196,7 +196,8 @@ class IoStatistics:
 
     def add_at(self, timestamp: float, wire_len: int, t0: float | None) -> None:
         """Count a PDU of ``wire_len`` bytes on the wire, seen at ``timestamp``."""
-        index = int(max(0.0, timestamp - (t0 or timestamp)) // self.interval)
+        start = timestamp if t0 is None else t0  # a capture may start at time 0.0
+        index = int(max(0.0, timestamp - start) // self.interval)
         self.bins[index] += 1
         self.bytes[index] += wire_len
 

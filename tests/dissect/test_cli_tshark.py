@@ -161,6 +161,32 @@ def test_z_takes_tshark_arguments_and_leaves_the_file_alone(capture: Path, capsy
     assert "positive interval" in _error(capsys, "-z", "io,stat,0", str(capture))
 
 
+def _retimed(data: bytes, first: int) -> bytes:
+    """The capture with record k stamped at ``first + k`` seconds (pcap record headers)."""
+    out, pos, k = bytearray(data[:24]), 24, 0
+    while pos < len(data):
+        incl = struct.unpack_from("<I", data, pos + 8)[0]
+        out += struct.pack("<II", first + k, 0) + data[pos + 8 : pos + 16 + incl]
+        pos, k = pos + 16 + incl, k + 1
+    return bytes(out)
+
+
+def test_io_stat_intervals_count_from_the_first_packet_even_at_time_zero(
+    capture: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``-z io,stat`` bins by time since the first packet, as tshark does: a capture that
+    starts at the epoch (0.0) bins exactly like the same capture five seconds later."""
+    tables = []
+    for first in (0, 5):
+        path = tmp_path / f"at{first}.pcap"
+        path.write_bytes(_retimed(capture.read_bytes(), first))
+        out = _out(capsys, "-q", "-z", "io,stat,1", str(path))
+        tables.append(out.split("IO Statistics")[1])
+    assert tables[0] == tables[1]
+    rows = [line for line in tables[0].splitlines() if "<>" in line]
+    assert sum(int(line.split()[-2]) > 0 for line in rows) > 1, tables[0]
+
+
 def test_json_with_statistics_keeps_stdout_json(capture: Path, capsys) -> None:
     assert main(["dissect", str(capture), "--json", "-z", "iwarp"]) == 0
     captured = capsys.readouterr()
