@@ -1,12 +1,11 @@
 """Registered memory both benchmark halves use: access rights, polling for a landed Write.
 
 A Write leaves no completion at its target, so Write latency is measured as perftest
-measures it: each side polls the last byte of its region for the peer's ping or pong.
+measures it: each side watches the last byte of its region for the peer's ping or pong
+(waking when the QP places a Write, where perftest spins).
 """
 
 from __future__ import annotations
-
-import time
 
 import trio
 
@@ -15,24 +14,32 @@ from stack.rnic import Access, QpState, QueuePair
 from stack.rnic.memory import MemoryRegion
 
 REMOTE_ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-SPIN_SECONDS = 200e-6
-BACKOFF_SECONDS = 20e-6
+WAKE_SECONDS = 0.05
+"""The longest a Write-latency waiter sleeps before it looks at the memory and the QP."""
 LIVE = (QpState.IDLE, QpState.RTS)
 """QP states of a usable connection (IDLE until the driver's first run step)."""
 
 
 async def wait_for_byte(buf: memoryview, index: int, value: int, qp: QueuePair) -> None:
-    """Poll registered memory until ``buf[index] == value`` (a Write has landed).
+    """Wait until ``buf[index] == value`` (a Write has landed).
 
-    Busy-polls (a trio checkpoint per look, as perftest spins on memory) for SPIN_SECONDS,
-    then looks every BACKOFF_SECONDS so an idle or starved process gives its CPU away.
-    Raises BenchError when the QP leaves RTS.
+    perftest spins on the memory; here the wait sleeps until the QP reports a Write
+    segment placed (``QueuePair.on_remote_write``), so ``--cpu`` counts the stack's work,
+    not the spinning.  Looks again every WAKE_SECONDS whatever happens; raises BenchError
+    when the QP leaves RTS.
     """
-    spin_until = time.perf_counter() + SPIN_SECONDS
     while buf[index] != value:
         if qp.state not in LIVE:
             raise BenchError(f"QP went to {qp.state.value} during Write ping-pong")
-        await trio.sleep(0 if time.perf_counter() < spin_until else BACKOFF_SECONDS)
+        landed = trio.Event()
+        qp.on_remote_write = landed.set
+        try:
+            if buf[index] == value:  # it landed before the hook was in place
+                return
+            with trio.move_on_after(WAKE_SECONDS):
+                await landed.wait()
+        finally:
+            qp.on_remote_write = None
 
 
 def dereg(mr: MemoryRegion) -> None:

@@ -140,6 +140,8 @@ class QueuePair(QpSend):
                 self.table, self.pd, stag, to, len(data), _REMOTE_WRITE, DDP_TAGGED_CODES, self
             )
             view[:] = data
+        if self.on_remote_write is not None:
+            self.on_remote_write()
 
     def _on_read_request_received(self, event: ReadRequestReceived) -> None:
         self._take_ird("Read Request")

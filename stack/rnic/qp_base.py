@@ -220,6 +220,10 @@ class QpBase:
         self.on_output: Callable[[], None] | None = None
         """Called when the outbound queue becomes non-empty, or a closing send queue has
         drained (the transport's wake-up); once per post list (:meth:`_notify_output`)."""
+        self.on_remote_write: Callable[[], None] | None = None
+        """Called after each RDMA Write segment lands in this QP's memory (a software-RNIC
+        extension: a Write leaves no completion at its target, RFC 5040 §5.1, so a waiter
+        for its data can sleep on this instead of spinning on the memory)."""
         self._batching = False  # a post list is being processed: on_output waits for it
         self._output_deferred = False  # on_output was due while batching
         self.async_events = async_events

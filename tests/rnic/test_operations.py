@@ -19,6 +19,7 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.wire.atomics import fetch_add
+from stack.wire.events import MpaSettings
 from tests.rnic.helpers import Pair
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
@@ -502,3 +503,25 @@ def test_rdmap_14_the_read_rtr_counts_against_ord() -> None:
     p.pump()
     assert p.a.qp.ord_reserved == 0
     assert [wc.status for wc in p.a.cq.poll(4)] == [WcStatus.SUCCESS]
+
+
+def test_on_remote_write_fires_once_per_placed_write_segment_with_the_data_in_place() -> None:
+    """RFC 5040 §5.1: a Write completes nothing at its target; the software RNIC's
+    ``on_remote_write`` hook reports each placed segment (a Send does not call it)."""
+    p = Pair(MpaSettings(mulpdu=512), MpaSettings(mulpdu=512))
+    target = p.b.mr(4096, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    seen: list[bytes] = []
+    p.b.qp.on_remote_write = lambda: seen.append(bytes(target.buf[:1500]))
+    p.b.qp.post_recv(RecvWR(1, (p.b.sge(p.b.mr(64, Access.LOCAL_WRITE)),)))
+    data = bytes(range(256)) * 6  # 1536 octets: several tagged segments at MULPDU 512
+    src = p.a.mr(data)
+    p.a.qp.post_send(SendWR(1, WrOpcode.SEND, (p.a.sge(src, 0, 16),)))
+    p.pump()
+    assert seen == []
+    p.a.qp.post_send(
+        SendWR(2, WrOpcode.RDMA_WRITE, (p.a.sge(src),), rkey=target.rkey, remote_addr=target.base)
+    )
+    p.pump()
+    assert len(seen) > 2 and bytes(target.buf[:1536]) == data
+    assert seen[-1] == data[:1500]  # the last call comes after the last octets landed
+    assert all(a != b for a, b in zip(seen, seen[1:], strict=False))  # each placed more
