@@ -73,7 +73,14 @@ from kbtp.target_actions import (
 )
 from kbtp.target_config import TargetConfig, plan_target_layout
 from kbtp.target_core import TargetCore
-from kbtp.target_offload import arm, chain_fallbacks, chain_runs, session_chain
+from kbtp.target_offload import (
+    StoreMarks,
+    arm,
+    chain_fallbacks,
+    chain_runs,
+    session_chain,
+    unsealed_load_handle,
+)
 from kbtp.target_offload_alloc import (
     AllocLog,
     alloc_store_branches,
@@ -123,6 +130,8 @@ _CLOSE_MARKER = (1 << 64) - 1
 """wr_id of the marker behind a CloseSession's Sends: when it completes, the Terminate."""
 
 
+STORE_POLL_SECONDS = 0.0002
+"""How often an ALLOW_UNSEALED LOAD held behind an offloaded STORE looks again (§8.1)."""
 WRITE_COPY_LIMIT = 256 * 1024
 """RDMA Writes up to this length carry a copy of the block (see ``KbtpTarget._apply``)."""
 
@@ -169,6 +178,7 @@ class TargetSession:
     chain_runs: int = 0  # requests the RNIC answered, as of the last tick
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
     credits: CreditCount | None = None  # the chain's runs against the credits (§8.1)
+    marks: StoreMarks | None = None  # handles whose offloaded STORE is mid-Read (§8.1)
     backlog: bool = False  # the next receive fell back from the chain's queue (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
@@ -287,8 +297,12 @@ class KbtpTarget:
             sess.regions.append(mr)
             sess.credits = CreditCount(mr)
             sess.credits.publish(self.core.credits_left(sess.sid))
+        if stores and ini is not None and ini.handle_count and sess.marks is None:
+            mr = sess.pd.reg_mr(bytearray(ini.handle_count), Access.LOCAL_WRITE)
+            sess.regions.append(mr)
+            sess.marks = StoreMarks(mr, ini)
         if ring is None or ini is None:
-            return session_chain(layout, lkey, ini, stores, credits=sess.credits)
+            return session_chain(layout, lkey, ini, stores, credits=sess.credits, marks=sess.marks)
         if sess.alloc_log is None:
             mr = sess.pd.reg_mr(bytearray(AllocLog.SIZE), Access.LOCAL_WRITE)
             sess.regions.append(mr)
@@ -296,7 +310,7 @@ class KbtpTarget:
         part = next(p for p in layout.partitions if p.ring == ring)
         more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
         more += free_branches(layout, lkey, ini, part, sess.alloc_log)
-        return session_chain(layout, lkey, ini, stores, more, sess.credits)
+        return session_chain(layout, lkey, ini, stores, more, sess.credits, sess.marks)
 
     def _offloaded(self, sess: TargetSession, now: float) -> None:
         """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
@@ -433,9 +447,33 @@ class KbtpTarget:
             self._draining = []
             try:
                 for wc in batch:
+                    if self.offload and (owner := self._storing(sess, wc)) is not None:
+                        self._post_drain()  # a drain never spans an await
+                        await self._behind_store(*owner)
+                        self._draining = []
                     self._on_wc(sess, wc)
             finally:
                 self._post_drain()
+
+    def _storing(self, sess: TargetSession, wc: WorkCompletion) -> tuple[StoreMarks, int] | None:
+        """For a received ALLOW_UNSEALED LOAD whose handle another session's offloaded STORE
+        has mid-Read: that session's marks and the handle (docs/kbtp.md §6.0, §8.1)."""
+        if wc.opcode is not WcOpcode.RECV or wc.status is not WcStatus.SUCCESS:
+            return None
+        start = wc.wr_id * sess.recv_size
+        handle = unsealed_load_handle(bytes(sess.recv_mr.buf[start : start + wc.byte_len]))
+        if handle is None:
+            return None
+        for other in self.sessions.values():
+            if other is not sess and other.marks is not None and other.marks.busy(handle):
+                return other.marks, handle
+        return None
+
+    async def _behind_store(self, marks: StoreMarks, handle: int) -> None:
+        """Wait until the STORE's entry write has cleared its mark, or its session ended
+        (its chain flushed: the STORE never completes)."""
+        while any(s.marks is marks for s in self.sessions.values()) and marks.busy(handle):
+            await trio.sleep(STORE_POLL_SECONDS)
 
     def _post_drain(self) -> None:
         """End of a drain: every session's receives are reposted, then its answers go out

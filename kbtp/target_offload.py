@@ -50,6 +50,7 @@ from stack.rnic import (
     Cmp,
     Guard,
     LocalWrite,
+    MemoryRegion,
     Patch,
     PatchField,
     QueuePair,
@@ -67,12 +68,14 @@ if TYPE_CHECKING:
 __all__ = [
     "OFFLOADED_OPCODES",
     "SESSION_CHAIN_WR_ID",
+    "StoreMarks",
     "arm",
     "chain_fallbacks",
     "chain_runs",
     "load_branches",
     "session_chain",
     "store_branches",
+    "unsealed_load_handle",
 ]
 
 SESSION_CHAIN_WR_ID = (1 << 64) - 2
@@ -100,6 +103,11 @@ def _field(part: Part, name: str, base: int = 0) -> tuple[int, int]:
 
 def _req(part: Part, name: str, base: int = 0) -> Ref:
     return Ref.recv(*_field(part, name, base))
+
+
+_OPCODE = _field(HEADER, "opcode")[0]
+_FLAGS = _field(HEADER, "flags")
+_HANDLE = _field(HEADER, "handle")
 
 
 class Request:
@@ -217,9 +225,48 @@ def load_branches(layout: TargetLayout, lkey: int) -> list[Branch]:
     return branches_of((write, send), patches, guards, req, RequestFlag.NONE)
 
 
-def store_branches(layout: TargetLayout, lkey: int, initiator: InitiatorConfig) -> list[Branch]:
+class StoreMarks:
+    """One octet per handle of an initiator, in registered scratch memory: its offloaded
+    mapped STORE sets it before the Read and clears it after the entry write, so the
+    binding can hold an ALLOW_UNSEALED LOAD of another session behind it (§6.0)."""
+
+    def __init__(self, mr: MemoryRegion, initiator: InitiatorConfig) -> None:
+        if mr.length < initiator.handle_count:
+            raise ValueError(f"store marks need {initiator.handle_count} octets")
+        self.mr = mr
+        self.handle_base = initiator.handle_base
+        self.handle_count = initiator.handle_count
+
+    def ref(self) -> Ref:
+        """The mark of the request's Handle (in range: the STORE guards check it first)."""
+        base = (self.mr.base - self.handle_base) & ALL_ONES_64
+        return Ref(self.mr.lkey, base, 1, index=_req(HEADER, "handle"), scale=1)
+
+    def busy(self, handle: int) -> bool:
+        """An offloaded STORE of ``handle`` is between its Read and its entry write."""
+        index = handle - self.handle_base
+        if not 0 <= index < self.handle_count:
+            return False
+        return self.mr.view(self.mr.base + index, 1)[0] != 0
+
+
+def unsealed_load_handle(message: bytes) -> int | None:
+    """The Handle of a LOAD with ALLOW_UNSEALED (§6.1), else None: what must wait behind an
+    offloaded STORE of the same handle from another session (§6.0)."""
+    if len(message) < COMMON_HEADER_LEN or message[_OPCODE] != MessageOpcode.LOAD:
+        return None
+    flags = int.from_bytes(message[_FLAGS[0] : _FLAGS[0] + _FLAGS[1]], "big")
+    if not flags & RequestFlag.ALLOW_UNSEALED:
+        return None
+    return int.from_bytes(message[_HANDLE[0] : _HANDLE[0] + _HANDLE[1]], "big")
+
+
+def store_branches(
+    layout: TargetLayout, lkey: int, initiator: InitiatorConfig, marks: StoreMarks | None = None
+) -> list[Branch]:
     """Mapped STORE (§6.2) by RDMA Read answered SUCCESS: the Read into the block, then
-    Data Length (and SEALED) in the entry, then the COMPLETION."""
+    Data Length (and SEALED) in the entry, then the COMPLETION; with ``marks`` the handle's
+    mark is set before the Read and cleared after the entry write."""
     req = Request(layout, lkey)
     guards = (
         *req.header(MessageOpcode.STORE, initiator.handle_base, initiator.handle_count),
@@ -237,20 +284,17 @@ def store_branches(layout: TargetLayout, lkey: int, initiator: InitiatorConfig) 
     record = LocalWrite(req.entry(ENTRY_DATA_LENGTH), req.length)
     seal = LocalWrite(req.entry(ENTRY_FLAGS), _READY.to_bytes(ENTRY_FLAGS[1], "big"))
     send, completion = req.completion(MessageOpcode.STORE, req.length)
-    out = branches_of(
-        (read, record, send),
-        [*read_patches, *shifted(completion, 2)],
-        guards,
-        req,
-        RequestFlag.NONE,
-    )
-    out += branches_of(
-        (read, record, seal, send),
-        [*read_patches, *shifted(completion, 3)],
-        guards,
-        req,
-        RequestFlag.SEAL,
-    )
+    before: tuple[ChainItem, ...] = ()
+    after: tuple[ChainItem, ...] = ()
+    if marks is not None:
+        before = (LocalWrite(marks.ref(), b"\x01"),)
+        after = (LocalWrite(marks.ref(), b"\x00"),)
+    first = len(before)
+    out: list[Branch] = []
+    for flag, steps in ((RequestFlag.NONE, (record,)), (RequestFlag.SEAL, (record, seal))):
+        items = (*before, read, *steps, *after, send)
+        patches = [*shifted(read_patches, first), *shifted(completion, len(items) - 1)]
+        out += branches_of(items, patches, guards, req, flag)
     return out
 
 
@@ -261,14 +305,16 @@ def session_chain(
     stores: bool,
     more: list[Branch] | None = None,
     credits: CreditCount | None = None,
+    marks: StoreMarks | None = None,
 ) -> Chain:
     """The chain a session pre-posts once its HELLO is accepted: LOAD, and with ``stores``
     the initiator's mapped STOREs, then ``more`` (ALLOC_STORE, kbtp.target_offload_alloc);
     re-armed after every request.  With ``credits`` every branch runs only within the
-    Request Credits (kbtp.target_offload_credits)."""
+    Request Credits (kbtp.target_offload_credits); with ``marks`` the STOREs mark their
+    handle while their Read is in flight (:class:`StoreMarks`)."""
     branches = load_branches(layout, lkey)
     if stores and initiator is not None:
-        branches += store_branches(layout, lkey, initiator)
+        branches += store_branches(layout, lkey, initiator, marks)
     branches += more or []
     if credits is not None:
         branches = [*map(credits.wrap, branches), credits.over_branch()]

@@ -312,3 +312,46 @@ async def test_s8_a_free_that_must_be_deferred_falls_back_and_stays_exact() -> N
             blocks = sorted(ring.available_blocks())
             assert len(blocks) == 5 and len(set(blocks)) == 5
             assert ring.tail()[0] == 11
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_s6_0_an_unsealed_load_from_another_session_waits_behind_a_store_mid_read(
+    offload: bool,
+) -> None:
+    """docs/kbtp.md §6.0: requests naming one handle take effect one at a time, whichever
+    session sends them.  An ALLOW_UNSEALED LOAD from B that arrives while A's STORE of the
+    block waits for its Read Response (held back at A) is answered only after the STORE,
+    with its Data Length and data, on both targets."""
+    b_ini = InitiatorConfig(b"b", 32, 8, 8, "red")
+    cfg = TargetConfig(block_size=BLOCK, pool_blocks=16, initiators=(A, b_ini), request_credits=8)
+    new = data(7, 2000)
+    with trio.fail_after(30):
+        async with (
+            KbtpTarget(cfg, offload=offload).running() as target,
+            connect(target) as a,
+            KbtpInitiator.connect("127.0.0.1", target.port, "b") as b,
+        ):
+            assert (await a.alloc_store(0, data(1, 10))).ok  # unsealed, 10 octets
+            held: list[Any] = []
+            answer = a.qp._on_read_request
+            a.qp._on_read_request = held.append  # type: ignore[method-assign]
+            got: dict[str, Any] = {}
+            sink = bytearray(BLOCK)
+
+            async def store() -> None:
+                got["store"] = await a.store(0, bytearray(new), inline=False)
+
+            async def unsealed_load() -> None:
+                got["load"] = await b.load_into(0, sink, allow_unsealed=True, check=False)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store)
+                while not held:
+                    await trio.sleep(0.005)
+                nursery.start_soon(unsealed_load)
+                await trio.sleep(0.3)
+                assert "load" not in got  # behind the STORE, not answered with 10 octets
+                a.qp._on_read_request = answer  # type: ignore[method-assign]
+                answer(held.pop())
+            assert got["store"].ok and got["load"].ok
+            assert got["load"].data_length == 2000 and bytes(sink[:2000]) == new
