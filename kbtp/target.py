@@ -247,6 +247,8 @@ class KbtpTarget:
         self._tick_wake = trio.Event()
         self.sessions_served = 0
         self.write_copy_limit = WRITE_COPY_LIMIT
+        self._nursery: trio.Nursery | None = None
+        """The serving nursery: tasks that outlive a session (:meth:`_release_after_store`)."""
         self._draining: list[TargetSession] | None = None
         """While a drain is applied: the sessions with work in their outbox (else None)."""
 
@@ -366,6 +368,7 @@ class KbtpTarget:
                 listener = await cm.listen(host, port, settings=self.settings)
                 self.host, self.port = listener.host, listener.port
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     nursery.start_soon(self._ticker)
                     task_status.started(self.port)
                     async for request in listener:
@@ -447,33 +450,33 @@ class KbtpTarget:
             self._draining = []
             try:
                 for wc in batch:
-                    if self.offload and (owner := self._storing(sess, wc)) is not None:
-                        self._post_drain()  # a drain never spans an await
-                        await self._behind_store(*owner)
-                        self._draining = []
                     self._on_wc(sess, wc)
             finally:
                 self._post_drain()
 
-    def _storing(self, sess: TargetSession, wc: WorkCompletion) -> tuple[StoreMarks, int] | None:
-        """For a received ALLOW_UNSEALED LOAD whose handle another session's offloaded STORE
-        has mid-Read: that session's marks and the handle (docs/kbtp.md §6.0, §8.1)."""
-        if wc.opcode is not WcOpcode.RECV or wc.status is not WcStatus.SUCCESS:
-            return None
-        start = wc.wr_id * sess.recv_size
-        handle = unsealed_load_handle(bytes(sess.recv_mr.buf[start : start + wc.byte_len]))
-        if handle is None:
-            return None
+    def _hold_behind_store(self, sess: TargetSession, message: bytes) -> None:
+        """Before the core takes ``message`` of ``sess``: an ALLOW_UNSEALED LOAD of a handle
+        that another session's offloaded STORE has mid-Read locks the handle in the core
+        until the STORE is over, so the LOAD queues behind it as behind a software STORE
+        (docs/kbtp.md §6.0, §8.1); the session's other requests go on."""
+        handle = unsealed_load_handle(message)
+        if handle is None or self._nursery is None:
+            return
         for other in self.sessions.values():
-            if other is not sess and other.marks is not None and other.marks.busy(handle):
-                return other.marks, handle
-        return None
+            marks = other.marks
+            if other is not sess and marks is not None and marks.busy(handle):
+                if self.core.hold_handle(handle):
+                    self._nursery.start_soon(self._release_after_store, marks, handle)
+                return
 
-    async def _behind_store(self, marks: StoreMarks, handle: int) -> None:
+    async def _release_after_store(self, marks: StoreMarks, handle: int) -> None:
         """Wait until the STORE's entry write has cleared its mark, or its session ended
-        (its chain flushed: the STORE never completes)."""
-        while any(s.marks is marks for s in self.sessions.values()) and marks.busy(handle):
-            await trio.sleep(STORE_POLL_SECONDS)
+        (its chain flushed: the STORE never completes); then release the handle."""
+        try:
+            while any(s.marks is marks for s in self.sessions.values()) and marks.busy(handle):
+                await trio.sleep(STORE_POLL_SECONDS)
+        finally:
+            self._apply(self.core.release_handle(handle, trio.current_time()))
 
     def _post_drain(self) -> None:
         """End of a drain: every session's receives are reposted, then its answers go out
@@ -559,6 +562,8 @@ class KbtpTarget:
             fresh = sess.identity is None
             if sess.credits is not None:  # it fell back: the chain's runs count (§8.1)
                 self.core.offloaded_requests(sess.sid, *sess.credits.take())
+            if self.offload:
+                self._hold_behind_store(sess, data)
             actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
             if fresh:
                 sess.identity = self.core.session_identity(sess.sid)

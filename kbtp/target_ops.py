@@ -9,6 +9,8 @@ table changes only after the data has moved.
 
 from __future__ import annotations
 
+from collections import deque
+
 from kbtp.constants import (
     GENERATION_ANY,
     TABLE_ENTRY_LEN,
@@ -234,6 +236,21 @@ class RequestOps(CoreState):
         sess = self._sessions.get(session)
         if sess is not None:
             sess.offloaded = self.config.request_credits if over else runs
+
+    def hold_handle(self, handle: int) -> bool:
+        """An offloaded STORE of ``handle`` is mid-Read (docs/kbtp.md §8.1): lock the handle
+        so that its requests queue as behind one of the core's own (§6.0) until
+        :meth:`release_handle`.  False if it is locked already (they queue anyway)."""
+        if handle in self._busy:
+            return False
+        self._busy[handle] = deque()
+        return True
+
+    def release_handle(self, handle: int, now: float) -> list[Action]:
+        """The offloaded STORE :meth:`hold_handle` waited for is over: run what queued."""
+        out: list[Action] = []
+        self._release(handle, now, out)
+        return out
 
     def credits_left(self, session: int) -> int:
         """Request Credits minus the requests the core holds for ``session`` (§9.2)."""

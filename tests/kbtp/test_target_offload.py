@@ -321,7 +321,8 @@ async def test_s6_0_an_unsealed_load_from_another_session_waits_behind_a_store_m
     """docs/kbtp.md §6.0: requests naming one handle take effect one at a time, whichever
     session sends them.  An ALLOW_UNSEALED LOAD from B that arrives while A's STORE of the
     block waits for its Read Response (held back at A) is answered only after the STORE,
-    with its Data Length and data, on both targets."""
+    with its Data Length and data, on both targets; B's requests of other handles are
+    answered meanwhile."""
     b_ini = InitiatorConfig(b"b", 32, 8, 8, "red")
     cfg = TargetConfig(block_size=BLOCK, pool_blocks=16, initiators=(A, b_ini), request_credits=8)
     new = data(7, 2000)
@@ -332,6 +333,7 @@ async def test_s6_0_an_unsealed_load_from_another_session_waits_behind_a_store_m
             KbtpInitiator.connect("127.0.0.1", target.port, "b") as b,
         ):
             assert (await a.alloc_store(0, data(1, 10))).ok  # unsealed, 10 octets
+            assert (await a.alloc_store(1, data(2, 300), seal=True)).ok
             held: list[Any] = []
             answer = a.qp._on_read_request
             a.qp._on_read_request = held.append  # type: ignore[method-assign]
@@ -351,6 +353,9 @@ async def test_s6_0_an_unsealed_load_from_another_session_waits_behind_a_store_m
                 nursery.start_soon(unsealed_load)
                 await trio.sleep(0.3)
                 assert "load" not in got  # behind the STORE, not answered with 10 octets
+                with trio.fail_after(5):  # only that handle waits: B's other requests go on
+                    assert await b.load(1) == data(2, 300)
+                assert "load" not in got
                 a.qp._on_read_request = answer  # type: ignore[method-assign]
                 answer(held.pop())
             assert got["store"].ok and got["load"].ok
