@@ -295,24 +295,26 @@ class KbtpTarget:
         layout, lkey = self.core.layout, sess.local_mr.lkey
         ring = partition_ring(self.core, ini) if stores else None
         if sess.credits is None:
-            mr = sess.pd.reg_mr(bytearray(CreditCount.SIZE), Access.LOCAL_WRITE)
-            sess.regions.append(mr)
-            sess.credits = CreditCount(mr)
+            sess.credits = CreditCount(self._scratch(sess, CreditCount.SIZE))
             sess.credits.publish(self.core.credits_left(sess.sid))
         if stores and ini is not None and ini.handle_count and sess.marks is None:
-            mr = sess.pd.reg_mr(bytearray(ini.handle_count), Access.LOCAL_WRITE)
-            sess.regions.append(mr)
-            sess.marks = StoreMarks(mr, ini)
+            sess.marks = StoreMarks(self._scratch(sess, ini.handle_count), ini)
         if ring is None or ini is None:
             return session_chain(layout, lkey, ini, stores, credits=sess.credits, marks=sess.marks)
         if sess.alloc_log is None:
-            mr = sess.pd.reg_mr(bytearray(AllocLog.SIZE), Access.LOCAL_WRITE)
-            sess.regions.append(mr)
-            sess.alloc_log = AllocLog(mr)
+            sess.alloc_log = AllocLog(self._scratch(sess, AllocLog.SIZE))
         part = next(p for p in layout.partitions if p.ring == ring)
         more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
         more += free_branches(layout, lkey, ini, part, sess.alloc_log)
         return session_chain(layout, lkey, ini, stores, more, sess.credits, sess.marks)
+
+    @staticmethod
+    def _scratch(sess: TargetSession, size: int) -> MemoryRegion:
+        """``size`` octets of zeroed memory for the session's chain, registered for local
+        writes in its protection domain and deregistered with the session."""
+        mr = sess.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)
+        sess.regions.append(mr)
+        return mr
 
     def _offloaded(self, sess: TargetSession, now: float) -> None:
         """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
