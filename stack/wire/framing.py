@@ -33,8 +33,9 @@ buffer) until :meth:`~FpduDeframer.settle` copies the unread rest once, and hand
 only an FPDU that straddles chunks is joined (input is never re-copied per FPDU, wsproto's
 ``Buffer`` idea).  With markers the FPDU is checked where it lies too: the CRC over the
 view, the markers (one word every 128, 4-aligned) read by one strided slice and compared
-with a precomputed table in one go; the runs between them are cut by one precomputed
-getter and joined (the one copy), and an FPDU with no marker inside is not copied.
+with a precomputed table in one go; the FPDU is then copied once into a word array whose
+marker words one strided ``del`` removes (a C loop of memmoves, no object per run), and an
+FPDU with no marker inside is not copied.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
-from operator import itemgetter
+from collections.abc import Iterator
 from typing import Literal
 
 from stack.constants import (
@@ -132,19 +132,6 @@ _STAGE_SLACK = MPA_MARKER_INTERVAL + _PAD_AND_CRC.size  # stage bytes beyond a U
 _TxGeometry = tuple[int, int, memoryview, bytearray, int, bytearray]  # FpduFramer._grow_stage
 _WORD: Literal["I", "L"] = "I" if array("I").itemsize == MPA_MARKER_LEN else "L"
 _WORDS_PER_INTERVAL = MPA_MARKER_INTERVAL // MPA_MARKER_LEN
-_RxRuns = Callable[[memoryview], tuple[memoryview, ...]]
-_RX_RUNS: dict[int, _RxRuns] = {}
-"""``(offset % 512 >> 2) << 8 | inner markers`` -> :func:`_rx_runs` (made when first needed)."""
-
-
-def _rx_runs(lead: int, first: int, count: int) -> _RxRuns:
-    """A getter cutting an FPDU view with ``count`` inner markers into its unmarked runs in
-    one C call (MPA-10), from its length field on: up to the first marker, 508 bytes
-    between markers, then to the end (the PAD and CRC go with the ULPDU's length)."""
-    inner = [lead + first + MPA_MARKER_INTERVAL * k for k in range(count)]
-    ends: list[int | None] = [*inner, None]
-    starts = [lead, *(m + MPA_MARKER_LEN for m in inner)]
-    return itemgetter(*map(slice, starts, ends))
 
 
 class FpduFramer:
@@ -581,7 +568,7 @@ class FpduDeframer:
         words, read by one strided slice of the view and compared in one go with the
         precomputed ones (a mismatch is re-checked marker by marker with RESERVED and the
         low FPDUPTR bits ignored, MPA-06/MPA-08).  The ULPDU is the view itself when no
-        marker is inside it, else the runs between the markers joined (MPA-10).
+        marker is inside it, else a copy with the marker words deleted (MPA-10).
         """
         geometry = (self.offset % MPA_MARKER_INTERVAL) >> 2
         lead, first, index = _RX_GEOMETRY[geometry]
@@ -617,10 +604,12 @@ class FpduDeframer:
             marks = fpdu.cast(_WORD)[index::_WORDS_PER_INTERVAL].tobytes()
             if not _MARKERS[index].startswith(marks):
                 self._check_markers(marks, index)
-            runs = _RX_RUNS.get(geometry << 8 | count)
-            if runs is None:
-                runs = _RX_RUNS[geometry << 8 | count] = _rx_runs(lead, first, count)
-            ulpdu = memoryview(b"".join(runs(fpdu)))
+            # MPA-10: the markers cut out by one strided delete of their words (the
+            # leading one, at word 0, is on the same stride).
+            words = array(_WORD)
+            words.frombytes(fpdu)
+            del words[index::_WORDS_PER_INTERVAL]
+            ulpdu = memoryview(words).cast("B")
             start = MPA_LENGTH_LEN
         else:
             if lead and (buf[pos + 2] or buf[pos + 3] & _FPDUPTR_LOW_MASK):
