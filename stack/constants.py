@@ -83,6 +83,10 @@ IOV_MIN_PAYLOAD = 2048
 """Payloads this large are sent by reference (scatter-gather), smaller ones are copied."""
 IOV_MAX = 1024
 """Buffers one ``sendmsg`` takes at most (Linux UIO_MAXIOV)."""
+TCP_NOTSENT_LOWAT_UNLIMITED = 0
+"""``TCP_NOTSENT_LOWAT`` for bulk sockets: 0 is the kernel's own default (no limit beyond
+the send buffer).  trio sets 16 KiB, which ends every ``sendmsg`` of a bulk stream after
+16 KiB of unsent data and one segment: about 7 system calls and writable waits per MiB."""
 
 MPA_REPLY_TIMEOUT = 10.0
 """Seconds an initiator waits for the Reply (siw's value; RFC 5044 gives none)."""

@@ -11,6 +11,10 @@ QP (connection) count as the iWARP measurement:
   complete request it has received in one send.
 * Latency: the same exchange one at a time.
 
+Every raw socket queues unsent data up to its send buffer, as the iWARP driver's do
+(:func:`~stack.transport.sockopts.unlimit_unsent`: not trio's 16 KiB
+``TCP_NOTSENT_LOWAT``, which costs both sides a system call per 16 KiB).
+
 ``ratio`` is iWARP over raw: for bandwidth above 1 is better, for latency below 1 is
 better.  The second baseline, blocking sockets at both ends, is :mod:`stack.bench.blocking`.
 """

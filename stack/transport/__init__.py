@@ -13,6 +13,7 @@ from stack.transport.cm import (
 from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
 from stack.transport.sendq import SendQueue
+from stack.transport.sockopts import unlimit_unsent
 from stack.transport.tap import CaptureTap, pcap_tap_factory
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "RdmaConnection",
     "SendQueue",
     "pcap_tap_factory",
+    "unlimit_unsent",
 ]

@@ -16,6 +16,7 @@ from stack.constants import IOV_MAX
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
 from stack.transport import driver
 from stack.transport.sendq import SendQueue
+from stack.transport.sockopts import unlimit_unsent
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 
@@ -166,3 +167,23 @@ async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
         assert wc.status is WcStatus.SUCCESS
         assert bytes(target.buf) == bytes(expected)
         assert bytes(sink.buf) == bytes(expected)
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT")
+async def test_connections_queue_whole_send_buffers_not_trios_16_kib() -> None:
+    """trio's streams limit unsent data to 16 KiB (a sendmsg and a writable wait per 16 KiB
+    of a bulk send); the driver's sockets, both ends, are back at the kernel's default."""
+    option = socket.TCP_NOTSENT_LOWAT
+    async with tcp_pair() as (client, server):
+        for host in (client, server):
+            assert host.conn is not None
+            trio_sock = host.conn.stream.socket  # type: ignore[attr-defined]
+            assert trio_sock.getsockopt(socket.IPPROTO_TCP, option) == 0
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        async with (
+            listeners[0],
+            await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1]) as plain,
+        ):
+            assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == 16384  # trio's
+            unlimit_unsent(plain)
+            assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == 0
