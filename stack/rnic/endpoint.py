@@ -69,7 +69,7 @@ class QpEndpoint:
 
     @property
     def bulk(self) -> bool:
-        """The bulk receive path: tagged segments placed as they are deframed, with no event
+        """The bulk receive path: tagged and Send segments placed as they are deframed, no event
         each (:meth:`IwarpConnection.receive_data`), and a memoryview fed parsed in place
         (:meth:`feed`).  False: every ULPDU becomes an event from the engine's own copy
         (the reference path)."""
@@ -78,6 +78,7 @@ class QpEndpoint:
     @bulk.setter
     def bulk(self, on: bool) -> None:
         self.engine.tagged_placer = self.qp.place_tagged if on else None
+        self.engine.send_placer = self.qp.place_send if on else None
         self.engine.mpa.borrow_views = on
 
     def feed(self, data: bytes | bytearray | memoryview | None) -> bool:

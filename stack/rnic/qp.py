@@ -38,6 +38,7 @@ from stack.constants import (
     TERM_DDP_U_NO_BUFFER,
     TERM_DDP_U_TOO_LONG,
     TERM_RDMAP_CATASTROPHIC_STREAM,
+    Opcode,
 )
 from stack.errors import DdpError, ProtocolError, RdmapError
 from stack.rnic.memory import (
@@ -182,11 +183,47 @@ class QueuePair(QpSend):
             )
         return queue.popleft()
 
+    def place_send(
+        self,
+        opcode: Opcode,
+        msn: int,
+        mo: int,
+        payload: memoryview,
+        last: bool,
+        invalidate_stag: int | None,
+        ulpdu: memoryview,
+    ) -> bool:
+        """The bulk path for Send segments (a :data:`~stack.wire.stream.SendPlacer`): the
+        same placement and completion as :meth:`handle_event` of the segment's event, or
+        False (nothing done) where that would do more (:meth:`place_tagged`)."""
+        if self._lazy or self.state in _FAILED:
+            return False
+        try:
+            self._place_send(opcode, msn, mo, payload, last, invalidate_stag)
+        except ProtocolError as exc:
+            if exc.ulpdu is None:
+                exc.ulpdu = ulpdu
+            raise
+        return True
+
     def _on_send_segment(self, seg: SendSegment) -> None:
+        self._place_send(seg.opcode, seg.msn, seg.mo, seg.data, seg.last, seg.invalidate_stag)
+
+    def _place_send(
+        self,
+        opcode: Opcode,
+        msn: int,
+        mo: int,
+        data: memoryview,
+        last: bool,
+        invalidate_stag: int | None,
+    ) -> None:
+        """Untagged placement (RFC 5041 §4.2): at ``mo`` of the receive that MSN ``msn``
+        consumes (RDMAP-08), completed with the last segment."""
         recv = self._recv
-        if recv is None or recv.msn != seg.msn:
+        if recv is None or recv.msn != msn:
             wr = self._take_recv()
-            recv = _RecvInProgress(seg.msn, wr)
+            recv = _RecvInProgress(msn, wr)
             try:
                 for sge in wr.sg_list:
                     _mr, view = self._local(sge, _LOCAL_WRITE)
@@ -196,21 +233,21 @@ class QueuePair(QpSend):
                 self._complete_recv(wr, exc.status, WcOpcode.RECV)
                 raise RdmapError("RDMAP-08", str(exc), TERM_RDMAP_CATASTROPHIC_STREAM) from None
             self._recv = recv
-        end = seg.mo + len(seg.data)
+        end = mo + len(data)
         if end > recv.capacity:
             raise DdpError(
                 "RDMAP-08",
                 f"Send of at least {end} bytes exceeds the {recv.capacity}-byte receive buffer",
                 TERM_DDP_U_TOO_LONG,
             )
-        _scatter(recv.views, seg.mo, seg.data)
-        if not seg.last:
+        _scatter(recv.views, mo, data)
+        if not last:
             return
-        flags = WcFlags.SOLICITED if seg.opcode in SOLICITED_OPCODES else WcFlags.NONE
+        flags = WcFlags.SOLICITED if opcode in SOLICITED_OPCODES else WcFlags.NONE
         invalidated = None
-        if seg.invalidate_stag is not None:  # refused: the receive is flushed with the rest
-            remote_invalidate(self.table, self.pd, seg.invalidate_stag, self)
-            invalidated = seg.invalidate_stag
+        if invalidate_stag is not None:  # refused: the receive is flushed with the rest
+            remote_invalidate(self.table, self.pd, invalidate_stag, self)
+            invalidated = invalidate_stag
             flags |= WcFlags.WITH_INV
         self._recv = None
         self._complete_recv(

@@ -47,7 +47,7 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.mpa import MpaConnection
-from stack.wire.stream import RdmapStream, TaggedPlacer
+from stack.wire.stream import RdmapStream, SendPlacer, TaggedPlacer
 from stack.wire.terminate import build_terminate
 
 WRITE_RTR_STAG = 1
@@ -74,6 +74,9 @@ class IwarpConnection:
         self.tagged_placer: TaggedPlacer | None = None
         """The RNIC's placement of tagged segments for the bulk path (:meth:`receive_data`);
         None: every segment becomes an event."""
+        self.send_placer: SendPlacer | None = None
+        """The RNIC's placement of Send segments for the bulk path (with a
+        :attr:`tagged_placer`); None: Send segments become events."""
 
     @property
     def rtr_read_outstanding(self) -> bool:
@@ -105,9 +108,10 @@ class IwarpConnection:
         """Feed received bytes (a memoryview is parsed in place with
         :attr:`~stack.wire.mpa.MpaConnection.borrow_views`).
 
-        With a :attr:`tagged_placer`, tagged Write / Read Response segments that arrive
-        while no event is waiting are placed during this call, with no event (the bulk
-        path, :meth:`~stack.wire.stream.RdmapStream.place_tagged`); not while an RTR is
+        With a :attr:`tagged_placer`, tagged Write / Read Response segments (and Send
+        segments, with a :attr:`send_placer`) that arrive while no event is waiting are
+        placed during this call, with no event (the bulk path,
+        :meth:`~stack.wire.stream.RdmapStream.place_tagged`); not while an RTR is
         still to be absorbed (ERC-09), which needs the event.
         """
         mpa = self.mpa
@@ -120,6 +124,7 @@ class IwarpConnection:
             and not self._rtr_read_outstanding
         ):
             stream.placer = self.tagged_placer
+            stream.send_placer = self.send_placer
             mpa.ulpdu_sink = stream.place_tagged
         else:
             mpa.ulpdu_sink = None

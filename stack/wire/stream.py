@@ -116,6 +116,10 @@ RDMAP header check passes (DDP-01, RDMAP-01: DV=1, RV=1, reserved 0) -> (Write, 
 TaggedPlacer = Callable[[bool, bool, int, int, memoryview, memoryview], bool]
 """``placer(write, last, stag, to, payload, ulpdu)``: places a tagged segment (RFC 5041
 §4.1) and returns True, or returns False to have it delivered as an event instead."""
+SendPlacer = Callable[[Opcode, int, int, memoryview, bool, int | None, memoryview], bool]
+"""``placer(opcode, msn, mo, payload, last, invalidate_stag, ulpdu)``: places a segment of
+a Send-family message at ``mo`` of the posted receive (RFC 5041 §4.2) and returns True, or
+returns False, having changed nothing, to have it delivered as an event instead."""
 MAX_FINDINGS = 256
 """Non-fatal findings kept per stream (the oldest are kept; later ones are counted)."""
 
@@ -164,6 +168,9 @@ class RdmapStream:
         """Receive sequencing: MSN, MO and RsvdULP per queue (DDP-02, DDP-04..06)."""
         self.placer: TaggedPlacer | None = None
         """The bulk path's consumer of tagged segments (:meth:`place_tagged`)."""
+        self.send_placer: SendPlacer | None = None
+        """The bulk path's consumer of Send segments (:meth:`place_tagged`); None: they
+        become events."""
 
     # -- configuration -----------------------------------------------------------------
 
@@ -289,20 +296,63 @@ class RdmapStream:
 
     def place_tagged(self, ulpdu: memoryview) -> bool:
         """The bulk path: hand a tagged Write / Read Response segment that passes every
-        stream check (the :meth:`_fast_path` header test) straight to :attr:`placer`, with
-        no event; False (nothing changed) for anything else, which goes the event way.
+        stream check (the :meth:`_fast_path` header test) straight to :attr:`placer`, and
+        an in-sequence Send segment to :attr:`send_placer`, with no event; False (nothing
+        changed) for anything else, which goes the event way.
 
         ``ulpdu`` is a byte view (what the deframer hands out).  The placer runs the RNIC's
         checks (RFC 5041 §7.1, SEC-*) and raises their :class:`ProtocolError`.
         """
         if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not RecvState.OPEN:
             return False
-        tagged = _TAGGED_EXACT.get(ulpdu[0] << 8 | ulpdu[1])
+        b0 = ulpdu[0]
+        tagged = _TAGGED_EXACT.get(b0 << 8 | ulpdu[1])
+        if tagged is None:
+            if b0 & DDP_TAGGED or self.send_placer is None:
+                return False
+            return self._place_send(ulpdu)
         placer = self.placer
-        if tagged is None or placer is None:
+        if placer is None:
             return False
         _, _, stag, to = ddp.TAGGED_HDR.unpack_from(ulpdu)
         return placer(tagged[0], tagged[1], stag, to, ulpdu[DDP_TAGGED_HDR_LEN:], ulpdu)
+
+    def _place_send(self, view: memoryview) -> bool:
+        """The bulk path for a Send segment: the :meth:`_fast_path` checks (exact header,
+        QN 0, MSN and MO in sequence, DDP-02/DDP-04..06), then :attr:`send_placer`; the
+        sequencer advances as it does on the event path (also when placement fails with a
+        :class:`ProtocolError`), and not when the placer declines."""
+        b0 = view[0]
+        b1 = view[1]
+        n = len(view)
+        if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
+            return False
+        op = _FAST_SEND_CTRLS.get(b1)
+        if op is None:
+            return False
+        _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+        if qn or (inval and op not in _INVALIDATE_OPS):
+            return False
+        seq = self.sequencer
+        open_msg = seq.open_untagged.get(0)
+        if open_msg is None:
+            if mo or msn != seq.next_msn.get(0, 1):
+                return False
+        elif msn != open_msg[0] or mo != open_msg[1] or b1 != open_msg[2] or inval != open_msg[3]:
+            return False
+        last = b0 == _UNTAGGED_LAST
+        placer = self.send_placer
+        assert placer is not None
+        data = view[DDP_UNTAGGED_HDR_LEN:]
+        invalidate = inval if op in _INVALIDATE_OPS else None
+        try:
+            placed = placer(op, msn, mo, data, last, invalidate, view)
+        except ProtocolError:
+            seq.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
+            raise
+        if placed:
+            seq.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
+        return placed
 
     def _process(self, view: memoryview) -> list[RdmapEvent]:
         chk = Checker(strict=True)

@@ -175,6 +175,12 @@ async def test_connections_queue_whole_send_buffers_not_trios_16_kib() -> None:
     of a bulk send); the driver's sockets, both ends, are back at the kernel's default."""
     option = socket.TCP_NOTSENT_LOWAT
     async with tcp_pair() as (client, server):
+        source = server.mr(64, Access.LOCAL_WRITE | Access.REMOTE_READ)
+        sink = client.sge(client.mr(64))
+        wr = SendWR(1, WrOpcode.RDMA_READ, (sink,), rkey=source.rkey, remote_addr=source.base)
+        client.qp.post_send(wr)  # a Read answered: both pumps have started
+        with trio.fail_after(10):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
         for host in (client, server):
             assert host.conn is not None
             trio_sock = host.conn.stream.socket  # type: ignore[attr-defined]

@@ -135,9 +135,10 @@ def test_mpa_15_chunking_never_changes_placement_or_completions(
 # segments as they are deframed from borrowed views of a reused buffer (the driver's
 # recv_into), the other turns every ULPDU into an event from its own bytes.  Placements,
 # completions, async events, errors and the Terminate sent must be the same, for good
-# streams and for bad ones (CRC, STag, bounds, truncation and FIN mid-FPDU).
+# streams and for bad ones (CRC, STag, bounds, Send MSN and MO out of sequence,
+# truncation and FIN mid-FPDU).
 
-_FAULTS = st.sampled_from(["none", "flip", "stag", "bounds", "truncate"])
+_FAULTS = st.sampled_from(["none", "flip", "stag", "bounds", "truncate", "msn", "mo"])
 _READS = st.lists(st.integers(0, 9000), max_size=3)
 
 
@@ -180,6 +181,19 @@ def _faulty(wire: bytes, offset: int, markers: bool, fault: str, where: int) -> 
     if fault == "truncate":
         return wire[: where % len(wire)]
     ulpdus = _ulpdus(wire, offset, markers)
+    if fault in ("msn", "mo"):  # a Send segment out of sequence (DDP-04, DDP-05)
+        untagged = [k for k, u in enumerate(ulpdus) if not u[0] & DDP_TAGGED]
+        if not untagged:
+            return wire
+        k = untagged[where % len(untagged)]
+        field = 10 if fault == "msn" else 14  # ctrl(2) RsvdULP(4) QN(4) MSN(4) MO(4)
+        seg = bytearray(ulpdus[k])
+        seg[field : field + 4] = (int.from_bytes(seg[field : field + 4], "big") + 1).to_bytes(
+            4, "big"
+        )
+        ulpdus[k] = bytes(seg)
+        framer = FpduFramer(markers=markers, offset=offset)
+        return b"".join(bytes(framer.frame(u)) for u in ulpdus)
     tagged = [k for k, u in enumerate(ulpdus) if u[0] & DDP_TAGGED]
     if not tagged:
         return wire
@@ -269,3 +283,24 @@ def test_bulk_placement_matches_the_event_path(
         assert fast.b.endpoint.stalled is None
         rx[:] = bytes([0xEE]) * len(rx)  # reused at once: nothing may still view it
     assert _observe(fast, fast_results) == _observe(reference, reference_results)
+
+
+def test_a_send_on_the_bulk_path_never_shows_through_an_earlier_read() -> None:
+    """RFC 5040 §5.5: a Read Response queued at the responder still views its memory; a Send
+    that arrives after the Read Request and lands in that memory must not change what the
+    Read returns.  The Send takes the event path then (the responses are snapshotted)."""
+    p = Pair()
+    region = p.b.mr(bytes([7]) * 4096, Access.LOCAL_WRITE | Access.REMOTE_READ)
+    p.b.qp.post_recv(RecvWR(5, (p.b.sge(region, 0, 64),)))
+    sink = p.a.mr(4096)
+    p.a.qp.post_send(
+        SendWR(1, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base)
+    )
+    assert p.a.endpoint is not None and p.b.endpoint is not None and p.b.endpoint.bulk
+    p.b.endpoint.feed(memoryview(bytes(p.a.endpoint.produce())))  # the Read Request
+    p.a.qp.post_send(SendWR(2, WrOpcode.SEND, inline_data=b"\x01" * 64))
+    p.b.endpoint.feed(memoryview(bytes(p.a.endpoint.produce())))  # the Send, on its own
+    assert bytes(region.buf[:64]) == b"\x01" * 64  # the Send landed...
+    p.pump()
+    assert bytes(sink.buf) == bytes([7]) * 4096  # ...after the Read, which saw before
+    assert [wc.wr_id for wc in p.b.cq.poll(8)] == [5]
