@@ -83,6 +83,10 @@ IOV_MIN_PAYLOAD = 2048
 """Payloads this large are sent by reference (scatter-gather), smaller ones are copied."""
 IOV_MAX = 1024
 """Buffers one ``sendmsg`` takes at most (Linux UIO_MAXIOV)."""
+HEAP_MMAP_THRESHOLD = 8 << 20
+"""glibc ``M_MMAP_THRESHOLD`` the data path sets: buffers below this come from the heap."""
+HEAP_TRIM_THRESHOLD = 32 << 20
+"""glibc ``M_TRIM_THRESHOLD`` the data path sets: free heap kept for reuse, not returned."""
 TCP_NOTSENT_LOWAT_UNLIMITED = 0
 """``TCP_NOTSENT_LOWAT`` for bulk sockets: 0 is the kernel's own default (no limit beyond
 the send buffer).  trio sets 16 KiB, which ends every ``sendmsg`` of a bulk stream after

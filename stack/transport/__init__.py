@@ -12,6 +12,7 @@ from stack.transport.cm import (
 )
 from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
+from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import unlimit_unsent
 from stack.transport.tap import CaptureTap, pcap_tap_factory
@@ -28,6 +29,7 @@ __all__ = [
     "Listener",
     "RdmaConnection",
     "SendQueue",
+    "keep_freed_memory",
     "pcap_tap_factory",
     "unlimit_unsent",
 ]

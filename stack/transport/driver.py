@@ -35,6 +35,7 @@ import trio
 from stack.errors import ConnectionTimeout
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
+from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import unlimit_unsent
 from stack.wire.connection import IwarpConnection
@@ -102,6 +103,7 @@ class RdmaConnection:
         if self._aborted:
             await self._finish()
             return
+        keep_freed_memory()  # bursts of FPDU buffers reuse the heap (stack.transport.heap)
         self._sock = self._given_sock or _raw_socket(self.stream)
         if self._sock is not None:
             self._sendq = SendQueue(self._sock.sendmsg)
