@@ -22,7 +22,7 @@ import trio
 
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from stack.transport.driver import RECEIVE_SIZE
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 
 RAW_HEADER = struct.Struct(">B3xI32x")
 """A raw request or response: op, length, padding to 40 octets (a KBTP request's size)."""
@@ -137,7 +137,7 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
         return memory if op == RAW_STORE and length <= max_size else None
 
     parser = _Parser(body_for)
-    unlimit_unsent(stream)  # as the iWARP driver does with its sockets
+    limit_unsent(stream)  # as the iWARP driver does with its sockets
     try:
         while chunk := await stream.receive_some(RECEIVE_SIZE):
             out: list[bytes | memoryview] = []
@@ -164,7 +164,7 @@ async def bench_raw(
     ``peer_cpu`` reads the server process's CPU seconds when it is another process.
     """
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    unlimit_unsent(stream)
+    limit_unsent(stream)
     kind = RAW_LOAD if op == "load" else RAW_STORE
     data = memoryview(bytearray(os.urandom(size)))
     buffers = [memoryview(bytearray(size)) for _ in range(inflight)]

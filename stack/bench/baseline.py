@@ -11,9 +11,9 @@ QP (connection) count as the iWARP measurement:
   complete request it has received in one send.
 * Latency: the same exchange one at a time.
 
-Every raw socket queues unsent data up to its send buffer, as the iWARP driver's do
-(:func:`~stack.transport.sockopts.unlimit_unsent`: not trio's 16 KiB
-``TCP_NOTSENT_LOWAT``, which costs both sides a system call per 16 KiB).
+Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
+:func:`~stack.transport.sockopts.limit_unsent`), not trio's 16 KiB, which costs a bulk
+sender a system call and a writable wait per 16 KiB.
 
 ``ratio`` is iWARP over raw: for bandwidth above 1 is better, for latency below 1 is
 better.  The second baseline, blocking sockets at both ends, is :mod:`stack.bench.blocking`.

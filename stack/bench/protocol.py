@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from stack.bench.options import MAX_SIZE, TESTS, BenchError
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +135,6 @@ async def open_raw(
         stream = await trio.open_tcp_stream(host, port)
     except OSError as exc:
         raise BenchError(f"cannot reach the raw-TCP port {host}:{port}: {exc}") from None
-    unlimit_unsent(stream)  # as the iWARP driver does with its sockets
+    limit_unsent(stream)  # as the iWARP driver does with its sockets
     await stream.send_all(RAW_HEADER.pack(RAW_MAGIC, mode, size, request))
     return stream

@@ -50,7 +50,7 @@ from stack.rnic import (
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.driver import RECEIVE_SIZE
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 
 
 class BenchServer:
@@ -219,7 +219,7 @@ class BenchServer:
 
     async def _raw_connection(self, stream: trio.SocketStream) -> None:
         """One raw-TCP connection: a baseline or the statistics (:mod:`stack.bench.protocol`)."""
-        unlimit_unsent(stream)  # as the iWARP driver does with its sockets
+        limit_unsent(stream)  # as the iWARP driver does with its sockets
         try:
             header = await receive_exactly(stream, RAW_HEADER.size)
             magic, mode, size, request = RAW_HEADER.unpack(header)

@@ -14,7 +14,7 @@ from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
 from stack.transport.driver import RdmaConnection
 from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 from stack.transport.tap import CaptureTap, pcap_tap_factory
 
 __all__ = [
@@ -31,5 +31,5 @@ __all__ = [
     "SendQueue",
     "keep_freed_memory",
     "pcap_tap_factory",
-    "unlimit_unsent",
+    "limit_unsent",
 ]

@@ -37,7 +37,7 @@ from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
 from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Negotiated
 
@@ -371,12 +371,12 @@ class RdmaConnection:
 def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     """A standard socket object on a trio socket stream's descriptor (not a duplicate, so a
     close of the stream is seen at once), or None for other streams.  Release it with
-    ``detach()``: the stream closes the descriptor.  Unsent data is not limited below the
-    send buffer (:func:`~stack.transport.sockopts.unlimit_unsent`)."""
+    ``detach()``: the stream closes the descriptor.  A send pass of unsent data fits
+    (:func:`~stack.transport.sockopts.limit_unsent`)."""
     trio_sock = getattr(stream, "socket", None)
     if trio_sock is None or trio_sock.type != socket.SOCK_STREAM or trio_sock.fileno() < 0:
         return None  # not a socket, or already closed: the stream's own errors then
     sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
     sock.setblocking(False)
-    unlimit_unsent(sock)  # whole send buffers per sendmsg, not trio's 16 KiB
+    limit_unsent(sock)  # a whole send pass per sendmsg, not trio's 16 KiB
     return sock

@@ -12,11 +12,11 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stack.constants import IOV_MAX
+from stack.constants import IOV_MAX, TCP_NOTSENT_LOWAT_BULK
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
 from stack.transport import driver
 from stack.transport.sendq import SendQueue
-from stack.transport.sockopts import unlimit_unsent
+from stack.transport.sockopts import limit_unsent
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 
@@ -170,9 +170,9 @@ async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
 
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT")
-async def test_connections_queue_whole_send_buffers_not_trios_16_kib() -> None:
+async def test_connections_queue_a_whole_send_pass_not_trios_16_kib() -> None:
     """trio's streams limit unsent data to 16 KiB (a sendmsg and a writable wait per 16 KiB
-    of a bulk send); the driver's sockets, both ends, are back at the kernel's default."""
+    of a bulk send); the driver's sockets, both ends, take a whole send pass (1 MiB)."""
     option = socket.TCP_NOTSENT_LOWAT
     async with tcp_pair() as (client, server):
         source = server.mr(64, Access.LOCAL_WRITE | Access.REMOTE_READ)
@@ -184,12 +184,12 @@ async def test_connections_queue_whole_send_buffers_not_trios_16_kib() -> None:
         for host in (client, server):
             assert host.conn is not None
             trio_sock = host.conn.stream.socket  # type: ignore[attr-defined]
-            assert trio_sock.getsockopt(socket.IPPROTO_TCP, option) == 0
+            assert trio_sock.getsockopt(socket.IPPROTO_TCP, option) == TCP_NOTSENT_LOWAT_BULK
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         async with (
             listeners[0],
             await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1]) as plain,
         ):
             assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == 16384  # trio's
-            unlimit_unsent(plain)
-            assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == 0
+            limit_unsent(plain)
+            assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == TCP_NOTSENT_LOWAT_BULK
