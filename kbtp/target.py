@@ -40,6 +40,9 @@ Theory of operation
   transport, and the QP sends a Terminate with the action's cause and closes (docs/kbtp.md
   §9.3).  When a connection ends for any reason the core's ``close_session`` runs and the
   session's MRs are deregistered.
+* **Offload.**  With ``offload``, the chain side of the binding
+  (:mod:`kbtp.target_offload_binding`) arms each session's chain and holds an
+  ALLOW_UNSEALED LOAD behind another session's offloaded STORE (docs/kbtp.md §8.1).
 * **Time.**  A ticker task calls ``tick`` at the core's ``next_deadline`` and at least every
   Ticket Timeout / 2 (draft §3.4, docs/kbtp.md §6.7).
 """
@@ -53,11 +56,11 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import trio
 
-from kbtp.constants import HELLO_FIXED_LEN, MAX_IDENTITY_LEN, MAX_REQUEST_FIXED_LEN, Status
+from kbtp.constants import Status
 from kbtp.pool_file import PoolFile
 from kbtp.pool_recovery import RecoveryReport
 from kbtp.target_actions import (
@@ -71,35 +74,18 @@ from kbtp.target_actions import (
     SendMessage,
     WriteToInitiator,
 )
-from kbtp.target_config import TargetConfig, plan_target_layout
+from kbtp.target_config import TargetConfig
 from kbtp.target_core import TargetCore
-from kbtp.target_offload import (
-    StoreMarks,
-    arm,
-    chain_fallbacks,
-    chain_runs,
-    session_chain,
-    unsealed_load_handle,
-)
-from kbtp.target_offload_alloc import (
-    AllocLog,
-    alloc_store_branches,
-    free_branches,
-    partition_ring,
-)
-from kbtp.target_offload_credits import CreditCount
+from kbtp.target_offload import chain_runs
+from kbtp.target_offload_binding import OffloadBinding
+from kbtp.target_session import TargetSession, layout_size, receive_buffer_size
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
 from stack.rnic import (
     Access,
-    Chain,
-    CompletionQueue,
     MemoryRegion,
-    ProtectionDomain,
     QpCap,
     QpState,
-    QueuePair,
-    RecvWR,
     Rnic,
     SendFlags,
     SendWR,
@@ -110,7 +96,6 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest, TapFactory
-from stack.transport.driver import RdmaConnection
 from stack.wire.events import AtomicRequest, MpaSettings
 
 log = logging.getLogger(__name__)
@@ -130,67 +115,11 @@ _CLOSE_MARKER = (1 << 64) - 1
 """wr_id of the marker behind a CloseSession's Sends: when it completes, the Terminate."""
 
 
-STORE_POLL_SECONDS = 0.0002
-"""How often an ALLOW_UNSEALED LOAD held behind an offloaded STORE looks again (§8.1)."""
 WRITE_COPY_LIMIT = 256 * 1024
 """RDMA Writes up to this length carry a copy of the block (see ``KbtpTarget._apply``)."""
 
 
-def layout_size(config: TargetConfig) -> int:
-    """Octets of target memory ``config`` needs (the size does not depend on base_to)."""
-    return plan_target_layout(config).size
-
-
-def receive_buffer_size(config: TargetConfig) -> int:
-    """A target receive buffer: the longest request (56 + Max Inline) or HELLO (§4.1, §9.2)."""
-    return max(MAX_REQUEST_FIXED_LEN + config.max_inline, HELLO_FIXED_LEN + MAX_IDENTITY_LEN)
-
-
-@dataclass(eq=False)
-class TargetSession:
-    """One connection of the target.  Fields: sid, pd (the session's own protection domain:
-    its QP and every STag it is given, SEC-03), local_mr (the target buffer registered in
-    that PD, for the SGEs of its Writes and Reads), qp, cq, peer (address), conn, identity
-    (after HELLO), regions (the driver's own MRs of the session, deregistered when it
-    ends), close (the CloseSession waiting for its last Send), reason (why it ended)."""
-
-    sid: int
-    pd: ProtectionDomain
-    local_mr: MemoryRegion
-    qp: QueuePair
-    cq: CompletionQueue
-    peer: tuple[str, int]
-    recv_mr: MemoryRegion
-    recv_size: int
-    marker_mr: MemoryRegion
-    conn: RdmaConnection | None = None
-    identity: bytes | None = None
-    regions: list[MemoryRegion] = field(default_factory=list)
-    close: CloseSession | None = None
-    reason: str = ""
-    messages: int = 0
-    outbox: list[SendWR] = field(default_factory=list)
-    """Work requests of the drain being applied, posted as one post list at its end."""
-    reposts: list[RecvWR] = field(default_factory=list)
-    recv_wrs: list[RecvWR] = field(default_factory=list)
-    """Receives of the drain being applied, reposted before its outbox is posted."""
-    chained: bool = False  # the session's chain is posted (offload, docs/kbtp.md §8)
-    chain_runs: int = 0  # requests the RNIC answered, as of the last tick
-    alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
-    credits: CreditCount | None = None  # the chain's runs against the credits (§8.1)
-    marks: StoreMarks | None = None  # handles whose offloaded STORE is mid-Read (§8.1)
-    backlog: bool = False  # the next receive fell back from the chain's queue (§8.1)
-
-    def recv_wr(self, slot: int) -> RecvWR:
-        """The receive of buffer ``slot`` (built once: reposting it reuses it)."""
-        while len(self.recv_wrs) <= slot:
-            addr = self.recv_mr.base + len(self.recv_wrs) * self.recv_size
-            wr = RecvWR(len(self.recv_wrs), (Sge(addr, self.recv_size, self.recv_mr.lkey),))
-            self.recv_wrs.append(wr)
-        return self.recv_wrs[slot]
-
-
-class KbtpTarget:
+class KbtpTarget(OffloadBinding):
     """A KBTP target serving ``config`` over loopback or any TCP address.
 
     Use ``async with target.running(host, port):`` (or ``await nursery.start(target.serve,
@@ -286,42 +215,6 @@ class KbtpTarget:
         del mem
         mr = self.local_mr
         return mr.atomic(AtomicRequest.fetch_add(0, mr.stag, mr.base + offset, add, mask))
-
-    def _chain(self, sess: TargetSession) -> Chain:
-        """The session's offload chain (docs/kbtp.md §8): LOAD, and mapped STORE unless
-        every seal must reach the pool file first (``pool_sync``, §12.4)."""
-        ini = next((i for i in self.config.initiators if i.identity == sess.identity), None)
-        stores = self.core.persist is None
-        layout, lkey = self.core.layout, sess.local_mr.lkey
-        ring = partition_ring(self.core, ini) if stores else None
-        if sess.credits is None:
-            sess.credits = CreditCount(self._scratch(sess, CreditCount.SIZE))
-            sess.credits.publish(self.core.credits_left(sess.sid))
-        if stores and ini is not None and ini.handle_count and sess.marks is None:
-            sess.marks = StoreMarks(self._scratch(sess, ini.handle_count), ini)
-        if ring is None or ini is None:
-            return session_chain(layout, lkey, ini, stores, credits=sess.credits, marks=sess.marks)
-        if sess.alloc_log is None:
-            sess.alloc_log = AllocLog(self._scratch(sess, AllocLog.SIZE))
-        part = next(p for p in layout.partitions if p.ring == ring)
-        more = alloc_store_branches(layout, lkey, ini, ring, sess.alloc_log)
-        more += free_branches(layout, lkey, ini, part, sess.alloc_log)
-        return session_chain(layout, lkey, ini, stores, more, sess.credits, sess.marks)
-
-    @staticmethod
-    def _scratch(sess: TargetSession, size: int) -> MemoryRegion:
-        """``size`` octets of zeroed memory for the session's chain, registered for local
-        writes in its protection domain and deregistered with the session."""
-        mr = sess.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)
-        sess.regions.append(mr)
-        return mr
-
-    def _offloaded(self, sess: TargetSession, now: float) -> None:
-        """Before a core call for ``sess``: the core accounts the ALLOC_STOREs its chain
-        ran since the last look (docs/kbtp.md §8.1, the budget rule)."""
-        if sess.alloc_log is not None and (records := sess.alloc_log.take()):
-            call = self.core.offloaded_ring_ops
-            self._apply(self._guarded(sess, call, sess.sid, records, now))
 
     def _register(self, sess: TargetSession, action: RegisterMemory) -> list[Action]:
         """RegisterMemory: an MR over the action's range whose TOs are the core's TOs, in
@@ -456,30 +349,6 @@ class KbtpTarget:
             finally:
                 self._post_drain()
 
-    def _hold_behind_store(self, sess: TargetSession, message: bytes) -> None:
-        """Before the core takes ``message`` of ``sess``: an ALLOW_UNSEALED LOAD of a handle
-        that another session's offloaded STORE has mid-Read locks the handle in the core
-        until the STORE is over, so the LOAD queues behind it as behind a software STORE
-        (docs/kbtp.md §6.0, §8.1); the session's other requests go on."""
-        handle = unsealed_load_handle(message)
-        if handle is None or self._nursery is None:
-            return
-        for other in self.sessions.values():
-            marks = other.marks
-            if other is not sess and marks is not None and marks.busy(handle):
-                if self.core.hold_handle(handle):
-                    self._nursery.start_soon(self._release_after_store, marks, handle)
-                return
-
-    async def _release_after_store(self, marks: StoreMarks, handle: int) -> None:
-        """Wait until the STORE's entry write has cleared its mark, or its session ended
-        (its chain flushed: the STORE never completes); then release the handle."""
-        try:
-            while any(s.marks is marks for s in self.sessions.values()) and marks.busy(handle):
-                await trio.sleep(STORE_POLL_SECONDS)
-        finally:
-            self._apply(self.core.release_handle(handle, trio.current_time()))
-
     def _post_drain(self) -> None:
         """End of a drain: every session's receives are reposted, then its answers go out
         as one post list (one hand-off to the transport, not one per work request)."""
@@ -578,9 +447,7 @@ class KbtpTarget:
                 if self._draining is not None:  # the chain goes behind what is queued
                     self._post_drain()
                     self._draining = []
-                held = chain_fallbacks(sess.qp)
-                sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
-                sess.backlog = chain_fallbacks(sess.qp) > held
+                self._arm(sess)
             return
         if wc.wr_id == _CLOSE_MARKER:
             self._terminate(sess)
