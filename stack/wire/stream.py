@@ -272,7 +272,24 @@ class RdmapStream:
             write, last = tagged
             segment = WriteSegment if write else ReadResponseSegment
             return [segment(stag, to, view[DDP_TAGGED_HDR_LEN:], last, view)]
-        if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
+        send = self._send_in_sequence(view)
+        if send is None:
+            return None
+        op, inval, msn, mo = send
+        last = b0 == _UNTAGGED_LAST
+        self.sequencer.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
+        data = view[DDP_UNTAGGED_HDR_LEN:]
+        return [
+            SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None, view)
+        ]
+
+    def _send_in_sequence(self, view: memoryview) -> tuple[Opcode, int, int, int] | None:
+        """(opcode, Invalidate STag field, MSN, MO) of a Send-family segment whose header
+        bytes are exactly valid and in sequence on QN 0 (DDP-02, DDP-04..06), else None:
+        the test both fast paths share (nothing changes)."""
+        b0 = view[0]
+        b1 = view[1]
+        if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or len(view) < DDP_UNTAGGED_HDR_LEN:
             return None
         op = _FAST_SEND_CTRLS.get(b1)
         if op is None:
@@ -280,19 +297,13 @@ class RdmapStream:
         _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
         if qn or (inval and op not in _INVALIDATE_OPS):
             return None
-        seq = self.sequencer
-        open_msg = seq.open_untagged.get(0)
+        open_msg = self.sequencer.open_untagged.get(0)
         if open_msg is None:
-            if mo or msn != seq.next_msn.get(0, 1):
+            if mo or msn != self.sequencer.next_msn.get(0, 1):
                 return None
         elif msn != open_msg[0] or mo != open_msg[1] or b1 != open_msg[2] or inval != open_msg[3]:
             return None
-        last = b0 == _UNTAGGED_LAST
-        seq.advance(0, msn, mo, b1, inval, mo + n - DDP_UNTAGGED_HDR_LEN, last)
-        data = view[DDP_UNTAGGED_HDR_LEN:]
-        return [
-            SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None, view)
-        ]
+        return op, inval, msn, mo
 
     def place_tagged(self, ulpdu: memoryview) -> bool:
         """The bulk path: hand a tagged Write / Read Response segment that passes every
@@ -322,25 +333,14 @@ class RdmapStream:
         QN 0, MSN and MO in sequence, DDP-02/DDP-04..06), then :attr:`send_placer`; the
         sequencer advances as it does on the event path (also when placement fails with a
         :class:`ProtocolError`), and not when the placer declines."""
-        b0 = view[0]
+        send = self._send_in_sequence(view)
+        if send is None:
+            return False
+        op, inval, msn, mo = send
         b1 = view[1]
         n = len(view)
-        if (b0 != _UNTAGGED_LAST and b0 != _UNTAGGED_MORE) or n < DDP_UNTAGGED_HDR_LEN:
-            return False
-        op = _FAST_SEND_CTRLS.get(b1)
-        if op is None:
-            return False
-        _, _, inval, qn, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
-        if qn or (inval and op not in _INVALIDATE_OPS):
-            return False
+        last = view[0] == _UNTAGGED_LAST
         seq = self.sequencer
-        open_msg = seq.open_untagged.get(0)
-        if open_msg is None:
-            if mo or msn != seq.next_msn.get(0, 1):
-                return False
-        elif msn != open_msg[0] or mo != open_msg[1] or b1 != open_msg[2] or inval != open_msg[3]:
-            return False
-        last = b0 == _UNTAGGED_LAST
         placer = self.send_placer
         assert placer is not None
         data = view[DDP_UNTAGGED_HDR_LEN:]
