@@ -329,6 +329,27 @@ def check_rdmap(
     return op, _decode_fixed_header(op, body, chk), body[size:]
 
 
+EXACT_FIXED: dict[int, tuple[int, int, int]] = {
+    _RV_BITS | op: (op, OPCODE_QN[op], size)
+    for op, (_rule, size) in _SINGLE_SEGMENT.items()
+    if size is not None
+}
+"""RDMAP control byte (RV=1, reserved 0) of a fixed-size message -> (opcode, QN, header
+length): the messages whose exact validity :func:`exact_fixed_header` tells."""
+
+
+def exact_fixed_header(op: int, body: memoryview) -> RdmapHeader | None:
+    """The RDMAP header of a fixed-size message (an :data:`EXACT_FIXED` opcode, ``body``
+    exactly its length) that :func:`check_rdmap` would pass without a finding, else None:
+    only an Atomic Request's reserved AOpCode bits (EXT-02) remain to test."""
+    if op == Opcode.ATOMIC_REQUEST and ATOMIC_REQUEST.unpack_from(body)[0] & ~ATOMIC_OPCODE_MASK:
+        return None
+    return _decode_fixed_header(op, body, _NO_FINDINGS)
+
+
+_NO_FINDINGS = Checker(strict=True)  # exact_fixed_header: nothing is noted or raised
+
+
 def _decode_fixed_header(op: int, body: memoryview, chk: Checker) -> RdmapHeader:
     if op == Opcode.RDMA_READ_REQUEST:
         return ReadRequest(*READ_REQUEST.unpack_from(body))

@@ -56,6 +56,7 @@ from stack.constants import (
     MULPDU_MAX,
     MULPDU_MIN,
     RDMAP_OPCODE_MASK,
+    RFC7306_OPCODES,
     SEND_OPCODES,
     Opcode,
     QueueNumber,
@@ -83,10 +84,12 @@ from stack.wire.events import (
 )
 from stack.wire.rdmap import (
     _QN_OF_TYPE,
+    EXACT_FIXED,
     check_ddp,
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
+    exact_fixed_header,
     message_qn,
     rdmap_ctrl,
 )
@@ -97,6 +100,10 @@ _MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
+_EXACT_FIXED_7306 = EXACT_FIXED
+_EXACT_FIXED_5040 = {
+    ctrl: fixed for ctrl, fixed in EXACT_FIXED.items() if fixed[0] not in RFC7306_OPCODES
+}
 # Exact header bytes of the fast path: DV=1, reserved bits 0, RV=1.
 _TAGGED_LAST = DDP_TAGGED | DDP_LAST | DDP_VERSION
 _TAGGED_MORE = DDP_TAGGED | DDP_VERSION
@@ -166,6 +173,7 @@ class RdmapStream:
         self._tx_msn = [1] * _NUM_QN
         self.sequencer = MessageSequencer()
         """Receive sequencing: MSN, MO and RsvdULP per queue (DDP-02, DDP-04..06)."""
+        self._exact_fixed = _EXACT_FIXED_7306 if rfc7306 else _EXACT_FIXED_5040
         self.placer: TaggedPlacer | None = None
         """The bulk path's consumer of tagged segments (:meth:`place_tagged`)."""
         self.send_placer: SendPlacer | None = None
@@ -272,6 +280,8 @@ class RdmapStream:
             write, last = tagged
             segment = WriteSegment if write else ReadResponseSegment
             return [segment(stag, to, view[DDP_TAGGED_HDR_LEN:], last, view)]
+        if b0 == _UNTAGGED_LAST and (fixed := self._exact_fixed.get(b1)) is not None:
+            return self._fixed_message(view, fixed)
         send = self._send_in_sequence(view)
         if send is None:
             return None
@@ -282,6 +292,33 @@ class RdmapStream:
         return [
             SendSegment(op, msn, mo, data, last, inval if op in _INVALIDATE_OPS else None, view)
         ]
+
+    def _fixed_message(
+        self, view: memoryview, fixed: tuple[int, int, int]
+    ) -> list[RdmapEvent] | None:
+        """A Read Request, atomic or Immediate Data message (one segment, fixed size) that
+        every check of :meth:`_process` passes without a finding: exact length, QN of its
+        opcode, RsvdULP 0, MO 0, the expected MSN with no message open on the queue
+        (RDMAP-01, RDMAP-04, DDP-05, EXT-02/03/09); else None."""
+        op, qn, size = fixed
+        if len(view) != DDP_UNTAGGED_HDR_LEN + size:
+            return None
+        _, b1, inval, q, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+        seq = self.sequencer
+        if inval or q != qn or mo or qn in seq.open_untagged or msn != seq.expected_msn(qn):
+            return None
+        header = exact_fixed_header(op, view[DDP_UNTAGGED_HDR_LEN:])
+        if header is None:
+            return None
+        seq.advance(qn, msn, 0, b1, 0, size, True)
+        if isinstance(header, ImmediateData):
+            return [ImmediateDataReceived(msn, header.data, header.solicited, view)]
+        if isinstance(header, ReadRequest):
+            return [ReadRequestReceived(msn, header, view)]
+        if isinstance(header, AtomicRequest):
+            return [AtomicRequestReceived(msn, header, view)]
+        assert isinstance(header, AtomicResponse)
+        return [AtomicResponseReceived(msn, header, view)]
 
     def _send_in_sequence(self, view: memoryview) -> tuple[Opcode, int, int, int] | None:
         """(opcode, Invalidate STag field, MSN, MO) of a Send-family segment whose header

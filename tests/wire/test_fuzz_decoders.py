@@ -177,7 +177,7 @@ def outcome(stream: RdmapStream, ulpdu: bytes) -> object:
         return (type(exc), exc.rule, exc.term)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -186,16 +186,39 @@ def outcome(stream: RdmapStream, ulpdu: bytes) -> object:
                 st.builds(RdmaWrite, st.just(3), st.integers(0, 1 << 20), st.binary(max_size=300)),
                 st.builds(ReadResponse, st.just(4), st.just(0), st.binary(max_size=300)),
                 st.just(ReadRequest(1, 0, 8, 2, 0)),
+                st.builds(ReadRequest, *[st.integers(0, 2**32 - 1)] * 5),
+                st.builds(
+                    AtomicRequest.fetch_add,
+                    st.integers(0, 9),
+                    st.integers(0, 9),
+                    st.integers(0, 64).map(lambda k: 8 * k),
+                    st.integers(0, 2**64 - 1),
+                ),
+                st.builds(
+                    AtomicRequest.cmp_swap,
+                    *[st.integers(0, 9)] * 2,
+                    st.just(8),
+                    st.integers(0, 2**64 - 1),
+                    st.integers(0, 2**64 - 1),
+                ),  # fmt: skip
+                st.builds(AtomicResponse, st.integers(0, 9), st.integers(0, 2**64 - 1)),
+                st.builds(ImmediateData, st.binary(min_size=8, max_size=8), st.booleans()),
             ),
-            st.lists(st.tuples(st.integers(0, 25), st.integers(0, 255)), max_size=2),
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=2),
         ),
         min_size=1,
         max_size=8,
-    )
+    ),
+    st.booleans(),
 )
-def test_stream_fast_path_matches_full_validation(plan: list[tuple[object, list]]) -> None:
+def test_stream_fast_path_matches_full_validation(
+    plan: list[tuple[object, list]], rfc7306: bool
+) -> None:
+    """Every segment, corrupted or not, gives the same events, error, findings and
+    sequencing with the fast paths (tagged data, Sends, the fixed-size Read Request, atomic
+    and Immediate Data messages) as with full validation; also without RFC 7306."""
     tx = RdmapStream(128)
-    fast, slow = RdmapStream(1442), SlowPathStream(1442)
+    fast, slow = RdmapStream(1442, rfc7306=rfc7306), SlowPathStream(1442, rfc7306=rfc7306)
     for msg, flips in plan:
         for ulpdu in tx.send(msg):  # type: ignore[arg-type]
             data = bytearray(ulpdu)
