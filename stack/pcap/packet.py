@@ -89,6 +89,27 @@ class TcpSegment:
     missing: int = 0
 
 
+SegmentKey = tuple[str, int, str, int]
+"""(src, sport, dst, dport) of a segment: its connection and direction."""
+LeanSegment = tuple[int, float, SegmentKey, int, int, int, memoryview, int]
+"""A :class:`TcpSegment` as a plain tuple, the reader's cheaper form for the decoder's bulk
+path: (frame, timestamp, key, seq, ack, flags, payload, missing).  The reader hands out
+the same ``key`` object for every segment of one direction, mostly."""
+
+
+def lean_segment(seg: TcpSegment, key: SegmentKey | None = None) -> LeanSegment:
+    """``seg`` as a :data:`LeanSegment` (``key``: its key, when already made)."""
+    if key is None:
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
+    return (seg.frame, seg.timestamp, key, seg.seq, seg.ack, seg.flags, seg.payload, seg.missing)
+
+
+def full_segment(lean: LeanSegment) -> TcpSegment:
+    """The :class:`TcpSegment` of a :data:`LeanSegment`."""
+    frame, ts, (src, sport, dst, dport), seq, ack, flags, payload, missing = lean
+    return TcpSegment(frame, ts, src, dst, sport, dport, seq, ack, flags, payload, missing)
+
+
 @dataclass(slots=True)
 class CaptureStats:
     """What the reader skipped.  Fields: frames, tcp, non_tcp, fragments, malformed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from stack.dissect.decoder.bulk import ingest_lean
 from stack.dissect.decoder.common import _TCP_SPECIAL
 from stack.dissect.decoder.connection import ConnectionDecoder
 from stack.dissect.decoder.modes import Mode
@@ -15,7 +16,7 @@ from stack.dissect.tcp import (
     HalfStream,
     TcpReassembler,
 )
-from stack.pcap import TcpSegment
+from stack.pcap import LeanSegment, TcpSegment
 
 # ======================================================================================
 # The dissector
@@ -159,6 +160,14 @@ class Dissector(Generic[OutputT]):
             self.last_frame = frame
             self.last_ts = ts
         return count
+
+    def ingest_lean(
+        self, segments: Iterable[LeanSegment], cut: Callable[[TcpSegment], object] | None = None
+    ) -> int:
+        """:meth:`ingest_many` of :data:`~stack.pcap.packet.LeanSegment` tuples
+        (:meth:`CaptureReader.lean <stack.pcap.CaptureReader.lean>`), by the fused path of
+        :func:`~.bulk.ingest_lean`: the same records, notes and counters."""
+        return ingest_lean(self, segments, cut)
 
     def _general(self, segment: TcpSegment, ts: float) -> None:
         """The general path of one segment: TCP reassembly events, then MPA."""

@@ -377,28 +377,9 @@ class DirectionDecoder(Resync):
         a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
         The caller has counted ``frame`` in the connection's ``last_frame``.
         """
-        conn = self.conn
         ctx = self._bulk
-        if ctx is None or ctx[0] != conn.initiator:
-            side = self.side
-            seq = self.seq
-            route = (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side])
-            ctx = self._bulk = (
-                conn.initiator,
-                conn.emit,
-                *route,
-                seq.check,
-                seq.tagged,
-                seq.untagged,
-                conn.halves[1 - side].seq,
-                self.info,
-                conn.rfc7306,
-                conn.siw_layout,
-                conn.pending_findings[side],
-                route,
-                conn.dissector.brief,
-                conn.first_fpdu_frame,
-            )
+        if ctx is None or ctx[0] != self.conn.initiator:
+            ctx = self.bulk_context()
         (_, emit, stream, direction, src, dst, check, check_tagged, check_untagged, peer, info,
          rfc7306, siw, pending, route, brief, first_frames) = ctx  # fmt: skip
         n = len(data)
@@ -563,6 +544,62 @@ class DirectionDecoder(Resync):
                 self.need = 2
         else:
             self.base = offset + n
+
+    def bulk_context(self) -> tuple:
+        """The per-direction constants of :meth:`walk_plain` and the fused path of
+        :mod:`~.bulk` (made again when the initiator, hence the direction name, changes)."""
+        conn = self.conn
+        side = self.side
+        seq = self.seq
+        route = (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side])
+        ctx = self._bulk = (
+            conn.initiator,
+            conn.emit,
+            *route,
+            seq.check,
+            seq.tagged,
+            seq.untagged,
+            conn.halves[1 - side].seq,
+            self.info,
+            conn.rfc7306,
+            conn.siw_layout,
+            conn.pending_findings[side],
+            route,
+            conn.dissector.brief,
+            conn.first_fpdu_frame,
+        )
+        return ctx
+
+    def record_flagged(
+        self,
+        data: memoryview,
+        offset: int,
+        pos: int,
+        ulen: int,
+        wire: int,
+        findings: list[Finding],
+        frame: int,
+        ts: float,
+    ) -> None:
+        """The record of an unmarked FPDU at ``data[pos:]`` (stream offset ``offset + pos``)
+        whose framing, CRC, PAD and canonical header passed :meth:`walk_plain`'s brief
+        tests but whose stateful checks found ``findings``; counted in :attr:`info`."""
+        conn = self.conn
+        side = self.side
+        end_body = pos + wire - MPA_CRC_LEN
+        crc_field = _LE32_UNPACK(data, end_body)[0]
+        crc_value = _crc32c(data[pos:end_body])
+        ulpdu = data[pos + 2 : pos + 2 + ulen]
+        segment = SegmentView(ulpdu, conn.rfc7306, conn.siw_layout)
+        pad_len = end_body - pos - 2 - ulen
+        pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+        self._count(1, wire, ulen, len(segment.payload))
+        conn.emit(
+            PduRecord(conn.stream, frame, ts, conn.direction(side), conn.names[side],
+                      conn.names[1 - side], "fpdu", offset + pos, wire, findings, None, 0, 0,
+                      0, b"", ulen, True if self.crc else None, crc_field, crc_value, pad, (),
+                      (), (), segment, ulpdu)
+        )  # fmt: skip
 
     def _hold_rest(self, data: memoryview, pos: int, offset: int, frame: int, ts: float) -> None:
         """Buffer ``data[pos:]`` (stream offset ``offset + pos``) for :meth:`push` / :meth:`run`."""

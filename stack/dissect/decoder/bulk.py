@@ -1,0 +1,226 @@
+"""The fused bulk path: lean segments straight from the reader to brief FPDUs.
+
+:func:`ingest_lean` is :meth:`~.dissector.Dissector.ingest_many` for
+:data:`~stack.pcap.packet.LeanSegment` tuples.  While segments keep coming on the same
+direction (the reader hands out one key object per direction, so a change is one
+identity test), that direction's TCP half, MPA walker and per-direction constants stay in
+local variables, and a segment that carries the next in-order bytes (RFC 9293 §3.10.7.4:
+no SYN, FIN or RST, nothing cut by the snapshot length, nothing waiting in either
+direction) is walked FPDU by FPDU in the same loop when the direction is in Full
+Operation without markers (RFC 5044 §7.1.2) and the decoder is brief: ULPDU_Length, CRC
+(MPA-12), PAD (MPA-04), a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4) and the
+stateful checks (:class:`~.checks.DirectionChecks`) give a
+:data:`~.records.BriefFpdu` per FPDU, exactly as :meth:`~.walker.DirectionDecoder.walk_plain`
+makes it.  Anything else goes where it went before, from the byte where it starts: a
+short or odd FPDU to ``walk_plain`` (its general path), markers or a non-brief decoder
+to ``walk_plain`` for the whole segment, buffered bytes to ``push``, and any other
+segment to the general path (TCP reassembly events); the cached state is then read
+again.  The tests compare this path with the segment-by-segment one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from stack.constants import (
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
+    MPA_CRC_LEN,
+    MULPDU_MAX,
+    RDMAP_OPCODE_MASK,
+)
+from stack.dissect.decoder.common import (
+    _CTRL_TAGGED_LAST,
+    _CTRL_UNTAGGED_LAST,
+    _FAST_INVALIDATE_OPS,
+    _FAST_SEND_OPS,
+    _FAST_TAGGED,
+    _FAST_TAGGED_OPS,
+    _FAST_UNTAGGED,
+    _LE32,
+    _TAGGED_UNPACK,
+    _TCP_SPECIAL,
+    _U32,
+    _UNTAGGED_UNPACK,
+)
+from stack.dissect.decoder.modes import Mode
+from stack.dissect.decoder.walker import _crc32c
+from stack.pcap import LeanSegment, TcpSegment, full_segment
+from stack.wire.checker import Finding
+
+if TYPE_CHECKING:
+    from stack.dissect.decoder.dissector import Dissector
+
+_FPDU = Mode.FPDU  # a module global: an Enum class attribute costs several times more
+_LE32_UNPACK = _LE32.unpack_from
+_BE32_UNPACK = _U32.unpack_from
+_PAD_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)
+"""The PAD bytes of a big-endian word ending where the PAD ends, by PAD length (MPA-04)."""
+
+
+def ingest_lean(
+    dissector: Dissector[Any],
+    segments: Iterable[LeanSegment],
+    cut: Callable[[TcpSegment], object] | None = None,
+) -> int:
+    """Decode every segment of ``segments``; return how many there were (see the module
+    docstring; ``cut`` as for :meth:`~.dissector.Dissector.ingest_many`)."""
+    routes = dissector._routes
+    brief = dissector.brief
+    count = 0
+    frame = dissector.last_frame
+    ts = dissector.last_ts
+    last_key = None  # the direction whose state the locals below hold
+    fast = inline = False  # in-order bytes go to MPA; FPDUs are walked here
+    fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0  # not yet added to the walker's info
+    # the cached state of last_key (read only when fast, or inline)
+    half: Any = None
+    other: Any = None
+    conn: Any = None
+    mpa_half: Any = None
+    emit: Any = None
+    route: Any = None
+    check_tagged: Any = None
+    check_untagged: Any = None
+    peer: Any = None
+    recent: Any = None
+    base_seq = 0
+    verdict: bool | None = None
+    try:
+        for seg in segments:
+            count += 1
+            frame, ts, key, seq, _, flags, payload, missing = seg
+            if key is not last_key:
+                if fpdus:
+                    mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+                    fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
+                last_key = key
+                fast = inline = False
+                entry = routes.get(key)
+                if entry is not None:
+                    half, other, conn, mpa_half = entry
+                    if (
+                        half.base_seq is not None
+                        and half.fin_offset is None
+                        and not half._pending
+                        and not other._pending
+                    ):
+                        fast = True
+                        base_seq = half.base_seq
+                        recent = half._recent
+                        side = mpa_half.side
+                        inline = (
+                            brief
+                            and mpa_half.mode is _FPDU
+                            and not mpa_half.chunks
+                            and mpa_half.bulk
+                            and not mpa_half.markers
+                            and not conn.pending_findings[side]
+                            and conn.first_fpdu_frame[side] is not None
+                        )
+                        if inline:
+                            ctx = mpa_half._bulk
+                            if ctx is None or ctx[0] != conn.initiator:
+                                ctx = mpa_half.bulk_context()
+                            emit = ctx[1]
+                            check_tagged = ctx[7]
+                            check_untagged = ctx[8]
+                            peer = ctx[9]
+                            route = ctx[14]
+                            verdict = True if mpa_half.crc else None
+            if fast and not flags & _TCP_SPECIAL and not missing:
+                nxt = half.next_offset
+                if seq == (base_seq + nxt) & 0xFFFFFFFF:
+                    n = len(payload)
+                    if not n:
+                        continue
+                    half.next_offset = nxt + n
+                    half.delivered_bytes += n
+                    recent.append((nxt, payload))
+                    if frame > conn.last_frame:
+                        conn.last_frame = frame
+                    if not inline:
+                        if mpa_half.mode is _FPDU and not mpa_half.chunks and mpa_half.bulk:
+                            mpa_half.walk_plain(payload, nxt, frame, ts)
+                        else:
+                            mpa_half.push(payload, nxt, frame, ts)
+                        last_key = None  # the walker may have changed its mode
+                        continue
+                    # the FPDUs of the segment, walked as walk_plain's brief branch does
+                    pos = 0
+                    while pos + 2 <= n:
+                        ulen = (payload[pos] << 8) | payload[pos + 1]
+                        wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+                        end = pos + wire
+                        if end > n or ulen > MULPDU_MAX or ulen < DDP_UNTAGGED_HDR_LEN:
+                            break
+                        end_body = end - MPA_CRC_LEN
+                        if verdict and (
+                            _crc32c(payload[pos:end_body]) != _LE32_UNPACK(payload, end_body)[0]
+                        ):
+                            break
+                        pad_len = end_body - pos - 2 - ulen
+                        if pad_len and _BE32_UNPACK(payload, end_body - 4)[0] & _PAD_MASKS[pad_len]:
+                            break
+                        hat = pos + 2
+                        ctrl = payload[hat]
+                        uc = payload[hat + 1]
+                        if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
+                            _, _, stag, to = _TAGGED_UNPACK(payload, hat)
+                            size = ulen - DDP_TAGGED_HDR_LEN
+                            last = ctrl == _CTRL_TAGGED_LAST
+                            op = uc & RDMAP_OPCODE_MASK
+                            flagged: list[Finding] = []
+                            check_tagged(op, stag, to, size, last, flagged, peer)
+                            if not flagged:
+                                emit((frame, ts, route, op, True, stag, to, None, None, size, last,
+                                      verdict, 0, None, wire))  # fmt: skip
+                        elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
+                            _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(payload, hat)
+                            if qn or (inval and uc not in _FAST_INVALIDATE_OPS):
+                                break
+                            size = ulen - DDP_UNTAGGED_HDR_LEN
+                            last = ctrl == _CTRL_UNTAGGED_LAST
+                            op = uc & RDMAP_OPCODE_MASK
+                            flagged = []
+                            check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
+                            if not flagged:
+                                emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
+                                      verdict, 0, payload[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
+                                      wire))  # fmt: skip
+                        else:
+                            break
+                        if flagged:  # checked already: the record, with its findings
+                            mpa_half.record_flagged(payload, nxt, pos, ulen, wire, flagged,
+                                                    frame, ts)  # fmt: skip
+                        else:
+                            fpdus += 1
+                            wire_bytes += wire
+                            ulpdu_bytes += ulen
+                            payload_bytes += size
+                        pos = end
+                    if pos == n:
+                        mpa_half.base = nxt + n
+                        continue
+                    # the rest from the first FPDU this loop does not take: walk_plain
+                    if fpdus:
+                        mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+                        fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
+                    mpa_half.walk_plain(payload[pos:], nxt + pos, frame, ts)
+                    last_key = None
+                    continue
+            if fpdus:
+                mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+                fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
+            last_key = None
+            segment = full_segment(seg)
+            if missing and cut is not None and not flags & _TCP_SPECIAL:
+                cut(segment)  # as ingest_many: a cut SYN/FIN/RST segment is not reported
+            dissector._general(segment, ts)
+    finally:
+        if fpdus:
+            mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
+        dissector.last_frame = frame
+        dissector.last_ts = ts
+    return count

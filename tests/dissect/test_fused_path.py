@@ -1,0 +1,191 @@
+"""The fused bulk path (lean segments, :func:`stack.dissect.decoder.bulk.ingest_lean`) gives
+what the segment-by-segment path gives, on clean captures and on odd ones: reordered,
+retransmitted, conflicting, lost, cut by the snapshot length, corrupted, mid-stream."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stack.cli.iwarp import main
+from stack.dissect import brief_line, verbose_lines
+from stack.dissect.decoder import Dissector, PduRecord
+from stack.pcap import CaptureReader, LeanSegment, full_segment, lean_segment, read_tcp_segments
+from tools.bench_dissect import generate
+
+REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
+
+Record = tuple[bytes, bytes]  # (16-byte record header, frame bytes)
+
+
+def _records(data: bytes) -> list[Record]:
+    out, pos = [], 24
+    while pos < len(data):
+        incl = struct.unpack_from("<I", data, pos + 8)[0]
+        out.append((data[pos : pos + 16], data[pos + 16 : pos + 16 + incl]))
+        pos += 16 + incl
+    return out
+
+
+def _pcap(data: bytes, records: list[Record]) -> bytes:
+    return data[:24] + b"".join(header + frame for header, frame in records)
+
+
+def _cut(record: Record, keep: int) -> Record:
+    """The record with its frame cut to ``keep`` bytes (the original length kept)."""
+    header, frame = record
+    sec, usec, _, orig = struct.unpack("<IIII", header)
+    return struct.pack("<IIII", sec, usec, keep, orig), frame[:keep]
+
+
+def _flip(record: Record, at: int) -> Record:
+    header, frame = record
+    return header, frame[:at] + bytes([frame[at] ^ 0x5A]) + frame[at + 1 :]
+
+
+def _pure_ack(record: Record) -> Record:
+    """The record's TCP segment without its payload (IP total length fixed up)."""
+    header, frame = record
+    sec, usec, _, _ = struct.unpack("<IIII", header)
+    bare = bytearray(frame[:54])
+    struct.pack_into(">H", bare, 16, 40)
+    return struct.pack("<IIII", sec, usec, 54, 54), bytes(bare)
+
+
+def _variants(data: bytes) -> dict[str, bytes]:
+    recs = _records(data)
+    swapped = recs[:99] + [recs[100], recs[99]] + recs[101:149] + recs[150:153] + [recs[149]]
+    swapped += recs[153:]
+    again = recs[:120] + [recs[119]] + recs[120:125] + [recs[119]] + recs[125:]
+    conflict = recs[:130] + [_flip(recs[129], len(recs[129][1]) - 3)] + recs[130:]
+    snapped = recs[:249] + [_cut(recs[249], 80)] + recs[250:259] + [_cut(recs[259], 40)]
+    snapped += recs[260:]
+    acks = []
+    for i, rec in enumerate(recs):
+        acks.append(rec)
+        if i >= 10 and i % 3 == 0:
+            acks.append(_pure_ack(recs[4]))  # the other direction, nothing new
+    return {
+        "whole": data,
+        "reordered": _pcap(data, swapped),
+        "retransmitted": _pcap(data, again),
+        "conflict": _pcap(data, conflict),
+        "gap": _pcap(data, recs[:199] + recs[201:]),
+        "snaplen": _pcap(data, snapped),
+        "corrupt": _pcap(data, [*recs[:299], _flip(recs[299], 70), *recs[300:]]),
+        "mid-stream": _pcap(data, recs[39:]),
+        "acks": _pcap(data, acks),
+    }
+
+
+def _shown(items: list[Any]) -> list[object]:
+    return [
+        brief_line(i) if type(i) is tuple else verbose_lines(i) if type(i) is PduRecord else i
+        for i in items
+    ]
+
+
+def _by_batches(
+    d: Dissector[Any], ingest: Callable[[Iterator[Any]], int], segments: Iterator[Any]
+) -> list[Any]:
+    out: list[Any] = []
+    while True:
+        count = ingest(islice(segments, 37))
+        out += d.take()
+        if count < 37:
+            return out + d.finish()
+
+
+def _compare(data: bytes, brief: bool) -> int:
+    """Both paths on ``data``; the number of brief tuples of the fused one."""
+    lean = Dissector(None, brief=brief)
+    cut_lean: list[int] = []
+    got = _by_batches(
+        lean,
+        lambda batch: lean.ingest_lean(batch, lambda s: cut_lean.append(s.frame)),
+        CaptureReader(data).lean(),
+    )
+    each = Dissector(None, brief=brief)
+    cut_each: list[int] = []
+    want = _by_batches(
+        each,
+        lambda batch: each.ingest_many(batch, lambda s: cut_each.append(s.frame)),
+        iter(CaptureReader(data)),
+    )
+    assert _shown(got) == _shown(want)
+    assert cut_lean == cut_each
+    assert (lean.last_frame, lean.last_ts) == (each.last_frame, each.last_ts)
+    assert [repr(s) for s in lean.streams()] == [repr(s) for s in each.streams()]
+    return sum(type(i) is tuple for i in got)
+
+
+@pytest.mark.parametrize("markers", [False, True], ids=["plain", "markers"])
+def test_fused_path_is_the_segment_path_on_odd_captures(markers: bool, tmp_path: Path) -> None:
+    whole = tmp_path / "whole.pcap"
+    generate(str(whole), 600, markers)
+    seen = set()
+    for name, data in _variants(whole.read_bytes()).items():
+        tuples = _compare(data, True)
+        assert tuples > (50 if name == "mid-stream" or markers else 300), name
+        _compare(data, False)
+        seen.update(type(i).__name__ for i in _fused_items(data))
+    assert {"tuple", "PduRecord", "Note"} <= seen
+
+
+def _fused_items(data: bytes) -> list[Any]:
+    d = Dissector(None, brief=True)
+    return _by_batches(d, d.ingest_lean, CaptureReader(data).lean())
+
+
+@pytest.mark.parametrize("capture", REFERENCE_PCAPS, ids=lambda p: p.stem)
+def test_fused_path_is_the_segment_path_on_the_reference_pcaps(capture: Path) -> None:
+    _compare(capture.read_bytes(), True)
+
+
+def test_lean_segments_are_the_segments(tmp_path: Path) -> None:
+    path = tmp_path / "bench.pcap"
+    generate(str(path), 400, False)
+    data = _variants(path.read_bytes())["snaplen"]
+    segments = read_tcp_segments(data)
+    leans: list[LeanSegment] = list(CaptureReader(data).lean())
+    assert [full_segment(s) for s in leans] == segments
+    assert [lean_segment(s) for s in segments] == leans
+    keys = {id(s[2]) for s in leans}
+    assert len(keys) == 2  # one key object per direction
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(["dissect", *args])
+    got = capsys.readouterr()
+    return status, got.out, got.err
+
+
+@pytest.mark.parametrize("args", [(), ("--json",), ("-q", "-z", "io,stat,0.001")])
+def test_cli_fused_path_prints_what_the_segment_path_prints(
+    args: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    whole = tmp_path / "whole.pcap"
+    generate(str(whole), 400, False)
+    import stack.cli.dissect as cli
+
+    for name, data in _variants(whole.read_bytes()).items():
+        path = tmp_path / f"{name}.pcap"
+        path.write_bytes(data)
+        fused = _cli([str(path), *args], capsys)
+        with monkeypatch.context() as m:
+            m.setattr(
+                cli,
+                "_decode_lean",
+                lambda segs, d, p: cli._decode(map(full_segment, segs), d, p),
+            )
+            each = _cli([str(path), *args], capsys)
+        assert fused == each, name
