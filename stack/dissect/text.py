@@ -19,6 +19,7 @@ from stack.constants import (
     DDP_UNTAGGED_HDR_LEN,
     INVALIDATE_OPCODES,
     AtomicOpcode,
+    Opcode,
     RtrType,
     TermCode,
     term_name,
@@ -47,6 +48,7 @@ __all__ = [
 
 _NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
 _INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
+_READ_REQUEST = int(Opcode.RDMA_READ_REQUEST)
 _ATOMIC_NAMES: dict[int, str] = {
     AtomicOpcode.FETCH_ADD: "FetchAdd",
     AtomicOpcode.CMP_SWAP: "CmpSwap",
@@ -122,13 +124,14 @@ _TEMPLATES: dict[_Shape, str] = {}
 def _template(key: _Shape) -> str:
     """The template of a brief line's shape: the fixed text with the varying fields as
     conversions (frame, time text, then STag, TO, length, or QN, MSN, MO, length and the
-    Invalidate STag, which ``%.0s`` swallows for opcodes without one)."""
+    Invalidate STag, which ``%.0s`` swallows for opcodes without one; a Read Request
+    shows its header instead of the length, RFC 5040 §4.4)."""
     route, op, tagged, last, crc_ok, markers = key
     name = _NAMES.get(op) or opcode_name(op)
     end = _CRC_TEXT[crc_ok]
     if markers:
         end += f" markers={markers}"
-    if last:
+    if last and op != _READ_REQUEST:
         end = " L" + end
     fixed = (head_text(route) + "MPA/DDP/RDMAP " + name).replace("%", "%%")
     end = end.replace("%", "%%")
@@ -136,6 +139,8 @@ def _template(key: _Shape) -> str:
         body = " STag=0x%08x TO=0x%x len=%s"
     elif op in _INVALIDATE:
         body = " QN=%s MSN=%s MO=%s len=%s InvSTag=0x%08x"
+    elif op == _READ_REQUEST:
+        body = " QN=%s MSN=%s MO=%s%.0s sink=0x%08x/0x%x size=%s src=0x%08x/0x%x"
     else:
         body = " QN=%s MSN=%s MO=%s len=%s%.0s"
     template = "%6d%s" + fixed + body + end
@@ -145,11 +150,11 @@ def _template(key: _Shape) -> str:
 
 
 def brief_line(item: BriefFpdu, time: float | None = None) -> str:
-    """The summary line of an FPDU with a header-less opcode and no findings, given as a
+    """The summary line of an FPDU without findings given as a
     :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
     tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
-    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
-    CRC verdict (MPA-12) and the marker count."""
+    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L (a Read
+    Request: its header, RFC 5040 §4.4), the CRC verdict (MPA-12) and the marker count."""
     clock = "" if time is None else f" {time:>11.6f}"
     return BriefLines.format(item, clock)
 
@@ -174,6 +179,8 @@ class BriefLines:
         template = _TEMPLATES.get(key) or _template(key)
         if tagged:
             return template % (frame, clock, f1, f2, plen)
+        if op == _READ_REQUEST:  # f4: the header
+            return template % (frame, clock, f1, f2, f3, plen, *f4)  # type: ignore[misc]
         return template % (frame, clock, f1, f2, f3, plen, f4 or 0)
 
     def line(self, item: BriefFpdu) -> str:

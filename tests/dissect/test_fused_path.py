@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from stack.cli.iwarp import main
-from stack.dissect import brief_line, verbose_lines
+from stack.dissect import brief_line, summary_line, verbose_lines
 from stack.dissect.decoder import Dissector, PduRecord
 from stack.pcap import CaptureReader, LeanSegment, full_segment, lean_segment, read_tcp_segments
+from stack.wire.events import ReadRequest, ReadResponse, Send
+from tests.dissect.synth import I2R, R2I, CaptureBuilder
 from tools.bench_dissect import generate
 
 REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
@@ -84,10 +86,19 @@ def _variants(data: bytes) -> dict[str, bytes]:
 
 
 def _shown(items: list[Any]) -> list[object]:
+    """The summary lines of the items (a Read Request is a brief tuple on the fused path
+    only), and the full tree of those that are records on both paths."""
     return [
-        brief_line(i) if type(i) is tuple else verbose_lines(i) if type(i) is PduRecord else i
+        brief_line(i) if type(i) is tuple else summary_line(i) if type(i) is PduRecord else i
         for i in items
     ]
+
+
+def _same(got: list[Any], want: list[Any]) -> None:
+    assert _shown(got) == _shown(want)
+    trees = [(verbose_lines(g), verbose_lines(w)) for g, w in zip(got, want, strict=True)
+             if type(g) is PduRecord and type(w) is PduRecord]  # fmt: skip
+    assert [g for g, _ in trees] == [w for _, w in trees]
 
 
 def _by_batches(
@@ -117,7 +128,7 @@ def _compare(data: bytes, brief: bool) -> int:
         lambda batch: each.ingest_many(batch, lambda s: cut_each.append(s.frame)),
         iter(CaptureReader(data)),
     )
-    assert _shown(got) == _shown(want)
+    _same(got, want)
     assert cut_lean == cut_each
     assert (lean.last_frame, lean.last_ts) == (each.last_frame, each.last_ts)
     assert [repr(s) for s in lean.streams()] == [repr(s) for s in each.streams()]
@@ -189,3 +200,41 @@ def test_cli_fused_path_prints_what_the_segment_path_prints(
             )
             each = _cli([str(path), *args], capsys)
         assert fused == each, name
+
+
+def test_fused_path_on_flagged_and_odd_read_requests_and_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = CaptureBuilder()
+    c = b.connection(mss=300)
+    c.send(I2R, Send(b"first"))  # the first FPDU of each direction: the general path
+    c.send(R2I, Send(b"back"))
+    c.send(I2R, ReadRequest(0x11, 0x2000, 300, 0x22, 0x3000))  # brief
+    c.send(R2I, ReadResponse(0x11, 0x2000, bytes(300)))
+    c.send(I2R, ReadRequest(0x12, 0x0, 8, 0x23, 0x0), msn=7)  # DDP-05: a record
+    c.send(I2R, ReadRequest(0x13, 0x40, 16, 0x24, 0x80))  # brief again
+    rr = c.ulpdus(I2R, ReadRequest(0x14, 0x0, 4, 0x25, 0x0))[0]
+    c.raw(I2R, c.wire(I2R, rr[:2] + b"\0\0\0\x09" + rr[6:]))  # RsvdULP set: RDMAP-03
+    c.raw(I2R, c.wire(I2R, rr[:14] + b"\0\0\0\x01" + rr[18:]))  # MO 1
+    c.send(I2R, Send(b"late"), msn=9)  # DDP-05 on a Send
+    together = c.ulpdus(I2R, Send(b"x" * 40)) + c.ulpdus(I2R, ReadRequest(1, 2, 3, 4, 5))
+    c.raw(I2R, b"".join(c.wire(I2R, u) for u in together))  # several FPDUs in one segment
+    c.send(R2I, ReadResponse(0x12, 0x0, bytes(8)))
+    c.send(R2I, ReadResponse(0x99, 0x0, bytes(8)))  # RDMAP-04
+    data = b.data()
+    _compare(data, True)
+    briefs = [i for i in _fused_items(data) if type(i) is tuple and i[3] == 1]
+    assert len(briefs) >= 2
+    path = tmp_path / "reads.pcap"
+    path.write_bytes(data)
+    fused = _cli([str(path)], capsys)
+    with monkeypatch.context() as m:
+        m.setattr("stack.cli.dissect.Dissector", lambda options, brief=False: Dissector(options))
+        reference = _cli([str(path)], capsys)
+    assert fused == reference
+    for rule in ("DDP-05", "RDMAP-03", "RDMAP-04"):
+        assert f"[{rule}" in fused[1] or f" {rule}" in fused[1], rule
+    assert " MO=0 sink=0x00000011/0x2000 size=300 src=0x00000022/0x3000 CRC ok\n" in fused[1]
+    assert (
+        " MO=1 sink=0x00000014/0x0 size=4 src=0x00000025/0x0 CRC ok [RDMAP-04 DDP-05]" in fused[1]
+    )

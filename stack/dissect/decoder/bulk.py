@@ -8,8 +8,8 @@ local variables, and a segment that carries the next in-order bytes (RFC 9293 §
 no SYN, FIN or RST, nothing cut by the snapshot length, nothing waiting in either
 direction) is walked FPDU by FPDU in the same loop when the direction is in Full
 Operation without markers (RFC 5044 §7.1.2) and the decoder is brief: ULPDU_Length, CRC
-(MPA-12), PAD (MPA-04), a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4) and the
-stateful checks (:class:`~.checks.DirectionChecks`) give a
+(MPA-12), PAD (MPA-04), a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4; Read
+Requests too, §4.4) and the stateful checks (:class:`~.checks.DirectionChecks`) give a
 :data:`~.records.BriefFpdu` per FPDU, exactly as :meth:`~.walker.DirectionDecoder.walk_plain`
 makes it.  Anything else goes where it went before, from the byte where it starts: a
 short or odd FPDU to ``walk_plain`` (its general path), markers or a non-brief decoder
@@ -20,6 +20,7 @@ again.  The tests compare this path with the segment-by-segment one.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,10 @@ from stack.constants import (
     MPA_CRC_LEN,
     MULPDU_MAX,
     RDMAP_OPCODE_MASK,
+    RDMAP_VERSION,
+    READ_REQUEST_HDR_LEN,
+    Opcode,
+    QueueNumber,
 )
 from stack.dissect.decoder.common import (
     _CTRL_TAGGED_LAST,
@@ -39,6 +44,7 @@ from stack.dissect.decoder.common import (
     _FAST_TAGGED_OPS,
     _FAST_UNTAGGED,
     _LE32,
+    _OP_READ_REQUEST,
     _TAGGED_UNPACK,
     _TCP_SPECIAL,
     _U32,
@@ -57,6 +63,11 @@ _LE32_UNPACK = _LE32.unpack_from
 _BE32_UNPACK = _U32.unpack_from
 _PAD_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)
 """The PAD bytes of a big-endian word ending where the PAD ends, by PAD length (MPA-04)."""
+_READ_REQUEST_UNPACK = struct.Struct(">BBIIII" + "IQIIQ").unpack_from
+"""An untagged DDP header (RFC 5041 §4.3) and a Read Request header (RFC 5040 §4.4)."""
+_UC_READ_REQUEST = (RDMAP_VERSION << 6) | Opcode.RDMA_READ_REQUEST
+_READ_REQUEST_ULEN = DDP_UNTAGGED_HDR_LEN + READ_REQUEST_HDR_LEN
+_QN_READ = int(QueueNumber.READ_REQUEST)
 
 
 def ingest_lean(
@@ -85,6 +96,7 @@ def ingest_lean(
     check_untagged: Any = None
     peer: Any = None
     recent: Any = None
+    requests: Any = None
     base_seq = 0
     verdict: bool | None = None
     try:
@@ -127,6 +139,7 @@ def ingest_lean(
                             check_tagged = ctx[7]
                             check_untagged = ctx[8]
                             peer = ctx[9]
+                            requests = mpa_half.seq.requests
                             route = ctx[14]
                             verdict = True if mpa_half.crc else None
             if fast and not flags & _TCP_SPECIAL and not missing:
@@ -189,6 +202,23 @@ def ingest_lean(
                                 emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
                                       verdict, 0, payload[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
                                       wire))  # fmt: skip
+                        elif (
+                            ulen == _READ_REQUEST_ULEN
+                            and ctrl == _CTRL_UNTAGGED_LAST
+                            and uc == _UC_READ_REQUEST
+                        ):  # DirectionChecks.check of a canonical Read Request, written out
+                            (_, _, inval, qn, msn, mo, sink_stag, sink_to, rsize, src_stag,
+                             src_to) = _READ_REQUEST_UNPACK(payload, hat)  # fmt: skip
+                            if qn != _QN_READ or inval or mo:
+                                break
+                            size = 0
+                            flagged = []
+                            check_untagged(qn, msn, mo, uc, 0, READ_REQUEST_HDR_LEN, True, flagged)
+                            requests.read_request(sink_stag, sink_to, rsize)
+                            if not flagged:
+                                emit((frame, ts, route, _OP_READ_REQUEST, False, qn, msn, 0,
+                                      (sink_stag, sink_to, rsize, src_stag, src_to), 0, True,
+                                      verdict, 0, None, wire))  # fmt: skip
                         else:
                             break
                         if flagged:  # checked already: the record, with its findings
