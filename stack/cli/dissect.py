@@ -384,6 +384,7 @@ def _decode_lean(
         if segment[7]:
             snap(full_segment(segment))
         ingest_lean((segment,))
+        dissector.text = printer.brief_text()
         break
     while True:
         items = take()

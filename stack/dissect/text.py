@@ -10,14 +10,18 @@ PDU kinds and opcodes are named as in the JSON records (:mod:`stack.dissect.fiel
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from stack.constants import (
     ATOMIC_OPCODE_MASK,
+    DDP_LAST,
+    DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
     DDP_UNTAGGED_HDR_LEN,
     INVALIDATE_OPCODES,
+    RDMAP_OPCODE_MASK,
     AtomicOpcode,
     Opcode,
     RtrType,
@@ -162,14 +166,45 @@ def brief_line(item: BriefFpdu, time: float | None = None) -> str:
 class BriefLines:
     """Summary lines of a run of :data:`~stack.dissect.decoder.records.BriefFpdu` tuples,
     as :func:`brief_line` writes them, with the time column relative to ``t0``: the
-    formatted time is reused while the timestamp repeats (the FPDUs of one segment)."""
+    formatted time is reused while the timestamp repeats (the FPDUs of one segment).
 
-    __slots__ = ("t0", "_ts", "_clock")
+    Given to the decoder (:attr:`Dissector.text <stack.dissect.decoder.Dissector.text>`),
+    it lets the fused path write the lines of unmarked FPDUs itself from the templates of
+    :meth:`shapes`; ``plain_sends`` holds the streams whose Sends need no upper-layer look
+    (None: no stream's do), the Sends of any other stream still come as tuples."""
 
-    def __init__(self, t0: float) -> None:
+    __slots__ = ("t0", "_ts", "_clock", "_shapes", "plain_sends")
+
+    def __init__(self, t0: float, plain_sends: Container[int] | None = None) -> None:
         self.t0 = t0
         self._ts: float | None = None
         self._clock = ""
+        self._shapes: dict[tuple[tuple[int, str, str, str], bool | None], dict[int, str]] = {}
+        self.plain_sends = plain_sends
+
+    def shapes(self, route: tuple[int, str, str, str], crc_ok: bool | None) -> dict[int, str]:
+        """The templates of one direction's unmarked brief lines by ``ctrl << 8 | uc`` (the
+        DDP and RDMAP control bytes of a canonical header), filled by :meth:`shape`."""
+        key = (route, crc_ok)
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            shapes = self._shapes[key] = {}
+        return shapes
+
+    @staticmethod
+    def shape(
+        shapes: dict[int, str],
+        route: tuple[int, str, str, str],
+        crc_ok: bool | None,
+        ctrl: int,
+        uc: int,
+    ) -> str:
+        """The template of the control bytes ``ctrl`` and ``uc`` (T and L, RFC 5041 §4.2;
+        the opcode, RFC 5040 §4.2), kept in ``shapes``: the one :meth:`format` uses."""
+        key = (route, uc & RDMAP_OPCODE_MASK, bool(ctrl & DDP_TAGGED), bool(ctrl & DDP_LAST),
+               crc_ok, 0)  # fmt: skip
+        template = shapes[ctrl << 8 | uc] = _TEMPLATES.get(key) or _template(key)
+        return template
 
     @staticmethod
     def format(item: BriefFpdu, clock: str) -> str:

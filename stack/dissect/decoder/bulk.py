@@ -99,6 +99,15 @@ def ingest_lean(
     requests: Any = None
     base_seq = 0
     verdict: bool | None = None
+    # the printer's templates: FPDUs become finished lines (shapes; sends: those of Sends
+    # with MO 0, None while an upper layer wants to read them)
+    text = dissector.text if brief else None
+    t0 = text.t0 if text is not None else 0.0
+    shape: Any = text.shape if text is not None else None  # a template made and kept
+    clock_ts = None  # the timestamp of clock, the time column's text
+    clock = ""
+    shapes: dict[int, str] | None = None
+    sends: dict[int, str] | None = None
     try:
         for seg in segments:
             count += 1
@@ -142,6 +151,10 @@ def ingest_lean(
                             requests = mpa_half.seq.requests
                             route = ctx[14]
                             verdict = True if mpa_half.crc else None
+                            if text is not None:
+                                shapes = text.shapes(route, verdict)
+                                plain = text.plain_sends
+                                sends = shapes if plain is None or route[0] in plain else None
             if fast and not flags & _TCP_SPECIAL and not missing:
                 nxt = half.next_offset
                 if seq == (base_seq + nxt) & 0xFFFFFFFF:
@@ -187,8 +200,17 @@ def ingest_lean(
                             flagged: list[Finding] = []
                             check_tagged(op, stag, to, size, last, flagged, peer)
                             if not flagged:
-                                emit((frame, ts, route, op, True, stag, to, None, None, size, last,
-                                      verdict, 0, None, wire))  # fmt: skip
+                                if shapes is None:
+                                    emit((frame, ts, route, op, True, stag, to, None, None, size,
+                                          last, verdict, 0, None, wire))  # fmt: skip
+                                else:  # as BriefLines.line
+                                    if ts != clock_ts:
+                                        clock_ts = ts
+                                        clock = " %11.6f" % (ts - t0)
+                                    template = shapes.get(ctrl << 8 | uc) or shape(
+                                        shapes, route, verdict, ctrl, uc
+                                    )
+                                    emit((frame, template % (frame, clock, stag, to, size)))
                         elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
                             _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(payload, hat)
                             if qn or (inval and uc not in _FAST_INVALIDATE_OPS):
@@ -199,9 +221,21 @@ def ingest_lean(
                             flagged = []
                             check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
                             if not flagged:
-                                emit((frame, ts, route, op, False, qn, msn, mo, inval, size, last,
-                                      verdict, 0, payload[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
-                                      wire))  # fmt: skip
+                                lines = shapes if mo else sends  # MO 0: what an upper layer reads
+                                if lines is None:
+                                    emit((frame, ts, route, op, False, qn, msn, mo, inval, size,
+                                          last, verdict, 0,
+                                          payload[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
+                                          wire))  # fmt: skip
+                                else:
+                                    if ts != clock_ts:
+                                        clock_ts = ts
+                                        clock = " %11.6f" % (ts - t0)
+                                    template = lines.get(ctrl << 8 | uc) or shape(
+                                        lines, route, verdict, ctrl, uc
+                                    )
+                                    line = template % (frame, clock, qn, msn, mo, size, inval)
+                                    emit((frame, line))
                         elif (
                             ulen == _READ_REQUEST_ULEN
                             and ctrl == _CTRL_UNTAGGED_LAST
@@ -216,9 +250,21 @@ def ingest_lean(
                             check_untagged(qn, msn, mo, uc, 0, READ_REQUEST_HDR_LEN, True, flagged)
                             requests.read_request(sink_stag, sink_to, rsize)
                             if not flagged:
-                                emit((frame, ts, route, _OP_READ_REQUEST, False, qn, msn, 0,
-                                      (sink_stag, sink_to, rsize, src_stag, src_to), 0, True,
-                                      verdict, 0, None, wire))  # fmt: skip
+                                if shapes is None:
+                                    emit((frame, ts, route, _OP_READ_REQUEST, False, qn, msn, 0,
+                                          (sink_stag, sink_to, rsize, src_stag, src_to), 0, True,
+                                          verdict, 0, None, wire))  # fmt: skip
+                                else:
+                                    if ts != clock_ts:
+                                        clock_ts = ts
+                                        clock = " %11.6f" % (ts - t0)
+                                    template = shapes.get(ctrl << 8 | uc) or shape(
+                                        shapes, route, verdict, ctrl, uc
+                                    )
+                                    fields = (qn, msn, 0, 0, sink_stag, sink_to, rsize,
+                                              src_stag, src_to)  # fmt: skip
+                                    line = template % (frame, clock, *fields)
+                                    emit((frame, line))
                         else:
                             break
                         if flagged:  # checked already: the record, with its findings

@@ -141,6 +141,10 @@ Send-family message on QN 0; on the fused path also a Read Request, RFC 5040 §4
 good or off, markers as expected, PAD zero, and no finding of any stateful check.
 Everything the one-line summary shows, and nothing else."""
 
+BriefText = tuple[int, str]
+"""(frame, summary line): a :data:`BriefFpdu` the fused path printed itself, when the
+decoder was given the printer's :class:`~stack.dissect.text.BriefLines`."""
+
 
 @dataclass(frozen=True, slots=True)
 class Note:
