@@ -29,10 +29,7 @@ from typing import Literal, NamedTuple, overload
 
 from stack.pcap.errors import CaptureError, TruncatedCapture
 from stack.pcap.format import (
-    ETHERTYPE_IPV4,
     IPPROTO_TCP,
-    IPV4_FRAGMENT_MASK,
-    IPV4_NO_OPTIONS,
     LINKTYPE_ETHERNET,
     LINKTYPE_MASK,
     MAX_RECORD_LEN,
@@ -52,8 +49,10 @@ from stack.pcap.format import (
     SUPPORTED_LINKTYPES,
 )
 from stack.pcap.packet import (
+    ETH_IPV4_HEAD,
     ETH_IPV4_TCP,
     ETH_IPV4_TCP_OFFSET,
+    IPV4_FRAGMENT_PROTO_MASK,
     CaptureStats,
     Frame,
     LeanSegment,
@@ -178,13 +177,11 @@ def _walk_pcap(
             number += 1
             offset = end_at
             if inline and incl_len >= need:
-                (ethertype, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, off,
+                (head, total, fragproto, src, dst, sport, dport, seq, ack, off,
                  flags) = unpack(buf, data_at)  # fmt: skip
                 if (
-                    ethertype == ETHERTYPE_IPV4
-                    and vihl == IPV4_NO_OPTIONS
-                    and proto == IPPROTO_TCP
-                    and not frag & IPV4_FRAGMENT_MASK
+                    head >> 8 == ETH_IPV4_HEAD
+                    and fragproto & IPV4_FRAGMENT_PROTO_MASK == IPPROTO_TCP
                     and total >= 40
                 ):
                     hlen = (off >> 4) * 4
