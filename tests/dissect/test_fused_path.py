@@ -50,6 +50,12 @@ def _flip(record: Record, at: int) -> Record:
     return header, frame[:at] + bytes([frame[at] ^ 0x5A]) + frame[at + 1 :]
 
 
+def _fin(record: Record) -> Record:
+    """The record with the FIN flag set in its TCP header (RFC 9293 §3.1)."""
+    header, frame = record
+    return header, frame[:47] + bytes([frame[47] | 0x01]) + frame[48:]
+
+
 def _pure_ack(record: Record) -> Record:
     """The record's TCP segment without its payload (IP total length fixed up)."""
     header, frame = record
@@ -66,7 +72,7 @@ def _variants(data: bytes) -> dict[str, bytes]:
     again = recs[:120] + [recs[119]] + recs[120:125] + [recs[119]] + recs[125:]
     conflict = recs[:130] + [_flip(recs[129], len(recs[129][1]) - 3)] + recs[130:]
     snapped = recs[:249] + [_cut(recs[249], 80)] + recs[250:259] + [_cut(recs[259], 40)]
-    snapped += recs[260:]
+    snapped += recs[260:300] + [_cut(_fin(recs[300]), 90)] + recs[301:]
     acks = []
     for i, rec in enumerate(recs):
         acks.append(rec)

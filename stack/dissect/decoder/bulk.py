@@ -109,9 +109,8 @@ def ingest_lean(
     shapes: dict[int, str] | None = None
     sends: dict[int, str] | None = None
     try:
-        for seg in segments:
+        for frame, ts, key, seq, ack, flags, payload, missing in segments:
             count += 1
-            frame, ts, key, seq, _, flags, payload, missing = seg
             if key is not last_key:
                 if fpdus:
                     mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
@@ -290,9 +289,9 @@ def ingest_lean(
                 mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
                 fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0
             last_key = None
-            segment = full_segment(seg)
-            if missing and cut is not None and not flags & _TCP_SPECIAL:
-                cut(segment)  # as ingest_many: a cut SYN/FIN/RST segment is not reported
+            segment = full_segment((frame, ts, key, seq, ack, flags, payload, missing))
+            if missing and cut is not None:
+                cut(segment)
             dissector._general(segment, ts)
     finally:
         if fpdus:
