@@ -11,7 +11,8 @@ Operation without markers (RFC 5044 §7.1.2) and the decoder is brief: ULPDU_Len
 (MPA-12), PAD (MPA-04), a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4; Read
 Requests too, §4.4) and the stateful checks (:class:`~.checks.DirectionChecks`) give a
 :data:`~.records.BriefFpdu` per FPDU, exactly as :meth:`~.walker.DirectionDecoder.walk_plain`
-makes it.  Anything else goes where it went before, from the byte where it starts: a
+makes it, or, given the printer's templates (:attr:`~.dissector.Dissector.text`), its
+summary line (:data:`~.records.BriefText`).  Anything else goes where it went before, from the byte where it starts: a
 short or odd FPDU to ``walk_plain`` (its general path), markers or a non-brief decoder
 to ``walk_plain`` for the whole segment, buffered bytes to ``push``, and any other
 segment to the general path (TCP reassembly events); the cached state is then read
