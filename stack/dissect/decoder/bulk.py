@@ -12,11 +12,11 @@ Operation without markers (RFC 5044 §7.1.2) and the decoder is brief: ULPDU_Len
 Requests too, §4.4) and the stateful checks (:class:`~.checks.DirectionChecks`) give a
 :data:`~.records.BriefFpdu` per FPDU, exactly as :meth:`~.walker.DirectionDecoder.walk_plain`
 makes it, or, given the printer's templates (:attr:`~.dissector.Dissector.text`), its
-summary line (:data:`~.records.BriefText`).  Anything else goes where it went before, from the byte where it starts: a
-short or odd FPDU to ``walk_plain`` (its general path), markers or a non-brief decoder
-to ``walk_plain`` for the whole segment, buffered bytes to ``push``, and any other
-segment to the general path (TCP reassembly events); the cached state is then read
-again.  The tests compare this path with the segment-by-segment one.
+summary line (:data:`~.records.BriefText`).  Anything else goes where it went before,
+from the byte where it starts: a short or odd FPDU to ``walk_plain`` (its general path),
+markers or a non-brief decoder to ``walk_plain`` for the whole segment, buffered bytes to
+``push``, and any other segment to the general path (TCP reassembly events); the cached
+state is then read again.  The tests compare this path with the segment-by-segment one.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ _READ_REQUEST_UNPACK = struct.Struct(">BBIIII" + "IQIIQ").unpack_from
 _UC_READ_REQUEST = (RDMAP_VERSION << 6) | Opcode.RDMA_READ_REQUEST
 _READ_REQUEST_ULEN = DDP_UNTAGGED_HDR_LEN + READ_REQUEST_HDR_LEN
 _QN_READ = int(QueueNumber.READ_REQUEST)
+_FRAMING = 2 + MPA_CRC_LEN
+"""The ULPDU_Length field and the CRC: an FPDU's bytes besides its ULPDU and PAD."""
+_WIRE_ROUND = _FRAMING + 3
+"""(ULPDU_Length + this) & ~3 is an unmarked FPDU's wire length: PAD to 4 bytes, CRC."""
 
 
 def ingest_lean(
@@ -177,7 +181,7 @@ def ingest_lean(
                     pos = 0
                     while pos + 2 <= n:
                         ulen = (payload[pos] << 8) | payload[pos + 1]
-                        wire = ((ulen + 5) & ~3) + MPA_CRC_LEN
+                        wire = (ulen + _WIRE_ROUND) & ~3  # length, ULPDU, PAD, CRC (MPA-04)
                         end = pos + wire
                         if end > n or ulen > MULPDU_MAX or ulen < DDP_UNTAGGED_HDR_LEN:
                             break
@@ -186,7 +190,7 @@ def ingest_lean(
                             _crc32c(payload[pos:end_body]) != _LE32_UNPACK(payload, end_body)[0]
                         ):
                             break
-                        pad_len = end_body - pos - 2 - ulen
+                        pad_len = wire - _FRAMING - ulen
                         if pad_len and _BE32_UNPACK(payload, end_body - 4)[0] & _PAD_MASKS[pad_len]:
                             break
                         hat = pos + 2
