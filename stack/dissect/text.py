@@ -193,17 +193,15 @@ class BriefLines:
 
     @staticmethod
     def shape(
-        shapes: dict[int, str],
-        route: tuple[int, str, str, str],
-        crc_ok: bool | None,
-        ctrl: int,
-        uc: int,
+        shapes: dict[int, str], route: tuple[int, str, str, str], crc_ok: bool | None, cu: int
     ) -> str:
-        """The template of the control bytes ``ctrl`` and ``uc`` (T and L, RFC 5041 §4.2;
-        the opcode, RFC 5040 §4.2), kept in ``shapes``: the one :meth:`format` uses."""
-        key = (route, uc & RDMAP_OPCODE_MASK, bool(ctrl & DDP_TAGGED), bool(ctrl & DDP_LAST),
+        """The template of the control bytes ``cu`` (DDP ``ctrl << 8`` with T and L, RFC 5041
+        §4.2, and the RDMAP byte with the opcode, RFC 5040 §4.2), kept in ``shapes``: the
+        one :meth:`format` uses."""
+        ctrl = cu >> 8
+        key = (route, cu & RDMAP_OPCODE_MASK, bool(ctrl & DDP_TAGGED), bool(ctrl & DDP_LAST),
                crc_ok, 0)  # fmt: skip
-        template = shapes[ctrl << 8 | uc] = _TEMPLATES.get(key) or _template(key)
+        template = shapes[cu] = _TEMPLATES.get(key) or _template(key)
         return template
 
     @staticmethod

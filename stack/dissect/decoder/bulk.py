@@ -46,10 +46,8 @@ from stack.dissect.decoder.common import (
     _FAST_UNTAGGED,
     _LE32,
     _OP_READ_REQUEST,
-    _TAGGED_UNPACK,
     _TCP_SPECIAL,
     _U32,
-    _UNTAGGED_UNPACK,
 )
 from stack.dissect.decoder.modes import Mode
 from stack.dissect.decoder.walker import _crc32c
@@ -64,9 +62,19 @@ _LE32_UNPACK = _LE32.unpack_from
 _BE32_UNPACK = _U32.unpack_from
 _PAD_MASKS = (0, 0xFF, 0xFFFF, 0xFFFFFF)
 """The PAD bytes of a big-endian word ending where the PAD ends, by PAD length (MPA-04)."""
-_READ_REQUEST_UNPACK = struct.Struct(">BBIIII" + "IQIIQ").unpack_from
-"""An untagged DDP header (RFC 5041 §4.3) and a Read Request header (RFC 5040 §4.4)."""
-_UC_READ_REQUEST = (RDMAP_VERSION << 6) | Opcode.RDMA_READ_REQUEST
+_TAGGED_AT = struct.Struct(">4xIQ").unpack_from
+"""STag and TO of a tagged DDP header (RFC 5041 §4.2), from the FPDU's start."""
+_UNTAGGED_AT = struct.Struct(">4xIIII").unpack_from
+"""Invalidate STag (RsvdULP), QN, MSN and MO of an untagged DDP header (RFC 5041 §4.3)."""
+_READ_REQUEST_AT = struct.Struct(">4xIIII" + "IQIIQ").unpack_from
+"""An untagged DDP header and a Read Request header (RFC 5040 §4.4)."""
+_SEND_AT = 2 + DDP_UNTAGGED_HDR_LEN
+"""Where a Send's payload starts in its FPDU."""
+_TAGGED_CU = frozenset(c << 8 | u for c in _FAST_TAGGED for u in _FAST_TAGGED_OPS)
+"""The DDP and RDMAP control bytes (``ctrl << 8 | uc``) of the canonical tagged headers."""
+_SEND_CU = frozenset(c << 8 | u for c in _FAST_UNTAGGED for u in _FAST_SEND_OPS)
+_INVALIDATE_CU = frozenset(c << 8 | u for c in _FAST_UNTAGGED for u in _FAST_INVALIDATE_OPS)
+_CU_READ_REQUEST = _CTRL_UNTAGGED_LAST << 8 | (RDMAP_VERSION << 6) | Opcode.RDMA_READ_REQUEST
 _READ_REQUEST_ULEN = DDP_UNTAGGED_HDR_LEN + READ_REQUEST_HDR_LEN
 _QN_READ = int(QueueNumber.READ_REQUEST)
 _FRAMING = 2 + MPA_CRC_LEN
@@ -179,8 +187,9 @@ def ingest_lean(
                         continue
                     # the FPDUs of the segment, walked as walk_plain's brief branch does
                     pos = 0
-                    while pos + 2 <= n:
-                        ulen = (payload[pos] << 8) | payload[pos + 1]
+                    while pos + 4 <= n:  # ULPDU_Length and the DDP and RDMAP control bytes
+                        head = _BE32_UNPACK(payload, pos)[0]
+                        ulen = head >> 16
                         wire = (ulen + _WIRE_ROUND) & ~3  # length, ULPDU, PAD, CRC (MPA-04)
                         end = pos + wire
                         if end > n or ulen > MULPDU_MAX or ulen < DDP_UNTAGGED_HDR_LEN:
@@ -193,14 +202,12 @@ def ingest_lean(
                         pad_len = wire - _FRAMING - ulen
                         if pad_len and _BE32_UNPACK(payload, end_body - 4)[0] & _PAD_MASKS[pad_len]:
                             break
-                        hat = pos + 2
-                        ctrl = payload[hat]
-                        uc = payload[hat + 1]
-                        if ctrl in _FAST_TAGGED and uc in _FAST_TAGGED_OPS:
-                            _, _, stag, to = _TAGGED_UNPACK(payload, hat)
+                        cu = head & 0xFFFF  # DDP control byte, RDMAP control byte
+                        if cu in _TAGGED_CU:
+                            stag, to = _TAGGED_AT(payload, pos)
                             size = ulen - DDP_TAGGED_HDR_LEN
-                            last = ctrl == _CTRL_TAGGED_LAST
-                            op = uc & RDMAP_OPCODE_MASK
+                            last = cu >> 8 == _CTRL_TAGGED_LAST
+                            op = cu & RDMAP_OPCODE_MASK
                             flagged: list[Finding] = []
                             check_tagged(op, stag, to, size, last, flagged, peer)
                             if not flagged:
@@ -211,47 +218,41 @@ def ingest_lean(
                                     if ts != clock_ts:
                                         clock_ts = ts
                                         clock = " %11.6f" % (ts - t0)
-                                    template = shapes.get(ctrl << 8 | uc) or shape(
-                                        shapes, route, verdict, ctrl, uc
-                                    )
+                                    template = shapes.get(cu) or shape(shapes, route, verdict, cu)
                                     emit((frame, template % (frame, clock, stag, to, size)))
-                        elif ctrl in _FAST_UNTAGGED and uc in _FAST_SEND_OPS:
-                            _, _, inval, qn, msn, mo = _UNTAGGED_UNPACK(payload, hat)
-                            if qn or (inval and uc not in _FAST_INVALIDATE_OPS):
+                        elif cu in _SEND_CU:
+                            inval, qn, msn, mo = _UNTAGGED_AT(payload, pos)
+                            if qn or (inval and cu not in _INVALIDATE_CU):
                                 break
                             size = ulen - DDP_UNTAGGED_HDR_LEN
-                            last = ctrl == _CTRL_UNTAGGED_LAST
-                            op = uc & RDMAP_OPCODE_MASK
+                            last = cu >> 8 == _CTRL_UNTAGGED_LAST
+                            op = cu & RDMAP_OPCODE_MASK
                             flagged = []
-                            check_untagged(qn, msn, mo, uc, inval, size, last, flagged)
+                            check_untagged(qn, msn, mo, cu & 0xFF, inval, size, last, flagged)
                             if not flagged:
                                 lines = shapes if mo else sends  # MO 0: what an upper layer reads
                                 if lines is None:
                                     emit((frame, ts, route, op, False, qn, msn, mo, inval, size,
                                           last, verdict, 0,
-                                          payload[hat + DDP_UNTAGGED_HDR_LEN : hat + ulen],
+                                          payload[pos + _SEND_AT : pos + 2 + ulen],
                                           wire))  # fmt: skip
                                 else:
                                     if ts != clock_ts:
                                         clock_ts = ts
                                         clock = " %11.6f" % (ts - t0)
-                                    template = lines.get(ctrl << 8 | uc) or shape(
-                                        lines, route, verdict, ctrl, uc
-                                    )
+                                    template = lines.get(cu) or shape(lines, route, verdict, cu)
                                     line = template % (frame, clock, qn, msn, mo, size, inval)
                                     emit((frame, line))
-                        elif (
-                            ulen == _READ_REQUEST_ULEN
-                            and ctrl == _CTRL_UNTAGGED_LAST
-                            and uc == _UC_READ_REQUEST
-                        ):  # DirectionChecks.check of a canonical Read Request, written out
-                            (_, _, inval, qn, msn, mo, sink_stag, sink_to, rsize, src_stag,
-                             src_to) = _READ_REQUEST_UNPACK(payload, hat)  # fmt: skip
+                        elif cu == _CU_READ_REQUEST and ulen == _READ_REQUEST_ULEN:
+                            # DirectionChecks.check of a canonical Read Request, written out
+                            (inval, qn, msn, mo, sink_stag, sink_to, rsize, src_stag,
+                             src_to) = _READ_REQUEST_AT(payload, pos)  # fmt: skip
                             if qn != _QN_READ or inval or mo:
                                 break
                             size = 0
                             flagged = []
-                            check_untagged(qn, msn, mo, uc, 0, READ_REQUEST_HDR_LEN, True, flagged)
+                            check_untagged(qn, msn, mo, cu & 0xFF, 0, READ_REQUEST_HDR_LEN, True,
+                                           flagged)  # fmt: skip
                             requests.read_request(sink_stag, sink_to, rsize)
                             if not flagged:
                                 if shapes is None:
@@ -262,9 +263,7 @@ def ingest_lean(
                                     if ts != clock_ts:
                                         clock_ts = ts
                                         clock = " %11.6f" % (ts - t0)
-                                    template = shapes.get(ctrl << 8 | uc) or shape(
-                                        shapes, route, verdict, ctrl, uc
-                                    )
+                                    template = shapes.get(cu) or shape(shapes, route, verdict, cu)
                                     fields = (qn, msn, 0, 0, sink_stag, sink_to, rsize,
                                               src_stag, src_to)  # fmt: skip
                                     line = template % (frame, clock, *fields)
@@ -274,16 +273,16 @@ def ingest_lean(
                         if flagged:  # checked already: the record, with its findings
                             mpa_half.record_flagged(payload, nxt, pos, ulen, wire, flagged,
                                                     frame, ts)  # fmt: skip
-                        else:
-                            fpdus += 1
-                            wire_bytes += wire
-                            ulpdu_bytes += ulen
-                            payload_bytes += size
+                        fpdus += 1
+                        ulpdu_bytes += ulen
+                        payload_bytes += size
                         pos = end
                     if pos == n:
+                        wire_bytes += n
                         mpa_half.base = nxt + n
                         continue
                     # the rest from the first FPDU this loop does not take: walk_plain
+                    wire_bytes += pos
                     if fpdus:
                         mpa_half._count(fpdus, wire_bytes, ulpdu_bytes, payload_bytes)
                         fpdus = wire_bytes = ulpdu_bytes = payload_bytes = 0

@@ -583,7 +583,8 @@ class DirectionDecoder(Resync):
     ) -> None:
         """The record of an unmarked FPDU at ``data[pos:]`` (stream offset ``offset + pos``)
         whose framing, CRC, PAD and canonical header passed :meth:`walk_plain`'s brief
-        tests but whose stateful checks found ``findings``; counted in :attr:`info`."""
+        tests but whose stateful checks found ``findings`` (the caller counts it in
+        :attr:`info`)."""
         conn = self.conn
         side = self.side
         end_body = pos + wire - MPA_CRC_LEN
@@ -593,7 +594,6 @@ class DirectionDecoder(Resync):
         segment = SegmentView(ulpdu, conn.rfc7306, conn.siw_layout)
         pad_len = end_body - pos - 2 - ulen
         pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
-        self._count(1, wire, ulen, len(segment.payload))
         conn.emit(
             PduRecord(conn.stream, frame, ts, conn.direction(side), conn.names[side],
                       conn.names[1 - side], "fpdu", offset + pos, wire, findings, None, 0, 0,
