@@ -50,7 +50,8 @@ from stack.dissect.decoder.common import (
     _U32,
 )
 from stack.dissect.decoder.modes import Mode
-from stack.dissect.decoder.walker import _crc32c
+from stack.dissect.decoder.records import PduRecord, SegmentView
+from stack.dissect.decoder.walker import DirectionDecoder, _crc32c
 from stack.pcap import LeanSegment, TcpSegment, full_segment
 from stack.wire.checker import Finding
 
@@ -271,8 +272,8 @@ def ingest_lean(
                         else:
                             break
                         if flagged:  # checked already: the record, with its findings
-                            mpa_half.record_flagged(payload, nxt, pos, ulen, wire, flagged,
-                                                    frame, ts)  # fmt: skip
+                            _record_flagged(mpa_half, payload, nxt, pos, ulen, wire, flagged,
+                                            frame, ts)  # fmt: skip
                         fpdus += 1
                         ulpdu_bytes += ulen
                         payload_bytes += size
@@ -303,3 +304,34 @@ def ingest_lean(
         dissector.last_frame = frame
         dissector.last_ts = ts
     return count
+
+
+def _record_flagged(
+    half: DirectionDecoder,
+    data: memoryview,
+    offset: int,
+    pos: int,
+    ulen: int,
+    wire: int,
+    findings: list[Finding],
+    frame: int,
+    ts: float,
+) -> None:
+    """The record of an unmarked FPDU at ``data[pos:]`` (stream offset ``offset + pos``)
+    whose framing, CRC, PAD and canonical header passed the brief tests but whose stateful
+    checks found ``findings``, as ``walk_plain`` makes it (the caller counts it)."""
+    conn = half.conn
+    side = half.side
+    end_body = pos + wire - MPA_CRC_LEN
+    crc_field = _LE32_UNPACK(data, end_body)[0]
+    crc_value = _crc32c(data[pos:end_body])
+    ulpdu = data[pos + 2 : pos + 2 + ulen]
+    segment = SegmentView(ulpdu, conn.rfc7306, conn.siw_layout)
+    pad_len = end_body - pos - 2 - ulen
+    pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
+    conn.emit(
+        PduRecord(conn.stream, frame, ts, conn.direction(side), conn.names[side],
+                  conn.names[1 - side], "fpdu", offset + pos, wire, findings, None, 0, 0, 0,
+                  b"", ulen, True if half.crc else None, crc_field, crc_value, pad, (), (), (),
+                  segment, ulpdu)
+    )  # fmt: skip

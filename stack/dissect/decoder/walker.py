@@ -570,37 +570,6 @@ class DirectionDecoder(Resync):
         )
         return ctx
 
-    def record_flagged(
-        self,
-        data: memoryview,
-        offset: int,
-        pos: int,
-        ulen: int,
-        wire: int,
-        findings: list[Finding],
-        frame: int,
-        ts: float,
-    ) -> None:
-        """The record of an unmarked FPDU at ``data[pos:]`` (stream offset ``offset + pos``)
-        whose framing, CRC, PAD and canonical header passed :meth:`walk_plain`'s brief
-        tests but whose stateful checks found ``findings`` (the caller counts it in
-        :attr:`info`)."""
-        conn = self.conn
-        side = self.side
-        end_body = pos + wire - MPA_CRC_LEN
-        crc_field = _LE32_UNPACK(data, end_body)[0]
-        crc_value = _crc32c(data[pos:end_body])
-        ulpdu = data[pos + 2 : pos + 2 + ulen]
-        segment = SegmentView(ulpdu, conn.rfc7306, conn.siw_layout)
-        pad_len = end_body - pos - 2 - ulen
-        pad = bytes(data[end_body - pad_len : end_body]) if pad_len else b""
-        conn.emit(
-            PduRecord(conn.stream, frame, ts, conn.direction(side), conn.names[side],
-                      conn.names[1 - side], "fpdu", offset + pos, wire, findings, None, 0, 0,
-                      0, b"", ulen, True if self.crc else None, crc_field, crc_value, pad, (),
-                      (), (), segment, ulpdu)
-        )  # fmt: skip
-
     def _hold_rest(self, data: memoryview, pos: int, offset: int, frame: int, ts: float) -> None:
         """Buffer ``data[pos:]`` (stream offset ``offset + pos``) for :meth:`push` / :meth:`run`."""
         n = len(data)
