@@ -18,6 +18,7 @@ from stack.dissect.decoder import Dissector, PduRecord
 from stack.pcap import CaptureReader, LeanSegment, full_segment, lean_segment, read_tcp_segments
 from stack.wire.events import ReadRequest, ReadResponse, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder
+from tests.pcap.captures import to_pcapng
 from tools.bench_dissect import generate
 
 REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
@@ -268,3 +269,23 @@ def test_fused_path_on_flagged_and_odd_read_requests_and_sends(
     assert (
         " MO=1 sink=0x00000014/0x0 size=4 src=0x00000025/0x0 CRC ok [RDMAP-04 DDP-05]" in fused[1]
     )
+
+
+def test_fused_path_on_pcapng_captures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pcapng (whose segments go through parse_tcp) takes the fused path as well."""
+    whole = tmp_path / "whole.pcap"
+    generate(str(whole), 300, False)
+    import stack.cli.dissect as cli
+
+    for name in ("whole", "gap", "snaplen"):
+        data = to_pcapng(_variants(whole.read_bytes())[name])
+        assert _compare(data, True, True) > 100, name
+        path = tmp_path / f"{name}.pcapng"
+        path.write_bytes(data)
+        fused = _cli([str(path)], capsys)
+        with monkeypatch.context() as m:
+            m.setattr(cli, "_decode_lean", lambda s, d, p: cli._decode(map(full_segment, s), d, p))
+            each = _cli([str(path)], capsys)
+        assert fused == each and fused[1].count("\n") > 250, name
