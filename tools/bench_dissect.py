@@ -1,7 +1,8 @@
 """Benchmark: ``iwarp dissect`` against tshark on the same generated capture, in the same run.
 
-``python -m tools.bench_dissect [--fpdus 1000000] [--markers] [--repeat 1] [--keep FILE]
-[--modes summary,json,fields,stats] [--rss-fpdus N] [--json OUT] [--baseline DIR]``
+``python -m tools.bench_dissect [--fpdus 1000000] [--markers] [--repeat 1] [--median]
+[--keep FILE] [--modes summary,json,fields,stats] [--rss-fpdus N] [--json OUT]
+[--baseline DIR]``
 
 The capture holds one connection (MPA rev 2 with CRC) carrying a mix of Sends, RDMA Writes
 of varied sizes (segmented at MULPDU into several FPDUs), Read Requests and Read
@@ -10,7 +11,8 @@ written to a temporary directory, or to ``--keep FILE`` and reused from there by
 run with the same ``--fpdus`` and ``--markers`` (the generator is seeded; a small JSON
 file next to it says what it holds).  Both tools run as subprocesses writing to
 /dev/null, interpreter and program start-up included; runs alternate so both see the
-same load, and the best of ``--repeat`` runs is kept.  The modes compared (tshark with its
+same load, and the best of ``--repeat`` runs is kept (``--median``: the median wall and
+CPU times).  The modes compared (tshark with its
 iWARP dissectors enabled and the port decoded as iWARP):
 
 ``summary``  the default one-line output; tshark ``-Y iwarp_mpa``
@@ -35,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,14 +179,31 @@ def _best(a: Timing | None, b: Timing) -> Timing:
 Command = tuple[list[str], dict[str, str] | None]  # argv, environment (None: the default)
 
 
-def _race(commands: list[Command], repeat: int) -> list[Timing]:
-    """Best wall and CPU time (and the peak RSS) of each command; runs alternate, so all
-    see the same load."""
-    best: list[Timing | None] = [None] * len(commands)
+def _median(runs: list[Timing]) -> Timing:
+    return Timing(
+        statistics.median(r.wall for r in runs),
+        statistics.median(r.cpu for r in runs),
+        max(r.rss_kib for r in runs),
+    )
+
+
+def _race(commands: list[Command], repeat: int, median: bool = False) -> list[Timing]:
+    """Best (``median``: median) wall and CPU time, and the peak RSS, of each command; runs
+    alternate, so all see the same load."""
+    runs: list[list[Timing]] = [[] for _ in commands]
     for _ in range(repeat):
         for i, (cmd, env) in enumerate(commands):
-            best[i] = _best(best[i], _once(cmd, env))
-    return [b for b in best if b is not None]
+            runs[i].append(_once(cmd, env))
+    if median:
+        return [_median(r) for r in runs]
+    out = []
+    for r in runs:
+        best: Timing | None = None
+        for one in r:
+            best = _best(best, one)
+        assert best is not None
+        out.append(best)
+    return out
 
 
 def _capture(path: str, fpdus: int, markers: bool) -> tuple[int, bool]:
@@ -266,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fpdus", type=int, default=1_000_000)
     parser.add_argument("--markers", action="store_true", help="markers in both directions")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--median", action="store_true", help="median of the runs, not the best")
     parser.add_argument("--keep", metavar="FILE", help="write the capture here (reused next time)")
     parser.add_argument(
         "--modes",
@@ -329,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 commands.append((theirs, None))
             if before_env is not None:
                 commands.append((mine, before_env))
-            timings = _race(commands, args.repeat)
+            timings = _race(commands, args.repeat, args.median)
             ts = timings[1] if theirs else None
             rows.append(_row(mode, count, timings[0], ts))
             if before_env is not None:
@@ -340,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         report: dict[str, Any] = {
             "capture": {"fpdus": count, "bytes": size, "markers": args.markers},
             "repeat": args.repeat,
+            "statistic": "median" if args.median else "best",
             "rows": rows,
         }
         small_fpdus = args.fpdus // 10 if args.rss_fpdus is None else args.rss_fpdus

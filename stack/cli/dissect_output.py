@@ -32,7 +32,7 @@ from stack.dissect import (
     summary_line,
     verbose_lines,
 )
-from stack.dissect.decoder import BriefOutput, Note, PduRecord, StreamInfo, rule_ids
+from stack.dissect.decoder import BriefFpdu, BriefOutput, Note, PduRecord, StreamInfo, rule_ids
 
 __all__ = ["Printer", "UlpAnnotator", "ulp_annotator", "ulp_hex_digits"]
 
@@ -66,6 +66,11 @@ class UlpAnnotator:
         if summary is None:
             self._not_kbtp.add(stream)
         return summary
+
+    @property
+    def not_carrying(self) -> set[int]:
+        """The streams judged not to carry the protocol: :meth:`send` is None for them."""
+        return self._not_kbtp
 
     def __call__(self, rec: PduRecord) -> Any:
         seg = rec.segment
@@ -164,6 +169,18 @@ class Printer:
         )
         """The bulk path: BriefFpdu tuples, the default text or (``-q``) counts only."""
 
+    def brief_text(self) -> BriefLines | None:
+        """The line maker the decoder's fused path may print with (the plain mode's text,
+        :attr:`Dissector.text <stack.dissect.decoder.Dissector.text>`), or None."""
+        if not self.plain or self.args.quiet:
+            return None
+        t0 = self.context.t0 or 0.0
+        brief = self._brief
+        if brief is None or brief.t0 != t0:
+            brief = self._brief = BriefLines(t0)
+        brief.plain_sends = None if self.ulp is None else self.ulp.not_carrying
+        return brief
+
     @property
     def done(self) -> bool:
         return self.limit is not None and self.shown >= self.limit
@@ -193,6 +210,10 @@ class Printer:
             brief_line = brief.line
             for item in items:
                 if type(item) is tuple:  # a BriefFpdu: a clean FPDU of the decoder's bulk path
+                    if len(item) == 2:  # a BriefText: its line, printed by the fused path
+                        append(item[1])
+                        pdus += 1
+                        continue
                     line = brief_line(item)
                     payload = item[13]
                     if payload is not None and ulp is not None and item[7] == 0:
@@ -276,14 +297,15 @@ class Printer:
         io = self.io
         pdus = flagged = 0
         for item in items:
-            if type(item) is tuple:  # a BriefFpdu
-                payload = item[13]
-                if payload is not None and ulp is not None and item[7] == 0:
-                    info = ulp.send(item[2][0], item[2][1], payload, item[10])
+            if type(item) is tuple:  # a BriefFpdu (no BriefText: -q prints no lines)
+                fpdu: BriefFpdu = item  # type: ignore[assignment]
+                payload = fpdu[13]
+                if payload is not None and ulp is not None and fpdu[7] == 0:
+                    info = ulp.send(fpdu[2][0], fpdu[2][1], payload, fpdu[10])
                     if info is not None and info.findings:
                         flagged += 1
                 for stat in io:
-                    stat.add_at(item[1], item[14], t0)
+                    stat.add_at(fpdu[1], fpdu[14], t0)
                 pdus += 1
             elif type(item) is PduRecord:
                 if ulp is not None:

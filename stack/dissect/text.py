@@ -10,15 +10,20 @@ PDU kinds and opcodes are named as in the JSON records (:mod:`stack.dissect.fiel
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from stack.constants import (
     ATOMIC_OPCODE_MASK,
+    DDP_LAST,
+    DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
     DDP_UNTAGGED_HDR_LEN,
     INVALIDATE_OPCODES,
+    RDMAP_OPCODE_MASK,
     AtomicOpcode,
+    Opcode,
     RtrType,
     TermCode,
     term_name,
@@ -47,6 +52,7 @@ __all__ = [
 
 _NAMES = OPCODE_NAMES_BY_VALUE  # bound here: CPython compiles no fast method call on imported names
 _INVALIDATE = frozenset(int(op) for op in INVALIDATE_OPCODES)
+_READ_REQUEST = int(Opcode.RDMA_READ_REQUEST)
 _ATOMIC_NAMES: dict[int, str] = {
     AtomicOpcode.FETCH_ADD: "FetchAdd",
     AtomicOpcode.CMP_SWAP: "CmpSwap",
@@ -122,13 +128,14 @@ _TEMPLATES: dict[_Shape, str] = {}
 def _template(key: _Shape) -> str:
     """The template of a brief line's shape: the fixed text with the varying fields as
     conversions (frame, time text, then STag, TO, length, or QN, MSN, MO, length and the
-    Invalidate STag, which ``%.0s`` swallows for opcodes without one)."""
+    Invalidate STag, which ``%.0s`` swallows for opcodes without one; a Read Request
+    shows its header instead of the length, RFC 5040 §4.4)."""
     route, op, tagged, last, crc_ok, markers = key
     name = _NAMES.get(op) or opcode_name(op)
     end = _CRC_TEXT[crc_ok]
     if markers:
         end += f" markers={markers}"
-    if last:
+    if last and op != _READ_REQUEST:
         end = " L" + end
     fixed = (head_text(route) + "MPA/DDP/RDMAP " + name).replace("%", "%%")
     end = end.replace("%", "%%")
@@ -136,6 +143,8 @@ def _template(key: _Shape) -> str:
         body = " STag=0x%08x TO=0x%x len=%s"
     elif op in _INVALIDATE:
         body = " QN=%s MSN=%s MO=%s len=%s InvSTag=0x%08x"
+    elif op == _READ_REQUEST:
+        body = " QN=%s MSN=%s MO=%s%.0s sink=0x%08x/0x%x size=%s src=0x%08x/0x%x"
     else:
         body = " QN=%s MSN=%s MO=%s len=%s%.0s"
     template = "%6d%s" + fixed + body + end
@@ -145,11 +154,11 @@ def _template(key: _Shape) -> str:
 
 
 def brief_line(item: BriefFpdu, time: float | None = None) -> str:
-    """The summary line of an FPDU with a header-less opcode and no findings, given as a
+    """The summary line of an FPDU without findings given as a
     :data:`~stack.dissect.decoder.records.BriefFpdu` (``time`` as for :func:`summary_line`):
     tagged STag and TO (RFC 5041 §4.2), untagged QN, MSN, MO and the Invalidate STag of the
-    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L, the
-    CRC verdict (MPA-12) and the marker count."""
+    Send with Invalidate kinds (RFC 5041 §4.3, RFC 5040 §4.3), DDP payload length, L (a Read
+    Request: its header, RFC 5040 §4.4), the CRC verdict (MPA-12) and the marker count."""
     clock = "" if time is None else f" {time:>11.6f}"
     return BriefLines.format(item, clock)
 
@@ -157,14 +166,43 @@ def brief_line(item: BriefFpdu, time: float | None = None) -> str:
 class BriefLines:
     """Summary lines of a run of :data:`~stack.dissect.decoder.records.BriefFpdu` tuples,
     as :func:`brief_line` writes them, with the time column relative to ``t0``: the
-    formatted time is reused while the timestamp repeats (the FPDUs of one segment)."""
+    formatted time is reused while the timestamp repeats (the FPDUs of one segment).
 
-    __slots__ = ("t0", "_ts", "_clock")
+    Given to the decoder (:attr:`Dissector.text <stack.dissect.decoder.Dissector.text>`),
+    it lets the fused path write the lines of unmarked FPDUs itself from the templates of
+    :meth:`shapes`; ``plain_sends`` holds the streams whose Sends need no upper-layer look
+    (None: no stream's do), the Sends of any other stream still come as tuples."""
 
-    def __init__(self, t0: float) -> None:
+    __slots__ = ("t0", "_ts", "_clock", "_shapes", "plain_sends")
+
+    def __init__(self, t0: float, plain_sends: Container[int] | None = None) -> None:
         self.t0 = t0
         self._ts: float | None = None
         self._clock = ""
+        self._shapes: dict[tuple[tuple[int, str, str, str], bool | None], dict[int, str]] = {}
+        self.plain_sends = plain_sends
+
+    def shapes(self, route: tuple[int, str, str, str], crc_ok: bool | None) -> dict[int, str]:
+        """The templates of one direction's unmarked brief lines by ``ctrl << 8 | uc`` (the
+        DDP and RDMAP control bytes of a canonical header), filled by :meth:`shape`."""
+        key = (route, crc_ok)
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            shapes = self._shapes[key] = {}
+        return shapes
+
+    @staticmethod
+    def shape(
+        shapes: dict[int, str], route: tuple[int, str, str, str], crc_ok: bool | None, cu: int
+    ) -> str:
+        """The template of the control bytes ``cu`` (DDP ``ctrl << 8`` with T and L, RFC 5041
+        §4.2, and the RDMAP byte with the opcode, RFC 5040 §4.2), kept in ``shapes``: the
+        one :meth:`format` uses."""
+        ctrl = cu >> 8
+        key = (route, cu & RDMAP_OPCODE_MASK, bool(ctrl & DDP_TAGGED), bool(ctrl & DDP_LAST),
+               crc_ok, 0)  # fmt: skip
+        template = shapes[cu] = _TEMPLATES.get(key) or _template(key)
+        return template
 
     @staticmethod
     def format(item: BriefFpdu, clock: str) -> str:
@@ -174,6 +212,8 @@ class BriefLines:
         template = _TEMPLATES.get(key) or _template(key)
         if tagged:
             return template % (frame, clock, f1, f2, plen)
+        if op == _READ_REQUEST:  # f4: the header
+            return template % (frame, clock, f1, f2, f3, plen, *f4)  # type: ignore[misc]
         return template % (frame, clock, f1, f2, f3, plen, f4 or 0)
 
     def line(self, item: BriefFpdu) -> str:

@@ -18,7 +18,16 @@ from stack.pcap.live import (
     interface_name,
     interfaces,
 )
-from stack.pcap.packet import CaptureStats, Frame, TcpSegment, parse_tcp
+from stack.pcap.packet import (
+    CaptureStats,
+    Frame,
+    LeanSegment,
+    SegmentKey,
+    TcpSegment,
+    full_segment,
+    lean_segment,
+    parse_tcp,
+)
 from stack.pcap.reader import (
     CaptureReader,
     capture_format,
@@ -46,9 +55,11 @@ __all__ = [
     "ConnectionRecorder",
     "Direction",
     "Frame",
+    "LeanSegment",
     "LiveCapture",
     "PcapWriter",
     "SegmentFilter",
+    "SegmentKey",
     "Source",
     "TcpSegment",
     "TruncatedCapture",
@@ -56,10 +67,12 @@ __all__ = [
     "capture_format",
     "compile_capture_filter",
     "copy_capture",
+    "full_segment",
     "interface_name",
     "interfaces",
     "internet_checksum",
     "iter_frames",
+    "lean_segment",
     "open_capture",
     "parse_tcp",
     "read_tcp_segments",

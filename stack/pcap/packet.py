@@ -21,6 +21,7 @@ from stack.pcap.format import (
     IPPROTO_TCP,
     IPV4_FRAGMENT_MASK,
     IPV4_HEADER_LEN,
+    IPV4_NO_OPTIONS,
     IPV6_AH,
     IPV6_EXT_HEADERS,
     IPV6_FRAGMENT,
@@ -42,9 +43,15 @@ from stack.pcap.format import (
 
 TCP_HDR = struct.Struct(">HHIIBB")
 """sport, dport, seq, ack, data offset byte, flags."""
-ETH_IPV4_TCP = struct.Struct(">12xHBxHxxHxBxxIIHHIIBB")
-"""Ethertype, IP version/IHL, total length, flags/fragment, protocol, addresses, TCP header
-of an Ethernet frame: the reader's inline path for the common case."""
+ETH_IPV4_TCP = struct.Struct(">12xIHxxIxxIIHHIIBB")
+"""Ethertype, IP version/IHL and TOS (one word), total length, flags/fragment, TTL and
+protocol (one word), addresses, TCP header of an Ethernet frame: the reader's inline path
+for the common case."""
+ETH_IPV4_HEAD = (ETHERTYPE_IPV4 << 8) | IPV4_NO_OPTIONS
+"""The first word of :data:`ETH_IPV4_TCP` without its TOS byte: IPv4 without options."""
+IPV4_FRAGMENT_PROTO_MASK = (IPV4_FRAGMENT_MASK << 16) | 0xFF
+"""The fragment bits and the protocol of the second word: equal to IPPROTO_TCP for an
+unfragmented TCP packet (RFC 791 §3.1)."""
 ETH_IPV4_TCP_OFFSET = ETHERNET_HEADER_LEN + IPV4_HEADER_LEN
 """Where the TCP header starts in an Ethernet/IPv4 frame without IP options."""
 
@@ -87,6 +94,27 @@ class TcpSegment:
     flags: int
     payload: memoryview
     missing: int = 0
+
+
+SegmentKey = tuple[str, int, str, int]
+"""(src, sport, dst, dport) of a segment: its connection and direction."""
+LeanSegment = tuple[int, float, SegmentKey, int, int, int, memoryview, int]
+"""A :class:`TcpSegment` as a plain tuple, the reader's cheaper form for the decoder's bulk
+path: (frame, timestamp, key, seq, ack, flags, payload, missing).  The reader hands out
+the same ``key`` object for every segment of one direction, mostly."""
+
+
+def lean_segment(seg: TcpSegment, key: SegmentKey | None = None) -> LeanSegment:
+    """``seg`` as a :data:`LeanSegment` (``key``: its key, when already made)."""
+    if key is None:
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
+    return (seg.frame, seg.timestamp, key, seg.seq, seg.ack, seg.flags, seg.payload, seg.missing)
+
+
+def full_segment(lean: LeanSegment) -> TcpSegment:
+    """The :class:`TcpSegment` of a :data:`LeanSegment`."""
+    frame, ts, (src, sport, dst, dport), seq, ack, flags, payload, missing = lean
+    return TcpSegment(frame, ts, src, dst, sport, dport, seq, ack, flags, payload, missing)
 
 
 @dataclass(slots=True)

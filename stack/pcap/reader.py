@@ -9,8 +9,9 @@ record is walked with ``struct.unpack_from`` and becomes a
 the window; a window is never reused, so every view stays valid), or, for
 :class:`CaptureReader`'s iteration, directly a :class:`~stack.pcap.packet.TcpSegment`
 (the common Ethernet/IPv4/TCP case is parsed inline, every other frame goes through
-:func:`~stack.pcap.packet.parse_tcp`).  Bytes, bytearray and memoryview inputs are read
-in place.
+:func:`~stack.pcap.packet.parse_tcp`), or, for :meth:`CaptureReader.lean`, the same as a
+plain :data:`~stack.pcap.packet.LeanSegment` tuple (the decoder's bulk path).  Bytes,
+bytearray and memoryview inputs are read in place.
 
 Errors: an unreadable or unknown file raises :class:`CaptureError` before anything is
 yielded; a file cut short raises :class:`TruncatedCapture` *after* every complete record
@@ -28,10 +29,7 @@ from typing import Literal, NamedTuple, overload
 
 from stack.pcap.errors import CaptureError, TruncatedCapture
 from stack.pcap.format import (
-    ETHERTYPE_IPV4,
     IPPROTO_TCP,
-    IPV4_FRAGMENT_MASK,
-    IPV4_NO_OPTIONS,
     LINKTYPE_ETHERNET,
     LINKTYPE_MASK,
     MAX_RECORD_LEN,
@@ -51,12 +49,17 @@ from stack.pcap.format import (
     SUPPORTED_LINKTYPES,
 )
 from stack.pcap.packet import (
+    ETH_IPV4_HEAD,
     ETH_IPV4_TCP,
     ETH_IPV4_TCP_OFFSET,
+    IPV4_FRAGMENT_PROTO_MASK,
     CaptureStats,
     Frame,
+    LeanSegment,
+    SegmentKey,
     TcpSegment,
     address,
+    lean_segment,
     parse_tcp,
 )
 from stack.pcap.source import CaptureInput, Source, open_capture
@@ -96,18 +99,26 @@ def _pcap_header(buf: memoryview) -> tuple[struct.Struct, float, int, int]:
     return struct.Struct(endian + "IIII"), scale, linktype, limit
 
 
+Form = Literal["frames", "segments", "lean"]
+"""What a walk yields: every Frame, or the TcpSegments in them, or LeanSegment tuples."""
+
+
 @overload
 def _walk_pcap(
-    inp: CaptureInput, stats: CaptureStats, frames: Literal[True], records: bool = False
+    inp: CaptureInput, stats: CaptureStats, form: Literal["frames"], records: bool = False
 ) -> Iterator[Frame]: ...
 @overload
 def _walk_pcap(
-    inp: CaptureInput, stats: CaptureStats, frames: Literal[False], records: bool = False
+    inp: CaptureInput, stats: CaptureStats, form: Literal["segments"], records: bool = False
 ) -> Iterator[TcpSegment]: ...
+@overload
 def _walk_pcap(
-    inp: CaptureInput, stats: CaptureStats, frames: bool, records: bool = False
-) -> Iterator[Frame | TcpSegment]:
-    """The records of a pcap: Frames (``frames``) or the TCP segments in them.
+    inp: CaptureInput, stats: CaptureStats, form: Literal["lean"], records: bool = False
+) -> Iterator[LeanSegment]: ...
+def _walk_pcap(
+    inp: CaptureInput, stats: CaptureStats, form: Form, records: bool = False
+) -> Iterator[Frame | TcpSegment | LeanSegment]:
+    """The records of a pcap: Frames, or the TCP segments in them (``form``).
 
     Segments of Ethernet/IPv4 (no options)/TCP frames are parsed inline, every other
     frame goes through :func:`parse_tcp` (the tests compare both paths).  ``records``
@@ -115,6 +126,8 @@ def _walk_pcap(
     """
     refill = inp.refill
     number = tcp_count = 0
+    frames = form == "frames"
+    lean = form == "lean"
     try:
         buf = inp.window
         if len(buf) < PCAP_FILE_HEADER_LEN:
@@ -124,9 +137,9 @@ def _walk_pcap(
         unpack = ETH_IPV4_TCP.unpack_from
         need = ETH_IPV4_TCP.size
         inline = linktype == LINKTYPE_ETHERNET and not frames
-        names: dict[int, str] = {}
-        last_src = last_dst = -1  # IPv4 addresses of src_name and dst_name
-        src_name = dst_name = ""
+        keys: dict[tuple[int, int, int, int], SegmentKey] = {}
+        last_src = last_dst = last_sport = last_dport = -1  # those of key
+        key: SegmentKey = ("", 0, "", 0)
         stats.linktypes.add(linktype)
         size = len(buf)
         offset = PCAP_FILE_HEADER_LEN
@@ -164,13 +177,11 @@ def _walk_pcap(
             number += 1
             offset = end_at
             if inline and incl_len >= need:
-                (ethertype, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, off,
+                (head, total, fragproto, src, dst, sport, dport, seq, ack, off,
                  flags) = unpack(buf, data_at)  # fmt: skip
                 if (
-                    ethertype == ETHERTYPE_IPV4
-                    and vihl == IPV4_NO_OPTIONS
-                    and proto == IPPROTO_TCP
-                    and not frag & IPV4_FRAGMENT_MASK
+                    head >> 8 == ETH_IPV4_HEAD
+                    and fragproto & IPV4_FRAGMENT_PROTO_MASK == IPPROTO_TCP
                     and total >= 40
                 ):
                     hlen = (off >> 4) * 4
@@ -179,23 +190,23 @@ def _walk_pcap(
                     end = ip_end if ip_end <= incl_len else incl_len
                     if hlen >= 20 and start <= end:
                         tcp_count += 1
-                        if src != last_src:  # the addresses of the frame before, mostly
-                            cached = names.get(src)
-                            if cached is None:
-                                cached = names[src] = address(src.to_bytes(4, "big"))
-                            src_name = cached
-                            last_src = src
-                        if dst != last_dst:
-                            cached = names.get(dst)
-                            if cached is None:
-                                cached = names[dst] = address(dst.to_bytes(4, "big"))
-                            dst_name = cached
-                            last_dst = dst
+                        if (
+                            sport != last_sport
+                            or dport != last_dport
+                            or src != last_src
+                            or dst != last_dst
+                        ):  # mostly the direction of the frame before: the same key object
+                            key = _key(keys, src, sport, dst, dport)
+                            last_src, last_sport, last_dst, last_dport = src, sport, dst, dport
+                        if lean:
+                            yield (number, ts_sec + ts_frac * scale, key, seq, ack, flags,
+                                   buf[data_at + start : data_at + end], ip_end - end)  # fmt: skip
+                            continue
                         yield TcpSegment(
                             number,
                             ts_sec + ts_frac * scale,
-                            src_name,
-                            dst_name,
+                            key[0],
+                            key[2],
                             sport,
                             dport,
                             seq,
@@ -219,13 +230,26 @@ def _walk_pcap(
                 continue
             segment = parse_tcp(frame, stats)
             if segment is not None:
-                yield segment
+                yield lean_segment(segment) if lean else segment
     except CaptureError as exc:
         raise exc.named(inp.name) from None
     finally:
         stats.frames += number
         stats.tcp += tcp_count
         inp.close()
+
+
+def _key(
+    keys: dict[tuple[int, int, int, int], SegmentKey], src: int, sport: int, dst: int, dport: int
+) -> SegmentKey:
+    """The :data:`SegmentKey` of IPv4 addresses and ports, one object per direction."""
+    key = keys.get((src, sport, dst, dport))
+    if key is None:
+        if len(keys) >= 65536:
+            keys.clear()
+        key = (address(src.to_bytes(4, "big")), sport, address(dst.to_bytes(4, "big")), dport)
+        keys[(src, sport, dst, dport)] = key
+    return key
 
 
 class _Layout(NamedTuple):
@@ -433,8 +457,15 @@ class CaptureReader:
     def __iter__(self) -> Iterator[TcpSegment]:
         inp = self._take()
         if self.format == "pcap":
-            return _walk_pcap(inp, self.stats, frames=False)
+            return _walk_pcap(inp, self.stats, "segments")
         return self._segments(inp)
+
+    def lean(self) -> Iterator[LeanSegment]:
+        """The TCP segments as :data:`~stack.pcap.packet.LeanSegment` tuples (as iterating)."""
+        inp = self._take()
+        if self.format == "pcap":
+            return _walk_pcap(inp, self.stats, "lean")
+        return self._lean(inp)
 
     def _segments(self, inp: CaptureInput) -> Iterator[TcpSegment]:
         stats = self.stats
@@ -444,6 +475,17 @@ class CaptureReader:
             segment = parse_tcp(frame, stats)
             if segment is not None:
                 yield segment
+
+    def _lean(self, inp: CaptureInput) -> Iterator[LeanSegment]:
+        keys: dict[SegmentKey, SegmentKey] = {}  # one key object per direction
+        for seg in self._segments(inp):
+            key = (seg.src, seg.sport, seg.dst, seg.dport)
+            same = keys.get(key)
+            if same is None:
+                if len(keys) >= 65536:
+                    keys.clear()
+                same = keys[key] = key
+            yield lean_segment(seg, same)
 
     def close(self) -> None:
         """Close the file (a file object passed in is left open); iteration then stops."""
@@ -464,7 +506,7 @@ class CaptureReader:
 
 def _frames(inp: CaptureInput, form: str, records: bool = False) -> Iterator[Frame]:
     if form == "pcap":
-        return _walk_pcap(inp, CaptureStats(), frames=True, records=records)
+        return _walk_pcap(inp, CaptureStats(), "frames", records=records)
     return _walk_pcapng(inp, records)
 
 

@@ -12,7 +12,10 @@ from stack.errors import IwarpError
 from stack.pcap import (
     CaptureError,
     CaptureReader,
+    CaptureStats,
     TruncatedCapture,
+    full_segment,
+    parse_tcp,
     read_tcp_segments,
 )
 from tests.pcap.captures import ipv4_tcp, raw_frame_capture, tap_capture, to_pcapng
@@ -123,3 +126,42 @@ def test_garbage_never_raises_foreign_errors(noise: bytes, cut: int) -> None:
         read_tcp_segments(bytes(base))
     except IwarpError:
         pass
+
+
+def _ethernet(ip: bytes | bytearray, ethertype: bytes = b"\x08\x00") -> bytes:
+    return b"\x02" * 12 + ethertype + bytes(ip)
+
+
+def test_inline_ethernet_path_and_lean_segments_match_parse_tcp() -> None:
+    """Every Ethernet/IPv4 case the reader's inline path tests (and the ones it leaves to
+    parse_tcp): the segments, the lean segments and the counters agree with parse_tcp."""
+    ip = bytearray(ipv4_tcp(b"abcdef"))
+    cases = [bytes(ip), ip[:-2]]  # whole; cut by the snapshot length
+    for at, value in [(1, 0xB8), (6, 0x20), (6, 0x40), (7, 0x01), (9, 17), (8, 1)]:
+        case = bytearray(ip)  # TOS, MF, DF, fragment offset, UDP, TTL 1
+        case[at] = value
+        cases.append(case)
+    short = bytearray(ip)
+    struct.pack_into(">H", short, 2, 39)  # total length below 40
+    options = bytearray(ip[:20]) + b"\x01\x01\x01\x00" + ip[20:]  # IHL 6: one option word
+    options[0] = 0x46
+    struct.pack_into(">H", options, 2, len(options))
+    badtcp = bytearray(ip)
+    badtcp[32] = 4 << 4  # TCP data offset 4 words
+    other_port = bytearray(ip)
+    other_port[21] = 7  # another source port: another key
+    cases += [short, options, badtcp, other_port, bytes(ip)]
+    frames = [_ethernet(c) for c in cases] + [_ethernet(ip, b"\x86\xdd")]
+    data = raw_frame_capture(1, frames)
+    inline = CaptureReader(data)
+    got = list(inline)
+    want = [s for f in CaptureReader(data).frames() if (s := parse_tcp(f)) is not None]
+    assert got == want and len(got) >= 6
+    lean_reader = CaptureReader(data)
+    lean = list(lean_reader.lean())
+    assert [full_segment(s) for s in lean] == want
+    assert lean_reader.stats == inline.stats
+    stats = CaptureStats(frames=len(frames), linktypes={1})
+    assert [s for f in CaptureReader(data).frames() if (s := parse_tcp(f, stats))] == want
+    assert inline.stats == stats and (stats.fragments, stats.non_tcp, stats.malformed) == (2, 1, 3)
+    assert lean[0][2] is lean[-1][2] and lean[-2][2] != lean[-1][2]  # one key object each

@@ -38,7 +38,8 @@ by the MPA engine's rule tables (:mod:`stack.wire.mpa_rules`: MPA-18..26, ERC-01
 Every PDU becomes a :class:`PduRecord` (emitted when the frame that completes it is fed);
 events that are not PDUs (gaps, resynchronisation, non-iWARP connections) become
 :class:`Note`.  ``Dissector(brief=True)`` (the one-line summary) yields the clean FPDUs of
-the bulk walk as :data:`BriefFpdu` tuples instead: the fields the summary shows, no objects.
+the bulk walk as :data:`BriefFpdu` tuples instead: the fields the summary shows, no objects
+(or, given the printer's templates, the fused path's lines themselves: :data:`BriefText`).
 Findings carry rule IDs of the catalog (:mod:`stack.rules`,
 ``iwarp rules``); TCP-level facts use the pseudo rule ``TCP-GAP``.
 
@@ -53,6 +54,7 @@ Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
 from stack.dissect.decoder.dissector import BriefOutput, Dissector, Output, dissect
 from stack.dissect.decoder.records import (
     BriefFpdu,
+    BriefText,
     DirectionInfo,
     DissectOptions,
     Note,
@@ -69,6 +71,7 @@ __all__ = [
     "DirectionInfo",
     "BriefFpdu",
     "BriefOutput",
+    "BriefText",
     "DissectOptions",
     "Dissector",
     "Finding",

@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from stack.dissect.decoder.bulk import ingest_lean
 from stack.dissect.decoder.common import _TCP_SPECIAL
 from stack.dissect.decoder.connection import ConnectionDecoder
 from stack.dissect.decoder.modes import Mode
-from stack.dissect.decoder.records import BriefFpdu, DissectOptions, Note, PduRecord, StreamInfo
+from stack.dissect.decoder.records import (
+    BriefFpdu,
+    BriefText,
+    DissectOptions,
+    Note,
+    PduRecord,
+    StreamInfo,
+)
 from stack.dissect.decoder.walker import DirectionDecoder
 from stack.dissect.tcp import (
     Connection,
     HalfStream,
     TcpReassembler,
 )
-from stack.pcap import TcpSegment
+from stack.pcap import LeanSegment, TcpSegment
+
+if TYPE_CHECKING:
+    from stack.dissect.text import BriefLines
 
 # ======================================================================================
 # The dissector
 # ======================================================================================
 
 Output = PduRecord | Note
-BriefOutput = PduRecord | Note | BriefFpdu
-"""What ``Dissector(brief=True)`` yields."""
+BriefOutput = PduRecord | Note | BriefFpdu | BriefText
+"""What ``Dissector(brief=True)`` yields (:data:`~.records.BriefText` only when given
+:attr:`Dissector.text`)."""
 _Route = tuple[HalfStream, HalfStream, "ConnectionDecoder", "DirectionDecoder"]
 """(sender's TCP half, the other TCP half, MPA connection, sender's MPA half)."""
 
@@ -70,6 +82,9 @@ class Dissector(Generic[OutputT]):
         self._held = False
         self.last_frame = 0
         self.last_ts = 0.0
+        self.text: BriefLines | None = None
+        """The printer's line maker (brief only): the fused path of :meth:`ingest_lean`
+        then yields the summary lines of its FPDUs (:data:`~.records.BriefText`)."""
 
     def _emit(self, item: Output) -> None:
         self._out.append(item)
@@ -159,6 +174,14 @@ class Dissector(Generic[OutputT]):
             self.last_frame = frame
             self.last_ts = ts
         return count
+
+    def ingest_lean(
+        self, segments: Iterable[LeanSegment], cut: Callable[[TcpSegment], object] | None = None
+    ) -> int:
+        """:meth:`ingest_many` of :data:`~stack.pcap.packet.LeanSegment` tuples
+        (:meth:`CaptureReader.lean <stack.pcap.CaptureReader.lean>`), by the fused path of
+        :func:`~.bulk.ingest_lean`: the same records, notes and counters."""
+        return ingest_lean(self, segments, cut)
 
     def _general(self, segment: TcpSegment, ts: float) -> None:
         """The general path of one segment: TCP reassembly events, then MPA."""

@@ -126,18 +126,24 @@ BriefFpdu = tuple[
     int | None,  # tagged: STag; untagged: QN
     int | None,  # tagged: TO; untagged: MSN
     int | None,  # untagged: MO (tagged: None)
-    int | None,  # untagged: Invalidate STag (tagged: None)
-    int,  # DDP payload length
+    "int | tuple[int, int, int, int, int] | None",  # untagged: Invalidate STag, or a Read
+    # Request's header (sink STag, sink TO, size, source STag, source TO); tagged: None
+    int,  # DDP payload length (after the RDMAP header)
     bool,  # L (last)
     bool | None,  # CRC good (True), or None when CRC is off
     int,  # markers in the FPDU
-    "bytes | memoryview | None",  # untagged: the DDP payload (tagged: None)
+    "bytes | memoryview | None",  # a Send: the DDP payload (otherwise None)
     int,  # the FPDU's length on the wire (markers included)
 ]
 """A clean FPDU as ``Dissector(brief=True)`` yields it, instead of a :class:`PduRecord`:
 a canonical DDP/RDMAP header (RFC 5041 §4, RFC 5040 §4: RDMA Write, Read Response or a
-Send-family message on QN 0), CRC good or off, markers as expected, PAD zero, and no
-finding of any stateful check.  Everything the one-line summary shows, and nothing else."""
+Send-family message on QN 0; on the fused path also a Read Request, RFC 5040 §4.4), CRC
+good or off, markers as expected, PAD zero, and no finding of any stateful check.
+Everything the one-line summary shows, and nothing else."""
+
+BriefText = tuple[int, str]
+"""(frame, summary line): a :data:`BriefFpdu` the fused path printed itself, when the
+decoder was given the printer's :class:`~stack.dissect.text.BriefLines`."""
 
 
 @dataclass(frozen=True, slots=True)

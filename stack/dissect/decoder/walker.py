@@ -377,28 +377,9 @@ class DirectionDecoder(Resync):
         a pending gap finding) goes through the general :meth:`_walk` / :meth:`Conn.fpdu`.
         The caller has counted ``frame`` in the connection's ``last_frame``.
         """
-        conn = self.conn
         ctx = self._bulk
-        if ctx is None or ctx[0] != conn.initiator:
-            side = self.side
-            seq = self.seq
-            route = (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side])
-            ctx = self._bulk = (
-                conn.initiator,
-                conn.emit,
-                *route,
-                seq.check,
-                seq.tagged,
-                seq.untagged,
-                conn.halves[1 - side].seq,
-                self.info,
-                conn.rfc7306,
-                conn.siw_layout,
-                conn.pending_findings[side],
-                route,
-                conn.dissector.brief,
-                conn.first_fpdu_frame,
-            )
+        if ctx is None or ctx[0] != self.conn.initiator:
+            ctx = self.bulk_context()
         (_, emit, stream, direction, src, dst, check, check_tagged, check_untagged, peer, info,
          rfc7306, siw, pending, route, brief, first_frames) = ctx  # fmt: skip
         n = len(data)
@@ -563,6 +544,31 @@ class DirectionDecoder(Resync):
                 self.need = 2
         else:
             self.base = offset + n
+
+    def bulk_context(self) -> tuple:
+        """The per-direction constants of :meth:`walk_plain` and the fused path of
+        :mod:`~.bulk` (made again when the initiator, hence the direction name, changes)."""
+        conn = self.conn
+        side = self.side
+        seq = self.seq
+        route = (conn.stream, conn.direction(side), conn.names[side], conn.names[1 - side])
+        ctx = self._bulk = (
+            conn.initiator,
+            conn.emit,
+            *route,
+            seq.check,
+            seq.tagged,
+            seq.untagged,
+            conn.halves[1 - side].seq,
+            self.info,
+            conn.rfc7306,
+            conn.siw_layout,
+            conn.pending_findings[side],
+            route,
+            conn.dissector.brief,
+            conn.first_fpdu_frame,
+        )
+        return ctx
 
     def _hold_rest(self, data: memoryview, pos: int, offset: int, frame: int, ts: float) -> None:
         """Buffer ``data[pos:]`` (stream offset ``offset + pos``) for :meth:`push` / :meth:`run`."""
