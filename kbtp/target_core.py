@@ -470,6 +470,8 @@ class TargetCore(RequestOps, TicketOps):
                 del self._busy[handle]
                 return
             session, req = queue.popleft()
+            if req is None:  # a hold (hold_handle): it has the handle until released
+                return
             if not self._execute(session, req, now, out):
                 return
 

@@ -25,6 +25,7 @@ from kbtp.messages import AllocStore, Bind, Free, Load, Request, Store
 from kbtp.ring import CounterCorrupt, RingRecord, TicketOwner
 from kbtp.target_actions import Action, ReadFromInitiator, WriteToInitiator
 from kbtp.target_state import (
+    HOLD,
     SHARED_RING,
     CoreState,
     InitiatorState,
@@ -239,16 +240,27 @@ class RequestOps(CoreState):
 
     def hold_handle(self, handle: int) -> bool:
         """An offloaded STORE of ``handle`` is mid-Read (docs/kbtp.md §8.1): lock the handle
-        so that its requests queue as behind one of the core's own (§6.0) until
-        :meth:`release_handle`.  False if it is locked already (they queue anyway)."""
-        if handle in self._busy:
+        so that the requests that come next queue as behind one of the core's own (§6.0)
+        until :meth:`release_handle`.  If one of the core's own operations has the handle,
+        the hold queues behind it (and what queued before it), so the requests after it
+        wait for both.  False if a hold is queued already (they queue behind that one)."""
+        queue = self._busy.get(handle)
+        if queue is None:
+            self._busy[handle] = deque()
+            return True
+        if HOLD in queue:
             return False
-        self._busy[handle] = deque()
+        queue.append(HOLD)
         return True
 
     def release_handle(self, handle: int, now: float) -> list[Action]:
-        """The offloaded STORE :meth:`hold_handle` waited for is over: run what queued."""
+        """The offloaded STORE :meth:`hold_handle` waited for is over: drop the hold if it
+        is still queued, else (it has the handle) run what queued behind it."""
         out: list[Action] = []
+        queue = self._busy.get(handle)
+        if queue is not None and HOLD in queue:
+            queue.remove(HOLD)
+            return out
         self._release(handle, now, out)
         return out
 

@@ -37,6 +37,10 @@ docs/kbtp.md §12.4)."""
 RECLAIM = -1
 """Waiter marker: an abandoned ticket whose block is reclaimed when its slot is filled."""
 
+HOLD: tuple[int, Request | None] = (-1, None)
+"""Handle-queue entry of a hold behind an offloaded STORE (``TargetCore.hold_handle``,
+docs/kbtp.md §8.1): it takes the handle like an operation until released."""
+
 
 class OpKind(Enum):
     """What a pending operation waits for."""
@@ -139,7 +143,9 @@ class CoreState:
     _sessions: dict[int, SessionState]
     _ops: dict[int, PendingOp]
     _next_op: int
-    _busy: dict[int, deque[tuple[int, Request]]]
+    _busy: dict[int, deque[tuple[int, Request | None]]]
+    """Per handle being operated on: what waits for it, in order (§6.0); ``HOLD`` entries
+    are the binding's holds behind an offloaded STORE (``hold_handle``)."""
     _waiters: dict[tuple[int, int], int]
     _bound_blocks: dict[int, int]
     _registered: dict[int, list[int]]

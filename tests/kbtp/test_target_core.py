@@ -520,6 +520,45 @@ def test_requests_on_one_handle_run_in_arrival_order(h: Harness) -> None:
     assert bytes(h.buffers[0x55]) == b"new!"
 
 
+def test_s8_1_a_hold_queued_behind_a_core_operation_keeps_later_requests_waiting(
+    h: Harness,
+) -> None:
+    """The binding holds a handle whose offloaded STORE is mid-Read (docs/kbtp.md §8.1)
+    while one of the core's own operations has it: an ALLOW_UNSEALED LOAD after the hold
+    waits for the core's operation and then for the hold's release, not for the first
+    alone (§6.0)."""
+    h.request(SA, inline_alloc(1, 1, b"old!", RequestFlag.NONE))
+    h.buffer(0x66, b"new!")
+    h.buffer(0x55, 4)
+    store = h.send(SA, Store(2, 1, DataDescriptor(0x66, 0, 4)), auto=False)  # the core's op
+    assert h.core.hold_handle(1)  # queued behind the STORE
+    assert not h.core.hold_handle(1)  # one hold at a time: later requests wait behind it
+    load = Load(3, 1, DataDescriptor(0x55, 0, 4), flags=RequestFlag.ALLOW_UNSEALED)
+    assert h.send(SB, load, auto=False) == []
+    h.finish(store[0].op_id)  # type: ignore[union-attr]
+    h.finish_all()
+    assert [c.request_id for _, c, _ in h.completions[-1:]] == [2]  # the LOAD still waits
+    h.absorb(h.core.release_handle(1, h.now))
+    assert [c.request_id for _, c, _ in h.completions[-2:]] == [2, 3]
+    assert bytes(h.buffers[0x55]) == b"new!"
+
+
+def test_s8_1_a_hold_released_before_its_turn_leaves_the_queue(h: Harness) -> None:
+    """The STORE the hold waited for was over before the core's operation ended: the
+    hold is dropped from the queue and the LOAD runs when the operation ends."""
+    h.request(SA, inline_alloc(1, 1, b"old!", RequestFlag.NONE))
+    h.buffer(0x66, b"new!")
+    h.buffer(0x55, 4)
+    store = h.send(SA, Store(2, 1, DataDescriptor(0x66, 0, 4)), auto=False)
+    assert h.core.hold_handle(1)
+    load = Load(3, 1, DataDescriptor(0x55, 0, 4), flags=RequestFlag.ALLOW_UNSEALED)
+    assert h.send(SB, load, auto=False) == []
+    assert h.core.release_handle(1, h.now) == []  # nothing runs yet: the STORE has it
+    h.finish(store[0].op_id)  # type: ignore[union-attr]
+    h.finish_all()
+    assert [c.request_id for _, c, _ in h.completions[-2:]] == [2, 3]
+
+
 def test_requests_on_different_handles_pipeline(h: Harness) -> None:
     h.request(SA, inline_alloc(1, 0, b"zero"))
     h.request(SA, inline_alloc(2, 1, b"one!"))
