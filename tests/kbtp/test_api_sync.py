@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kbtp.arena import ArenaError
-from kbtp.batch import BlockRef, BlockResult
+from kbtp.batch import BlockRef, BlockResult, build_stores
 from kbtp.client_sync import BatchTicket, KbtpClient
 from kbtp.constants import Status
 from kbtp.initiator_errors import HelloRefused, SessionClosed
@@ -120,11 +120,19 @@ def test_bad_arguments_raise_in_the_callers_thread(client: KbtpClient) -> None:
     with pytest.raises(ArenaError, match="handle"):
         client.submit_free([-3])
     assert client.initiator.stats == {}
-    ticket = client.submit_store(arena, refs(1))
+    # A release while a batch uses the arena.  The batch is started and the release tried
+    # in one call on the RNIC thread, so no completion can come in between (a fast target
+    # answers a STORE before a second call from this thread could reach the RNIC thread).
+    ticket = BatchTicket(1)
+    requests = build_stores(arena, refs(1), client.block_size, client.ack.max_inline)
+
+    def start_then_release() -> None:
+        client._start(requests, arena, ticket)  # noqa: SLF001 - what submit_store runs
+        arena.close()
+
     with pytest.raises(ArenaError, match="in use"):
-        while not ticket.done():
-            client.release(arena)
-    ticket.result(WAIT)
+        client._thread.run_sync(start_then_release)  # noqa: SLF001
+    assert ticket.result(WAIT)[0].status is Status.SUCCESS
     client.release(arena)
     with pytest.raises(ArenaError, match="closed"):
         client.submit_load(arena, refs(1))
