@@ -30,6 +30,6 @@ __all__ = [
     "RdmaConnection",
     "SendQueue",
     "keep_freed_memory",
-    "pcap_tap_factory",
     "limit_unsent",
+    "pcap_tap_factory",
 ]

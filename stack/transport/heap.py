@@ -18,11 +18,20 @@ import ctypes
 
 from stack.constants import HEAP_MMAP_THRESHOLD, HEAP_TRIM_THRESHOLD
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["glibc", "keep_freed_memory"]
 
 _M_TRIM_THRESHOLD = -1  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
 _done = False
+
+
+def glibc() -> ctypes.CDLL | None:
+    """This process's C library if it is glibc (musl has ``mallopt`` too, as a no-op)."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
 
 
 def keep_freed_memory() -> bool:
@@ -31,12 +40,10 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-        gnu = ctypes.CDLL(None).gnu_get_libc_version  # glibc only: musl's mallopt is a no-op
-    except (AttributeError, OSError):
+    libc = glibc()
+    if libc is None:
         return False
-    del gnu
+    mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     _done = bool(

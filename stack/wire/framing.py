@@ -32,10 +32,10 @@ buffer) until :meth:`~FpduDeframer.settle` copies the unread rest once, and hand
 ``memoryview`` slices; without markers a ULPDU inside one chunk is not copied at all, and
 only an FPDU that straddles chunks is joined (input is never re-copied per FPDU, wsproto's
 ``Buffer`` idea).  With markers the FPDU is checked where it lies too: the CRC over the
-view, the markers (one word every 128, 4-aligned) read by one strided slice and compared
-with a precomputed table in one go; the FPDU is then copied once into a word array whose
-marker words one strided ``del`` removes (a C loop of memmoves, no object per run), and an
-FPDU with no marker inside is not copied.
+view; an FPDU with a marker inside is copied once into a word array, whose marker words
+(one every 128, 4-aligned) one strided slice reads for a comparison with a precomputed
+table in one go and one strided ``del`` removes (a C loop of memmoves, no object per run);
+an FPDU with no marker inside is not copied.
 """
 
 from __future__ import annotations
@@ -562,13 +562,14 @@ class FpduDeframer:
     def _next_marked(self) -> memoryview | None:
         """With markers (MPA-07..MPA-10): the FPDU, its leading marker if any, inner markers.
 
-        The FPDU is checked where it lies (an FPDU that straddles chunks is joined first,
-        once): the CRC over the view (MPA-12: the CRC of covered bytes plus a correct CRC
-        field is the constant MPA_CRC_RESIDUE); then its markers, one 32-bit word every 128
-        words, read by one strided slice of the view and compared in one go with the
+        The CRC is checked over the FPDU where it lies (an FPDU that straddles chunks is
+        joined first, once; MPA-12: the CRC of covered bytes plus a correct CRC field is
+        the constant MPA_CRC_RESIDUE).  The ULPDU is the view itself when no marker is
+        inside it; else the FPDU is copied into a word array, its markers (one 32-bit word
+        every 128 words) are read by one strided slice and compared in one go with the
         precomputed ones (a mismatch is re-checked marker by marker with RESERVED and the
-        low FPDUPTR bits ignored, MPA-06/MPA-08).  The ULPDU is the view itself when no
-        marker is inside it, else a copy with the marker words deleted (MPA-10).
+        low FPDUPTR bits ignored, MPA-06/MPA-08), and one strided delete cuts them out
+        (MPA-10).
         """
         geometry = (self.offset % MPA_MARKER_INTERVAL) >> 2
         lead, first, index = _RX_GEOMETRY[geometry]
@@ -601,13 +602,13 @@ class FpduDeframer:
             # Marker words sit at word ``index`` (0 for a leading marker, which is 508
             # bytes before the first inner one) and every 128 words after; fewer than 128
             # words follow the last one, the CRC word included.
-            marks = fpdu.cast(_WORD)[index::_WORDS_PER_INTERVAL].tobytes()
+            words = array(_WORD)
+            words.frombytes(fpdu)
+            marks = words[index::_WORDS_PER_INTERVAL].tobytes()
             if not _MARKERS[index].startswith(marks):
                 self._check_markers(marks, index)
             # MPA-10: the markers cut out by one strided delete of their words (the
             # leading one, at word 0, is on the same stride).
-            words = array(_WORD)
-            words.frombytes(fpdu)
             del words[index::_WORDS_PER_INTERVAL]
             ulpdu = memoryview(words).cast("B")
             start = MPA_LENGTH_LEN

@@ -100,7 +100,6 @@ _MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
-_EXACT_FIXED_7306 = EXACT_FIXED
 _EXACT_FIXED_5040 = {
     ctrl: fixed for ctrl, fixed in EXACT_FIXED.items() if fixed[0] not in RFC7306_OPCODES
 }
@@ -173,7 +172,7 @@ class RdmapStream:
         self._tx_msn = [1] * _NUM_QN
         self.sequencer = MessageSequencer()
         """Receive sequencing: MSN, MO and RsvdULP per queue (DDP-02, DDP-04..06)."""
-        self._exact_fixed = _EXACT_FIXED_7306 if rfc7306 else _EXACT_FIXED_5040
+        self._exact_fixed = EXACT_FIXED if rfc7306 else _EXACT_FIXED_5040
         self.placer: TaggedPlacer | None = None
         """The bulk path's consumer of tagged segments (:meth:`place_tagged`)."""
         self.send_placer: SendPlacer | None = None

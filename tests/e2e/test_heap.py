@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 
 import pytest
+
+from stack.transport.heap import glibc
 
 _BURSTS = """
 import resource, sys
@@ -28,15 +29,7 @@ def _faults_per_buffer(setup: str) -> float:
     return float(done.stdout)
 
 
-def _has_glibc() -> bool:
-    try:
-        ctypes.CDLL(None).gnu_get_libc_version  # noqa: B018
-    except AttributeError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_glibc(), reason="glibc's mallopt")
+@pytest.mark.skipif(glibc() is None, reason="glibc's mallopt")
 def test_a_burst_of_fpdu_sized_buffers_reuses_the_heap_once_tuned() -> None:
     """17 buffers of 64 KiB alive at once, then freed, 200 times: glibc's defaults give
     the memory back and fault it in again each pass (a dozen faults per buffer); tuned,
@@ -55,4 +48,4 @@ async def test_a_connection_tunes_the_heap_when_it_starts() -> None:
 
     async with tcp_pair():
         pass
-    assert heap._done is _has_glibc()  # noqa: SLF001
+    assert heap._done is (glibc() is not None)  # noqa: SLF001
