@@ -186,7 +186,11 @@ def ingest_lean(
                             mpa_half.push(payload, nxt, frame, ts)
                         last_key = None  # the walker may have changed its mode
                         continue
-                    # the FPDUs of the segment, walked as walk_plain's brief branch does
+                    # the FPDUs of the segment, walked as walk_plain's brief branch does;
+                    # the time column of their lines, once per timestamp (BriefLines)
+                    if shapes is not None and ts != clock_ts:
+                        clock_ts = ts
+                        clock = " %11.6f" % (ts - t0)
                     pos = 0
                     while pos + 4 <= n:  # ULPDU_Length and the DDP and RDMAP control bytes
                         head = _BE32_UNPACK(payload, pos)[0]
@@ -216,9 +220,6 @@ def ingest_lean(
                                     emit((frame, ts, route, op, True, stag, to, None, None, size,
                                           last, verdict, 0, None, wire))  # fmt: skip
                                 else:  # as BriefLines.line
-                                    if ts != clock_ts:
-                                        clock_ts = ts
-                                        clock = " %11.6f" % (ts - t0)
                                     template = shapes.get(cu) or shape(shapes, route, verdict, cu)
                                     emit((frame, template % (frame, clock, stag, to, size)))
                         elif cu in _SEND_CU:
@@ -238,9 +239,6 @@ def ingest_lean(
                                           payload[pos + _SEND_AT : pos + 2 + ulen],
                                           wire))  # fmt: skip
                                 else:
-                                    if ts != clock_ts:
-                                        clock_ts = ts
-                                        clock = " %11.6f" % (ts - t0)
                                     template = lines.get(cu) or shape(lines, route, verdict, cu)
                                     line = template % (frame, clock, qn, msn, mo, size, inval)
                                     emit((frame, line))
@@ -261,9 +259,6 @@ def ingest_lean(
                                           (sink_stag, sink_to, rsize, src_stag, src_to), 0, True,
                                           verdict, 0, None, wire))  # fmt: skip
                                 else:
-                                    if ts != clock_ts:
-                                        clock_ts = ts
-                                        clock = " %11.6f" % (ts - t0)
                                     template = shapes.get(cu) or shape(shapes, route, verdict, cu)
                                     fields = (qn, msn, 0, 0, sink_stag, sink_to, rsize,
                                               src_stag, src_to)  # fmt: skip
