@@ -434,9 +434,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         except CaptureError as exc:
             raise CliError(str(exc)) from None
     error: CaptureError | None = None
-    with stop_on_signals() if path is None else contextlib.nullcontext():
+    with stop_on_signals() if path is None else contextlib.nullcontext() as wake_fd:
         try:
             if isinstance(reader, LiveCapture):
+                reader.wake_fd = wake_fd
                 announce(reader)  # once Ctrl-C ends the capture cleanly: a peer may act on it
             if isinstance(reader, CaptureReader) and (
                 printer.limit is None and printer.conversations is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -85,23 +86,35 @@ def open_live(
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals() -> Iterator[int | None]:
     """SIGINT and SIGTERM raise KeyboardInterrupt while the block runs.
 
     SIGINT explicitly too: a capture started in the background by a non-interactive shell
     (nohup, a CI runner) inherits SIGINT ignored, and Python would keep ignoring it, so the
-    only way to end the capture cleanly, with its statistics, would be lost.
+    only way to end the capture cleanly, with its statistics, would be lost.  Yields the
+    read end of a wake-up pipe (:func:`signal.set_wakeup_fd`) for the capture to wait on
+    (:attr:`LiveCapture.wake_fd`): Python runs a signal's handler only between bytecodes,
+    so a signal landing just before the capture's ``select`` would otherwise be handled
+    only when the next packet came (never, on a quiet interface).  None off the main
+    thread, where signals cannot be handled.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield None
         return
     stops = (signal.SIGINT, signal.SIGTERM)
+    wake_read, wake_write = socket.socketpair()
+    wake_read.setblocking(False)
+    wake_write.setblocking(False)
+    previous_wake = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
     previous = [signal.signal(signum, signal.default_int_handler) for signum in stops]
     try:
-        yield
+        yield wake_read.fileno()
     finally:
         for signum, handler in zip(stops, previous, strict=True):
             signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_wake)
+        wake_read.close()
+        wake_write.close()
 
 
 def capture_summary(capture: LiveCapture) -> str:

@@ -15,6 +15,8 @@ are numbered from 1, as in a file written from them.  Opening needs CAP_NET_RAW
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import socket
 import struct
@@ -52,6 +54,13 @@ RECEIVE_BUFFER = 8 << 20
 _SLL = struct.Struct(">HHH8sH")  # packet type, ARPHRD type, address length, address, protocol
 _TIMESPEC = struct.Struct("@qq")
 _STATISTICS = struct.Struct("@II")  # tp_packets, tp_drops
+
+
+def _drain(fd: int) -> None:
+    """Empty a non-blocking wake-up descriptor."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 512):
+            pass
 
 
 class CapturePermissionError(CaptureError):
@@ -120,7 +129,11 @@ class LiveCapture:
     ``keep``: the capture filter (None: every frame); ``on_frame`` (also an attribute, read
     when iteration starts): called with each kept frame before its segment is yielded
     (e.g. to write it out); ``on_wait``: called before each wait for a packet (e.g. to
-    flush output).  Attributes: name (the interface),
+    flush output); ``wake_fd`` (an attribute, read when iteration starts): a descriptor
+    waited on beside the socket, drained when readable: the read end of a
+    :func:`signal.set_wakeup_fd` pipe, so a signal that lands just before a wait (after
+    Python last looked for signals) ends the wait instead of waiting for a packet.
+    Attributes: name (the interface),
     linktype (``LINKTYPE_LINUX_SLL``), snaplen, stats (:class:`CaptureStats` of the kept
     frames), dropped (packets the kernel dropped, known once closed).  Iteration raises
     :class:`CaptureError` if the interface fails (goes away).
@@ -144,6 +157,7 @@ class LiveCapture:
         self._keep = keep
         self.on_frame = on_frame
         self._on_wait = on_wait
+        self.wake_fd: int | None = None
         self._sock: socket.socket | None = _open(self.name)
 
     def frames(self) -> Iterator[Frame]:
@@ -165,6 +179,8 @@ class LiveCapture:
         ancillary = socket.CMSG_SPACE(_TIMESPEC.size)
         flags = socket.MSG_TRUNC | socket.MSG_DONTWAIT
         keep, on_frame, stats = self._keep, self.on_frame, self.stats
+        wake = self.wake_fd
+        waits: list[socket.socket | int] = [sock] if wake is None else [sock, wake]
         number = 0
         while self._sock is not None:
             try:
@@ -172,7 +188,9 @@ class LiveCapture:
             except BlockingIOError:
                 if self._on_wait is not None:
                     self._on_wait()
-                select.select([sock], [], [])
+                ready, _, _ = select.select(waits, [], [])
+                if wake is not None and wake in ready:
+                    _drain(wake)  # the signal's Python handler runs on return from here
                 continue
             except OSError as exc:
                 raise CaptureError(f"capture failed ({exc.strerror or exc})", self.name) from None

@@ -5,7 +5,9 @@ Needs CAP_NET_RAW (the suite runs as root here); skipped with the reason otherwi
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -123,3 +125,41 @@ def test_a_closed_capture_yields_nothing() -> None:
     capture.close()
     assert list(capture) == [] and capture.dropped == 0
     capture.close()  # twice is fine
+
+
+def test_a_readable_wake_fd_ends_the_wait_and_is_drained() -> None:
+    """A signal that lands just before the capture's select (``signal.set_wakeup_fd``
+    writes its byte, the Python handler has not run yet) must end the wait on a quiet
+    interface: the wake-up descriptor is waited on beside the socket, and drained."""
+    wake_read, wake_write = socket.socketpair()
+    wake_read.setblocking(False)
+    waits: list[int] = []
+
+    def on_wait() -> None:
+        waits.append(1)
+        if len(waits) == 2:  # the first wait ended: the capture looked again
+            raise _Drained
+
+    quiet = _listener()  # a port nothing talks to: no kept frame, only the wake byte
+    keep = compile_capture_filter(f"tcp port {quiet.getsockname()[1]}")
+    # if the wake byte were not waited on, a loopback packet after 30 s ends the wait
+    # (the test then fails below instead of hanging)
+    rescued: list[bool] = []
+
+    def rescue_wait() -> None:
+        rescued.append(True)
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", 9)).close()
+
+    rescue = threading.Timer(30, rescue_wait)
+    with quiet, wake_read, wake_write, LiveCapture("lo", keep=keep, on_wait=on_wait) as capture:
+        capture.wake_fd = wake_read.fileno()
+        wake_write.send(b"\x02")  # what the C-level handler writes for SIGINT
+        rescue.start()
+        try:
+            assert _capture(capture) == []
+        finally:
+            rescue.cancel()
+        assert len(waits) == 2 and not rescued
+        with pytest.raises(BlockingIOError):
+            wake_read.recv(1)  # drained
