@@ -10,7 +10,9 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
 * Sends go out from the task that produced them when they can (fewer wake-ups per round
   trip): the reader after feeding a segment (Read Responses, atomic responses, in the pass
   that parsed their requests), and :meth:`QueuePair.post_send` (one WR, or a post list: one
-  encode pass, one send).  On a socket they leave as scatter-gather ``sendmsg`` calls
+  encode pass, one send).  Corking: once a task has sent, its further posts before the
+  driver's tasks run again (a loop of single-WR posts in one task step) wait for the writer,
+  which sends them in one pass when the task yields.  On a socket they leave as scatter-gather ``sendmsg`` calls
   (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of registered memory,
   many FPDUs per call); what the socket does not take now is copied and the *writer* task
   sends it once the socket is writable, with whatever was queued while it waited.  Output
@@ -92,6 +94,7 @@ class RdmaConnection:
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
+        self._sent_in_step = False  # a task sent since the driver's tasks last ran
         qp.on_output = self._on_output
 
     def __repr__(self) -> str:
@@ -193,6 +196,7 @@ class RdmaConnection:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.error = self.error or exc
                 return
+            self._sent_in_step = False
             if self.tap is not None and data:
                 self.tap.record(False, data)
             if not self._feed(data):
@@ -258,8 +262,13 @@ class RdmaConnection:
         it applied, and a send in progress takes what was queued meanwhile (:meth:`_flush`
         loops until the QP has nothing more).  A post list arrives here once, after all
         of its WRs were queued (:meth:`QueuePair.post_send`)."""
-        if not self._flushing:
-            self._flush()
+        if self._flushing:
+            return
+        if self._sent_in_step:
+            self._kick()  # a burst: the writer sends the rest once this task yields
+            return
+        self._sent_in_step = True
+        self._flush()
 
     def _flush(self) -> None:
         """Send what can go out now, from the calling task; leave the rest to the writer."""
@@ -305,6 +314,7 @@ class RdmaConnection:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            self._sent_in_step = False
             if self._sendq is not None:
                 if not await self._send_socket(self._sendq):
                     return

@@ -193,3 +193,74 @@ async def test_connections_queue_a_whole_send_pass_not_trios_16_kib() -> None:
             assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == 16384  # trio's
             limit_unsent(plain)
             assert plain.socket.getsockopt(socket.IPPROTO_TCP, option) == TCP_NOTSENT_LOWAT_BULK
+
+
+class CountingSocket(TrickleSocket):
+    """A real socket that counts its ``sendmsg`` calls and sends everything."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock, 0)
+        self.sendmsgs = 0
+
+    def sendmsg(self, pieces: Sequence[Buffer]) -> int:
+        self.sendmsgs += 1
+        return self.sock.sendmsg(pieces)
+
+
+async def test_a_burst_of_posts_leaves_in_one_send_after_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first post of a task step is sent at once, from the posting task (no wake-up:
+    latency); the posts after it in the same step wait for the writer, which sends them all
+    in one ``sendmsg`` once the task yields (what a post list would do).  Once the driver's
+    reader has run, the next post is sent at once again."""
+    made: list[CountingSocket] = []
+    real = driver._raw_socket
+
+    def counting(stream: trio.abc.Stream) -> CountingSocket | None:
+        sock = real(stream)
+        if sock is None:
+            return None
+        made.append(CountingSocket(sock))
+        return made[-1]
+
+    monkeypatch.setattr(driver, "_raw_socket", counting)
+    async with tcp_pair() as (client, server):
+        target = server.mr(4096, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+        src = client.mr(64)
+        src.buf[:] = bytes(range(64))
+        sink = client.mr(64)
+        read = SendWR(
+            99, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=target.rkey, remote_addr=target.base
+        )
+        client.qp.post_send(read)  # both pumps have started once it is answered
+        with trio.fail_after(10):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        (sock,) = [s for s in made if s.sock.fileno() == client.conn.stream.socket.fileno()]  # type: ignore[union-attr]
+
+        def write(k: int) -> SendWR:
+            return SendWR(
+                k,
+                WrOpcode.RDMA_WRITE,
+                (client.sge(src),),
+                rkey=target.rkey,
+                remote_addr=target.base + 64 * k,
+            )
+
+        before = sock.sendmsgs
+        client.qp.post_send(write(0))
+        assert sock.sendmsgs == before + 1  # at once, before the task yields
+        for k in range(1, 21):
+            client.qp.post_send(write(k))
+        assert sock.sendmsgs == before + 1  # the rest waits for the task to yield
+        with trio.fail_after(10):
+            done = [await client.cq.next() for _ in range(21)]
+        assert [wc.wr_id for wc in done] == list(range(21))
+        assert sock.sendmsgs == before + 2  # the 20 in one send
+        client.qp.post_send(read)
+        with trio.fail_after(10):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        assert bytes(target.buf[: 21 * 64]) == bytes(range(64)) * 21
+        sent = sock.sendmsgs
+        client.qp.post_send(write(30))  # the reader ran since: at once again
+        assert sock.sendmsgs == sent + 1
