@@ -149,8 +149,9 @@ def header_block(
 ) -> list[str]:
     """perftest's opening block: test name and the connection's parameters.
 
-    ``emss``: the EMSS the connection derived its MULPDU from (MPA-13; the socket's MSS
-    unless ``--mtu`` fixed it); None prints what the options asked for.
+    ``emss``: the EMSS the connection derived its MULPDU from at connect (MPA-13; the
+    socket's MSS, followed as it grows, unless ``--mtu`` fixed it); None prints what the
+    options asked for.
     """
     kind = "Latency" if opts.latency else "BW"
     title = f"{TEST_NAMES[opts.test]} {kind} Test"
@@ -163,8 +164,12 @@ def header_block(
 
     markers = f"{'ON' if neg.markers_tx else 'OFF'} (to server), "
     markers += f"{'ON' if neg.markers_rx else 'OFF'} (to client)"
-    emss = emss or opts.emss
-    mtu = f"{emss}[B] (EMSS)" if emss else "the socket's MSS (EMSS)"
+    if opts.emss:
+        mtu = f"{opts.emss}[B] (EMSS)"
+    elif emss:  # the socket's, read again as it grows (stack.transport.driver)
+        mtu = f"{emss}[B] at connect (EMSS: the socket's MSS, followed)"
+    else:
+        mtu = "the socket's MSS (EMSS, followed)"
     return [
         RESULT_LINE,
         title.center(len(RESULT_LINE)).rstrip(),

@@ -136,7 +136,8 @@ class ConnectRequest:
     """An incoming connection whose MPA Request has arrived (``RDMA_CM_EVENT_CONNECT_REQUEST``).
 
     Fields: frame (the Request), private_data, peer_ird/peer_ord (None without RFC 6581),
-    remote (peer address).
+    remote (peer address), follow_mss (the EMSS came from the socket: the connection
+    follows TCP's segment size as it grows).
     """
 
     cm: ConnectionManager
@@ -145,6 +146,7 @@ class ConnectRequest:
     frame: MpaFrame
     remote: tuple[str, int]
     tap: Tap | None = None
+    follow_mss: bool = False
     _done: bool = field(default=False, repr=False)
 
     @property
@@ -189,7 +191,7 @@ class ConnectRequest:
         if not isinstance(event, Established):
             await trio.aclose_forcefully(self.stream)
             raise ConnectFailed(f"MPA accept did not establish: {event!r}")
-        return self.cm._start(self.stream, self.engine, qp, self.tap)
+        return self.cm._start(self.stream, self.engine, qp, self.tap, follow_mss=self.follow_mss)
 
     async def reject(self, private_data: bytes = b"") -> None:
         """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
@@ -332,7 +334,10 @@ class Listener:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
             slot.evictable = False
-            request = ConnectRequest(self.cm, stream, engine, event.frame, remote, tap)
+            follow = self.settings.emss is None and self.settings.mulpdu is None
+            request = ConnectRequest(
+                self.cm, stream, engine, event.frame, remote, tap, follow_mss=follow
+            )
             # The backlog queues requests for the ULP; one not taken within the startup
             # timeout is rejected (MPA-23), as a full backlog would be.
             with trio.move_on_after(self.settings.request_timeout):
@@ -385,6 +390,8 @@ class ConnectionManager:
         engine: IwarpConnection,
         qp: QueuePair,
         tap: Tap | None,
+        *,
+        follow_mss: bool = False,
     ) -> RdmaConnection:
         neg = engine.negotiated
         if neg is not None:
@@ -393,7 +400,7 @@ class ConnectionManager:
                 qp.ird = min(qp.ird, neg.ird) if neg.peer_ord is None else neg.ird
             if neg.ord != MPA_V2_NO_NEGOTIATION:
                 qp.ord = min(qp.ord, neg.ord) if neg.peer_ird is None else neg.ord
-        conn = RdmaConnection(stream, engine, qp, tap=tap)
+        conn = RdmaConnection(stream, engine, qp, tap=tap, follow_mss=follow_mss)
         self.connections.append(conn)
         conn.on_closed = self.connections.remove
         self.nursery.start_soon(conn.run)
@@ -462,7 +469,8 @@ class ConnectionManager:
             await trio.aclose_forcefully(stream)
             raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc
         if isinstance(event, Established):
-            return self._start(stream, engine, qp, tap)
+            follow = settings.emss is None and settings.mulpdu is None
+            return self._start(stream, engine, qp, tap, follow_mss=follow)
         await trio.aclose_forcefully(stream)
         if isinstance(event, Rejected):
             raise ConnectRejected(event.frame, event.reason)

@@ -12,12 +12,13 @@ Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per 
   that parsed their requests), and :meth:`QueuePair.post_send` (one WR, or a post list: one
   encode pass, one send).  Corking: once a task has sent, its further posts before the
   driver's tasks run again (a loop of single-WR posts in one task step) wait for the writer,
-  which sends them in one pass when the task yields.  On a socket they leave as scatter-gather ``sendmsg`` calls
-  (:class:`~stack.transport.sendq.SendQueue`: framing bytes and views of registered memory,
-  many FPDUs per call); what the socket does not take now is copied and the *writer* task
-  sends it once the socket is writable, with whatever was queued while it waited.  Output
-  queued inside a feed or a send wakes no task: the pass in progress sends it.
-  A stream that is not a socket is written with ``send_all`` by the writer alone.
+  which sends them in one pass when the task yields.  On a socket they leave as
+  scatter-gather ``sendmsg`` calls (:class:`~stack.transport.sendq.SendQueue`: framing bytes
+  and views of registered memory, many FPDUs per call); what the socket does not take now is
+  copied and the *writer* task sends it once the socket is writable, with whatever was
+  queued while it waited.  Output queued inside a feed or a send wakes no task: the pass in
+  progress sends it.  A stream that is not a socket is written with ``send_all`` by the
+  writer alone.
 * Orderly close (RFC 5040 §6.2, DDP-13): :meth:`RdmaConnection.disconnect` sends every WR
   posted before it, then FIN, and keeps reading until the peer's FIN; the peer's FIN first
   lets what can still complete go out (:meth:`QueuePair.peer_closed`), then FIN.  When the
@@ -39,13 +40,19 @@ from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
 from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
-from stack.transport.sockopts import limit_unsent
+from stack.transport.sockopts import limit_unsent, path_segment_size, segment_size
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Negotiated
 
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+
+MSS_CHECK_INTERVAL = 64 * 1024
+"""Octets sent between two reads of TCP's segment size while the EMSS follows it."""
+
+MSS_FOLLOW_LIMIT = 64 * 1024 * 1024
+"""Octets after which a connection stops following TCP's segment size (it has settled)."""
 
 DISCONNECT_TIMEOUT = 30.0
 """Seconds :meth:`RdmaConnection.disconnect` waits for the orderly close before it aborts."""
@@ -68,6 +75,7 @@ class RdmaConnection:
         *,
         tap: Tap | None = None,
         sock: socket.socket | None = None,
+        follow_mss: bool = False,
     ) -> None:
         self.stream = stream
         self.engine = engine
@@ -95,6 +103,10 @@ class RdmaConnection:
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
+        # EMSS from the socket: follow TCP's segment size as the peer's window opens
+        self._follow_mss = follow_mss
+        self._mss_check_at = 0  # sendq.sent at which the segment size is read again
+        self._mss_ceiling: int | None = None
         qp.on_output = self._on_output
 
     def __repr__(self) -> str:
@@ -110,6 +122,8 @@ class RdmaConnection:
         self._sock = self._given_sock or _raw_socket(self.stream)
         if self._sock is not None:
             self._sendq = SendQueue(self._sock.sendmsg)
+            if self._follow_mss:
+                self._mss_ceiling = path_segment_size(self._sock)
         self.qp.set_rts()
         if self._disconnecting:  # disconnect() came before the pumps started
             self.qp.close()
@@ -276,6 +290,8 @@ class RdmaConnection:
         if sendq is None or self._flushing or sendq.has_backlog or self._send_error is not None:
             self._kick()
             return
+        if self._follow_mss and sendq.sent >= self._mss_check_at:
+            self._update_emss(sendq.sent)
         endpoint = self.endpoint
         qp = self.qp
         self._flushing = True
@@ -309,6 +325,24 @@ class RdmaConnection:
             or qp.state is QpState.CLOSING
         ):
             self._kick()  # the writer: backlog, an error, FIN, a stalled reader
+
+    def _update_emss(self, sent: int) -> None:
+        """Read TCP's segment size again and derive the MULPDU from it when it grew (MPA-13:
+        Linux starts it at half the peer's initial window, about half a loopback path's
+        65483).  Read every :data:`MSS_CHECK_INTERVAL` octets sent, until it reaches the
+        path's or :data:`MSS_FOLLOW_LIMIT` octets have been sent."""
+        assert self._sock is not None
+        size = segment_size(self._sock)
+        emss = self.engine.settings.emss
+        if size is not None and (emss is None or size > emss):
+            self.engine.update_emss(size)
+            emss = size
+        ceiling = self._mss_ceiling
+        if sent >= MSS_FOLLOW_LIMIT or (
+            ceiling is not None and emss is not None and emss >= ceiling
+        ):
+            self._follow_mss = False
+        self._mss_check_at = sent + MSS_CHECK_INTERVAL
 
     async def _writer(self) -> None:
         while True:

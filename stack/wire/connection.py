@@ -206,6 +206,15 @@ class IwarpConnection:
         stream = RdmapStream(self.mpa.mulpdu, rfc7306=self.rfc7306)
         self.mpa.send_ulpdu_parts(stream.send_parts(build_terminate(term, None)))
 
+    def update_emss(self, emss: int) -> int:
+        """A new EMSS from the transport (MPA-13, MULPDU may change): messages encoded
+        from now on are segmented for the MULPDU it gives (returned)."""
+        mulpdu = self.mpa.update_emss(emss)
+        self.settings = self.mpa.settings
+        if self.stream is not None:
+            self.stream.mulpdu = mulpdu
+        return mulpdu
+
     def send_message(self, message: RdmapMessage) -> None:
         """Segment, frame and queue one RDMAP message."""
         assert self.stream is not None, "send_message before Full Operation"

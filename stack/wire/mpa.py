@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from stack.constants import (
     DEFAULT_EMSS,
@@ -157,6 +158,14 @@ class MpaConnection(MpaStartup):
             return self.settings.mulpdu
         markers = self._framer.markers if self._framer is not None else False
         return mulpdu_for(self.settings.emss or DEFAULT_EMSS, markers)
+
+    def update_emss(self, emss: int) -> int:
+        """The path's EMSS changed (TCP's segment size grows as the peer's window opens):
+        the MULPDU is derived from it again (MPA-13; MULPDU may change during a
+        connection).  Returns the MULPDU; a fixed ``settings.mulpdu`` stays."""
+        if emss != self.settings.emss:
+            self.settings = replace(self.settings, emss=emss)
+        return self.mulpdu
 
     # -- data path -----------------------------------------------------------------------
 

@@ -111,6 +111,13 @@ class TrickleSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def getsockopt(self, level: int, option: int, size: int = 0) -> int | bytes:
+        return (
+            self.sock.getsockopt(level, option, size)
+            if size
+            else self.sock.getsockopt(level, option)
+        )
+
     def detach(self) -> int:
         return self.sock.detach()
 

@@ -107,7 +107,10 @@ def test_write_bw_in_process_prints_perftest_table_and_baseline_ratio(
     assert header_value(out, "TX depth") == "128"
     assert header_value(out, "CQ Moderation") == "100"
     # No --mtu: the EMSS is the connected socket's MSS, and the MULPDU follows it (MPA-13).
-    mtu = re.fullmatch(r"(\d+)\[B\] \(EMSS\), MULPDU (\d+)\[B\]", header_value(out, "Mtu"))
+    mtu = re.fullmatch(
+        r"(\d+)\[B\] at connect \(EMSS: the socket's MSS, followed\), MULPDU (\d+)\[B\]",
+        header_value(out, "Mtu"),
+    )
     assert mtu, header_value(out, "Mtu")
     emss, mulpdu = mtu.groups()
     assert int(mulpdu) == mulpdu_for(int(emss), markers=False)
