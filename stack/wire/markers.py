@@ -42,6 +42,30 @@ MARKER_DATA = MPA_MARKER_INTERVAL - MPA_MARKER_LEN
 _SEQ_MOD = 1 << 32
 _U16 = struct.Struct(">H")
 _MARKER = struct.Struct(">HH")
+_MAX_LENGTH_FIELD = 0xFFFF
+
+
+# Marker writes and checks never build per-marker objects.  The FPDUPTR of the k-th marker
+# in an FPDU is first + 512k (``first``: distance from the length field, 4..508, a multiple of
+# 4), so for every ``first`` the markers of the largest FPDU are precomputed once:
+# ``MARKER_TABLES[first >> 2]`` holds them back to back (RESERVED 0, MPA-06).  Entry 0 (no
+# FPDU has first == 0) is a leading marker (FPDUPTR 0) followed by the markers of an FPDU
+# that starts right after it (first == 508).  The framer and the deframer of
+# :mod:`stack.wire.framing` share them.
+_MAX_MARKERS = 2 + ((MPA_LENGTH_LEN + _MAX_LENGTH_FIELD + 3) & ~3) // MARKER_DATA
+
+
+def _marker_table(first: int) -> bytes:
+    pointers = [first + MPA_MARKER_INTERVAL * k for k in range(_MAX_MARKERS)]
+    if not first:
+        pointers = [0] + [p + MARKER_DATA for p in pointers[:-1]]
+    return b"".join(_MARKER.pack(0, p & 0xFFFF) for p in pointers)
+
+
+MARKER_TABLES = tuple(
+    _marker_table(first) for first in range(0, MPA_MARKER_INTERVAL, MPA_MARKER_LEN)
+)
+"""The markers of the largest FPDU, back to back, per ``first >> 2`` (see above)."""
 
 
 # ======================================================================================
