@@ -102,6 +102,9 @@ class RdmaConnection:
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
+        self._rx_end = 0  # bytes of it the last read filled (with the partial FPDU before)
+        self._rx_tail = 0  # of those, the partial FPDU the engine left at its end
+        self._rx_refed = 0  # bytes the last read returned again (that partial FPDU)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
         self._follow_mss = follow_mss
@@ -212,9 +215,10 @@ class RdmaConnection:
                 return
             self._sent_in_step = False
             if self.tap is not None and data:
-                self.tap.record(False, data)
+                self.tap.record(False, data[self._rx_refed :])  # the new bytes only
             if not self._feed(data):
                 return
+            self._rx_tail = self.engine.mpa.tail if self._rx_view is not None else 0
             self._flush()
             # Backpressure: an event waits for queued Read Responses to go out; read no more
             # until the writer has sent them (it resumes the event itself).
@@ -231,7 +235,8 @@ class RdmaConnection:
         """The next received bytes (b"" at FIN).  On a socket, straight from it into the
         preallocated receive buffer (``recv_into``; the bytes are a view of it, parsed in
         place by :meth:`_feed`): after a read that emptied the socket, wait for
-        readability first (one ``recv_into`` per message)."""
+        readability first (one ``recv_into`` per message).  A partial FPDU the engine
+        left at the end of the last read comes again at the front."""
         sock = self._sock
         if sock is None:
             return await self.stream.receive_some(RECEIVE_SIZE)
@@ -242,14 +247,28 @@ class RdmaConnection:
         rx = self._rx_view
         if rx is None:
             rx = self._rx_view = memoryview(bytearray(RECEIVE_SIZE))
+            self.engine.mpa.keep_tail = True  # a partial FPDU stays here (see below)
+        # A partial FPDU the engine left at the end of the last read (MPA-16) moves to the
+        # front and the next read lands after it, so the FPDU is parsed in place, not
+        # copied out and joined with what completes it.
+        tail, self._rx_tail = self._rx_tail, 0
+        if tail:
+            end = self._rx_end
+            rx[:tail] = rx[end - tail : end]
+        room = rx[tail:]
         while True:
             try:
-                n = sock.recv_into(rx)
+                n = sock.recv_into(room)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
                 continue
-            self._rx_empty = n < RECEIVE_SIZE
-            return rx[:n] if n else b""
+            self._rx_empty = n < len(room)
+            if not n:  # FIN: a partial FPDU left can never complete
+                self._rx_refed = 0
+                return b""
+            self._rx_refed = tail
+            self._rx_end = tail + n
+            return rx[: tail + n]
 
     def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Apply received bytes.  A view of the receive buffer is parsed in place (the

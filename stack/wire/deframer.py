@@ -153,6 +153,36 @@ class FpduDeframer:
             if type(more[0]) is memoryview:
                 self._more_pos = 0
 
+    def release_tail(self) -> int:
+        """:meth:`settle` without the copy when every unread byte lies at the end of the
+        last borrowed chunk (a partial FPDU at the end of the caller's buffer, MPA-16):
+        forget them and return their count; the caller feeds them again, followed by what
+        comes next, in its next :meth:`feed` (the stream offset stays at their start).
+        Otherwise :meth:`settle` and 0."""
+        if not self._borrowed:
+            return 0
+        more = self._more
+        last: Buffer
+        if not more:
+            last, start = self._buf, self._pos
+        elif len(more) == 1 and self._pos == len(self._buf):
+            last, start = more[0], self._more_pos
+        else:
+            self.settle()
+            return 0
+        if type(last) is not memoryview:
+            self.settle()
+            return 0
+        unread = len(last) - start
+        self._borrowed = False
+        self._buf = b""
+        self._view = memoryview(self._buf)
+        self._pos = 0
+        more.clear()
+        self._more_len = 0
+        self._more_pos = 0
+        return unread
+
     def __iter__(self) -> Iterator[memoryview]:
         next_ulpdu = self.next_ulpdu
         while (ulpdu := next_ulpdu()) is not None:

@@ -142,6 +142,14 @@ class MpaConnection(MpaStartup):
         the events view it, so the caller keeps it unchanged until they have been taken
         and applied (a partial FPDU at its end is copied before :meth:`receive_data`
         returns, MPA-16)."""
+        self.keep_tail = False
+        """Full Operation, with :attr:`borrow_views`: a partial FPDU at the end of a fed
+        memoryview is not copied; :attr:`tail` says how many of its last bytes are unread,
+        and the caller feeds them again, followed by what comes next, in its next
+        :meth:`receive_data` (it moves them to the front of its buffer and reads after
+        them)."""
+        self.tail = 0
+        """Unread bytes at the end of the last memoryview fed (with :attr:`keep_tail`)."""
         self.ulpdu_sink: Callable[[memoryview], bool] | None = None
         """Full Operation: takes a validated ULPDU before an event is made for it (the bulk
         path of the layer above); returns False to have it queued as an event instead.
@@ -172,6 +180,7 @@ class MpaConnection(MpaStartup):
     def receive_data(self, data: Buffer) -> None:
         """Feed bytes received from TCP; ``b""`` means the peer sent FIN (see
         :attr:`borrow_views` for a memoryview)."""
+        self.tail = 0
         if not data:
             if not self._fin:
                 self._fin = True
@@ -327,7 +336,11 @@ class MpaConnection(MpaStartup):
                 self._release_held()
             append(ConnectionFailed(exc, close=False, terminate=exc.term))
         finally:
-            deframer.settle()
+            if borrow and self.keep_tail:
+                self.tail = deframer.release_tail()
+            else:
+                deframer.settle()
+                self.tail = 0
 
     def _release_held(self) -> None:
         """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""
