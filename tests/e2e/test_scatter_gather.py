@@ -18,6 +18,7 @@ from stack.transport import driver
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.events import MpaSettings
+from stack.wire.framing import FpduDeframer
 from tests.e2e.helpers import tcp_pair
 
 Buffer = bytes | bytearray | memoryview
@@ -271,3 +272,43 @@ async def test_a_burst_of_posts_leaves_in_one_send_after_the_first(
         sent = sock.sendmsgs
         client.qp.post_send(write(30))  # the reader ran since: at once again
         assert sock.sendmsgs == sent + 1
+
+
+class InboundTap:
+    """Records what the connection read from its socket."""
+
+    def __init__(self) -> None:
+        self.inbound = bytearray()
+
+    def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None:
+        if not outbound:
+            self.inbound += data
+
+
+async def test_partial_fpdus_read_again_are_recorded_once() -> None:
+    """A partial FPDU at the end of a read is parsed again at the front of the next (no
+    copy); the capture tap still records each received byte once: the recorded stream
+    deframes into exactly the Read Responses' FPDUs."""
+    taps: list[InboundTap] = []
+
+    def factory(stream: trio.abc.Stream, active: bool) -> InboundTap:
+        taps.append(InboundTap())
+        return taps[-1]
+
+    size = 3 << 20
+    async with tcp_pair(tap_factory=factory) as (client, server):
+        source = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_READ)
+        source.buf[:] = random.Random(5).randbytes(size)
+        sink = client.mr(size)
+        wr = SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
+                    remote_addr=source.base)  # fmt: skip
+        client.qp.post_send(wr)
+        with trio.fail_after(20):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        assert bytes(sink.buf) == bytes(source.buf)
+    (tap,) = taps
+    reply = 20 + int.from_bytes(tap.inbound[18:20], "big")  # the MPA Reply, then FPDUs
+    deframer = FpduDeframer(crc=True)
+    deframer.feed(bytes(tap.inbound[reply:]))
+    payload = b"".join(bytes(ulpdu[14:]) for ulpdu in deframer)  # tagged DDP header: 14
+    assert deframer.pending == 0 and payload == bytes(source.buf)
