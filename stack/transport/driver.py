@@ -54,6 +54,10 @@ MSS_CHECK_INTERVAL = 64 * 1024
 MSS_FOLLOW_LIMIT = 64 * 1024 * 1024
 """Octets after which a connection stops following TCP's segment size (it has settled)."""
 
+RECEIVE_COMPACT = RECEIVE_SIZE // 2
+"""Room a read wants behind a partial FPDU left in the receive buffer; with less, the
+partial FPDU moves to the front first (:meth:`RdmaConnection._receive`)."""
+
 DISCONNECT_TIMEOUT = 30.0
 """Seconds :meth:`RdmaConnection.disconnect` waits for the orderly close before it aborts."""
 
@@ -102,7 +106,7 @@ class RdmaConnection:
         self._send_error: OSError | None = None  # the socket failed; the writer ends it
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
-        self._rx_end = 0  # bytes of it the last read filled (with the partial FPDU before)
+        self._rx_end = 0  # where the last read's bytes end in it
         self._rx_tail = 0  # of those, the partial FPDU the engine left at its end
         self._rx_refed = 0  # bytes the last read returned again (that partial FPDU)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
@@ -248,14 +252,19 @@ class RdmaConnection:
         if rx is None:
             rx = self._rx_view = memoryview(bytearray(RECEIVE_SIZE))
             self.engine.mpa.keep_tail = True  # a partial FPDU stays here (see below)
-        # A partial FPDU the engine left at the end of the last read (MPA-16) moves to the
-        # front and the next read lands after it, so the FPDU is parsed in place, not
-        # copied out and joined with what completes it.
+        # A partial FPDU the engine left at the end of the last read (MPA-16) stays where it
+        # is and the next read lands right after it, so the FPDU is parsed in place, not
+        # copied out and joined with what completes it; it moves to the front only when
+        # less than RECEIVE_COMPACT is left behind it (each byte moves at most once).
         tail, self._rx_tail = self._rx_tail, 0
-        if tail:
-            end = self._rx_end
-            rx[:tail] = rx[end - tail : end]
-        room = rx[tail:]
+        end = self._rx_end
+        start = end - tail
+        if not tail:
+            start = end = 0
+        elif len(rx) - end < RECEIVE_COMPACT:
+            rx[:tail] = rx[start:end]
+            start, end = 0, tail
+        room = rx[end:]
         while True:
             try:
                 n = sock.recv_into(room)
@@ -267,8 +276,8 @@ class RdmaConnection:
                 self._rx_refed = 0
                 return b""
             self._rx_refed = tail
-            self._rx_end = tail + n
-            return rx[: tail + n]
+            self._rx_end = end + n
+            return rx[start : end + n]
 
     def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Apply received bytes.  A view of the receive buffer is parsed in place (the
