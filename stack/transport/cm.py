@@ -85,6 +85,13 @@ def socket_emss(stream: trio.SocketStream) -> int | None:
     return mss if mss > 0 else None
 
 
+def follows_socket(settings: MpaSettings) -> bool:
+    """Whether a connection made with ``settings`` derives its MULPDU from its socket's
+    segment size, so its driver follows that size as it grows (neither EMSS nor MULPDU
+    fixed)."""
+    return settings.emss is None and settings.mulpdu is None
+
+
 def with_emss(settings: MpaSettings, stream: trio.SocketStream) -> MpaSettings:
     """``settings`` with EMSS taken from the socket unless the caller fixed it."""
     if settings.emss is not None:
@@ -334,7 +341,7 @@ class Listener:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
             slot.evictable = False
-            follow = self.settings.emss is None and self.settings.mulpdu is None
+            follow = follows_socket(self.settings)
             request = ConnectRequest(
                 self.cm, stream, engine, event.frame, remote, tap, follow_mss=follow
             )
@@ -469,8 +476,7 @@ class ConnectionManager:
             await trio.aclose_forcefully(stream)
             raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc
         if isinstance(event, Established):
-            follow = settings.emss is None and settings.mulpdu is None
-            return self._start(stream, engine, qp, tap, follow_mss=follow)
+            return self._start(stream, engine, qp, tap, follow_mss=follows_socket(settings))
         await trio.aclose_forcefully(stream)
         if isinstance(event, Rejected):
             raise ConnectRejected(event.frame, event.reason)

@@ -107,7 +107,6 @@ class RdmaConnection:
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
         self._rx_end = 0  # where the last read's bytes end in it
-        self._rx_tail = 0  # of those, the partial FPDU the engine left at its end
         self._rx_refed = 0  # bytes the last read returned again (that partial FPDU)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
@@ -222,7 +221,6 @@ class RdmaConnection:
                 self.tap.record(False, data[self._rx_refed :])  # the new bytes only
             if not self._feed(data):
                 return
-            self._rx_tail = self.engine.mpa.tail if self._rx_view is not None else 0
             self._flush()
             # Backpressure: an event waits for queued Read Responses to go out; read no more
             # until the writer has sent them (it resumes the event itself).
@@ -240,7 +238,7 @@ class RdmaConnection:
         preallocated receive buffer (``recv_into``; the bytes are a view of it, parsed in
         place by :meth:`_feed`): after a read that emptied the socket, wait for
         readability first (one ``recv_into`` per message).  A partial FPDU the engine
-        left at the end of the last read comes again at the front."""
+        left at the end of the last read comes again first."""
         sock = self._sock
         if sock is None:
             return await self.stream.receive_some(RECEIVE_SIZE)
@@ -256,7 +254,7 @@ class RdmaConnection:
         # is and the next read lands right after it, so the FPDU is parsed in place, not
         # copied out and joined with what completes it; it moves to the front only when
         # less than RECEIVE_COMPACT is left behind it (each byte moves at most once).
-        tail, self._rx_tail = self._rx_tail, 0
+        tail = self.engine.mpa.tail  # of the last read's bytes (only they are memoryviews)
         end = self._rx_end
         start = end - tail
         if not tail:

@@ -174,13 +174,7 @@ class FpduDeframer:
             self.settle()
             return 0
         unread = len(last) - start
-        self._borrowed = False
-        self._buf = b""
-        self._view = memoryview(self._buf)
-        self._pos = 0
-        more.clear()
-        self._more_len = 0
-        self._more_pos = 0
+        self._drop_input()
         return unread
 
     def __iter__(self) -> Iterator[memoryview]:
@@ -230,8 +224,8 @@ class FpduDeframer:
         self._pos = 0
         return True
 
-    def _fail(self, error: MpaError) -> MpaError:
-        self.error = error
+    def _drop_input(self) -> None:
+        """Forget every unread byte (and any borrowed buffer); the offset stays."""
         self._buf = b""
         self._view = memoryview(self._buf)
         self._pos = 0
@@ -239,6 +233,10 @@ class FpduDeframer:
         self._more_len = 0
         self._more_pos = 0
         self._borrowed = False
+
+    def _fail(self, error: MpaError) -> MpaError:
+        self.error = error
+        self._drop_input()
         return error
 
     def next_ulpdu(self) -> memoryview | None:

@@ -146,10 +146,10 @@ class MpaConnection(MpaStartup):
         """Full Operation, with :attr:`borrow_views`: a partial FPDU at the end of a fed
         memoryview is not copied; :attr:`tail` says how many of its last bytes are unread,
         and the caller feeds them again, followed by what comes next, in its next
-        :meth:`receive_data` (it moves them to the front of its buffer and reads after
-        them)."""
+        :meth:`receive_data` (it leaves them in its buffer and reads right after them)."""
         self.tail = 0
-        """Unread bytes at the end of the last memoryview fed (with :attr:`keep_tail`)."""
+        """Unread bytes at the end of the last memoryview fed (with :attr:`keep_tail`); 0
+        after any other input."""
         self.ulpdu_sink: Callable[[memoryview], bool] | None = None
         """Full Operation: takes a validated ULPDU before an event is made for it (the bulk
         path of the layer above); returns False to have it queued as an event instead.
@@ -340,7 +340,6 @@ class MpaConnection(MpaStartup):
                 self.tail = deframer.release_tail()
             else:
                 deframer.settle()
-                self.tail = 0
 
     def _release_held(self) -> None:
         """MPA-25: the first valid FPDU arrived; release the responder's held FPDUs."""
