@@ -216,15 +216,15 @@ class FpduFramer:
         if self.markers:
             fpdu = self._frame_markers(header, n, payload)
             return b"", fpdu, b""
-        length = _U16.pack(n)
+        lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
         pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
         if self.crc:
-            c = crc32c(payload, crc32c(header, crc32c(length)))
+            c = crc32c(payload, crc32c(lead))
             trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
         else:
             trailer = pad + _ZERO_MARKER
         self.offset += MPA_LENGTH_LEN + n + len(trailer)
-        return length + header, payload, trailer
+        return lead, payload, trailer
 
     def _frame_markers(self, ulpdu: Buffer, n: int, payload: Buffer = b"") -> bytearray:
         """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC.
