@@ -32,16 +32,16 @@ reports the connection gone.  Time is an argument; the Ring FetchAdds go through
 injected atomic engine.
 
 The engine is one class in parts: :mod:`kbtp.target_ops` (requests, draft §6),
-:mod:`kbtp.target_tickets` (blocks back to rings, direct tickets, draft §3.4), this module
-(sessions, HELLO, feedback), over the state of :mod:`kbtp.target_state`.
+:mod:`kbtp.target_tickets` (blocks back to rings, direct tickets, draft §3.4),
+:mod:`kbtp.target_hello` (HELLO, its regions and HELLO_ACK, docs/kbtp.md §4.2), this module
+(sessions, feedback), over the state of :mod:`kbtp.target_state`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
-from kbtp.constants import MIN_TARGET_ORD, Capability, CounterFormat, Status
+from kbtp.constants import Capability, CounterFormat, Status
 from kbtp.layout import PartitionLayout, TargetLayout, init_table
 from kbtp.messages import (
     AllocStore,
@@ -58,45 +58,19 @@ from kbtp.messages import (
 )
 from kbtp.ring import FetchAdd, FreeRing, make_local_fetch_add
 from kbtp.session_rules import target_refusal
-from kbtp.target_actions import (
-    Action,
-    CloseSession,
-    DeregisterMemory,
-    RegionKind,
-    RegisterMemory,
-)
-from kbtp.target_config import (
-    TargetConfig,
-    check_config,
-    check_handle_ranges,
-    granted_capabilities,
-    plan_target_layout,
-)
+from kbtp.target_actions import Action, CloseSession, DeregisterMemory
+from kbtp.target_config import TargetConfig, check_config, check_handle_ranges, plan_target_layout
+from kbtp.target_hello import _STAG_OF as _STAG_OF
+from kbtp.target_hello import HelloOps
 from kbtp.target_ops import RequestOps
-from kbtp.target_state import (
-    SHARED_RING,
-    InitiatorState,
-    OpKind,
-    PendingOp,
-    Persist,
-    SessionState,
-)
+from kbtp.target_state import SHARED_RING, InitiatorState, OpKind, Persist, SessionState
 from kbtp.target_tickets import TicketOps
 from stack.errors import LocalError
 
 __all__ = ["TargetCore"]
 
-_STAG_OF: dict[RegionKind, str] = {
-    RegionKind.TABLE: "table_stag",
-    RegionKind.POOL: "pool_stag",
-    RegionKind.RING: "ring_stag",
-    RegionKind.HEAD: "head_stag",
-    RegionKind.PARTITION: "partition_stag",
-}
-"""The SessionState and HelloAck field carrying each region's STag."""
 
-
-class TargetCore(RequestOps, TicketOps):
+class TargetCore(RequestOps, TicketOps, HelloOps):
     """Sans-IO KBTP target (draft §3, §6).  See the module docstring for the protocol."""
 
     def __init__(
@@ -323,30 +297,6 @@ class TargetCore(RequestOps, TicketOps):
     # ----------------------------------------------------------------------------------
     # feedback from the binding
     # ----------------------------------------------------------------------------------
-    def memory_registered(self, op_id: int, stag: int, now: float) -> list[Action]:
-        """The region a :class:`RegisterMemory` asked for is registered under ``stag``.
-
-        The last registration of a HELLO sends its HELLO_ACK.  A registration whose
-        session has meanwhile closed is deregistered at once.  Raises LocalError for an
-        ``op_id`` that is no pending registration.
-        """
-        out: list[Action] = []
-        orphaned = self._orphans.pop(op_id, None)
-        if orphaned is not None:
-            out.append(DeregisterMemory(orphaned, stag))
-            return out
-        op = self._ops.get(op_id)
-        if op is None or op.kind is not OpKind.REGISTER or op.region is None:
-            raise LocalError(f"op {op_id} is not a pending registration")
-        del self._ops[op_id]
-        sess = self._sessions[op.session]  # closing a session orphans its registrations
-        self._registered.setdefault(op.session, []).append(stag)
-        setattr(sess, _STAG_OF[op.region], stag)
-        sess.registering.discard(op_id)
-        if not sess.registering:
-            self._send_hello_ack(op.session, sess, now, out)
-        return out
-
     def rdma_completed(self, op_id: int, now: float) -> list[Action]:
         """An RDMA Write/Read or invalidation the core asked for has completed."""
         out: list[Action] = []
@@ -558,106 +508,3 @@ class TargetCore(RequestOps, TicketOps):
         self._rings[ini.ring].initialize(free, counter_format)
         ini.bound = len(bound)
         ini.allocating = 0
-
-    # ==================================================================================
-    # internals: HELLO (docs/kbtp.md §4.2, §4.4)
-    # ==================================================================================
-    def _hello(
-        self, session: int, sess: SessionState, hello: Hello, now: float, out: list[Action]
-    ) -> None:
-        def refuse(status: Status, reason: str) -> None:
-            self._send(out, session, HelloAck(hello.request_id, status))
-            self._close(session, now, status, reason, out)
-
-        ini = self._initiators.get(hello.identity)
-        if ini is None:
-            refuse(Status.UNKNOWN_INITIATOR, f"unknown identity {hello.identity!r}")
-            return
-        if ini.session is not None:
-            refuse(Status.SESSION_EXISTS, f"identity {hello.identity!r} already has a session")
-            return
-        if sess.ord is not None and sess.ord < MIN_TARGET_ORD:
-            refuse(
-                Status.IRD_ORD_TOO_LOW,
-                f"target ORD {sess.ord} on this stream: the initiator's IRD allows no RDMA "
-                "Read for STORE and ALLOC_STORE (docs/kbtp.md §4.1)",
-            )
-            return
-        cfg = ini.config
-        granted = granted_capabilities(cfg, Capability(hello.capabilities), sess.ird)
-        sess.identity = hello.identity
-        sess.capabilities = granted
-        ini.session = session
-        lay = self.layout
-        ack: dict[str, Any] = dict(
-            request_id=hello.request_id,
-            status=Status.SUCCESS,
-            capabilities=granted,
-            block_size=self.config.block_size,
-            pool_blocks=self.config.pool_blocks,
-            quota=cfg.quota,
-            handle_base=cfg.handle_base,
-            handle_count=cfg.handle_count,
-            ticket_timeout_ms=round(self.config.ticket_timeout * 1000),
-            request_credits=self.config.request_credits,
-            max_inline=self.config.max_inline,
-        )
-        # Regions are registered per session, like every STag this target exposes
-        # (docs/kbtp.md §3.6, SEC-03); the HELLO_ACK waits for their STags.
-        regions: list[tuple[RegionKind, int, int]] = []
-        if granted & Capability.DIRECT_LOAD:
-            regions.append((RegionKind.TABLE, *lay.table_region))
-            regions.append((RegionKind.POOL, *lay.pool_region))
-            ack.update(
-                table_offset=lay.to(lay.table_offset),
-                table_base_handle=lay.table_base_handle,
-                table_entries=lay.table_entries,
-                pool_offset=lay.to(lay.pool_offset),
-            )
-        if granted & Capability.DIRECT_ALLOC:
-            part = lay.partitions[ini.ring]
-            p_off, p_len = lay.partition_region(part)
-            regions.append((RegionKind.RING, *lay.ring_region(part.ring)))
-            regions.append((RegionKind.HEAD, *lay.head_region(part.ring)))
-            regions.append((RegionKind.PARTITION, p_off, p_len))
-            fmt = CounterFormat.MASKED
-            if granted & Capability.UNMASKED_COUNTER:
-                fmt = CounterFormat.UNMASKED
-            ring = self._rings[ini.ring]
-            if self._direct_violation(ini, now) is not None or ring.counter_format is not fmt:
-                # A late atomic of the identity's previous stream, or the other counter
-                # format: start the ring afresh (no session of the identity can reach it).
-                self._reset_partition(ini, fmt)
-            ack.update(
-                ring_order=part.ring.order,
-                ring_offset=lay.to(part.ring.slots_offset),
-                head_offset=lay.to(part.ring.head_offset),
-                partition_offset=lay.to(p_off),
-                partition_length=p_len,
-            )
-        sess.hello_ack = ack
-        if not regions:
-            self._send_hello_ack(session, sess, now, out)
-            return
-        for kind, offset, length in regions:
-            op_id = self._new_op(PendingOp(OpKind.REGISTER, session, None, region=kind))
-            sess.registering.add(op_id)
-            out.append(RegisterMemory(op_id, session, kind, offset, length))
-
-    def _send_hello_ack(
-        self, session: int, sess: SessionState, now: float, out: list[Action]
-    ) -> None:
-        """Every region of the HELLO is registered: send the HELLO_ACK (docs/kbtp.md §5.4),
-        then process the messages that arrived meanwhile."""
-        ack = sess.hello_ack
-        assert ack is not None
-        sess.hello_ack = None
-        ack.update({name: getattr(sess, name) for name in _STAG_OF.values()})
-        sess.direct_alloc = bool(sess.capabilities & Capability.DIRECT_ALLOC)
-        self._send(out, session, HelloAck(**ack))
-        early, sess.early = sess.early, deque()
-        for item in early:
-            if isinstance(item, bytes):
-                out.extend(self.handle_message(session, item, now))
-            else:
-                out.extend(self.handle_request(session, item, now))

@@ -4,9 +4,10 @@
 its layout, the rings, the initiators and sessions, the pending operations, the per-handle
 queues (docs/kbtp.md §6.0) and the tickets waiting for a slot.  The engine is one class
 written in parts: requests (:mod:`kbtp.target_ops`, draft §6), direct tickets and block
-returns (:mod:`kbtp.target_tickets`, draft §3.4) and the core (:mod:`kbtp.target_core`:
-sessions, HELLO, feedback from the binding).  The methods one part calls in another are
-declared here.  All state is plain containers, so that ``TargetCore.clone`` can copy it.
+returns (:mod:`kbtp.target_tickets`, draft §3.4), HELLO (:mod:`kbtp.target_hello`,
+docs/kbtp.md §4.2) and the core (:mod:`kbtp.target_core`: sessions, feedback from the
+binding).  The methods one part calls in another are declared here.  All state is plain
+containers, so that ``TargetCore.clone`` can copy it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Self
 
-from kbtp.constants import NO_BLOCK_OFFSET, Capability, RequestFlag, Status
+from kbtp.constants import NO_BLOCK_OFFSET, Capability, CounterFormat, RequestFlag, Status
 from kbtp.layout import TableEntry, TargetLayout, read_entry
 from kbtp.messages import AllocStore, Completion, HelloAck, Load, Message, Request, Store
 from kbtp.ring import FetchAdd, FreeRing
@@ -303,6 +304,16 @@ class CoreState:
     # ----------------------------------------------------------------------------------
     # provided by the parts (kbtp.target_core, kbtp.target_ops, kbtp.target_tickets)
     # ----------------------------------------------------------------------------------
+    def handle_message(
+        self, session: int, data: bytes | bytearray | memoryview, now: float
+    ) -> list[Action]:
+        """A Send arrived on ``session``: decode it and process it (target_core)."""
+        raise NotImplementedError
+
+    def handle_request(self, session: int, message: Message, now: float) -> list[Action]:
+        """Process a decoded message (HELLO or a request) from ``session`` (target_core)."""
+        raise NotImplementedError
+
     def _close(
         self, session: int, now: float, status: Status, reason: str, out: list[Action]
     ) -> None:
@@ -311,6 +322,12 @@ class CoreState:
 
     def _release(self, handle: int, now: float, out: list[Action]) -> None:
         """The operation on ``handle`` is over: run the requests queued behind it."""
+        raise NotImplementedError
+
+    def _reset_partition(
+        self, ini: InitiatorState, counter_format: CounterFormat | None = None
+    ) -> None:
+        """Rebuild a partition's ring from its unbound blocks (target_core)."""
         raise NotImplementedError
 
     def _alloc_got_block(self, op_id: int, now: float, out: list[Action]) -> bool:
