@@ -15,7 +15,7 @@ The buffers are spans of one :class:`~kbtp.arena.Arena`, registered once, as an
 application moves blocks (docs/kbtp.md §13.1), and each completion submits the next request
 (:meth:`~kbtp.initiator.KbtpInitiator.submit`: no task per request).  ``--per-request``:
 one worker task per buffer, awaiting ``load_into``/``store``/``alloc_store``, which register
-and deregister the buffer for every request.
+and deregister the buffer for every request (:mod:`kbtp.cli.bench_kbtp`).
 
 ``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
@@ -28,30 +28,43 @@ answers every complete request in one send (both scatter-gather ``sendmsg``) and
 stored octets into its memory, as the target places them.  Figures: operations per second
 and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
-the figure that survives a busy machine best).  Speed is reported, never asserted.
+the figure that survives a busy machine best).  Speed is reported, never asserted.  The
+rows, the table and the ``--json`` document: :mod:`kbtp.cli.bench_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
 
-from kbtp.arena import Arena
-from kbtp.batch import BlockRef, build_loads, build_stores
 from kbtp.cli.bench_baseline import bench_raw, raw_server
-from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
+from kbtp.cli.bench_cpu import CpuClock, no_peer
+from kbtp.cli.bench_kbtp import OPS, bench_kbtp_size, pool_blocks
+from kbtp.cli.bench_kbtp import Job as Job
+from kbtp.cli.bench_kbtp import RequestFor as RequestFor
+from kbtp.cli.bench_kbtp import _arena_requests as _arena_requests
+from kbtp.cli.bench_kbtp import _per_request_jobs as _per_request_jobs
+from kbtp.cli.bench_kbtp import _pipelined as _pipelined
+from kbtp.cli.bench_kbtp import _workers as _workers
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
 from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
 from kbtp.cli.bench_offload import run_offload
-from kbtp.cli.bench_peer import IDENTITY, bench_config, peer_process
+from kbtp.cli.bench_peer import bench_config, peer_process
+from kbtp.cli.bench_report import (
+    HEADER,
+    MC_HEADER,
+    MC_OPS,
+    Result,
+    bench_document,
+    format_row,
+    size_label,
+)
+from kbtp.cli.bench_report import result_row as result_row
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
@@ -60,20 +73,15 @@ from kbtp.cli.target import (
     positive_int,
     run_trio,
 )
-from kbtp.constants import DEFAULT_MAX_INLINE, Status
-from kbtp.initiator import KbtpInitiator
-from kbtp.initiator_errors import SessionClosed
-from kbtp.messages import Completion, Request
+from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.target import KbtpTarget
 from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
-    schema,
     text_to_stderr_if_json_stdout,
     write_json,
 )
-from stack.wire.events import MpaSettings
 from stack.wire.framing import mulpdu_for
 
 DEFAULT_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
@@ -81,281 +89,12 @@ DEFAULT_INFLIGHT = 16
 DEFAULT_BYTES = 32 << 20
 MIN_ITERS = 64
 MAX_ITERS = 8192
-OPS = ("store", "load", "alloc_store")
-"""Run order: LOAD needs the blocks the STOREs wrote (then sealed)."""
-
-
-@dataclass(slots=True)
-class Result:
-    """One row: an operation at one size, KBTP and (optionally) the raw baseline."""
-
-    op: str
-    size: int
-    iters: int
-    seconds: float
-    path: str
-    cpu: float = 0.0
-    raw_seconds: float | None = None
-    raw_cpu: float | None = None
-    mc_seconds: float | None = None
-    """Mooncake Transfer Engine's TCP transport moving the same blocks (``--vs mooncake``)."""
-    mc_cpu: float | None = None
-
-    @property
-    def ops(self) -> float:
-        return self.iters / self.seconds
-
-    @property
-    def gbps(self) -> float:
-        return self.iters * self.size / self.seconds / 1e9
-
-    @property
-    def raw_gbps(self) -> float | None:
-        if self.raw_seconds is None:
-            return None
-        return self.iters * self.size / self.raw_seconds / 1e9
-
-    @property
-    def ratio(self) -> float | None:
-        raw = self.raw_gbps
-        return self.gbps / raw if raw else None
-
-    @property
-    def mc_gbps(self) -> float | None:
-        if self.mc_seconds is None:
-            return None
-        return self.iters * self.size / self.mc_seconds / 1e9
-
-    @property
-    def vs_mooncake(self) -> float | None:
-        mc = self.mc_gbps
-        return self.gbps / mc if mc else None
 
 
 def iterations(size: int, total: int, fixed: int | None) -> int:
     if fixed is not None:
         return fixed
     return max(MIN_ITERS, min(MAX_ITERS, total // size))
-
-
-def size_label(size: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
-
-
-HEADER = (
-    f"{'operation':<12} {'size':>5} {'path':<6} {'iters':>5} {'ops/s':>7} {'GB/s':>6}"
-    f" {'raw ops/s':>9} {'raw GB/s':>8} {'ratio':>5}  {'CPU us/op':>9} {'raw CPU':>7}"
-)
-
-
-MC_HEADER = f" {'MC GB/s':>7} {'vs MC':>5} {'MC CPU':>6}"
-"""The ``--vs mooncake`` columns."""
-MC_OPS = {"store": "write", "load": "read"}
-"""The Mooncake transfer each KBTP operation is compared with."""
-
-
-def format_row(r: Result, vs_mooncake: bool = False) -> str:
-    raw = "" if r.raw_seconds is None else f"{r.iters / r.raw_seconds:.0f}"
-    raw_gb = "" if r.raw_gbps is None else f"{r.raw_gbps:.3f}"
-    ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
-    raw_cpu = "" if r.raw_cpu is None else f"{r.raw_cpu / r.iters * 1e6:.0f}"
-    line = (
-        f"{r.op.upper():<12} {size_label(r.size):>5} {r.path:<6} {r.iters:>5} {r.ops:>7.0f}"
-        f" {r.gbps:>6.3f} {raw:>9} {raw_gb:>8} {ratio:>5}  {r.cpu / r.iters * 1e6:>9.0f}"
-        f" {raw_cpu:>7}"
-    )
-    if vs_mooncake:
-        mc = "-" if r.mc_gbps is None else f"{r.mc_gbps:.3f}"
-        vs = "-" if r.vs_mooncake is None else f"{r.vs_mooncake:.2f}"
-        mc_cpu = "-" if r.mc_cpu is None else f"{r.mc_cpu / r.iters * 1e6:.0f}"
-        line += f" {mc:>7} {vs:>5} {mc_cpu:>6}"
-    return line
-
-
-# ======================================================================================
-# KBTP
-# ======================================================================================
-
-
-async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> tuple[float, float]:
-    """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
-
-    Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
-    """
-    counter = iter(range(iters))
-
-    async def worker(w: int) -> None:
-        for i in counter:
-            await job(w, i)
-
-    cpu = BothEndsCpu(peer_cpu)
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for w in range(inflight):
-            nursery.start_soon(worker, w)
-    return time.perf_counter() - start, cpu.seconds()
-
-
-def pool_blocks(ops: list[str], iters: int, inflight: int) -> int:
-    """Blocks a row's target needs: one per worker, and one per ALLOC_STORE."""
-    return (iters if "alloc_store" in ops else 0) + inflight
-
-
-async def bench_kbtp_size(
-    size: int,
-    ops: list[str],
-    iters: int,
-    inflight: int,
-    settings: MpaSettings,
-    inline: bool | None,
-    max_inline: int = DEFAULT_MAX_INLINE,
-    *,
-    port: int,
-    peer_cpu: CpuClock = no_peer,
-    per_request: bool = False,
-) -> list[Result]:
-    """KBTP figures at one block size against the target at ``port`` (one session).
-
-    Buffer ``w`` is span ``w`` of one :class:`~kbtp.arena.Arena` registered once
-    (docs/kbtp.md §13.1) and completions submit the next requests; ``per_request``: a
-    worker task per buffer, which every LOAD and STORE registers and deregisters.
-    """
-    data = bytearray(os.urandom(size))
-    buffers = [bytearray(size) for _ in range(inflight)]
-    results = []
-    path = "inline" if (size <= max_inline if inline is None else inline) else "rdma"
-    async with KbtpInitiator.connect(
-        "127.0.0.1", port, IDENTITY.decode(), settings=settings
-    ) as ini:
-        for w in range(inflight):
-            await ini.alloc_store(w, data)
-        jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
-        if not per_request:
-            memory = bytearray(data * inflight)
-            arena = Arena.register(ini.pd, memory)
-            requests = _arena_requests(ini, arena, inflight, size, inline)
-            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
-
-        async def run(op: str) -> tuple[float, float]:
-            if per_request:
-                return await _workers(inflight, iters, jobs[op], peer_cpu)
-            return await _pipelined(ini, inflight, iters, requests[op], peer_cpu)
-
-        for op in OPS:
-            if op not in ops:
-                continue
-            if op == "load":
-                for w in range(inflight):
-                    await ini.store(w, data, seal=True)
-                if not per_request:
-                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
-                seconds, cpu = await run(op)
-                landed = buffers if per_request else spans
-                if any(buf != data for buf in landed):
-                    raise CliError("LOAD returned wrong data")
-                results.append(Result(op, size, iters, seconds, "rdma", cpu))
-            else:
-                seconds, cpu = await run(op)
-                results.append(Result(op, size, iters, seconds, path, cpu))
-        if not per_request:
-            arena.close()
-    return results
-
-
-Job = Callable[[int, int], Awaitable[object]]
-"""One operation of worker ``w``, the ``i``-th of the row."""
-
-
-def _per_request_jobs(
-    ini: KbtpInitiator,
-    inflight: int,
-    data: bytearray,
-    buffers: list[bytearray],
-    inline: bool | None,
-) -> dict[str, Job]:
-    """The operations on per-request buffers: each registers and deregisters its own."""
-
-    async def store(w: int, i: int) -> None:
-        await ini.store(w, data, inline=inline)
-
-    async def load(w: int, i: int) -> None:
-        await ini.load_into(w, buffers[w])
-
-    async def alloc_store(w: int, i: int) -> None:
-        await ini.alloc_store(inflight + i, data, inline=inline)
-
-    return {"store": store, "load": load, "alloc_store": alloc_store}
-
-
-RequestFor = Callable[[int, int], Request]
-"""The request of buffer ``w``, the ``i``-th of the row."""
-
-
-def _arena_requests(
-    ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
-) -> dict[str, RequestFor]:
-    """The requests on the arena: buffer ``w`` loads into and stores from its span; they
-    are built once (an ALLOC_STORE's names its fresh handle)."""
-    assert ini.ack is not None
-    refs = [BlockRef(w, w * size, size) for w in range(inflight)]
-    loads = build_loads(arena, refs, ini.block_size)
-    max_inline = ini.ack.max_inline
-    stores = build_stores(
-        arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
-    )
-    allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
-    return {
-        "store": lambda w, i: stores[w],
-        "load": lambda w, i: loads[w],
-        "alloc_store": lambda w, i: replace(allocs[w], handle=inflight + i),
-    }
-
-
-async def _pipelined(
-    ini: KbtpInitiator, inflight: int, iters: int, request_for: RequestFor, peer_cpu: CpuClock
-) -> tuple[float, float]:
-    """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
-    completion of the last (:meth:`KbtpInitiator.submit`: no task per request).
-
-    Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
-    a session that ends raises :class:`CliError`.
-    """
-    free = list(range(inflight))
-    issued = finished = 0
-    failure: str | None = None
-    all_done = trio.Event()
-
-    def issue() -> None:
-        nonlocal issued
-        w = free.pop()
-        request = request_for(w, issued)
-        issued += 1
-        ini.submit(request, lambda c, e: on_done(w, request, c, e))
-
-    def on_done(w: int, request: Request, c: Completion | None, e: SessionClosed | None) -> None:
-        nonlocal finished, failure
-        finished += 1
-        free.append(w)
-        if failure is None and (c is None or c.status != Status.SUCCESS):
-            what = e if c is None else Status(c.status).name
-            failure = f"{request.opcode.name} of handle 0x{request.handle:x}: {what}"
-        if failure is None and issued < iters:
-            issue()
-        elif finished == issued:
-            all_done.set()
-
-    cpu = BothEndsCpu(peer_cpu)
-    start = time.perf_counter()
-    for _ in range(min(inflight, iters)):
-        issue()
-    await all_done.wait()
-    seconds = time.perf_counter() - start
-    if failure is not None:
-        raise CliError(failure)
-    return seconds, cpu.seconds()
 
 
 # ======================================================================================
@@ -455,67 +194,6 @@ def _parse_list(text: str, what: str) -> list[str]:
     if not items:
         raise CliError(f"empty {what} list")
     return items
-
-
-def result_row(r: Result) -> dict[str, Any]:
-    """One ``--json`` row: the table's figures, units in the key names."""
-    row: dict[str, Any] = {
-        "operation": r.op.upper(),
-        "size_bytes": r.size,
-        "path": r.path,
-        "iterations": r.iters,
-        "seconds": r.seconds,
-        "ops_per_s": r.ops,
-        "gbyte_per_s": r.gbps,
-        "gbit_per_s": r.gbps * 8,
-        "cpu_us_per_op": r.cpu / r.iters * 1e6,
-    }
-    if r.raw_seconds is not None:
-        raw_gbps = r.raw_gbps or 0.0
-        row["baseline"] = {
-            "seconds": r.raw_seconds,
-            "ops_per_s": r.iters / r.raw_seconds,
-            "gbyte_per_s": raw_gbps,
-            "gbit_per_s": raw_gbps * 8,
-            "cpu_us_per_op": None if r.raw_cpu is None else r.raw_cpu / r.iters * 1e6,
-        }
-        row["ratio"] = r.ratio
-    if r.mc_seconds is not None:
-        mc_gbps = r.mc_gbps or 0.0
-        row["mooncake"] = {
-            "transfer": MC_OPS[r.op],
-            "seconds": r.mc_seconds,
-            "gbyte_per_s": mc_gbps,
-            "cpu_us_per_op": None if r.mc_cpu is None else r.mc_cpu / r.iters * 1e6,
-        }
-        row["vs_mooncake"] = r.vs_mooncake
-    return row
-
-
-def bench_document(
-    parameters: dict[str, Any], results: list[Result], exit_status: int
-) -> dict[str, Any]:
-    """``kbtp bench --json``: parameters, the raw TCP baseline, the rows and the verdict."""
-    baseline = None
-    if parameters["baseline"]:
-        baseline = {
-            "name": "pipelined raw trio TCP request/response",
-            "shape": "one connection, the same requests in flight, 40-octet requests and "
-            "responses carrying the same block octets; the client sends every request it "
-            "may at once, the server answers every pending request in one send; sends are "
-            "scatter-gather sendmsg calls",
-            "same_run": True,
-        }
-    return {
-        "schema": schema("kbtp bench"),
-        "command": "kbtp bench",
-        "parameters": parameters,
-        "baseline": baseline,
-        "ratio_is": "KBTP GB/s over the baseline's GB/s",
-        "results": [result_row(r) for r in results],
-        "exit_status": exit_status,
-        "verdict": "ok" if exit_status == 0 else "error",
-    }
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -1,0 +1,208 @@
+"""``kbtp bench``'s KBTP figures at one block size: N requests in flight on one session.
+
+The buffers are spans of one :class:`~kbtp.arena.Arena` registered once (docs/kbtp.md §13.1)
+and each completion submits the next request (:func:`_pipelined`); ``per_request``: one
+worker task per buffer, awaiting ``load_into``/``store``/``alloc_store`` (:func:`_workers`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import trio
+
+from kbtp.arena import Arena
+from kbtp.batch import BlockRef, build_loads, build_stores
+from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
+from kbtp.cli.bench_peer import IDENTITY
+from kbtp.cli.bench_report import Result
+from kbtp.constants import DEFAULT_MAX_INLINE, Status
+from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import SessionClosed
+from kbtp.messages import Completion, Request
+from stack.cli import CliError
+from stack.wire.events import MpaSettings
+
+OPS = ("store", "load", "alloc_store")
+"""Run order: LOAD needs the blocks the STOREs wrote (then sealed)."""
+
+
+async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> tuple[float, float]:
+    """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
+
+    Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
+    """
+    counter = iter(range(iters))
+
+    async def worker(w: int) -> None:
+        for i in counter:
+            await job(w, i)
+
+    cpu = BothEndsCpu(peer_cpu)
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for w in range(inflight):
+            nursery.start_soon(worker, w)
+    return time.perf_counter() - start, cpu.seconds()
+
+
+def pool_blocks(ops: list[str], iters: int, inflight: int) -> int:
+    """Blocks a row's target needs: one per worker, and one per ALLOC_STORE."""
+    return (iters if "alloc_store" in ops else 0) + inflight
+
+
+async def bench_kbtp_size(
+    size: int,
+    ops: list[str],
+    iters: int,
+    inflight: int,
+    settings: MpaSettings,
+    inline: bool | None,
+    max_inline: int = DEFAULT_MAX_INLINE,
+    *,
+    port: int,
+    peer_cpu: CpuClock = no_peer,
+    per_request: bool = False,
+) -> list[Result]:
+    """KBTP figures at one block size against the target at ``port`` (one session).
+
+    Buffer ``w`` is span ``w`` of one :class:`~kbtp.arena.Arena` registered once
+    (docs/kbtp.md §13.1) and completions submit the next requests; ``per_request``: a
+    worker task per buffer, which every LOAD and STORE registers and deregisters.
+    """
+    data = bytearray(os.urandom(size))
+    buffers = [bytearray(size) for _ in range(inflight)]
+    results = []
+    path = "inline" if (size <= max_inline if inline is None else inline) else "rdma"
+    async with KbtpInitiator.connect(
+        "127.0.0.1", port, IDENTITY.decode(), settings=settings
+    ) as ini:
+        for w in range(inflight):
+            await ini.alloc_store(w, data)
+        jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
+        if not per_request:
+            memory = bytearray(data * inflight)
+            arena = Arena.register(ini.pd, memory)
+            requests = _arena_requests(ini, arena, inflight, size, inline)
+            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
+
+        async def run(op: str) -> tuple[float, float]:
+            if per_request:
+                return await _workers(inflight, iters, jobs[op], peer_cpu)
+            return await _pipelined(ini, inflight, iters, requests[op], peer_cpu)
+
+        for op in OPS:
+            if op not in ops:
+                continue
+            if op == "load":
+                for w in range(inflight):
+                    await ini.store(w, data, seal=True)
+                if not per_request:
+                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
+                seconds, cpu = await run(op)
+                landed = buffers if per_request else spans
+                if any(buf != data for buf in landed):
+                    raise CliError("LOAD returned wrong data")
+                results.append(Result(op, size, iters, seconds, "rdma", cpu))
+            else:
+                seconds, cpu = await run(op)
+                results.append(Result(op, size, iters, seconds, path, cpu))
+        if not per_request:
+            arena.close()
+    return results
+
+
+Job = Callable[[int, int], Awaitable[object]]
+"""One operation of worker ``w``, the ``i``-th of the row."""
+
+
+def _per_request_jobs(
+    ini: KbtpInitiator,
+    inflight: int,
+    data: bytearray,
+    buffers: list[bytearray],
+    inline: bool | None,
+) -> dict[str, Job]:
+    """The operations on per-request buffers: each registers and deregisters its own."""
+
+    async def store(w: int, i: int) -> None:
+        await ini.store(w, data, inline=inline)
+
+    async def load(w: int, i: int) -> None:
+        await ini.load_into(w, buffers[w])
+
+    async def alloc_store(w: int, i: int) -> None:
+        await ini.alloc_store(inflight + i, data, inline=inline)
+
+    return {"store": store, "load": load, "alloc_store": alloc_store}
+
+
+RequestFor = Callable[[int, int], Request]
+"""The request of buffer ``w``, the ``i``-th of the row."""
+
+
+def _arena_requests(
+    ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
+) -> dict[str, RequestFor]:
+    """The requests on the arena: buffer ``w`` loads into and stores from its span; they
+    are built once (an ALLOC_STORE's names its fresh handle)."""
+    assert ini.ack is not None
+    refs = [BlockRef(w, w * size, size) for w in range(inflight)]
+    loads = build_loads(arena, refs, ini.block_size)
+    max_inline = ini.ack.max_inline
+    stores = build_stores(
+        arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
+    )
+    allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
+    return {
+        "store": lambda w, i: stores[w],
+        "load": lambda w, i: loads[w],
+        "alloc_store": lambda w, i: replace(allocs[w], handle=inflight + i),
+    }
+
+
+async def _pipelined(
+    ini: KbtpInitiator, inflight: int, iters: int, request_for: RequestFor, peer_cpu: CpuClock
+) -> tuple[float, float]:
+    """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
+    completion of the last (:meth:`KbtpInitiator.submit`: no task per request).
+
+    Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
+    a session that ends raises :class:`CliError`.
+    """
+    free = list(range(inflight))
+    issued = finished = 0
+    failure: str | None = None
+    all_done = trio.Event()
+
+    def issue() -> None:
+        nonlocal issued
+        w = free.pop()
+        request = request_for(w, issued)
+        issued += 1
+        ini.submit(request, lambda c, e: on_done(w, request, c, e))
+
+    def on_done(w: int, request: Request, c: Completion | None, e: SessionClosed | None) -> None:
+        nonlocal finished, failure
+        finished += 1
+        free.append(w)
+        if failure is None and (c is None or c.status != Status.SUCCESS):
+            what = e if c is None else Status(c.status).name
+            failure = f"{request.opcode.name} of handle 0x{request.handle:x}: {what}"
+        if failure is None and issued < iters:
+            issue()
+        elif finished == issued:
+            all_done.set()
+
+    cpu = BothEndsCpu(peer_cpu)
+    start = time.perf_counter()
+    for _ in range(min(inflight, iters)):
+        issue()
+    await all_done.wait()
+    seconds = time.perf_counter() - start
+    if failure is not None:
+        raise CliError(failure)
+    return seconds, cpu.seconds()

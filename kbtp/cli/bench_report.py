@@ -1,0 +1,155 @@
+"""``kbtp bench``'s rows: the figures of one operation at one block size, the text table and
+the ``--json`` document (KBTP next to the raw TCP baseline and, ``--vs mooncake``, Mooncake).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stack.cli.json_report import schema
+
+
+@dataclass(slots=True)
+class Result:
+    """One row: an operation at one size, KBTP and (optionally) the raw baseline."""
+
+    op: str
+    size: int
+    iters: int
+    seconds: float
+    path: str
+    cpu: float = 0.0
+    raw_seconds: float | None = None
+    raw_cpu: float | None = None
+    mc_seconds: float | None = None
+    """Mooncake Transfer Engine's TCP transport moving the same blocks (``--vs mooncake``)."""
+    mc_cpu: float | None = None
+
+    @property
+    def ops(self) -> float:
+        return self.iters / self.seconds
+
+    @property
+    def gbps(self) -> float:
+        return self.iters * self.size / self.seconds / 1e9
+
+    @property
+    def raw_gbps(self) -> float | None:
+        if self.raw_seconds is None:
+            return None
+        return self.iters * self.size / self.raw_seconds / 1e9
+
+    @property
+    def ratio(self) -> float | None:
+        raw = self.raw_gbps
+        return self.gbps / raw if raw else None
+
+    @property
+    def mc_gbps(self) -> float | None:
+        if self.mc_seconds is None:
+            return None
+        return self.iters * self.size / self.mc_seconds / 1e9
+
+    @property
+    def vs_mooncake(self) -> float | None:
+        mc = self.mc_gbps
+        return self.gbps / mc if mc else None
+
+
+def size_label(size: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+HEADER = (
+    f"{'operation':<12} {'size':>5} {'path':<6} {'iters':>5} {'ops/s':>7} {'GB/s':>6}"
+    f" {'raw ops/s':>9} {'raw GB/s':>8} {'ratio':>5}  {'CPU us/op':>9} {'raw CPU':>7}"
+)
+
+
+MC_HEADER = f" {'MC GB/s':>7} {'vs MC':>5} {'MC CPU':>6}"
+"""The ``--vs mooncake`` columns."""
+MC_OPS = {"store": "write", "load": "read"}
+"""The Mooncake transfer each KBTP operation is compared with."""
+
+
+def format_row(r: Result, vs_mooncake: bool = False) -> str:
+    raw = "" if r.raw_seconds is None else f"{r.iters / r.raw_seconds:.0f}"
+    raw_gb = "" if r.raw_gbps is None else f"{r.raw_gbps:.3f}"
+    ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
+    raw_cpu = "" if r.raw_cpu is None else f"{r.raw_cpu / r.iters * 1e6:.0f}"
+    line = (
+        f"{r.op.upper():<12} {size_label(r.size):>5} {r.path:<6} {r.iters:>5} {r.ops:>7.0f}"
+        f" {r.gbps:>6.3f} {raw:>9} {raw_gb:>8} {ratio:>5}  {r.cpu / r.iters * 1e6:>9.0f}"
+        f" {raw_cpu:>7}"
+    )
+    if vs_mooncake:
+        mc = "-" if r.mc_gbps is None else f"{r.mc_gbps:.3f}"
+        vs = "-" if r.vs_mooncake is None else f"{r.vs_mooncake:.2f}"
+        mc_cpu = "-" if r.mc_cpu is None else f"{r.mc_cpu / r.iters * 1e6:.0f}"
+        line += f" {mc:>7} {vs:>5} {mc_cpu:>6}"
+    return line
+
+
+def result_row(r: Result) -> dict[str, Any]:
+    """One ``--json`` row: the table's figures, units in the key names."""
+    row: dict[str, Any] = {
+        "operation": r.op.upper(),
+        "size_bytes": r.size,
+        "path": r.path,
+        "iterations": r.iters,
+        "seconds": r.seconds,
+        "ops_per_s": r.ops,
+        "gbyte_per_s": r.gbps,
+        "gbit_per_s": r.gbps * 8,
+        "cpu_us_per_op": r.cpu / r.iters * 1e6,
+    }
+    if r.raw_seconds is not None:
+        raw_gbps = r.raw_gbps or 0.0
+        row["baseline"] = {
+            "seconds": r.raw_seconds,
+            "ops_per_s": r.iters / r.raw_seconds,
+            "gbyte_per_s": raw_gbps,
+            "gbit_per_s": raw_gbps * 8,
+            "cpu_us_per_op": None if r.raw_cpu is None else r.raw_cpu / r.iters * 1e6,
+        }
+        row["ratio"] = r.ratio
+    if r.mc_seconds is not None:
+        mc_gbps = r.mc_gbps or 0.0
+        row["mooncake"] = {
+            "transfer": MC_OPS[r.op],
+            "seconds": r.mc_seconds,
+            "gbyte_per_s": mc_gbps,
+            "cpu_us_per_op": None if r.mc_cpu is None else r.mc_cpu / r.iters * 1e6,
+        }
+        row["vs_mooncake"] = r.vs_mooncake
+    return row
+
+
+def bench_document(
+    parameters: dict[str, Any], results: list[Result], exit_status: int
+) -> dict[str, Any]:
+    """``kbtp bench --json``: parameters, the raw TCP baseline, the rows and the verdict."""
+    baseline = None
+    if parameters["baseline"]:
+        baseline = {
+            "name": "pipelined raw trio TCP request/response",
+            "shape": "one connection, the same requests in flight, 40-octet requests and "
+            "responses carrying the same block octets; the client sends every request it "
+            "may at once, the server answers every pending request in one send; sends are "
+            "scatter-gather sendmsg calls",
+            "same_run": True,
+        }
+    return {
+        "schema": schema("kbtp bench"),
+        "command": "kbtp bench",
+        "parameters": parameters,
+        "baseline": baseline,
+        "ratio_is": "KBTP GB/s over the baseline's GB/s",
+        "results": [result_row(r) for r in results],
+        "exit_status": exit_status,
+        "verdict": "ok" if exit_status == 0 else "error",
+    }
