@@ -1,0 +1,314 @@
+"""Benchmark: the pure-Python floor of a bulk RDMA Write, against raw trio TCP in one run.
+
+``python -m tools.bench_floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--json OUT]``
+
+How fast can any pure-Python iWARP sender and receiver be?  Whatever the layering, an RDMA
+Write with CRC on has to compute CRC32c over every FPDU at both ends and copy the payload
+from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
+``iwarp bench``) does neither.  This tool runs, two processes on loopback, each variant in
+turn, alternated ``--repeat`` times:
+
+``raw``    a trio stream of the message bytes, up to 1 MiB per ``send_all``; the receiver
+           ``receive_some(256 KiB)`` and counts (``iwarp bench --baseline``'s exchange)
+``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated 256 KiB
+           buffer (no new bytes object per read, as the stack's driver reads)
+``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
+           is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
+           (header, a view of the source buffer, CRC) up to 1 MiB per call, as the stack's
+           driver does; the receiver ``recv_into`` a 256 KiB buffer and checks every
+           FPDU's CRC where it lies (a partial FPDU at the end of a read moves to the
+           front), and copies nothing
+``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
+           buffer at its TO
+
+Nothing else: no DDP/RDMAP parsing beyond the length field and TO, no queue, no
+completion.  So ``floor``'s ratio to ``raw`` is a ceiling for ``iwarp bench write
+--baseline``'s ratio in pure Python on this machine, and the stack's ratio over it says how
+much of the reachable speed the stack has (``raw-into`` says whether ``raw`` is the
+fastest way to receive).  Each row: MB/s, messages/s, ratio to ``raw``
+of the same repeat (median over repeats), CPU per message at each end (µs).  ``--json``:
+the rows as one JSON document (``-``: standard output).  Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+import trio
+
+from stack.constants import MPA_CRC_RESIDUE
+from stack.crc import crc32c
+from stack.transport.sockopts import limit_unsent
+from stack.wire.framing import mulpdu_for
+
+RECEIVE = 256 * 1024
+BATCH = 1024 * 1024
+DDP_TAGGED_HEADER = 14
+VARIANTS = ("raw", "raw-into", "crc", "floor")
+_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, unused
+_RESULT = struct.Struct("!QQ")  # octets received, receiver CPU ns
+_HEAD = struct.Struct("!H2xIII")  # length, (control, STag, TO high), TO: 14 octets + 2
+_CRC = struct.Struct("<I")
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+    return int(text.rstrip("KM")) * scale
+
+
+def _plain(trio_sock: Any) -> socket.socket:
+    """A non-blocking standard socket on a trio socket's descriptor (release: ``detach``),
+    for ``recv_into`` and ``sendmsg`` without trio's wrappers, as the stack's driver."""
+    sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
+    sock.setblocking(False)
+    return sock
+
+
+# ---------------------------------------------------------------------------- receiver
+async def _sink(port_out: Any) -> None:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    print(listener.socket.getsockname()[1], file=port_out, flush=True)
+    while True:
+        stream = await listener.accept()
+        sock = stream.socket
+        hello = bytearray()
+        while len(hello) < _HELLO.size:
+            hello += await stream.receive_some(_HELLO.size - len(hello))
+        variant, size, payload, _ = _HELLO.unpack(hello)
+        cpu = time.process_time_ns()
+        if variant == 0:
+            got = 0
+            while data := await stream.receive_some(RECEIVE):
+                got += len(data)
+        else:
+            raw = _plain(sock)
+            try:
+                if variant == 1:
+                    got = await _receive_into(raw)
+                else:
+                    got = await _receive_fpdus(raw, size, payload, place=variant == 3)
+            finally:
+                raw.detach()
+        cpu = time.process_time_ns() - cpu
+        await stream.send_all(_RESULT.pack(got, cpu))
+        await stream.aclose()
+
+
+async def _receive_into(sock: socket.socket) -> int:
+    """Count what arrives, read with ``recv_into`` a preallocated 256 KiB buffer."""
+    view = memoryview(bytearray(RECEIVE))
+    got = 0
+    while True:
+        try:
+            n = sock.recv_into(view)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        if not n:
+            return got
+        got += n
+        await trio.lowlevel.checkpoint()
+
+
+async def _receive_fpdus(sock: Any, size: int, payload: int, *, place: bool) -> int:
+    """Receive FPDUs into a 256 KiB buffer, check each CRC in place, place the payload."""
+    buf = bytearray(RECEIVE)
+    view = memoryview(buf)
+    target = memoryview(bytearray(size))
+    frame = 2 + DDP_TAGGED_HEADER + payload + 8  # the longest FPDU on the wire
+    got = start = end = 0
+    unpack = _HEAD.unpack_from
+    while True:
+        try:
+            n = sock.recv_into(view[end:])
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        if not n:
+            return got
+        got += n
+        end += n
+        pos = start
+        while end - pos >= _HEAD.size:
+            length, _stag, _high, to = unpack(buf, pos)
+            wire = 2 + length + (-(2 + length) & 3) + 4
+            if end - pos < wire:
+                break
+            if crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
+                raise RuntimeError("CRC mismatch")
+            if place:
+                data = length - DDP_TAGGED_HEADER
+                target[to : to + data] = view[pos + 16 : pos + 16 + data]
+            pos += wire
+        start = pos
+        if start == end:
+            start = end = 0
+        elif RECEIVE - end < frame:
+            view[: end - start] = view[start:end]
+            start, end = 0, end - start
+        await trio.lowlevel.checkpoint()
+
+
+# ------------------------------------------------------------------------------ sender
+async def _run(port: int, variant: int, size: int, payload: int, seconds: float) -> dict[str, Any]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    limit_unsent(stream)
+    await stream.send_all(_HELLO.pack(variant, size, payload, 0))
+    per_batch = max(1, BATCH // size)
+    source = memoryview(bytearray(b"\x5a" * size))
+    clock = time.perf_counter
+    cpu = time.process_time_ns()
+    start = clock()
+    deadline = start + seconds
+    sent = 0
+    if variant <= 1:
+        chunk = bytes(size * per_batch)
+        while clock() < deadline:
+            await stream.send_all(chunk)
+            sent += per_batch
+    else:
+        sock = _plain(stream.socket)
+        while clock() < deadline:
+            pieces: list[Any] = []
+            for _ in range(per_batch):
+                for to in range(0, size, payload):
+                    body = source[to : to + payload]
+                    n = DDP_TAGGED_HEADER + len(body)
+                    head = _HEAD.pack(n, 0, 0, to)
+                    pad = b"\0" * (-(2 + n) & 3)
+                    c = crc32c(body, crc32c(head))
+                    pieces += (head, body, pad + _CRC.pack(crc32c(pad, c) if pad else c))
+            sent += per_batch
+            await _sendmsg_all(sock, pieces)
+        sock.detach()
+    elapsed = clock() - start
+    cpu = time.process_time_ns() - cpu
+    await stream.send_eof()
+    result = bytearray()
+    while len(result) < _RESULT.size:
+        data = await stream.receive_some(_RESULT.size)
+        if not data:
+            raise RuntimeError("the receiver closed without its result")
+        result += data
+    got, sink_cpu = _RESULT.unpack(result)
+    await stream.aclose()
+    if variant <= 1 and got != sent * size:
+        raise RuntimeError(f"the receiver counted {got} octets, {sent * size} were sent")
+    return {
+        "MBps": sent * size / elapsed / 1e6,
+        "msgps": sent / elapsed,
+        "cpu_send_us": cpu / sent / 1e3,
+        "cpu_recv_us": sink_cpu / sent / 1e3,
+    }
+
+
+async def _sendmsg_all(sock: Any, pieces: list[Any]) -> None:
+    """``sendmsg`` the pieces, at most 1020 per call, waiting while the socket is full."""
+    while pieces:
+        batch = pieces[:1020]
+        try:
+            n = sock.sendmsg(batch)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        total = 0
+        for i, piece in enumerate(batch):
+            total += len(piece)
+            if total > n:
+                rest = memoryview(piece)[len(piece) - (total - n) :]
+                pieces = [rest, *pieces[i + 1 :]]
+                break
+        else:
+            pieces = pieces[len(batch) :]
+            continue
+        await trio.lowlevel.wait_writable(sock)
+
+
+# --------------------------------------------------------------------------------- main
+def measure(sizes: list[int], seconds: float, repeat: int, emss: int) -> list[dict[str, Any]]:
+    """Each variant at each size, alternated ``repeat`` times; medians per row."""
+    payload = mulpdu_for(emss, False) - DDP_TAGGED_HEADER
+    payload -= payload % 4
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "tools.bench_floor", "--sink"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert sink.stdout is not None
+        port = int(sink.stdout.readline())
+        rows = []
+        for size in sizes:
+            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            for _ in range(repeat):
+                for index, variant in enumerate(VARIANTS):
+                    one = trio.run(_run, port, index, size, payload, seconds)
+                    runs[variant].append(one)
+                    print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=sys.stderr)
+            for variant in VARIANTS:
+                ratios = [
+                    r["MBps"] / raw["MBps"]
+                    for r, raw in zip(runs[variant], runs["raw"], strict=True)
+                ]
+                row: dict[str, Any] = {"size": size, "variant": variant}
+                for key in ("MBps", "msgps", "cpu_send_us", "cpu_recv_us"):
+                    row[key] = statistics.median(r[key] for r in runs[variant])
+                row["ratio"] = statistics.median(ratios)
+                rows.append(row)
+        return rows
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_floor", description=__doc__)
+    parser.add_argument("-s", "--sizes", default="64K,1M", help="message sizes (K/M suffixes)")
+    parser.add_argument("-D", "--duration", type=float, default=3.0, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=3, help="alternated runs per row")
+    parser.add_argument("--emss", type=int, default=65483, help="EMSS the MULPDU derives from")
+    parser.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-': stdout)")
+    parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.sink:
+        trio.run(_sink, sys.stdout)
+        return 0
+    try:
+        sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"bad --sizes {args.sizes!r}")
+    if not sizes or min(sizes) < 64 or args.duration <= 0 or args.repeat < 1:
+        parser.error("sizes of at least 64 octets, a positive duration and repeat")
+    rows = measure(sizes, args.duration, args.repeat, args.emss)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(
+        f"{'size':>8} {'variant':8} {'MB/s':>8} {'msg/s':>9} {'ratio':>6} "
+        f"{'CPU send/recv [us/msg]':>24}",
+        file=out,
+    )
+    for r in rows:
+        print(
+            f"{r['size']:>8} {r['variant']:8} {r['MBps']:8.0f} {r['msgps']:9.0f} "
+            f"{r['ratio']:6.2f} {r['cpu_send_us']:11.1f}/{r['cpu_recv_us']:.1f}",
+            file=out,
+        )
+    if args.json:
+        text = json.dumps({"emss": args.emss, "rows": rows}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
