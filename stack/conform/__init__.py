@@ -15,8 +15,9 @@ send a Request or Reply, read the answer, play the application's client
 (:mod:`stack.conform.apps`: also what each application advertises, :class:`Region`, and
 keeps posted, :class:`Receives`), expect a Terminate, a close or silence.  Data-phase cases
 (:mod:`stack.conform.session`) bring the application to a known state, send ULPDUs the
-stack's encoder builds and :mod:`stack.conform.ulpdu` edits, and are judged against the
-stack's own endpoint set up like the DUT (:class:`~stack.conform.oracle.ModelDut`).  Every
+stack's encoder builds and :mod:`stack.conform.ulpdu` edits, and are judged
+(:mod:`stack.conform.session_judge`) against the stack's own endpoint set up like the DUT
+(:class:`~stack.conform.oracle.ModelDut`).  Every
 judgement uses the stack's own rule code: the startup rule tables of
 :mod:`stack.wire.mpa_rules`, frames of :mod:`stack.wire.mpa_frames`, the FPDU framer and
 deframer of :mod:`stack.wire.framing`, lenient ULPDU decoding and ``build_terminate`` of
