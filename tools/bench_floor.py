@@ -44,8 +44,12 @@ from typing import Any
 
 import trio
 
+from stack.bench.options import BenchError
+from stack.bench.protocol import receive_exactly
 from stack.constants import MPA_CRC_RESIDUE
 from stack.crc import crc32c
+from stack.transport.driver import _raw_socket
+from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.framing import mulpdu_for
 
@@ -65,11 +69,12 @@ def _size(text: str) -> int:
     return int(text.rstrip("KM")) * scale
 
 
-def _plain(trio_sock: Any) -> socket.socket:
-    """A non-blocking standard socket on a trio socket's descriptor (release: ``detach``),
-    for ``recv_into`` and ``sendmsg`` without trio's wrappers, as the stack's driver."""
-    sock = socket.socket(trio_sock.family, trio_sock.type, trio_sock.proto, trio_sock.fileno())
-    sock.setblocking(False)
+def _plain(stream: trio.SocketStream) -> socket.socket:
+    """The stream's descriptor as a non-blocking standard socket, made as the stack's driver
+    makes it (:func:`stack.transport.driver._raw_socket`; release it with ``detach``)."""
+    sock = _raw_socket(stream)
+    if sock is None:
+        raise RuntimeError("not a TCP socket stream")
     return sock
 
 
@@ -79,10 +84,11 @@ async def _sink(port_out: Any) -> None:
     print(listener.socket.getsockname()[1], file=port_out, flush=True)
     while True:
         stream = await listener.accept()
-        sock = stream.socket
-        hello = bytearray()
-        while len(hello) < _HELLO.size:
-            hello += await stream.receive_some(_HELLO.size - len(hello))
+        try:
+            hello = await receive_exactly(stream, _HELLO.size)
+        except BenchError:  # closed before saying what to measure
+            await stream.aclose()
+            continue
         variant, size, payload, _ = _HELLO.unpack(hello)
         cpu = time.process_time_ns()
         if variant == 0:
@@ -90,7 +96,7 @@ async def _sink(port_out: Any) -> None:
             while data := await stream.receive_some(RECEIVE):
                 got += len(data)
         else:
-            raw = _plain(sock)
+            raw = _plain(stream)
             try:
                 if variant == 1:
                     got = await _receive_into(raw)
@@ -103,23 +109,26 @@ async def _sink(port_out: Any) -> None:
         await stream.aclose()
 
 
+async def _recv(sock: socket.socket, room: memoryview) -> int:
+    """``recv_into`` ``room``, waiting while the socket has nothing (0: end of stream)."""
+    while True:
+        try:
+            return sock.recv_into(room)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+
+
 async def _receive_into(sock: socket.socket) -> int:
     """Count what arrives, read with ``recv_into`` a preallocated 256 KiB buffer."""
     view = memoryview(bytearray(RECEIVE))
     got = 0
-    while True:
-        try:
-            n = sock.recv_into(view)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-            continue
-        if not n:
-            return got
+    while n := await _recv(sock, view):
         got += n
         await trio.lowlevel.checkpoint()
+    return got
 
 
-async def _receive_fpdus(sock: Any, size: int, payload: int, *, place: bool) -> int:
+async def _receive_fpdus(sock: socket.socket, size: int, payload: int, *, place: bool) -> int:
     """Receive FPDUs into a 256 KiB buffer, check each CRC in place, place the payload."""
     buf = bytearray(RECEIVE)
     view = memoryview(buf)
@@ -127,14 +136,7 @@ async def _receive_fpdus(sock: Any, size: int, payload: int, *, place: bool) -> 
     frame = 2 + DDP_TAGGED_HEADER + payload + 8  # the longest FPDU on the wire
     got = start = end = 0
     unpack = _HEAD.unpack_from
-    while True:
-        try:
-            n = sock.recv_into(view[end:])
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-            continue
-        if not n:
-            return got
+    while n := await _recv(sock, view[end:]):
         got += n
         end += n
         pos = start
@@ -147,7 +149,7 @@ async def _receive_fpdus(sock: Any, size: int, payload: int, *, place: bool) -> 
                 raise RuntimeError("CRC mismatch")
             if place:
                 data = length - DDP_TAGGED_HEADER
-                target[to : to + data] = view[pos + 16 : pos + 16 + data]
+                target[to : to + data] = view[pos + _HEAD.size : pos + _HEAD.size + data]
             pos += wire
         start = pos
         if start == end:
@@ -156,6 +158,7 @@ async def _receive_fpdus(sock: Any, size: int, payload: int, *, place: bool) -> 
             view[: end - start] = view[start:end]
             start, end = 0, end - start
         await trio.lowlevel.checkpoint()
+    return got
 
 
 # ------------------------------------------------------------------------------ sender
@@ -177,7 +180,8 @@ async def _run(port: int, variant: int, size: int, payload: int, seconds: float)
             await stream.send_all(chunk)
             sent += per_batch
     else:
-        sock = _plain(stream.socket)
+        sock = _plain(stream)
+        queue = SendQueue(sock.sendmsg)
         while clock() < deadline:
             pieces: list[Any] = []
             for _ in range(per_batch):
@@ -189,17 +193,12 @@ async def _run(port: int, variant: int, size: int, payload: int, seconds: float)
                     c = crc32c(body, crc32c(head))
                     pieces += (head, body, pad + _CRC.pack(crc32c(pad, c) if pad else c))
             sent += per_batch
-            await _sendmsg_all(sock, pieces)
+            await _send_all(queue, sock, pieces)
         sock.detach()
     elapsed = clock() - start
     cpu = time.process_time_ns() - cpu
     await stream.send_eof()
-    result = bytearray()
-    while len(result) < _RESULT.size:
-        data = await stream.receive_some(_RESULT.size)
-        if not data:
-            raise RuntimeError("the receiver closed without its result")
-        result += data
+    result = await receive_exactly(stream, _RESULT.size)
     got, sink_cpu = _RESULT.unpack(result)
     await stream.aclose()
     if variant <= 1 and got != sent * size:
@@ -212,26 +211,14 @@ async def _run(port: int, variant: int, size: int, payload: int, seconds: float)
     }
 
 
-async def _sendmsg_all(sock: Any, pieces: list[Any]) -> None:
-    """``sendmsg`` the pieces, at most 1020 per call, waiting while the socket is full."""
-    while pieces:
-        batch = pieces[:1020]
-        try:
-            n = sock.sendmsg(batch)
-        except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
-            continue
-        total = 0
-        for i, piece in enumerate(batch):
-            total += len(piece)
-            if total > n:
-                rest = memoryview(piece)[len(piece) - (total - n) :]
-                pieces = [rest, *pieces[i + 1 :]]
-                break
-        else:
-            pieces = pieces[len(batch) :]
-            continue
+async def _send_all(queue: SendQueue, sock: socket.socket, pieces: list[Any]) -> None:
+    """Send the pieces through the driver's :class:`~stack.transport.sendq.SendQueue`
+    (scatter-gather, IOV_MAX pieces per call, what the socket does not take copied), waiting
+    while the socket is full."""
+    if not queue.send(pieces):
         await trio.lowlevel.wait_writable(sock)
+        while not queue.send_backlog():
+            await trio.lowlevel.wait_writable(sock)
 
 
 # --------------------------------------------------------------------------------- main
