@@ -202,16 +202,23 @@ def segment_tagged_parts(
             return [(_TAGGED_PACK(_CTRL_TAGGED_LAST, rsvd_ulp, stag, to), src)]
         except struct.error as exc:
             raise LocalError(f"DDP header field out of range: {exc}") from None
-    sizes = segment_sizes(len(src), mulpdu, DDP_TAGGED_HDR_LEN)
-    _pack(TAGGED_HDR, _CTRL_TAGGED, rsvd_ulp, stag, to)  # range-check the fixed fields once
-    pack = TAGGED_HDR.pack
-    out: list[Parts] = []
-    last_index = len(sizes) - 1
-    off = 0
-    for i, n in enumerate(sizes):
-        ctrl = _CTRL_TAGGED_LAST if i == last_index else _CTRL_TAGGED
-        out.append((pack(ctrl, rsvd_ulp, stag, (to + off) & _MASK64), src[off : off + n]))
-        off += n
+    n = len(src)
+    room = mulpdu - DDP_TAGGED_HDR_LEN
+    if room <= 0 or n > MAX_MESSAGE_LEN:
+        segment_sizes(n, mulpdu, DDP_TAGGED_HDR_LEN)  # raises the LocalError that says why
+    # Every segment but the last carries ``room`` bytes (DDP-06); the last starts at
+    # ``last`` and alone has L set (DDP-02).  One list comprehension, no per-segment sizes.
+    last = (n - 1) // room * room
+    try:
+        final = _TAGGED_PACK(_CTRL_TAGGED_LAST, rsvd_ulp, stag, (to + last) & _MASK64)
+        pack = _TAGGED_PACK
+        out: list[Parts] = [
+            (pack(_CTRL_TAGGED, rsvd_ulp, stag, (to + off) & _MASK64), src[off : off + room])
+            for off in range(0, last, room)
+        ]
+    except struct.error as exc:
+        raise LocalError(f"DDP header field out of range: {exc}") from None
+    out.append((final, src[last:]))
     return out
 
 

@@ -20,7 +20,7 @@ compute an FPDU's wire length up front, so the receiver waits for whole FPDUs an
 re-parses partial input.
 
 Copies.  :meth:`FpduFramer.frame` copies the payload once (``bytes.join``) and runs
-CRC32c over it once; :meth:`FpduFramer.frame_parts_split` does not copy it at all (the
+CRC32c over it once; :meth:`FpduFramer.frame_parts_iov` does not copy a large one at all (the
 length field + header and the PAD + CRC around the caller's view, for a scatter-gather
 send).  With markers no Python object is made per marker or per 508-byte
 piece: the body is copied into a per-framer staging buffer placed so that marker positions
@@ -41,8 +41,10 @@ an FPDU with no marker inside is not copied.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 from stack.constants import (
+    IOV_MIN_PAYLOAD,
     MPA_CRC_LEN,
     MPA_LENGTH_LEN,
     MPA_MARKER_INTERVAL,
@@ -175,56 +177,70 @@ class FpduFramer:
         return size
 
     def frame_parts_into(self, out: bytearray, header: Buffer, payload: Buffer) -> int:
-        """Append the FPDU of the ULPDU ``header + payload`` to ``out`` (one copy of each).
+        """Append the FPDU of the ULPDU ``header + payload`` to ``out`` (one copy of each);
+        return the number of bytes appended (:meth:`frame_parts_iov` without references)."""
+        before = self.offset
+        _, error = self.frame_parts_iov(((header, payload),), out, None)
+        if error is not None:
+            raise error
+        return self.offset - before
+
+    def frame_parts_iov(
+        self,
+        parts: Iterable[tuple[Buffer, Buffer]],
+        out: bytearray,
+        iov: list[Buffer] | None,
+        min_ref: int = IOV_MIN_PAYLOAD,
+    ) -> tuple[bytearray, LocalError | None]:
+        """Frame each ULPDU ``header + payload`` of ``parts`` as one FPDU (MPA-01) after
+        ``out``; returns the buffer that ends the output (the caller appends to it next),
+        and the error that stopped framing at a ULPDU above ``max_ulpdu`` (MPA-02; the
+        FPDUs before it are framed: the output stays whole).
 
         The CRC is chained over the length field, header, payload and pad, so the ULPDU is
-        never joined first.  With markers the pieces are joined and framed as usual.
+        never joined first.  With ``iov`` and without markers a payload of ``min_ref`` bytes
+        or more is not copied: ``out`` (ending with the length field and header) and the
+        payload itself go to ``iov`` for a scatter-gather send (the caller sends them before
+        that memory changes) and a new buffer starts with the PAD and CRC.  With markers
+        each FPDU is laid out whole (a large one also goes to ``iov`` as it is).  Advances
+        ``offset`` by the FPDUs' wire length.
         """
-        n = len(header) + len(payload)
-        if n > self.max_ulpdu:
-            raise LocalError(f"ULPDU of {n} bytes exceeds the maximum {self.max_ulpdu} (MPA-02)")
-        if self.markers:
-            fpdu = self._frame_markers(header, n, payload)
-            out += fpdu
-            return len(fpdu)
-        lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
-        pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
-        if self.crc:
-            c = crc32c(payload, crc32c(lead))
-            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
-        else:
-            trailer = pad + _ZERO_MARKER
-        out += lead
-        out += payload
-        out += trailer
-        size = MPA_LENGTH_LEN + n + len(trailer)
+        max_ulpdu = self.max_ulpdu
+        crc = self.crc
+        size = 0
+        error = None
+        for header, payload in parts:
+            n = len(header) + len(payload)
+            if n > max_ulpdu:
+                error = LocalError(f"ULPDU of {n} bytes exceeds the maximum {max_ulpdu} (MPA-02)")
+                break
+            if self.markers:
+                fpdu = self._frame_markers(header, n, payload)  # advances offset itself
+                if iov is not None and len(payload) >= min_ref:
+                    iov.append(out)
+                    iov.append(fpdu)
+                    out = bytearray()
+                else:
+                    out += fpdu
+                continue
+            lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
+            pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
+            if crc:
+                c = crc32c(payload, crc32c(lead))
+                trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
+            else:
+                trailer = pad + _ZERO_MARKER
+            size += MPA_LENGTH_LEN + n + len(trailer)
+            out += lead
+            if iov is not None and len(payload) >= min_ref:
+                iov.append(out)
+                iov.append(payload)
+                out = bytearray(trailer)
+            else:
+                out += payload
+                out += trailer
         self.offset += size
-        return size
-
-    def frame_parts_split(
-        self, header: Buffer, payload: Buffer
-    ) -> tuple[bytes | bytearray, Buffer, bytes | bytearray]:
-        """The FPDU of the ULPDU ``header + payload`` as (prefix, body, suffix) for a
-        scatter-gather send (MPA-01): without markers ``payload`` itself is the body (not
-        copied; the caller sends it before the memory changes) between the length field +
-        header and the PAD + CRC; with markers the whole FPDU is the body.  Advances
-        ``offset`` like :meth:`frame_parts_into`, whose bytes the three pieces join to.
-        """
-        n = len(header) + len(payload)
-        if n > self.max_ulpdu:
-            raise LocalError(f"ULPDU of {n} bytes exceeds the maximum {self.max_ulpdu} (MPA-02)")
-        if self.markers:
-            fpdu = self._frame_markers(header, n, payload)
-            return b"", fpdu, b""
-        lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
-        pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
-        if self.crc:
-            c = crc32c(payload, crc32c(lead))
-            trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
-        else:
-            trailer = pad + _ZERO_MARKER
-        self.offset += MPA_LENGTH_LEN + n + len(trailer)
-        return lead, payload, trailer
+        return out, error
 
     def _frame_markers(self, ulpdu: Buffer, n: int, payload: Buffer = b"") -> bytearray:
         """Frame with markers (MPA-07): leading marker, inner markers, marker before CRC.

@@ -48,7 +48,6 @@ from dataclasses import replace
 
 from stack.constants import (
     DEFAULT_EMSS,
-    IOV_MIN_PAYLOAD,
     MPA_MAX_PRIVATE_DATA,
     TERM_LLP_CONNECTION_LOST,
 )
@@ -251,26 +250,14 @@ class MpaConnection(MpaStartup):
         framer = self._framer
         if framer is None or self.state not in _SENDING:
             raise LocalError(f"cannot send FPDUs in state {self.state.value}")
-        frame = framer.frame_parts_into
         if self._held is not None:
-            for header, payload in parts:
-                frame(self._held, header, payload)
-            return
-        # Large payloads are queued by reference between the framing bytes (one copy fewer
-        # for a scatter-gather send, data_to_send_iov); small ones are copied.
-        out = self._out
-        iov = self._iov
-        split = framer.frame_parts_split
-        for header, payload in parts:
-            if len(payload) < IOV_MIN_PAYLOAD:
-                frame(out, header, payload)
-                continue
-            prefix, body, suffix = split(header, payload)
-            out += prefix
-            iov.append(out)
-            iov.append(body)
-            out = bytearray(suffix)
-        self._out = out
+            _, error = framer.frame_parts_iov(parts, self._held, None)
+        else:
+            # Large payloads are queued by reference between the framing bytes (one copy
+            # fewer for a scatter-gather send, data_to_send_iov); small ones are copied.
+            self._out, error = framer.frame_parts_iov(parts, self._out, self._iov)
+        if error is not None:
+            raise error
 
     def data_to_send(self) -> bytearray:
         """All queued outbound bytes; ownership passes to the caller."""

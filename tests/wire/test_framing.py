@@ -661,34 +661,51 @@ def test_mpa_12_frame_parts_equals_framing_the_joined_ulpdu(header, payload, crc
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.binary(min_size=0, max_size=30),
-    st.binary(min_size=0, max_size=3000),
+    st.lists(st.tuples(st.binary(max_size=30), st.binary(max_size=3000)), max_size=4),
     st.booleans(),
     st.booleans(),
     st.integers(0, 2047),
+    st.integers(0, 3001),
 )
-def test_mpa_01_frame_parts_split_joins_to_the_framed_fpdu(header, payload, crc, markers, off):
-    """frame_parts_split (scatter-gather: the payload by reference without markers) joins to
-    the bytes frame_parts_into appends, and advances the offset alike."""
+def test_mpa_01_frame_parts_iov_joins_to_the_framed_fpdus(ulpdus, crc, markers, off, min_ref):
+    """frame_parts_iov (scatter-gather: payloads of min_ref bytes or more by reference
+    between the framing bytes) joins to the bytes frame_into gives for the joined ULPDUs,
+    and advances the offset alike."""
     off &= ~3
     a = FpduFramer(crc=crc, markers=markers, offset=off)
     b = FpduFramer(crc=crc, markers=markers, offset=off)
-    out_a, out_b = bytearray(), bytearray()
-    view = memoryview(payload)
-    for _ in range(2):
-        prefix, body, suffix = a.frame_parts_split(header, view)
-        if not markers:
-            assert body is view  # not copied
-        out_a += prefix
-        out_a += body
-        out_a += suffix
-        b.frame_parts_into(out_b, header, payload)
-    assert out_a == out_b and a.offset == b.offset
+    parts = [(header, memoryview(payload)) for header, payload in ulpdus]
+    iov: list[bytes | bytearray | memoryview] = []
+    start = bytearray(b"queued")
+    out, error = a.frame_parts_iov(parts, start, iov, min_ref)
+    assert error is None
+    expected = bytearray(b"queued")
+    for header, payload in ulpdus:
+        b.frame_into(expected, header + payload)
+    assert b"".join([*iov, out]) == expected and a.offset == b.offset
+    if not markers:  # a large payload is the caller's own view, not a copy
+        referenced = [view for _, view in parts if len(view) >= min_ref]
+        assert [p for p in iov if isinstance(p, memoryview)] == referenced
+        assert all(any(p is view for p in iov) for view in referenced)
+    if not iov:
+        assert out is start  # nothing referenced: everything was appended to ``out``
 
 
-def test_mpa_02_frame_parts_split_refuses_a_ulpdu_above_the_maximum() -> None:
+@pytest.mark.parametrize("markers", [False, True])
+def test_mpa_02_frame_parts_iov_stops_at_a_ulpdu_above_the_maximum(markers: bool) -> None:
+    """The FPDUs before the oversized ULPDU are framed whole; the error is returned and
+    nothing of that ULPDU or after it is framed."""
+    a, b = FpduFramer(markers=markers), FpduFramer(markers=markers)
+    good = (b"h" * 14, memoryview(bytes(3000)))
+    parts = [good, (b"", memoryview(bytes(MULPDU_MAX + 1))), good]
+    iov: list[bytes | bytearray | memoryview] = []
+    out, error = a.frame_parts_iov(parts, bytearray(), iov)
+    assert isinstance(error, LocalError) and "MPA-02" in str(error)
+    expected = bytearray()
+    b.frame_parts_into(expected, *good)
+    assert b"".join([*iov, out]) == expected and a.offset == b.offset
     with pytest.raises(LocalError, match="MPA-02"):
-        FpduFramer().frame_parts_split(b"", bytes(MULPDU_MAX + 1))
+        FpduFramer().frame_parts_into(bytearray(), b"", bytes(MULPDU_MAX + 1))
 
 
 @settings(max_examples=60, deadline=None)
