@@ -9,6 +9,7 @@ them; queued Read Responses are snapshotted before a later placement could show 
 from __future__ import annotations
 
 from stack.constants import (
+    ALL_ONES_64,
     TERM_RDMAP_CATASTROPHIC,
     AtomicOpcode,
 )
@@ -58,6 +59,14 @@ from stack.wire.events import (
     Send,
 )
 
+_MASK32 = 0xFFFFFFFF
+_WIDE_FIELDS = (
+    WrOpcode.ATOMIC_FETCH_AND_ADD,
+    WrOpcode.ATOMIC_CMP_AND_SWP,
+    WrOpcode.SEND_WITH_INV,
+)
+"""Opcodes with operands beyond rkey and remote_addr that _check_wr checks at posting."""
+
 
 class QpSend(QpBase):
     """Posting and the send queue engine (see :class:`stack.rnic.qp.QueuePair`)."""
@@ -98,8 +107,14 @@ class QpSend(QpBase):
         wrs = wr if isinstance(wr, list) else [wr]
         max_sge = self.cap.max_send_sge
         for one in wrs:
-            if len(one.sg_list) > max_sge or int(one.send_flags) & _INLINE:
-                self._check_wr(one)  # only WRs that may break a capacity
+            if (
+                len(one.sg_list) > max_sge
+                or int(one.send_flags) & _INLINE
+                or not 0 <= one.rkey <= _MASK32
+                or not 0 <= one.remote_addr <= ALL_ONES_64
+                or one.opcode in _WIDE_FIELDS
+            ):
+                self._check_wr(one)  # only WRs that may break a capacity or a field width
         if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
             for one in wrs:
                 self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
@@ -115,7 +130,20 @@ class QpSend(QpBase):
             self._progress_sq()
 
     def _check_wr(self, wr: SendWR) -> None:
-        """A send WR against the QP's capacities (LocalError)."""
+        """A send WR against the QP's capacities and the widths of the wire fields it fills
+        (STags 32 bits, TOs and atomic operands 64, RFC 5040 §4, RFC 7306 §4): LocalError
+        at posting, as ``ibv_post_send`` refuses a bad WR, not an encoding error later."""
+        for name, value, mask in (
+            ("rkey", wr.rkey, _MASK32),
+            ("remote_addr", wr.remote_addr, ALL_ONES_64),
+            ("invalidate_rkey", wr.invalidate_rkey, _MASK32),
+            ("compare_add", wr.compare_add, ALL_ONES_64),
+            ("compare_add_mask", wr.compare_add_mask or 0, ALL_ONES_64),
+            ("swap", wr.swap, ALL_ONES_64),
+            ("swap_mask", wr.swap_mask, ALL_ONES_64),
+        ):
+            if not 0 <= value <= mask:
+                raise LocalError(f"send WR {wr.wr_id}: {name} {value:#x} does not fit its field")
         if len(wr.sg_list) > self.cap.max_send_sge:
             raise LocalError(f"send WR {wr.wr_id} has more than max_send_sge SGEs")
         if int(wr.send_flags) & _INLINE:
@@ -192,15 +220,25 @@ class QpSend(QpBase):
                     send_terminate=True,
                 )
                 return
-        self._reap_sq()
+        inflight = self._inflight
+        if (inflight and inflight[0].done) or self.state is QpState.CLOSING:
+            self._reap_sq()
 
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
         op = wr.opcode
-        if op is WrOpcode.RDMA_WRITE:  # the most frequent small message first
-            data = self._gather(wr)
+        if op is WrOpcode.RDMA_WRITE:  # the most frequent message first, _emit inline
+            sg_list = wr.sg_list
+            if len(sg_list) == 1 and wr.inline_data is None and not entry.flags & _INLINE:
+                data: bytes | memoryview = self._local(sg_list[0], 0)[1]
+            else:
+                data = self._gather(wr)
             entry.byte_len = len(data)
-            self._emit(entry, [RdmaWrite(wr.rkey, wr.remote_addr, data)])
+            entry.messages_left = 1
+            out = self._out
+            out.append(_OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), entry))
+            if len(out) == 1:
+                self._notify_output()
             return
         solicited = bool(entry.flags & _SOLICITED)
         if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
