@@ -12,7 +12,10 @@ responder holds no copies, and the Reads still return the bytes from before the 
 
 from __future__ import annotations
 
-from stack.rnic import Access, SendWR, WrOpcode
+import pytest
+
+from stack.errors import LocalError
+from stack.rnic import Access, SendWR, WcStatus, WrOpcode
 from stack.rnic.endpoint import QpEndpoint
 from stack.wire.events import ReadResponse
 from tests.rnic.helpers import Pair
@@ -84,3 +87,38 @@ def test_rdmap_13_completions_keep_submit_order_when_the_stream_fails() -> None:
     wcs = p.a.cq.poll(8)
     assert [w.wr_id for w in wcs] == [1, 2]
     assert [w.status for w in wcs] == [WcStatus.WR_FLUSH_ERR, WcStatus.WR_FLUSH_ERR]
+
+
+@pytest.mark.parametrize(
+    ("opcode", "field", "value"),
+    [
+        (WrOpcode.RDMA_WRITE, "rkey", 1 << 32),
+        (WrOpcode.RDMA_WRITE, "remote_addr", -1),
+        (WrOpcode.RDMA_READ, "remote_addr", 1 << 64),
+        (WrOpcode.ATOMIC_FETCH_AND_ADD, "compare_add", 1 << 64),
+        (WrOpcode.ATOMIC_CMP_AND_SWP, "swap", -1),
+        (WrOpcode.SEND_WITH_INV, "invalidate_rkey", 1 << 32),
+    ],
+)
+def test_a_wr_whose_fields_do_not_fit_the_wire_is_refused_at_posting(
+    opcode: WrOpcode, field: str, value: int
+) -> None:
+    """A post list with such a WR raises LocalError naming the field and queues none of it
+    (as ``ibv_post_send`` refuses a bad WR); the connection carries on with the next post.
+    These used to pass posting and fail inside the transport's send pass."""
+    p = Pair()
+    length = 8 if opcode.name.startswith("ATOMIC") else 64
+    target = p.b.mr(64, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC)
+    src = p.a.mr(bytes(range(64)))
+    good = SendWR(
+        1, WrOpcode.RDMA_WRITE, (p.a.sge(src),), rkey=target.rkey, remote_addr=target.base
+    )
+    bad = SendWR(2, opcode, (p.a.sge(src, 0, length),), **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(LocalError, match=f"WR 2: {field} .* does not fit"):
+        p.a.qp.post_send([good, bad])
+    p.pump()
+    assert p.a.cq.poll(4) == [] and bytes(target.view(target.base, 64)) == bytes(64)
+    p.a.qp.post_send(good)
+    p.pump()
+    assert [wc.status for wc in p.a.cq.poll(4)] == [WcStatus.SUCCESS]
+    assert bytes(target.view(target.base, 64)) == bytes(range(64))
