@@ -14,7 +14,6 @@ so they behave identically.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 from stack.errors import IwarpError, ProtocolError
 from stack.rnic.qp import QpState, QueuePair
@@ -25,11 +24,7 @@ from stack.wire.events import (
     NeedData,
     PeerClosed,
     RdmapEvent,
-    RdmapMessage,
-    RdmaWrite,
-    ReadResponse,
     ReadResponseSegment,
-    Send,
     SendSegment,
     TerminateReceived,
     WriteSegment,
@@ -199,24 +194,9 @@ class QpEndpoint:
         qp, engine = self.qp, self.engine
         if engine.stream is not None and not self.holding:
             if qp.has_outgoing:
-                engine.send_messages(self._outgoing(limit))
+                engine.send_messages(qp.take_outgoing(limit))
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
-
-    def _outgoing(self, limit: int) -> Iterator[RdmapMessage]:
-        """The QP's outbound messages, taken one by one as they are encoded, up to about
-        ``limit`` payload bytes."""
-        pop = self.qp.pop_outgoing
-        budget = limit
-        while budget > 0:
-            msg = pop()
-            if msg is None:
-                return
-            yield msg
-            if isinstance(msg, RdmaWrite | ReadResponse | Send):
-                budget -= len(msg.data) + 64
-            else:
-                budget -= 64
 
     def resume_stalled(self) -> None:
         """Apply the event that waited for queued Read Responses once they are out."""

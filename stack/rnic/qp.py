@@ -6,7 +6,7 @@ Theory of operation.  A :class:`QueuePair` is a synchronous engine (no I/O):
   processed in order (RFC 5040 §5.5 rule 13): each WR becomes one or more RDMAP messages
   on the *outbound queue*.  A Read or atomic waits at the head while ORD credits are used
   up (RDMAP-14), and a fenced WR waits for every earlier Read and atomic to finish.
-* The transport drains the outbound queue with :meth:`pop_outgoing` and encodes the
+* The transport drains the outbound queue with :meth:`take_outgoing` and encodes the
   messages.  Payloads are memoryviews of registered memory, read when the message is
   encoded, as an RNIC reads memory when it transmits.  A Send or Write completes when it
   has been handed to the transport (rule 14); a Read when its response is delivered (rule

@@ -66,6 +66,7 @@ _WIDE_FIELDS = (
     WrOpcode.SEND_WITH_INV,
 )
 """Opcodes with operands beyond rkey and remote_addr that _check_wr checks at posting."""
+_DATA_MESSAGES = (RdmaWrite, ReadResponse, Send)  # their payload counts against a limit
 
 
 class QpSend(QpBase):
@@ -345,22 +346,34 @@ class QpSend(QpBase):
     def has_outgoing(self) -> bool:
         return bool(self._out)
 
-    def pop_outgoing(self) -> RdmapMessage | None:
-        """Take the next outbound message (the transport encodes and sends it)."""
-        if not self._out:
-            return None
-        item = self._out.popleft()
-        if item.inbound_response:
-            self._inbound_pending -= 1
-            if self._lazy and self._lazy[0] is item:
-                self._lazy.popleft()
-        entry = item.entry
-        if entry is not None:
-            entry.messages_left -= 1
-            if entry.messages_left == 0:
-                entry.done = True
-                self._reap_sq()
-        return item.message
+    def take_outgoing(self, limit: int) -> list[RdmapMessage]:
+        """Take outbound messages, in order, up to about ``limit`` payload bytes (at least
+        one; 64 bytes counted per message): the transport encodes and sends them.  A WR
+        whose last message is taken completes (in submit order, RFC 5040 §5.5 rule 15)."""
+        out = self._out
+        taken: list[RdmapMessage] = []
+        budget = limit
+        reap = False
+        while out and budget > 0:
+            item = out.popleft()
+            message = item.message
+            taken.append(message)
+            if type(message) in _DATA_MESSAGES:
+                budget -= len(message.data) + 64  # type: ignore[union-attr]
+            else:
+                budget -= 64
+            if item.inbound_response:
+                self._inbound_pending -= 1
+                if self._lazy and self._lazy[0] is item:
+                    self._lazy.popleft()
+            entry = item.entry
+            if entry is not None:
+                entry.messages_left -= 1
+                if entry.messages_left == 0:
+                    entry.done = reap = True
+        if reap:
+            self._reap_sq()
+        return taken
 
     def must_wait(self, event: RdmapEvent) -> bool:
         """Whether applying ``event`` now would copy more than :attr:`max_snapshot_bytes` of

@@ -438,7 +438,7 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     if msn is None:
         msn = 1
     if isinstance(msg, RdmaWrite):
-        return ddp.segment_tagged_parts(msg.stag, msg.to, _RV_BITS, msg.data, mulpdu)
+        return encode_write_parts(msg, mulpdu)
     if isinstance(msg, ReadResponse):
         return ddp.segment_tagged_parts(
             msg.stag, msg.to, _RV_BITS | Opcode.RDMA_READ_RESPONSE, msg.data, mulpdu
@@ -453,6 +453,13 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     ulp = rdmap_ctrl(op) << 32
     (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, b"", mulpdu)[0]
     return [(header, memoryview(body))]
+
+
+def encode_write_parts(msg: RdmaWrite, mulpdu: int) -> list[ddp.Parts]:
+    """An RDMA Write's tagged segments (RFC 5040 §4.3: RDMAP version, opcode 0 in RsvdULP),
+    for a ``mulpdu`` already checked: :func:`encode_message_parts`' Write case, which the
+    sender's bulk path calls directly."""
+    return ddp.segment_tagged_parts(msg.stag, msg.to, _RV_BITS, msg.data, mulpdu)
 
 
 def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:

@@ -74,6 +74,7 @@ from stack.wire.events import (
     ImmediateDataReceived,
     RdmapEvent,
     RdmapMessage,
+    RdmaWrite,
     ReadRequest,
     ReadRequestReceived,
     ReadResponseSegment,
@@ -89,6 +90,7 @@ from stack.wire.rdmap import (
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
+    encode_write_parts,
     exact_fixed_header,
     message_qn,
     rdmap_ctrl,
@@ -216,6 +218,8 @@ class RdmapStream:
 
     def send_parts(self, msg: RdmapMessage) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
+        if type(msg) is RdmaWrite and self.send_state is not SendState.TERMINATED:
+            return encode_write_parts(msg, self._mulpdu)  # the bulk of a sender's messages
         if self.send_state is SendState.TERMINATED:
             raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
