@@ -190,40 +190,39 @@ class QpSend(QpBase):
         The transport hears of them once, when all are queued: a post list (or the WRs an
         ORD credit or RTS released) becomes one encode pass and one send."""
         outer, self._batching = self._batching, True
+        pending = self._pending
         try:
-            self._progress_pending()
+            while pending and self.state in _SENDING:
+                entry = pending[0]
+                wr = entry.wr
+                if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
+                    break
+                if entry.flags & _FENCE and self.outstanding_remote:
+                    break
+                pending.popleft()
+                self._inflight.append(entry)
+                try:
+                    if entry.chain is not None:
+                        entry.chain.resolve(entry)  # execution-time patches, checked by _start
+                    self._start(entry)
+                except (_LocalWrError, MemoryOpError) as exc:
+                    entry.status = exc.status
+                    entry.done = True
+                    self._reap_sq()
+                    self.fatal(
+                        RdmapError("RDMAP-12", f"WR {wr.wr_id}: {exc}", TERM_RDMAP_CATASTROPHIC),
+                        send_terminate=True,
+                    )
+                    break
+            else:  # nothing left, or the QP stopped sending: not held by ORD or a fence
+                inflight = self._inflight
+                if (inflight and inflight[0].done) or self.state is QpState.CLOSING:
+                    self._reap_sq()
         finally:
             self._batching = outer
         if not outer and self._output_deferred:
             self._output_deferred = False
             self._notify_output()
-
-    def _progress_pending(self) -> None:
-        while self._pending and self.state in _SENDING:
-            entry = self._pending[0]
-            wr = entry.wr
-            if wr.opcode in _NEEDS_ORD and self.outstanding_remote >= self.ord:
-                return
-            if entry.flags & _FENCE and self.outstanding_remote:
-                return
-            self._pending.popleft()
-            self._inflight.append(entry)
-            try:
-                if entry.chain is not None:
-                    entry.chain.resolve(entry)  # execution-time patches, checked by _start
-                self._start(entry)
-            except (_LocalWrError, MemoryOpError) as exc:
-                entry.status = exc.status
-                entry.done = True
-                self._reap_sq()
-                self.fatal(
-                    RdmapError("RDMAP-12", f"WR {wr.wr_id}: {exc}", TERM_RDMAP_CATASTROPHIC),
-                    send_terminate=True,
-                )
-                return
-        inflight = self._inflight
-        if (inflight and inflight[0].done) or self.state is QpState.CLOSING:
-            self._reap_sq()
 
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
