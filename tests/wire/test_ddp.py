@@ -195,3 +195,23 @@ def test_ddp_06_parts_alias_the_payload_and_join_to_the_segments() -> None:
     assert all(v.obj is payload for _, v in parts)  # views, not copies
     tparts = ddp.segment_tagged_parts(2, 5, 0x40, payload, 700)
     assert [h + bytes(v) for h, v in tparts] == ddp.segment_tagged(2, 5, 0x40, payload, 700)
+
+
+@pytest.mark.parametrize("mulpdu", [128, 1442, 64768])
+@pytest.mark.parametrize("full", [1, 2, 3])
+def test_ddp_06_an_exact_multiple_of_the_room_makes_no_empty_last_segment(
+    mulpdu: int, full: int
+) -> None:
+    """A tagged message of exactly ``full`` segments' room is ``full`` full segments, the
+    last with L set and the TO of its first byte (DDP-02, DDP-06)."""
+    room = mulpdu - 14
+    segs = ddp.segment_tagged(3, 1 << 40, 0x40, bytes(full * room), mulpdu)
+    headers = [ddp.parse_header(s) for s in segs]
+    assert [len(s) for s in segs] == [mulpdu] * full
+    assert [h.last for h in headers] == [False] * (full - 1) + [True]
+    assert [h.to for h in headers] == [(1 << 40) + i * room for i in range(full)]
+
+
+def test_ddp_a_multi_segment_tagged_message_rejects_an_stag_above_32_bits() -> None:
+    with pytest.raises(LocalError, match="out of range"):
+        ddp.segment_tagged(1 << 32, 0, 0x40, bytes(1000), 128)
