@@ -210,13 +210,14 @@ class FpduFramer:
         size = 0
         error = None
         for header, payload in parts:
-            n = len(header) + len(payload)
+            plen = len(payload)
+            n = len(header) + plen
             if n > max_ulpdu:
                 error = LocalError(f"ULPDU of {n} bytes exceeds the maximum {max_ulpdu} (MPA-02)")
                 break
             if self.markers:
                 fpdu = self._frame_markers(header, n, payload)  # advances offset itself
-                if iov is not None and len(payload) >= min_ref:
+                if iov is not None and plen >= min_ref:
                     iov.append(out)
                     iov.append(fpdu)
                     out = bytearray()
@@ -224,15 +225,16 @@ class FpduFramer:
                     out += fpdu
                 continue
             lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
-            pad = _PADS[-(MPA_LENGTH_LEN + n) & 3]
+            pad_len = -(MPA_LENGTH_LEN + n) & 3
+            pad = _PADS[pad_len]
             if crc:
                 c = crc32c(payload, crc32c(lead))
-                trailer = pad + _LE32.pack(crc32c(pad, c) if pad else c)
+                trailer = pad + _LE32.pack(crc32c(pad, c) if pad_len else c)
             else:
                 trailer = pad + _ZERO_MARKER
-            size += MPA_LENGTH_LEN + n + len(trailer)
+            size += MPA_LENGTH_LEN + n + pad_len + MPA_CRC_LEN
             out += lead
-            if iov is not None and len(payload) >= min_ref:
+            if iov is not None and plen >= min_ref:
                 iov.append(out)
                 iov.append(payload)
                 out = bytearray(trailer)
