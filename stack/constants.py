@@ -206,6 +206,7 @@ class AtomicOpcode(IntEnum):
 
 
 ATOMIC_OPCODE_MASK = 0x0000000F
+ALL_ONES_32 = 0xFFFFFFFF  # a 32-bit field (STag, MSN, MO, QN) at its largest
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 ATOMIC_ALIGNMENT = 8
 

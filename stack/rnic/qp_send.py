@@ -9,6 +9,7 @@ them; queued Read Responses are snapshotted before a later placement could show 
 from __future__ import annotations
 
 from stack.constants import (
+    ALL_ONES_32,
     ALL_ONES_64,
     TERM_RDMAP_CATASTROPHIC,
     AtomicOpcode,
@@ -59,7 +60,6 @@ from stack.wire.events import (
     Send,
 )
 
-_MASK32 = 0xFFFFFFFF
 _WIDE_FIELDS = (
     WrOpcode.ATOMIC_FETCH_AND_ADD,
     WrOpcode.ATOMIC_CMP_AND_SWP,
@@ -111,7 +111,7 @@ class QpSend(QpBase):
             if (
                 len(one.sg_list) > max_sge
                 or int(one.send_flags) & _INLINE
-                or not 0 <= one.rkey <= _MASK32
+                or not 0 <= one.rkey <= ALL_ONES_32
                 or not 0 <= one.remote_addr <= ALL_ONES_64
                 or one.opcode in _WIDE_FIELDS
             ):
@@ -135,9 +135,9 @@ class QpSend(QpBase):
         (STags 32 bits, TOs and atomic operands 64, RFC 5040 §4, RFC 7306 §4): LocalError
         at posting, as ``ibv_post_send`` refuses a bad WR, not an encoding error later."""
         for name, value, mask in (
-            ("rkey", wr.rkey, _MASK32),
+            ("rkey", wr.rkey, ALL_ONES_32),
             ("remote_addr", wr.remote_addr, ALL_ONES_64),
-            ("invalidate_rkey", wr.invalidate_rkey, _MASK32),
+            ("invalidate_rkey", wr.invalidate_rkey, ALL_ONES_32),
             ("compare_add", wr.compare_add, ALL_ONES_64),
             ("compare_add_mask", wr.compare_add_mask or 0, ALL_ONES_64),
             ("swap", wr.swap, ALL_ONES_64),
@@ -215,9 +215,7 @@ class QpSend(QpBase):
                     )
                     break
             else:  # nothing left, or the QP stopped sending: not held by ORD or a fence
-                inflight = self._inflight
-                if (inflight and inflight[0].done) or self.state is QpState.CLOSING:
-                    self._reap_sq()
+                self._reap_sq()
         finally:
             self._batching = outer
         if not outer and self._output_deferred:
@@ -227,18 +225,10 @@ class QpSend(QpBase):
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
         op = wr.opcode
-        if op is WrOpcode.RDMA_WRITE:  # the most frequent message first, _emit inline
-            sg_list = wr.sg_list
-            if len(sg_list) == 1 and wr.inline_data is None and not entry.flags & _INLINE:
-                data: bytes | memoryview = self._local(sg_list[0], 0)[1]
-            else:
-                data = self._gather(wr)
+        if op is WrOpcode.RDMA_WRITE:  # the most frequent small message first
+            data = self._gather(wr)
             entry.byte_len = len(data)
-            entry.messages_left = 1
-            out = self._out
-            out.append(_OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), entry))
-            if len(out) == 1:
-                self._notify_output()
+            self._emit(entry, [RdmaWrite(wr.rkey, wr.remote_addr, data)])
             return
         solicited = bool(entry.flags & _SOLICITED)
         if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):

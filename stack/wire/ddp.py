@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from stack.constants import (
+    ALL_ONES_32,
     DDP_DV_MASK,
     DDP_LAST,
     DDP_RSVD_MASK,
@@ -44,7 +45,6 @@ assert TAGGED_HDR.size == DDP_TAGGED_HDR_LEN and UNTAGGED_HDR.size == DDP_UNTAGG
 
 MAX_MESSAGE_LEN = (1 << 32) - 1
 """A DDP message is shorter than 2^32 bytes (DDP-06)."""
-_MASK32 = 0xFFFFFFFF
 _MASK40 = (1 << 40) - 1
 _MASK64 = (1 << 64) - 1
 
@@ -144,7 +144,7 @@ def encode_untagged(
     if not 0 <= rsvd_ulp <= _MASK40:
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
     ctrl = _CTRL_UNTAGGED_LAST if last else _CTRL_UNTAGGED
-    hdr = _pack(UNTAGGED_HDR, ctrl, rsvd_ulp >> 32, rsvd_ulp & _MASK32, qn, msn, mo)
+    hdr = _pack(UNTAGGED_HDR, ctrl, rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32, qn, msn, mo)
     return _join(hdr, byte_view(payload))
 
 
@@ -230,7 +230,7 @@ def segment_untagged_parts(
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
     src = byte_view(payload)
     sizes = segment_sizes(len(src), mulpdu, DDP_UNTAGGED_HDR_LEN)
-    ulp_hi, ulp_lo = rsvd_ulp >> 32, rsvd_ulp & _MASK32
+    ulp_hi, ulp_lo = rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32
     _pack(UNTAGGED_HDR, _CTRL_UNTAGGED, ulp_hi, ulp_lo, qn, msn, 0)  # range-check once
     pack = UNTAGGED_HDR.pack
     out: list[Parts] = []

@@ -53,6 +53,7 @@ import struct
 from dataclasses import dataclass
 
 from stack.constants import (
+    ALL_ONES_32,
     ATOMIC_OPCODE_MASK,
     ATOMIC_REQUEST_HDR_LEN,
     ATOMIC_RESPONSE_HDR_LEN,
@@ -108,7 +109,6 @@ from stack.wire.terminate import _decode_terminate, encode_terminate
 RdmapHeader = ReadRequest | AtomicRequest | AtomicResponse | Terminate | ImmediateData
 """What :attr:`Segment.header` holds for messages with an RDMAP header."""
 
-_MASK32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 _RV_BITS = RDMAP_VERSION << 6
 _QNS_5040 = frozenset(int(q) for q in QueueNumber if q != QueueNumber.ATOMIC_RESPONSE)
@@ -445,7 +445,7 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
         )
     if isinstance(msg, Send):
         inval = msg.invalidate_stag
-        if inval is not None and not 0 <= inval <= _MASK32:
+        if inval is not None and not 0 <= inval <= ALL_ONES_32:
             raise LocalError(f"Invalidate STag 0x{inval:X} does not fit 32 bits")
         ulp = (rdmap_ctrl(msg.opcode) << 32) | (inval or 0)
         return ddp.segment_untagged_parts(QueueNumber.SEND, msn, ulp, msg.data, mulpdu)

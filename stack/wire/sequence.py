@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from stack.constants import (
+    ALL_ONES_32,
     RDMAP_OPCODE_MASK,
     TERM_DDP_T_BASE_BOUNDS,
     TERM_DDP_T_INVALID_STAG,
@@ -46,7 +47,6 @@ from stack.wire.checker import Checker
 
 __all__ = ["MessageSequencer", "OutstandingRead", "RequestTracker"]
 
-_MASK32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 _TERMINATE_QN = int(QueueNumber.TERMINATE)
 
@@ -95,7 +95,7 @@ class MessageSequencer:
         plus its payload length."""
         if last:
             self.open_untagged.pop(qn, None)
-            self.next_msn[qn] = (msn + 1) & _MASK32
+            self.next_msn[qn] = (msn + 1) & ALL_ONES_32
         else:
             self.open_untagged[qn] = (msn, end, ulp_ctrl, inval)
 
@@ -144,7 +144,7 @@ class MessageSequencer:
                         TERM_DDP_U_MSN_RANGE,
                     )
                 )
-                self.next_msn[qn] = (open_msg[0] + 1) & _MASK32
+                self.next_msn[qn] = (open_msg[0] + 1) & ALL_ONES_32
             expected = self.expected_msn(qn)
             if expected is not None and msn != expected:
                 detail = f"QN {qn}: MSN {msn}, expected {expected}"

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from stack.constants import (
+    ALL_ONES_32,
     DDP_LAST,
     DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
@@ -98,7 +99,6 @@ from stack.wire.rdmap import (
 from stack.wire.sequence import MessageSequencer
 from stack.wire.terminate import build_terminate, terminate_for
 
-_MASK32 = 0xFFFFFFFF
 _NUM_QN = len(QueueNumber)
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
@@ -230,7 +230,7 @@ class RdmapStream:
         msn = None if qn is None else self._tx_msn[qn]
         parts = encode_message_parts(msg, msn=msn, mulpdu=self._mulpdu)
         if qn is not None:
-            self._tx_msn[qn] = (self._tx_msn[qn] + 1) & _MASK32
+            self._tx_msn[qn] = (self._tx_msn[qn] + 1) & ALL_ONES_32
         if isinstance(msg, Terminate):
             self.send_state = SendState.TERMINATED
         return parts
