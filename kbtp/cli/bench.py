@@ -52,7 +52,7 @@ from kbtp.cli.bench_kbtp import _per_request_jobs as _per_request_jobs
 from kbtp.cli.bench_kbtp import _pipelined as _pipelined
 from kbtp.cli.bench_kbtp import _workers as _workers
 from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
-from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
+from kbtp.cli.bench_mooncake import mooncake_problem, run_mooncake
 from kbtp.cli.bench_offload import run_offload
 from kbtp.cli.bench_peer import bench_config, peer_process
 from kbtp.cli.bench_report import (
@@ -218,8 +218,9 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
-    if args.vs and not mooncake_available():
-        raise CliError(f"--vs mooncake needs the {MC_PACKAGE} package, which is not installed")
+    problem = mooncake_problem() if args.vs else None
+    if problem is not None:
+        raise CliError(f"--vs mooncake {problem}")
     settings = mpa_settings(args)
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)

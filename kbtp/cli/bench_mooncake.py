@@ -15,10 +15,12 @@ object; :func:`run_mooncake` runs it and parses it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +33,37 @@ TIMEOUT = 600.0
 """Seconds one comparison may take."""
 
 
-def mooncake_available() -> bool:
-    """Whether Mooncake's Python engine can be imported."""
+LOAD_TIMEOUT = 60.0
+"""Seconds the check that Mooncake's engine loads may take."""
+
+
+@functools.cache
+def mooncake_problem() -> str | None:
+    """Why ``--vs mooncake`` cannot run here, or None when Mooncake's engine loads.
+
+    The package can be installed and still fail to load (its engine links libibverbs,
+    Debian's ``libibverbs1``), so the module is imported for real, in a child process
+    (what it loads stays out of this one)."""
     try:
-        return importlib.util.find_spec("mooncake.engine") is not None
+        if importlib.util.find_spec("mooncake.engine") is None:
+            raise ModuleNotFoundError
     except ModuleNotFoundError:
-        return False
+        return f"needs the {PACKAGE} package, which is not installed"
+    argv = [sys.executable, "-c", "import mooncake.engine"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=LOAD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"needs Mooncake's engine, which did not load within {LOAD_TIMEOUT:.0f} s"
+    if done.returncode == 0:
+        return None
+    reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    hint = " (Debian's libibverbs1 provides it)" if "libibverbs" in reason else ""
+    return f"needs Mooncake's engine, which is installed but does not load: {reason}{hint}"
+
+
+def mooncake_available() -> bool:
+    """Whether Mooncake's Python engine loads (:func:`mooncake_problem` has nothing)."""
+    return mooncake_problem() is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +115,20 @@ def _server(length: int) -> None:
 def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
     length = size * batch
     argv = [sys.executable, "-m", "kbtp.cli.bench_mooncake", "server", str(length)]
-    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: its logging cannot block it
+    server = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+    )
     try:
         assert server.stdout is not None
-        port, remote = (int(w) for w in server.stdout.readline().split())
+        words = server.stdout.readline().split()
+        if len(words) != 2:  # it failed before serving: say why, not what was missing
+            server.kill()
+            server.wait()
+            log.seek(0)
+            reason = (log.read().strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"the Mooncake server did not start: {reason}")
+        port, remote = (int(w) for w in words)
         engine = _engine()
         buf, addr = _region(engine, length)
         ctypes.memset(addr, 0x5A, length)
@@ -125,6 +162,7 @@ def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
         if server.stdin is not None:
             server.stdin.close()
         server.wait(10)
+        log.close()
 
 
 def main(argv: list[str] | None = None) -> int:

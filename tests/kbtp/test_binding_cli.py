@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,12 @@ import trio
 
 from kbtp.cli import COMMANDS, main
 from kbtp.cli.bench import bench_kbtp_size
-from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
+from kbtp.cli.bench_mooncake import mooncake_available, mooncake_problem, run_mooncake
 from kbtp.cli.bench_peer import peer_process, process_cpu_seconds
 from kbtp.cli.target import mpa_settings
 from kbtp.constants import Capability
 from kbtp.initiator import KbtpInitiator
-from stack.cli import build_parser
+from stack.cli import CliError, build_parser
 from stack.cli.iwarp import main as iwarp_main
 from stack.wire.events import MpaSettings
 from tests.kbtp.targets import target_argv
@@ -302,6 +303,43 @@ def test_bench_vs_mooncake_without_the_package_is_one_clear_error(
         "kbtp bench: error: --vs mooncake needs the mooncake-transfer-engine-non-cuda "
         "package, which is not installed"
     )
+
+
+@pytest.fixture
+def broken_mooncake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A ``mooncake`` package whose engine fails to load as the real one does without
+    libibverbs, ahead of any installed one, in this process and in children."""
+    package = tmp_path / "mooncake"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "engine.py").write_text(
+        "raise ImportError('libibverbs.so.1: cannot open shared object file')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    mooncake_problem.cache_clear()
+    yield tmp_path
+    mooncake_problem.cache_clear()
+
+
+def test_bench_vs_mooncake_that_does_not_load_says_why(
+    broken_mooncake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.perf_counter()
+    assert _run(["bench", "--vs", "mooncake", "-s", "4K", "-n", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("kbtp bench: error: --vs mooncake needs Mooncake's engine, which")
+    assert "does not load: ImportError: libibverbs.so.1" in err
+    assert "Debian's libibverbs1" in err
+    assert time.perf_counter() - started < 30  # refused before any benchmark ran
+
+
+def test_mooncake_comparison_whose_server_fails_reports_the_server_error(
+    broken_mooncake: Path,
+) -> None:
+    with pytest.raises(CliError, match="Mooncake server did not start: ImportError: libib"):
+        run_mooncake(4096, 16, 16)
 
 
 @pytest.mark.skipif(not mooncake_available(), reason="needs mooncake-transfer-engine-non-cuda")
