@@ -298,7 +298,7 @@ class _StoreBase:
 
     @property
     def inline(self) -> bool:
-        return bool(self.flags & RequestFlag.INLINE)
+        return bool(int(self.flags) & _INLINE_FLAG)  # int: no Flag object made
 
     @property
     def data_length(self) -> int:

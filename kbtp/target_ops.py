@@ -35,6 +35,9 @@ from kbtp.target_state import (
 )
 from stack.errors import LocalError
 
+_RECORD = int(RequestFlag.RECORD)  # int tests make no Flag object per request
+_SEAL = int(RequestFlag.SEAL)
+
 
 class RequestOps(CoreState):
     """The operations of draft §6, executed by the target."""
@@ -44,7 +47,7 @@ class RequestOps(CoreState):
         sess = self._sessions[session]
         assert sess.identity is not None
         ini = self._initiators[sess.identity]
-        if req.flags & RequestFlag.RECORD:
+        if int(req.flags) & _RECORD:  # int tests: no Flag object made per request
             # RECORD_COMPLETION is never offered on the RDMAP binding (draft §6.5, §9.1).
             return self._fail(out, session, req, Status.NOT_OFFERED)
         if isinstance(req, Load):
@@ -127,8 +130,8 @@ class RequestOps(CoreState):
         """§6.2 steps 3-4: Data Length (and SEALED) after the data is in the block."""
         at = self.layout.entry_offset(req.handle)
         entry = read_entry(self.memory, at)
-        seal = bool(req.flags & RequestFlag.SEAL)
-        flags = entry.flags | (TableFlag.SEALED if seal else TableFlag.NONE)
+        seal = bool(int(req.flags) & _SEAL)
+        flags = entry.flags | TableFlag.SEALED if seal else entry.flags
         updated = TableEntry(flags, entry.generation, req.descriptor.length, entry.block_offset)
         if seal:
             self._persist(self.layout.offset_of(entry.block_offset), req.descriptor.length)

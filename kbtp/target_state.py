@@ -26,6 +26,8 @@ from kbtp.target_actions import Action, RegionKind, SendMessage
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.errors import LocalError
 
+_INVALIDATE = int(RequestFlag.INVALIDATE)  # an int test makes no Flag object per request
+
 SHARED_RING = -1
 """Ring id of the shared ring; partition rings are numbered 0.. in configuration order."""
 
@@ -269,7 +271,7 @@ class CoreState:
     ) -> None:
         """Send the COMPLETION of ``req`` (draft §6.5) and return its credit."""
         inv = None
-        if req.flags & RequestFlag.INVALIDATE and isinstance(req, Load | Store | AllocStore):
+        if int(req.flags) & _INVALIDATE and isinstance(req, Load | Store | AllocStore):
             inv = req.descriptor.stag
         msg = Completion(
             req.request_id, req.handle, generation, status, data_length, block_offset, req.opcode
