@@ -35,6 +35,7 @@ from typing import Protocol
 
 import trio
 
+from stack.constants import TCP_NOTSENT_LOWAT_BULK
 from stack.errors import ConnectionTimeout
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
@@ -47,6 +48,14 @@ from stack.wire.events import Negotiated
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+"""Size of a connection's receive buffer when it is made (at its first read)."""
+
+RECEIVE_MAX = TCP_NOTSENT_LOWAT_BULK
+"""Size a receive buffer grows to, doubling, while reads keep filling it: one send pass of
+the peer (a bulk stream).  Measured on loopback: 64 KiB Writes went 25-33 % faster with a
+1 MiB buffer than with 256 KiB; 512 KiB, 768 KiB, 1.25 MiB and 2 MiB gained nothing; 1 MiB
+messages and 64 B round trips were unchanged.  A connection that never streams keeps the
+small buffer."""
 
 MSS_CHECK_INTERVAL = 64 * 1024
 """Octets sent between two reads of TCP's segment size while the EMSS follows it."""
@@ -54,9 +63,6 @@ MSS_CHECK_INTERVAL = 64 * 1024
 MSS_FOLLOW_LIMIT = 64 * 1024 * 1024
 """Octets after which a connection stops following TCP's segment size (it has settled)."""
 
-RECEIVE_COMPACT = RECEIVE_SIZE // 2
-"""Room a read wants behind a partial FPDU left in the receive buffer; with less, the
-partial FPDU moves to the front first (:meth:`RdmaConnection._receive`)."""
 
 DISCONNECT_TIMEOUT = 30.0
 """Seconds :meth:`RdmaConnection.disconnect` waits for the orderly close before it aborts."""
@@ -107,6 +113,7 @@ class RdmaConnection:
         self._rx_empty = True  # the last read emptied the socket
         self._rx_view: memoryview | None = None  # the receive buffer (made at first read)
         self._rx_end = 0  # where the last read's bytes end in it
+        self._rx_grow = False  # the last read filled it: double it (RECEIVE_MAX)
         self._rx_refed = 0  # bytes the last read returned again (that partial FPDU)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
@@ -198,6 +205,13 @@ class RdmaConnection:
         await self.closed.wait()
 
     @property
+    def receive_buffer_size(self) -> int:
+        """Bytes of this connection's receive buffer: 0 before its first read (or on a
+        stream that is not a socket), :data:`RECEIVE_SIZE` at first, up to
+        :data:`RECEIVE_MAX` once it carries a bulk stream."""
+        return 0 if self._rx_view is None else len(self._rx_view)
+
+    @property
     def awaiting_first_fpdu(self) -> bool:
         """Responder: nothing has come from the initiator yet; our FPDUs wait (MPA-25)."""
         return self.endpoint.holding
@@ -253,13 +267,19 @@ class RdmaConnection:
         # A partial FPDU the engine left at the end of the last read (MPA-16) stays where it
         # is and the next read lands right after it, so the FPDU is parsed in place, not
         # copied out and joined with what completes it; it moves to the front only when
-        # less than RECEIVE_COMPACT is left behind it (each byte moves at most once).
+        # less than half the buffer is left behind it (each byte moves at most once).
         tail = self.engine.mpa.tail  # of the last read's bytes (only they are memoryviews)
         end = self._rx_end
         start = end - tail
-        if not tail:
+        if self._rx_grow:  # the last read filled the buffer: a bulk stream (RECEIVE_MAX)
+            self._rx_grow = False
+            grown = memoryview(bytearray(2 * len(rx)))
+            grown[:tail] = rx[start:end]  # views of the old buffer keep it alive
+            rx = self._rx_view = grown
+            start, end = 0, tail
+        elif not tail:
             start = end = 0
-        elif len(rx) - end < RECEIVE_COMPACT:
+        elif len(rx) - end < len(rx) >> 1:
             rx[:tail] = rx[start:end]
             start, end = 0, tail
         room = rx[end:]
@@ -270,6 +290,8 @@ class RdmaConnection:
                 await trio.lowlevel.wait_readable(sock)
                 continue
             self._rx_empty = n < len(room)
+            if not self._rx_empty and len(rx) < RECEIVE_MAX:
+                self._rx_grow = True
             if not n:  # FIN: a partial FPDU left can never complete
                 self._rx_refed = 0
                 return b""
