@@ -95,6 +95,14 @@ reads cold memory: Send 1 MiB cost the receiver ~830 instead of ~520 us/MiB).  t
 16 KiB, which ends every ``sendmsg`` of a bulk stream after 16 KiB of unsent data and one
 segment: about 7 system calls and writable waits per MiB."""
 
+RAW_RECEIVE_SIZE = 128 * 1024
+"""Bytes per ``receive_some`` of the raw trio TCP baselines of the benchmarks (``iwarp
+bench --baseline``, ``kbtp bench``): the fastest size measured for them on loopback, so
+that a ratio is taken against the fastest honest raw exchange.  A 1 MiB stream, one
+``send_all`` per MiB: 6.0-6.9 GB/s at 128 KiB, 4.9 at 64 KiB, 5.7-6.4 at 160-192 KiB and
+3.6-4.3 at 256 KiB to 1 MiB (``recv_into`` a preallocated buffer behaves alike); ``python
+-m tools.bench_floor --raw-sizes`` measures it again."""
+
 MPA_REPLY_TIMEOUT = 10.0
 """Seconds an initiator waits for the Reply (siw's value; RFC 5044 gives none)."""
 MPA_REQUEST_TIMEOUT = 5.0

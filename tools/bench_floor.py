@@ -1,6 +1,7 @@
 """Benchmark: the pure-Python floor of a bulk RDMA Write, against raw trio TCP in one run.
 
-``python -m tools.bench_floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--json OUT]``
+``python -m tools.bench_floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--raw-sizes LIST]
+[--json OUT]``
 
 How fast can any pure-Python iWARP sender and receiver be?  Whatever the layering, an RDMA
 Write with CRC on has to compute CRC32c over every FPDU at both ends and copy the payload
@@ -9,13 +10,17 @@ from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
 turn, alternated ``--repeat`` times:
 
 ``raw``    a trio stream of the message bytes, up to 1 MiB per ``send_all``; the receiver
-           ``receive_some(256 KiB)`` and counts (``iwarp bench --baseline``'s exchange)
-``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated 256 KiB
-           buffer (no new bytes object per read, as the stack's driver reads)
+           ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and counts (``iwarp bench
+           --baseline``'s exchange)
+``raw@N``  ``raw`` with ``receive_some(N)``, for each N of ``--raw-sizes`` (the sweep that
+           chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
+``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated 1 MiB
+           buffer (no new bytes object per read, as the stack's driver reads once its
+           buffer has grown)
 ``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
            is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
            (header, a view of the source buffer, CRC) up to 1 MiB per call, as the stack's
-           driver does; the receiver ``recv_into`` a 256 KiB buffer and checks every
+           driver does; the receiver ``recv_into`` a 1 MiB buffer and checks every
            FPDU's CRC where it lies (a partial FPDU at the end of a read moves to the
            front), and copies nothing
 ``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
@@ -46,18 +51,18 @@ import trio
 
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
-from stack.constants import MPA_CRC_RESIDUE
+from stack.constants import MPA_CRC_RESIDUE, RAW_RECEIVE_SIZE
 from stack.crc import crc32c
-from stack.transport.driver import _raw_socket
+from stack.transport.driver import RECEIVE_MAX, _raw_socket
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.framing import mulpdu_for
 
-RECEIVE = 256 * 1024
+RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
 BATCH = 1024 * 1024
 DDP_TAGGED_HEADER = 14
 VARIANTS = ("raw", "raw-into", "crc", "floor")
-_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, unused
+_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, raw receive
 _RESULT = struct.Struct("!QQ")  # octets received, receiver CPU ns
 _HEAD = struct.Struct("!H2xIII")  # length, (control, STag, TO high), TO: 14 octets + 2
 _CRC = struct.Struct("<I")
@@ -67,6 +72,14 @@ def _size(text: str) -> int:
     text = text.strip().upper()
     scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
     return int(text.rstrip("KM")) * scale
+
+
+def _label(size: int) -> str:
+    """64K, 1M or the octets: how ``--raw-sizes`` spells a size."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 def _plain(stream: trio.SocketStream) -> socket.socket:
@@ -89,11 +102,11 @@ async def _sink(port_out: Any) -> None:
         except BenchError:  # closed before saying what to measure
             await stream.aclose()
             continue
-        variant, size, payload, _ = _HELLO.unpack(hello)
+        variant, size, payload, raw_receive = _HELLO.unpack(hello)
         cpu = time.process_time_ns()
         if variant == 0:
             got = 0
-            while data := await stream.receive_some(RECEIVE):
+            while data := await stream.receive_some(raw_receive):
                 got += len(data)
         else:
             raw = _plain(stream)
@@ -119,7 +132,7 @@ async def _recv(sock: socket.socket, room: memoryview) -> int:
 
 
 async def _receive_into(sock: socket.socket) -> int:
-    """Count what arrives, read with ``recv_into`` a preallocated 256 KiB buffer."""
+    """Count what arrives, read with ``recv_into`` a preallocated RECEIVE-byte buffer."""
     view = memoryview(bytearray(RECEIVE))
     got = 0
     while n := await _recv(sock, view):
@@ -129,7 +142,7 @@ async def _receive_into(sock: socket.socket) -> int:
 
 
 async def _receive_fpdus(sock: socket.socket, size: int, payload: int, *, place: bool) -> int:
-    """Receive FPDUs into a 256 KiB buffer, check each CRC in place, place the payload."""
+    """Receive FPDUs into a RECEIVE-byte buffer, check each CRC in place, place the payload."""
     buf = bytearray(RECEIVE)
     view = memoryview(buf)
     target = memoryview(bytearray(size))
@@ -162,11 +175,13 @@ async def _receive_fpdus(sock: socket.socket, size: int, payload: int, *, place:
 
 
 # ------------------------------------------------------------------------------ sender
-async def _run(port: int, variant: int, size: int, payload: int, seconds: float) -> dict[str, Any]:
+async def _run(
+    port: int, variant: int, size: int, payload: int, seconds: float, raw_receive: int
+) -> dict[str, Any]:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     limit_unsent(stream)
-    await stream.send_all(_HELLO.pack(variant, size, payload, 0))
+    await stream.send_all(_HELLO.pack(variant, size, payload, raw_receive))
     per_batch = max(1, BATCH // size)
     source = memoryview(bytearray(b"\x5a" * size))
     clock = time.perf_counter
@@ -222,8 +237,13 @@ async def _send_all(queue: SendQueue, sock: socket.socket, pieces: list[Any]) ->
 
 
 # --------------------------------------------------------------------------------- main
-def measure(sizes: list[int], seconds: float, repeat: int, emss: int) -> list[dict[str, Any]]:
-    """Each variant at each size, alternated ``repeat`` times; medians per row."""
+def measure(
+    sizes: list[int], seconds: float, repeat: int, emss: int, raw_sizes: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Each variant at each size, alternated ``repeat`` times; medians per row.  ``raw_sizes``:
+    a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``)."""
+    plan = [(v, i, RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
+    plan[1:1] = [(f"raw@{_label(n)}", 0, n) for n in raw_sizes or ()]
     payload = mulpdu_for(emss, False) - DDP_TAGGED_HEADER
     payload -= payload % 4
     sink = subprocess.Popen(
@@ -234,13 +254,13 @@ def measure(sizes: list[int], seconds: float, repeat: int, emss: int) -> list[di
         port = int(sink.stdout.readline())
         rows = []
         for size in sizes:
-            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in plan}
             for _ in range(repeat):
-                for index, variant in enumerate(VARIANTS):
-                    one = trio.run(_run, port, index, size, payload, seconds)
+                for variant, index, receive in plan:
+                    one = trio.run(_run, port, index, size, payload, seconds, receive)
                     runs[variant].append(one)
                     print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=sys.stderr)
-            for variant in VARIANTS:
+            for variant, _, _ in plan:
                 ratios = [
                     r["MBps"] / raw["MBps"]
                     for r, raw in zip(runs[variant], runs["raw"], strict=True)
@@ -262,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-D", "--duration", type=float, default=3.0, help="seconds per run")
     parser.add_argument("--repeat", type=int, default=3, help="alternated runs per row")
     parser.add_argument("--emss", type=int, default=65483, help="EMSS the MULPDU derives from")
+    parser.add_argument(
+        "--raw-sizes",
+        metavar="LIST",
+        nargs="?",
+        const="64K,256K,1M",
+        help="also run raw with these receive sizes (default list 64K,256K,1M)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-': stdout)")
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -272,9 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
         parser.error(f"bad --sizes {args.sizes!r}")
+    try:
+        raw_sizes = [_size(s) for s in (args.raw_sizes or "").split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"bad --raw-sizes {args.raw_sizes!r}")
     if not sizes or min(sizes) < 64 or args.duration <= 0 or args.repeat < 1:
         parser.error("sizes of at least 64 octets, a positive duration and repeat")
-    rows = measure(sizes, args.duration, args.repeat, args.emss)
+    if any(not 1 <= n <= 1 << 30 for n in raw_sizes):
+        parser.error("--raw-sizes: receive sizes of 1 octet to 1 GiB")
+    rows = measure(sizes, args.duration, args.repeat, args.emss, raw_sizes)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(
         f"{'size':>8} {'variant':8} {'MB/s':>8} {'msg/s':>9} {'ratio':>6} "

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import trio
 
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
-from stack.transport.driver import RECEIVE_SIZE
+from stack.constants import RAW_RECEIVE_SIZE
 from stack.transport.sockopts import limit_unsent
 
 RAW_HEADER = struct.Struct(">B3xI32x")
@@ -139,7 +139,7 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
     parser = _Parser(body_for)
     limit_unsent(stream)  # as the iWARP driver does with its sockets
     try:
-        while chunk := await stream.receive_some(RECEIVE_SIZE):
+        while chunk := await stream.receive_some(RAW_RECEIVE_SIZE):
             out: list[bytes | memoryview] = []
             for op, length in parser.feed(chunk):
                 if op == RAW_LOAD:
@@ -190,7 +190,7 @@ async def bench_raw(
     try:
         await _send(stream, requests(sent))
         while done < iters:
-            chunk = await stream.receive_some(RECEIVE_SIZE)
+            chunk = await stream.receive_some(RAW_RECEIVE_SIZE)
             if not chunk:
                 raise trio.BrokenResourceError("the baseline server closed early")
             completed = parser.feed(chunk)

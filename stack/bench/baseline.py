@@ -37,7 +37,7 @@ from stack.bench.protocol import (
     receive_exactly,
 )
 from stack.bench.results import MB
-from stack.transport.driver import RECEIVE_SIZE
+from stack.constants import RAW_RECEIVE_SIZE
 
 
 async def _raw_stream(
@@ -70,7 +70,7 @@ async def _raw_pipelined(
     received = 0
     done = 0
     while done < sent:
-        data = await stream.receive_some(RECEIVE_SIZE)
+        data = await stream.receive_some(RAW_RECEIVE_SIZE)
         if not data:
             raise BenchError("raw TCP server closed during the request/response baseline")
         received += len(data)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from stack.cli import binary_size
 from stack.rnic import Rnic
-from stack.transport.driver import RECEIVE_SIZE
+from stack.transport.driver import RECEIVE_MAX
 from stack.wire.events import CrcPolicy, MpaSettings
 
 TESTS = ("write", "read", "send", "atomic")
@@ -91,12 +91,13 @@ class BenchOptions:
 
         iWARP has no receiver-not-ready retry: a Send finding no receive is fatal.  The
         server reposts after each batch of completions, and the driver reads at most
-        RECEIVE_SIZE bytes per batch, so two reads' worth of the smallest FPDUs is enough.
+        RECEIVE_MAX bytes per batch (its grown receive buffer), so two reads' worth of the
+        smallest FPDUs is enough.
         """
         if self.rx_depth is not None:
             return self.rx_depth
         fpdu = size + 24  # MPA length + untagged DDP/RDMAP header (18) + CRC
-        return max(512, 2 * RECEIVE_SIZE // fpdu + self.tx_depth + RX_HEADROOM)
+        return max(512, 2 * RECEIVE_MAX // fpdu + self.tx_depth + RX_HEADROOM)
 
     @property
     def mpa_settings(self) -> MpaSettings:

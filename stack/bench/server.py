@@ -32,7 +32,7 @@ from stack.bench.protocol import (
     SessionSpec,
     receive_exactly,
 )
-from stack.constants import ATOMIC_ALIGNMENT
+from stack.constants import ATOMIC_ALIGNMENT, RAW_RECEIVE_SIZE
 from stack.rnic import (
     Access,
     CompletionQueue,
@@ -49,7 +49,6 @@ from stack.rnic import (
 )
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
-from stack.transport.driver import RECEIVE_SIZE
 from stack.transport.sockopts import limit_unsent
 
 
@@ -228,7 +227,7 @@ class BenchServer:
             if mode == RAW_SINK:
                 total = 0
                 while True:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                    data = await stream.receive_some(RAW_RECEIVE_SIZE)
                     if not data:
                         break
                     total += len(data)
@@ -237,7 +236,7 @@ class BenchServer:
                 reply = bytes(size)
                 pending = 0
                 while True:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                    data = await stream.receive_some(RAW_RECEIVE_SIZE)
                     if not data:
                         break
                     count, pending = divmod(pending + len(data), request)
