@@ -13,7 +13,10 @@ QP (connection) count as the iWARP measurement:
 
 Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
 :func:`~stack.transport.sockopts.limit_unsent`), not trio's 16 KiB, which costs a bulk
-sender a system call and a writable wait per 16 KiB.
+sender a system call and a writable wait per 16 KiB.  Every raw receiver reads
+:data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per ``receive_some``: the fastest size
+measured (``python -m tools.bench_floor --raw-sizes``); the driver's own 256 KiB, used
+before, made the raw stream about 1.6x slower.
 
 ``ratio`` is iWARP over raw: for bandwidth above 1 is better, for latency below 1 is
 better.  The second baseline, blocking sockets at both ends, is :mod:`stack.bench.blocking`.

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from stack.bench.options import BenchOptions
 from stack.bench.results import BwResult, IdleResult, LatResult
+from stack.constants import RAW_RECEIVE_SIZE
 from stack.wire.events import Negotiated
 
 RESULT_LINE = "-" * 87
@@ -208,7 +209,8 @@ def baseline_lines(opts: BenchOptions) -> list[str]:
     if not opts.baseline:
         return []
     return [
-        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)})",
+        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)};"
+        f" {RAW_RECEIVE_SIZE // 1024} KiB per receive_some)",
         f" {'ratio_blk':<16}: iWARP / blocking sockets (sendall/recv_into, both ends)",
     ]
 
