@@ -55,7 +55,7 @@ RECEIVE_MAX = TCP_NOTSENT_LOWAT_BULK
 the peer (a bulk stream).  Measured on loopback: 64 KiB Writes went 25-33 % faster with a
 1 MiB buffer than with 256 KiB; 512 KiB, 768 KiB, 1.25 MiB and 2 MiB gained nothing; 1 MiB
 messages and 64 B round trips were unchanged.  A connection that never streams keeps the
-small buffer."""
+small buffer, and so does one that receives markers (:meth:`RdmaConnection._rx_marked`)."""
 
 MSS_CHECK_INTERVAL = 64 * 1024
 """Octets sent between two reads of TCP's segment size while the EMSS follows it."""
@@ -290,7 +290,7 @@ class RdmaConnection:
                 await trio.lowlevel.wait_readable(sock)
                 continue
             self._rx_empty = n < len(room)
-            if not self._rx_empty and len(rx) < RECEIVE_MAX:
+            if not self._rx_empty and len(rx) < RECEIVE_MAX and not self._rx_marked():
                 self._rx_grow = True
             if not n:  # FIN: a partial FPDU left can never complete
                 self._rx_refed = 0
@@ -298,6 +298,13 @@ class RdmaConnection:
             self._rx_refed = tail
             self._rx_end = end + n
             return rx[start : end + n]
+
+    def _rx_marked(self) -> bool:
+        """Whether the peer inserts markers in what we receive (MPA-07): such a stream keeps
+        the small buffer (with markers a read's bytes are copied once more to cut them out,
+        and reads of 1 MiB made 1 MiB Writes 5-12 % and 64 KiB Writes 6-15 % slower)."""
+        negotiated = self.engine.negotiated
+        return negotiated is not None and negotiated.markers_rx
 
     def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Apply received bytes.  A view of the receive buffer is parsed in place (the
