@@ -102,6 +102,10 @@ that a ratio is taken against the fastest honest raw exchange.  A 1 MiB stream, 
 ``send_all`` per MiB: 6.0-6.9 GB/s at 128 KiB, 4.9 at 64 KiB, 5.7-6.4 at 160-192 KiB and
 3.6-4.3 at 256 KiB to 1 MiB (``recv_into`` a preallocated buffer behaves alike); ``python
 -m tools.bench_floor --raw-sizes`` measures it again."""
+RAW_RECEIVE_SIZES = (RAW_RECEIVE_SIZE, 256 * 1024)
+"""Receive sizes ``kbtp bench``'s pipelined raw baseline runs with, keeping the faster run:
+neither is the faster at every block size (measured: 256 KiB by 8-12 % at 64 KiB blocks,
+128 KiB by 5-15 % at 1 MiB)."""
 
 MPA_REPLY_TIMEOUT = 10.0
 """Seconds an initiator waits for the Reply (siw's value; RFC 5044 gives none)."""

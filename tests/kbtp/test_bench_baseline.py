@@ -7,9 +7,11 @@ import os
 import pytest
 import trio
 
+from kbtp.cli import bench_baseline
 from kbtp.cli.bench_baseline import (
     JOIN_LIMIT,
     RAW_HEADER,
+    RAW_HELLO,
     RAW_LOAD,
     RAW_STORE,
     _Parser,
@@ -17,6 +19,7 @@ from kbtp.cli.bench_baseline import (
     coalesce,
     raw_server,
 )
+from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
 
 
 def _stream_of(messages: list[tuple[int, bytes]]) -> bytes:
@@ -59,7 +62,7 @@ def test_server_answers_a_burst_of_requests_in_one_send() -> None:
             nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 4096), listeners)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             burst = _stream_of([(RAW_STORE, bytes(100))] * 20) + RAW_HEADER.pack(RAW_LOAD, 64) * 10
-            await stream.send_all(burst)
+            await stream.send_all(RAW_HELLO.pack(RAW_RECEIVE_SIZE) + burst)
             want = 20 * RAW_HEADER.size + 10 * (RAW_HEADER.size + 64)
             reads, got = [], b""
             while len(got) < want:
@@ -96,3 +99,48 @@ def test_bench_raw_completes_every_exchange(op: str, inflight: int) -> None:
 
     seconds, cpu = trio.run(main)
     assert seconds > 0 and cpu > 0
+
+
+def test_the_fastest_baseline_runs_each_receive_size_and_keeps_the_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+    real = bench_baseline.bench_raw
+
+    async def spy(*args: object) -> tuple[float, float]:
+        seen.append(args[-1])  # type: ignore[arg-type]
+        return await real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bench_baseline, "bench_raw", spy)
+
+    async def main() -> tuple[float, float]:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 65536), listeners)
+            result = await bench_baseline.bench_raw_fastest(port, "load", 65536, 40, 16)
+            nursery.cancel_scope.cancel()
+        return result
+
+    seconds, cpu = trio.run(main)
+    assert seen == list(RAW_RECEIVE_SIZES) and seconds > 0 and cpu > 0
+
+
+def test_the_baseline_server_survives_a_client_without_its_hello_and_clamps_its_size() -> None:
+    async def main() -> tuple[float, float]:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 65536), listeners)
+            early = await trio.open_tcp_stream("127.0.0.1", port)
+            await early.send_all(b"\x00\x01")  # half a hello, then gone
+            await early.aclose()
+            # 4 GiB asked: the server reads 16 MiB at most, and still answers every request.
+            result = await bench_baseline.bench_raw(
+                port, "store", 65536, 30, 4, receive=(1 << 32) - 1
+            )
+            nursery.cancel_scope.cancel()
+        return result
+
+    seconds, _cpu = trio.run(main)
+    assert seconds > 0
