@@ -15,8 +15,9 @@ Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
 :func:`~stack.transport.sockopts.limit_unsent`), not trio's 16 KiB, which costs a bulk
 sender a system call and a writable wait per 16 KiB.  Every raw receiver reads
 :data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per ``receive_some``: the fastest size
-measured (``python -m tools.bench_floor --raw-sizes``); the driver's own 256 KiB, used
-before, made the raw stream about 1.6x slower.
+measured for a stream (``python -m tools.bench_floor --raw-sizes``; the driver's own
+256 KiB, used before, made the raw stream about 1.6x slower); a request/response client runs
+once per size of :data:`~stack.constants.RAW_RECEIVE_SIZES` and the faster run counts.
 
 ``ratio`` is iWARP over raw: for bandwidth above 1 is better, for latency below 1 is
 better.  The second baseline, blocking sockets at both ends, is :mod:`stack.bench.blocking`.
@@ -40,7 +41,7 @@ from stack.bench.protocol import (
     receive_exactly,
 )
 from stack.bench.results import MB
-from stack.constants import RAW_RECEIVE_SIZE
+from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
 
 
 async def _raw_stream(
@@ -63,9 +64,15 @@ async def _raw_stream(
 
 
 async def _raw_pipelined(
-    stream: trio.SocketStream, size: int, depth: int, count: int | None, deadline: float | None
+    stream: trio.SocketStream,
+    size: int,
+    depth: int,
+    count: int | None,
+    deadline: float | None,
+    receive: int = RAW_RECEIVE_SIZE,
 ) -> int:
-    """Request/response with ``depth`` outstanding requests; returns replies received."""
+    """Request/response with ``depth`` outstanding requests, replies read ``receive`` octets
+    per ``receive_some``; returns replies received."""
     clock = time.perf_counter
     target = count if count is not None else 1 << 62
     sent = min(depth, target)
@@ -73,7 +80,7 @@ async def _raw_pipelined(
     received = 0
     done = 0
     while done < sent:
-        data = await stream.receive_some(RAW_RECEIVE_SIZE)
+        data = await stream.receive_some(receive)
         if not data:
             raise BenchError("raw TCP server closed during the request/response baseline")
         received += len(data)
@@ -90,9 +97,16 @@ async def _raw_pipelined(
 
 
 async def raw_bandwidth(
-    host: str, raw_port: int, opts: BenchOptions, size: int, messages: int
+    host: str,
+    raw_port: int,
+    opts: BenchOptions,
+    size: int,
+    messages: int,
+    receive: int = RAW_RECEIVE_SIZE,
 ) -> float:
-    """Baseline MB/s with ``num_qps`` TCP connections moving ``messages`` messages in all."""
+    """Baseline MB/s with ``num_qps`` TCP connections moving ``messages`` messages in all;
+    the request/response client reads ``receive`` octets per ``receive_some``
+    (:func:`raw_receive_sizes`)."""
     streaming = opts.test in ("write", "send")
     reply = ATOMIC_SIZE if opts.test == "atomic" else size
     n = opts.num_qps
@@ -111,7 +125,7 @@ async def raw_bandwidth(
         if streaming:
             done[i] = await _raw_stream(streams[i], size, counts[i], None, opts.tx_depth)
         else:
-            done[i] = await _raw_pipelined(streams[i], reply, opts.ord, counts[i], None)
+            done[i] = await _raw_pipelined(streams[i], reply, opts.ord, counts[i], None, receive)
         ends[i] = time.perf_counter()
 
     try:
@@ -124,6 +138,14 @@ async def raw_bandwidth(
         for s in streams:
             await trio.aclose_forcefully(s)
     return sum(done) * reply / (max(ends) - start) / MB
+
+
+def raw_receive_sizes(opts: BenchOptions) -> tuple[int, ...]:
+    """The receive sizes the bandwidth baseline runs with, the fastest run counting: a
+    stream's sink reads :data:`~stack.constants.RAW_RECEIVE_SIZE`; a request/response client
+    tries each of :data:`~stack.constants.RAW_RECEIVE_SIZES` (neither is the faster at
+    every reply size)."""
+    return (RAW_RECEIVE_SIZE,) if opts.test in ("write", "send") else RAW_RECEIVE_SIZES
 
 
 async def raw_latency(host: str, raw_port: int, opts: BenchOptions, size: int, count: int) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stack.bench.baseline import raw_receive_sizes
 from stack.bench.options import BenchOptions
 from stack.bench.results import BwResult, IdleResult, LatResult
-from stack.constants import RAW_RECEIVE_SIZE
 from stack.wire.events import Negotiated
 
 RESULT_LINE = "-" * 87
@@ -204,13 +204,22 @@ def baseline_shape(opts: BenchOptions) -> str:
     return "the same exchange, one at a time" if opts.latency else BASELINE_SHAPES[opts.test]
 
 
+def _receive_note(opts: BenchOptions) -> str:
+    """How the raw baseline reads (:func:`~stack.bench.baseline.raw_receive_sizes`)."""
+    if opts.latency:
+        return ""
+    sizes = [f"{n // 1024}" for n in raw_receive_sizes(opts)]
+    if len(sizes) == 1:
+        return f"; {sizes[0]} KiB per receive_some"
+    return f"; {' and '.join(sizes)} KiB per receive_some, the faster run"
+
+
 def baseline_lines(opts: BenchOptions) -> list[str]:
     """The opening block's lines that say what ``ratio`` and ``ratio_blk`` compare with."""
     if not opts.baseline:
         return []
     return [
-        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)};"
-        f" {RAW_RECEIVE_SIZE // 1024} KiB per receive_some)",
+        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)}{_receive_note(opts)})",
         f" {'ratio_blk':<16}: iWARP / blocking sockets (sendall/recv_into, both ends)",
     ]
 

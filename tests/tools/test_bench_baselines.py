@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import trio
 
+from stack.bench import run as bench_run
 from stack.bench.blocking import (
     BATCH_BYTES,
     BlockingServer,
@@ -15,9 +19,13 @@ from stack.bench.blocking import (
     blocking_bandwidth,
     blocking_latency,
 )
+from stack.bench.client import Client
 from stack.bench.options import BenchError, BenchOptions
 from stack.bench.protocol import RAW_HEADER, RAW_MAGIC, RAW_REQRESP, RAW_REQUEST
+from stack.bench.report import baseline_lines
+from stack.bench.results import BwResult
 from stack.bench.server import BenchServer
+from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
 
 
 def test_batch_messages_is_what_is_posted_within_the_cap() -> None:
@@ -82,3 +90,31 @@ def test_blocking_baseline_to_a_closed_port_is_a_bench_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(BenchError, match="blocking-TCP port"):
         blocking_bandwidth("127.0.0.1", port, BenchOptions(test="write", sizes=(64,)), 64, 4)
+
+
+@pytest.mark.parametrize(
+    ("test", "tried"), [("read", list(RAW_RECEIVE_SIZES)), ("write", [RAW_RECEIVE_SIZE])]
+)
+def test_the_raw_bandwidth_baseline_keeps_its_fastest_receive_size(
+    monkeypatch: pytest.MonkeyPatch, test: str, tried: list[int]
+) -> None:
+    """A request/response client runs once per receive size and the faster run counts (a
+    stream's sink has one size); the header says so."""
+    seen: list[int] = []
+    speeds = {RAW_RECEIVE_SIZES[0]: 100.0, RAW_RECEIVE_SIZES[1]: 250.0}
+
+    async def fake(*args: object) -> float:
+        receive = args[-1]
+        assert isinstance(receive, int)
+        seen.append(receive)
+        return speeds[receive]
+
+    monkeypatch.setattr(bench_run, "raw_bandwidth", fake)
+    opts = BenchOptions(test=test, sizes=(65536,))
+    row = BwResult(65536, 10, 1.0, 1.0, 0.1, 10)
+    client = cast(Client, SimpleNamespace(raw_port=1))
+    out = trio.run(bench_run._raw_baseline, row, "127.0.0.1", client, opts, False)
+    assert seen == tried
+    assert isinstance(out, BwResult) and out.raw_bw == max(speeds[n] for n in tried)
+    line = next(x for x in baseline_lines(replace(opts, baseline=True)) if "ratio " in x)
+    assert all(f"{n // 1024}" in line for n in tried) and "receive_some" in line
