@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-from kbtp.cli.bench_baseline import bench_raw_fastest, raw_server
+from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import CpuClock, no_peer
 from kbtp.cli.bench_kbtp import OPS, bench_kbtp_size, pool_blocks
 from kbtp.cli.bench_kbtp import Job as Job
@@ -288,7 +288,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                     for row in rows:
                         if not args.no_baseline:
                             progress(f"{size_label(size)}: raw TCP {row.op}")
-                            row.raw_seconds, row.raw_cpu = await bench_raw_fastest(
+                            row.raw_seconds, row.raw_cpu = await bench_raw(
                                 raw, row.op, size, iters, args.inflight, cpu
                             )
                         if args.vs and row.op in MC_OPS:

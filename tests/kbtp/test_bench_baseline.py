@@ -105,20 +105,20 @@ def test_the_fastest_baseline_runs_each_receive_size_and_keeps_the_faster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[int] = []
-    real = bench_baseline.bench_raw
+    real = bench_baseline._bench_raw_once
 
     async def spy(*args: object) -> tuple[float, float]:
         seen.append(args[-1])  # type: ignore[arg-type]
         return await real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(bench_baseline, "bench_raw", spy)
+    monkeypatch.setattr(bench_baseline, "_bench_raw_once", spy)
 
     async def main() -> tuple[float, float]:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, lambda s: raw_server(s, 65536), listeners)
-            result = await bench_baseline.bench_raw_fastest(port, "load", 65536, 40, 16)
+            result = await bench_raw(port, "load", 65536, 40, 16)
             nursery.cancel_scope.cancel()
         return result
 
@@ -137,7 +137,7 @@ def test_the_baseline_server_survives_a_client_without_its_hello_and_clamps_its_
             await early.aclose()
             # 4 GiB asked: the server reads 16 MiB at most, and still answers every request.
             result = await bench_baseline.bench_raw(
-                port, "store", 65536, 30, 4, receive=(1 << 32) - 1
+                port, "store", 65536, 30, 4, receives=((1 << 32) - 1,)
             )
             nursery.cancel_scope.cancel()
         return result
