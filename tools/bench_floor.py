@@ -1,7 +1,7 @@
 """Benchmark: the pure-Python floor of a bulk RDMA Write, against raw trio TCP in one run.
 
 ``python -m tools.bench_floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--raw-sizes LIST]
-[--json OUT]``
+[--read-size N] [--json OUT]``
 
 How fast can any pure-Python iWARP sender and receiver be?  Whatever the layering, an RDMA
 Write with CRC on has to compute CRC32c over every FPDU at both ends and copy the payload
@@ -16,11 +16,12 @@ turn, alternated ``--repeat`` times:
            chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
 ``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated 1 MiB
            buffer (no new bytes object per read, as the stack's driver reads once its
-           buffer has grown)
+           buffer has grown), at most ``--read-size`` octets per call
 ``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
            is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
            (header, a view of the source buffer, CRC) up to 1 MiB per call, as the stack's
-           driver does; the receiver ``recv_into`` a 1 MiB buffer and checks every
+           driver does; the receiver ``recv_into`` a 1 MiB buffer (at most ``--read-size``
+           octets per call, as ``raw-into``) and checks every
            FPDU's CRC where it lies (a partial FPDU at the end of a read moves to the
            front), and copies nothing
 ``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
@@ -33,6 +34,15 @@ much of the reachable speed the stack has (``raw-into`` says whether ``raw`` is 
 fastest way to receive).  Each row: MB/s, messages/s, ratio to ``raw``
 of the same repeat (median over repeats), CPU per message at each end (µs).  ``--json``:
 the rows as one JSON document (``-``: standard output).  Speed is reported, never asserted.
+
+``--read-size`` (default RAW_RECEIVE_SIZE, 128 KiB, what ``raw`` reads per ``receive_some``)
+caps each ``recv_into`` of the 1 MiB buffer.  Measured on loopback (2 cores, 1 MiB messages,
+2026-12-03): with 1 MiB per call ``raw-into`` reached 0.55-0.65 of ``raw``, ``crc`` 0.48-0.53
+and ``floor`` 0.46-0.55; with 128 KiB per call 0.86-0.92, 0.82-0.92 and 0.60-0.68.  The
+bigger read does not cost the receiver more CPU but the *sender* (its ``sendmsg``, which on
+loopback also runs the receiving half of TCP: 191 against 127 µs of system time per MiB
+for ``floor`` against ``crc``), so what a receiver does between its reads sets the floor.
+``--read-size 1M`` measures the old floor again.
 """
 
 from __future__ import annotations
@@ -62,7 +72,7 @@ RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
 BATCH = 1024 * 1024
 DDP_TAGGED_HEADER = 14
 VARIANTS = ("raw", "raw-into", "crc", "floor")
-_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, raw receive
+_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, octets per read
 _RESULT = struct.Struct("!QQ")  # octets received, receiver CPU ns
 _HEAD = struct.Struct("!H2xIII")  # length, (control, STag, TO high), TO: 14 octets + 2
 _CRC = struct.Struct("<I")
@@ -112,9 +122,9 @@ async def _sink(port_out: Any) -> None:
             raw = _plain(stream)
             try:
                 if variant == 1:
-                    got = await _receive_into(raw)
+                    got = await _receive_into(raw, raw_receive)
                 else:
-                    got = await _receive_fpdus(raw, size, payload, place=variant == 3)
+                    got = await _receive_fpdus(raw, size, payload, raw_receive, place=variant == 3)
             finally:
                 raw.detach()
         cpu = time.process_time_ns() - cpu
@@ -131,9 +141,10 @@ async def _recv(sock: socket.socket, room: memoryview) -> int:
             await trio.lowlevel.wait_readable(sock)
 
 
-async def _receive_into(sock: socket.socket) -> int:
-    """Count what arrives, read with ``recv_into`` a preallocated RECEIVE-byte buffer."""
-    view = memoryview(bytearray(RECEIVE))
+async def _receive_into(sock: socket.socket, read: int) -> int:
+    """Count what arrives, read with ``recv_into`` a preallocated RECEIVE-byte buffer, at most
+    ``read`` octets per call."""
+    view = memoryview(bytearray(RECEIVE))[:read]
     got = 0
     while n := await _recv(sock, view):
         got += n
@@ -141,15 +152,18 @@ async def _receive_into(sock: socket.socket) -> int:
     return got
 
 
-async def _receive_fpdus(sock: socket.socket, size: int, payload: int, *, place: bool) -> int:
-    """Receive FPDUs into a RECEIVE-byte buffer, check each CRC in place, place the payload."""
+async def _receive_fpdus(
+    sock: socket.socket, size: int, payload: int, read: int, *, place: bool
+) -> int:
+    """Receive FPDUs into a RECEIVE-byte buffer, at most ``read`` octets per ``recv_into``;
+    check each CRC in place, place the payload."""
     buf = bytearray(RECEIVE)
     view = memoryview(buf)
     target = memoryview(bytearray(size))
     frame = 2 + DDP_TAGGED_HEADER + payload + 8  # the longest FPDU on the wire
     got = start = end = 0
     unpack = _HEAD.unpack_from
-    while n := await _recv(sock, view[end:]):
+    while n := await _recv(sock, view[end : end + read]):
         got += n
         end += n
         pos = start
@@ -238,11 +252,17 @@ async def _send_all(queue: SendQueue, sock: socket.socket, pieces: list[Any]) ->
 
 # --------------------------------------------------------------------------------- main
 def measure(
-    sizes: list[int], seconds: float, repeat: int, emss: int, raw_sizes: list[int] | None = None
+    sizes: list[int],
+    seconds: float,
+    repeat: int,
+    emss: int,
+    raw_sizes: list[int] | None = None,
+    read_size: int = RAW_RECEIVE_SIZE,
 ) -> list[dict[str, Any]]:
     """Each variant at each size, alternated ``repeat`` times; medians per row.  ``raw_sizes``:
-    a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``)."""
-    plan = [(v, i, RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
+    a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``); ``read_size``:
+    octets per ``recv_into`` of the other receivers (``raw`` reads RAW_RECEIVE_SIZE)."""
+    plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
     plan[1:1] = [(f"raw@{_label(n)}", 0, n) for n in raw_sizes or ()]
     payload = mulpdu_for(emss, False) - DDP_TAGGED_HEADER
     payload -= payload % 4
@@ -289,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         const="64K,256K,1M",
         help="also run raw with these receive sizes (default list 64K,256K,1M)",
     )
+    parser.add_argument(
+        "--read-size",
+        metavar="N",
+        default=str(RAW_RECEIVE_SIZE),
+        help="octets per recv_into of raw-into, crc and floor (default 128K, as raw reads)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-': stdout)")
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -307,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("sizes of at least 64 octets, a positive duration and repeat")
     if any(not 1 <= n <= 1 << 30 for n in raw_sizes):
         parser.error("--raw-sizes: receive sizes of 1 octet to 1 GiB")
-    rows = measure(sizes, args.duration, args.repeat, args.emss, raw_sizes)
+    try:
+        read_size = _size(args.read_size)
+    except ValueError:
+        parser.error(f"bad --read-size {args.read_size!r}")
+    if not 1 <= read_size <= RECEIVE:
+        parser.error(f"--read-size: 1 octet to {_label(RECEIVE)} (the receive buffer)")
+    rows = measure(sizes, args.duration, args.repeat, args.emss, raw_sizes, read_size)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(
         f"{'size':>8} {'variant':8} {'MB/s':>8} {'msg/s':>9} {'ratio':>6} "
@@ -321,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             file=out,
         )
     if args.json:
-        text = json.dumps({"emss": args.emss, "rows": rows}, indent=2)
+        text = json.dumps({"emss": args.emss, "read_size": read_size, "rows": rows}, indent=2)
         if args.json == "-":
             print(text)
         else:

@@ -37,3 +37,28 @@ def test_bad_raw_sizes_are_one_usage_error(bad: str) -> None:
     done = _floor("--raw-sizes", bad)
     assert done.returncode == 2
     assert "--raw-sizes" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_read_size_caps_every_recv_into_and_is_recorded() -> None:
+    # An odd cap smaller than an FPDU: each FPDU arrives over many reads, a partial one at
+    # the end of most of them, and the receivers still check every CRC and count every octet.
+    done = _floor("-s", "64K", "-D", "0.3", "--repeat", "1", "--read-size", "1000", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["read_size"] == 1000
+    names = [r["variant"] for r in doc["rows"]]
+    assert names == ["raw", "raw-into", "crc", "floor"]
+    assert all(r["MBps"] > 0 for r in doc["rows"])
+
+
+def test_the_read_size_defaults_to_what_raw_reads() -> None:
+    done = _floor("-s", "64K", "-D", "0.2", "--repeat", "1", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["read_size"] == RAW_RECEIVE_SIZE
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "2M"])
+def test_bad_read_sizes_are_one_usage_error(bad: str) -> None:
+    done = _floor("--read-size", bad)
+    assert done.returncode == 2
+    assert "--read-size" in done.stderr and "Traceback" not in done.stderr
