@@ -1,17 +1,20 @@
 """The driver's receive buffer: parsed in place, grown for a bulk stream (RECEIVE_MAX) and
 small for everything else (round trips, a stream with markers); what crosses a growth is
 placed exactly (MPA-16: a partial FPDU at the end of a read is completed by the next one,
-in the new buffer)."""
+in the new buffer); read in RECEIVE_CHUNK calls, and bytes read before a failing call are
+applied before the failure is reported."""
 
 from __future__ import annotations
 
 import random
+import socket
+from typing import Any
 
 import pytest
 import trio
 
 from stack.rnic import Access, SendFlags, SendWR, WcStatus, WrOpcode
-from stack.transport.driver import RECEIVE_MAX, RECEIVE_SIZE
+from stack.transport.driver import RECEIVE_CHUNK, RECEIVE_MAX, RECEIVE_SIZE, RdmaConnection
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 
@@ -80,3 +83,112 @@ async def test_round_trips_keep_the_small_buffer() -> None:
         for host in (client, server):
             assert host.conn is not None
             assert host.conn.receive_buffer_size == RECEIVE_SIZE
+
+
+class _Recorded:
+    """The driver's socket, with each ``recv_into`` recorded; ``hold`` makes the calls find
+    nothing (the bytes wait in the kernel), ``fail_after`` fails the call after that many
+    more calls that read bytes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.asked: list[int] = []
+        self.hold = False
+        self.fail_after: int | None = None
+
+    def recv_into(self, buf: Any) -> int:
+        if self.hold:
+            raise BlockingIOError
+        if self.fail_after is not None:
+            if self.fail_after == 0:
+                raise ConnectionResetError("reset by the test")
+        self.asked.append(len(buf))
+        n = self.sock.recv_into(buf)
+        if self.fail_after is not None and n:
+            self.fail_after -= 1
+        return n
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+async def _record(client: Any, server: Any) -> _Recorded:
+    """Record the server's socket calls from its next read on (a round trip first: the
+    driver takes its socket when it starts; one after: the read under way when the socket
+    was swapped used the old one)."""
+    await _round_trip(client, server)
+    conn: RdmaConnection = server.conn
+    recorded = _Recorded(conn._sock)  # type: ignore[arg-type]
+    conn._sock = recorded  # type: ignore[assignment]
+    await _round_trip(client, server)
+    return recorded
+
+
+async def _round_trip(client: Any, server: Any) -> None:
+    """One 8-byte Read: the server's reader has read once more (with the recorded socket)."""
+    source = server.mr(8, Access.LOCAL_WRITE | Access.REMOTE_READ)
+    sink = client.mr(8)
+    client.qp.post_send(
+        SendWR(7, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
+               remote_addr=source.base)
+    )  # fmt: skip
+    with trio.fail_after(10):
+        assert (await client.cq.next()).status is WcStatus.SUCCESS
+
+
+async def test_a_read_is_made_of_chunked_calls_and_still_fills_the_buffer() -> None:
+    """No ``recv_into`` asks for more than RECEIVE_CHUNK, yet the buffer grows to
+    RECEIVE_MAX (a read filled 256 KiB and more: several calls joined, parsed as one)."""
+    async with tcp_pair() as (client, server):
+        assert server.conn is not None
+        recorded = await _record(client, server)
+        size = 4 * 1024 * 1024
+        remote = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+        target = server.mr(size, remote)
+        rng = random.Random(3)
+        src = client.mr(rng.randbytes(size))
+        for _ in range(24):
+            client.qp.post_send(
+                SendWR(1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey,
+                       remote_addr=target.base)
+            )  # fmt: skip
+            with trio.fail_after(30):
+                assert (await client.cq.next()).status is WcStatus.SUCCESS
+            await _round_trip(client, server)  # the Writes are placed before its response
+            if server.conn.receive_buffer_size == RECEIVE_MAX:
+                break
+        assert bytes(target.buf) == bytes(src.buf)
+        assert recorded.asked and max(recorded.asked) <= RECEIVE_CHUNK < RECEIVE_SIZE
+        assert server.conn.receive_buffer_size == RECEIVE_MAX
+
+
+async def test_bytes_read_before_a_failing_call_are_applied_first() -> None:
+    async with tcp_pair() as (client, server):
+        assert server.conn is not None
+        recorded = await _record(client, server)
+        size = 1024 * 1024
+        target = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        src = client.mr(random.Random(5).randbytes(size))
+        recorded.hold = True  # the Write waits in the kernel, more than one chunk of it
+        client.qp.post_send(
+            SendWR(1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey,
+                   remote_addr=target.base)
+        )  # fmt: skip
+        with trio.fail_after(10):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        await trio.sleep(0.2)
+        assert bytes(target.buf) == bytes(size)  # nothing read yet
+        recorded.asked.clear()
+        recorded.fail_after = 1
+        recorded.hold = False
+        with trio.fail_after(10):
+            while server.conn.error is None:
+                await trio.sleep(0.01)
+        assert isinstance(server.conn.error, ConnectionResetError)
+        assert recorded.asked[0] == RECEIVE_CHUNK  # one full call, then the failing one
+        # The FPDUs of that first chunk were placed before the failure ended the stream.
+        half = RECEIVE_CHUNK // 2
+        assert bytes(target.buf[:half]) == bytes(src.buf[:half])
