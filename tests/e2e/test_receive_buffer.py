@@ -127,16 +127,19 @@ async def _record(client: Any, server: Any) -> _Recorded:
     return recorded
 
 
+async def _one(client: Any, opcode: WrOpcode, local: Any, remote: Any) -> None:
+    """Post one RDMA Write or Read of all of ``local`` to ``remote`` and await its success."""
+    client.qp.post_send(
+        SendWR(7, opcode, (client.sge(local),), rkey=remote.rkey, remote_addr=remote.base)
+    )
+    with trio.fail_after(30):
+        assert (await client.cq.next()).status is WcStatus.SUCCESS
+
+
 async def _round_trip(client: Any, server: Any) -> None:
     """One 8-byte Read: the server's reader has read once more (with the recorded socket)."""
     source = server.mr(8, Access.LOCAL_WRITE | Access.REMOTE_READ)
-    sink = client.mr(8)
-    client.qp.post_send(
-        SendWR(7, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
-               remote_addr=source.base)
-    )  # fmt: skip
-    with trio.fail_after(10):
-        assert (await client.cq.next()).status is WcStatus.SUCCESS
+    await _one(client, WrOpcode.RDMA_READ, client.mr(8), source)
 
 
 async def test_a_read_is_made_of_chunked_calls_and_still_fills_the_buffer() -> None:
@@ -151,12 +154,7 @@ async def test_a_read_is_made_of_chunked_calls_and_still_fills_the_buffer() -> N
         rng = random.Random(3)
         src = client.mr(rng.randbytes(size))
         for _ in range(24):
-            client.qp.post_send(
-                SendWR(1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey,
-                       remote_addr=target.base)
-            )  # fmt: skip
-            with trio.fail_after(30):
-                assert (await client.cq.next()).status is WcStatus.SUCCESS
+            await _one(client, WrOpcode.RDMA_WRITE, src, target)
             await _round_trip(client, server)  # the Writes are placed before its response
             if server.conn.receive_buffer_size == RECEIVE_MAX:
                 break
@@ -173,12 +171,7 @@ async def test_bytes_read_before_a_failing_call_are_applied_first() -> None:
         target = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         src = client.mr(random.Random(5).randbytes(size))
         recorded.hold = True  # the Write waits in the kernel, more than one chunk of it
-        client.qp.post_send(
-            SendWR(1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey,
-                   remote_addr=target.base)
-        )  # fmt: skip
-        with trio.fail_after(10):
-            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        await _one(client, WrOpcode.RDMA_WRITE, src, target)  # sent: the sender completes it
         await trio.sleep(0.2)
         assert bytes(target.buf) == bytes(size)  # nothing read yet
         recorded.asked.clear()
