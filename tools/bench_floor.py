@@ -14,9 +14,9 @@ turn, alternated ``--repeat`` times:
            --baseline``'s exchange)
 ``raw@N``  ``raw`` with ``receive_some(N)``, for each N of ``--raw-sizes`` (the sweep that
            chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
-``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated 1 MiB
-           buffer (no new bytes object per read, as the stack's driver reads once its
-           buffer has grown), at most ``--read-size`` octets per call
+``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated buffer of
+           ``--read-size`` octets (no new bytes object per read, as the stack's driver
+           reads)
 ``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
            is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
            (header, a view of the source buffer, CRC) up to 1 MiB per call, as the stack's
@@ -36,7 +36,8 @@ of the same repeat (median over repeats), CPU per message at each end (µs).  ``
 the rows as one JSON document (``-``: standard output).  Speed is reported, never asserted.
 
 ``--read-size`` (default RAW_RECEIVE_SIZE, 128 KiB, what ``raw`` reads per ``receive_some``)
-caps each ``recv_into`` of the 1 MiB buffer.  Measured on loopback (2 cores, 1 MiB messages,
+caps each ``recv_into`` (the 1 MiB buffer of ``crc`` and ``floor``; ``raw-into``'s buffer is
+that size).  Measured on loopback (2 cores, 1 MiB messages,
 2026-12-03): with 1 MiB per call ``raw-into`` reached 0.55-0.65 of ``raw``, ``crc`` 0.48-0.53
 and ``floor`` 0.46-0.55; with 128 KiB per call 0.86-0.92, 0.82-0.92 and 0.60-0.68.  The
 bigger read does not cost the receiver more CPU but the *sender* (its ``sendmsg``, which on
@@ -142,9 +143,8 @@ async def _recv(sock: socket.socket, room: memoryview) -> int:
 
 
 async def _receive_into(sock: socket.socket, read: int) -> int:
-    """Count what arrives, read with ``recv_into`` a preallocated RECEIVE-byte buffer, at most
-    ``read`` octets per call."""
-    view = memoryview(bytearray(RECEIVE))[:read]
+    """Count what arrives, read with ``recv_into`` a preallocated buffer of ``read`` octets."""
+    view = memoryview(bytearray(read))
     got = 0
     while n := await _recv(sock, view):
         got += n

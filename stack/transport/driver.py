@@ -316,10 +316,9 @@ class RdmaConnection:
                 self._rx_failed = exc  # the bytes before it are applied first
                 break
             if not n:  # FIN: a partial FPDU left can never complete
-                if got:  # the bytes before it first (recv_into returns 0 again next time)
-                    self._rx_empty = True
-                    break
                 self._rx_empty = True
+                if got:  # the bytes before it first (recv_into returns 0 again next time)
+                    break
                 self._rx_refed = 0
                 return b""
             got += n

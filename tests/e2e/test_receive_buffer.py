@@ -99,9 +99,8 @@ class _Recorded:
     def recv_into(self, buf: Any) -> int:
         if self.hold:
             raise BlockingIOError
-        if self.fail_after is not None:
-            if self.fail_after == 0:
-                raise ConnectionResetError("reset by the test")
+        if self.fail_after == 0:
+            raise ConnectionResetError("reset by the test")
         self.asked.append(len(buf))
         n = self.sock.recv_into(buf)
         if self.fail_after is not None and n:
