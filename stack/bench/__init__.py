@@ -43,7 +43,9 @@ from stack.bench.results import (
     CpuCost,
     IdleResult,
     LatResult,
+    Repeats,
     latency_stats,
+    median_run,
     peak_rate,
 )
 from stack.bench.run import (
@@ -79,6 +81,7 @@ __all__ = [
     "IdleResult",
     "LatResult",
     "Progress",
+    "Repeats",
     "SessionSpec",
     "bw_header",
     "format_bw",
@@ -89,6 +92,7 @@ __all__ = [
     "latency_stats",
     "measure_bw",
     "measure_lat",
+    "median_run",
     "mpa_settings",
     "parse_size",
     "peak_rate",

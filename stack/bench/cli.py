@@ -26,6 +26,7 @@ from stack.bench.options import (
     DEFAULT_IDLE_QPS,
     DEFAULT_PORT,
     DEFAULT_TX_DEPTH,
+    MAX_REPEAT,
     TESTS,
     BenchError,
     BenchOptions,
@@ -65,6 +66,13 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _repeat_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_REPEAT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
     return value
 
 
@@ -110,7 +118,7 @@ def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: 
         "--mtu",
         type=_emss,
         metavar="EMSS",
-        help="EMSS the MULPDU is derived from (default: the stack's, 1448)",
+        help="EMSS the MULPDU is derived from (default: the socket's MSS, followed as it grows)",
     )
 
 
@@ -183,6 +191,16 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--cpu",
         action="store_true",
         help="also print the CPU time per message of client and server (perftest --cpu_util)",
+    )
+    parser.add_argument(
+        "-r",
+        "--repeat",
+        type=_repeat_count,
+        default=1,
+        metavar="N",
+        help="measure each size N times (each run iWARP, then its --baseline) and print the "
+        "run with the median ratio (median figure without --baseline), with how many runs and "
+        f"the range they spanned (default 1, at most {MAX_REPEAT})",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -275,6 +293,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         host=host,
         port=port,
         progress=not args.quiet,
+        repeat=args.repeat,
     )
 
 

@@ -5,6 +5,7 @@ Units are in the key names: ``mib_per_s`` (2^20 B/s, perftest's MB/sec), ``gbit_
 the median), ``us_per_msg`` (CPU time).  ``ratio`` is iWARP over the run's own baseline,
 named in ``baseline`` (bandwidth: above 1 is better; latency: below 1 is better);
 ``ratio_blocking`` is iWARP over the blocking-socket baseline, figures under ``blocking``.
+With ``--repeat`` a row is the run with the median ratio and ``repeats`` lists every run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from stack.bench.codec import CodecResult
 from stack.bench.options import BenchOptions
 from stack.bench.report import TEST_NAMES, TRANSPORT, baseline_shape
-from stack.bench.results import MB, BwResult, CpuCost, IdleResult, LatResult
+from stack.bench.results import MB, BwResult, CpuCost, IdleResult, LatResult, Repeats
 from stack.bench.run import BenchRecord
 from stack.cli.json_report import schema
 
@@ -30,6 +31,17 @@ def _cpu(prefix: str, cost: CpuCost | None) -> dict[str, float | None]:
         f"{prefix}server_us_per_msg": cost.server,
         f"{prefix}shared_process": cost.server is None,
     }
+
+
+def _repeats(runs: Repeats | None, figure_key: str) -> dict[str, Any]:
+    """``--repeat``: every run of the row's size, in run order (the row is the median)."""
+    if runs is None:
+        return {}
+    doc: dict[str, Any] = {"runs": runs.runs, "figure": figure_key, "values": list(runs.values)}
+    if runs.ratios:
+        doc["ratios"] = list(runs.ratios)
+        doc["ratio_min"], doc["ratio_max"] = runs.ratio_range or (None, None)
+    return {"repeats": doc}
 
 
 def gbit_per_s(mib_per_s: float) -> float:
@@ -55,6 +67,7 @@ def bw_row(r: BwResult) -> dict[str, Any]:
     if r.blocking_bw is not None:
         row["blocking"] = _baseline_bw(r.blocking_bw, r.size)
         row["ratio_blocking"] = r.ratio_blocking
+    row.update(_repeats(r.repeats, "bw_average_mib_per_s"))
     return row
 
 
@@ -87,6 +100,7 @@ def lat_row(r: LatResult) -> dict[str, Any]:
     if r.blocking_typical is not None:
         row["blocking"] = {"us_p50": r.blocking_typical}
         row["ratio_blocking"] = r.ratio_blocking
+    row.update(_repeats(r.repeats, "us_p50"))
     return row
 
 
@@ -134,6 +148,7 @@ def rdma_document(
             "mode": opts.mode,
             "baseline": opts.baseline,
             "cpu": opts.cpu,
+            "repeat": opts.repeat,
         },
         "connection": connection,
         "baseline": baseline,

@@ -31,6 +31,8 @@ BW_BYTES_PER_SIZE = 1 << 28
 """Without ``-n``, a bandwidth run moves at most about this much per size."""
 LAT_BYTES_PER_SIZE = 1 << 26
 MIN_DEFAULT_ITERS = 16
+MAX_REPEAT = 100
+"""Most runs per size ``--repeat`` takes."""
 WARMUP_ITERS = 16
 """Latency round trips run before recording (both iWARP and raw)."""
 DEFAULT_IDLE_QPS = 1000
@@ -77,6 +79,8 @@ class BenchOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     progress: bool = True
+    repeat: int = 1
+    """``--repeat``: runs per size, each iWARP then its baselines (:func:`median_run`)."""
 
     def iterations_for(self, size: int) -> int:
         """Iterations for ``size`` (perftest's defaults, fewer for big messages)."""

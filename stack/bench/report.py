@@ -25,6 +25,9 @@ LAT_HEADER = (
 BW_BASELINE_HEADER = "  raw TCP[MB/sec]   ratio   blocking[MB/sec]   ratio_blk"
 LAT_BASELINE_HEADER = "  raw t_typical[usec]   ratio   blocking t_typical[usec]   ratio_blk"
 CPU_HEADER = "   CPU cli/srv[usec/msg]"
+REPEAT_HEADER = "   runs   ratio min-max"
+REPEAT_BW_HEADER = "   runs   BW min-max[MB/sec]"
+REPEAT_LAT_HEADER = "   runs   t_typical min-max[usec]"
 RAW_CPU_HEADER = "   raw CPU cli/srv[usec/msg]"
 BW_COLUMNS = ("#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
 LAT_COLUMNS = (
@@ -74,14 +77,46 @@ def _extra_header(baseline: bool, cpu: bool) -> str:
     return (CPU_HEADER if cpu else "") + (RAW_CPU_HEADER if cpu and baseline else "")
 
 
-def bw_header(baseline: bool, cpu: bool = False) -> str:
+def _repeat_header(baseline: bool, repeat: int, figure_header: str) -> str:
+    if repeat <= 1:
+        return ""
+    return REPEAT_HEADER if baseline else figure_header
+
+
+def bw_header(baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """The bandwidth table's column line (perftest's ``*_bw``, then the extra columns)."""
-    return BW_HEADER + (BW_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
+    return (
+        BW_HEADER
+        + (BW_BASELINE_HEADER if baseline else "")
+        + _extra_header(baseline, cpu)
+        + _repeat_header(baseline, repeat, REPEAT_BW_HEADER)
+    )
 
 
-def lat_header(baseline: bool, cpu: bool = False) -> str:
+def lat_header(baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """The latency table's column line (perftest's ``*_lat``, then the extra columns)."""
-    return LAT_HEADER + (LAT_BASELINE_HEADER if baseline else "") + _extra_header(baseline, cpu)
+    return (
+        LAT_HEADER
+        + (LAT_BASELINE_HEADER if baseline else "")
+        + _extra_header(baseline, cpu)
+        + _repeat_header(baseline, repeat, REPEAT_LAT_HEADER)
+    )
+
+
+def _repeat_columns(
+    result: BwResult | LatResult, baseline: bool, repeat: int, figure_name: str
+) -> tuple[list[str], list[str]]:
+    """``--repeat``: how many runs the row was chosen from and the range they spanned."""
+    if repeat <= 1:
+        return [], []
+    runs = result.repeats
+    count = str(runs.runs) if runs is not None else "1"
+    if baseline:
+        span = runs.ratio_range if runs is not None else None
+        text = f"{span[0]:.2f}-{span[1]:.2f}" if span is not None else "-"
+        return ["runs", "ratio min-max"], [count, text]
+    low, high = runs.value_range if runs is not None else (result.figure, result.figure)
+    return ["runs", figure_name], [count, f"{low:.2f}-{high:.2f}"]
 
 
 def _cpu_columns(
@@ -96,7 +131,7 @@ def _cpu_columns(
     return names, values
 
 
-def format_bw(result: BwResult, baseline: bool, cpu: bool = False) -> str:
+def format_bw(result: BwResult, baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """One bandwidth row under :func:`bw_header`."""
     values = [
         str(result.size),
@@ -115,10 +150,15 @@ def format_bw(result: BwResult, baseline: bool, cpu: bool = False) -> str:
             f"{result.ratio_blocking or 0:.2f}",
         ]
     cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
-    return _row(bw_header(baseline, cpu), names + cpu_names, values + cpu_values)
+    rep_names, rep_values = _repeat_columns(result, baseline, repeat, "BW min-max[MB/sec]")
+    return _row(
+        bw_header(baseline, cpu, repeat),
+        names + cpu_names + rep_names,
+        values + cpu_values + rep_values,
+    )
 
 
-def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
+def format_lat(result: LatResult, baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """One latency row under :func:`lat_header`."""
     values = [str(result.size), str(result.iterations)] + [
         f"{v:.2f}"
@@ -142,7 +182,13 @@ def format_lat(result: LatResult, baseline: bool, cpu: bool = False) -> str:
             f"{result.ratio_blocking or 0:.2f}",
         ]
     cpu_names, cpu_values = _cpu_columns(result, baseline, cpu)
-    return _row(lat_header(baseline, cpu), names + cpu_names, values + cpu_values)
+    figure = "t_typical min-max[usec]"
+    rep_names, rep_values = _repeat_columns(result, baseline, repeat, figure)
+    return _row(
+        lat_header(baseline, cpu, repeat),
+        names + cpu_names + rep_names,
+        values + cpu_values + rep_values,
+    )
 
 
 def header_block(
@@ -186,6 +232,7 @@ def header_block(
         one("Data ex. method", "MPA private data"),
         one("Server", layout),
         *baseline_lines(opts),
+        *repeat_lines(opts),
         RESULT_LINE,
     ]
 
@@ -222,6 +269,18 @@ def baseline_lines(opts: BenchOptions) -> list[str]:
         f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)}{_receive_note(opts)})",
         f" {'ratio_blk':<16}: iWARP / blocking sockets (sendall/recv_into, both ends)",
     ]
+
+
+def repeat_lines(opts: BenchOptions) -> list[str]:
+    """The opening block's line that says how ``--repeat`` chose each row."""
+    if opts.repeat <= 1:
+        return []
+    if opts.baseline:
+        how = "iWARP then its baselines each time; the row is the run with the median ratio"
+    else:
+        figure = "t_typical" if opts.latency else "BW average"
+        how = f"the row is the run with the median {figure}"
+    return [f" {'Repeats':<16}: {opts.repeat} runs per size, {how}"]
 
 
 def format_idle(r: IdleResult, layout: str) -> list[str]:

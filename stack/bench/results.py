@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stack.bench.options import BenchError
 
@@ -35,6 +35,28 @@ class CpuCost:
 
 
 @dataclass(frozen=True, slots=True)
+class Repeats:
+    """Every run of one size under ``--repeat``, in run order: iWARP's figure of each run
+    (``values``: MB/s, or the median latency in µs) and, with a baseline, each run's ratio
+    against the baseline measured right after it (``ratios``)."""
+
+    values: tuple[float, ...]
+    ratios: tuple[float, ...] = ()
+
+    @property
+    def runs(self) -> int:
+        return len(self.values)
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return min(self.values), max(self.values)
+
+    @property
+    def ratio_range(self) -> tuple[float, float] | None:
+        return (min(self.ratios), max(self.ratios)) if self.ratios else None
+
+
+@dataclass(frozen=True, slots=True)
 class BwResult:
     """One bandwidth row: MB/s (2^20 B/s), Mpps; raw_bw is the baseline's average.
 
@@ -52,6 +74,13 @@ class BwResult:
     raw_cpu: CpuCost | None = None
     blocking_bw: float | None = None
     """The blocking-socket baseline's MB/s (:mod:`stack.bench.blocking`)."""
+    repeats: Repeats | None = None
+    """``--repeat``: every run of this size (this row is the median one, :func:`median_run`)."""
+
+    @property
+    def figure(self) -> float:
+        """The figure runs of a size are ranked by when there is no baseline (MB/s)."""
+        return self.bw_average
 
     @property
     def ratio(self) -> float | None:
@@ -80,6 +109,13 @@ class LatResult:
     raw_cpu: CpuCost | None = None
     blocking_typical: float | None = None
     """The blocking-socket baseline's median (:mod:`stack.bench.blocking`)."""
+    repeats: Repeats | None = None
+    """``--repeat``: every run of this size (this row is the median one, :func:`median_run`)."""
+
+    @property
+    def figure(self) -> float:
+        """The figure runs of a size are ranked by when there is no baseline (µs)."""
+        return self.t_typical
 
     @property
     def ratio(self) -> float | None:
@@ -108,6 +144,33 @@ class IdleResult:
     @property
     def client_per_qp(self) -> float:
         return (self.client_after - self.client_before) / self.qps
+
+
+def median_run(runs: Sequence[BwResult | LatResult]) -> BwResult | LatResult:
+    """The row to report for one size measured ``len(runs)`` times (``--repeat``).
+
+    On a shared machine a single run's ratio moves with the minute it ran in; each run
+    here is iWARP followed at once by its baselines, so each run's ratio is a fair pair.
+    The row is the run with the median ratio (with no baseline: the median figure), the
+    lower of the two middle runs for an even count, so every figure in it (bandwidth,
+    baselines, CPU) comes from one run; ``repeats`` keeps all of them in run order.
+    """
+    if not runs:
+        raise BenchError("no runs to report")
+    ratios = [r.ratio for r in runs]
+    have_ratios = all(ratio is not None for ratio in ratios)
+
+    def key(i: int) -> float:
+        ratio = ratios[i]
+        return ratio if have_ratios and ratio is not None else runs[i].figure
+
+    order = sorted(range(len(runs)), key=key)
+    chosen = runs[order[(len(runs) - 1) // 2]]
+    repeats = Repeats(
+        tuple(r.figure for r in runs),
+        tuple(ratio for ratio in ratios if ratio is not None) if have_ratios else (),
+    )
+    return replace(chosen, repeats=repeats)
 
 
 def latency_stats(size: int, seconds: Sequence[float]) -> LatResult:

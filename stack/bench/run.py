@@ -27,7 +27,7 @@ import trio
 import stack
 from stack.bench.baseline import raw_bandwidth, raw_latency, raw_receive_sizes
 from stack.bench.blocking import blocking_bandwidth, blocking_latency
-from stack.bench.client import Client, measure_bw, measure_lat
+from stack.bench.client import Client, ClientQp, measure_bw, measure_lat
 from stack.bench.options import WARMUP_ITERS, BenchError, BenchOptions, mpa_settings
 from stack.bench.process import rss_bytes
 from stack.bench.progress import Progress
@@ -41,7 +41,7 @@ from stack.bench.report import (
     header_block,
     lat_header,
 )
-from stack.bench.results import BwResult, CpuCost, IdleResult, LatResult
+from stack.bench.results import BwResult, CpuCost, IdleResult, LatResult, median_run
 from stack.bench.server import BenchServer
 from stack.cli.capture import capturing_manager
 from stack.rnic import Rnic
@@ -147,53 +147,76 @@ async def run_benchmark(
             tx_depth = 1 if opts.latency else opts.tx_depth
             printed = shared = False
             for size in opts.sizes:
-                spec = SessionSpec(
-                    opts.test,
-                    size,
-                    opts.latency,
-                    opts.rx_depth_for(size) if opts.test == "send" and not opts.latency else 0,
-                )
-                qps = await client.connect_many(
-                    spec, opts.mpa_settings, opts.num_qps, tx_depth=tx_depth, ord=opts.ord
-                )
-                if not printed:
-                    neg = qps[0].conn.negotiated
-                    assert neg is not None
-                    record.negotiated = neg
-                    emss = qps[0].conn.engine.settings.emss
-                    lines = header_block(opts, neg, layout, emss)
-                    header = lat_header if opts.latency else bw_header
-                    lines.append(header(opts.baseline, opts.cpu))
-                    out.write("\n".join(lines) + "\n")
-                    out.flush()
-                    printed = True
-                    if opts.cpu:
-                        shared = (await client.server_stats())["pid"] == os.getpid()
-                try:
-                    result: BwResult | LatResult
-                    meter = CpuMeter(client, shared) if opts.cpu else None
-                    if meter:
-                        await meter.start()
-                    if opts.latency:
-                        result = await measure_lat(qps[0], opts, size, progress)
-                    else:
-                        result = await measure_bw(qps, opts, size, progress)
-                    if meter:
-                        result = replace(result, cpu=await meter.stop(_messages(result)))
-                finally:
-                    await client.close(qps)
-                if opts.baseline:
-                    result = await _raw_baseline(result, host, client, opts, shared)
-                    result = await _blocking_baseline(result, host, client, opts)
+                runs: list[BwResult | LatResult] = []
+                for run in range(opts.repeat):
+                    qps = await client.connect_many(
+                        _session_spec(opts, size),
+                        opts.mpa_settings,
+                        opts.num_qps,
+                        tx_depth=tx_depth,
+                        ord=opts.ord,
+                    )
+                    if not printed:
+                        neg = qps[0].conn.negotiated
+                        assert neg is not None
+                        record.negotiated = neg
+                        emss = qps[0].conn.engine.settings.emss
+                        lines = header_block(opts, neg, layout, emss)
+                        header = lat_header if opts.latency else bw_header
+                        lines.append(header(opts.baseline, opts.cpu, opts.repeat))
+                        out.write("\n".join(lines) + "\n")
+                        out.flush()
+                        printed = True
+                        if opts.cpu:
+                            shared = (await client.server_stats())["pid"] == os.getpid()
+                    if opts.repeat > 1:
+                        progress.note(f"{opts.test} {size} B: run {run + 1} of {opts.repeat}")
+                    runs.append(await _one_run(qps, host, client, opts, size, shared, progress))
+                result = runs[0] if opts.repeat == 1 else median_run(runs)
                 results.append(result)
                 if isinstance(result, LatResult):
-                    out.write(format_lat(result, opts.baseline, opts.cpu) + "\n")
+                    out.write(format_lat(result, opts.baseline, opts.cpu, opts.repeat) + "\n")
                 else:
-                    out.write(format_bw(result, opts.baseline, opts.cpu) + "\n")
+                    out.write(format_bw(result, opts.baseline, opts.cpu, opts.repeat) + "\n")
                 out.flush()
             out.write(RESULT_LINE + "\n")
             out.flush()
     return results
+
+
+def _session_spec(opts: BenchOptions, size: int) -> SessionSpec:
+    """What the server is asked for one run of ``size`` (Send: the receives it keeps)."""
+    send_bw = opts.test == "send" and not opts.latency
+    return SessionSpec(opts.test, size, opts.latency, opts.rx_depth_for(size) if send_bw else 0)
+
+
+async def _one_run(
+    qps: list[ClientQp],
+    host: str,
+    client: Client,
+    opts: BenchOptions,
+    size: int,
+    shared: bool,
+    progress: Progress,
+) -> BwResult | LatResult:
+    """One run of ``size`` on the connected ``qps`` (closed after it), then its baselines."""
+    try:
+        result: BwResult | LatResult
+        meter = CpuMeter(client, shared) if opts.cpu else None
+        if meter:
+            await meter.start()
+        if opts.latency:
+            result = await measure_lat(qps[0], opts, size, progress)
+        else:
+            result = await measure_bw(qps, opts, size, progress)
+        if meter:
+            result = replace(result, cpu=await meter.stop(_messages(result)))
+    finally:
+        await client.close(qps)
+    if opts.baseline:
+        result = await _raw_baseline(result, host, client, opts, shared)
+        result = await _blocking_baseline(result, host, client, opts)
+    return result
 
 
 async def _raw_baseline(
