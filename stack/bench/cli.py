@@ -30,6 +30,7 @@ from stack.bench.options import (
     TESTS,
     BenchError,
     BenchOptions,
+    default_cq_mod,
     parse_size,
 )
 from stack.bench.plot import MISSING_MATPLOTLIB, check_plot_path, have_matplotlib, save_plot
@@ -158,7 +159,8 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         "--cq-mod",
         type=_positive_int,
         metavar="N",
-        help=f"signal every Nth WR (default {DEFAULT_CQ_MOD}, at most the tx depth)",
+        help=f"signal every Nth WR (default {DEFAULT_CQ_MOD}, at most half the tx depth: "
+        "64 at the default 128; given, at most the tx depth)",
     )
     parser.add_argument(
         "-t",
@@ -263,7 +265,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         raise CliError(f"--post-list {args.post_list} exceeds the tx depth {tx_depth}")
     if args.cq_mod is not None and args.cq_mod > tx_depth:
         raise CliError(f"--cq-mod {args.cq_mod} exceeds the tx depth {tx_depth}")
-    cq_mod = args.cq_mod if args.cq_mod is not None else min(DEFAULT_CQ_MOD, tx_depth)
+    cq_mod = args.cq_mod if args.cq_mod is not None else default_cq_mod(tx_depth)
     if args.rx_depth is not None and test != "send":
         raise CliError("--rx-depth applies to the send test")
     if args.connect is not None:

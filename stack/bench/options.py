@@ -26,6 +26,20 @@ ATOMIC_SIZE = 8
 DEFAULT_TX_DEPTH = 128
 DEFAULT_CQ_MOD = 100
 DEFAULT_BW_ITERS = 5000
+
+
+def default_cq_mod(tx_depth: int) -> int:
+    """``--cq-mod`` when not given: perftest's 100, but at most half the tx depth.
+
+    The client refills its window when a signalled WR completes; with perftest's 100 of
+    128 it refills in bursts of 100 while only 28 WRs are left in flight, and pipelined
+    Reads drain between bursts (hardware polls fast enough to hide it, a software stack
+    does not).  Measured on loopback (medians of 3 to 5 runs): 64 KiB Reads went from
+    1.28-1.42 to 1.78-1.91 GB/s with 64 of 128, 0.38x to 0.52x the raw baseline; Writes,
+    Sends and 1 MiB Reads did not change."""
+    return max(1, min(DEFAULT_CQ_MOD, tx_depth // 2))
+
+
 DEFAULT_LAT_ITERS = 1000
 BW_BYTES_PER_SIZE = 1 << 28
 """Without ``-n``, a bandwidth run moves at most about this much per size."""
@@ -64,7 +78,7 @@ class BenchOptions:
     duration: float | None = None
     num_qps: int = 1
     post_list: int = 1
-    cq_mod: int = DEFAULT_CQ_MOD
+    cq_mod: int = default_cq_mod(DEFAULT_TX_DEPTH)
     tx_depth: int = DEFAULT_TX_DEPTH
     rx_depth: int | None = None
     crc: bool = True

@@ -105,7 +105,8 @@ def test_write_bw_in_process_prints_perftest_table_and_baseline_ratio(
     assert "Transport type : iWARP (userspace, TCP)" in out
     assert header_value(out, "CRC") == "ON"
     assert header_value(out, "TX depth") == "128"
-    assert header_value(out, "CQ Moderation") == "100"
+    # perftest's 100, capped at half the tx depth (stack.bench.options.default_cq_mod)
+    assert header_value(out, "CQ Moderation") == "64"
     # No --mtu: the EMSS is the connected socket's MSS, and the MULPDU follows it (MPA-13).
     mtu = re.fullmatch(
         r"(\d+)\[B\] at connect \(EMSS: the socket's MSS, followed\), MULPDU (\d+)\[B\]",
@@ -180,6 +181,19 @@ def test_post_lists_cq_moderation_and_several_qps(capsys: pytest.CaptureFixture[
     [row] = table_rows(out, BW_HEADER)
     assert row[:2] == [64, 50]  # per QP, as perftest prints it
     assert row[-1] > 0
+
+
+@pytest.mark.parametrize(
+    ("tx_depth", "expected"), [(128, 64), (512, 100), (201, 100), (8, 4), (3, 1), (1, 1)]
+)
+def test_the_default_cq_moderation_is_perftests_at_most_half_the_window(
+    capsys: pytest.CaptureFixture[str], tx_depth: int, expected: int
+) -> None:
+    code = main(["bench", "write", "-s", "64", "-n", "8", "-t", str(tx_depth), "--in-process"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [line] = [line for line in out.splitlines() if line.startswith(" CQ Moderation")]
+    assert line.split(":")[1].strip() == str(expected)
 
 
 def test_duration_mode_counts_what_it_did(capsys: pytest.CaptureFixture[str]) -> None:
