@@ -76,14 +76,18 @@ class QpEndpoint:
         self.engine.send_placer = self.qp.place_send if on else None
         self.engine.mpa.borrow_views = on
 
-    def feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+    def feed(self, data: bytes | bytearray | memoryview | None, budget: int = 0) -> bool:
         """Feed received bytes (None: drain pending events only; b"": FIN).
 
         With :attr:`bulk`, a memoryview is parsed in place, not copied: keep it unchanged
-        while :attr:`stalled` (the events that wait view it); it may be reused once this
-        returns otherwise.  Returns False once nothing more will be read (FIN, Terminate,
-        error).
+        while :attr:`stalled` or :attr:`events_pending` (the events that wait view it); it
+        may be reused once this returns otherwise.  ``budget`` (0: none) is the most
+        events applied in this call: the rest wait, :attr:`events_pending` is set, and the
+        caller sends what they produced before feeding None for more (see
+        :data:`~stack.transport.driver.FEED_BUDGET`).  Returns False once nothing more will
+        be read (FIN, Terminate, error).
         """
+        self.events_pending = False
         if self.reading_done:
             return False
         engine = self.engine
@@ -98,7 +102,9 @@ class QpEndpoint:
             next_event = engine.next_event
             handle = self.qp.handle_event
             must_wait = self.qp.must_wait
-            while True:
+            left = budget or -1
+            while left:
+                left -= 1
                 event = next_event()
                 # The bulk of the stream first: data segments, one type test (same path as
                 # the RDMAP_EVENT_TYPES branch below).
@@ -136,6 +142,8 @@ class QpEndpoint:
                         self.stalled = event
                         return True
                     self.qp.handle_event(event)
+            else:
+                self.events_pending = True  # the budget ran out (events may be left)
         except ProtocolError as exc:
             self.fail(exc)
             return self._stop()

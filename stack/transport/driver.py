@@ -3,10 +3,11 @@
 Theory of operation (the shape of trio's ``SSLStream``: an engine, one pump per direction).
 
 * The *reader* task receives bytes (from the socket itself when there is one), feeds the
-  engine, and applies every RDMAP event to the QP. A :class:`ProtocolError` (from the
-  engine's DDP/RDMAP validation or the QP's protection checks) makes the connection send a
-  Terminate with the offending ULPDU's headers (RFC 5040 §7.1), move the QP to TERMINATE and
-  close gracefully (RDMAP-15).
+  engine, and applies every RDMAP event to the QP, :data:`FEED_BUDGET` events at a time
+  with what they produced sent after each (the peer gets its first answers early).  A
+  :class:`ProtocolError` (from the engine's DDP/RDMAP validation or the QP's protection
+  checks) makes the connection send a Terminate with the offending ULPDU's headers (RFC
+  5040 §7.1), move the QP to TERMINATE and close gracefully (RDMAP-15).
 * Sends go out from the task that produced them when they can (fewer wake-ups per round
   trip): the reader after feeding a segment (Read Responses, atomic responses, in the pass
   that parsed their requests), and :meth:`QueuePair.post_send` (one WR, or a post list: one
@@ -68,6 +69,15 @@ That is when the whole-room read is slow; in the minutes when it was not (1 MiB 
 3.3-3.5 GB/s) the two were equal: chunked reads stayed at 3.2-3.35 in every run.
 Capping the read itself (one ``recv_into`` of 128 KiB per read) did not help: the stack's
 receiver pays a fixed cost per read."""
+
+FEED_BUDGET = 64
+"""Most events (Read and atomic Requests, mostly) the reader applies before it sends what
+they produced: a read holding many requests gets its first answers out while the rest are
+applied, so the peer works on them meanwhile.  Without it a pipeline of small requests
+settled into one batch bouncing between the two ends, each idle while the other worked:
+64 B Reads 128 deep went from 34k to 62k per second, FetchAdds from 23k to 44k, 4 KiB
+Reads from 157 to 227 MB/s (medians of 3, two processes on loopback); bulk transfers and
+round trips did not change (their data is placed as it is parsed, no event each)."""
 
 MSS_CHECK_INTERVAL = 64 * 1024
 """Octets sent between two reads of TCP's segment size while the EMSS follows it."""
@@ -246,9 +256,13 @@ class RdmaConnection:
             self._sent_in_step = False
             if self.tap is not None and data:
                 self.tap.record(False, data[self._rx_refed :])  # the new bytes only
-            if not self._feed(data):
+            if not self._feed(data, FEED_BUDGET):
                 return
             self._flush()
+            while self.endpoint.events_pending:  # the rest of the chunk, a budget at a time
+                if not self._feed(None, FEED_BUDGET):
+                    return
+                self._flush()
             # Backpressure: an event waits for queued Read Responses to go out; read no more
             # until the writer has sent them (it resumes the event itself).
             while self.endpoint.stalled is not None and not self.endpoint.reading_done:
@@ -338,14 +352,14 @@ class RdmaConnection:
         negotiated = self.engine.negotiated
         return negotiated is not None and negotiated.markers_rx
 
-    def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+    def _feed(self, data: bytes | bytearray | memoryview | None, budget: int = 0) -> bool:
         """Apply received bytes.  A view of the receive buffer is parsed in place (the
         engine copies only a partial FPDU at its end); the buffer is not read into again
         before the events that view it are applied (the reader waits while one is
         stalled)."""
-        self._flushing = True  # output waits until the whole chunk is applied
+        self._flushing = True  # output waits until this feed (a budget of events) is done
         try:
-            ok = self.endpoint.feed(data)
+            ok = self.endpoint.feed(data, budget)
         finally:
             self._flushing = False
         self.error = self.endpoint.error or self.error
