@@ -100,7 +100,7 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.transport.cm import ConnectionManager, TapFactory
-from stack.transport.driver import RdmaConnection
+from stack.transport.driver import RdmaConnection, drain_halves
 from stack.wire.events import MpaSettings
 
 __all__ = [
@@ -296,20 +296,24 @@ class KbtpInitiator(InitiatorOps):
     # ----------------------------------------------------------------------------------
     async def _pump(self) -> None:
         """Handle every completion of a drain of the CQ, then repost the drain's receives
-        (one post list) and send the requests the returned credits allow."""
+        (one post list) and send the requests the returned credits allow; a drain in two
+        halves (:func:`~stack.transport.driver.drain_halves`), the first half's requests
+        sent before the second half is handled."""
         while True:
-            wc = await self.cq.next()
-            self._pumping = True
-            try:
-                self._on_wc(wc)
-                for wc in self.cq.poll(256):
-                    self._on_wc(wc)
-            finally:
-                self._pumping = False
-            if self._reposts:
-                reposts, self._reposts = self._reposts, []
-                self.qp.post_recv(reposts)
-            self._flush()
+            drained = [await self.cq.next(), *self.cq.poll(256)]
+            for part, wcs in enumerate(drain_halves(drained)):
+                if part and self.conn is not None:
+                    self.conn.uncork()  # the first half's requests are out: these go too
+                self._pumping = True
+                try:
+                    for wc in wcs:
+                        self._on_wc(wc)
+                finally:
+                    self._pumping = False
+                if self._reposts:
+                    reposts, self._reposts = self._reposts, []
+                    self.qp.post_recv(reposts)
+                self._flush()
 
     async def _sender(self) -> None:
         """Send the requests submitted while others were outstanding, together: the tasks

@@ -96,6 +96,7 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest, TapFactory
+from stack.transport.driver import drain_halves
 from stack.wire.events import AtomicRequest, MpaSettings
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,9 @@ class KbtpTarget(OffloadBinding):
     async def _pump(self, sess: TargetSession) -> None:
         """Feed the core every completion of the session, a whole drain of the CQ at a time:
         the messages of one drain all arrived before any answer to them was sent, which is
-        what the core's credit accounting needs to know (``receive_batch``, §9.2)."""
+        what the core's credit accounting needs to know (``receive_batch``, §9.2).  The
+        drain is answered in two halves (:func:`~stack.transport.driver.drain_halves`):
+        the first half's answers leave before the second half is worked on."""
         cq = sess.cq
         while True:
             batch = [await cq.next()]
@@ -342,12 +345,15 @@ class KbtpTarget(OffloadBinding):
             if not sess.backlog:  # held by the chains: it arrived with the last batch
                 self.core.receive_batch(sess.sid)
             sess.backlog = False
-            self._draining = []
-            try:
-                for wc in batch:
-                    self._on_wc(sess, wc)
-            finally:
-                self._post_drain()
+            for part, wcs in enumerate(drain_halves(batch)):
+                if part and sess.conn is not None:
+                    sess.conn.uncork()  # the first half's answers are out: these go too
+                self._draining = []
+                try:
+                    for wc in wcs:
+                        self._on_wc(sess, wc)
+                finally:
+                    self._post_drain()
 
     def _post_drain(self) -> None:
         """End of a drain: every session's receives are reposted, then its answers go out

@@ -11,7 +11,7 @@ from stack.transport.cm import (
     Listener,
 )
 from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
-from stack.transport.driver import RdmaConnection
+from stack.transport.driver import RdmaConnection, drain_halves
 from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
@@ -29,6 +29,7 @@ __all__ = [
     "Listener",
     "RdmaConnection",
     "SendQueue",
+    "drain_halves",
     "keep_freed_memory",
     "limit_unsent",
     "pcap_tap_factory",

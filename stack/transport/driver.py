@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -47,6 +47,8 @@ from stack.wire.connection import IwarpConnection
 from stack.wire.events import Negotiated
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RECEIVE_SIZE = 256 * 1024
 """Size of a connection's receive buffer when it is made (at its first read)."""
@@ -88,6 +90,20 @@ MSS_FOLLOW_LIMIT = 64 * 1024 * 1024
 
 DISCONNECT_TIMEOUT = 30.0
 """Seconds :meth:`RdmaConnection.disconnect` waits for the orderly close before it aborts."""
+
+
+def drain_halves(items: Sequence[T]) -> tuple[Sequence[T], ...]:
+    """A drain of completions in the two parts a consumer answers one after the other (the
+    first half's answers sent, :meth:`RdmaConnection.uncork`, then the second's): with a
+    fixed number of requests in flight, answering a whole drain at once makes the two ends
+    pass one batch back and forth, each idle while the other works.  Measured with KBTP,
+    16 in flight, two processes (medians of 3): 4 KiB STOREs 7.2k -> 13.4k per second,
+    LOADs 7.0k -> 12.9k, ALLOC_STOREs 6.1k -> 10.0k; 64 KiB unchanged at 16 in flight, up
+    to 1.36x at 64.  Splitting in parts of 8 did as well at 16 and cost more CPU at 64."""
+    if len(items) < 2:
+        return (items,)
+    middle = (len(items) + 1) // 2
+    return items[:middle], items[middle:]
 
 
 class Tap(Protocol):
@@ -223,6 +239,16 @@ class RdmaConnection:
         nursery = getattr(self, "_nursery", None)
         if nursery is not None:
             nursery.cancel_scope.cancel()
+
+    def uncork(self) -> None:
+        """Send what the calling task's posts left corked, and let its next output go out
+        at once too, even though it has sent before in this scheduler step (posts are
+        otherwise corked until it yields).  For a consumer answering a drain of
+        completions in parts (:func:`drain_halves`): the first part's answers leave while
+        it works on the next, so the peer works on them meanwhile."""
+        if self.qp.has_outgoing and not self._flushing:
+            self._flush()
+        self._sent_in_step = False
 
     async def wait_closed(self) -> None:
         await self.closed.wait()

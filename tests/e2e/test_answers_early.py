@@ -1,4 +1,5 @@
-"""The driver answers a read full of requests a budget at a time (FEED_BUDGET).
+"""Answers leave early: the driver answers a read full of requests a budget at a time
+(FEED_BUDGET), and a consumer answering a drain in halves sends each half at once (uncork).
 
 Many Read Requests that arrive in one read are not all applied before the first Read
 Responses leave: after every FEED_BUDGET requests the answers go to the socket, so the
@@ -14,7 +15,7 @@ from typing import Any
 import trio
 
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
-from stack.transport.driver import FEED_BUDGET, RdmaConnection
+from stack.transport.driver import FEED_BUDGET, RdmaConnection, drain_halves
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 
@@ -108,3 +109,45 @@ async def test_a_read_of_many_requests_is_answered_a_budget_at_a_time() -> None:
         # One send per budget of requests applied, the first before the rest were applied
         # (a single send of everything without the budget).
         assert held.sent[:3] == [FEED_BUDGET * _FPDU, FEED_BUDGET * _FPDU, 8 * _FPDU]
+
+
+def test_drain_halves_splits_a_drain_in_two_in_order() -> None:
+    assert drain_halves([]) == ([],)
+    assert drain_halves([1]) == ([1],)
+    assert drain_halves([1, 2]) == ([1], [2])
+    assert drain_halves([1, 2, 3]) == ([1, 2], [3])
+    first, second = drain_halves(list(range(16)))
+    assert (list(first), list(second)) == (list(range(8)), list(range(8, 16)))
+
+
+async def test_uncork_lets_a_task_send_again_in_the_same_step() -> None:
+    """A task's first post goes out at once, its next ones wait for the writer (corked)
+    until it yields; ``uncork`` sends them, and the task's next post goes out at once."""
+    async with tcp_pair() as (client, server):
+        source = server.mr(bytes(range(_SIZE)) * 4, Access.LOCAL_WRITE | Access.REMOTE_READ)
+        sink = client.mr(4 * _SIZE)
+        await _read(client, sink, source, 0)  # the client's driver has started
+        conn: RdmaConnection = client.conn
+        sent: list[int] = []
+        assert conn._sendq is not None
+        sendmsg = conn._sendq._sendmsg
+
+        def recording(buffers: Any) -> int:
+            n = sendmsg(buffers)
+            sent.append(n)
+            return n
+
+        conn._sendq._sendmsg = recording
+        await trio.sleep(0)  # a new scheduler step: nothing sent in it yet
+        client.qp.post_send(_wr(client, sink, source, 1))
+        assert sent == [_REQUEST]  # at once
+        client.qp.post_send(_wr(client, sink, source, 2))
+        assert sent == [_REQUEST]  # corked: the writer sends it once this task yields
+        conn.uncork()
+        assert sent == [_REQUEST, _REQUEST]  # the corked one, now
+        client.qp.post_send(_wr(client, sink, source, 3))
+        assert sent == [_REQUEST, _REQUEST, _REQUEST]  # at once
+        with trio.fail_after(10):
+            for _ in range(3):
+                assert (await client.cq.next()).status is WcStatus.SUCCESS
+        assert bytes(sink.buf) == bytes(range(_SIZE)) * 4
