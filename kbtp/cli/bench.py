@@ -31,7 +31,10 @@ Figures: operations per second
 and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
 the figure that survives a busy machine best).  Speed is reported, never asserted.  The
-rows, the table and the ``--json`` document: :mod:`kbtp.cli.bench_report`.
+rows, the table and the ``--json`` document: :mod:`kbtp.cli.bench_report`.  ``-r N``
+measures each size N times, each run on a fresh target with its baseline right after it,
+and prints each operation's run with the median ratio and the range of all runs: single
+runs of these rows move by 10-20 % on a busy machine.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ from kbtp.cli.bench_report import (
     HEADER,
     MC_HEADER,
     MC_OPS,
+    REPEAT_HEADER,
     Result,
     bench_document,
     format_row,
+    median_result,
     size_label,
 )
 from kbtp.cli.bench_report import result_row as result_row
@@ -166,6 +171,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
     parser.add_argument(
+        "-r",
+        "--repeat",
+        type=_repeat_count,
+        default=1,
+        metavar="N",
+        help="measure each size N times (each run a fresh target: KBTP, then the baseline) "
+        "and print each operation's run with the median ratio (median ops/s without a "
+        f"baseline), with the runs and the range they spanned (default 1, at most {MAX_REPEAT})",
+    )
+    parser.add_argument(
         "--offload",
         action="store_true",
         help="STORE and LOAD on the software target and the offloaded one (docs/kbtp.md §8) in "
@@ -191,6 +206,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_bench)
 
 
+MAX_REPEAT = 100
+"""Most runs per size ``--repeat`` takes."""
+
+
+def _repeat_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_REPEAT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
+    return value
+
+
 def _parse_list(text: str, what: str) -> list[str]:
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
     if not items:
@@ -202,6 +228,8 @@ def run_bench(args: argparse.Namespace) -> int:
     problem = check_json_path(args.json)
     if problem:
         raise CliError(problem)
+    if args.offload and args.repeat > 1:
+        raise CliError("--repeat applies to the KBTP and baseline rows, not --offload")
     if args.offload:
         return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
     with text_to_stderr_if_json_stdout(args.json):
@@ -232,7 +260,10 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         f"kbtp bench: {args.inflight} in flight, one session, {memory}, loopback TCP, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
-    print(HEADER + (MC_HEADER if args.vs else ""), flush=True)
+    print(
+        HEADER + (MC_HEADER if args.vs else "") + (REPEAT_HEADER if args.repeat > 1 else ""),
+        flush=True,
+    )
     results: list[Result] = []
 
     def progress(text: str) -> None:
@@ -258,6 +289,40 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         f"--emss={settings.emss}",
     ]
 
+    async def one_run(size: int, iters: int, show: bool) -> list[Result]:
+        """One run of every operation at ``size`` on a fresh target, then the baselines;
+        ``show`` prints each row as it is done."""
+        async with row_target(size, iters) as (port, raw, cpu):
+            rows = await bench_kbtp_size(
+                size,
+                ops,
+                iters,
+                args.inflight,
+                settings,
+                args.inline,
+                args.max_inline,
+                port=port,
+                peer_cpu=cpu,
+                per_request=args.per_request,
+            )
+            for row in rows:
+                if not args.no_baseline:
+                    progress(f"{size_label(size)}: raw TCP {row.op}")
+                    row.raw_seconds, row.raw_cpu = await bench_raw(
+                        raw, row.op, size, iters, args.inflight, cpu
+                    )
+                if args.vs and row.op in MC_OPS:
+                    progress(f"{size_label(size)}: Mooncake {MC_OPS[row.op]}")
+                    figures = await trio.to_thread.run_sync(
+                        run_mooncake, size, iters, args.inflight
+                    )
+                    mc = figures[MC_OPS[row.op]]
+                    row.mc_seconds, row.mc_cpu = mc.seconds, mc.cpu
+                if show:
+                    print(format_row(row, bool(args.vs)), flush=True)
+                    results.append(row)
+        return rows
+
     async def main() -> None:
         nonlocal raw_port
         async with trio.open_nursery() as nursery:
@@ -271,34 +336,15 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                 )
             for size in sizes:
                 iters = iterations(size, args.bytes, args.iters)
-                progress(f"{size_label(size)}: KBTP, {iters} operations per row")
-                async with row_target(size, iters) as (port, raw, cpu):
-                    rows = await bench_kbtp_size(
-                        size,
-                        ops,
-                        iters,
-                        args.inflight,
-                        settings,
-                        args.inline,
-                        args.max_inline,
-                        port=port,
-                        peer_cpu=cpu,
-                        per_request=args.per_request,
-                    )
-                    for row in rows:
-                        if not args.no_baseline:
-                            progress(f"{size_label(size)}: raw TCP {row.op}")
-                            row.raw_seconds, row.raw_cpu = await bench_raw(
-                                raw, row.op, size, iters, args.inflight, cpu
-                            )
-                        if args.vs and row.op in MC_OPS:
-                            progress(f"{size_label(size)}: Mooncake {MC_OPS[row.op]}")
-                            figures = await trio.to_thread.run_sync(
-                                run_mooncake, size, iters, args.inflight
-                            )
-                            mc = figures[MC_OPS[row.op]]
-                            row.mc_seconds, row.mc_cpu = mc.seconds, mc.cpu
-                        print(format_row(row, bool(args.vs)), flush=True)
+                runs: list[list[Result]] = []
+                for run in range(args.repeat):
+                    note = f", run {run + 1} of {args.repeat}" if args.repeat > 1 else ""
+                    progress(f"{size_label(size)}: KBTP, {iters} operations per row{note}")
+                    runs.append(await one_run(size, iters, args.repeat == 1))
+                if args.repeat > 1:
+                    for per_op in zip(*runs, strict=True):
+                        row = median_result(per_op)
+                        print(format_row(row, bool(args.vs), args.repeat), flush=True)
                         results.append(row)
             nursery.cancel_scope.cancel()
 
@@ -318,5 +364,6 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "processes": 1 if args.in_process else 2,
         "registration": "per request" if args.per_request else "arena",
         "vs": args.vs,
+        "repeat": args.repeat,
     }
     return results, parameters

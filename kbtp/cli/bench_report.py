@@ -4,7 +4,8 @@ the ``--json`` document (KBTP next to the raw TCP baseline and, ``--vs mooncake`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stack.cli.json_report import schema
@@ -25,6 +26,10 @@ class Result:
     mc_seconds: float | None = None
     """Mooncake Transfer Engine's TCP transport moving the same blocks (``--vs mooncake``)."""
     mc_cpu: float | None = None
+    run_ops: list[float] = field(default_factory=list)
+    """``--repeat``: ops/s of every run of this row, in run order (empty: one run)."""
+    run_ratios: list[float] = field(default_factory=list)
+    """``--repeat``: the ratio of every run against its own baseline, in run order."""
 
     @property
     def ops(self) -> float:
@@ -71,12 +76,29 @@ HEADER = (
 
 
 MC_HEADER = f" {'MC GB/s':>7} {'vs MC':>5} {'MC CPU':>6}"
+REPEAT_HEADER = f" {'runs':>4} {'min-max':>11}"
+"""The ``--repeat`` columns: runs, and the ratio's range (ops/s without a baseline)."""
 """The ``--vs mooncake`` columns."""
 MC_OPS = {"store": "write", "load": "read"}
 """The Mooncake transfer each KBTP operation is compared with."""
 
 
-def format_row(r: Result, vs_mooncake: bool = False) -> str:
+def median_result(runs: Sequence[Result]) -> Result:
+    """The row to print for one operation measured ``len(runs)`` times (``--repeat``): the
+    run with the median ratio against its own baseline (the median ops/s without one), the
+    lower middle for an even count, with every run's ops/s and ratio kept in run order."""
+    if not runs:
+        raise ValueError("no runs")
+    ratios = [r.ratio for r in runs]
+    ranked = all(ratio is not None for ratio in ratios)
+    order = sorted(runs, key=lambda r: (r.ratio or 0.0) if ranked else r.ops)
+    chosen = order[(len(runs) - 1) // 2]
+    chosen.run_ops = [r.ops for r in runs]
+    chosen.run_ratios = [ratio for ratio in ratios if ratio is not None] if ranked else []
+    return chosen
+
+
+def format_row(r: Result, vs_mooncake: bool = False, repeat: int = 1) -> str:
     raw = "" if r.raw_seconds is None else f"{r.iters / r.raw_seconds:.0f}"
     raw_gb = "" if r.raw_gbps is None else f"{r.raw_gbps:.3f}"
     ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
@@ -91,6 +113,11 @@ def format_row(r: Result, vs_mooncake: bool = False) -> str:
         vs = "-" if r.vs_mooncake is None else f"{r.vs_mooncake:.2f}"
         mc_cpu = "-" if r.mc_cpu is None else f"{r.mc_cpu / r.iters * 1e6:.0f}"
         line += f" {mc:>7} {vs:>5} {mc_cpu:>6}"
+    if repeat > 1:
+        spread = r.run_ratios or r.run_ops or [r.ratio or r.ops]
+        digits = 2 if r.run_ratios else 0
+        span = f"{min(spread):.{digits}f}-{max(spread):.{digits}f}"
+        line += f" {max(len(r.run_ops), 1):>4} {span:>11}"
     return line
 
 
@@ -126,6 +153,10 @@ def result_row(r: Result) -> dict[str, Any]:
             "cpu_us_per_op": None if r.mc_cpu is None else r.mc_cpu / r.iters * 1e6,
         }
         row["vs_mooncake"] = r.vs_mooncake
+    if r.run_ops:
+        row["repeats"] = {"runs": len(r.run_ops), "ops_per_s": r.run_ops}
+        if r.run_ratios:
+            row["repeats"]["ratios"] = r.run_ratios
     return row
 
 
