@@ -82,7 +82,7 @@ from kbtp.cli.target import (
 )
 from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.target import KbtpTarget
-from stack.cli import CliError, one_line_errors
+from stack.cli import CliError, add_repeat_argument, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
@@ -170,15 +170,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "requests submitted by the completions",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
-    parser.add_argument(
-        "-r",
-        "--repeat",
-        type=_repeat_count,
-        default=1,
-        metavar="N",
-        help="measure each size N times (each run a fresh target: KBTP, then the baseline) "
-        "and print each operation's run with the median ratio (median ops/s without a "
-        f"baseline), with the runs and the range they spanned (default 1, at most {MAX_REPEAT})",
+    add_repeat_argument(
+        parser,
+        "each run a fresh target: KBTP, then the baseline; each operation's run with the "
+        "median ratio is printed, the median ops/s without a baseline",
     )
     parser.add_argument(
         "--offload",
@@ -204,17 +199,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_argument(parser)
     one_line_errors(parser)
     parser.set_defaults(func=run_bench)
-
-
-MAX_REPEAT = 100
-"""Most runs per size ``--repeat`` takes."""
-
-
-def _repeat_count(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_REPEAT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
-    return value
 
 
 def _parse_list(text: str, what: str) -> list[str]:

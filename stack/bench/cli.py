@@ -26,7 +26,6 @@ from stack.bench.options import (
     DEFAULT_IDLE_QPS,
     DEFAULT_PORT,
     DEFAULT_TX_DEPTH,
-    MAX_REPEAT,
     TESTS,
     BenchError,
     BenchOptions,
@@ -39,7 +38,14 @@ from stack.bench.report import TEST_NAMES
 from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
-from stack.cli import CliError, address, one_line_errors, port_number, trio_run
+from stack.cli import (
+    CliError,
+    add_repeat_argument,
+    address,
+    one_line_errors,
+    port_number,
+    trio_run,
+)
 from stack.cli.capture import CAPTURE_HELP
 from stack.cli.json_report import (
     add_json_argument,
@@ -67,13 +73,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _repeat_count(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_REPEAT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
     return value
 
 
@@ -194,15 +193,10 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         action="store_true",
         help="also print the CPU time per message of client and server (perftest --cpu_util)",
     )
-    parser.add_argument(
-        "-r",
-        "--repeat",
-        type=_repeat_count,
-        default=1,
-        metavar="N",
-        help="measure each size N times (each run iWARP, then its --baseline) and print the "
-        "run with the median ratio (median figure without --baseline), with how many runs and "
-        f"the range they spanned (default 1, at most {MAX_REPEAT})",
+    add_repeat_argument(
+        parser,
+        "each run iWARP, then its --baseline; the run with the median ratio is printed, "
+        "the median figure without --baseline",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(

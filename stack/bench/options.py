@@ -45,8 +45,7 @@ BW_BYTES_PER_SIZE = 1 << 28
 """Without ``-n``, a bandwidth run moves at most about this much per size."""
 LAT_BYTES_PER_SIZE = 1 << 26
 MIN_DEFAULT_ITERS = 16
-MAX_REPEAT = 100
-"""Most runs per size ``--repeat`` takes."""
+
 WARMUP_ITERS = 16
 """Latency round trips run before recording (both iWARP and raw)."""
 DEFAULT_IDLE_QPS = 1000

@@ -83,24 +83,26 @@ def _repeat_header(baseline: bool, repeat: int, figure_header: str) -> str:
     return REPEAT_HEADER if baseline else figure_header
 
 
+def _columns(
+    first: str, baseline_header: str, figure_header: str, baseline: bool, cpu: bool, repeat: int
+) -> str:
+    """A table's column line: perftest's columns, then the ones the options add."""
+    return (
+        first
+        + (baseline_header if baseline else "")
+        + _extra_header(baseline, cpu)
+        + _repeat_header(baseline, repeat, figure_header)
+    )
+
+
 def bw_header(baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """The bandwidth table's column line (perftest's ``*_bw``, then the extra columns)."""
-    return (
-        BW_HEADER
-        + (BW_BASELINE_HEADER if baseline else "")
-        + _extra_header(baseline, cpu)
-        + _repeat_header(baseline, repeat, REPEAT_BW_HEADER)
-    )
+    return _columns(BW_HEADER, BW_BASELINE_HEADER, REPEAT_BW_HEADER, baseline, cpu, repeat)
 
 
 def lat_header(baseline: bool, cpu: bool = False, repeat: int = 1) -> str:
     """The latency table's column line (perftest's ``*_lat``, then the extra columns)."""
-    return (
-        LAT_HEADER
-        + (LAT_BASELINE_HEADER if baseline else "")
-        + _extra_header(baseline, cpu)
-        + _repeat_header(baseline, repeat, REPEAT_LAT_HEADER)
-    )
+    return _columns(LAT_HEADER, LAT_BASELINE_HEADER, REPEAT_LAT_HEADER, baseline, cpu, repeat)
 
 
 def _repeat_columns(

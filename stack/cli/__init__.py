@@ -22,7 +22,9 @@ from stack.errors import single_exception
 
 __all__ = [
     "ERROR_PROG",
+    "MAX_REPEAT",
     "CliError",
+    "add_repeat_argument",
     "address",
     "binary_size",
     "build_parser",
@@ -31,6 +33,7 @@ __all__ = [
     "port_number",
     "positive_int",
     "positive_seconds",
+    "repeat_count",
     "run",
     "seconds",
     "trio_run",
@@ -91,6 +94,32 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+MAX_REPEAT = 100
+"""Most runs per size a benchmark's ``-r/--repeat`` takes."""
+
+
+def repeat_count(text: str) -> int:
+    """argparse type of ``--repeat``: 1 to :data:`MAX_REPEAT`."""
+    value = positive_int(text)
+    if value > MAX_REPEAT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
+    return value
+
+
+def add_repeat_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """A benchmark's ``-r/--repeat N`` (``args.repeat``, default 1); ``what`` says what each
+    run is and which run is printed."""
+    parser.add_argument(
+        "-r",
+        "--repeat",
+        type=repeat_count,
+        default=1,
+        metavar="N",
+        help=f"measure each size N times ({what}), with the runs and the range they spanned "
+        f"(default 1, at most {MAX_REPEAT})",
+    )
 
 
 def non_negative_int(text: str) -> int:
