@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stack.bench.results import every_ratio, median_index
 from stack.cli.json_report import schema
 
 
@@ -76,25 +77,24 @@ HEADER = (
 
 
 MC_HEADER = f" {'MC GB/s':>7} {'vs MC':>5} {'MC CPU':>6}"
+"""The ``--vs mooncake`` columns."""
 REPEAT_HEADER = f" {'runs':>4} {'min-max':>11}"
 """The ``--repeat`` columns: runs, and the ratio's range (ops/s without a baseline)."""
-"""The ``--vs mooncake`` columns."""
 MC_OPS = {"store": "write", "load": "read"}
 """The Mooncake transfer each KBTP operation is compared with."""
 
 
 def median_result(runs: Sequence[Result]) -> Result:
     """The row to print for one operation measured ``len(runs)`` times (``--repeat``): the
-    run with the median ratio against its own baseline (the median ops/s without one), the
-    lower middle for an even count, with every run's ops/s and ratio kept in run order."""
+    run :func:`~stack.bench.results.median_index` picks (by ratio against its own
+    baseline, by ops/s without one), with every run's ops/s and ratio kept in run order."""
     if not runs:
         raise ValueError("no runs")
     ratios = [r.ratio for r in runs]
-    ranked = all(ratio is not None for ratio in ratios)
-    order = sorted(runs, key=lambda r: (r.ratio or 0.0) if ranked else r.ops)
-    chosen = order[(len(runs) - 1) // 2]
-    chosen.run_ops = [r.ops for r in runs]
-    chosen.run_ratios = [ratio for ratio in ratios if ratio is not None] if ranked else []
+    ops = [r.ops for r in runs]
+    chosen = runs[median_index(ratios, ops)]
+    chosen.run_ops = ops
+    chosen.run_ratios = every_ratio(ratios)
     return chosen
 
 

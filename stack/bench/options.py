@@ -26,6 +26,17 @@ ATOMIC_SIZE = 8
 DEFAULT_TX_DEPTH = 128
 DEFAULT_CQ_MOD = 100
 DEFAULT_BW_ITERS = 5000
+DEFAULT_LAT_ITERS = 1000
+BW_BYTES_PER_SIZE = 1 << 28
+"""Without ``-n``, a bandwidth run moves at most about this much per size."""
+LAT_BYTES_PER_SIZE = 1 << 26
+MIN_DEFAULT_ITERS = 16
+WARMUP_ITERS = 16
+"""Latency round trips run before recording (both iWARP and raw)."""
+DEFAULT_IDLE_QPS = 1000
+RX_HEADROOM = 64
+DEVICE_MAX_IRD = Rnic().max_ird
+DEVICE_MAX_ORD = Rnic().max_ord
 
 
 def default_cq_mod(tx_depth: int) -> int:
@@ -38,20 +49,6 @@ def default_cq_mod(tx_depth: int) -> int:
     1.28-1.42 to 1.78-1.91 GB/s with 64 of 128, 0.38x to 0.52x the raw baseline; Writes,
     Sends and 1 MiB Reads did not change."""
     return max(1, min(DEFAULT_CQ_MOD, tx_depth // 2))
-
-
-DEFAULT_LAT_ITERS = 1000
-BW_BYTES_PER_SIZE = 1 << 28
-"""Without ``-n``, a bandwidth run moves at most about this much per size."""
-LAT_BYTES_PER_SIZE = 1 << 26
-MIN_DEFAULT_ITERS = 16
-
-WARMUP_ITERS = 16
-"""Latency round trips run before recording (both iWARP and raw)."""
-DEFAULT_IDLE_QPS = 1000
-RX_HEADROOM = 64
-DEVICE_MAX_IRD = Rnic().max_ird
-DEVICE_MAX_ORD = Rnic().max_ord
 
 
 class BenchError(Exception):

@@ -146,31 +146,34 @@ class IdleResult:
         return (self.client_after - self.client_before) / self.qps
 
 
+def every_ratio(ratios: Sequence[float | None]) -> list[float]:
+    """``ratios`` when every run has one (every run had its baseline), else none."""
+    known = [ratio for ratio in ratios if ratio is not None]
+    return known if len(known) == len(ratios) else []
+
+
+def median_index(ratios: Sequence[float | None], figures: Sequence[float]) -> int:
+    """Which of several runs of one size to report (``--repeat``): the one with the median
+    ratio against its own baseline when every run has one, else the median figure; the
+    lower of the two middle runs for an even count."""
+    keys = every_ratio(ratios) or list(figures)
+    return sorted(range(len(figures)), key=keys.__getitem__)[(len(figures) - 1) // 2]
+
+
 def median_run(runs: Sequence[BwResult | LatResult]) -> BwResult | LatResult:
     """The row to report for one size measured ``len(runs)`` times (``--repeat``).
 
     On a shared machine a single run's ratio moves with the minute it ran in; each run
     here is iWARP followed at once by its baselines, so each run's ratio is a fair pair.
-    The row is the run with the median ratio (with no baseline: the median figure), the
-    lower of the two middle runs for an even count, so every figure in it (bandwidth,
+    The row is the run :func:`median_index` picks, so every figure in it (bandwidth,
     baselines, CPU) comes from one run; ``repeats`` keeps all of them in run order.
     """
     if not runs:
         raise BenchError("no runs to report")
     ratios = [r.ratio for r in runs]
-    have_ratios = all(ratio is not None for ratio in ratios)
-
-    def key(i: int) -> float:
-        ratio = ratios[i]
-        return ratio if have_ratios and ratio is not None else runs[i].figure
-
-    order = sorted(range(len(runs)), key=key)
-    chosen = runs[order[(len(runs) - 1) // 2]]
-    repeats = Repeats(
-        tuple(r.figure for r in runs),
-        tuple(ratio for ratio in ratios if ratio is not None) if have_ratios else (),
-    )
-    return replace(chosen, repeats=repeats)
+    figures = [r.figure for r in runs]
+    repeats = Repeats(tuple(figures), tuple(every_ratio(ratios)))
+    return replace(runs[median_index(ratios, figures)], repeats=repeats)
 
 
 def latency_stats(size: int, seconds: Sequence[float]) -> LatResult:
