@@ -34,7 +34,7 @@ def _peek(sock: socket.socket) -> bytes:
 
 
 class _HeldSocket:
-    """The server's socket: reads find nothing while ``hold`` (the bytes wait in the
+    """A connection's socket: reads find nothing while ``hold`` (the bytes wait in the
     kernel); every ``sendmsg`` is recorded (octets per call)."""
 
     def __init__(self, sock: Any) -> None:
@@ -128,16 +128,10 @@ async def test_uncork_lets_a_task_send_again_in_the_same_step() -> None:
         sink = client.mr(4 * _SIZE)
         await _read(client, sink, source, 0)  # the client's driver has started
         conn: RdmaConnection = client.conn
-        sent: list[int] = []
         assert conn._sendq is not None
-        sendmsg = conn._sendq._sendmsg
-
-        def recording(buffers: Any) -> int:
-            n = sendmsg(buffers)
-            sent.append(n)
-            return n
-
-        conn._sendq._sendmsg = recording
+        recorded = _HeldSocket(conn._sock)
+        conn._sendq._sendmsg = recorded.sendmsg  # the send queue bound the socket's at start
+        sent = recorded.sent
         await trio.sleep(0)  # a new scheduler step: nothing sent in it yet
         client.qp.post_send(_wr(client, sink, source, 1))
         assert sent == [_REQUEST]  # at once
