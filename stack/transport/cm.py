@@ -400,13 +400,7 @@ class ConnectionManager:
         *,
         follow_mss: bool = False,
     ) -> RdmaConnection:
-        neg = engine.negotiated
-        if neg is not None:
-            # RFC 6581 §9.1: the negotiated IRD/ORD bind the QP (0x3FFF: the ULP decides).
-            if neg.ird != MPA_V2_NO_NEGOTIATION:
-                qp.ird = min(qp.ird, neg.ird) if neg.peer_ord is None else neg.ird
-            if neg.ord != MPA_V2_NO_NEGOTIATION:
-                qp.ord = min(qp.ord, neg.ord) if neg.peer_ird is None else neg.ord
+        bind_ird_ord(qp, engine)
         conn = RdmaConnection(stream, engine, qp, tap=tap, follow_mss=follow_mss)
         self.connections.append(conn)
         conn.on_closed = self.connections.remove
@@ -478,12 +472,29 @@ class ConnectionManager:
         if isinstance(event, Established):
             return self._start(stream, engine, qp, tap, follow_mss=follows_socket(settings))
         await trio.aclose_forcefully(stream)
-        if isinstance(event, Rejected):
-            raise ConnectRejected(event.frame, event.reason)
-        if isinstance(event, ConnectionFailed):
-            if isinstance(event.error, ConnectionTimeout):
-                raise ConnectFailed(f"MPA startup timed out: {event.error}", event.error)
-            raise ConnectFailed(f"MPA startup failed: {event.error}", event.error)
-        if isinstance(event, PeerClosed):
-            raise ConnectFailed("peer closed the connection during MPA startup")
-        raise ConnectFailed(f"unexpected MPA startup event {event!r}")
+        raise startup_error(event)
+
+
+def bind_ird_ord(qp: QueuePair, engine: IwarpConnection) -> None:
+    """RFC 6581 §9.1: the negotiated IRD/ORD bind the QP (0x3FFF: the ULP decides)."""
+    neg = engine.negotiated
+    if neg is None:
+        return
+    if neg.ird != MPA_V2_NO_NEGOTIATION:
+        qp.ird = min(qp.ird, neg.ird) if neg.peer_ord is None else neg.ird
+    if neg.ord != MPA_V2_NO_NEGOTIATION:
+        qp.ord = min(qp.ord, neg.ord) if neg.peer_ird is None else neg.ord
+
+
+def startup_error(event: object) -> IwarpError:
+    """The error an initiator raises for an MPA startup that ended in ``event`` instead of
+    Established: :class:`ConnectRejected` (MPA-24) or :class:`ConnectFailed`."""
+    if isinstance(event, Rejected):
+        return ConnectRejected(event.frame, event.reason)
+    if isinstance(event, ConnectionFailed):
+        if isinstance(event.error, ConnectionTimeout):
+            return ConnectFailed(f"MPA startup timed out: {event.error}", event.error)
+        return ConnectFailed(f"MPA startup failed: {event.error}", event.error)
+    if isinstance(event, PeerClosed):
+        return ConnectFailed("peer closed the connection during MPA startup")
+    return ConnectFailed(f"unexpected MPA startup event {event!r}")

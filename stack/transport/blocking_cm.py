@@ -1,0 +1,288 @@
+"""Connecting and listening for the blocking driver (:mod:`stack.transport.blocking`).
+
+Usage::
+
+    conn = connect(host, port, qp, private_data=b"hello")     # rdma_connect
+    conn.qp.post_send(wr); wc = conn.next_completion(cq)
+
+    with BlockingListener("127.0.0.1", 0) as listener:          # rdma_listen
+        request = listener.get_request()                        # the MPA Request arrived
+        conn = request.accept(qp, private_data=b"advert")       # rdma_accept
+
+The MPA startup (RFC 5044 §7.1) is the engine's, as in the trio connection manager: the
+same settings (:class:`~stack.wire.events.MpaSettings`), the same timers (MPA-27), the same
+errors (:class:`~stack.transport.cm.ConnectRejected`,
+:class:`~stack.transport.cm.ConnectFailed`).  A listener serves one startup at a time in
+the calling thread; a connection whose startup fails (garbage, silence past the MPA
+timers, a reset) is closed and the listener takes the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field, replace
+
+from stack.errors import ConnectionTimeout, LocalError
+from stack.rnic.qp import QueuePair
+from stack.transport.blocking import BlockingConnection
+from stack.transport.cm import ConnectFailed, startup_error
+from stack.transport.driver import RECEIVE_SIZE, Tap
+from stack.transport.sockopts import segment_size
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import (
+    ConnectionFailed,
+    Established,
+    MpaFrame,
+    MpaSettings,
+    NeedData,
+    RequestReceived,
+    Role,
+)
+
+__all__ = ["BlockingListener", "BlockingRequest", "CONNECT_TIMEOUT", "connect"]
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 30.0
+"""Seconds :func:`connect` allows the TCP connect and the MPA startup by default."""
+
+
+def connect(
+    host: str,
+    port: int,
+    qp: QueuePair,
+    *,
+    private_data: bytes = b"",
+    settings: MpaSettings | None = None,
+    timeout: float = CONNECT_TIMEOUT,
+    local_address: str | None = None,
+    tap: Tap | None = None,
+) -> BlockingConnection:
+    """Connect ``qp`` to a listener (``rdma_connect``) and return its blocking connection.
+
+    ``timeout`` bounds the TCP connect and the MPA startup together (the engine's MPA
+    timers, MPA-27, apply within it).  Raises
+    :class:`~stack.transport.cm.ConnectRejected` (with the peer's private data and
+    IRD/ORD) or :class:`~stack.transport.cm.ConnectFailed`.
+    """
+    deadline = time.monotonic() + timeout
+    source = None if local_address is None else (local_address, 0)
+    try:
+        sock = socket.create_connection((host, port), timeout, source)
+    except OSError as exc:
+        raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as trio's streams
+        settings = _with_emss(settings or MpaSettings(ird=qp.ird, ord=qp.ord), sock)
+        engine = IwarpConnection(Role.INITIATOR, settings)
+        engine.initiate(time.monotonic(), private_data)
+        event = _startup(sock, engine, deadline, tap)
+        if not isinstance(event, Established):
+            raise startup_error(event)
+    except OSError as exc:
+        sock.close()
+        raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return BlockingConnection(sock, engine, qp, tap=tap)
+
+
+@dataclass
+class BlockingRequest:
+    """An incoming connection whose MPA Request has arrived (``RDMA_CM_EVENT_CONNECT_REQUEST``).
+
+    Fields: frame (the Request), private_data, peer_ird/peer_ord (None without RFC 6581),
+    remote (peer address).  Answer it once, with :meth:`accept` or :meth:`reject`.
+    """
+
+    sock: socket.socket
+    engine: IwarpConnection
+    frame: MpaFrame
+    remote: tuple[str, int]
+    tap: Tap | None = None
+    _done: bool = field(default=False, repr=False)
+
+    @property
+    def private_data(self) -> bytes:
+        return self.frame.private_data
+
+    @property
+    def peer_ird(self) -> int | None:
+        return self.frame.ird_ord.ird if self.frame.ird_ord else None
+
+    @property
+    def peer_ord(self) -> int | None:
+        return self.frame.ird_ord.ord if self.frame.ird_ord else None
+
+    def accept(
+        self,
+        qp: QueuePair,
+        private_data: bytes = b"",
+        *,
+        ird: int | None = None,
+        ord: int | None = None,
+    ) -> BlockingConnection:
+        """Accept with ``qp`` (``rdma_accept``); returns its blocking connection."""
+        self._answer()
+        kwargs: dict[str, object] = {}
+        if ird is not None:
+            kwargs["ird"] = ird
+        if ord is not None:
+            kwargs["ord"] = ord
+        self.engine.accept(private_data, **kwargs)
+        try:
+            self._send(self.engine.data_to_send())
+        except OSError as exc:
+            self.sock.close()
+            raise ConnectFailed(f"peer went away during accept: {exc}", exc) from exc
+        event = self.engine.next_event()
+        if not isinstance(event, Established):
+            self.sock.close()
+            raise ConnectFailed(f"MPA accept did not establish: {event!r}")
+        return BlockingConnection(self.sock, self.engine, qp, tap=self.tap)
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
+        self._answer()
+        self.engine.reject(private_data)
+        try:
+            self._send(self.engine.data_to_send())
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _answer(self) -> None:
+        if self._done:
+            raise LocalError("connect request already answered")
+        self._done = True
+
+    def _send(self, out: bytes | bytearray) -> None:
+        if self.tap is not None:
+            self.tap.record(True, out)
+        self.sock.settimeout(self.engine.settings.request_timeout)
+        self.sock.sendall(out)
+
+
+class BlockingListener:
+    """A listening endpoint (``rdma_listen``) whose startups run in the calling thread."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        settings: MpaSettings | None = None,
+        backlog: int = 64,
+    ) -> None:
+        self.settings = settings or MpaSettings()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(backlog)
+        except OSError:
+            self._sock.close()
+            raise
+        self.host: str = host
+        self.port: int = self._sock.getsockname()[1]
+        self.failures: list[Exception] = []
+        """Why startups that reached no request ended (newest last, at most 64 kept)."""
+
+    def __enter__(self) -> BlockingListener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop listening; a :meth:`get_request` waiting in another thread returns an error."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def get_request(self, timeout: float | None = None) -> BlockingRequest:
+        """Accept TCP connections until one's MPA Request arrives; return it.
+
+        Raises :class:`~stack.errors.ConnectionTimeout` after ``timeout`` seconds (None:
+        wait), :class:`OSError` once the listener is closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ConnectionTimeout(f"no connect request within {timeout} s")
+            self._sock.settimeout(left)
+            try:
+                sock, remote = self._sock.accept()
+            except TimeoutError:
+                continue
+            request = self._startup(sock, (str(remote[0]), int(remote[1])))
+            if request is not None:
+                return request
+
+    def _startup(self, sock: socket.socket, remote: tuple[str, int]) -> BlockingRequest | None:
+        """One MPA startup as the responder: the request, or None (the socket closed)."""
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            engine = IwarpConnection(Role.RESPONDER, _with_emss(self.settings, sock))
+            engine.start(time.monotonic())
+            # The engine's timers end a silent peer (MPA-27); this bounds the whole startup.
+            deadline = time.monotonic() + self.settings.request_timeout
+            event = _startup(sock, engine, deadline, None)
+        except (OSError, ConnectFailed) as exc:
+            event = ConnectionFailed(exc)
+        if isinstance(event, RequestReceived):
+            return BlockingRequest(sock, engine, event.frame, remote)
+        error = event.error if isinstance(event, ConnectionFailed) else None
+        self.failures = [*self.failures[-63:], error or ConnectFailed(f"MPA startup: {event!r}")]
+        log.info("listener: MPA startup from %s failed: %s", remote, error or event)
+        sock.close()
+        return None
+
+
+def _with_emss(settings: MpaSettings, sock: socket.socket) -> MpaSettings:
+    """``settings`` with EMSS from the socket's segment size unless the caller fixed it."""
+    if settings.emss is not None or settings.mulpdu is not None:
+        return settings
+    emss = segment_size(sock)
+    return replace(settings, emss=emss) if emss else settings
+
+
+def _startup(
+    sock: socket.socket, engine: IwarpConnection, deadline: float, tap: Tap | None
+) -> object:
+    """Run the MPA startup until an event other than NEED_DATA; returns that event."""
+    while True:
+        out = engine.data_to_send()
+        if out:
+            if tap is not None:
+                tap.record(True, out)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.sendall(out)
+        event = engine.next_event()
+        if not isinstance(event, NeedData):
+            out = engine.data_to_send()
+            if out:
+                if tap is not None:
+                    tap.record(True, out)
+                sock.sendall(out)
+            return event
+        now = time.monotonic()
+        if now >= deadline:
+            raise ConnectFailed("MPA startup timed out", ConnectionTimeout("startup timeout"))
+        timer = engine.timer_deadline()
+        sock.settimeout(max(0.001, (deadline if timer is None else min(timer, deadline)) - now))
+        try:
+            data = sock.recv(RECEIVE_SIZE)
+        except TimeoutError:
+            engine.handle_timer(time.monotonic())
+            continue
+        if tap is not None and data:
+            tap.record(False, data)
+        engine.receive_data(data)
