@@ -177,6 +177,13 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     _add_mpa_arguments(parser, True, "requested by the client; default on")
     parser.add_argument("--lat", action="store_true", help="latency test (perftest's *_lat)")
     parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="with --lat: both ends run the QP on the blocking driver "
+        "(stack.transport.blocking: the thread that posts reads the socket, no event loop) "
+        "instead of trio",
+    )
+    parser.add_argument(
         "-w",
         dest="capture",
         metavar="FILE",
@@ -255,6 +262,10 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
             raise CliError("--post-list applies to bandwidth tests, not --lat")
         if args.cq_mod is not None:
             raise CliError("--cq-mod applies to bandwidth tests, not --lat")
+    if args.blocking and not args.lat:
+        raise CliError("--blocking applies to latency tests: add --lat")
+    if args.blocking and args.capture:
+        raise CliError("-w records the trio driver's connections: not with --blocking")
     if args.post_list > tx_depth:
         raise CliError(f"--post-list {args.post_list} exceeds the tx depth {tx_depth}")
     if args.cq_mod is not None and args.cq_mod > tx_depth:
@@ -290,6 +301,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         port=port,
         progress=not args.quiet,
         repeat=args.repeat,
+        blocking=args.blocking,
     )
 
 

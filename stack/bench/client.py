@@ -72,6 +72,7 @@ class Client:
         self.port = port
         self.raw_port = 0
         self.blocking_port = 0
+        self.iwarp_blocking_port = 0
 
     async def connect(
         self, spec: SessionSpec, settings: MpaSettings, *, tx_depth: int, ord: int
@@ -101,6 +102,7 @@ class Client:
         advert = Advert.decode(conn.negotiated.peer_private_data)
         self.raw_port = advert.raw_port
         self.blocking_port = advert.blocking_port
+        self.iwarp_blocking_port = advert.iwarp_blocking_port
         return ClientQp(qp, cq, conn, local, advert, pong, inbox)
 
     async def connect_many(

@@ -91,6 +91,9 @@ class BenchOptions:
     progress: bool = True
     repeat: int = 1
     """``--repeat``: runs per size, each iWARP then its baselines (:func:`median_run`)."""
+    blocking: bool = False
+    """``--blocking``: the latency exchange runs on the blocking driver at both ends
+    (:mod:`stack.bench.blocking_iwarp`), not on trio."""
 
     def iterations_for(self, size: int) -> int:
         """Iterations for ``size`` (perftest's defaults, fewer for big messages)."""

@@ -76,7 +76,8 @@ class SessionSpec:
 class Advert:
     """The server's Reply private data: target region (rkey, TO, length) and baseline ports.
 
-    ``raw_port`` serves the trio baseline, ``blocking_port`` (0: none) the blocking one.
+    ``raw_port`` serves the trio baseline, ``blocking_port`` (0: none) the blocking one,
+    ``iwarp_blocking_port`` (0: none) iWARP sessions on the blocking driver (``--blocking``).
     """
 
     rkey: int
@@ -84,11 +85,14 @@ class Advert:
     length: int
     raw_port: int
     blocking_port: int = 0
+    iwarp_blocking_port: int = 0
 
     def encode(self) -> bytes:
         obj = {"rkey": self.rkey, "addr": self.addr, "len": self.length, "raw": self.raw_port}
         if self.blocking_port:
             obj["blk"] = self.blocking_port
+        if self.iwarp_blocking_port:
+            obj["biw"] = self.iwarp_blocking_port
         return json.dumps(obj, separators=(",", ":")).encode()
 
     @classmethod
@@ -101,6 +105,7 @@ class Advert:
                 int(obj["len"]),
                 int(obj["raw"]),
                 int(obj.get("blk", 0)),
+                int(obj.get("biw", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise BenchError(f"server sent a malformed advertisement: {exc}") from None

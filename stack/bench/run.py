@@ -27,6 +27,7 @@ import trio
 import stack
 from stack.bench.baseline import raw_bandwidth, raw_latency, raw_receive_sizes
 from stack.bench.blocking import blocking_bandwidth, blocking_latency
+from stack.bench.blocking_iwarp import blocking_latency_run
 from stack.bench.client import Client, ClientQp, measure_bw, measure_lat
 from stack.bench.options import WARMUP_ITERS, BenchError, BenchOptions, mpa_settings
 from stack.bench.process import rss_bytes
@@ -202,10 +203,15 @@ async def _one_run(
     """One run of ``size`` on the connected ``qps`` (closed after it), then its baselines."""
     try:
         result: BwResult | LatResult
+        if opts.blocking:  # the trio QP told the ports and the negotiation: close it first
+            await client.close(qps)
+            qps = []
         meter = CpuMeter(client, shared) if opts.cpu else None
         if meter:
             await meter.start()
-        if opts.latency:
+        if opts.blocking:
+            result = await _blocking_iwarp_latency(host, client, opts, size, progress)
+        elif opts.latency:
             result = await measure_lat(qps[0], opts, size, progress)
         else:
             result = await measure_bw(qps, opts, size, progress)
@@ -216,6 +222,30 @@ async def _one_run(
     if opts.baseline:
         result = await _raw_baseline(result, host, client, opts, shared)
         result = await _blocking_baseline(result, host, client, opts)
+    return result
+
+
+async def _blocking_iwarp_latency(
+    host: str, client: Client, opts: BenchOptions, size: int, progress: Progress
+) -> LatResult:
+    """``--blocking``: the latency run on the blocking driver, in a worker thread, against
+    the server's blocking iWARP port."""
+    if not client.iwarp_blocking_port:
+        raise BenchError("the server has no blocking iWARP port (an older server?)")
+    iters = None if opts.duration is not None else opts.iterations_for(size)
+    progress.start(f"{opts.test} latency {size} B (blocking driver)", iters, opts.duration)
+    # The trio thread only waits meanwhile, so the worker may report progress itself.
+    result = await trio.to_thread.run_sync(
+        blocking_latency_run,
+        host,
+        client.iwarp_blocking_port,
+        opts.mpa_settings,
+        opts,
+        size,
+        iters,
+        progress.advance,
+    )
+    progress.finish()
     return result
 
 

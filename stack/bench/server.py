@@ -18,8 +18,9 @@ from typing import TextIO
 import trio
 
 from stack.bench.blocking import BlockingServer, batch_messages
-from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte
-from stack.bench.options import DEFAULT_TX_DEPTH, BenchError, mpa_settings
+from stack.bench.blocking_iwarp import BlockingIwarpServer
+from stack.bench.memory import wait_for_byte
+from stack.bench.options import BenchError, mpa_settings
 from stack.bench.process import rss_bytes
 from stack.bench.protocol import (
     RAW_COUNT,
@@ -28,15 +29,13 @@ from stack.bench.protocol import (
     RAW_REQRESP,
     RAW_SINK,
     RAW_STATS,
-    Advert,
     SessionSpec,
     receive_exactly,
 )
-from stack.constants import ATOMIC_ALIGNMENT, RAW_RECEIVE_SIZE
+from stack.bench.session import Session
+from stack.constants import RAW_RECEIVE_SIZE
 from stack.rnic import (
-    Access,
     CompletionQueue,
-    QpCap,
     QueuePair,
     RecvWR,
     Rnic,
@@ -78,6 +77,7 @@ class BenchServer:
         self.port = 0
         self.raw_port = 0
         self.blocking_port = 0
+        self.iwarp_blocking_port = 0
         self.active = 0
         """QPs connected right now."""
 
@@ -96,6 +96,12 @@ class BenchServer:
             blocking = BlockingServer(self.host)
             self.blocking_port = blocking.port
             try:
+                iwarp_blocking = BlockingIwarpServer(self.host, self.settings, self.advert_ports)
+            except OSError as exc:
+                blocking.close()
+                raise BenchError(f"cannot listen on {self.host}: {exc}") from None
+            self.iwarp_blocking_port = iwarp_blocking.port
+            try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trio.serve_listeners, self._raw_connection, raw)
                     task_status.started((self.port, self.raw_port))
@@ -103,6 +109,7 @@ class BenchServer:
                         nursery.start_soon(self._session, request)
             finally:
                 blocking.close()
+                iwarp_blocking.close()
 
     async def _session(self, request: ConnectRequest) -> None:
         try:
@@ -110,53 +117,34 @@ class BenchServer:
         except BenchError as exc:
             await request.reject(str(exc).encode()[:200])
             return
-        depth = max(spec.rx_depth, 1)
-        cq = self.rnic.create_cq(depth + 2 * DEFAULT_TX_DEPTH)
-        qp = self.rnic.create_qp(
-            self.pd,
-            cq,
-            cap=QpCap(max_send_wr=1024, max_recv_wr=depth),
-            ird=self.rnic.max_ird,
-            ord=self.rnic.max_ord,
-        )
-        regions: list[MemoryRegion] = []
-        advert = Advert(0, 0, 0, self.raw_port, self.blocking_port)
-        target = source = inbox = None
-        if spec.test != "idle":
-            # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
-            target = self.pd.reg_mr(bytearray(spec.size + ATOMIC_ALIGNMENT), REMOTE_ALL)
-            regions.append(target)
-            pad = (-target.addr) % ATOMIC_ALIGNMENT
-            advert = Advert(
-                target.rkey, target.base + pad, spec.size, self.raw_port, self.blocking_port
-            )
-            if spec.latency and spec.test in ("write", "send"):
-                source = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
-                regions.append(source)
-            if spec.test == "send":
-                inbox = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
-                regions.append(inbox)
-                qp.post_recv([RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))] * depth)
+        session = Session.open(self.rnic, self.pd, spec, self.advert_ports())
         try:
-            conn = await request.accept(qp, advert.encode())
+            conn = await request.accept(session.qp, session.advert.encode())
         except ConnectFailed:
-            self.rnic.destroy_qp(qp)
+            session.close()
             return
         self.active += 1
         try:
             async with trio.open_nursery() as nursery:
-                if inbox is not None:
-                    nursery.start_soon(self._serve_sends, qp, cq, inbox, source, spec)
-                elif spec.test == "write" and spec.latency and target is not None:
-                    assert source is not None and spec.pong is not None
-                    nursery.start_soon(self._pong_writes, qp, target, pad, source, spec)
+                qp, cq = session.qp, session.cq
+                if session.inbox is not None:
+                    nursery.start_soon(
+                        self._serve_sends, qp, cq, session.inbox, session.source, spec
+                    )
+                elif session.pongs:
+                    assert session.target is not None and session.source is not None
+                    nursery.start_soon(
+                        self._pong_writes, qp, session.target, session.pad, session.source, spec
+                    )
                 await conn.wait_closed()
                 nursery.cancel_scope.cancel()
         finally:
             self.active -= 1
-            self.rnic.destroy_qp(qp)
-            for mr in regions:
-                dereg(mr)
+            session.close()
+
+    def advert_ports(self) -> tuple[int, int, int]:
+        """The ports every Advert names: raw trio, blocking sockets, blocking iWARP."""
+        return self.raw_port, self.blocking_port, self.iwarp_blocking_port
 
     @staticmethod
     async def _serve_sends(

@@ -1,0 +1,75 @@
+"""The resources of one benchmark QP on the server, as its :class:`SessionSpec` asks.
+
+Both of the server's drivers make their sessions here: the trio one
+(:class:`~stack.bench.server.BenchServer`) and the blocking one
+(:mod:`stack.bench.blocking_iwarp`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stack.bench.memory import REMOTE_ALL, dereg
+from stack.bench.options import DEFAULT_TX_DEPTH
+from stack.bench.protocol import Advert, SessionSpec
+from stack.constants import ATOMIC_ALIGNMENT
+from stack.rnic import Access, CompletionQueue, QpCap, QueuePair, RecvWR, Rnic, Sge
+from stack.rnic.memory import MemoryRegion, ProtectionDomain
+
+__all__ = ["Session"]
+
+
+@dataclass
+class Session:
+    """One QP's resources as its :class:`SessionSpec` asks: the QP and its CQ, a target
+    region (advertised), a source region for latency pongs, an inbox with receives posted
+    for Sends."""
+
+    rnic: Rnic
+    qp: QueuePair
+    cq: CompletionQueue
+    advert: Advert
+    regions: list[MemoryRegion]
+    target: MemoryRegion | None = None
+    source: MemoryRegion | None = None
+    inbox: MemoryRegion | None = None
+    pad: int = 0
+    pongs: bool = False
+    """Write latency: the server answers each ping with a Write of its own."""
+
+    @classmethod
+    def open(
+        cls, rnic: Rnic, pd: ProtectionDomain, spec: SessionSpec, ports: tuple[int, int, int]
+    ) -> Session:
+        depth = max(spec.rx_depth, 1)
+        cq = rnic.create_cq(depth + 2 * DEFAULT_TX_DEPTH)
+        qp = rnic.create_qp(
+            pd,
+            cq,
+            cap=QpCap(max_send_wr=1024, max_recv_wr=depth),
+            ird=rnic.max_ird,
+            ord=rnic.max_ord,
+        )
+        session = cls(rnic, qp, cq, Advert(0, 0, 0, *ports), [])
+        if spec.test == "idle":
+            return session
+        # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
+        target = session.target = pd.reg_mr(bytearray(spec.size + ATOMIC_ALIGNMENT), REMOTE_ALL)
+        session.regions.append(target)
+        session.pad = pad = (-target.addr) % ATOMIC_ALIGNMENT
+        session.advert = Advert(target.rkey, target.base + pad, spec.size, *ports)
+        if spec.latency and spec.test in ("write", "send"):
+            session.source = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
+            session.regions.append(session.source)
+        if spec.test == "send":
+            inbox = session.inbox = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
+            session.regions.append(inbox)
+            qp.post_recv([RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))] * depth)
+        session.pongs = spec.test == "write" and spec.latency and spec.pong is not None
+        return session
+
+    def close(self) -> None:
+        """Destroy the QP and deregister the regions."""
+        self.rnic.destroy_qp(self.qp)
+        for mr in self.regions:
+            dereg(mr)
