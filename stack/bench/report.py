@@ -232,6 +232,11 @@ def header_block(
         one("CQ Moderation", 1 if opts.latency else opts.cq_mod),
         one("Outstand reads", opts.ord if opts.test in ("read", "atomic") else "-"),
         one("Data ex. method", "MPA private data"),
+        *(
+            [one("Driver", "blocking, both ends (stack.transport.blocking)")]
+            if opts.blocking
+            else []
+        ),
         one("Server", layout),
         *baseline_lines(opts),
         *repeat_lines(opts),

@@ -1,0 +1,294 @@
+"""The blocking driver (stack.transport.blocking, blocking_cm) over real loopback TCP.
+
+Against the trio stack in another process (tests.e2e.peer_process) and against itself in
+another thread: every operation moves the right bytes, an orderly close leaves both QPs in
+ERROR with nothing lost, protocol errors end in Terminate and flushed WRs, a pipeline of
+large Reads whose responses fill both socket buffers completes (no deadlock), and a
+listener survives a peer that sends garbage.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from stack.errors import ConnectionTimeout
+from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
+from stack.rnic.qp import QpState
+from stack.transport.blocking import BlockingConnection, ConnectionClosed
+from stack.transport.blocking_cm import BlockingListener, connect
+from stack.transport.cm import ConnectFailed, ConnectRejected
+from tests.e2e.peer_process import ADVERT
+
+REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+
+
+class Side:
+    """One end: an RNIC, a PD, a CQ and a QP."""
+
+    def __init__(self, name: str, **qp_kw: object) -> None:
+        self.rnic = Rnic(name)
+        self.pd = self.rnic.alloc_pd()
+        self.cq = self.rnic.create_cq(1024)
+        self.qp = self.rnic.create_qp(self.pd, self.cq, **qp_kw)  # type: ignore[arg-type]
+
+    def mr(self, data: int | bytes, access: Access = Access.LOCAL_WRITE):  # type: ignore[no-untyped-def]
+        buf = bytearray(data) if isinstance(data, bytes) else bytearray(data)
+        return self.pd.reg_mr(buf, access)
+
+
+def sge(mr, offset: int = 0, length: int | None = None) -> Sge:  # type: ignore[no-untyped-def]
+    return Sge(mr.base + offset, mr.length - offset if length is None else length, mr.lkey)
+
+
+@pytest.fixture
+def peer_port() -> Iterator[int]:
+    """A trio peer in its own process (tests.e2e.peer_process): one connection, Sends echoed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.peer_process"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline().split()[1])
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_every_operation_against_the_trio_stack_in_another_process(peer_port: int) -> None:
+    me = Side("blocking")
+    conn = connect("127.0.0.1", peer_port, me.qp)
+    stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+    assert length == 65536 and me.qp.state is QpState.RTS
+    data = bytes(range(256)) * 200
+    src, sink, result, reply = me.mr(data), me.mr(len(data)), me.mr(8), me.mr(64)
+    me.qp.post_recv(RecvWR(100, (sge(reply),)))
+    me.qp.post_send(
+        [
+            SendWR(1, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to),
+            SendWR(2, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to),
+            SendWR(
+                3,
+                WrOpcode.ATOMIC_FETCH_AND_ADD,
+                (sge(result),),
+                rkey=stag,
+                remote_addr=to + 40000,
+                compare_add=41,
+            ),
+            SendWR(4, WrOpcode.SEND, inline_data=b"ping"),
+        ]
+    )
+    wcs = [conn.next_completion(me.cq, timeout=20) for _ in range(5)]
+    assert {wc.wr_id: wc.status for wc in wcs} == {i: WcStatus.SUCCESS for i in (1, 2, 3, 4, 100)}
+    assert bytes(sink.buf) == data
+    assert struct.unpack("<Q", result.buf)[0] == struct.unpack_from("<Q", data, 40000)[0]
+    assert bytes(reply.buf[:4]) == b"gnip"
+    # The FetchAdd added 41 where the Write put the data: read it back.
+    check = me.mr(8)
+    me.qp.post_send(SendWR(5, WrOpcode.RDMA_READ, (sge(check),), rkey=stag, remote_addr=to + 40000))
+    assert conn.next_completion(me.cq, timeout=20).status is WcStatus.SUCCESS
+    expected = (struct.unpack_from("<Q", data, 40000)[0] + 41) % (1 << 64)
+    assert struct.unpack("<Q", check.buf)[0] == expected
+    conn.disconnect(10)
+    assert conn.closed and conn.error is None and me.qp.state is QpState.ERROR
+
+
+def test_round_trips_one_at_a_time_each_answered_before_the_next(peer_port: int) -> None:
+    me = Side("blocking")
+    conn = connect("127.0.0.1", peer_port, me.qp)
+    stag, to, _ = ADVERT.unpack(conn.negotiated.peer_private_data)
+    src, sink = me.mr(8), me.mr(8)
+    for i in range(200):
+        src.buf[:8] = i.to_bytes(8, "little")
+        me.qp.post_send(SendWR(i, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to))
+        me.qp.post_send(SendWR(i, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to))
+        wcs = [conn.next_completion(me.cq, timeout=10) for _ in range(2)]
+        assert [wc.status for wc in wcs] == [WcStatus.SUCCESS] * 2
+        assert int.from_bytes(sink.buf, "little") == i  # the Read saw the Write before it
+        assert not len(me.cq)
+    conn.disconnect(10)
+
+
+def serve_in_thread(
+    listener: BlockingListener, serve: Callable[[BlockingConnection, Side], None], **qp_kw: object
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Accept one connection in a thread, advertise a 1 MiB region, run ``serve``."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            side = Side("server", **qp_kw)
+            region = side.mr(1 << 20, REMOTE)
+            region.buf[:] = bytes(range(256)) * 4096
+            request = listener.get_request(timeout=20)
+            assert request.private_data == b"hello"
+            conn = request.accept(side.qp, ADVERT.pack(region.rkey, region.base, region.length))
+            serve(conn, side)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def answer_until_closed(conn: BlockingConnection, side: Side) -> None:
+    while conn.progress(None):
+        pass
+
+
+def test_both_ends_blocking_a_pipeline_of_large_reads_fills_the_sockets() -> None:
+    """64 Reads of 256 KiB, posted at once: the responses (16 MiB) outrun both socket
+    buffers while the requester is still sending requests; both ends keep going."""
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed, ird=64)
+        me = Side("client", ord=64)
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        chunk = 256 * 1024
+        sink = me.mr(64 * chunk)
+        me.qp.post_send(
+            [
+                SendWR(
+                    i,
+                    WrOpcode.RDMA_READ,
+                    (sge(sink, i * chunk, chunk),),
+                    rkey=stag,
+                    remote_addr=to + (i % 4) * chunk,
+                )
+                for i in range(64)
+            ]
+        )
+        wcs = [conn.next_completion(me.cq, timeout=30) for _ in range(64)]
+        assert [wc.wr_id for wc in wcs] == list(range(64))
+        assert all(wc.status is WcStatus.SUCCESS for wc in wcs)
+        pattern = bytes(range(256)) * 1024
+        assert all(bytes(sink.buf[i * chunk : (i + 1) * chunk]) == pattern for i in range(64))
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors and not thread.is_alive()
+
+
+def test_a_large_write_to_the_trio_stack_leaves_through_the_backlog(peer_port: int) -> None:
+    me = Side("blocking")
+    conn = connect("127.0.0.1", peer_port, me.qp)
+    stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+    data = bytes(range(251)) * (length // 251)
+    src, sink = me.mr(data), me.mr(len(data))
+    wrs = [
+        SendWR(i, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to) for i in range(64)
+    ]
+    me.qp.post_send(wrs)  # 4 MiB at once: more than the socket takes without waiting
+    me.qp.post_send(SendWR(99, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to))
+    wcs = [conn.next_completion(me.cq, timeout=30) for _ in range(65)]
+    assert [wc.wr_id for wc in wcs] == [*range(64), 99]
+    assert all(wc.status is WcStatus.SUCCESS for wc in wcs) and bytes(sink.buf) == data
+    conn.disconnect(10)
+
+
+def test_a_wrong_stag_is_a_terminate_and_flushes_what_follows() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        stag, to, _ = ADVERT.unpack(conn.negotiated.peer_private_data)
+        sink = me.mr(64)
+        me.qp.post_send(
+            [
+                SendWR(1, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag ^ 0x100, remote_addr=to),
+                SendWR(2, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to),
+            ]
+        )
+        first = conn.next_completion(me.cq, timeout=10)
+        second = conn.next_completion(me.cq, timeout=10)
+        assert first.wr_id == 1 and first.status is WcStatus.REM_ACCESS_ERR
+        assert second.wr_id == 2 and second.status is WcStatus.WR_FLUSH_ERR
+        with pytest.raises(ConnectionClosed):
+            conn.next_completion(me.cq, timeout=10)
+        assert conn.closed and me.qp.state is QpState.ERROR
+        assert not conn.progress(0)
+        thread.join(10)
+        assert not errors and not thread.is_alive()
+
+
+def test_nothing_to_wait_for_times_out() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        with pytest.raises(ConnectionTimeout):
+            conn.next_completion(me.cq, timeout=0.2)
+        assert conn.poll_cq(me.cq) == [] and not conn.closed
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors
+
+
+def test_the_peer_closing_flushes_an_outstanding_read() -> None:
+    """The server closes its half while our Read waits (DDP-13): it completes flushed."""
+
+    def close_after_request(conn: BlockingConnection, side: Side) -> None:
+        conn.disconnect(10)  # our FIN; it reads until the client's FIN
+
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, close_after_request)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        while not conn.peer_closed:
+            conn.progress(10)
+        sink = me.mr(64)
+        stag, to, _ = ADVERT.unpack(conn.negotiated.peer_private_data)
+        me.qp.post_send(SendWR(7, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to))
+        wc = conn.next_completion(me.cq, timeout=10)
+        assert wc.wr_id == 7 and wc.status is WcStatus.WR_FLUSH_ERR
+        thread.join(10)
+        assert not errors and conn.closed and me.qp.state is QpState.ERROR
+
+
+def test_a_rejected_connection_carries_the_private_data() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+
+        def reject() -> None:
+            listener.get_request(timeout=20).reject(b"go away")
+
+        thread = threading.Thread(target=reject, daemon=True)
+        thread.start()
+        me = Side("client")
+        with pytest.raises(ConnectRejected) as caught:
+            connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        assert caught.value.private_data == b"go away"
+        thread.join(10)
+
+
+def test_the_listener_survives_garbage_and_takes_the_next_peer() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        with socket.create_connection(("127.0.0.1", listener.port)) as bad:
+            bad.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(64))  # not an MPA Request
+            assert bad.recv(100) == b""  # closed on us
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        sink = me.mr(16)
+        stag, to, _ = ADVERT.unpack(conn.negotiated.peer_private_data)
+        me.qp.post_send(SendWR(1, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to))
+        assert conn.next_completion(me.cq, timeout=10).status is WcStatus.SUCCESS
+        assert bytes(sink.buf) == bytes(range(16))
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors and listener.failures
+
+
+def test_connect_to_nothing_fails_cleanly() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectFailed):
+        connect("127.0.0.1", port, Side("client").qp, timeout=5)
