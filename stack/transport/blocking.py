@@ -29,8 +29,9 @@ Theory of operation.  :class:`BlockingConnection` pumps the same sans-IO
   :mod:`stack.transport.blocking_cm` connects and listens (the MPA startup of RFC 5044
   §7.1, with the engine's timers, MPA-27).
 
-The EMSS is the socket's segment size at connect time (it is not followed as it grows, as
-the trio driver does; pass ``MpaSettings(emss=...)`` or ``mulpdu`` for bulk transfers).
+The EMSS is the socket's segment size, followed as it grows as the trio driver follows it
+(:class:`~stack.transport.driver.EmssFollower`) unless the settings fix ``emss`` or
+``mulpdu``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QueuePair
 from stack.rnic.verbs import WorkCompletion
 from stack.transport.cm import bind_ird_ord
-from stack.transport.driver import DISCONNECT_TIMEOUT, FEED_BUDGET, RECEIVE_SIZE, Tap
+from stack.transport.driver import (
+    DISCONNECT_TIMEOUT,
+    FEED_BUDGET,
+    RECEIVE_SIZE,
+    EmssFollower,
+    Tap,
+)
 from stack.transport.sendq import Buffer, SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.connection import IwarpConnection
@@ -74,7 +81,13 @@ class BlockingConnection:
     """
 
     def __init__(
-        self, sock: socket.socket, engine: IwarpConnection, qp: QueuePair, *, tap: Tap | None = None
+        self,
+        sock: socket.socket,
+        engine: IwarpConnection,
+        qp: QueuePair,
+        *,
+        tap: Tap | None = None,
+        follow_mss: bool = False,
     ) -> None:
         if engine.negotiated is None:
             raise IwarpError("the MPA startup of this connection has not completed")
@@ -91,6 +104,7 @@ class BlockingConnection:
         self._rx = memoryview(bytearray(RECEIVE_SIZE))
         self._busy = False  # inside a feed or a send: output waits for it to finish
         self._fin_sent = False
+        self._emss = EmssFollower(sock, engine) if follow_mss else None
         sock.setblocking(True)
         limit_unsent(sock)
         bind_ird_ord(qp, engine)
@@ -198,6 +212,9 @@ class BlockingConnection:
         if self.closed or self._busy:
             return
         endpoint, qp = self.endpoint, self.qp
+        emss = self._emss
+        if emss is not None and sendq.sent >= emss.check_at and not emss.update(sendq.sent):
+            self._emss = None
         self._busy = True
         try:
             if sendq.has_backlog and not sendq.send_backlog():

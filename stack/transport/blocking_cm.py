@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from stack.errors import ConnectionTimeout, LocalError
 from stack.rnic.qp import QueuePair
 from stack.transport.blocking import BlockingConnection
-from stack.transport.cm import ConnectFailed, startup_error
+from stack.transport.cm import ConnectFailed, follows_socket, startup_error
 from stack.transport.driver import RECEIVE_SIZE, Tap
 from stack.transport.sockopts import segment_size
 from stack.wire.connection import IwarpConnection
@@ -75,7 +75,9 @@ def connect(
         raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as trio's streams
-        settings = _with_emss(settings or MpaSettings(ird=qp.ird, ord=qp.ord), sock)
+        settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
+        follow = follows_socket(settings)
+        settings = _with_emss(settings, sock)
         engine = IwarpConnection(Role.INITIATOR, settings)
         engine.initiate(time.monotonic(), private_data)
         event = _startup(sock, engine, deadline, tap)
@@ -87,7 +89,7 @@ def connect(
     except BaseException:
         sock.close()
         raise
-    return BlockingConnection(sock, engine, qp, tap=tap)
+    return BlockingConnection(sock, engine, qp, tap=tap, follow_mss=follow)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class BlockingRequest:
     engine: IwarpConnection
     frame: MpaFrame
     remote: tuple[str, int]
+    settings: MpaSettings
     tap: Tap | None = None
     _done: bool = field(default=False, repr=False)
 
@@ -142,7 +145,8 @@ class BlockingRequest:
         if not isinstance(event, Established):
             self.sock.close()
             raise ConnectFailed(f"MPA accept did not establish: {event!r}")
-        return BlockingConnection(self.sock, self.engine, qp, tap=self.tap)
+        follow = follows_socket(self.settings)
+        return BlockingConnection(self.sock, self.engine, qp, tap=self.tap, follow_mss=follow)
 
     def reject(self, private_data: bytes = b"") -> None:
         """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
@@ -238,7 +242,7 @@ class BlockingListener:
         except (OSError, ConnectFailed) as exc:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
-            return BlockingRequest(sock, engine, event.frame, remote)
+            return BlockingRequest(sock, engine, event.frame, remote, self.settings)
         error = event.error if isinstance(event, ConnectionFailed) else None
         self.failures = [*self.failures[-63:], error or ConnectFailed(f"MPA startup: {event!r}")]
         log.info("listener: MPA startup from %s failed: %s", remote, error or event)
@@ -248,7 +252,7 @@ class BlockingListener:
 
 def _with_emss(settings: MpaSettings, sock: socket.socket) -> MpaSettings:
     """``settings`` with EMSS from the socket's segment size unless the caller fixed it."""
-    if settings.emss is not None or settings.mulpdu is not None:
+    if not follows_socket(settings):
         return settings
     emss = segment_size(sock)
     return replace(settings, emss=emss) if emss else settings

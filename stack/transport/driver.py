@@ -106,6 +106,40 @@ def drain_halves(items: Sequence[T]) -> tuple[Sequence[T], ...]:
     return items[:middle], items[middle:]
 
 
+class EmssFollower:
+    """MPA-13 on a socket whose segment size grows: the EMSS read again every
+    :data:`MSS_CHECK_INTERVAL` octets sent, and the MULPDU derived from it when it grew
+    (Linux starts it at half the peer's initial window, about half a loopback path's
+    65483), until it reaches the path's (``tcpi_advmss``) or :data:`MSS_FOLLOW_LIMIT`
+    octets were sent.  Both drivers call :meth:`update` once ``sent`` reaches
+    :attr:`check_at`."""
+
+    __slots__ = ("_sock", "_engine", "_ceiling", "check_at")
+
+    def __init__(self, sock: socket.socket, engine: IwarpConnection) -> None:
+        self._sock = sock
+        self._engine = engine
+        self._ceiling = path_segment_size(sock)
+        self.check_at = 0
+        """Octets sent at which the segment size is read again."""
+
+    def update(self, sent: int) -> bool:
+        """Read the segment size now (``sent`` octets sent so far); False once it has
+        settled (stop calling)."""
+        size = segment_size(self._sock)
+        emss = self._engine.settings.emss
+        if size is not None and (emss is None or size > emss):
+            self._engine.update_emss(size)
+            emss = size
+        ceiling = self._ceiling
+        if sent >= MSS_FOLLOW_LIMIT or (
+            ceiling is not None and emss is not None and emss >= ceiling
+        ):
+            return False
+        self.check_at = sent + MSS_CHECK_INTERVAL
+        return True
+
+
 class Tap(Protocol):
     """What the driver needs of a capture recorder."""
 
@@ -157,8 +191,7 @@ class RdmaConnection:
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
         self._follow_mss = follow_mss
-        self._mss_check_at = 0  # sendq.sent at which the segment size is read again
-        self._mss_ceiling: int | None = None
+        self._emss: EmssFollower | None = None  # made with the socket (run)
         qp.on_output = self._on_output
 
     def __repr__(self) -> str:
@@ -175,7 +208,7 @@ class RdmaConnection:
         if self._sock is not None:
             self._sendq = SendQueue(self._sock.sendmsg)
             if self._follow_mss:
-                self._mss_ceiling = path_segment_size(self._sock)
+                self._emss = EmssFollower(self._sock, self.engine)
         self.qp.set_rts()
         if self._disconnecting:  # disconnect() came before the pumps started
             self.qp.close()
@@ -417,8 +450,10 @@ class RdmaConnection:
         if sendq is None or self._flushing or sendq.has_backlog or self._send_error is not None:
             self._kick()
             return
-        if self._follow_mss and sendq.sent >= self._mss_check_at:
-            self._update_emss(sendq.sent)
+        emss = self._emss
+        if emss is not None and sendq.sent >= emss.check_at:
+            if not emss.update(sendq.sent):
+                self._emss = None
         endpoint = self.endpoint
         qp = self.qp
         self._flushing = True
@@ -452,24 +487,6 @@ class RdmaConnection:
             or qp.state is QpState.CLOSING
         ):
             self._kick()  # the writer: backlog, an error, FIN, a stalled reader
-
-    def _update_emss(self, sent: int) -> None:
-        """Read TCP's segment size again and derive the MULPDU from it when it grew (MPA-13:
-        Linux starts it at half the peer's initial window, about half a loopback path's
-        65483).  Read every :data:`MSS_CHECK_INTERVAL` octets sent, until it reaches the
-        path's or :data:`MSS_FOLLOW_LIMIT` octets have been sent."""
-        assert self._sock is not None
-        size = segment_size(self._sock)
-        emss = self.engine.settings.emss
-        if size is not None and (emss is None or size > emss):
-            self.engine.update_emss(size)
-            emss = size
-        ceiling = self._mss_ceiling
-        if sent >= MSS_FOLLOW_LIMIT or (
-            ceiling is not None and emss is not None and emss >= ceiling
-        ):
-            self._follow_mss = False
-        self._mss_check_at = sent + MSS_CHECK_INTERVAL
 
     async def _writer(self) -> None:
         while True:

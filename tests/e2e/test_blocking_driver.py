@@ -24,6 +24,8 @@ from stack.rnic.qp import QpState
 from stack.transport.blocking import BlockingConnection, ConnectionClosed
 from stack.transport.blocking_cm import BlockingListener, connect
 from stack.transport.cm import ConnectFailed, ConnectRejected
+from stack.transport.sockopts import path_segment_size
+from stack.wire.events import MpaSettings
 from tests.e2e.peer_process import ADVERT
 
 REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
@@ -292,3 +294,47 @@ def test_connect_to_nothing_fails_cleanly() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ConnectFailed):
         connect("127.0.0.1", port, Side("client").qp, timeout=5)
+
+
+def test_the_emss_follows_the_socket_as_its_segment_size_grows() -> None:
+    """MPA-13: as on the trio driver, the MULPDU is derived again as TCP's segment size
+    grows (loopback starts at about half the path's), unless the settings fix it."""
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        first = conn.engine.settings.emss
+        assert first is not None
+        stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        src = me.mr(length)
+        for i in range(16):  # 16 MiB: far past the first checks
+            me.qp.post_send(SendWR(i, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to))
+        me.qp.post_send(
+            SendWR(99, WrOpcode.RDMA_READ, (sge(src, 0, 8),), rkey=stag, remote_addr=to)
+        )
+        assert [conn.next_completion(me.cq, 30).wr_id for _ in range(17)] == [*range(16), 99]
+        path = path_segment_size(conn.sock)
+        grown = conn.engine.settings.emss
+        assert grown is not None and grown >= first
+        if path is not None and first < path:
+            assert grown > first  # it was read again and grew
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors
+
+
+def test_a_fixed_mulpdu_stays() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        settings = MpaSettings(mulpdu=1024)
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello", settings=settings)
+        assert conn.negotiated.mulpdu == 1024 and conn.engine.settings.emss is None
+        stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        src = me.mr(1 << 20)
+        me.qp.post_send(SendWR(1, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to))
+        assert conn.next_completion(me.cq, 30).status is WcStatus.SUCCESS
+        assert conn.engine.settings.emss is None and conn.engine.mpa.mulpdu == 1024
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors
