@@ -43,6 +43,11 @@ def test_readme_python_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "status=<WcStatus.SUCCESS" in capsys.readouterr().out
 
 
+def test_readme_blocking_driver_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    _run(_block("blocking_cm"))
+    assert capsys.readouterr().out.splitlines() == ["SUCCESS b'read me, blocking'"]
+
+
 def test_readme_coming_from_pyverbs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "```python pyverbs\n" in README.read_text()
     _run(_block("verbs_sync"))
