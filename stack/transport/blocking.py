@@ -261,8 +261,8 @@ class BlockingConnection:
                 else:
                     n = self.sock.recv_into(rx, 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                if not self._wait(True, deadline):
-                    return None
+                if not self._wait(True, deadline) & _POLL_IN:
+                    return None  # the deadline, or the backlog moved (the CQ may have more)
                 continue
             except OSError as exc:
                 self._lost(exc)
@@ -272,21 +272,22 @@ class BlockingConnection:
             return rx[:n] if n else b""
         return None
 
-    def _wait(self, readable: bool, deadline: float | None) -> bool:
-        """Wait until the socket is readable (``readable``) or the backlog can move; send
-        what it can.  False when ``deadline`` passed first."""
-        poller = select.poll()
+    def _wait(self, readable: bool, deadline: float | None) -> int:
+        """Wait until the socket is readable (``readable``) or the backlog can move, and
+        send what it can then.  Returns the ``poll`` events: 0 when ``deadline`` passed
+        first, or when there is nothing to wait for."""
         backlog = self._sendq.has_backlog
+        if not readable and not backlog:
+            return 0  # nothing could change: only the caller's timeout is left
+        poller = select.poll()
         poller.register(self.sock, (_POLL_IN if readable else 0) | (_POLL_OUT if backlog else 0))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not readable and not backlog:
-            return False  # nothing could change: only the caller's timeout is left
-        events = poller.poll(None if left is None else left * 1000.0)
-        if not events:
-            return False
-        if backlog:
-            self._flush()
-        return True
+        events = 0
+        for _fd, mask in poller.poll(None if left is None else left * 1000.0):
+            events |= mask
+        if backlog and events & _POLL_OUT:
+            self._flush()  # may complete WRs: a caller waiting for the CQ looks again
+        return events
 
     def _apply(self, data: memoryview | bytes | None) -> None:
         """Feed ``data`` a budget of events at a time, sending what each budget produced."""

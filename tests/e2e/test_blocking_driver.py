@@ -338,3 +338,31 @@ def test_a_fixed_mulpdu_stays() -> None:
         conn.disconnect(10)
         thread.join(10)
         assert not errors
+
+
+def test_writes_through_the_backlog_complete_with_nothing_coming_back() -> None:
+    """Writes the socket cannot take at once complete as the backlog drains, though the
+    peer sends nothing: a wait for the CQ wakes when the socket takes more, not only when
+    bytes arrive (it waited for the peer here, for ever with no timeout)."""
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        src = me.mr(length)
+        done: list[int] = []
+
+        def write_all() -> None:
+            for i in range(32):  # 32 MiB: far more than both socket buffers hold
+                me.qp.post_send(
+                    SendWR(i, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to)
+                )
+            done.extend(conn.next_completion(me.cq).wr_id for _ in range(32))  # no timeout
+
+        writer = threading.Thread(target=write_all, daemon=True)
+        writer.start()
+        writer.join(60)
+        assert done == list(range(32))
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors
