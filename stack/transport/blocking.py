@@ -128,7 +128,8 @@ class BlockingConnection:
     def progress(self, timeout: float | None = 0.0) -> bool:
         """Read what has arrived (waiting up to ``timeout`` seconds for it, None: until
         something comes), apply it and send what that produced; False once the connection
-        reads no more (it is then closed, the QP in ERROR)."""
+        reads no more (closed, the QP in ERROR; or the peer closed its half and only our
+        last output is still leaving)."""
         if self.closed:
             return False
         if self._sendq.has_backlog:
@@ -145,6 +146,11 @@ class BlockingConnection:
             if self.endpoint.stalled is not None:
                 return not self.closed  # it waits for more than this end can send now
         if self.closed:
+            return False
+        if self.endpoint.reading_done:  # the peer's FIN came: only our last output is left
+            self._reading_over()
+            if not self.closed:
+                self._wait(False, deadline)  # a backlog still leaving
             return False
         data = self._read(deadline)
         if data is not None:
@@ -171,7 +177,9 @@ class BlockingConnection:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise ConnectionTimeout(f"no completion within {timeout} s")
-            self.progress(left)
+            if not self.progress(left) and not len(cq):
+                why = self.error or ("the peer closed" if self.peer_closed else "orderly close")
+                raise ConnectionClosed(f"connection closed: {why}")
         return cq.poll(1)[0]
 
     # ------------------------------------------------------------------ closing
