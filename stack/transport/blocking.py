@@ -132,19 +132,21 @@ class BlockingConnection:
         last output is still leaving)."""
         if self.closed:
             return False
-        if self._sendq.has_backlog:
+        sendq = self._sendq
+        if sendq.has_backlog:
+            sent = sendq.sent
             self._flush()
+            if sendq.sent != sent:
+                return not self.closed  # output moved: WRs may have completed, look first
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.endpoint.stalled is not None and not self.closed:
+        if self.endpoint.stalled is not None:
             # An event waits for queued Read Responses to leave (backpressure): the
             # receive buffer it views is not read into until they have.
-            if self._sendq.has_backlog:
-                if not self._wait(False, deadline):
-                    return not self.closed
-                continue
-            self._apply(None)  # they have left: apply it
-            if self.endpoint.stalled is not None:
-                return not self.closed  # it waits for more than this end can send now
+            if sendq.has_backlog:
+                self._wait(False, deadline)
+            else:
+                self._apply(None)  # they have left: apply it
+            return not self.closed
         if self.closed:
             return False
         if self.endpoint.reading_done:  # the peer's FIN came: only our last output is left
