@@ -25,7 +25,8 @@ from stack.transport.blocking import BlockingConnection, ConnectionClosed
 from stack.transport.blocking_cm import BlockingListener, connect
 from stack.transport.cm import ConnectFailed, ConnectRejected
 from stack.transport.sockopts import path_segment_size
-from stack.wire.events import MpaSettings
+from stack.wire.connection import IwarpConnection
+from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, TerminateReceived
 from tests.e2e.peer_process import ADVERT
 
 REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
@@ -366,3 +367,47 @@ def test_writes_through_the_backlog_complete_with_nothing_coming_back() -> None:
         conn.disconnect(10)
         thread.join(10)
         assert not errors
+
+
+def _raw_initiator(port: int) -> tuple[socket.socket, IwarpConnection]:
+    """A hand-driven MPA initiator on a plain socket, established."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    engine = IwarpConnection(Role.INITIATOR, MpaSettings())
+    engine.initiate(0.0, b"hello")
+    sock.sendall(engine.data_to_send())
+    while not isinstance(engine.next_event(), Established):
+        engine.receive_data(sock.recv(65536))
+    return sock, engine
+
+
+def test_a_corrupt_fpdu_is_answered_with_a_terminate_and_the_server_ends_cleanly() -> None:
+    """MPA-12 on the blocking driver: a CRC error gets a Terminate (2/0/2) back, the QP ends
+    in ERROR, the serving loop returns instead of raising."""
+    ended: list[BlockingConnection] = []
+
+    def serve(conn: BlockingConnection, side: Side) -> None:
+        answer_until_closed(conn, side)
+        ended.append(conn)
+
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, serve)
+        sock, engine = _raw_initiator(listener.port)
+        engine.send_message(Send(b"x" * 40))
+        fpdu = bytearray(engine.data_to_send())
+        fpdu[10] ^= 0xFF  # inside the ULPDU: the CRC no longer matches
+        sock.sendall(fpdu)
+        received = bytearray()
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+        engine.receive_data(bytes(received))
+        events = []
+        while not isinstance(event := engine.next_event(), NeedData):
+            events.append(event)
+        [term] = [e for e in events if isinstance(e, TerminateReceived)]
+        assert term.terminate.cause == (2, 0, 0x02)  # LLP, MPA CRC error
+        thread.join(10)
+        assert not errors and not thread.is_alive()
+        [conn] = ended
+        assert conn.closed and conn.qp.state is QpState.ERROR
+        assert conn.error is not None and "MPA-12" in str(conn.error)
