@@ -23,7 +23,7 @@ from stack.bench.protocol import Advert, SessionSpec
 from stack.bench.results import LatResult, latency_stats
 from stack.bench.session import Session
 from stack.errors import IwarpError
-from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WcOpcode, WcStatus, WrOpcode
+from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import MemoryRegion
 from stack.transport.blocking import BlockingConnection
 from stack.transport.blocking_cm import BlockingListener, BlockingRequest, connect
@@ -75,10 +75,12 @@ class BlockingIwarpServer:
             session.close()
             return
         try:
-            if session.inbox is not None:
-                _serve_sends(conn, session, spec)
-            elif session.pongs:
-                _pong_writes(conn, session, spec)
+            if session.recv is not None:
+                cq = session.cq
+                while session.answer([conn.next_completion(cq), *cq.poll(len(cq))]):
+                    pass
+            elif session.pong is not None:
+                _pong_writes(conn, session, spec.size)
             else:
                 while conn.progress(None):
                     pass
@@ -88,48 +90,16 @@ class BlockingIwarpServer:
             session.close()
 
 
-def _serve_sends(conn: BlockingConnection, session: Session, spec: SessionSpec) -> None:
-    """Keep the receive queue full; in latency mode answer each Send with a Send."""
-    inbox, source, qp, cq = session.inbox, session.source, session.qp, session.cq
-    assert inbox is not None
-    recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
-    echo = None
-    if source is not None:
-        echo = SendWR(0, WrOpcode.SEND, (Sge(source.base, spec.size, source.lkey),), SendFlags.NONE)
-    while not conn.closed:
-        received = 0
-        for wc in [conn.next_completion(cq), *cq.poll(len(cq))]:
-            if wc.status is not WcStatus.SUCCESS:
-                return
-            received += wc.opcode is WcOpcode.RECV
-        if received:
-            qp.post_recv([recv] * received)
-            if echo is not None:
-                qp.post_send([echo] * received)
-
-
-def _pong_writes(conn: BlockingConnection, session: Session, spec: SessionSpec) -> None:
+def _pong_writes(conn: BlockingConnection, session: Session, size: int) -> None:
     """Write latency: read until the ping's last byte lands, answer with a Write."""
-    assert spec.pong is not None and session.target is not None and session.source is not None
-    rkey, to, _length = spec.pong
-    last = session.pad + spec.size - 1
-    tbuf, sbuf = session.target.buf, session.source.buf
-    source = session.source
-    pong = SendWR(
-        0,
-        WrOpcode.RDMA_WRITE,
-        (Sge(source.base, spec.size, source.lkey),),
-        SendFlags.NONE,
-        rkey=rkey,
-        remote_addr=to,
-    )
+    assert session.target is not None
+    tbuf, last = session.target.buf, session.pong_index(size)
     expected = 1
     while True:
         while tbuf[last] != expected:
             if not conn.progress(None):
                 return
-        sbuf[spec.size - 1] = expected
-        session.qp.post_send(pong)
+        session.send_pong(expected, size)
         expected = expected % 255 + 1
 
 

@@ -35,18 +35,9 @@ from stack.bench.protocol import (
 from stack.bench.session import Session
 from stack.constants import RAW_RECEIVE_SIZE
 from stack.rnic import (
-    CompletionQueue,
-    QueuePair,
-    RecvWR,
     Rnic,
-    SendFlags,
-    SendWR,
-    Sge,
-    WcOpcode,
-    WcStatus,
-    WrOpcode,
 )
-from stack.rnic.memory import MemoryRegion, ProtectionDomain
+from stack.rnic.memory import ProtectionDomain
 from stack.transport.cm import ConnectFailed, ConnectionManager, ConnectRequest
 from stack.transport.sockopts import limit_unsent
 
@@ -126,16 +117,10 @@ class BenchServer:
         self.active += 1
         try:
             async with trio.open_nursery() as nursery:
-                qp, cq = session.qp, session.cq
-                if session.inbox is not None:
-                    nursery.start_soon(
-                        self._serve_sends, qp, cq, session.inbox, session.source, spec
-                    )
-                elif session.pongs:
-                    assert session.target is not None and session.source is not None
-                    nursery.start_soon(
-                        self._pong_writes, qp, session.target, session.pad, session.source, spec
-                    )
+                if session.recv is not None:
+                    nursery.start_soon(self._serve_sends, session)
+                elif session.pong is not None:
+                    nursery.start_soon(self._pong_writes, session, spec.size)
                 await conn.wait_closed()
                 nursery.cancel_scope.cancel()
         finally:
@@ -147,61 +132,24 @@ class BenchServer:
         return self.raw_port, self.blocking_port, self.iwarp_blocking_port
 
     @staticmethod
-    async def _serve_sends(
-        qp: QueuePair,
-        cq: CompletionQueue,
-        inbox: MemoryRegion,
-        source: MemoryRegion | None,
-        spec: SessionSpec,
-    ) -> None:
+    async def _serve_sends(session: Session) -> None:
         """Keep the receive queue full; in latency mode answer each Send with a Send."""
-        recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
-        echo = None
-        if source is not None:
-            echo = SendWR(
-                0, WrOpcode.SEND, (Sge(source.base, spec.size, source.lkey),), SendFlags.NONE
-            )
-        while True:
-            first = await cq.next()
-            received = 0
-            for wc in [first, *cq.poll(len(cq))]:
-                if wc.status is not WcStatus.SUCCESS:
-                    return
-                received += wc.opcode is WcOpcode.RECV
-            if received:
-                qp.post_recv([recv] * received)
-                if echo is not None:
-                    qp.post_send([echo] * received)
+        cq = session.cq
+        while session.answer([await cq.next(), *cq.poll(len(cq))]):
+            pass
 
     @staticmethod
-    async def _pong_writes(
-        qp: QueuePair,
-        target: MemoryRegion,
-        pad: int,
-        source: MemoryRegion,
-        spec: SessionSpec,
-    ) -> None:
+    async def _pong_writes(session: Session, size: int) -> None:
         """Write latency: poll the last byte of the target, answer each ping with a Write."""
-        assert spec.pong is not None
-        rkey, to, _length = spec.pong
-        last = pad + spec.size - 1
-        tbuf, sbuf = target.buf, source.buf
-        pong = SendWR(
-            0,
-            WrOpcode.RDMA_WRITE,
-            (Sge(source.base, spec.size, source.lkey),),
-            SendFlags.NONE,
-            rkey=rkey,
-            remote_addr=to,
-        )
+        assert session.target is not None
+        tbuf, last = session.target.buf, session.pong_index(size)
         expected = 1
         while True:
             try:
-                await wait_for_byte(tbuf, last, expected, qp)
+                await wait_for_byte(tbuf, last, expected, session.qp)
             except BenchError:
                 return
-            sbuf[spec.size - 1] = expected
-            qp.post_send(pong)
+            session.send_pong(expected, size)
             expected = expected % 255 + 1
 
     async def _raw_connection(self, stream: trio.SocketStream) -> None:

@@ -13,7 +13,21 @@ from stack.bench.memory import REMOTE_ALL, dereg
 from stack.bench.options import DEFAULT_TX_DEPTH
 from stack.bench.protocol import Advert, SessionSpec
 from stack.constants import ATOMIC_ALIGNMENT
-from stack.rnic import Access, CompletionQueue, QpCap, QueuePair, RecvWR, Rnic, Sge
+from stack.rnic import (
+    Access,
+    CompletionQueue,
+    QpCap,
+    QueuePair,
+    RecvWR,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 
 __all__ = ["Session"]
@@ -36,6 +50,12 @@ class Session:
     pad: int = 0
     pongs: bool = False
     """Write latency: the server answers each ping with a Write of its own."""
+    recv: RecvWR | None = None
+    """The receive kept posted for Sends (one per Send that completes)."""
+    echo: SendWR | None = None
+    """Send latency: the Send answering each Send."""
+    pong: SendWR | None = None
+    """Write latency: the Write answering each ping (its last byte is the ping's)."""
 
     @classmethod
     def open(
@@ -61,12 +81,47 @@ class Session:
         if spec.latency and spec.test in ("write", "send"):
             session.source = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
             session.regions.append(session.source)
+        source = session.source
         if spec.test == "send":
             inbox = session.inbox = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
             session.regions.append(inbox)
-            qp.post_recv([RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))] * depth)
+            session.recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
+            qp.post_recv([session.recv] * depth)
+            if source is not None:
+                sge = (Sge(source.base, spec.size, source.lkey),)
+                session.echo = SendWR(0, WrOpcode.SEND, sge, SendFlags.NONE)
         session.pongs = spec.test == "write" and spec.latency and spec.pong is not None
+        if session.pongs and source is not None and spec.pong is not None:
+            rkey, to, _length = spec.pong
+            sge = (Sge(source.base, spec.size, source.lkey),)
+            session.pong = SendWR(
+                0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=rkey, remote_addr=to
+            )
         return session
+
+    def answer(self, wcs: list[WorkCompletion]) -> bool:
+        """Sends: repost a receive for each one that completed and, in latency mode, answer
+        it with a Send.  False when a completion failed (the session is over)."""
+        received = 0
+        for wc in wcs:
+            if wc.status is not WcStatus.SUCCESS:
+                return False
+            received += wc.opcode is WcOpcode.RECV
+        if received and self.recv is not None:
+            self.qp.post_recv([self.recv] * received)
+            if self.echo is not None:
+                self.qp.post_send([self.echo] * received)
+        return True
+
+    def pong_index(self, size: int) -> int:
+        """Write latency: where in the target the ping's last byte lands."""
+        return self.pad + size - 1
+
+    def send_pong(self, value: int, size: int) -> None:
+        """Write latency: answer the ping whose last byte was ``value``."""
+        assert self.pong is not None and self.source is not None
+        self.source.buf[size - 1] = value
+        self.qp.post_send(self.pong)
 
     def close(self) -> None:
         """Destroy the QP and deregister the regions."""

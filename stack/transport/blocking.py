@@ -53,6 +53,7 @@ from stack.transport.driver import (
     RECEIVE_SIZE,
     EmssFollower,
     Tap,
+    send_pass,
 )
 from stack.transport.sendq import Buffer, SendQueue
 from stack.transport.sockopts import limit_unsent
@@ -221,27 +222,14 @@ class BlockingConnection:
         sendq = self._sendq
         if self.closed or self._busy:
             return
-        endpoint, qp = self.endpoint, self.qp
-        emss = self._emss
-        if emss is not None and sendq.sent >= emss.check_at and not emss.update(sendq.sent):
-            self._emss = None
+        endpoint = self.endpoint
+        if self._emss is not None:
+            self._emss = self._emss.check(sendq.sent)
         self._busy = True
         try:
             if sendq.has_backlog and not sendq.send_backlog():
                 return  # nothing new may pass the backlog
-            while True:
-                pieces = endpoint.produce_iov()
-                if not pieces:
-                    break
-                if self.tap is not None:
-                    self.tap.record(True, b"".join(pieces))
-                done = sendq.send(pieces)
-                del pieces  # no view of registered memory outlives the send (SendQueue)
-                stalled = endpoint.stalled is not None
-                if stalled:
-                    endpoint.resume_stalled()
-                if not done or not (stalled or qp.has_outgoing):
-                    break
+            send_pass(endpoint, sendq, self.tap)
         except OSError as exc:
             self._lost(exc)
             return

@@ -24,10 +24,10 @@ import socket
 import time
 from dataclasses import dataclass, field, replace
 
-from stack.errors import ConnectionTimeout, LocalError
+from stack.errors import ConnectionTimeout
 from stack.rnic.qp import QueuePair
 from stack.transport.blocking import BlockingConnection
-from stack.transport.cm import ConnectFailed, follows_socket, startup_error
+from stack.transport.cm import ConnectFailed, RequestFrame, follows_socket, startup_error
 from stack.transport.driver import RECEIVE_SIZE, Tap
 from stack.transport.sockopts import segment_size
 from stack.wire.connection import IwarpConnection
@@ -93,7 +93,7 @@ def connect(
 
 
 @dataclass
-class BlockingRequest:
+class BlockingRequest(RequestFrame):
     """An incoming connection whose MPA Request has arrived (``RDMA_CM_EVENT_CONNECT_REQUEST``).
 
     Fields: frame (the Request), private_data, peer_ird/peer_ord (None without RFC 6581),
@@ -108,18 +108,6 @@ class BlockingRequest:
     tap: Tap | None = None
     _done: bool = field(default=False, repr=False)
 
-    @property
-    def private_data(self) -> bytes:
-        return self.frame.private_data
-
-    @property
-    def peer_ird(self) -> int | None:
-        return self.frame.ird_ord.ird if self.frame.ird_ord else None
-
-    @property
-    def peer_ord(self) -> int | None:
-        return self.frame.ird_ord.ord if self.frame.ird_ord else None
-
     def accept(
         self,
         qp: QueuePair,
@@ -129,15 +117,9 @@ class BlockingRequest:
         ord: int | None = None,
     ) -> BlockingConnection:
         """Accept with ``qp`` (``rdma_accept``); returns its blocking connection."""
-        self._answer()
-        kwargs: dict[str, object] = {}
-        if ird is not None:
-            kwargs["ird"] = ird
-        if ord is not None:
-            kwargs["ord"] = ord
-        self.engine.accept(private_data, **kwargs)
+        out = self._accept_reply(private_data, ird, ord)
         try:
-            self._send(self.engine.data_to_send())
+            self._send(out)
         except OSError as exc:
             self.sock.close()
             raise ConnectFailed(f"peer went away during accept: {exc}", exc) from exc
@@ -150,19 +132,13 @@ class BlockingRequest:
 
     def reject(self, private_data: bytes = b"") -> None:
         """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
-        self._answer()
-        self.engine.reject(private_data)
+        out = self._reject_reply(private_data)
         try:
-            self._send(self.engine.data_to_send())
+            self._send(out)
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         self.sock.close()
-
-    def _answer(self) -> None:
-        if self._done:
-            raise LocalError("connect request already answered")
-        self._done = True
 
     def _send(self, out: bytes | bytearray) -> None:
         if self.tap is not None:

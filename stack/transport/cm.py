@@ -138,8 +138,52 @@ async def _startup_pump(
         engine.receive_data(data)
 
 
+class RequestFrame:
+    """What an incoming connection's MPA Request says, for both connection managers'
+    requests: private_data, peer_ird/peer_ord (None without RFC 6581); and the Reply that
+    answers it, once."""
+
+    frame: MpaFrame
+    engine: IwarpConnection
+    _done: bool
+
+    def _accept_reply(self, private_data: bytes, ird: int | None, ord: int | None) -> bytes:
+        """The engine's accepting Reply (MPA-22) with ``ird``/``ord`` where given."""
+        self._answer()
+        kwargs: dict[str, object] = {}
+        if ird is not None:
+            kwargs["ird"] = ird
+        if ord is not None:
+            kwargs["ord"] = ord
+        self.engine.accept(private_data, **kwargs)
+        return bytes(self.engine.data_to_send())
+
+    def _reject_reply(self, private_data: bytes) -> bytes:
+        """The engine's rejecting Reply, R=1 (MPA-23)."""
+        self._answer()
+        self.engine.reject(private_data)
+        return bytes(self.engine.data_to_send())
+
+    def _answer(self) -> None:
+        if self._done:
+            raise LocalError("connect request already answered")
+        self._done = True
+
+    @property
+    def private_data(self) -> bytes:
+        return self.frame.private_data
+
+    @property
+    def peer_ird(self) -> int | None:
+        return self.frame.ird_ord.ird if self.frame.ird_ord else None
+
+    @property
+    def peer_ord(self) -> int | None:
+        return self.frame.ird_ord.ord if self.frame.ird_ord else None
+
+
 @dataclass
-class ConnectRequest:
+class ConnectRequest(RequestFrame):
     """An incoming connection whose MPA Request has arrived (``RDMA_CM_EVENT_CONNECT_REQUEST``).
 
     Fields: frame (the Request), private_data, peer_ird/peer_ord (None without RFC 6581),
@@ -156,18 +200,6 @@ class ConnectRequest:
     follow_mss: bool = False
     _done: bool = field(default=False, repr=False)
 
-    @property
-    def private_data(self) -> bytes:
-        return self.frame.private_data
-
-    @property
-    def peer_ird(self) -> int | None:
-        return self.frame.ird_ord.ird if self.frame.ird_ord else None
-
-    @property
-    def peer_ord(self) -> int | None:
-        return self.frame.ird_ord.ord if self.frame.ird_ord else None
-
     async def accept(
         self,
         qp: QueuePair,
@@ -177,16 +209,7 @@ class ConnectRequest:
         ord: int | None = None,
     ) -> RdmaConnection:
         """Accept with ``qp`` (``rdma_accept``); returns the running connection."""
-        if self._done:
-            raise LocalError("connect request already answered")
-        self._done = True
-        kwargs: dict[str, object] = {}
-        if ird is not None:
-            kwargs["ird"] = ird
-        if ord is not None:
-            kwargs["ord"] = ord
-        self.engine.accept(private_data, **kwargs)
-        out = self.engine.data_to_send()
+        out = self._accept_reply(private_data, ird, ord)
         try:
             if self.tap is not None:
                 self.tap.record(True, out)
@@ -202,11 +225,7 @@ class ConnectRequest:
 
     async def reject(self, private_data: bytes = b"") -> None:
         """Reject with an R=1 Reply carrying ``private_data`` (MPA-23), then close."""
-        if self._done:
-            raise LocalError("connect request already answered")
-        self._done = True
-        self.engine.reject(private_data)
-        out = self.engine.data_to_send()
+        out = self._reject_reply(private_data)
         try:
             if self.tap is not None:
                 self.tap.record(True, out)

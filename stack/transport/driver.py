@@ -123,6 +123,14 @@ class EmssFollower:
         self.check_at = 0
         """Octets sent at which the segment size is read again."""
 
+    def check(self, sent: int) -> EmssFollower | None:
+        """Called with the octets sent so far before each send pass: reads the segment size
+        when :attr:`check_at` is reached; returns None once it has settled (stop calling),
+        else itself."""
+        if sent < self.check_at or self.update(sent):
+            return self
+        return None
+
     def update(self, sent: int) -> bool:
         """Read the segment size now (``sent`` octets sent so far); False once it has
         settled (stop calling)."""
@@ -144,6 +152,29 @@ class Tap(Protocol):
     """What the driver needs of a capture recorder."""
 
     def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None: ...
+
+
+def send_pass(endpoint: QpEndpoint, sendq: SendQueue, tap: Tap | None) -> None:
+    """Encode what the QP has queued and hand it to ``sendq`` until nothing is left or the
+    socket stops taking it (a backlog); an event that waited for queued Read Responses
+    (:attr:`QpEndpoint.stalled`) is applied once they are out.  The send pass of both
+    drivers; the socket's :class:`OSError` propagates."""
+    qp = endpoint.qp
+    while True:
+        pieces = endpoint.produce_iov()
+        if not pieces:
+            return
+        if tap is not None:
+            tap.record(True, b"".join(pieces))
+        done = sendq.send(pieces)
+        del pieces  # no view of registered memory outlives the send (SendQueue)
+        stalled = endpoint.stalled is not None
+        if stalled:
+            endpoint.resume_stalled()
+        # Another pass only when something may have been queued meanwhile: by the QP
+        # (callbacks during the send), or by the event that waited (its feed).
+        if not done or not (stalled or qp.has_outgoing):
+            return
 
 
 class RdmaConnection:
@@ -450,29 +481,13 @@ class RdmaConnection:
         if sendq is None or self._flushing or sendq.has_backlog or self._send_error is not None:
             self._kick()
             return
-        emss = self._emss
-        if emss is not None and sendq.sent >= emss.check_at:
-            if not emss.update(sendq.sent):
-                self._emss = None
+        if self._emss is not None:
+            self._emss = self._emss.check(sendq.sent)
         endpoint = self.endpoint
         qp = self.qp
         self._flushing = True
         try:
-            while True:
-                pieces = endpoint.produce_iov()
-                if not pieces:
-                    break
-                if self.tap is not None:
-                    self.tap.record(True, b"".join(pieces))
-                done = sendq.send(pieces)
-                del pieces  # no view of registered memory outlives the send (SendQueue)
-                stalled = endpoint.stalled is not None
-                if stalled:
-                    endpoint.resume_stalled()
-                # Another pass only when something may have been queued meanwhile: by the
-                # QP (callbacks during the send), or by the event that waited (its feed).
-                if not done or not (stalled or qp.has_outgoing):
-                    break
+            send_pass(endpoint, sendq, self.tap)
         except OSError as exc:
             self._send_error = exc
             sendq.clear()

@@ -1,12 +1,12 @@
 """``iwarp bench ... --lat --blocking``: the latency exchange on the blocking driver at both
-ends, end to end (figures parsed, never timed), and the arguments it refuses."""
+ends, end to end (figures parsed, never timed); the arguments it refuses are with the
+others in test_bench_rdma."""
 
 from __future__ import annotations
 
 import pytest
 
 from stack.bench.protocol import Advert
-from stack.cli.iwarp import main
 from tests.tools.test_bench_rdma import (
     LAT_BASELINE_HEADER,
     LAT_HEADER,
@@ -51,24 +51,6 @@ def test_the_trio_driver_is_not_named_without_blocking(capsys: pytest.CaptureFix
     code, out, _err = run_cli(capsys, "read", "-s", "64", "--lat", "-n", "20", "--in-process")
     assert code == 0
     assert " Driver " not in out
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["read", "--blocking"], "--blocking applies to latency tests"),
-        (["write", "--lat", "--blocking", "-w", "x.pcap"], "not with --blocking"),
-    ],
-)
-def test_blocking_needs_lat_and_no_capture(
-    capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
-    try:
-        code = main(["bench", *args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
 def test_the_advert_names_the_blocking_iwarp_port() -> None:

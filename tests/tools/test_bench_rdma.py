@@ -390,6 +390,8 @@ def test_idle_qps_reports_rss_per_qp(
         (["write", "--bogus"], "unrecognized arguments: --bogus"),
         (["idle-qps", "-q", "-3"], "must be >= 1"),
         (["server", "-p", "70000"], "port must be"),
+        (["read", "--blocking"], "--blocking applies to latency tests"),
+        (["write", "--lat", "--blocking", "-w", "x.pcap"], "not with --blocking"),
     ],
 )
 def test_bad_arguments_give_one_error_line_and_status_2(
