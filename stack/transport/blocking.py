@@ -76,7 +76,10 @@ class ConnectionClosed(IwarpError):
 class BlockingConnection:
     """A connected QP on a blocking socket, pumped by the thread that calls it.
 
-    Made by :func:`connect` (or from a socket whose MPA startup ``engine`` has completed).
+    Made by :func:`~stack.transport.blocking_cm.connect` and
+    :meth:`~stack.transport.blocking_cm.BlockingRequest.accept` (or from a socket whose
+    MPA startup ``engine`` has completed).  One thread uses it and its QP: nothing here
+    locks.  As a context manager it disconnects on leaving (aborts on an exception).
     Fields: ``negotiated`` (the MPA outcome), ``error`` (why the connection ended, or
     None), ``peer_closed`` (the peer sent FIN), ``closed`` (the socket is closed).
     """

@@ -411,3 +411,23 @@ def test_a_corrupt_fpdu_is_answered_with_a_terminate_and_the_server_ends_cleanly
         [conn] = ended
         assert conn.closed and conn.qp.state is QpState.ERROR
         assert conn.error is not None and "MPA-12" in str(conn.error)
+
+
+def test_as_a_context_manager_it_disconnects_and_aborts_on_an_error() -> None:
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        me = Side("client")
+        with connect("127.0.0.1", listener.port, me.qp, private_data=b"hello") as conn:
+            assert me.qp.state is QpState.RTS
+        assert conn.closed and conn.error is None and me.qp.state is QpState.ERROR
+        thread.join(10)
+        assert not errors and not thread.is_alive()
+
+        thread, errors = serve_in_thread(listener, answer_until_closed)
+        other = Side("client")
+        with pytest.raises(RuntimeError, match="the application failed"):
+            with connect("127.0.0.1", listener.port, other.qp, private_data=b"hello") as conn:
+                raise RuntimeError("the application failed")
+        assert conn.closed and other.qp.state is QpState.ERROR
+        thread.join(10)
+        assert not errors and not thread.is_alive()  # the server saw the abort as a close
