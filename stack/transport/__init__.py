@@ -19,7 +19,7 @@ from stack.transport.driver import EmssFollower, RdmaConnection, drain_halves
 from stack.transport.heap import keep_freed_memory
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
-from stack.transport.tap import CaptureTap, pcap_tap_factory
+from stack.transport.tap import CaptureTap, pcap_tap_factory, socket_tap_factory
 
 __all__ = [
     "BlockingConnection",
@@ -43,4 +43,5 @@ __all__ = [
     "keep_freed_memory",
     "limit_unsent",
     "pcap_tap_factory",
+    "socket_tap_factory",
 ]

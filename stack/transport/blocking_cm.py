@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from stack.errors import ConnectionTimeout
@@ -41,9 +42,13 @@ from stack.wire.events import (
     Role,
 )
 
-__all__ = ["BlockingListener", "BlockingRequest", "CONNECT_TIMEOUT", "connect"]
+__all__ = ["BlockingListener", "BlockingRequest", "CONNECT_TIMEOUT", "SocketTapFactory", "connect"]
 
 log = logging.getLogger(__name__)
+
+SocketTapFactory = Callable[[socket.socket, bool], Tap | None]
+"""Called with (connected socket, is_initiator) for each new connection; returns a capture
+tap (:func:`~stack.transport.tap.socket_tap_factory`) or None."""
 
 CONNECT_TIMEOUT = 30.0
 """Seconds :func:`connect` allows the TCP connect and the MPA startup by default."""
@@ -58,12 +63,14 @@ def connect(
     settings: MpaSettings | None = None,
     timeout: float = CONNECT_TIMEOUT,
     local_address: str | None = None,
-    tap: Tap | None = None,
+    tap_factory: SocketTapFactory | None = None,
 ) -> BlockingConnection:
     """Connect ``qp`` to a listener (``rdma_connect``) and return its blocking connection.
 
     ``timeout`` bounds the TCP connect and the MPA startup together (the engine's MPA
-    timers, MPA-27, apply within it).  Raises
+    timers, MPA-27, apply within it).  ``tap_factory`` (e.g.
+    :func:`~stack.transport.tap.socket_tap_factory`) is called with the connected socket
+    and True, and its tap records both directions from the MPA Request on.  Raises
     :class:`~stack.transport.cm.ConnectRejected` (with the peer's private data and
     IRD/ORD) or :class:`~stack.transport.cm.ConnectFailed`.
     """
@@ -73,8 +80,10 @@ def connect(
         sock = socket.create_connection((host, port), timeout, source)
     except OSError as exc:
         raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
+    tap = None
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as trio's streams
+        tap = tap_factory(sock, True) if tap_factory is not None else None
         settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
         follow = follows_socket(settings)
         settings = _with_emss(settings, sock)
@@ -84,10 +93,10 @@ def connect(
         if not isinstance(event, Established):
             raise startup_error(event)
     except OSError as exc:
-        sock.close()
+        _close(sock, tap)
         raise ConnectFailed(f"connection lost during MPA startup: {exc}", exc) from exc
     except BaseException:
-        sock.close()
+        _close(sock, tap)
         raise
     return BlockingConnection(sock, engine, qp, tap=tap, follow_mss=follow)
 
@@ -121,11 +130,11 @@ class BlockingRequest(RequestFrame):
         try:
             self._send(out)
         except OSError as exc:
-            self.sock.close()
+            _close(self.sock, self.tap)
             raise ConnectFailed(f"peer went away during accept: {exc}", exc) from exc
         event = self.engine.next_event()
         if not isinstance(event, Established):
-            self.sock.close()
+            _close(self.sock, self.tap)
             raise ConnectFailed(f"MPA accept did not establish: {event!r}")
         follow = follows_socket(self.settings)
         return BlockingConnection(self.sock, self.engine, qp, tap=self.tap, follow_mss=follow)
@@ -138,7 +147,7 @@ class BlockingRequest(RequestFrame):
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        self.sock.close()
+        _close(self.sock, self.tap)
 
     def _send(self, out: bytes | bytearray) -> None:
         if self.tap is not None:
@@ -157,8 +166,11 @@ class BlockingListener:
         *,
         settings: MpaSettings | None = None,
         backlog: int = 64,
+        tap_factory: SocketTapFactory | None = None,
     ) -> None:
         self.settings = settings or MpaSettings()
+        self.tap_factory = tap_factory
+        """Called with each accepted socket and False; its tap records the connection."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -208,22 +220,32 @@ class BlockingListener:
 
     def _startup(self, sock: socket.socket, remote: tuple[str, int]) -> BlockingRequest | None:
         """One MPA startup as the responder: the request, or None (the socket closed)."""
+        tap = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tap = self.tap_factory(sock, False) if self.tap_factory is not None else None
             engine = IwarpConnection(Role.RESPONDER, _with_emss(self.settings, sock))
             engine.start(time.monotonic())
             # The engine's timers end a silent peer (MPA-27); this bounds the whole startup.
             deadline = time.monotonic() + self.settings.request_timeout
-            event = _startup(sock, engine, deadline, None)
+            event = _startup(sock, engine, deadline, tap)
         except (OSError, ConnectFailed) as exc:
             event = ConnectionFailed(exc)
         if isinstance(event, RequestReceived):
-            return BlockingRequest(sock, engine, event.frame, remote, self.settings)
+            return BlockingRequest(sock, engine, event.frame, remote, self.settings, tap)
         error = event.error if isinstance(event, ConnectionFailed) else None
         self.failures = [*self.failures[-63:], error or ConnectFailed(f"MPA startup: {event!r}")]
         log.info("listener: MPA startup from %s failed: %s", remote, error or event)
-        sock.close()
+        _close(sock, tap)
         return None
+
+
+def _close(sock: socket.socket, tap: Tap | None) -> None:
+    """A connection that never became a BlockingConnection: its socket and its tap."""
+    sock.close()
+    close_tap = getattr(tap, "close", None)
+    if close_tap is not None:
+        close_tap()
 
 
 def _with_emss(settings: MpaSettings, sock: socket.socket) -> MpaSettings:

@@ -8,8 +8,10 @@ on one side of a connection only: tapping both ends into one file records every 
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -40,10 +42,32 @@ def pcap_tap_factory(
     """A ``tap_factory`` for the connection manager, writing to ``writer``."""
 
     def factory(stream: trio.SocketStream, is_active: bool) -> CaptureTap:
-        local = stream.socket.getsockname()[:2]
-        peer = stream.socket.getpeername()[:2]
-        src, dst = (local, peer) if is_active else (peer, local)
-        recorder = writer.connection(src, dst, timestamp=time.time(), mss=mss)
-        return CaptureTap(recorder, local_is_src=is_active)
+        return _socket_tap(writer, stream.socket, is_active, mss)
 
     return factory
+
+
+def socket_tap_factory(
+    writer: PcapWriter, *, mss: int = 1448
+) -> Callable[[socket.socket, bool], CaptureTap]:
+    """A ``tap_factory`` for the blocking driver's ``connect`` and listener
+    (:mod:`stack.transport.blocking_cm`), writing to ``writer``."""
+
+    def factory(sock: socket.socket, is_active: bool) -> CaptureTap:
+        return _socket_tap(writer, sock, is_active, mss)
+
+    return factory
+
+
+def _socket_tap(writer: PcapWriter, sock: _Named, is_active: bool, mss: int) -> CaptureTap:
+    """The tap of one connected socket (``is_active``: this end sent the SYN)."""
+    local = sock.getsockname()[:2]
+    peer = sock.getpeername()[:2]
+    src, dst = (local, peer) if is_active else (peer, local)
+    recorder = writer.connection(src, dst, timestamp=time.time(), mss=mss)
+    return CaptureTap(recorder, local_is_src=is_active)
+
+
+class _Named(Protocol):
+    def getsockname(self) -> Any: ...
+    def getpeername(self) -> Any: ...

@@ -15,16 +15,20 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from stack.cli.iwarp import main as iwarp
 from stack.errors import ConnectionTimeout
+from stack.pcap import PcapWriter
 from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpState
 from stack.transport.blocking import BlockingConnection, ConnectionClosed
 from stack.transport.blocking_cm import BlockingListener, connect
 from stack.transport.cm import ConnectFailed, ConnectRejected
 from stack.transport.sockopts import path_segment_size
+from stack.transport.tap import socket_tap_factory
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, TerminateReceived
 from tests.e2e.peer_process import ADVERT
@@ -431,3 +435,48 @@ def test_as_a_context_manager_it_disconnects_and_aborts_on_an_error() -> None:
         assert conn.closed and other.qp.state is QpState.ERROR
         thread.join(10)
         assert not errors and not thread.is_alive()  # the server saw the abort as a close
+
+
+def test_a_capture_tap_records_both_directions_for_the_dissector(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tap_factory`` on both ends' managers of the blocking driver: the pcap holds the MPA
+    startup and every FPDU as exchanged, and `iwarp dissect` decodes it (CRC ok)."""
+    path = tmp_path / "blocking.pcap"
+    with path.open("wb") as f:
+        writer = PcapWriter(f)
+        with BlockingListener("127.0.0.1", 0) as listener:
+            thread, errors = serve_in_thread(listener, answer_until_closed)
+            me = Side("client")
+            conn = connect(
+                "127.0.0.1",
+                listener.port,
+                me.qp,
+                private_data=b"hello",
+                tap_factory=socket_tap_factory(writer),
+            )
+            stag, to, _ = ADVERT.unpack(conn.negotiated.peer_private_data)
+            src, sink = me.mr(b"x" * 100), me.mr(100)
+            me.qp.post_send(
+                [
+                    SendWR(1, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to),
+                    SendWR(2, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to),
+                ]
+            )
+            assert [conn.next_completion(me.cq, 10).wr_id for _ in range(2)] == [1, 2]
+            conn.disconnect(10)
+            thread.join(10)
+            assert not errors
+    capsys.readouterr()
+    assert iwarp(["dissect", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kinds = [line.split("MPA/DDP/RDMAP ")[-1].split(" STag")[0].split(" QN")[0] for line in lines]
+    # b"hello" after the 4 octets of RFC 6581 IRD/ORD; the Reply carries the 16-octet advert
+    assert any("MPA Request" in line and "PD=9" in line for line in lines)
+    assert any("MPA Reply" in line and "PD=20" in line for line in lines)
+    assert [k for k in kinds if k.startswith("RDMA")] == [
+        "RDMA Write",
+        "RDMA Read Request",
+        "RDMA Read Response",
+    ]
+    assert all("CRC ok" in line for line in lines if "RDMAP" in line)
