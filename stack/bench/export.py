@@ -149,6 +149,7 @@ def rdma_document(
             "baseline": opts.baseline,
             "cpu": opts.cpu,
             "repeat": opts.repeat,
+            "driver": "blocking" if opts.blocking else "trio",
         },
         "connection": connection,
         "baseline": baseline,

@@ -4,6 +4,8 @@ others in test_bench_rdma."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stack.bench.protocol import Advert
@@ -45,6 +47,17 @@ def test_two_processes_with_cpu_and_repeats(capsys: pytest.CaptureFixture[str]) 
     cells = [v for v in rows[0].split() if "/" in v]
     client, server = (float(v) for v in cells[0].split("/"))
     assert client > 0 and server > 0  # both processes did the work of the exchange
+
+
+def test_the_json_names_the_driver(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _err = run_cli(
+        capsys, "atomic", "--lat", "--blocking", "-n", "20", "--in-process", "--json", "-"
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["parameters"]["driver"] == "blocking" and doc["kind"] == "latency"
+    [row] = doc["results"]
+    assert row["size_bytes"] == 8 and row["iterations"] == 20
 
 
 def test_the_trio_driver_is_not_named_without_blocking(capsys: pytest.CaptureFixture[str]) -> None:
