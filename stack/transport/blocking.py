@@ -53,6 +53,7 @@ from stack.transport.driver import (
     RECEIVE_SIZE,
     EmssFollower,
     Tap,
+    close_tap,
     send_pass,
 )
 from stack.transport.sendq import Buffer, SendQueue
@@ -340,8 +341,6 @@ class BlockingConnection:
             self.sock.close()
         finally:
             self.endpoint.stream_closed(None if self.peer_closed else self.error)
-            close_tap = getattr(self.tap, "close", None)
-            if close_tap is not None:
-                close_tap()
+            close_tap(self.tap)
             if self.qp.on_output == self._on_output:
                 self.qp.on_output = None

@@ -23,14 +23,19 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from stack.errors import ConnectionTimeout
 from stack.rnic.qp import QueuePair
 from stack.transport.blocking import BlockingConnection
-from stack.transport.cm import ConnectFailed, RequestFrame, follows_socket, startup_error
-from stack.transport.driver import RECEIVE_SIZE, Tap
-from stack.transport.sockopts import segment_size
+from stack.transport.cm import (
+    ConnectFailed,
+    RequestFrame,
+    follows_socket,
+    startup_error,
+    with_emss,
+)
+from stack.transport.driver import RECEIVE_SIZE, Tap, close_tap
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     ConnectionFailed,
@@ -86,7 +91,7 @@ def connect(
         tap = tap_factory(sock, True) if tap_factory is not None else None
         settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
         follow = follows_socket(settings)
-        settings = _with_emss(settings, sock)
+        settings = with_emss(settings, sock)
         engine = IwarpConnection(Role.INITIATOR, settings)
         engine.initiate(time.monotonic(), private_data)
         event = _startup(sock, engine, deadline, tap)
@@ -224,7 +229,7 @@ class BlockingListener:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             tap = self.tap_factory(sock, False) if self.tap_factory is not None else None
-            engine = IwarpConnection(Role.RESPONDER, _with_emss(self.settings, sock))
+            engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, sock))
             engine.start(time.monotonic())
             # The engine's timers end a silent peer (MPA-27); this bounds the whole startup.
             deadline = time.monotonic() + self.settings.request_timeout
@@ -243,17 +248,7 @@ class BlockingListener:
 def _close(sock: socket.socket, tap: Tap | None) -> None:
     """A connection that never became a BlockingConnection: its socket and its tap."""
     sock.close()
-    close_tap = getattr(tap, "close", None)
-    if close_tap is not None:
-        close_tap()
-
-
-def _with_emss(settings: MpaSettings, sock: socket.socket) -> MpaSettings:
-    """``settings`` with EMSS from the socket's segment size unless the caller fixed it."""
-    if not follows_socket(settings):
-        return settings
-    emss = segment_size(sock)
-    return replace(settings, emss=emss) if emss else settings
+    close_tap(tap)
 
 
 def _startup(
@@ -261,19 +256,10 @@ def _startup(
 ) -> object:
     """Run the MPA startup until an event other than NEED_DATA; returns that event."""
     while True:
-        out = engine.data_to_send()
-        if out:
-            if tap is not None:
-                tap.record(True, out)
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            sock.sendall(out)
+        _send_pending(sock, engine, deadline, tap)
         event = engine.next_event()
         if not isinstance(event, NeedData):
-            out = engine.data_to_send()
-            if out:
-                if tap is not None:
-                    tap.record(True, out)
-                sock.sendall(out)
+            _send_pending(sock, engine, deadline, tap)
             return event
         now = time.monotonic()
         if now >= deadline:
@@ -288,3 +274,15 @@ def _startup(
         if tap is not None and data:
             tap.record(False, data)
         engine.receive_data(data)
+
+
+def _send_pending(
+    sock: socket.socket, engine: IwarpConnection, deadline: float, tap: Tap | None
+) -> None:
+    """Send what the startup engine has queued, within ``deadline``."""
+    out = engine.data_to_send()
+    if out:
+        if tap is not None:
+            tap.record(True, out)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(out)

@@ -29,6 +29,7 @@ from stack.errors import ConnectionTimeout, IwarpError, LocalError
 from stack.rnic.device import Rnic
 from stack.rnic.qp import QueuePair
 from stack.transport.driver import RECEIVE_SIZE, RdmaConnection, Tap
+from stack.transport.sockopts import segment_size
 from stack.transport.startup_slots import StartupSlot, StartupSlots
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
@@ -76,15 +77,6 @@ class ConnectFailed(IwarpError):
         self.cause = cause
 
 
-def socket_emss(stream: trio.SocketStream) -> int | None:
-    """The connected socket's MSS (``TCP_MAXSEG``), the EMSS of MPA-13 on this path."""
-    try:
-        mss = stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-    except (OSError, AttributeError):
-        return None
-    return mss if mss > 0 else None
-
-
 def follows_socket(settings: MpaSettings) -> bool:
     """Whether a connection made with ``settings`` derives its MULPDU from its socket's
     segment size, so its driver follows that size as it grows (neither EMSS nor MULPDU
@@ -92,11 +84,13 @@ def follows_socket(settings: MpaSettings) -> bool:
     return settings.emss is None and settings.mulpdu is None
 
 
-def with_emss(settings: MpaSettings, stream: trio.SocketStream) -> MpaSettings:
-    """``settings`` with EMSS taken from the socket unless the caller fixed it."""
-    if settings.emss is not None:
+def with_emss(settings: MpaSettings, sock: socket.socket | trio.socket.SocketType) -> MpaSettings:
+    """``settings`` with EMSS from the connected socket's segment size (MPA-13), unless the
+    caller fixed the EMSS or the MULPDU (:func:`follows_socket`); both connection managers
+    call it."""
+    if not follows_socket(settings):
         return settings
-    emss = socket_emss(stream)
+    emss = segment_size(sock)
     return replace(settings, emss=emss) if emss else settings
 
 
@@ -347,7 +341,7 @@ class Listener:
         self, stream: trio.SocketStream, remote: tuple[str, int], slot: StartupSlot
     ) -> None:
         try:
-            engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream))
+            engine = IwarpConnection(Role.RESPONDER, with_emss(self.settings, stream.socket))
             engine.start(trio.current_time())
             tap = self.cm.tap_factory(stream, False) if self.cm.tap_factory else None
         except OSError as exc:
@@ -480,7 +474,7 @@ class ConnectionManager:
         except OSError as exc:
             raise ConnectFailed(f"TCP connect to {host}:{port} failed: {exc}", exc) from exc
         settings = settings or MpaSettings(ird=qp.ird, ord=qp.ord)
-        engine = IwarpConnection(Role.INITIATOR, with_emss(settings, stream))
+        engine = IwarpConnection(Role.INITIATOR, with_emss(settings, stream.socket))
         tap = self.tap_factory(stream, True) if self.tap_factory else None
         engine.initiate(trio.current_time(), private_data)
         try:

@@ -154,6 +154,13 @@ class Tap(Protocol):
     def record(self, outbound: bool, data: bytes | bytearray | memoryview) -> None: ...
 
 
+def close_tap(tap: Tap | None) -> None:
+    """Close ``tap`` if it has a ``close`` (a pcap tap ends its connection's records)."""
+    close = getattr(tap, "close", None)
+    if close is not None:
+        close()
+
+
 def send_pass(endpoint: QpEndpoint, sendq: SendQueue, tap: Tap | None) -> None:
     """Encode what the QP has queued and hand it to ``sendq`` until nothing is left or the
     socket stops taking it (a backlog); an event that waited for queued Read Responses
@@ -266,9 +273,7 @@ class RdmaConnection:
         self.endpoint.stream_closed(None if self.peer_closed else self.error)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self.stream)
-        close_tap = getattr(self.tap, "close", None)
-        if close_tap is not None:
-            close_tap()
+        close_tap(self.tap)
         self.closed.set()
         if self.on_closed is not None:
             self.on_closed(self)

@@ -25,6 +25,10 @@ class _Settable(Protocol):
     def setsockopt(self, level: int, option: int, value: int, /) -> None: ...
 
 
+class _Readable(Protocol):
+    def getsockopt(self, level: int, option: int, /) -> int: ...
+
+
 _TCP_INFO_ADVMSS = struct.Struct("=I")
 _TCP_INFO_ADVMSS_AT = 8 + 19 * 4  # struct tcp_info: 8 octets of u8 fields, tcpi_advmss the 20th u32
 
@@ -42,9 +46,9 @@ def limit_unsent(sock: _Settable) -> None:
         pass
 
 
-def segment_size(sock: socket.socket) -> int | None:
-    """TCP's current segment size on a connected socket (``TCP_MAXSEG``), the EMSS of
-    MPA-13; None when it cannot be read.
+def segment_size(sock: _Readable) -> int | None:
+    """TCP's current segment size on a connected socket (a socket or a trio socket,
+    ``TCP_MAXSEG``), the EMSS of MPA-13; None when it cannot be read.
 
     Linux bounds it to half the largest window the peer has advertised, so on a path
     whose MSS exceeds half the initial window (loopback: 65483 against 64 KiB) it starts

@@ -14,7 +14,7 @@ import trio
 from stack.peers.perftest.protocol import PerftestError
 from stack.rnic import Access, QpCap, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import ProtectionDomain
-from stack.transport.driver import RdmaConnection, Tap
+from stack.transport.driver import RdmaConnection, Tap, close_tap
 
 WATCH_SECONDS = 0.5
 """How often a side waiting for an exchange message looks at its data connections."""
@@ -67,9 +67,7 @@ class _Both:
         self.tap.record(outbound, data)
 
     def close(self) -> None:
-        close = getattr(self.tap, "close", None)
-        if close is not None:
-            close()
+        close_tap(self.tap)
 
 
 class Comm:
