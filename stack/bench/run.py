@@ -150,13 +150,16 @@ async def run_benchmark(
             for size in opts.sizes:
                 runs: list[BwResult | LatResult] = []
                 for run in range(opts.repeat):
-                    qps = await client.connect_many(
-                        _session_spec(opts, size),
-                        opts.mpa_settings,
-                        opts.num_qps,
-                        tx_depth=tx_depth,
-                        ord=opts.ord,
-                    )
+                    qps: list[ClientQp] = []
+                    # --blocking: one trio QP, the first, tells the negotiation and the port
+                    if not (opts.blocking and printed):
+                        qps = await client.connect_many(
+                            _session_spec(opts, size),
+                            opts.mpa_settings,
+                            opts.num_qps,
+                            tx_depth=tx_depth,
+                            ord=opts.ord,
+                        )
                     if not printed:
                         neg = qps[0].conn.negotiated
                         assert neg is not None
@@ -203,7 +206,7 @@ async def _one_run(
     """One run of ``size`` on the connected ``qps`` (closed after it), then its baselines."""
     try:
         result: BwResult | LatResult
-        if opts.blocking:  # the trio QP told the ports and the negotiation: close it first
+        if opts.blocking and qps:  # the probe QP of the first run: closed before timing
             await client.close(qps)
             qps = []
         meter = CpuMeter(client, shared) if opts.cpu else None
