@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from stack.constants import Opcode
-from stack.interop.helpers import Decode, dissect
+from stack.interop.helpers import Decode, dissect, perftest_uncalibrated
 from stack.peers.perftest import (
     DEFAULT_PORT,
     DEST,
@@ -124,21 +124,16 @@ def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
     return pcap
 
 
-PERFTEST_UNCALIBRATED = "Can't produce a report"
-"""perftest's own clock calibration failed in the guest (it compares its cycle counter with
-gettimeofday and needs r^2 >= 0.9, which TCG's timing sometimes misses): the transfer ran,
-but perftest printed no result row."""
-
-
 def calibrated(
     run: Callable[[SiwVM, str, str, int], Path], vm: SiwVM, case: str, test: str, size: int
 ) -> Path:
     """``run(vm, case, test, size)``, repeated once (new capture) when, and only when, the
-    guest's perftest failed its clock calibration (:data:`PERFTEST_UNCALIBRATED`)."""
+    guest's perftest failed its clock calibration
+    (:func:`~stack.interop.helpers.perftest_uncalibrated`)."""
     try:
         return run(vm, case, test, size)
     except AssertionError as exc:
-        if PERFTEST_UNCALIBRATED not in str(exc):
+        if not perftest_uncalibrated(str(exc)):
             raise
         return run(vm, f"{case}-again", test, size)
 
