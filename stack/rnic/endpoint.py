@@ -64,7 +64,8 @@ class QpEndpoint:
 
     @property
     def bulk(self) -> bool:
-        """The bulk receive path: tagged and Send segments placed as they are deframed, no event
+        """The bulk receive path: tagged and Send segments placed, and one-segment messages
+        (Read Requests, atomics, Immediate Data) applied, as they are deframed, no event
         each (:meth:`IwarpConnection.receive_data`), and a memoryview fed parsed in place
         (:meth:`feed`).  False: every ULPDU becomes an event from the engine's own copy
         (the reference path)."""
@@ -74,6 +75,7 @@ class QpEndpoint:
     def bulk(self, on: bool) -> None:
         self.engine.tagged_placer = self.qp.place_tagged if on else None
         self.engine.send_placer = self.qp.place_send if on else None
+        self.engine.message_placer = self.qp.place_message if on else None
         self.engine.mpa.borrow_views = on
 
     def feed(self, data: bytes | bytearray | memoryview | None, budget: int = 0) -> bool:
@@ -91,6 +93,12 @@ class QpEndpoint:
         if self.reading_done:
             return False
         engine = self.engine
+        # The bulk path's one-segment messages count against the budget as their events
+        # would (FEED_BUDGET: a read full of requests gets its first answers out while the
+        # rest wait), and none passes an event that waits.
+        qp = self.qp
+        limit = budget or -1
+        bulk_limit = qp.bulk_messages_left = 0 if self.stalled is not None else limit
         try:
             if data is not None:
                 engine.receive_data(data)
@@ -102,7 +110,7 @@ class QpEndpoint:
             next_event = engine.next_event
             handle = self.qp.handle_event
             must_wait = self.qp.must_wait
-            left = budget or -1
+            left = limit - (bulk_limit - qp.bulk_messages_left)  # what the bulk path left
             while left:
                 left -= 1
                 event = next_event()

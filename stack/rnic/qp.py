@@ -79,6 +79,7 @@ from stack.wire.events import (
     AtomicResponse,
     AtomicResponseReceived,
     ImmediateDataReceived,
+    MessageEvent,
     RdmapEvent,
     ReadRequest,
     ReadRequestReceived,
@@ -94,6 +95,10 @@ __all__ = ["MAX_SNAPSHOT_BYTES", "QpCap", "QpState", "QueuePair", "SharedReceive
 
 class QueuePair(QpSend):
     """An RC queue pair on one RDMAP stream."""
+
+    bulk_messages_left = -1
+    """How many more one-segment messages :meth:`place_message` may apply (negative: no
+    limit; 0: none, they become events); the endpoint sets it per feed from its budget."""
 
     # ------------------------------------------------------------------ receive side
     def handle_event(self, event: RdmapEvent) -> None:
@@ -128,6 +133,24 @@ class QueuePair(QpSend):
         except ProtocolError as exc:
             if exc.ulpdu is None:
                 exc.ulpdu = ulpdu
+            raise
+        return True
+
+    def place_message(self, event: MessageEvent) -> bool:
+        """The bulk path for a one-segment message (Read Request, atomic Request or
+        Response, Immediate Data; a :data:`~stack.wire.stream.MessagePlacer`): applied as
+        :meth:`handle_event` applies it, one of :attr:`bulk_messages_left`.  False (nothing
+        done) when none is left, or when :meth:`handle_event` would do more: queued Read
+        Responses still view memory (snapshot first, RFC 5040 §5.5), or the QP has failed
+        (dropped there)."""
+        if self._lazy or not self.bulk_messages_left or self.state in _FAILED:
+            return False
+        self.bulk_messages_left -= 1
+        try:
+            _RECEIVE_HANDLERS[type(event)](self, event)
+        except ProtocolError as exc:
+            if exc.ulpdu is None:
+                exc.ulpdu = event.ulpdu
             raise
         return True
 

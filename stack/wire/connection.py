@@ -47,7 +47,7 @@ from stack.wire.events import (
     WriteSegment,
 )
 from stack.wire.mpa import MpaConnection
-from stack.wire.stream import RdmapStream, SendPlacer, TaggedPlacer
+from stack.wire.stream import MessagePlacer, RdmapStream, SendPlacer, TaggedPlacer
 from stack.wire.terminate import build_terminate
 
 WRITE_RTR_STAG = 1
@@ -77,6 +77,9 @@ class IwarpConnection:
         self.send_placer: SendPlacer | None = None
         """The RNIC's placement of Send segments for the bulk path (with a
         :attr:`tagged_placer`); None: Send segments become events."""
+        self.message_placer: MessagePlacer | None = None
+        """The RNIC's handling of one-segment messages (Read Requests, atomics, Immediate
+        Data) for the bulk path (with a :attr:`tagged_placer`); None: they become events."""
 
     @property
     def rtr_read_outstanding(self) -> bool:
@@ -109,8 +112,9 @@ class IwarpConnection:
         :attr:`~stack.wire.mpa.MpaConnection.borrow_views`).
 
         With a :attr:`tagged_placer`, tagged Write / Read Response segments (and Send
-        segments, with a :attr:`send_placer`) that arrive while no event is waiting are
-        placed during this call, with no event (the bulk path,
+        segments, with a :attr:`send_placer`, and one-segment messages, with a
+        :attr:`message_placer`) that arrive while no event is waiting are placed or
+        applied during this call, with no event (the bulk path,
         :meth:`~stack.wire.stream.RdmapStream.place_tagged`); not while an RTR is
         still to be absorbed (ERC-09), which needs the event.
         """
@@ -125,6 +129,7 @@ class IwarpConnection:
         ):
             stream.placer = self.tagged_placer
             stream.send_placer = self.send_placer
+            stream.message_placer = self.message_placer
             mpa.ulpdu_sink = stream.place_tagged
         else:
             mpa.ulpdu_sink = None

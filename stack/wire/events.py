@@ -298,6 +298,11 @@ RDMAP_EVENT_TYPES = (
     TerminateReceived,
 )
 """The classes of :data:`RdmapEvent`, for ``isinstance``."""
+MessageEvent = (
+    ReadRequestReceived | AtomicRequestReceived | AtomicResponseReceived | ImmediateDataReceived
+)
+"""The events of one-segment messages (fixed size: RFC 5040 §4.4, RFC 7306 §4, §5), which
+the bulk path applies with no event (:data:`~stack.wire.stream.MessagePlacer`)."""
 
 # ======================================================================================
 # MPA negotiation (RFC 5044 §7.1, RFC 6581)

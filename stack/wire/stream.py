@@ -73,6 +73,7 @@ from stack.wire.events import (
     Data,
     ImmediateData,
     ImmediateDataReceived,
+    MessageEvent,
     RdmapEvent,
     RdmapMessage,
     RdmaWrite,
@@ -128,6 +129,10 @@ SendPlacer = Callable[[Opcode, int, int, memoryview, bool, int | None, memoryvie
 """``placer(opcode, msn, mo, payload, last, invalidate_stag, ulpdu)``: places a segment of
 a Send-family message at ``mo`` of the posted receive (RFC 5041 §4.2) and returns True, or
 returns False, having changed nothing, to have it delivered as an event instead."""
+MessagePlacer = Callable[[MessageEvent], bool]
+"""``placer(event)``: applies the event of a one-segment message (Read Request, atomic
+Request or Response, Immediate Data) that passed every stream check and returns True, or
+returns False, having changed nothing, to have it delivered as an event instead."""
 MAX_FINDINGS = 256
 """Non-fatal findings kept per stream (the oldest are kept; later ones are counted)."""
 
@@ -180,6 +185,9 @@ class RdmapStream:
         self.send_placer: SendPlacer | None = None
         """The bulk path's consumer of Send segments (:meth:`place_tagged`); None: they
         become events."""
+        self.message_placer: MessagePlacer | None = None
+        """The bulk path's consumer of one-segment messages (:meth:`place_tagged`); None:
+        they become events."""
 
     # -- configuration -----------------------------------------------------------------
 
@@ -299,29 +307,38 @@ class RdmapStream:
     def _fixed_message(
         self, view: memoryview, fixed: tuple[int, int, int]
     ) -> list[RdmapEvent] | None:
-        """A Read Request, atomic or Immediate Data message (one segment, fixed size) that
-        every check of :meth:`_process` passes without a finding: exact length, QN of its
-        opcode, RsvdULP 0, MO 0, the expected MSN with no message open on the queue
-        (RDMAP-01, RDMAP-04, DDP-05, EXT-02/03/09); else None."""
+        """:meth:`_fixed_event` as the events of :meth:`receive_ulpdu`, the sequencer
+        advanced."""
+        event = self._fixed_event(view, fixed)
+        if event is None:
+            return None
+        self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+        return [event]
+
+    def _fixed_event(self, view: memoryview, fixed: tuple[int, int, int]) -> MessageEvent | None:
+        """The event of a Read Request, atomic or Immediate Data message (one segment, fixed
+        size) that every check of :meth:`_process` passes without a finding: exact length,
+        QN of its opcode, RsvdULP 0, MO 0, the expected MSN with no message open on the
+        queue (RDMAP-01, RDMAP-04, DDP-05, EXT-02/03/09); else None.  Nothing changes: the
+        caller advances the sequencer when it takes the event."""
         op, qn, size = fixed
         if len(view) != DDP_UNTAGGED_HDR_LEN + size:
             return None
-        _, b1, inval, q, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
+        _, _b1, inval, q, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
         seq = self.sequencer
         if inval or q != qn or mo or qn in seq.open_untagged or msn != seq.expected_msn(qn):
             return None
         header = exact_fixed_header(op, view[DDP_UNTAGGED_HDR_LEN:])
         if header is None:
             return None
-        seq.advance(qn, msn, 0, b1, 0, size, True)
         if isinstance(header, ImmediateData):
-            return [ImmediateDataReceived(msn, header.data, header.solicited, view)]
+            return ImmediateDataReceived(msn, header.data, header.solicited, view)
         if isinstance(header, ReadRequest):
-            return [ReadRequestReceived(msn, header, view)]
+            return ReadRequestReceived(msn, header, view)
         if isinstance(header, AtomicRequest):
-            return [AtomicRequestReceived(msn, header, view)]
+            return AtomicRequestReceived(msn, header, view)
         assert isinstance(header, AtomicResponse)
-        return [AtomicResponseReceived(msn, header, view)]
+        return AtomicResponseReceived(msn, header, view)
 
     def _send_in_sequence(self, view: memoryview) -> tuple[Opcode, int, int, int] | None:
         """(opcode, Invalidate STag field, MSN, MO) of a Send-family segment whose header
@@ -347,9 +364,10 @@ class RdmapStream:
 
     def place_tagged(self, ulpdu: memoryview) -> bool:
         """The bulk path: hand a tagged Write / Read Response segment that passes every
-        stream check (the :meth:`_fast_path` header test) straight to :attr:`placer`, and
-        an in-sequence Send segment to :attr:`send_placer`, with no event; False (nothing
-        changed) for anything else, which goes the event way.
+        stream check (the :meth:`_fast_path` header test) straight to :attr:`placer`, an
+        in-sequence Send segment to :attr:`send_placer`, and the event of a one-segment
+        message that passes them to :attr:`message_placer`, with no event queued; False
+        (nothing changed) for anything else, which goes the event way.
 
         ``ulpdu`` is a byte view (what the deframer hands out).  The placer runs the RNIC's
         checks (RFC 5041 §7.1, SEC-*) and raises their :class:`ProtocolError`.
@@ -357,9 +375,14 @@ class RdmapStream:
         if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not RecvState.OPEN:
             return False
         b0 = ulpdu[0]
-        tagged = _TAGGED_EXACT.get(b0 << 8 | ulpdu[1])
+        b1 = ulpdu[1]
+        tagged = _TAGGED_EXACT.get(b0 << 8 | b1)
         if tagged is None:
-            if b0 & DDP_TAGGED or self.send_placer is None:
+            if b0 & DDP_TAGGED:
+                return False
+            if b0 == _UNTAGGED_LAST and (fixed := self._exact_fixed.get(b1)) is not None:
+                return self._place_fixed(ulpdu, fixed)
+            if self.send_placer is None:
                 return False
             return self._place_send(ulpdu)
         placer = self.placer
@@ -367,6 +390,25 @@ class RdmapStream:
             return False
         _, _, stag, to = ddp.TAGGED_HDR.unpack_from(ulpdu)
         return placer(tagged[0], tagged[1], stag, to, ulpdu[DDP_TAGGED_HDR_LEN:], ulpdu)
+
+    def _place_fixed(self, view: memoryview, fixed: tuple[int, int, int]) -> bool:
+        """The bulk path for a one-segment message: the :meth:`_fast_path` checks, then
+        :attr:`message_placer`; the sequencer advances as on the event path (also when the
+        placer raises a :class:`ProtocolError`), and not when the placer declines."""
+        placer = self.message_placer
+        if placer is None:
+            return False
+        event = self._fixed_event(view, fixed)
+        if event is None:
+            return False
+        try:
+            placed = placer(event)
+        except ProtocolError:
+            self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+            raise
+        if placed:
+            self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+        return placed
 
     def _place_send(self, view: memoryview) -> bool:
         """The bulk path for a Send segment: the :meth:`_fast_path` checks (exact header,

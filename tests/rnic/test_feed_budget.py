@@ -102,3 +102,45 @@ def test_no_budget_applies_everything() -> None:
     assert b is not None
     assert b.feed(requests) and not b.events_pending
     assert b.feed(None) and not b.events_pending
+
+
+def _pair_with_fetch_adds() -> tuple[Pair, bytes]:
+    """A pair whose initiator has posted ``_READS`` FetchAdds on the responder's counters;
+    returns it and the requests' wire bytes (not yet fed)."""
+    pair = Pair(_SETTINGS, _SETTINGS, a_qp={"ord": 32}, b_qp={"ird": 32})
+    counters = pair.b.mr(8 * _READS, Access.REMOTE_ATOMIC | Access.LOCAL_WRITE)
+    results = pair.a.mr(8 * _READS)
+    pair.a.qp.post_send(
+        [
+            SendWR(
+                k,
+                WrOpcode.ATOMIC_FETCH_AND_ADD,
+                (pair.a.sge(results, 8 * k, 8),),
+                rkey=counters.rkey,
+                remote_addr=counters.base + 8 * k,
+                compare_add=k + 1,
+            )
+            for k in range(_READS)
+        ]
+    )
+    assert pair.a.endpoint is not None
+    return pair, bytes(pair.a.endpoint.produce())
+
+
+def test_requests_on_the_bulk_path_count_against_the_budget() -> None:
+    """Atomic Requests are applied as they are deframed (no event each, nothing queued
+    views memory), yet a read of them still stops after ``budget`` and the rest follow."""
+    pair, requests = _pair_with_fetch_adds()
+    b = pair.b.endpoint
+    assert b is not None and b.bulk
+    assert b.feed(requests, budget=3) and b.events_pending
+    answers = [bytes(b.produce())]
+    while b.events_pending:
+        assert b.feed(None, budget=3)
+        answers.append(bytes(b.produce()))
+    assert [len(a) // len(answers[-1]) for a in answers] == [3, 3, 3, 1]
+    reference, again = _pair_with_fetch_adds()
+    assert reference.b.endpoint is not None
+    reference.b.endpoint.bulk = False  # every request an event
+    assert reference.b.endpoint.feed(again) and not reference.b.endpoint.events_pending
+    assert b"".join(answers) == bytes(reference.b.endpoint.produce())

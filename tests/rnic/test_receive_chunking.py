@@ -17,11 +17,19 @@ from stack.wire.framing import FpduDeframer, FpduFramer
 from tests.rnic.helpers import Pair
 
 _TARGET = 1 << 16
-_OPS = st.lists(
+_ONE_WAY = (
+    st.tuples(st.just("write"), st.integers(0, 9000), st.integers(0, _TARGET - 9000)),
+    st.tuples(st.just("send"), st.integers(0, 3000), st.just(0)),
+    st.tuples(st.just("imm"), st.integers(0, 100), st.integers(0, 1000)),
+)
+_OPS = st.lists(st.one_of(*_ONE_WAY), min_size=1, max_size=12)
+_OPS_AND_REQUESTS = st.lists(
     st.one_of(
-        st.tuples(st.just("write"), st.integers(0, 9000), st.integers(0, _TARGET - 9000)),
-        st.tuples(st.just("send"), st.integers(0, 3000), st.just(0)),
-        st.tuples(st.just("imm"), st.integers(0, 100), st.integers(0, 1000)),
+        *_ONE_WAY,
+        # ``b`` answers these: one-segment messages on the bulk path (a Read Request, an
+        # atomic Request), their answers compared in _observe
+        st.tuples(st.just("read"), st.integers(0, 9000), st.integers(0, _TARGET - 9000)),
+        st.tuples(st.just("fetch_add"), st.integers(0, 2**64 - 1), st.integers(0, 64)),
     ),
     min_size=1,
     max_size=12,
@@ -33,17 +41,27 @@ def _pair(markers: bool, seed: int, emss: int | None) -> Pair:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(memory_module.secrets, "randbelow", random.Random(seed).randrange)
         kw = {} if emss is None else {"emss": emss}
-        s = MpaSettings(want_markers=markers, **kw)  # type: ignore[arg-type]
-        pair = Pair(s, s)
+        s = MpaSettings(want_markers=markers, ird=16, ord=16, **kw)  # type: ignore[arg-type]
+        qp = {"ird": 16, "ord": 16}  # requests of both ends all go out at once
+        pair = Pair(s, s, a_qp=qp, b_qp=qp)
         pair.pump()
         pair.target = pair.b.mr(
-            _TARGET, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.ZERO_BASED
+            _TARGET,
+            Access.LOCAL_WRITE
+            | Access.REMOTE_WRITE
+            | Access.REMOTE_READ
+            | Access.REMOTE_ATOMIC
+            | Access.ZERO_BASED,
         )  # type: ignore[attr-defined]
         pair.inbox = pair.b.mr(3000 * 12)  # type: ignore[attr-defined]
         pair.src = pair.a.mr(random.Random(seed).randbytes(9000))  # type: ignore[attr-defined]
-        zero_based_read = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.ZERO_BASED
+        zero_based_read = (
+            Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC | Access.ZERO_BASED
+        )
         pair.read_src = pair.a.pd.reg_mr(pair.src.buf, zero_based_read)  # type: ignore[attr-defined]
         pair.sink = pair.b.mr(9000 * 3, Access.LOCAL_WRITE | Access.ZERO_BASED)  # type: ignore[attr-defined]
+        pair.fetched = pair.b.mr(8 * 4)  # type: ignore[attr-defined]
+        pair.answers = pair.a.mr(9000 * 12, Access.LOCAL_WRITE | Access.ZERO_BASED)  # type: ignore[attr-defined]
     return pair
 
 
@@ -53,7 +71,7 @@ def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
     recvs = [
         RecvWR(100 + k, (b.sge(inbox, 3000 * k, 3000),))
         for k, op in enumerate(ops)
-        if op[0] != "write"
+        if op[0] in ("send", "imm")
     ]
     if recvs:
         b.qp.post_recv(recvs)
@@ -71,6 +89,28 @@ def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
             )
         elif kind == "send":
             wrs.append(SendWR(k, WrOpcode.SEND, (a.sge(src, 0, size),)))
+        elif kind == "read":
+            sink = a.sge(pair.answers, 9000 * k, size)  # type: ignore[attr-defined]
+            wrs.append(
+                SendWR(
+                    k,
+                    WrOpcode.RDMA_READ,
+                    (sink,),
+                    rkey=target.rkey,
+                    remote_addr=target.base + offset,
+                )
+            )
+        elif kind == "fetch_add":
+            wrs.append(
+                SendWR(
+                    k,
+                    WrOpcode.ATOMIC_FETCH_AND_ADD,
+                    (a.sge(pair.answers, 9000 * k, 8),),  # type: ignore[attr-defined]
+                    rkey=target.rkey,
+                    remote_addr=target.base + offset * 8,
+                    compare_add=size,
+                )
+            )
         else:
             wrs.append(
                 SendWR(
@@ -142,8 +182,9 @@ _FAULTS = st.sampled_from(["none", "flip", "stag", "bounds", "truncate", "msn", 
 _READS = st.lists(st.integers(0, 9000), max_size=3)
 
 
-def _with_reads(pair: Pair, reads: list[int]) -> None:
-    """``b`` posts RDMA Reads of ``a``'s source into its sink; ``a`` gets the requests."""
+def _with_reads(pair: Pair, reads: list[int], atomics: int = 0) -> None:
+    """``b`` posts RDMA Reads of ``a``'s source into its sink, and ``atomics`` FetchAdds on
+    it; ``a`` gets the requests."""
     a, b = pair.a, pair.b
     src = pair.read_src  # type: ignore[attr-defined]
     wrs = [
@@ -155,6 +196,17 @@ def _with_reads(pair: Pair, reads: list[int]) -> None:
             remote_addr=src.base,
         )
         for k, size in enumerate(reads)
+    ]
+    wrs += [
+        SendWR(
+            600 + k,
+            WrOpcode.ATOMIC_FETCH_AND_ADD,
+            (b.sge(pair.fetched, 8 * k, 8),),  # type: ignore[attr-defined]
+            rkey=src.rkey,
+            remote_addr=8 * k,
+            compare_add=k + 1,
+        )
+        for k in range(atomics)
     ]
     if wrs:
         b.engine.mpa.send_first()  # the Read Requests go before anything came from ``a``
@@ -223,6 +275,7 @@ def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
         bytes(pair.target.buf),  # type: ignore[attr-defined]
         bytes(pair.inbox.buf),  # type: ignore[attr-defined]
         bytes(pair.sink.buf),  # type: ignore[attr-defined]
+        bytes(pair.fetched.buf),  # type: ignore[attr-defined]
         wcs,
         asyncs,
         error,
@@ -233,8 +286,9 @@ def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
 
 @settings(max_examples=50, deadline=None)
 @given(
-    ops=_OPS,
+    ops=_OPS_AND_REQUESTS,
     reads=_READS,
+    atomics=st.integers(0, 3),
     markers=st.booleans(),
     small_fpdus=st.booleans(),
     seed=st.integers(0, 2**32),
@@ -245,6 +299,7 @@ def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
 def test_bulk_placement_matches_the_event_path(
     ops: list[tuple[str, int, int]],
     reads: list[int],
+    atomics: int,
     markers: bool,
     small_fpdus: bool,
     seed: int,
@@ -257,7 +312,7 @@ def test_bulk_placement_matches_the_event_path(
     assert reference.b.endpoint is not None and fast.b.endpoint is not None
     reference.b.endpoint.bulk = False  # every ULPDU an event: the reference path
     for pair in (fast, reference):
-        _with_reads(pair, reads)
+        _with_reads(pair, reads, atomics)
     framer = fast.a.engine.mpa._framer  # noqa: SLF001 - where the wire starts (markers)
     assert framer is not None
     start = framer.offset
