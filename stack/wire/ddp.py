@@ -228,7 +228,16 @@ def segment_untagged_parts(
     """:func:`segment_untagged` without the copy: (header, payload view) per segment."""
     if not 0 <= rsvd_ulp <= _MASK40:
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
-    src = byte_view(payload)
+    src = payload if type(payload) is memoryview and payload.format == "B" else byte_view(payload)
+    if len(src) <= mulpdu - DDP_UNTAGGED_HDR_LEN and mulpdu > DDP_UNTAGGED_HDR_LEN:
+        # One segment (DDP-06), MO 0 (DDP-05): its header packed, and range-checked, once.
+        try:
+            header = UNTAGGED_HDR.pack(
+                _CTRL_UNTAGGED_LAST, rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32, qn, msn, 0
+            )
+        except struct.error as exc:
+            raise LocalError(f"DDP header field out of range: {exc}") from None
+        return [(header, src)]
     sizes = segment_sizes(len(src), mulpdu, DDP_UNTAGGED_HDR_LEN)
     ulp_hi, ulp_lo = rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32
     _pack(UNTAGGED_HDR, _CTRL_UNTAGGED, ulp_hi, ulp_lo, qn, msn, 0)  # range-check once

@@ -154,6 +154,8 @@ def test_ddp_segmenter_accepts_any_buffer_format() -> None:
     words = array.array("I", range(100))  # 400 bytes, item size 4
     segs = ddp.segment_untagged(0, 1, 0x43 << 32, words, 128)
     assert b"".join(bytes(s[18:]) for s in segs) == words.tobytes()
+    (one,) = ddp.segment_untagged(0, 1, 0x43 << 32, words, 1024)  # one segment
+    assert bytes(one[18:]) == words.tobytes()
     assert bytes(ddp.encode_tagged(True, 1, 2, 0x40, memoryview(words))[14:]) == words.tobytes()
 
 
@@ -174,6 +176,9 @@ def test_ddp_06_tagged_to_wraps_modulo_2_pow_64() -> None:
         lambda: ddp.encode_untagged(True, 0, -1, 0, 0),
         lambda: ddp.encode_untagged(True, 0, 1, 0, 1 << 40),
         lambda: ddp.segment_untagged(0, 1, -1, b"", 128),
+        lambda: ddp.segment_untagged(0, 1 << 32, 0, b"x", 128),  # one segment
+        lambda: ddp.segment_untagged(-1, 1, 0, b"x", 128),
+        lambda: ddp.segment_untagged(0, 1 << 32, 0, bytes(300), 128),  # several
         lambda: ddp.segment_tagged(1, -1, 0x40, b"", 128),
         lambda: ddp.segment_tagged(1 << 32, 0, 0x40, b"x", 128),
     ],
