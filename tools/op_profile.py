@@ -1,6 +1,7 @@
 """Load-independent cost of small operations: work counted, not time measured.
 
-``python -m tools.op_profile [--iters 2000] [--post-list 16] [--lists 2000] [--baseline DIR]``
+``python -m tools.op_profile [--iters 2000] [--post-list 16] [--lists 2000] [--baseline DIR]
+[--instructions]``
 
 On a shared machine wall-clock latencies and message rates say more about the load than
 about the code, so this counts what a small operation costs:
@@ -15,6 +16,13 @@ about the code, so this counts what a small operation costs:
                        signalling): posting, the send queue engine, DDP/RDMAP encoding
                        and MPA framing, with no socket (sans-IO, the bytes are dropped).
 
+``--instructions`` adds what a case costs the CPU, load-free: the user-space instructions
+per round trip (``write``: per WR), counted by valgrind's callgrind (which must be
+installed) over the case's own loop run twice, ``--iters`` (``--lists``) apart, in two
+processes, the difference divided by that count, so start-up and set-up cancel out.  The
+same binary and inputs give the same count whatever else the machine does, where a timing
+moves by tens of percent on a shared machine.  It takes a minute or two per case.
+
 ``--baseline DIR`` runs the same in another source tree of the project (before and after a
 change, in one run).  Counts are reported, never asserted.
 """
@@ -26,6 +34,7 @@ import cProfile
 import json
 import os
 import pstats
+import re
 import socket
 import subprocess
 import sys
@@ -84,13 +93,15 @@ class _Steps(trio.abc.Instrument):
             self.steps += 1
 
 
-def round_trip(kind: str, iters: int) -> dict[str, float]:
+def round_trip(kind: str, iters: int, count: bool = True) -> dict[str, float]:
     """Per round trip of a 64 B Read (``read``) or 8 B FetchAdd (``atomic``): python calls
-    (counted without the instruments), socket calls, scheduler passes, task steps."""
-    return trio.run(_round_trip, kind, iters)
+    (counted without the instruments), socket calls, scheduler passes, task steps.
+    ``count=False``: only the warm-up and ``iters`` round trips, nothing counted (the loop
+    callgrind counts, :func:`instructions`)."""
+    return trio.run(_round_trip, kind, iters, count)
 
 
-async def _round_trip(kind: str, iters: int) -> dict[str, float]:
+async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
     settings = MpaSettings()  # CRC requested (the default)
     server_rnic, client_rnic = Rnic("server"), Rnic("client")
     spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
@@ -137,6 +148,10 @@ async def _round_trip(kind: str, iters: int) -> dict[str, float]:
                 nursery.start_soon(serve)
                 conn = await ccm.connect("127.0.0.1", listener.port, cqp, settings=settings)
             await loop(200)  # warm up
+            if not count:
+                await loop(iters)
+                await conn.disconnect()
+                return out
             profile = cProfile.Profile()
             sockets[0] = 0
             profile.enable()
@@ -170,8 +185,9 @@ def _drain(engine: IwarpConnection) -> list[object]:
     return events
 
 
-def post_list_writes(post_list: int, lists: int) -> dict[str, float]:
-    """Python calls per 64 B Write WR on the sender, posted ``post_list`` at a time."""
+def post_list_writes(post_list: int, lists: int, count: bool = True) -> dict[str, float]:
+    """Python calls per 64 B Write WR on the sender, posted ``post_list`` at a time
+    (``count=False``: the warm-up and ``lists`` post lists, nothing counted)."""
     settings = MpaSettings()  # CRC requested (the default)
     a, b = IwarpConnection(Role.INITIATOR, settings), IwarpConnection(Role.RESPONDER, settings)
     a.initiate(0.0)
@@ -202,6 +218,9 @@ def post_list_writes(post_list: int, lists: int) -> dict[str, float]:
             cq.poll(len(cq))
 
     run(100)
+    if not count:
+        run(lists)
+        return {}
     profile = cProfile.Profile()
     profile.enable()
     run(lists)
@@ -209,14 +228,74 @@ def post_list_writes(post_list: int, lists: int) -> dict[str, float]:
     return {"python_calls": _calls(profile) / (lists * post_list)}
 
 
-def measure(iters: int, post_list: int, lists: int) -> dict[str, dict[str, float]]:
+def measure(
+    iters: int, post_list: int, lists: int, with_instructions: bool = False
+) -> dict[str, dict[str, float]]:
     """Every figure of this tool, by case."""
-    return {
+    cases = {
         "read": round_trip("read", iters),
         "atomic": round_trip("atomic", iters),
         f"write post list {post_list}": post_list_writes(post_list, lists),
         "write post list 1": post_list_writes(1, lists),
     }
+    if with_instructions:
+        for case, (kind, size) in _loop_cases(post_list).items():
+            n = iters if size is None else lists
+            per = n if size is None else n * size
+            cases[case]["instructions"] = instructions(kind, n, post_list if size else 0) / per
+    return cases
+
+
+def _loop_cases(post_list: int) -> dict[str, tuple[str, int | None]]:
+    """Case name -> (loop kind, WRs per post list, None for a round trip)."""
+    return {
+        "read": ("read", None),
+        "atomic": ("atomic", None),
+        f"write post list {post_list}": ("write", post_list),
+        "write post list 1": ("write", 1),
+    }
+
+
+def _run_loop(kind: str, n: int, post_list: int) -> None:
+    """One case's loop, nothing counted (what runs under callgrind)."""
+    if kind == "write":
+        post_list_writes(post_list, n, count=False)
+    else:
+        round_trip(kind, n, count=False)
+
+
+def instructions(kind: str, n: int, post_list: int = 0) -> int:
+    """User-space instructions of ``n`` more repetitions of a case's loop: callgrind's
+    total over the loop run ``n`` + 50 times less its total over 50 (set-up cancels)."""
+    totals = []
+    for reps in (50, n + 50):
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--loop",
+            kind,
+            str(reps),
+            str(post_list),
+        ]
+        print(f"op_profile: callgrind: {kind} x {reps}", file=sys.stderr, flush=True)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        except FileNotFoundError:
+            raise SystemExit(
+                "op_profile: --instructions needs valgrind (apt install valgrind)"
+            ) from None
+        except subprocess.CalledProcessError as exc:
+            raise SystemExit(
+                f"op_profile: the loop failed under callgrind: {exc.stderr[-500:]}"
+            ) from None
+        match = re.search(r"Collected : (\d+)", done.stderr)
+        if match is None:
+            raise SystemExit("op_profile: callgrind printed no instruction count")
+        totals.append(int(match.group(1)))
+    return totals[1] - totals[0]
 
 
 def _in_tree(tree: str, argv: list[str]) -> dict[str, dict[str, float]]:
@@ -236,16 +315,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lists", type=int, default=2000, help="post lists measured")
     parser.add_argument("--baseline", metavar="DIR", help="also measure this source tree")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions per operation with valgrind's callgrind (load-free)",
+    )
+    parser.add_argument(
+        "--loop", nargs=3, metavar=("KIND", "N", "POST_LIST"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
-    ours = measure(args.iters, args.post_list, args.lists)
+    if args.loop:  # one case's loop alone, for callgrind (instructions)
+        _run_loop(args.loop[0], int(args.loop[1]), int(args.loop[2]))
+        return 0
+    ours = measure(args.iters, args.post_list, args.lists, args.instructions)
     if args.json:
         print(json.dumps(ours))
         return 0
     rows = {"": ours}
     if args.baseline:
         own = ["--iters", str(args.iters), "--post-list", str(args.post_list)]
+        own += ["--instructions"] if args.instructions else []
         rows = {"baseline": _in_tree(args.baseline, own + ["--lists", str(args.lists)]), "": ours}
-    columns = ("python_calls", "socket_calls", "scheduler_passes", "task_steps")
+    columns: tuple[str, ...] = ("python_calls", "socket_calls", "scheduler_passes", "task_steps")
+    if args.instructions:
+        columns += ("instructions",)
     print(f"{'case':<28}" + "".join(f"{c:>18}" for c in columns))
     for case in ours:
         for label, figures in rows.items():

@@ -97,6 +97,9 @@ def test_rdmap_13_completions_keep_submit_order_when_the_stream_fails() -> None:
         (WrOpcode.RDMA_READ, "remote_addr", 1 << 64),
         (WrOpcode.ATOMIC_FETCH_AND_ADD, "compare_add", 1 << 64),
         (WrOpcode.ATOMIC_CMP_AND_SWP, "swap", -1),
+        (WrOpcode.ATOMIC_CMP_AND_SWP, "swap_mask", 1 << 64),
+        (WrOpcode.ATOMIC_CMP_AND_SWP, "compare_add", -1),
+        (WrOpcode.ATOMIC_FETCH_AND_ADD, "compare_add_mask", 1 << 64),
         (WrOpcode.SEND_WITH_INV, "invalidate_rkey", 1 << 32),
     ],
 )

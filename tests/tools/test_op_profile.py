@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tools.op_profile import post_list_writes, round_trip
+import shutil
+
+import pytest
+
+from tools.op_profile import instructions, post_list_writes, round_trip
 
 
 def test_post_list_writes_counts_the_senders_work_per_wr() -> None:
@@ -16,3 +20,13 @@ def test_round_trip_counts_both_ends() -> None:
     assert figures["python_calls"] > 0
     assert figures["socket_calls"] >= 2  # at least the Read Request and its Response sent
     assert figures["task_steps"] >= 2  # at least the server's and the client's reader
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (callgrind)")
+def test_instructions_count_the_loop_alone() -> None:
+    """callgrind's count of the loop, set-up cancelled: a post list of 8 costs each WR
+    fewer instructions than one WR per post (the per-send work is shared)."""
+    one = instructions("write", 200, 1) / 200
+    listed = instructions("write", 200, 8) / (200 * 8)
+    assert 0 < listed < one
