@@ -242,7 +242,7 @@ def measure(
         for case, (kind, size) in _loop_cases(post_list).items():
             n = iters if size is None else lists
             per = n if size is None else n * size
-            cases[case]["instructions"] = instructions(kind, n, post_list if size else 0) / per
+            cases[case]["instructions"] = instructions(kind, n, size or 0) / per
     return cases
 
 
