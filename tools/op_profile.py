@@ -232,22 +232,20 @@ def measure(
     iters: int, post_list: int, lists: int, with_instructions: bool = False
 ) -> dict[str, dict[str, float]]:
     """Every figure of this tool, by case."""
-    cases = {
-        "read": round_trip("read", iters),
-        "atomic": round_trip("atomic", iters),
-        f"write post list {post_list}": post_list_writes(post_list, lists),
-        "write post list 1": post_list_writes(1, lists),
-    }
-    if with_instructions:
-        for case, (kind, size) in _loop_cases(post_list).items():
-            n = iters if size is None else lists
-            per = n if size is None else n * size
-            cases[case]["instructions"] = instructions(kind, n, size or 0) / per
+    cases: dict[str, dict[str, float]] = {}
+    for case, (kind, size) in _cases(post_list).items():
+        if size is None:
+            figures, n, per = round_trip(kind, iters), iters, iters
+        else:
+            figures, n, per = post_list_writes(size, lists), lists, lists * size
+        if with_instructions:
+            figures["instructions"] = instructions(kind, n, size or 0) / per
+        cases[case] = figures
     return cases
 
 
-def _loop_cases(post_list: int) -> dict[str, tuple[str, int | None]]:
-    """Case name -> (loop kind, WRs per post list, None for a round trip)."""
+def _cases(post_list: int) -> dict[str, tuple[str, int | None]]:
+    """Case name -> (loop kind, WRs per post list; None for a round trip)."""
     return {
         "read": ("read", None),
         "atomic": ("atomic", None),

@@ -98,7 +98,8 @@ class QpEndpoint:
         # rest wait), and none passes an event that waits.
         qp = self.qp
         limit = budget or -1
-        bulk_limit = qp.bulk_messages_left = 0 if self.stalled is not None else limit
+        stalled = self.stalled is not None
+        qp.bulk_messages_left = 0 if stalled else limit
         try:
             if data is not None:
                 engine.receive_data(data)
@@ -110,7 +111,7 @@ class QpEndpoint:
             next_event = engine.next_event
             handle = self.qp.handle_event
             must_wait = self.qp.must_wait
-            left = limit - (bulk_limit - qp.bulk_messages_left)  # what the bulk path left
+            left = limit if stalled else qp.bulk_messages_left  # what the bulk path left
             while left:
                 left -= 1
                 event = next_event()

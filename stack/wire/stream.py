@@ -312,7 +312,7 @@ class RdmapStream:
         event = self._fixed_event(view, fixed)
         if event is None:
             return None
-        self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+        self._advance_fixed(view, fixed, event.msn)
         return [event]
 
     def _fixed_event(self, view: memoryview, fixed: tuple[int, int, int]) -> MessageEvent | None:
@@ -404,11 +404,16 @@ class RdmapStream:
         try:
             placed = placer(event)
         except ProtocolError:
-            self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+            self._advance_fixed(view, fixed, event.msn)
             raise
         if placed:
-            self.sequencer.advance(fixed[1], event.msn, 0, view[1], 0, fixed[2], True)
+            self._advance_fixed(view, fixed, event.msn)
         return placed
+
+    def _advance_fixed(self, view: memoryview, fixed: tuple[int, int, int], msn: int) -> None:
+        """The sequencer takes a one-segment message of :meth:`_fixed_event` (its QN, MSN,
+        RsvdULP byte and length; MO 0, Last)."""
+        self.sequencer.advance(fixed[1], msn, 0, view[1], 0, fixed[2], True)
 
     def _place_send(self, view: memoryview) -> bool:
         """The bulk path for a Send segment: the :meth:`_fast_path` checks (exact header,

@@ -91,8 +91,6 @@ async def test_disconnect_aborts_after_its_timeout_when_a_read_is_never_answered
                 real(event)  # type: ignore[arg-type]
 
         server.qp.handle_event = swallow_reads  # type: ignore[method-assign]
-        assert server.conn is not None
-        server.conn.endpoint.bulk = False  # every request an event, through the hook
         sinks = [client.mr(16), client.mr(16)]
         client.qp.post_send(
             [
