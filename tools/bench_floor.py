@@ -26,6 +26,17 @@ turn, alternated ``--repeat`` times:
            front), and copies nothing
 ``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
            buffer at its TO
+``markers``  ``floor`` with an MPA marker every 512 octets (MPA-07): FPDUs laid out on
+           the marker grid (a leading marker, then 508 octets between markers, the
+           PAD and CRC in the last run; the payloads of ``floor``), made the
+           cheapest way a pure-Python sender can: the length field, header and payload
+           copied into a staging buffer and one ``join`` of its fixed 508-octet views
+           with the marker as separator, the CRC over the result; the receiver checks
+           the CRC where the FPDU lies, copies it into a word array, deletes the marker
+           words with one strided ``del`` (MPA-10) and places the payload (the marker
+           words are zero: the FPDUPTRs the stack writes and checks, one strided write
+           and one compare per FPDU, are left out).  Its ratio to ``floor`` bounds
+           what markers can cost at the least in pure Python
 
 Nothing else: no DDP/RDMAP parsing beyond the length field and TO, no queue, no
 completion.  So ``floor``'s ratio to ``raw`` is a ceiling for ``iwarp bench write
@@ -56,27 +67,36 @@ import struct
 import subprocess
 import sys
 import time
+from array import array
 from typing import Any
 
 import trio
 
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
-from stack.constants import MPA_CRC_RESIDUE, RAW_RECEIVE_SIZE
+from stack.constants import (
+    MPA_CRC_RESIDUE,
+    MPA_MARKER_INTERVAL,
+    MPA_MARKER_LEN,
+    RAW_RECEIVE_SIZE,
+)
 from stack.crc import crc32c
 from stack.transport.driver import RECEIVE_MAX, _raw_socket
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.framing import mulpdu_for
+from stack.wire.markers import MARKER_DATA
 
 RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
 BATCH = 1024 * 1024
 DDP_TAGGED_HEADER = 14
-VARIANTS = ("raw", "raw-into", "crc", "floor")
+VARIANTS = ("raw", "raw-into", "crc", "floor", "markers")
+MARKED = 4  # the index of "markers" in VARIANTS
 _HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, octets per read
 _RESULT = struct.Struct("!QQ")  # octets received, receiver CPU ns
 _HEAD = struct.Struct("!H2xIII")  # length, (control, STag, TO high), TO: 14 octets + 2
 _CRC = struct.Struct("<I")
+_U16 = struct.Struct("!H")
 
 
 def _size(text: str) -> int:
@@ -124,6 +144,8 @@ async def _sink(port_out: Any) -> None:
             try:
                 if variant == 1:
                     got = await _receive_into(raw, raw_receive)
+                elif variant == MARKED:
+                    got = await _receive_marked(raw, size, payload, raw_receive)
                 else:
                     got = await _receive_fpdus(raw, size, payload, raw_receive, place=variant == 3)
             finally:
@@ -188,6 +210,82 @@ async def _receive_fpdus(
     return got
 
 
+def _marked_wire(length: int) -> int:
+    """Wire octets of an FPDU of ULPDU ``length`` on the marker grid (``markers``): a
+    marker, then 508-octet runs between markers, the last ending with the PAD and CRC."""
+    body = (2 + length + 3) // 4 * 4 + 4
+    return body + MPA_MARKER_LEN * -(-body // MARKER_DATA)
+
+
+async def _receive_marked(sock: socket.socket, size: int, payload: int, read: int) -> int:
+    """Receive FPDUs laid out on the marker grid (``markers``): check each CRC in place,
+    delete the marker words from a word-array copy, place the payload."""
+    buf = bytearray(RECEIVE)
+    view = memoryview(buf)
+    target = memoryview(bytearray(size))
+    frame = _marked_wire(DDP_TAGGED_HEADER + payload)  # the longest FPDU on the wire
+    got = start = end = 0
+    length_at = _U16.unpack_from
+    unpack = _HEAD.unpack_from
+    words_per_interval = MPA_MARKER_INTERVAL // 4
+    while n := await _recv(sock, view[end : end + read]):
+        got += n
+        end += n
+        pos = start
+        while end - pos >= MPA_MARKER_LEN + 2:
+            wire = _marked_wire(length_at(buf, pos + MPA_MARKER_LEN)[0])
+            if end - pos < wire:
+                break
+            fpdu = view[pos : pos + wire]
+            if crc32c(fpdu) != MPA_CRC_RESIDUE:
+                raise RuntimeError("CRC mismatch")
+            words = array("I")
+            words.frombytes(fpdu)
+            del words[::words_per_interval]
+            body = memoryview(words).cast("B")
+            length, _stag, _high, to = unpack(body)
+            data = length - DDP_TAGGED_HEADER
+            target[to : to + data] = body[_HEAD.size : _HEAD.size + data]
+            pos += wire
+        start = pos
+        if start == end:
+            start = end = 0
+        elif RECEIVE - end < frame:
+            view[: end - start] = view[start:end]
+            start, end = 0, end - start
+        await trio.lowlevel.checkpoint()
+    return got
+
+
+class _MarkedFramer:
+    """FPDUs on the marker grid (``markers``), the cheapest pure-Python way: the length
+    field, header and payload staged, one ``join`` of the stage's fixed 508-octet views
+    with the marker as separator, then the CRC over the result."""
+
+    def __init__(self, payload: int) -> None:
+        self.stage = bytearray(_marked_wire(DDP_TAGGED_HEADER + payload))
+        self.staged = memoryview(self.stage)
+        step = range(0, len(self.stage) - MARKER_DATA + 1, MARKER_DATA)
+        self.runs = [self.staged[k : k + MARKER_DATA] for k in step]
+        self.marker = bytearray(MPA_MARKER_LEN)  # so join makes a bytearray
+
+    def frame(self, to: int, body: memoryview) -> bytearray:
+        length = DDP_TAGGED_HEADER + len(body)
+        end = _HEAD.size + len(body)
+        padded = (end + 3) // 4 * 4
+        stage, staged = self.stage, self.staged
+        _HEAD.pack_into(stage, 0, length, 0, 0, to)
+        staged[_HEAD.size : end] = body
+        staged[end : padded + 4] = bytes(padded + 4 - end)  # PAD and the CRC slot
+        full = (padded + 4) // MARKER_DATA
+        pieces: list[Any] = [b"", *self.runs[:full]]
+        if (padded + 4) % MARKER_DATA:
+            pieces.append(staged[full * MARKER_DATA : padded + 4])
+        fpdu = self.marker.join(pieces)
+        _CRC.pack_into(fpdu, len(fpdu) - 4, crc32c(memoryview(fpdu)[:-4]))
+        return fpdu
+
+
 # ------------------------------------------------------------------------------ sender
 async def _run(
     port: int, variant: int, size: int, payload: int, seconds: float, raw_receive: int
@@ -198,6 +296,8 @@ async def _run(
     await stream.send_all(_HELLO.pack(variant, size, payload, raw_receive))
     per_batch = max(1, BATCH // size)
     source = memoryview(bytearray(b"\x5a" * size))
+    marked = _MarkedFramer(payload) if variant == MARKED else None
+    fpdus = range(0, size, payload)
     clock = time.perf_counter
     cpu = time.process_time_ns()
     start = clock()
@@ -214,6 +314,9 @@ async def _run(
         while clock() < deadline:
             pieces: list[Any] = []
             for _ in range(per_batch):
+                if marked is not None:
+                    pieces += [marked.frame(to, source[to : to + payload]) for to in fpdus]
+                    continue
                 for to in range(0, size, payload):
                     body = source[to : to + payload]
                     n = DDP_TAGGED_HEADER + len(body)

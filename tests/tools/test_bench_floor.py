@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stack.constants import RAW_RECEIVE_SIZE
+from stack.constants import MPA_CRC_RESIDUE, MPA_MARKER_INTERVAL, RAW_RECEIVE_SIZE
+from stack.crc import crc32c
+from tools.bench_floor import DDP_TAGGED_HEADER, _marked_wire, _MarkedFramer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +26,7 @@ def test_the_sweep_adds_a_raw_row_per_receive_size_with_ratios_to_raw() -> None:
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["raw", "raw@64K", "raw@1M", "raw-into", "crc", "floor"]
+    assert names == ["raw", "raw@64K", "raw@1M", "raw-into", "crc", "floor", "markers"]
     raw = rows[0]
     assert raw["ratio"] == 1.0 and raw["MBps"] > 0
     for row in rows[1:]:
@@ -47,7 +49,7 @@ def test_the_read_size_caps_every_recv_into_and_is_recorded() -> None:
     doc = json.loads(done.stdout)
     assert doc["read_size"] == 1000
     names = [r["variant"] for r in doc["rows"]]
-    assert names == ["raw", "raw-into", "crc", "floor"]
+    assert names == ["raw", "raw-into", "crc", "floor", "markers"]
     assert all(r["MBps"] > 0 for r in doc["rows"])
 
 
@@ -62,3 +64,21 @@ def test_bad_read_sizes_are_one_usage_error(bad: str) -> None:
     done = _floor("--read-size", bad)
     assert done.returncode == 2
     assert "--read-size" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("length", [64, 490, 491, 508, 4000, 64752])
+def test_the_markers_variant_frames_on_the_marker_grid(length: int) -> None:
+    # A marker every 512 octets from the FPDU's start, 508 octets of the FPDU between them,
+    # and a CRC over it all: the work the stack's marker framing has to do, no less.
+    framer = _MarkedFramer(64752)
+    payload = bytes(range(256)) * (length // 256 + 1)
+    fpdu = framer.frame(0x1234, memoryview(payload[:length]))
+    assert len(fpdu) == _marked_wire(DDP_TAGGED_HEADER + length) and len(fpdu) % 4 == 0
+    assert crc32c(fpdu) == MPA_CRC_RESIDUE
+    markers = range(0, len(fpdu), MPA_MARKER_INTERVAL)
+    assert all(fpdu[k : k + 4] == bytes(4) for k in markers)
+    body = b"".join(fpdu[k + 4 : k + MPA_MARKER_INTERVAL] for k in markers)
+    assert int.from_bytes(body[:2], "big") == DDP_TAGGED_HEADER + length
+    assert int.from_bytes(body[12:16], "big") == 0x1234  # the TO
+    assert body[16 : 16 + length] == payload[:length]
+    assert len(body) - 16 - length - 4 == -(2 + DDP_TAGGED_HEADER + length) % 4  # the PAD
