@@ -200,14 +200,20 @@ async def _receive_fpdus(
                 data = length - DDP_TAGGED_HEADER
                 target[to : to + data] = view[pos + _HEAD.size : pos + _HEAD.size + data]
             pos += wire
-        start = pos
-        if start == end:
-            start = end = 0
-        elif RECEIVE - end < frame:
-            view[: end - start] = view[start:end]
-            start, end = 0, end - start
+        start, end = _keep_partial(view, pos, end, frame)
         await trio.lowlevel.checkpoint()
     return got
+
+
+def _keep_partial(view: memoryview, start: int, end: int, frame: int) -> tuple[int, int]:
+    """The receive buffer's new ``(start, end)`` once a read's whole FPDUs are done: empty,
+    or a partial FPDU moved to the front when ``frame`` octets no longer fit behind it."""
+    if start == end:
+        return 0, 0
+    if RECEIVE - end < frame:
+        view[: end - start] = view[start:end]
+        return 0, end - start
+    return start, end
 
 
 def _marked_wire(length: int) -> int:
@@ -247,12 +253,7 @@ async def _receive_marked(sock: socket.socket, size: int, payload: int, read: in
             data = length - DDP_TAGGED_HEADER
             target[to : to + data] = body[_HEAD.size : _HEAD.size + data]
             pos += wire
-        start = pos
-        if start == end:
-            start = end = 0
-        elif RECEIVE - end < frame:
-            view[: end - start] = view[start:end]
-            start, end = 0, end - start
+        start, end = _keep_partial(view, pos, end, frame)
         await trio.lowlevel.checkpoint()
     return got
 
