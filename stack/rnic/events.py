@@ -39,6 +39,7 @@ from stack.constants import (
     TermCode,
     TermLayer,
 )
+from stack.errors import ProtocolError
 
 __all__ = ["AsyncEvent", "AsyncEventQueue", "AsyncEventType", "event_type_for_cause"]
 
@@ -141,7 +142,13 @@ class AsyncEventQueue:
         return len(self._events)
 
     def post(self, event: AsyncEvent) -> None:
-        """Queue ``event`` (called by QPs and CQs) and wake a waiting reader."""
+        """Queue ``event`` (called by QPs and CQs) and wake a waiting reader.
+
+        A queued event may outlive its connection by far (a server that never reads the
+        queue keeps the last ``max_events``), so its error keeps no traceback (whose frames
+        hold the connection's driver and receive buffer) and its offending ULPDU is a copy
+        of its own, not a view of the receive buffer."""
+        _detach(event.error)
         if len(self._events) >= self.max_events:
             self._events.popleft()
             self.dropped += 1
@@ -164,3 +171,15 @@ class AsyncEventQueue:
     async def _iterate(self) -> AsyncIterator[AsyncEvent]:
         while True:
             yield await self.get()
+
+
+def _detach(error: BaseException | None) -> None:
+    """Drop what ties a kept error to the code and buffers it came from: the tracebacks of
+    it and of its causes and contexts, and the receive buffer its ``ulpdu`` views."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        if isinstance(error, ProtocolError) and error.ulpdu is not None:
+            error.ulpdu = memoryview(error.ulpdu.tobytes())
+        error = error.__cause__ or error.__context__
