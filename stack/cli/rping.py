@@ -99,6 +99,14 @@ class Endpoint:
         self.start_mr = self.pd.reg_mr(bytearray(size), rw)
         self.qp.post_recv(self._recv_wr())
 
+    def close(self) -> None:
+        """Give back the QP and the memory regions (a persistent server makes an Endpoint
+        per client on one RNIC: without this each client's buffers stayed registered)."""
+        self.rnic.destroy_qp(self.qp)
+        for mr in (self.recv_mr, self.send_mr, self.rdma_mr, self.start_mr):
+            if mr.valid:
+                mr.dereg()
+
     def _recv_wr(self) -> RecvWR:
         return RecvWR(1, (Sge(self.recv_mr.addr, RDMA_INFO.size, self.recv_mr.lkey),))
 
@@ -220,6 +228,15 @@ async def _serve_client(
     """One client, rping's ``rping_test_server`` loop; its exit status."""
     debug(f"cma_event type RDMA_CM_EVENT_CONNECT_REQUEST from {request.remote[0]}")
     ep = Endpoint(args.size, rnic)
+    try:
+        return await _serve_endpoint(ep, request, args, debug)
+    finally:
+        ep.close()
+
+
+async def _serve_endpoint(
+    ep: Endpoint, request: ConnectRequest, args: argparse.Namespace, debug: Debug
+) -> int:
     try:
         conn = await request.accept(ep.qp, args.private_data.encode())
     except IwarpError as exc:

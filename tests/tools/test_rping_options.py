@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from stack.cli import build_parser
+from stack.cli import build_parser, rping
 from stack.cli.iwarp import COMMANDS, main
 from stack.cli.rping import run_client, run_server
+from stack.rnic import Rnic
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -80,7 +81,7 @@ def test_help_shows_the_defaults() -> None:
 
 
 async def _serve_and_ping(
-    server_argv: list[str], clients: list[list[str]]
+    server_argv: list[str], clients: list[list[str]], settle: float = 0.0
 ) -> tuple[list[int], argparse.Namespace]:
     """Start a server on a free port, run ``clients`` at once; their exit statuses."""
     async with trio.open_nursery() as nursery:
@@ -110,6 +111,7 @@ async def _serve_and_ping(
         async with trio.open_nursery() as inner:
             for i, extra in enumerate(clients):
                 inner.start_soon(one, i, extra)
+        await trio.sleep(settle)  # the server's side of the last client ends
         if "-P" in server_argv:
             nursery.cancel_scope.cancel()  # a persistent server runs until interrupted
     return codes, _args("-s")
@@ -124,6 +126,29 @@ def test_persistent_server_serves_clients_concurrently_and_one_after_another() -
     assert codes == [0, 0, 0]
     assert out.getvalue().count("server ping data: rdma-ping-0") == 3
     assert out.getvalue().count("server ping data: rdma-ping-") == 6
+
+
+def test_persistent_server_gives_back_each_clients_qp_and_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hostile-peer run found every client's QP and four MRs (two of ``-S`` octets) kept
+    for ever by ``rping -s -P``: 8 MB per client at ``-S 4000000``."""
+    made: list[Rnic] = []
+
+    class Recorded(Rnic):
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+            made.append(self)
+
+    monkeypatch.setattr(rping, "Rnic", Recorded)
+    with redirect_stdout(io.StringIO()):
+        codes, _ = trio.run(
+            _serve_and_ping, ["-P", "-S", "100000"], [["-C", "2", "-S", "100000"]] * 3, 0.5
+        )
+    assert codes == [0, 0, 0]
+    server = made[0]  # made first, before any client's
+    assert server.qps == {}
+    assert server.table._regions == {}
 
 
 def test_debug_prints_the_negotiated_mpa_and_the_source_address() -> None:
