@@ -242,7 +242,17 @@ def compile_filter(
     decoder adds to the records, e.g. ``kbtp_``); ``context``: what derived fields
     (``frame.time_relative``) need.
     """
-    tokens = _tokenize(text, field_prefixes, context)
+    try:
+        tokens = _tokenize(text, field_prefixes, context)
+    except ValueError as exc:  # an integer literal past Python's digit limit
+        raise FilterError(f"bad number: {exc}") from None
     if not tokens:
         raise FilterError("empty filter")
+    if len(tokens) > MAX_FILTER_TOKENS:  # parsed and evaluated by recursion
+        raise FilterError(f"filter too long: {len(tokens)} tokens (at most {MAX_FILTER_TOKENS})")
     return _Parser(tokens).parse()
+
+
+MAX_FILTER_TOKENS = 256
+"""Tokens a display filter may have: the parser and the compiled predicate recurse once
+per nesting level and chained term, which stays far below Python's recursion limit."""

@@ -49,3 +49,23 @@ def test_upper_layer_prefixes_widen_the_field_names() -> None:
         compile_filter("kbtp_opcode == 16")
     pred = compile_filter("kbtp_opcode == 16 and opcode == 3", field_prefixes=("kbtp_",))
     assert pred({**RECORD, "kbtp_opcode": 16}) and not pred(RECORD)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "opcode == " + "1" * 4301,  # past Python's integer digit limit
+        "(" * 300 + "opcode" + ")" * 300,  # nesting the parser recursed into
+        "!" * 1000 + "opcode",
+        " or ".join(["opcode == 1"] * 1000),  # a chain the predicate recursed into
+        " and ".join(["opcode"] * 1000),
+    ],
+)
+def test_hostile_filters_are_filter_errors_not_crashes(text: str) -> None:
+    with pytest.raises(FilterError):
+        compile_filter(text)
+
+
+def test_a_long_filter_within_the_limit_still_compiles() -> None:
+    predicate = compile_filter(" or ".join(["opcode == 1"] * 60))  # 239 tokens
+    assert predicate({"opcode": 1}) and not predicate({"opcode": 2})
