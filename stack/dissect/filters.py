@@ -31,6 +31,14 @@ class FilterError(IwarpError):
     """A display filter that does not parse."""
 
 
+MAX_FILTER_TOKENS = 256
+"""Tokens a display filter may have."""
+MAX_FILTER_DEPTH = 64
+"""Nesting a display filter may have (parentheses and ``not``): the parser and the compiled
+predicate recurse once per level, which stays far below Python's recursion limit; chained
+``and``/``or`` terms are evaluated in a loop, not nested."""
+
+
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<num>0[xX][0-9a-fA-F]+|\d+\.\d*|\d+)
@@ -87,6 +95,7 @@ class _Parser:
     def __init__(self, tokens: list[tuple[str, Any]]) -> None:
         self.tokens = tokens
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> tuple[str, Any] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -112,22 +121,34 @@ class _Parser:
         return pred
 
     def or_expr(self) -> Predicate:
-        left = self.and_expr()
+        terms = [self.and_expr()]
         while self.accept("or", "||"):
-            right = self.and_expr()
-            left = (lambda a, b: lambda r: a(r) or b(r))(left, right)
-        return left
+            terms.append(self.and_expr())
+        if len(terms) == 1:
+            return terms[0]
+        return lambda r: any(term(r) for term in terms)
 
     def and_expr(self) -> Predicate:
-        left = self.not_expr()
+        terms = [self.not_expr()]
         while self.accept("and", "&&"):
-            right = self.not_expr()
-            left = (lambda a, b: lambda r: a(r) and b(r))(left, right)
-        return left
+            terms.append(self.not_expr())
+        if len(terms) == 1:
+            return terms[0]
+        return lambda r: all(term(r) for term in terms)
+
+    def nested(self, parse: Callable[[], Predicate]) -> Predicate:
+        """``parse()`` one nesting level down (:data:`MAX_FILTER_DEPTH`)."""
+        if self.depth >= MAX_FILTER_DEPTH:
+            raise FilterError(f"filter nested too deeply (at most {MAX_FILTER_DEPTH} levels)")
+        self.depth += 1
+        try:
+            return parse()
+        finally:
+            self.depth -= 1
 
     def not_expr(self) -> Predicate:
         if self.accept("not", "!"):
-            inner = self.not_expr()
+            inner = self.nested(self.not_expr)
             return lambda r: not inner(r)
         return self.comparison()
 
@@ -141,7 +162,7 @@ class _Parser:
 
     def comparison(self) -> Predicate:
         if self.accept("("):
-            inner = self.or_expr()
+            inner = self.nested(self.or_expr)
             if not self.accept(")"):
                 raise FilterError("missing ')'")
             return inner
@@ -248,11 +269,6 @@ def compile_filter(
         raise FilterError(f"bad number: {exc}") from None
     if not tokens:
         raise FilterError("empty filter")
-    if len(tokens) > MAX_FILTER_TOKENS:  # parsed and evaluated by recursion
+    if len(tokens) > MAX_FILTER_TOKENS:
         raise FilterError(f"filter too long: {len(tokens)} tokens (at most {MAX_FILTER_TOKENS})")
     return _Parser(tokens).parse()
-
-
-MAX_FILTER_TOKENS = 256
-"""Tokens a display filter may have: the parser and the compiled predicate recurse once
-per nesting level and chained term, which stays far below Python's recursion limit."""

@@ -56,6 +56,8 @@ def test_upper_layer_prefixes_widen_the_field_names() -> None:
     [
         "opcode == " + "1" * 4301,  # past Python's integer digit limit
         "(" * 300 + "opcode" + ")" * 300,  # nesting the parser recursed into
+        "(" * 250,  # unbalanced, within the token limit
+        "(" * 65 + "opcode" + ")" * 65,  # one level past MAX_FILTER_DEPTH
         "!" * 1000 + "opcode",
         " or ".join(["opcode == 1"] * 1000),  # a chain the predicate recursed into
         " and ".join(["opcode"] * 1000),
@@ -64,6 +66,11 @@ def test_upper_layer_prefixes_widen_the_field_names() -> None:
 def test_hostile_filters_are_filter_errors_not_crashes(text: str) -> None:
     with pytest.raises(FilterError):
         compile_filter(text)
+
+
+def test_a_filter_nested_to_the_limit_still_compiles() -> None:
+    predicate = compile_filter("(" * 32 + "!" * 32 + "opcode == 1" + ")" * 32)  # 64 levels
+    assert predicate({"opcode": 1}) and not predicate({"opcode": 2})
 
 
 def test_a_long_filter_within_the_limit_still_compiles() -> None:
