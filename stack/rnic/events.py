@@ -177,9 +177,13 @@ def _detach(error: BaseException | None) -> None:
     """Drop what ties a kept error to the code and buffers it came from: the tracebacks of
     it and of its causes and contexts, and the receive buffer its ``ulpdu`` views."""
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
+    pending = [error]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
         seen.add(id(error))
         error.__traceback__ = None
         if isinstance(error, ProtocolError) and error.ulpdu is not None:
             error.ulpdu = memoryview(error.ulpdu.tobytes())
-        error = error.__cause__ or error.__context__
+        pending += (error.__cause__, error.__context__)

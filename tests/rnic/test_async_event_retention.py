@@ -25,12 +25,16 @@ class _Driver:
 def _fail_in(driver: _Driver) -> ProtocolError:
     view = memoryview(driver.rx)
     try:
+        raise KeyError("cause")
+    except KeyError as exc:
+        cause = exc  # the cause: an error of its own, with its own traceback
+    try:
         try:
             raise ValueError("inner")
-        except ValueError as inner:
+        except ValueError:  # the context: what was being handled
             error = MpaError("MPA-12", "CRC mismatch")
             error.ulpdu = view[16:64]
-            raise error from inner
+            raise error from cause
     except ProtocolError as exc:
         return exc
 
@@ -39,7 +43,8 @@ def test_a_posted_event_lets_the_driver_and_its_buffer_go() -> None:
     driver = _Driver()
     alive = weakref.ref(driver)
     error = _fail_in(driver)
-    assert error.__traceback__ is not None and error.__cause__ is not None
+    assert error.__traceback__ is not None
+    assert isinstance(error.__cause__, KeyError) and isinstance(error.__context__, ValueError)
     queue = AsyncEventQueue()
     queue.post(AsyncEvent(AsyncEventType.QP_FATAL, error=error))
     del driver
@@ -48,6 +53,7 @@ def test_a_posted_event_lets_the_driver_and_its_buffer_go() -> None:
     kept = queue.poll()
     assert kept is not None and kept.error is error
     assert error.__traceback__ is None and error.__cause__.__traceback__ is None
+    assert error.__context__ is not None and error.__context__.__traceback__ is None
     assert error.ulpdu is not None and len(error.ulpdu.obj) == 48  # its own copy
     assert bytes(error.ulpdu) == bytes(48)
     assert str(error) == "MPA-12: CRC mismatch"
