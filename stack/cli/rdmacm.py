@@ -76,7 +76,13 @@ async def rdma_server(args: argparse.Namespace) -> int:
     qp = side.qp(1)
     _mr, recv_sge = side.buffer(MESSAGE_LEN)
     async with capturing_manager(side.rnic, args.capture) as cm:
-        listener = await cm.listen(args.bind or "0.0.0.0", args.port)
+        host = args.bind or "0.0.0.0"
+        try:
+            listener = await cm.listen(host, args.port)
+        except OSError as exc:  # a busy port, an address not ours, a name that does not resolve
+            print(f"rdma_listen: {host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+            print("rdma_server: end -1", flush=True)
+            return 1
         request = await listener.get_request()
         qp.post_recv(RecvWR(1, (recv_sge,)))
         conn = await request.accept(qp)

@@ -66,6 +66,22 @@ def test_rdma_client_without_server_fails_cleanly(capsys: pytest.CaptureFixture[
     assert "rdma_client: end -1" in capsys.readouterr().out
 
 
+def test_rdma_server_that_cannot_listen_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A busy port or an address not this host's: one error line, no traceback, status 1."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        for where in (["-s", "127.0.0.1", "-p", port], ["-s", "203.0.113.9", "-p", port]):
+            assert main(["rdma-server", *where]) == 1
+            out, err = capsys.readouterr()
+            assert out.splitlines()[-1] == "rdma_server: end -1"
+            assert err.startswith(f"rdma_listen: {where[1]}:{port}: ")
+            assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
 def test_rdma_server_timeout_is_reported_as_timed_out() -> None:
     """A client that connects (MPA rev 2, no CRC) and never sends: the server gives up
     after --timeout and says so (the timeout error has no text of its own)."""
