@@ -5,13 +5,16 @@ per type/opcode and direction, PDUs with a bad CRC (MPA-12), PDUs per finding ru
 stream events; then, per iWARP connection, the negotiated settings of each direction
 (CRC, markers; RFC 5044 §7.1.1) and its byte counters.  :class:`TcpConversations`
 (``-z conv,tcp``) counts every TCP segment per connection; :class:`IoStatistics`
-(``-z io,stat,SECONDS``) the PDUs shown per time interval.  :func:`parse_stat` reads a
-``-z`` argument.  Kinds and opcodes are named as in the JSON records
-(:mod:`stack.dissect.fields`).
+(``-z io,stat,SECONDS``) the PDUs shown per time interval, of :data:`MIN_IO_INTERVAL`
+(a microsecond, the resolution of a pcap timestamp) or more.  :func:`parse_stat` reads a
+``-z`` argument and raises :class:`StatError` for one it does not take.  Kinds and opcodes
+are named as in the JSON records (:mod:`stack.dissect.fields`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -24,14 +27,39 @@ if TYPE_CHECKING:
     from stack.dissect.decoder import Note, PduRecord, StreamInfo
     from stack.pcap import TcpSegment
 
-__all__ = ["IoStatistics", "StatError", "Statistics", "TcpConversations", "parse_stat"]
+__all__ = [
+    "MIN_IO_INTERVAL",
+    "IoStatistics",
+    "StatError",
+    "Statistics",
+    "TcpConversations",
+    "parse_stat",
+]
 
 STAT_NAMES = ("iwarp", "iwarp,stat", "conv,tcp", "io,stat,SECONDS")
 """The ``-z`` arguments understood."""
 
 
+MIN_IO_INTERVAL = 1e-6
+"""The shortest ``-z io,stat`` interval, in seconds: a microsecond, as tshark (a pcap
+timestamp's resolution; relative times of a capture hold little below it as floats)."""
+
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+"""A ``-z io,stat`` interval as written: a decimal number, no sign, nan, inf or hex."""
+
+
 class StatError(IwarpError):
-    """A ``-z`` argument that names no statistics."""
+    """A ``-z`` argument that names no statistics, or an io,stat interval out of range."""
+
+
+def _check_interval(interval: float, written: object) -> float:
+    """``interval`` if it is a usable ``-z io,stat`` interval, else :class:`StatError`."""
+    if not (math.isfinite(interval) and interval >= MIN_IO_INTERVAL):
+        raise StatError(
+            f"-z io,stat wants a positive interval in seconds, at least {MIN_IO_INTERVAL:g} "
+            f"(a microsecond), got {written!r}"
+        )
+    return interval
 
 
 def parse_stat(text: str) -> tuple[str, float | None]:
@@ -41,14 +69,15 @@ def parse_stat(text: str) -> tuple[str, float | None]:
     if text == "conv,tcp":
         return "conv", None
     parts = text.split(",")
-    if len(parts) == 3 and parts[:2] == ["io", "stat"]:
-        try:
-            interval = float(parts[2])
-        except ValueError:
-            interval = 0.0
-        if not interval > 0:
-            raise StatError(f"-z io,stat wants a positive interval in seconds, got {parts[2]!r}")
-        return "io", interval
+    if parts[:2] == ["io", "stat"]:
+        if len(parts) != 3:
+            raise StatError(
+                f"-z io,stat takes one argument, the interval in seconds (io,stat,SECONDS; "
+                f"no filter), got {text!r}"
+            )
+        number = parts[2].strip()
+        interval = float(number) if _DECIMAL.fullmatch(number) else math.nan
+        return "io", _check_interval(interval, parts[2])
     raise StatError(
         f"unknown statistics {text!r} (-z takes one of: {', '.join(STAT_NAMES)}; "
         "--stats is -z iwarp)"
@@ -187,7 +216,11 @@ class IoStatistics:
     """``-z io,stat,SECONDS``: PDUs shown and their wire bytes per interval since ``t0``."""
 
     def __init__(self, interval: float) -> None:
-        self.interval = interval
+        self.interval = _check_interval(interval, interval)
+        # decimals of the interval's bounds: enough to tell adjacent ones apart
+        self.decimals = next(
+            (d for d in range(6) if abs(round(interval, d) - interval) <= interval * 1e-9), 6
+        )
         self.bins: Counter[int] = Counter()
         self.bytes: Counter[int] = Counter()
 
@@ -206,7 +239,12 @@ class IoStatistics:
         lines.append(f"{'interval (s)':<24} {'PDUs':>8} {'bytes':>12}")
         last = max(self.bins, default=-1)
         for i in range(last + 1) if last < 10000 else sorted(self.bins):  # else: non-empty
-            span = f"{i * self.interval:g} <> {(i + 1) * self.interval:g}"
+            span = f"{self._bound(i)} <> {self._bound(i + 1)}"
             lines.append(f"{span:<24} {self.bins[i]:>8} {self.bytes[i]:>12}")
         lines.append("=" * 48)
         return lines
+
+    def _bound(self, i: int) -> str:
+        """The start of interval ``i`` in seconds, as its row shows it."""
+        at = i * self.interval
+        return f"{at:.{self.decimals}f}" if at < 1e15 else f"{at:g}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import shutil
@@ -14,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from stack.cli.iwarp import main
-from stack.dissect import ALIASES, DERIVED_INFO, FIELD_INFO, FIELDS
+from stack.dissect import (
+    ALIASES,
+    DERIVED_INFO,
+    FIELD_INFO,
+    FIELDS,
+    IoStatistics,
+    StatError,
+    parse_stat,
+)
+from stack.dissect.stats import MIN_IO_INTERVAL
 from stack.pcap import iter_frames
 from stack.wire.events import RdmaWrite, ReadRequest, ReadResponse, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder
@@ -159,6 +169,49 @@ def test_z_takes_tshark_arguments_and_leaves_the_file_alone(capture: Path, capsy
     assert "iWARP statistics" in _out(capsys, "-q", "-z", "iwarp,stat", str(capture))
     assert "unknown statistics" in _error(capsys, "-z", str(capture))
     assert "positive interval" in _error(capsys, "-z", "io,stat,0", str(capture))
+
+
+@pytest.mark.parametrize(
+    "interval",
+    ["1e-320", "5e-324", "1e-7", "0", "-1", "-0.5", "nan", "inf", "-inf", "1e400", "", "0x10",
+     "1_0", "one"],
+)  # fmt: skip
+def test_io_stat_rejects_a_degenerate_interval_in_one_line(
+    capture: Path, capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    """Found by fuzzing: a denormal interval overflowed int() on the first PDU (a traceback);
+    an infinite one printed 'nan <> inf'.  Each is a bad option (exit status 2)."""
+    err = _error(capsys, "-q", "-z", f"io,stat,{interval}", str(capture))
+    assert "positive interval in seconds, at least 1e-06" in err and repr(interval) in err
+
+
+@pytest.mark.parametrize("arg", ["io,stat", "io,stat,1,frame", "io,stat,1,"])
+def test_io_stat_takes_one_interval_and_no_filter(
+    capture: Path, capsys: pytest.CaptureFixture[str], arg: str
+) -> None:
+    assert "takes one argument" in _error(capsys, "-q", "-z", arg, str(capture))
+
+
+def test_io_stat_at_a_microsecond_and_beyond_a_lifetime(
+    capture: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smallest interval (MIN_IO_INTERVAL) shows bounds that tell adjacent rows apart;
+    a huge finite interval holds every PDU in one row."""
+    out = _out(capsys, "-q", "-z", f"io,stat,{MIN_IO_INTERVAL}", str(capture))
+    rows = [line.split("<>") for line in out.split("IO Statistics")[1].splitlines() if "<>" in line]
+    assert len(rows) > 1 and len({start for start, _ in rows}) == len(rows)
+    assert all(len(start.strip().split(".")[1]) == 6 for start, _ in rows)
+    out = _out(capsys, "-q", "-z", "io,stat,1e308", "-z", "iwarp", str(capture))
+    rows = [line for line in out.split("IO Statistics")[1].splitlines() if "<>" in line]
+    assert len(rows) == 1 and rows[0].startswith("0 <> 1e+308")
+    assert int(rows[0].split()[-2]) == 6  # "PDUs shown: 6"
+
+
+def test_io_statistics_refuse_an_interval_built_in_code() -> None:
+    assert parse_stat("io,stat, 0.5") == ("io", 0.5)
+    for bad in (0.0, -1.0, 1e-320, math.inf, math.nan):
+        with pytest.raises(StatError):
+            IoStatistics(bad)
 
 
 def _retimed(data: bytes, first: int) -> bytes:
