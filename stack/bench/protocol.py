@@ -2,7 +2,8 @@
 
 * The MPA Request's private data (:class:`SessionSpec`, JSON) says which test a QP runs;
   the Reply's (:class:`Advert`, JSON) advertises the target region and the raw-TCP port
-  (private data is the ULP's, RFC 5044 §7.1).
+  (private data is the ULP's, RFC 5044 §7.1).  The server registers at most
+  :data:`MAX_SESSION_BYTES` for one QP and rejects a Request asking more (MPA-23).
 * The server's second, raw-TCP port (and a third served by blocking sockets,
   :mod:`stack.bench.blocking`): a 16-byte header (:data:`RAW_HEADER`), then the
   mode's traffic.  ``RAW_SINK``: the client streams bytes and half-closes; the server
@@ -21,6 +22,12 @@ import trio
 
 from stack.bench.options import MAX_SIZE, TESTS, BenchError
 from stack.transport.sockopts import limit_unsent
+
+MAX_SESSION_BYTES = 1 << 30
+"""Registered memory the server gives one QP at most (:attr:`SessionSpec.memory`): a
+~70-byte Request must not make it map gigabytes.  Every one-region test runs at the
+client's largest size (``-s 1G``); Sends need two regions of ``size`` bytes and latency
+one more (Send latency up to 341 MiB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +55,24 @@ class SessionSpec:
             obj["pong"] = list(self.pong)
         return json.dumps(obj, separators=(",", ":")).encode()
 
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """The server's regions for this QP, ``size`` bytes each: the advertised target, a
+        source for latency answers (Write and Send), an inbox for Sends; none when idle."""
+        if self.test == "idle":
+            return ()
+        source = ("source",) if self.latency and self.test in ("write", "send") else ()
+        return ("target", *source, *(("inbox",) if self.test == "send" else ()))
+
+    @property
+    def memory(self) -> int:
+        """Bytes of registered memory the server maps for this QP (at most MAX_SESSION_BYTES)."""
+        return self.size * len(self.regions)
+
     @classmethod
     def decode(cls, data: bytes) -> SessionSpec:
-        """Parse private data; raises BenchError on anything malformed."""
+        """Parse private data; raises BenchError on anything malformed or asking more memory
+        than MAX_SESSION_BYTES (the server rejects it, MPA-23)."""
         try:
             obj = json.loads(data)
             test, size = obj["t"], obj["s"]
@@ -69,7 +91,13 @@ class SessionSpec:
                 pong = (pong[0], pong[1], pong[2])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BenchError(f"bad session request: {exc}") from None
-        return cls(test, size, latency, rx_depth, pong)
+        spec = cls(test, size, latency, rx_depth, pong)
+        if spec.memory > MAX_SESSION_BYTES:
+            raise BenchError(
+                f"session request too large: {spec.memory} bytes of registered memory, "
+                f"the server's limit is {MAX_SESSION_BYTES}"
+            )
+        return spec
 
 
 @dataclass(frozen=True, slots=True)

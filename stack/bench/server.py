@@ -1,9 +1,11 @@
 """The passive half of the RDMA benchmarks (``iwarp bench server``): :class:`BenchServer`.
 
-Generic: each QP's MPA Request says what it runs (:class:`~stack.bench.protocol.SessionSpec`).
-The server registers a target region, keeps a receive queue full for Sends (iWARP has no
-receiver-not-ready retry: a Send finding no receive is fatal), answers latency
-ping-pongs, and serves the raw-TCP baselines and statistics on a second port.
+Generic: each QP's MPA Request says what it runs (:class:`~stack.bench.protocol.SessionSpec`),
+within :data:`~stack.bench.protocol.MAX_SESSION_BYTES` of memory (a larger Request is
+rejected, the server serves on).  The server registers a target region, keeps a receive
+queue full for Sends (iWARP has no receiver-not-ready retry: a Send finding no receive is
+fatal), answers latency ping-pongs, and serves the raw-TCP baselines and statistics on a
+second port.
 """
 
 from __future__ import annotations
@@ -103,12 +105,14 @@ class BenchServer:
                 iwarp_blocking.close()
 
     async def _session(self, request: ConnectRequest) -> None:
+        """One QP: a Request that is malformed, asks more than MAX_SESSION_BYTES or cannot be
+        mapped is rejected with the reason (MPA-23); the others run until the client ends."""
         try:
             spec = SessionSpec.decode(request.private_data)
-        except BenchError as exc:
+            session = Session.open(self.rnic, self.pd, spec, self.advert_ports())
+        except (BenchError, OSError) as exc:
             await request.reject(str(exc).encode()[:200])
             return
-        session = Session.open(self.rnic, self.pd, spec, self.advert_ports())
         try:
             conn = await request.accept(session.qp, session.advert.encode())
         except ConnectFailed:

@@ -2,11 +2,15 @@
 
 Both of the server's drivers make their sessions here: the trio one
 (:class:`~stack.bench.server.BenchServer`) and the blocking one
-(:mod:`stack.bench.blocking_iwarp`).
+(:mod:`stack.bench.blocking_iwarp`).  Regions are anonymous mappings (:func:`zeroed`):
+opening a session of a gigabyte costs no time on the event loop and no resident memory
+until the peer places data (``bytearray(n)`` zeroes every page at once, holding the GIL,
+so not even a worker thread would keep the loop running).
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 from stack.bench.memory import REMOTE_ALL, dereg
@@ -30,7 +34,12 @@ from stack.rnic import (
 )
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 
-__all__ = ["Session"]
+__all__ = ["Session", "zeroed"]
+
+
+def zeroed(size: int) -> mmap.mmap | bytearray:
+    """``size`` zero bytes the kernel provides page by page as they are first written."""
+    return mmap.mmap(-1, size) if size else bytearray()
 
 
 @dataclass
@@ -61,6 +70,8 @@ class Session:
     def open(
         cls, rnic: Rnic, pd: ProtectionDomain, spec: SessionSpec, ports: tuple[int, int, int]
     ) -> Session:
+        """The QP and the regions ``spec`` asks for (:attr:`SessionSpec.regions`, mapped
+        by :func:`zeroed`); an OSError when the kernel refuses the mapping."""
         depth = max(spec.rx_depth, 1)
         cq = rnic.create_cq(depth + 2 * DEFAULT_TX_DEPTH)
         qp = rnic.create_qp(
@@ -71,33 +82,45 @@ class Session:
             ord=rnic.max_ord,
         )
         session = cls(rnic, qp, cq, Advert(0, 0, 0, *ports), [])
-        if spec.test == "idle":
-            return session
+        try:
+            session._register(pd, spec, ports)
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _register(
+        self, pd: ProtectionDomain, spec: SessionSpec, ports: tuple[int, int, int]
+    ) -> None:
+        """Map and register the regions of ``spec``; post its receives; make its answers."""
+        if not spec.regions:
+            return
         # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
-        target = session.target = pd.reg_mr(bytearray(spec.size + ATOMIC_ALIGNMENT), REMOTE_ALL)
-        session.regions.append(target)
-        session.pad = pad = (-target.addr) % ATOMIC_ALIGNMENT
-        session.advert = Advert(target.rkey, target.base + pad, spec.size, *ports)
-        if spec.latency and spec.test in ("write", "send"):
-            session.source = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
-            session.regions.append(session.source)
-        source = session.source
-        if spec.test == "send":
-            inbox = session.inbox = pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
-            session.regions.append(inbox)
-            session.recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
-            qp.post_recv([session.recv] * depth)
+        target = self.target = self._region(pd, spec.size + ATOMIC_ALIGNMENT, REMOTE_ALL)
+        self.pad = pad = (-target.addr) % ATOMIC_ALIGNMENT
+        self.advert = Advert(target.rkey, target.base + pad, spec.size, *ports)
+        if "source" in spec.regions:
+            self.source = self._region(pd, spec.size, Access.LOCAL_WRITE)
+        source = self.source
+        if "inbox" in spec.regions:
+            inbox = self.inbox = self._region(pd, spec.size, Access.LOCAL_WRITE)
+            self.recv = RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))
+            self.qp.post_recv([self.recv] * self.qp.cap.max_recv_wr)  # the QP's rx depth
             if source is not None:
                 sge = (Sge(source.base, spec.size, source.lkey),)
-                session.echo = SendWR(0, WrOpcode.SEND, sge, SendFlags.NONE)
-        session.pongs = spec.test == "write" and spec.latency and spec.pong is not None
-        if session.pongs and source is not None and spec.pong is not None:
+                self.echo = SendWR(0, WrOpcode.SEND, sge, SendFlags.NONE)
+        self.pongs = spec.test == "write" and spec.latency and spec.pong is not None
+        if self.pongs and source is not None and spec.pong is not None:
             rkey, to, _length = spec.pong
             sge = (Sge(source.base, spec.size, source.lkey),)
-            session.pong = SendWR(
+            self.pong = SendWR(
                 0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=rkey, remote_addr=to
             )
-        return session
+
+    def _region(self, pd: ProtectionDomain, size: int, access: Access) -> MemoryRegion:
+        mr = pd.reg_mr(zeroed(size), access)
+        self.regions.append(mr)
+        return mr
 
     def answer(self, wcs: list[WorkCompletion]) -> bool:
         """Sends: repost a receive for each one that completed and, in latency mode, answer

@@ -1,0 +1,67 @@
+"""The bench server against a client asking for too much: MAX_SESSION_BYTES per QP, checked
+before anything is mapped, and regions mapped lazily, so one ~70-byte MPA Request neither
+fills the server's memory nor stops its event loop (the project rule on hostile peers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stack.bench import BenchError, BenchOptions, Client, SessionSpec, server_for
+from stack.bench.options import MAX_SIZE
+from stack.bench.process import rss_bytes
+from stack.bench.protocol import MAX_SESSION_BYTES
+from stack.bench.session import Session
+from stack.rnic import Rnic
+from stack.transport.cm import ConnectionManager, ConnectRejected
+
+GIB = 1 << 30
+RSS_SLACK = 128 << 20
+"""Resident growth allowed where the old server zeroed a gigabyte or more at once."""
+
+
+def test_the_limit_counts_every_region_the_server_maps() -> None:
+    assert SessionSpec("idle", MAX_SIZE).memory == 0
+    assert SessionSpec("write", MAX_SIZE).memory == MAX_SESSION_BYTES  # one region: served
+    assert SessionSpec("send", 4096, latency=True).regions == ("target", "source", "inbox")
+    assert SessionSpec.decode(SessionSpec("read", MAX_SIZE).encode()).size == MAX_SIZE
+    for spec in (SessionSpec("send", MAX_SIZE), SessionSpec("write", MAX_SIZE // 2 + 1, True)):
+        with pytest.raises(BenchError, match="too large"):
+            SessionSpec.decode(spec.encode())
+
+
+def test_a_gigabyte_session_costs_no_resident_memory_until_data_lands() -> None:
+    rnic = Rnic("server")
+    before = rss_bytes()
+    session = Session.open(rnic, rnic.alloc_pd(), SessionSpec("write", GIB), (0, 0, 0))
+    try:
+        assert session.target is not None and session.target.length >= GIB
+        assert rss_bytes() - before < RSS_SLACK
+        session.target.buf[GIB // 2] = 7  # placement writes it like any buffer
+        assert session.target.buf[GIB // 2] == 7 and session.target.buf[GIB - 1] == 0
+    finally:
+        session.close()
+
+
+async def test_a_huge_session_request_is_rejected_and_the_server_serves_on() -> None:
+    before = rss_bytes()
+    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
+        host,
+        port,
+        _layout,
+    ):
+        rnic = Rnic("hostile")
+        pd = rnic.alloc_pd()
+        async with ConnectionManager.open(rnic) as cm:
+            qp = rnic.create_qp(pd, rnic.create_cq())
+            greedy = SessionSpec("send", MAX_SIZE, latency=True)  # 3 GiB asked in ~50 bytes
+            with pytest.raises(ConnectRejected) as info:
+                await cm.connect(host, port, qp, private_data=greedy.encode())
+            assert b"too large" in info.value.private_data
+            assert rss_bytes() - before < RSS_SLACK
+            client = Client(cm, host, port)
+            opts = BenchOptions("write", (4096,))
+            qps = await client.connect_many(
+                SessionSpec("write", 4096), opts.mpa_settings, 1, tx_depth=1, ord=1
+            )
+            assert (await client.server_stats())["qps"] == 1
+            await client.close(qps)
