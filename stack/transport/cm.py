@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 MAX_STARTUPS = 256
 """MPA startups (and requests waiting for the ULP) a listener holds at once, in all."""
 MAX_STARTUPS_PER_PEER = 64
-"""...and from one peer address, so one client cannot take every descriptor."""
+"""...and from one peer address, so one client cannot take every descriptor; a connection
+from an address at this bound takes that address's oldest stale slot, if any (MPA-23)."""
 ACCEPT_BACKOFF_MIN = 0.05
 ACCEPT_BACKOFF_MAX = 1.0
 """Seconds a listener waits after a failed accept() (doubling from the minimum)."""
@@ -434,7 +435,8 @@ class ConnectionManager:
 
         ``backlog``: connection requests queued for the ULP (one not taken within the MPA
         request timeout is rejected); ``max_startups`` / ``max_startups_per_peer``: MPA
-        startups in progress at once, beyond which a new connection is closed at once.
+        startups in progress at once, beyond which a new connection is closed at once
+        unless it can take a stale one (:mod:`~stack.transport.startup_slots`).
         """
         listener = Listener(
             self,

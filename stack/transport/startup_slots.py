@@ -6,8 +6,11 @@ that holds fewer slots than the busiest one takes the busiest address's oldest s
 still in startup (its connection is closed): a silent half-open flood from a few addresses
 then delays good clients from other addresses by nothing, instead of locking them out for
 the startup timeout.  The busiest address itself is refused, so a flood cannot churn its own
-slots.  Pure accounting, no I/O: the listener closes whatever :meth:`StartupSlots.admit`
-evicts.
+slots.  An address at its own bound (``per_peer``) is refused too, unless its oldest slot
+still without a Request is stale: that one goes to the new connection (an initiator sends
+its Request at once, MPA-23), so a client behind the same address as silent leftovers waits
+``stale_after`` at most, not the startup timeout.  Pure accounting, no I/O: the listener
+closes whatever :meth:`StartupSlots.admit` evicts.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class StartupSlots:
         self.evicted = 0
         """Slots taken from the busiest address for another one."""
         self.evicted_stale = 0
-        """Slots taken because they were stale, every address holding about as many."""
+        """Slots taken because they were stale: every address holding about as many, or the
+        new connection's address at its bound."""
 
     def __len__(self) -> int:
         return self._count
@@ -61,9 +65,10 @@ class StartupSlots:
         When the slots are all taken, the busiest address's oldest evictable slot is
         released and its ``evict`` called, if that address holds at least two more slots
         than ``host``; failing that, the oldest evictable slot at least ``stale_after``
-        seconds old, if ``host`` is not the busiest address."""
+        seconds old, if ``host`` is not the busiest address.  A ``host`` at ``per_peer``
+        slots gets its own oldest evictable slot if that one is stale."""
         held = len(self._by_host.get(host, ()))
-        if held >= self.per_peer:
+        if held >= self.per_peer and not self._evict_own_stale(host, now):
             return None
         if self._count >= self.total and not (
             self._evict_for(held) or self._evict_stale(held, now)
@@ -92,9 +97,8 @@ class StartupSlots:
         victim = next((slot for slot in busiest if slot.evictable), None)
         if victim is None:
             return False
-        self.release(victim)
         self.evicted += 1
-        victim.evict()
+        self._take(victim)
         return True
 
     def _evict_stale(self, held: int, now: float) -> bool:
@@ -108,7 +112,20 @@ class StartupSlots:
         )
         if oldest is None or oldest.since > cutoff:
             return False
-        self.release(oldest)
         self.evicted_stale += 1
-        oldest.evict()
+        self._take(oldest)
         return True
+
+    def _evict_own_stale(self, host: str, now: float) -> bool:
+        """``host``'s oldest evictable slot (its deque is in admission order), if stale."""
+        oldest = next((slot for slot in self._by_host.get(host, ()) if slot.evictable), None)
+        if oldest is None or oldest.since > now - self.stale_after:
+            return False
+        self.evicted_stale += 1
+        self._take(oldest)
+        return True
+
+    def _take(self, slot: StartupSlot) -> None:
+        """Release ``slot`` for another connection and end its startup."""
+        self.release(slot)
+        slot.evict()

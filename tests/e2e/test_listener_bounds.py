@@ -9,8 +9,9 @@ import struct
 
 import trio
 
-from stack.transport.cm import ConnectionManager, Listener
+from stack.transport.cm import MAX_STARTUPS_PER_PEER, ConnectionManager, Listener
 from stack.transport.startup_slots import StartupSlots
+from stack.wire.events import MpaSettings
 from tests.e2e.helpers import make_host
 
 
@@ -155,6 +156,24 @@ def test_a_stale_slot_goes_when_every_address_holds_one() -> None:
     assert slots.admit("10.0.1.2", lambda: None, 1.31) is not None and evicted == ["f2", "f3"]
 
 
+def test_an_address_at_its_bound_gives_its_own_stale_slot_to_a_new_connection() -> None:
+    """MPA-23: at ``per_peer`` an address is refused while its slots are fresh; once its
+    oldest slot without a Request is stale, a new connection takes it (one at a time)."""
+    slots = StartupSlots(total=8, per_peer=2, stale_after=1.0)
+    evicted: list[str] = []
+    held = [slots.admit("10.0.0.1", lambda i=i: evicted.append(f"a{i}"), i * 0.5) for i in (0, 1)]
+    assert all(held)
+    assert slots.admit("10.0.0.1", lambda: None, 0.9) is None  # nothing stale yet
+    assert slots.admit("10.0.0.1", lambda: evicted.append("a2"), 1.2) is not None
+    assert evicted == ["a0"] and slots.evicted_stale == 1 and slots.counts() == {"10.0.0.1": 2}
+    assert slots.admit("10.0.0.1", lambda: None, 1.3) is None  # a1 is 0.8 s old
+    held[1].evictable = False  # its Request arrived: never taken
+    newest = slots.admit("10.0.0.1", lambda: None, 9.0)
+    assert newest is not None and evicted == ["a0", "a2"]
+    newest.evictable = False
+    assert slots.admit("10.0.0.1", lambda: None, 99.0) is None and len(slots) == 2
+
+
 def _silent_from(source: str, port: int) -> socket.socket:
     sock = socket.socket()
     sock.bind((source, 0))
@@ -199,4 +218,52 @@ async def test_a_silent_flood_one_connection_per_address_does_not_lock_a_good_cl
             await _good_client_connects(listener, cm)
         assert listener.slots.evicted_stale >= 1
         for sock in flood:
+            sock.close()
+
+
+async def _all_held(listener: Listener, count: int) -> None:
+    with trio.fail_after(10):
+        while sum(listener.startups.values()) < count:
+            await trio.sleep(0.01)
+
+
+async def test_silent_startups_from_one_address_give_their_slots_back_at_the_timeout() -> None:
+    """MPA-26: the address's whole bound held by connections that never send a Request;
+    each times out, its slot is released and its socket closed, and the address is served
+    again."""
+    async with ConnectionManager.open() as cm:
+        settings = MpaSettings(request_timeout=0.3)
+        listener = await cm.listen("127.0.0.1", 0, settings=settings)
+        listener.slots.stale_after = 3600.0  # only the timeout frees them here
+        silent = [_silent_from("127.0.0.1", listener.port) for _ in range(MAX_STARTUPS_PER_PEER)]
+        await _all_held(listener, MAX_STARTUPS_PER_PEER)
+        with trio.fail_after(10):
+            while listener.startups:
+                await trio.sleep(0.01)
+        assert len(listener.failures) == MAX_STARTUPS_PER_PEER and not listener.slots.evicted_stale
+        await _good_client_connects(listener, cm)
+        for sock in silent:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the server
+            sock.close()
+
+
+async def test_silent_startups_from_one_address_do_not_lock_it_out_for_the_timeout() -> None:
+    """MPA-23: the address's whole bound held by silent connections; once they are stale a
+    good client from the same address takes the oldest one's slot and connects, every other
+    silent startup still waiting for its (long) timeout."""
+    async with ConnectionManager.open() as cm:
+        settings = MpaSettings(request_timeout=600.0)
+        listener = await cm.listen("127.0.0.1", 0, settings=settings)
+        listener.slots.stale_after = 0.3
+        silent = [_silent_from("127.0.0.1", listener.port) for _ in range(MAX_STARTUPS_PER_PEER)]
+        await _all_held(listener, MAX_STARTUPS_PER_PEER)
+        await trio.sleep(0.4)
+        await _good_client_connects(listener, cm)
+        assert listener.slots.evicted_stale == 1 and listener.refused == 0
+        assert not listener.failures  # no startup timed out
+        assert listener.startups == {"127.0.0.1": MAX_STARTUPS_PER_PEER - 1}
+        silent[0].settimeout(5)
+        assert silent[0].recv(1) == b""  # the oldest gave its slot up
+        for sock in silent:
             sock.close()
