@@ -2,10 +2,10 @@
 
 The subcommands and their options are discovered from the parsers (:func:`stack.cli.build_parser`
 over the command tables).  Each option that takes a value gets the bad values of its kind
-(a non-number, an empty string, a negative number, 0 where a count is meant, a port out of
-range, an unknown choice, a missing input file); each run must exit with status 2, print
-nothing on stdout and exactly one line ``<prog> <sub>: error: ...`` on stderr, never a
-traceback.  Runs are in-process through ``main(argv)``; anything that would start the real
+(a non-number, an empty string, a negative number, NaN, infinity, 1e30, 0 where a count is
+meant, a huge number where a bound is documented, a port out of range, an unknown choice, a
+missing input file); each run must exit with status 2, print nothing on stdout and exactly
+one line ``<prog> <sub>: error: ...`` on stderr, never a traceback.  Runs are in-process through ``main(argv)``; anything that would start the real
 work (``trio.run``, a subprocess, ``pytest.main``) is stopped, so a value that slips through
 is a failure here rather than a network operation.  A few subprocess runs check the same from
 the outside.
@@ -53,6 +53,17 @@ help mentions 0 ("0: any free") need no entry."""
 CONTEXT = {"iwarp rdma-client": ["-s", "127.0.0.1"], "iwarp dissect": [str(PCAP)]}
 """Arguments a subcommand needs besides the one under test (so the error is about that one)."""
 NUMERIC_PROBES = ("1", "2", "128", "1024", "65483", "1.5")
+NOT_FINITE = ("nan", "inf", "1e30")
+"""Refused by every numeric option (an integer type refuses them as not integers)."""
+HUGE = "99999999999999999999"
+BOUNDED = {
+    "iters": "a benchmark's -n: a latency run keeps every sample",
+    "duration": "a benchmark's -D: seconds of measuring per size, samples kept",
+    "repeat": "runs of each size",
+    "mib": "bench codec: MiB encoded per figure",
+}
+"""Numeric options of ``iwarp`` (by dest) with an upper bound, shown in their help ("at
+most N"), and why: :data:`HUGE` must be refused."""
 
 KNOWN_BAD_VALUES: dict[str, str] = {}
 """``"<prog> <option>"`` -> reason: options of files outside this change that do not yet fail
@@ -154,7 +165,7 @@ def bad_values(action: argparse.Action) -> list[str]:
     if action.choices is not None:
         return ["no-such-choice", ""]
     if _numeric(action):
-        values = ["abc", "", "-1"]
+        values = ["abc", "", "-1", *NOT_FINITE]
         if "port" in action.dest:
             values.append("65536")
         elif action.dest not in ZERO_OK and not re.search(r"\b0\b", action.help or ""):
@@ -165,6 +176,11 @@ def bad_values(action: argparse.Action) -> list[str]:
     if action.dest in ADDRESS_DESTS:
         return [""]
     return []
+
+
+def bounded(leaf: Leaf, action: argparse.Action) -> bool:
+    """Whether ``action`` must refuse :data:`HUGE` (and say its bound)."""
+    return leaf.command == "iwarp" and action.dest in BOUNDED and _numeric(action)
 
 
 def _option_id(leaf: Leaf, action: argparse.Action) -> str:
@@ -178,7 +194,7 @@ def _sweep_cases() -> list[Any]:
         for action in leaf.parser._actions:
             if not _takes_value(action) or action.help == argparse.SUPPRESS:
                 continue
-            values = bad_values(action)
+            values = bad_values(action) + ([HUGE] if bounded(leaf, action) else [])
             if not values:
                 continue
             case_id = _option_id(leaf, action)
@@ -288,6 +304,22 @@ def test_the_sweep_covers_every_subcommand() -> None:
     swept = {c.values[0].parser.prog for c in _sweep_cases()}
     assert {"iwarp rping", "iwarp cmatose", "iwarp siwvm shell-run", "kbtp target"} <= swept
     assert len(_sweep_cases()) > 100
+    huge = {c.values[1].dest for c in _sweep_cases() if HUGE in c.values[2]}
+    assert huge == set(BOUNDED)
+
+
+def _bounded_cases() -> list[Any]:
+    return [
+        pytest.param(action, id=_option_id(leaf, action))
+        for leaf in LEAVES
+        for action in leaf.parser._actions
+        if bounded(leaf, action)
+    ]
+
+
+@pytest.mark.parametrize("action", _bounded_cases())
+def test_a_bounded_option_says_its_bound(action: argparse.Action) -> None:
+    assert "at most" in " ".join((action.help or "").split())
 
 
 def _group_cases() -> list[Any]:

@@ -14,7 +14,6 @@ Speed is measured and reported, never asserted.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 
@@ -39,11 +38,16 @@ from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
 from stack.cli import (
+    MAX_DURATION,
+    MAX_ITERATIONS,
     CliError,
     add_repeat_argument,
     address,
+    duration,
+    iterations,
     one_line_errors,
     port_number,
+    positive_int,
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP
@@ -56,28 +60,8 @@ from stack.cli.json_report import (
 from stack.errors import IwarpError
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _emss(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if not 64 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
     return value
@@ -135,20 +119,24 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     count.add_argument(
         "-n",
         "--iters",
-        type=_positive_int,
+        type=iterations,
         help="iterations per size (default 5000 bandwidth / 1000 latency, "
-        "fewer for big messages: about 256 / 64 MiB per size)",
+        f"fewer for big messages: about 256 / 64 MiB per size; at most {MAX_ITERATIONS})",
     )
     count.add_argument(
-        "-D", "--duration", type=_positive_float, metavar="SECONDS", help="run for SECONDS per size"
+        "-D",
+        "--duration",
+        type=duration,
+        metavar="SECONDS",
+        help=f"run for SECONDS per size (at most {MAX_DURATION:g})",
     )
     parser.add_argument(
-        "-q", "--qps", type=_positive_int, default=1, help="number of QPs (default 1)"
+        "-q", "--qps", type=positive_int, default=1, help="number of QPs (default 1)"
     )
     parser.add_argument(
         "-l",
         "--post-list",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="post N WRs per post_send (default 1)",
@@ -156,7 +144,7 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "-Q",
         "--cq-mod",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"signal every Nth WR (default {DEFAULT_CQ_MOD}, at most half the tx depth: "
         "64 at the default 128; given, at most the tx depth)",
@@ -164,13 +152,13 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "-t",
         "--tx-depth",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_TX_DEPTH,
         help=f"WRs outstanding per QP (default {DEFAULT_TX_DEPTH})",
     )
     parser.add_argument(
         "--rx-depth",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="receives the server keeps posted for Sends (default: enough for the size)",
     )
@@ -325,7 +313,7 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-q",
         "--qps",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_IDLE_QPS,
         help=f"idle QPs to connect (default {DEFAULT_IDLE_QPS})",
     )
@@ -347,7 +335,7 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
     parser.add_argument(
         "--parallel",
-        type=_positive_int,
+        type=positive_int,
         default=32,
         help="connections set up at a time (default 32)",
     )

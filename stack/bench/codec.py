@@ -26,7 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stack.cli import CliError, one_line_errors
+from stack.cli import (
+    MAX_REPEAT,
+    CliError,
+    bounded_int,
+    one_line_errors,
+    positive_int,
+    repeat_count,
+)
 from stack.cli.json_report import add_json_argument, check_json_path, write_json
 from stack.constants import MULPDU_MAX
 from stack.crc import BACKEND, crc32c
@@ -34,6 +41,8 @@ from stack.transport.driver import RECEIVE_SIZE
 from stack.wire.framing import FpduDeframer, FpduFramer
 
 DEFAULT_SIZES = (4096, MULPDU_MAX)
+MAX_MIB = 1 << 14
+"""Most MiB per measurement (``--mib``): 16 GiB, about half a minute per figure at 4 KiB."""
 WORKING_SET = 1 << 20
 """Bytes of encoded stream the decode measurement replays (fits in L2/L3 caches)."""
 
@@ -144,8 +153,6 @@ def run(args: argparse.Namespace) -> int:
     for size in sizes:
         if not 0 < size <= MULPDU_MAX:
             raise CliError(f"ULPDU size must be 1..{MULPDU_MAX}, got {size}")
-    if args.mib <= 0 or args.repeat <= 0 or args.chunk <= 0:
-        raise CliError("--mib, --repeat and --chunk must be positive")
     problem = check_json_path(args.json)
     if problem:
         raise CliError(problem)
@@ -198,6 +205,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mib(text: str) -> int:
+    """``--mib``: 1 to :data:`MAX_MIB`."""
+    return bounded_int(text, MAX_MIB)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--size",
@@ -207,11 +219,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help=f"ULPDU size (repeatable; default {' and '.join(map(str, DEFAULT_SIZES))})",
     )
-    parser.add_argument("--mib", type=int, default=32, help="MiB per measurement (default 32)")
-    parser.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
+    parser.add_argument(
+        "--mib",
+        type=_mib,
+        default=32,
+        help=f"MiB per measurement (default 32, at most {MAX_MIB})",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=repeat_count,
+        default=5,
+        help=f"best of N runs (default 5, at most {MAX_REPEAT})",
+    )
     parser.add_argument(
         "--chunk",
-        type=int,
+        type=positive_int,
         default=RECEIVE_SIZE,
         help=f"decode input chunk size (default {RECEIVE_SIZE}, the trio driver's receive size)",
     )

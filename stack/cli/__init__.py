@@ -22,12 +22,17 @@ from stack.errors import single_exception
 
 __all__ = [
     "ERROR_PROG",
+    "MAX_DURATION",
+    "MAX_ITERATIONS",
     "MAX_REPEAT",
     "CliError",
     "add_repeat_argument",
     "address",
     "binary_size",
+    "bounded_int",
     "build_parser",
+    "duration",
+    "iterations",
     "non_negative_int",
     "one_line_errors",
     "port_number",
@@ -96,15 +101,42 @@ def positive_int(text: str) -> int:
     return value
 
 
+def bounded_int(text: str, maximum: int) -> int:
+    """An integer of 1 to ``maximum`` (``0x`` prefixes accepted), for argparse types."""
+    value = positive_int(text)
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
+    return value
+
+
 MAX_REPEAT = 100
 """Most runs per size a benchmark's ``-r/--repeat`` takes."""
+MAX_ITERATIONS = 10_000_000
+"""Most iterations a benchmark's ``-n`` takes: a latency run keeps every sample (32 octets
+each), and at 10^5 messages a second it is still under two minutes."""
+MAX_DURATION = 3600.0
+"""Most seconds a benchmark's ``-D`` runs each size (an hour; a latency run keeps every
+sample, about a gigabyte of them in an hour)."""
 
 
 def repeat_count(text: str) -> int:
     """argparse type of ``--repeat``: 1 to :data:`MAX_REPEAT`."""
-    value = positive_int(text)
-    if value > MAX_REPEAT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_REPEAT}, got {text}")
+    return bounded_int(text, MAX_REPEAT)
+
+
+def iterations(text: str) -> int:
+    """argparse type of a benchmark's ``-n``: 1 to :data:`MAX_ITERATIONS`."""
+    return bounded_int(text, MAX_ITERATIONS)
+
+
+def duration(text: str) -> float:
+    """argparse type of a benchmark's ``-D``: seconds, more than 0, at most
+    :data:`MAX_DURATION`."""
+    value = _float_seconds(text)
+    if not 0 < value <= MAX_DURATION:  # NaN too
+        raise argparse.ArgumentTypeError(
+            f"must be > 0 and at most {MAX_DURATION:g} seconds, got {text}"
+        )
     return value
 
 
@@ -140,14 +172,24 @@ def address(text: str) -> str:
     return text
 
 
-def seconds(text: str) -> float:
-    """argparse type: a duration in seconds, 0 or more (below 10^6)."""
+MAX_SECONDS = 1e6
+"""Seconds are below this (11 days): a timeout beyond it is a typing mistake."""
+
+
+def _float_seconds(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-    if not 0 <= value < 1e6:
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, 0 or more, below :data:`MAX_SECONDS`."""
+    value = _float_seconds(text)
+    if not 0 <= value:  # NaN too
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    if value >= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be below {MAX_SECONDS:.0f} seconds, got {text}")
     return value
 
 

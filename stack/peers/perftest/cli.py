@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import math
 import sys
 
 from stack.bench.options import parse_size
 from stack.bench.report import TEST_NAMES
 from stack.cli import (
+    MAX_DURATION,
+    MAX_ITERATIONS,
     CliError,
     address,
+    duration,
+    iterations,
     one_line_errors,
     port_number,
     positive_int,
@@ -73,16 +76,6 @@ DEVICE_OPTIONS = {
 """perftest's device-local options: accepted, with a note that they do not apply here."""
 
 
-def _duration(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not 0 < value < 1e6 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
-
-
 def _json_file(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("empty file name")
@@ -110,16 +103,17 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
     parser.add_argument(
         "-n",
         "--iters",
-        type=positive_int,
-        help=f"iterations (default {iters}; give the server the same)",
+        type=iterations,
+        help=f"iterations (default {iters}, at most {MAX_ITERATIONS}; give the server the same)",
     )
     if not latency or test == "read":
         parser.add_argument(
             "-D",
             "--duration",
-            type=_duration,
+            type=duration,
             metavar="SECONDS",
-            help="run for SECONDS instead of -n iterations (give the server the same)",
+            help=f"run for SECONDS instead of -n iterations (at most {MAX_DURATION:g}; give the "
+            "server the same)",
         )
     if not latency:
         parser.add_argument(
