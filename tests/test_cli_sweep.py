@@ -61,6 +61,7 @@ BOUNDED = {
     "duration": "a benchmark's -D: seconds of measuring per size, samples kept",
     "repeat": "runs of each size",
     "mib": "bench codec: MiB encoded per figure",
+    "messages": "cmatose -C: a receive buffer and two CQ entries per message",
 }
 """Numeric options of ``iwarp`` (by dest) with an upper bound, shown in their help ("at
 most N"), and why: :data:`HUGE` must be refused."""
@@ -356,6 +357,8 @@ def test_unknown_sub_subcommand_is_one_error_line(
         ["iwarp", "siwvm", "shell-run", "-f", "70000:22", "--", "true"],
         ["iwarp", "siwvm", "shell-run", "-f", "ssh", "--", "true"],
         ["iwarp", "rdma-server", "-p", "0"],
+        ["iwarp", "cmatose", "-c", "2", "-C", "20000"],  # more completions than the CQ holds
+        ["iwarp", "cmatose", "-C", "64", "-S", "16M"],  # 1 GiB of receive buffers
         ["kbtp", "target", "--initiator", "x:quota=-1"],
     ],
     ids=" ".join,

@@ -42,6 +42,13 @@ SIW_RACE_DELAY = 0.2
 MESSAGE_LEN = 16
 MAX_MESSAGE_SIZE = 1 << 24
 """Largest ``cmatose -S`` (each side allocates -C receive buffers of it)."""
+CQ_DEPTH = 65536
+MAX_MESSAGES = CQ_DEPTH // 2
+"""Most ``cmatose`` messages, ``-c`` x ``-C``: each takes a send and a receive completion
+in one side's CQ of :data:`CQ_DEPTH`."""
+MAX_TRANSFER = 1 << 28
+"""Most octets of ``cmatose`` messages, ``-c`` x ``-C`` x ``-S``: each side holds them twice
+(receive buffers, send data)."""
 
 
 class _Side:
@@ -50,7 +57,7 @@ class _Side:
     def __init__(self, name: str) -> None:
         self.rnic = Rnic(name)
         self.pd = self.rnic.alloc_pd()
-        self.cq = self.rnic.create_cq(65536)
+        self.cq = self.rnic.create_cq(CQ_DEPTH)
 
     def qp(self, depth: int) -> QueuePair:
         cap = QpCap(max_send_wr=max(depth, 16), max_recv_wr=max(depth, 16))
@@ -205,10 +212,27 @@ def _message_size(text: str) -> int:
     return binary_size(text, MAX_MESSAGE_SIZE, unit=" octets")
 
 
+def _message_count(text: str) -> int:
+    """``cmatose -C``: 0 (connect only) to :data:`MAX_MESSAGES`."""
+    value = non_negative_int(text)
+    if value > MAX_MESSAGES:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_MESSAGES}, got {text}")
+    return value
+
+
 def _check(args: argparse.Namespace) -> None:
-    """What argparse's types do not say: -p 0 (any port) is no address to meet at."""
+    """What argparse's types do not say: -p 0 (any port) is no address to meet at; cmatose's
+    -c x -C messages must fit the CQ, and their octets :data:`MAX_TRANSFER`."""
     if args.port == 0:
         raise CliError("argument -p: port must be 1 to 65535, got 0")
+    messages = getattr(args, "messages", 0) * getattr(args, "connections", 1)
+    if messages > MAX_MESSAGES:
+        raise CliError(f"argument -C: -c x -C must be at most {MAX_MESSAGES}, got {messages}")
+    if messages * getattr(args, "size", 0) > MAX_TRANSFER:
+        raise CliError(
+            f"argument -S: -c x -C x -S must be at most {MAX_TRANSFER} octets, "
+            f"got {messages * args.size}"
+        )
 
 
 def _checked(
@@ -258,12 +282,18 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "-C",
         dest="messages",
-        type=non_negative_int,
+        type=_message_count,
         default=10,
-        help="messages per connection (default 10; 0: connect only)",
+        help=f"messages per connection (default 10; 0: connect only; -c x -C at most "
+        f"{MAX_MESSAGES})",
     )
     p.add_argument(
-        "-S", dest="size", type=_message_size, default=100, help="message size (default 100)"
+        "-S",
+        dest="size",
+        type=_message_size,
+        default=100,
+        help=f"message size (default 100, at most {MAX_MESSAGE_SIZE}; -c x -C x -S at most "
+        f"{MAX_TRANSFER})",
     )
     p.set_defaults(func=_checked(cmatose))
     one_line_errors(p)
