@@ -13,10 +13,15 @@ be verified and is not expected.
 
 from __future__ import annotations
 
+import struct
+from collections import Counter
+
 import pytest
 
 from stack.constants import MPA_MARKER_INTERVAL, MPA_MARKER_LEN
-from stack.dissect.decoder import DissectOptions, dissect
+from stack.dissect.decoder import DissectOptions, Dissector, dissect, resync
+from stack.dissect.decoder.common import _SEARCH_TRIES
+from stack.dissect.decoder.resync import Resync
 from stack.pcap import read_tcp_segments
 from stack.wire.events import (
     AtomicRequest,
@@ -100,3 +105,77 @@ def test_a_capture_cut_at_any_offset_decodes_every_fpdu_after_the_cut(
         if got != want:
             wrong.append((k, len(got), len(want)))
     assert not wrong, f"{len(wrong)} cut offsets decode wrongly, first: {wrong[:5]}"
+
+
+LOOKALIKE = b"\x00\x00\xff\xfc"
+"""A marker of every 4-aligned phase (reserved 0, FPDUPTR 0xfffc) pointing 65532 bytes back,
+before the data while the stream is shorter than that; as a ULPDU_Length, 0."""
+
+
+def _lookalikes(streams: int, size: int, segment: int) -> bytes:
+    builder = CaptureBuilder()
+    data = LOOKALIKE * (size // 4)
+    for _ in range(streams):
+        conn = builder.connection(startup=False, handshake=False)
+        for at in range(0, len(data), segment):
+            conn.raw(I2R, data[at : at + segment])
+        conn.close()
+    return builder.data()
+
+
+class _CountingStruct:
+    """Stands in for :mod:`struct` in the resync module: counts the marker words read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def unpack_from(self, fmt: str, buf: memoryview, offset: int = 0) -> tuple[int, ...]:
+        self.reads += 1
+        return struct.unpack_from(fmt, buf, offset)
+
+
+@pytest.mark.parametrize(
+    ("streams", "size", "segment"),
+    [(4, 0xFFFC, 1448), (1, 256 * 1024, 1448), (1, 0xFFFC, 16)],
+)
+def test_marker_lookalikes_are_searched_in_bounded_work(
+    monkeypatch: pytest.MonkeyPatch, streams: int, size: int, segment: int
+) -> None:
+    """Found by fuzzing: a stream of LOOKALIKE words that ends within their reach leaves
+    128 marker phases whose markers all point before the data; the final search tried
+    every start under each (4.2 million chain walks per 64 KiB stream, 14 s for the four
+    here), and each search as the stream arrived read every phase's markers again (34
+    million reads in 16-byte segments).  Now a start is tried under such a phase only where
+    a complete FPDU with no marker inside passes the checks (none here), each setting's
+    search examines at most _SEARCH_TRIES starts, and markers already seen are not read
+    again.  Counts, not time: the work is bounded by the bytes, the stream is not iWARP."""
+    walks: Counter[bool] = Counter()
+    chain = Resync._chain
+
+    def counting_chain(
+        self: Resync, buf: memoryview, start: int, crc_on: bool, markers: bool, phase: int,
+        final: bool,
+    ) -> bool | str:  # fmt: skip
+        walks[markers] += 1
+        return chain(self, buf, start, crc_on, markers, phase, final)
+
+    words = _CountingStruct()
+    monkeypatch.setattr(Resync, "_chain", counting_chain)
+    monkeypatch.setattr(resync, "struct", words)
+    dissector = Dissector(DissectOptions())
+    out = []
+    for segment_ in read_tcp_segments(_lookalikes(streams, size, segment)):
+        out += dissector.feed(segment_)
+    out += dissector.finish()
+    assert not [r for r in out if getattr(r, "kind", None) == "fpdu"]
+    total = streams * size
+    phases = MPA_MARKER_INTERVAL // 4  # the 4-aligned ones; the others are ruled out at once
+    # under marker phases: one start per phase and CRC setting (was every 4th byte)
+    tried = sum(half.candidates_tried for conn in dissector._conns.values() for half in conn.halves)
+    assert tried <= walks[True] <= streams * 2 * phases
+    assert tried <= streams * 2 * _SEARCH_TRIES
+    # without markers: one walk per start and CRC setting, each a single word here, and
+    # the start a search waited on again by the next
+    assert walks[False] <= 2 * (total + total // segment + 2)
+    # every marker word once per phase, plus one per phase and search as segments arrive
+    assert words.reads <= total // 2

@@ -32,6 +32,9 @@ _SEARCH_SPAN = 1040
 _SEARCH_MIN_FPDUS = 3
 _SEARCH_GIVE_UP = 256 * 1024
 """Bytes of a direction searched without finding a chain before it is declared not iWARP."""
+_SEARCH_TRIES = _SEARCH_GIVE_UP // 4
+"""Candidate FPDU starts one search of one setting examines by its marker phases at most:
+one pass over the most bytes searched, at the 4-byte steps of a marker phase."""
 _MAX_ULPDU = 0xFFFF
 
 _OP_WRITE = int(Opcode.RDMA_WRITE)

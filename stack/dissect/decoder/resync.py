@@ -1,4 +1,13 @@
-"""Mid-stream resynchronisation: finding FPDU boundaries without the stream start."""
+"""Mid-stream resynchronisation: finding FPDU boundaries without the stream start.
+
+The search stays linear in the bytes searched whatever they hold: a pass over the same
+bytes resumes where the last one stopped (dead marker phases, markers that point before the
+data, the first unmarked start not ruled out), a phase whose markers all point before the
+data tries only the starts where a complete FPDU with no marker inside passes the checks
+(found in one scan shared by every phase), and each search of one setting examines at
+most :data:`~stack.dissect.decoder.common._SEARCH_TRIES` candidate starts by its marker
+phases.  :attr:`Resync.candidates_tried` counts them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ from stack.constants import (
     DDP_UNTAGGED_HDR_LEN,
     MPA_CRC_LEN,
     MPA_FPDUPTR_MASK,
+    MPA_LENGTH_LEN,
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
 )
@@ -20,6 +30,7 @@ from stack.dissect.decoder.common import (
     _SEARCH_GIVE_UP,
     _SEARCH_MIN_FPDUS,
     _SEARCH_SPAN,
+    _SEARCH_TRIES,
 )
 from stack.dissect.decoder.modes import Cause
 from stack.wire.framing import fpdu_layout, unmarked_body
@@ -51,6 +62,12 @@ class Resync:
     info: DirectionInfo
     _scan_base: int
     _scan: dict[tuple[bool, bool], set[int] | int]
+    _cut_upto: dict[int, int]
+    """Per marker phase: the first of its markers not yet seen pointing before the data."""
+    candidates_tried: int
+    """Candidate FPDU starts examined by marker phases, over the direction's life (each
+    search of one setting adds at most :data:`_SEARCH_TRIES`)."""
+    _tries_left: int
 
     @property
     def _decoder(self) -> DirectionDecoder:
@@ -178,6 +195,8 @@ class Resync:
         if self._scan_base != base:
             self._scan_base = base
             self._scan.clear()
+            self._cut_upto.clear()
+        self._tries_left = _SEARCH_TRIES
         if markers:
             if self.aligned:
                 phases = [(self.seq_start - base) % MPA_MARKER_INTERVAL]
@@ -194,6 +213,7 @@ class Resync:
             assert isinstance(dead, set)
             waiting = False
             best: tuple[int, int] | None = None
+            unmarked: dict[int, list[tuple[int, int]]] = {}  # per start mod 4, once
             for phase in phases:
                 if phase in dead:
                     continue
@@ -201,14 +221,10 @@ class Resync:
                 if res == "cut" and final:
                     # every marker seen belongs to an FPDU that began before the data: the
                     # phase is unconfirmed, so try the starts it allows (the capture's tail)
-                    res = next(
-                        (
-                            start
-                            for start in range(phase % 4, n - 7, 4)
-                            if self._chain(buf, start, crc_on, True, phase, final) is True
-                        ),
-                        None,
-                    )
+                    residue = phase % 4
+                    if residue not in unmarked:
+                        unmarked[residue] = self._unmarked_fpdus(buf, residue, crc_on)
+                    res = self._cut_start(buf, phase, crc_on, unmarked[residue])
                 if res is None or res == "cut":
                     dead.add(phase)
                 elif res == "wait":
@@ -216,6 +232,8 @@ class Resync:
                 elif isinstance(res, int):
                     # the markers only point at FPDUs they sit in: look for an earlier start
                     for start in range(phase % 4, res, 4):
+                        if not self._try_candidate():
+                            break
                         if self._chain(buf, start, crc_on, True, phase, final) is True:
                             res = start
                             break
@@ -238,6 +256,67 @@ class Resync:
         self._scan[(crc_on, False)] = max(resume, n - 7 - (n - 7 - resume) % step)
         return "wait" if n < _SEARCH_GIVE_UP and not final else None
 
+    def _try_candidate(self) -> bool:
+        """Count one candidate start examined by a marker phase; False once the search of
+        this setting has examined :data:`_SEARCH_TRIES` (a hostile stream's cost is bounded;
+        the starts left unexamined are not taken)."""
+        if self._tries_left <= 0:
+            return False
+        self._tries_left -= 1
+        self.candidates_tried += 1
+        return True
+
+    def _unmarked_fpdus(self, buf: memoryview, residue: int, crc_on: bool) -> list[tuple[int, int]]:
+        """(start, wire length) of every complete FPDU that passes the checks as if no
+        marker sat inside it, at the starts after 0 that are ``residue`` mod 4, in order.
+
+        One scan for every marker phase whose markers all point before the data (see
+        :meth:`_cut_start`); an FPDU a marker would sit in is left out (it needs more than
+        a marker interval's room).
+        """
+        n = len(buf)
+        rfc7306 = self.conn.opts.rfc7306
+        room = MPA_MARKER_INTERVAL - MPA_MARKER_LEN  # the most bytes between two markers
+        found = []
+        for start in range(residue or 4, n - 7, 4):
+            ulen = (buf[start] << 8) | buf[start + 1]
+            if ulen < _MIN_ULPDU:
+                continue
+            end_body = start + ((MPA_LENGTH_LEN + ulen + 3) & ~3)
+            wire = end_body + MPA_CRC_LEN - start
+            if wire > room or start + wire > n:
+                continue
+            if not _plausible_ulpdu(buf[start + 2 : start + 2 + ulen], rfc7306):
+                continue
+            if crc_on and crc32c(buf[start:end_body]) != _LE32.unpack_from(buf, end_body)[0]:
+                continue
+            found.append((start, wire))
+        return found
+
+    def _cut_start(
+        self, buf: memoryview, phase: int, crc_on: bool, unmarked: list[tuple[int, int]]
+    ) -> int | None:
+        """The earliest start of a chain under a marker ``phase`` all of whose markers point
+        before the data (``unmarked``: :meth:`_unmarked_fpdus` of the phase's residue).
+
+        Such a marker points at no FPDU beginning after offset 0, so a chain starting after
+        0 holds as its first FPDU a complete one with no marker of the phase inside (nor a
+        leading one): only those starts are tried.  Offset 0 is tried as it is (a marker
+        pointing exactly at it, from an FPDU whose leading marker was cut off, may hold).
+        """
+        if phase % 4 == 0 and self._try_candidate():
+            if self._chain(buf, 0, crc_on, True, phase, True) is True:
+                return 0
+        for start, wire in unmarked:
+            rel = (start - phase) % MPA_MARKER_INTERVAL
+            if rel == 0 or rel + wire - MPA_CRC_LEN >= MPA_MARKER_INTERVAL:
+                continue  # a leading marker, or one inside the body (MPA-07)
+            if not self._try_candidate():
+                return None
+            if self._chain(buf, start, crc_on, True, phase, True) is True:
+                return start
+        return None
+
     def _try_phase(
         self, buf: memoryview, phase: int, crc_on: bool, final: bool
     ) -> int | None | str:
@@ -247,14 +326,12 @@ class Resync:
         all point before the data, so no FPDU start was found by them.
         """
         n = len(buf)
-        pos = phase
-        count = 0
-        cut = False
+        pos = self._cut_upto.get(phase, phase)  # the markers before it point before the data
+        cut = pos != phase
         while pos + MPA_MARKER_LEN <= n:
             reserved, ptr = struct.unpack_from(">HH", buf, pos)
             if reserved or ptr & 3:
                 return None
-            count += 1
             start = pos - ptr
             if ptr and (start - phase) % MPA_MARKER_INTERVAL == MPA_MARKER_LEN:
                 start -= MPA_MARKER_LEN  # the FPDU opens with a marker (FPDUPTR 0)
@@ -265,6 +342,7 @@ class Resync:
                 return start if res else None
             cut = True
             pos += MPA_MARKER_INTERVAL
+        self._cut_upto[phase] = pos
         if not final:
             return "wait"
         return "cut" if cut or phase + MPA_MARKER_LEN > n else None

@@ -89,6 +89,9 @@ class DirectionDecoder(Resync):
         self._scan_base = -1
         self._bulk: tuple | None = None  # walk_plain's per-direction constants
         self._scan: dict[tuple[bool, bool], set[int] | int] = {}
+        self._cut_upto: dict[int, int] = {}
+        self.candidates_tried = 0
+        self._tries_left = 0
         self.sent_request = False
         self.info = DirectionInfo()
 
