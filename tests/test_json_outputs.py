@@ -6,7 +6,9 @@ when the JSON takes stdout); tiny runs, no timing asserted.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -225,3 +227,37 @@ def test_kbtp_demo_json_counts_bytes_and_bad_requests(
     # every failed status of the table is a deliberately bad request's
     failed = {status for (_, status) in totals if status != "SUCCESS"}
     assert failed and failed <= {b["observed_status"] for b in bad}
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_json_file_that_cannot_be_written_is_one_error_line_after_the_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The path passed the check before the run, the write fails all the same (a full disk):
+    the table is printed, then one error line and status 2, no traceback."""
+    argv = ["bench", "write", "-s", "4K", "-n", "4", "--in-process", "--quiet"]
+    assert _run(iwarp_main, [*argv, "--json", "/dev/full"]) == 2
+    captured = capsys.readouterr()
+    assert _rows_after(captured.out, " #bytes")
+    assert captured.err == (
+        "iwarp bench write: error: --json /dev/full: cannot write (No space left on device)\n"
+    )
+
+
+def test_a_plot_that_cannot_be_written_keeps_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def disk_full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", disk_full)
+    out, png = tmp_path / "run.json", tmp_path / "run.png"
+    argv = ["bench", "write", "-s", "4K", "-n", "4", "--in-process", "--quiet"]
+    assert _run(iwarp_main, [*argv, "--plot", str(png), "--json", str(out)]) == 2
+    assert json.loads(out.read_text())["verdict"] == "ok"
+    assert capsys.readouterr().err == (
+        f"iwarp bench write: error: --plot {png}: cannot write (No space left on device)\n"
+    )

@@ -53,9 +53,10 @@ from stack.cli import (
 from stack.cli.capture import CAPTURE_HELP
 from stack.cli.json_report import (
     add_json_argument,
-    check_json_path,
+    check_outputs,
     text_to_stderr_if_json_stdout,
     write_json,
+    write_outputs,
 )
 from stack.errors import IwarpError
 
@@ -364,24 +365,21 @@ def run_test_command(args: argparse.Namespace) -> int:
     with text_to_stderr_if_json_stdout(args.json):
         try:
             trio_run(lambda: run_benchmark(opts, record=record))
-        except (BenchError, IwarpError, OSError) as exc:
+        except (BenchError, IwarpError, OSError, CliError) as exc:  # CliError: -w FILE
             status, error = _fail(f"iwarp bench {test}", exc), str(exc)
-    if args.plot and record.results:
-        save_plot(args.plot, record.results, opts)
-    if args.json:
-        write_json(args.json, rdma_document(opts, record, status, error))
+    write_outputs(
+        (args.json, lambda path: write_json(path, rdma_document(opts, record, status, error))),
+        (args.plot if record.results else None, lambda path: save_plot(path, record.results, opts)),
+    )
     return status
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse unusable --json/--plot before a run (a run can take minutes)."""
-    problem = check_json_path(args.json)
-    if problem:
-        raise CliError(problem)
-    if getattr(args, "plot", None):
-        plot_problem = check_plot_path(args.plot)
-        if plot_problem:
-            raise CliError(plot_problem)
+    """Refuse unusable --json/--plot/-w before a run (a run can take minutes)."""
+    plot_problem = check_plot_path(getattr(args, "plot", None))
+    if plot_problem:
+        raise CliError(plot_problem)
+    check_outputs(("--json", args.json), ("-w", getattr(args, "capture", None)))
 
 
 def run_server_command(args: argparse.Namespace) -> int:

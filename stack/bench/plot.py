@@ -10,7 +10,6 @@ backend (no display): :func:`have_matplotlib` is checked before a run.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from stack.bench.export import bw_row, lat_row
 from stack.bench.options import BenchOptions
 from stack.bench.report import TEST_NAMES
 from stack.bench.results import BwResult, LatResult
+from stack.cli.json_report import check_output, output_error
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install 'iwarp-kbtp[plot]'"
 IWARP_LABEL = "iWARP"
@@ -33,14 +33,11 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def check_plot_path(path: str) -> str | None:
+def check_plot_path(path: str | None) -> str | None:
     """Why ``path`` cannot take the PNG, or None (checked before a run)."""
-    if not path.lower().endswith(".png"):
+    if path is not None and not path.lower().endswith(".png"):
         return f"--plot {path}: the file name must end in .png"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"--plot {path}: no such directory {folder}"
-    return None
+    return check_output("--plot", path)
 
 
 def plot_rows(results: Sequence[BwResult | LatResult]) -> list[dict[str, Any]]:
@@ -82,9 +79,13 @@ def build_figure(results: Sequence[BwResult | LatResult], opts: BenchOptions) ->
 
 
 def save_plot(path: str, results: Sequence[BwResult | LatResult], opts: BenchOptions) -> None:
-    """Draw ``results`` into the PNG file ``path`` (Agg backend: no display needed)."""
+    """Draw ``results`` into the PNG file ``path`` (Agg backend: no display needed); a
+    :class:`~stack.cli.CliError` if it cannot be written."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = build_figure(results, opts)
     FigureCanvasAgg(fig)
-    fig.savefig(path, format="png")
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise output_error("--plot", path, exc) from None

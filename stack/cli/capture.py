@@ -2,8 +2,9 @@
 
 :func:`capturing_manager` opens the connection manager of a command with every connection
 recorded to ``path`` (a pcap, both directions byte for byte, :mod:`stack.transport.tap`),
-or without a capture when ``path`` is None.  A file that cannot be written is the
-command's one-line error (:class:`~stack.cli.CliError`), naming the file.
+or without a capture when ``path`` is None.  A file that cannot be written, when opened
+or when closed, is the command's one-line error (:func:`~stack.cli.json_report.output_error`),
+naming the file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from stack.cli import CliError
+from stack.cli.json_report import output_error
 from stack.pcap import PcapWriter
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager
@@ -31,7 +32,12 @@ async def capturing_manager(rnic: Rnic, path: str | None) -> AsyncIterator[Conne
     try:
         writer = PcapWriter(path)
     except OSError as exc:
-        raise CliError(f"cannot write the capture {path}: {exc.strerror or exc}") from None
-    with writer:
+        raise output_error("-w", path, exc) from None
+    try:
         async with ConnectionManager.open(rnic, tap_factory=pcap_tap_factory(writer)) as cm:
             yield cm
+    finally:
+        try:
+            writer.close()
+        except OSError as exc:  # the last records did not fit (a full disk)
+            raise output_error("-w", path, exc) from None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.cli import CliError, address, one_line_errors, positive_seconds, seconds, trio_run
+from stack.cli.json_report import check_outputs, output_error, write_outputs, write_text
 
 EPILOG = """\
 CASE selects cases: a case ID (as --list shows them), a rule ID (MPA-12: all its cases), a
@@ -141,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         return _list(cases, args)
     if not cases:
         raise CliError("no case to run (the selection has none for this DUT role and app)")
+    check_outputs(
+        ("--json", args.json), ("--junit", args.junit), folders=(("--pcap-dir", args.pcap_dir),)
+    )
     options = RunOptions(
         timeout=args.timeout,
         silence=args.silence,
@@ -174,14 +178,17 @@ async def _run(cases: Any, app: Any, options: Any, target: Any, listen: Any, arg
             progress=say,
         )
     except OSError as exc:
-        raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        if exc.filename is not None:  # a case's capture, not saved in --pcap-dir
+            raise output_error("--pcap-dir", args.pcap_dir, exc) from None
+        where = f"cannot listen on {args.listen}: " if args.listen else ""
+        raise CliError(f"{where}{exc.strerror or exc}") from None
 
 
 def _list(cases: Any, args: argparse.Namespace) -> int:
     from stack.conform.report import case_list_json, case_list_markdown, case_list_text
 
     if args.json:
-        _emit(args.json, case_list_json(cases))
+        write_text("--json", args.json, case_list_json(cases))
     elif args.markdown:
         print(case_list_markdown(cases), end="")
     else:
@@ -194,20 +201,10 @@ def _write_reports(report: Any, args: argparse.Namespace) -> None:
 
     if args.json != "-":
         print(report_text(report, verbose=args.verbose), end="")
-    if args.json:
-        _emit(args.json, report_json(report))
-    if args.junit:
-        _emit(args.junit, junit_xml(report))
-
-
-def _emit(target: str, text: str) -> None:
-    if target == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(target).write_text(text)
-    except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    write_outputs(
+        (args.json, lambda path: write_text("--json", path, report_json(report))),
+        (args.junit, lambda path: write_text("--junit", path, junit_xml(report))),
+    )
 
 
 def _stderr(line: str) -> None:

@@ -37,6 +37,7 @@ from stack.cli.dissect_live import (
     stop_on_signals,
 )
 from stack.cli.dissect_output import Printer
+from stack.cli.json_report import check_outputs
 from stack.dissect import StatError, field_list, parse_stat
 from stack.dissect.decoder import BriefOutput, DissectOptions, Dissector
 from stack.pcap import (
@@ -312,6 +313,7 @@ def _check_write(args: argparse.Namespace, path: str) -> None:
         raise CliError(f"-w {args.write}: needs a capture file, not a pipe or stdin ({path})")
     if os.path.exists(path) and os.path.exists(args.write) and os.path.samefile(path, args.write):
         raise CliError(f"-w {args.write}: would overwrite the capture being read")
+    check_outputs(("-w", args.write))
 
 
 def _write_frames(path: str, target: str, frames: set[int]) -> int:

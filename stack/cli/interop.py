@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.cli import CliError, one_line_errors
+from stack.cli.json_report import check_outputs, write_json
 
 SUITE = Path(__file__).resolve().parents[1] / "interop" / "siw"
 """The installed interop suite (pytest modules of :mod:`stack.interop.siw`)."""
@@ -282,9 +282,10 @@ def run(args: argparse.Namespace) -> int:
         listed = [CaseResult(n, *split_nodeid(n), "listed") for n in recorder.listed]
         print(render_matrix(listed))
         return 0 if code in (0, 5) else 1
+    reports = (("--json", args.json), ("--junit", args.junit))
+    check_outputs(*reports, folders=(("--capture-dir", args.capture_dir),))
     keep = args.capture_dir is not None
     capture_dir = Path(args.capture_dir or tempfile.mkdtemp(prefix="iwarp-interop-"))
-    capture_dir.mkdir(parents=True, exist_ok=True)
     old = os.environ.get("IWARP_CAPTURE_DIR")
     os.environ["IWARP_CAPTURE_DIR"] = str(capture_dir)
     t0 = time.monotonic()
@@ -308,14 +309,14 @@ def run(args: argparse.Namespace) -> int:
     elif not keep:
         where += " (kept: something failed)"
     wall = time.monotonic() - t0
-    if args.json:
-        write_json(args.json, results_document(results, where, wall, int(code)))
     out = sys.stderr if args.json == "-" else sys.stdout
     print(file=out)
     print(f"interop with Linux siw ({args.peer})", file=out)
     print(render_matrix(results, capture_dir=where, wall_seconds=wall), file=out)
     if code not in (0, 1, 5):
         print(f"pytest exit status {int(code)}", file=sys.stderr)
+    if args.json:  # after the matrix: a JSON file that cannot be written loses nothing else
+        write_json(args.json, results_document(results, where, wall, int(code)))
     return 1 if bad else 0
 
 
@@ -335,15 +336,6 @@ def results_document(
         "captures": captures,
         "cases": [dataclasses.asdict(r) for r in results],
     }
-
-
-def write_json(target: str, document: dict[str, Any]) -> None:
-    """``document`` to ``target`` (``-``: stdout)."""
-    text = json.dumps(document, indent=2) + "\n"
-    if target == "-":
-        sys.stdout.write(text)
-    else:
-        Path(target).write_text(text)
 
 
 def register(subparsers: Any) -> None:

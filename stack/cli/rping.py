@@ -34,6 +34,7 @@ from stack.cli import (
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP, capturing_manager
+from stack.cli.json_report import check_output
 from stack.constants import MPA_MAX_PRIVATE_DATA, RtrType
 from stack.errors import IwarpError
 from stack.rnic import (
@@ -402,7 +403,7 @@ def _private_data(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = _check(args)
+    problem = _check(args) or check_output("-w", args.capture)
     if problem:
         print(f"{args.parser.prog}: error: {problem}", file=sys.stderr)
         return 2

@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
-from stack.cli import CliError
+from stack.cli import one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
-    check_json_path,
+    check_outputs,
     schema,
     text_to_stderr_if_json_stdout,
     write_json,
@@ -125,13 +125,10 @@ def live_scenarios(folder: Path) -> list[tuple[str, int, int, bool, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = check_json_path(args.json)
-    if problem:
-        raise CliError(problem)
+    check_outputs(("--json", args.json), folders=(("--keep", args.keep),))
     print("iwarp selfcheck: wire codec round trips", file=sys.stderr)
     codec = codec_round_trips()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="iwarp-selfcheck-"))
-    folder.mkdir(parents=True, exist_ok=True)
     print(
         f"iwarp selfcheck: live scenarios over loopback TCP (captures in {folder})", file=sys.stderr
     )
@@ -185,4 +182,5 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--keep", metavar="DIR", help="write the captures to DIR and keep them")
     add_json_argument(parser)
+    one_line_errors(parser)
     parser.set_defaults(func=run)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.cli import CliError, one_line_errors, positive_int, positive_seconds
+from stack.cli.json_report import check_outputs
 from stack.siwvm import (
     GUEST_ADDR,
     HOST_ADDR,
@@ -191,6 +192,7 @@ def run_shell(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise CliError("shell-run needs a command, e.g. iwarp siwvm shell-run -- rdma link")
+    check_outputs(("--capture", args.capture))
     vm = _boot(args, _forwards(args.forward))
     try:
         if args.capture:

@@ -309,12 +309,16 @@ class PcapWriter:
         self._file.flush()
 
     def close(self) -> None:
+        """Flush and close (a file passed in: flush); the file is closed even when the
+        flush fails (a full disk), and that OSError is raised."""
         if self._closed:
             return
         self._closed = True
-        self._file.flush()
-        if self._owns:
-            self._file.close()
+        try:
+            self._file.flush()
+        finally:
+            if self._owns:
+                self._file.close()
 
     def _write_packet(
         self, half: _Half, seq: int, ack: int, flags: int, payload: bytes | memoryview, ts: float

@@ -266,7 +266,7 @@ def _no_permission(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("not a capture", "not a pcap or pcapng file"),
         ("corrupt record", "corrupt capture: corrupt record for frame 5"),
         ("truncated", "truncated capture: file is cut short"),
-        ("unwritable -w", "No such file or directory"),
+        ("unwritable -w", "no such directory"),
     ],
 )
 def test_every_file_error_names_the_file(

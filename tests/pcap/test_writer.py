@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 
 import pytest
@@ -83,3 +84,14 @@ def test_writer_rejects_bad_arguments() -> None:
     conn.close(0.0)
     with pytest.raises(LocalError):
         conn.record(Direction.SENT, b"x", 0.0)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_close_closes_the_file_even_when_its_last_records_do_not_fit() -> None:
+    """A full disk: close() raises the flush's OSError, and the file is closed all the same."""
+    writer = PcapWriter("/dev/full")  # the header waits in the buffer
+    file = writer._file
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
+    assert file.closed
+    writer.close()  # closed once

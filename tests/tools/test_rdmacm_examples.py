@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -147,4 +148,33 @@ def test_every_peer_tool_writes_our_sides_capture(
         assert sum(r.get("opcode_name") == "Send" for r in records) >= sends, path
         assert records, path
     assert main(["cmatose", "-w", str(tmp_path / "missing" / "x.pcap")]) == 2
-    assert "cannot write the capture" in capsys.readouterr().err
+    assert "x.pcap: cannot write (No such file or directory)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_capture_that_cannot_be_written_is_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """-w FILE whose last records do not fit (a full disk): the client's exchange is done,
+    then one error line naming the file and status 2, no traceback."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "stack.cli.iwarp", "cmatose", "-b", "127.0.0.1", "-p", port],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(50):
+            rc = main(["cmatose", "-s", "127.0.0.1", "-p", port, "-C", "2", "-w", "/dev/full"])
+            captured = capsys.readouterr()
+            if "data transfers complete" in captured.out:
+                break
+            time.sleep(0.1)
+        assert rc == 2
+        assert captured.err == (
+            "iwarp cmatose: error: -w /dev/full: cannot write (No space left on device)\n"
+        )
+        server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()

@@ -41,6 +41,7 @@ from stack.cli import (
     seconds,
     trio_run,
 )
+from stack.cli.json_report import check_outputs
 from stack.errors import IwarpError
 from stack.peers.perftest.client import run_client
 from stack.peers.perftest.options import (
@@ -259,6 +260,8 @@ def run_command(args: argparse.Namespace) -> int:
     prog = args.parser.prog
     try:
         opts = options_from_args(args, test, latency)
+        json_option = "--out_json_file" if args.out_json_file else "--out_json"
+        check_outputs((json_option, opts.out_json), ("-w", opts.capture))
     except CliError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
