@@ -277,9 +277,14 @@ MIN_TARGET_IRD_DIRECT = 1
 """A target's IRD is at least 1 for the direct modes, whose RDMA Reads and atomics the
 initiator's ORD bounds (docs/kbtp.md §4.1 item 2); below it they are not granted."""
 DEFAULT_REQUEST_CREDITS = 16
+MAX_REQUEST_CREDITS = 0xFFFF
+"""Request Credits is a 16-bit field of HELLO_ACK (docs/kbtp.md §5.4)."""
 DEFAULT_MAX_INLINE = 4096
 DEFAULT_TICKET_TIMEOUT = 2.0
 """Seconds (HELLO_ACK carries milliseconds)."""
+MAX_TICKET_TIMEOUT_MS = 0xFFFF_FFFF
+"""The Ticket Timeout is a 32-bit field of milliseconds in HELLO_ACK (docs/kbtp.md §5.4),
+and an initiator refuses one below 1 ms (§4.2): a target's is 1 ms to about 49.7 days."""
 DEFAULT_RECEIVE_MARGIN = 64
 """Receives a target posts beyond the Request Credits, so that requests sent beyond the
 credits are received and answered CREDIT_EXCEEDED (docs/kbtp.md §9.2)."""

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kbtp.constants import (
@@ -18,6 +19,8 @@ from kbtp.constants import (
     DEFAULT_REQUEST_CREDITS,
     DEFAULT_TICKET_TIMEOUT,
     DIRECT_CAPABILITIES,
+    MAX_REQUEST_CREDITS,
+    MAX_TICKET_TIMEOUT_MS,
     MIN_TARGET_IRD_DIRECT,
     RDMAP_BINDING_CAPABILITIES,
     Capability,
@@ -88,9 +91,10 @@ class TargetConfig:
 
 def check_config(config: TargetConfig) -> None:
     """Refuse a configuration no target can serve (LocalError): no initiator, identities
-    not distinct, quotas over F (draft §3.4), credits outside 1..65535, a Ticket Timeout,
-    HELLO or idle timeout that is not positive, a receive margin below 1, a negative quota
-    or range, a DIRECT_ALLOC partition of no block."""
+    not distinct, quotas over F (draft §3.4), credits outside 1..65535, a Ticket Timeout
+    HELLO_ACK cannot carry (1 ms to 2**32 - 1 ms, docs/kbtp.md §5.4; not infinite, not NaN),
+    a HELLO or idle timeout that is not positive and finite, a receive margin below 1, a
+    negative quota or range, a DIRECT_ALLOC partition of no block."""
     c = config
     if not c.initiators:
         raise LocalError("a target needs at least one initiator identity")
@@ -98,14 +102,18 @@ def check_config(config: TargetConfig) -> None:
         raise LocalError("initiator identities must be distinct")
     if sum(i.quota for i in c.initiators) > c.pool_blocks:
         raise LocalError("the sum of Allocation Quotas exceeds the pool size F (draft §3.4)")
-    if c.request_credits < 1 or c.request_credits > 0xFFFF:
-        raise LocalError("request credits must be 1..65535")
-    if c.ticket_timeout <= 0:
-        raise LocalError("the Ticket Timeout must be positive")
+    if not 1 <= c.request_credits <= MAX_REQUEST_CREDITS:
+        raise LocalError(f"request credits must be 1..{MAX_REQUEST_CREDITS}")
+    if not 1 <= c.ticket_timeout * 1000 <= MAX_TICKET_TIMEOUT_MS:  # NaN and inf too
+        raise LocalError(
+            f"the Ticket Timeout must be 0.001 to {MAX_TICKET_TIMEOUT_MS / 1000:g} s "
+            f"(HELLO_ACK carries 32 bits of milliseconds), got {c.ticket_timeout:g}"
+        )
     if c.receive_margin < 1:
         raise LocalError("the receive margin must be at least 1 (docs/kbtp.md §9.2)")
-    if c.hello_timeout <= 0 or (c.idle_timeout is not None and c.idle_timeout <= 0):
-        raise LocalError("the HELLO and idle timeouts must be positive")
+    idle = c.hello_timeout if c.idle_timeout is None else c.idle_timeout
+    if not (0 < c.hello_timeout < math.inf and 0 < idle < math.inf):  # NaN too
+        raise LocalError("the HELLO and idle timeouts must be positive and finite")
     for i in c.initiators:
         if i.quota < 0 or i.handle_count < 0 or (i.direct_alloc and i.quota < 1):
             raise LocalError(f"bad quota or handle range for {i.identity!r}")
