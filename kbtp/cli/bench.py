@@ -47,6 +47,7 @@ from typing import Any
 
 import trio
 
+from kbtp.cli import bounds
 from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import CpuClock, no_peer
 from kbtp.cli.bench_kbtp import OPS, bench_kbtp_size, pool_blocks
@@ -75,13 +76,11 @@ from kbtp.cli.bench_report import result_row as result_row
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
+    checked_target,
     mpa_settings,
-    parse_size,
-    positive_int,
     run_trio,
 )
-from kbtp.constants import DEFAULT_MAX_INLINE
-from kbtp.target import KbtpTarget
+from kbtp.constants import DEFAULT_MAX_INLINE, MAX_REQUEST_CREDITS
 from stack.cli import CliError, add_repeat_argument, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
@@ -122,15 +121,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sizes",
         default=",".join(size_label(s) for s in DEFAULT_SIZES),
         metavar="LIST",
-        help="block sizes, comma separated (default 4K,16K,64K,256K,1M)",
+        help="block sizes, comma separated (default 4K,16K,64K,256K,1M; each at most 64M)",
     )
     parser.add_argument(
         "-t",
         "--inflight",
-        type=positive_int,
+        type=bounds.inflight,
         default=DEFAULT_INFLIGHT,
         metavar="N",
-        help=f"requests in flight (default {DEFAULT_INFLIGHT})",
+        help=f"requests in flight (default {DEFAULT_INFLIGHT}, at most {MAX_REQUEST_CREDITS})",
     )
     parser.add_argument(
         "--ops",
@@ -140,14 +139,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
-        "-n", "--iters", type=positive_int, metavar="N", help="operations per row (fixed)"
+        "-n",
+        "--iters",
+        type=bounds.iterations,
+        metavar="N",
+        help=f"operations per row (fixed, at most {bounds.MAX_POOL_BLOCKS})",
     )
     group.add_argument(
         "--bytes",
-        type=parse_size,
+        type=bounds.row_bytes,
         default=DEFAULT_BYTES,
         metavar="SIZE",
-        help=f"octets per row, {MIN_ITERS}..{MAX_ITERS} operations (default 32M)",
+        help=f"octets per row, {MIN_ITERS}..{MAX_ITERS} operations (default 32M, at most 1G)",
     )
     parser.add_argument(
         "--inline",
@@ -157,10 +160,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--max-inline",
-        type=positive_int,
+        type=bounds.max_inline,
         default=DEFAULT_MAX_INLINE,
         metavar="OCTETS",
-        help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE})",
+        help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE}, at most 64M)",
     )
     parser.add_argument(
         "--per-request",
@@ -223,15 +226,28 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
+def parse_sizes(text: str) -> list[int]:
+    """The block sizes of ``--sizes`` (CliError naming the option)."""
     try:
-        sizes = [parse_size(s) for s in _parse_list(args.sizes, "size")]
+        return [bounds.block_size(s) for s in _parse_list(text, "size")]
     except argparse.ArgumentTypeError as exc:
         raise CliError(f"argument --sizes: {exc}") from None
+
+
+def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
+    sizes = parse_sizes(args.sizes)
     ops = _parse_list(args.ops, "operation")
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
+    if args.inline and max(sizes) > args.max_inline:
+        raise CliError(
+            f"--inline: blocks of {max(sizes)} octets exceed --max-inline {args.max_inline} "
+            "(an INLINE store carries at most Max Inline, docs/kbtp.md §6.2)"
+        )
+    for size in sizes:  # every row's target, before any is started
+        blocks = pool_blocks(ops, iterations(size, args.bytes, args.iters), args.inflight)
+        bounds.check_target_config(bench_config(size, blocks, args.inflight, args.max_inline))
     problem = mooncake_problem() if args.vs else None
     if problem is not None:
         raise CliError(f"--vs mooncake {problem}")
@@ -260,7 +276,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         blocks = pool_blocks(ops, iters, args.inflight)
         if args.in_process:
             config = bench_config(size, blocks, args.inflight, args.max_inline)
-            async with KbtpTarget(config, settings=settings).running() as target:
+            async with checked_target(config, settings=settings).running() as target:
                 yield target.port, raw_port, no_peer
             return
         async with peer_process(size, blocks, args.inflight, args.max_inline, mpa) as peer:

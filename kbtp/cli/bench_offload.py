@@ -31,10 +31,12 @@ from typing import Any
 import trio
 
 from kbtp.cli.bench_peer import IDENTITY, bench_config
-from kbtp.cli.target import mpa_settings, parse_size, run_trio
+from kbtp.cli.bounds import check_target_config
+from kbtp.cli.target import checked_target, mpa_settings, run_trio
 from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.initiator import KbtpInitiator
 from kbtp.target import KbtpTarget
+from kbtp.target_config import TargetConfig
 from kbtp.target_offload import chain_runs
 from stack.cli import CliError
 from stack.cli.json_report import schema, text_to_stderr_if_json_stdout, write_json
@@ -140,15 +142,21 @@ def format_row(r: OffloadRow) -> str:
     )
 
 
+def offload_config(size: int, inflight: int) -> TargetConfig:
+    """The target of one row: a block per request in flight, all of them a DIRECT_ALLOC
+    partition (so ALLOC_STORE and FREE are offloaded too, docs/kbtp.md §8.1)."""
+    config = bench_config(size, inflight, inflight, DEFAULT_MAX_INLINE)
+    return replace(
+        config, initiators=tuple(replace(i, direct_alloc=True) for i in config.initiators)
+    )
+
+
 async def bench_rows(
     offload: bool, size: int, inflight: int, iters: int, settings: MpaSettings
 ) -> list[OffloadRow]:
     """STORE then LOAD ``iters`` times each, ``inflight`` at once, on a fresh target."""
-    config = bench_config(size, inflight, inflight, DEFAULT_MAX_INLINE)
-    config = replace(
-        config, initiators=tuple(replace(i, direct_alloc=True) for i in config.initiators)
-    )
-    target = KbtpTarget(config, settings=settings, offload=offload)
+    config = offload_config(size, inflight)
+    target = checked_target(config, settings=settings, offload=offload)
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
     name = "offload" if offload else "software"
@@ -267,16 +275,12 @@ async def _timed(
 
 def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
     """The ``kbtp bench --offload`` command (parsed arguments of ``kbtp bench``)."""
-    from kbtp.cli.bench import iterations, size_label
+    from kbtp.cli.bench import iterations, parse_sizes, size_label
 
-    if args.sizes == default_sizes:
-        sizes = list(OFFLOAD_SIZES)
-    else:
-        try:
-            sizes = [parse_size(s.strip()) for s in args.sizes.split(",") if s.strip()]
-        except argparse.ArgumentTypeError as exc:
-            raise CliError(f"argument --sizes: {exc}") from None
+    sizes = list(OFFLOAD_SIZES) if args.sizes == default_sizes else parse_sizes(args.sizes)
     inflights = sorted({1, args.inflight})
+    for size in sizes:  # every row's target, before any is started
+        check_target_config(offload_config(size, args.inflight))
     settings = mpa_settings(args)
     rows: list[OffloadRow] = []
     with text_to_stderr_if_json_stdout(args.json):

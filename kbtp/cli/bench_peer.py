@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import trio
 
+from kbtp.cli import bounds
 from kbtp.cli.bench_baseline import raw_server
 from kbtp.cli.bench_cpu import process_cpu_seconds
-from kbtp.cli.target import LOOPBACK_EMSS, add_mpa_arguments, mpa_settings, parse_size
-from kbtp.target import KbtpTarget
+from kbtp.cli.target import LOOPBACK_EMSS, add_mpa_arguments, checked_target, mpa_settings
 from kbtp.target_config import InitiatorConfig, TargetConfig
-from stack.cli import CliError, positive_int
+from stack.cli import CliError, one_line_errors
 
 IDENTITY = b"bench"
 START_TIMEOUT = 60.0
@@ -95,7 +95,7 @@ async def peer_process(
 
 async def serve(args: argparse.Namespace) -> None:
     config = bench_config(args.block_size, args.pool_blocks, args.inflight, args.max_inline)
-    target = KbtpTarget(config, settings=mpa_settings(args))
+    target = checked_target(config, settings=mpa_settings(args))
     async with target.running(), trio.open_nursery() as nursery:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         raw_port = listeners[0].socket.getsockname()[1]
@@ -111,16 +111,20 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kbtp-bench-peer", description=__doc__)
-    parser.add_argument("--block-size", type=parse_size, required=True)
-    parser.add_argument("--pool-blocks", type=positive_int, required=True)
-    parser.add_argument("--inflight", type=positive_int, required=True)
-    parser.add_argument("--max-inline", type=positive_int, required=True)
+    parser.add_argument("--block-size", type=bounds.block_size, required=True)
+    parser.add_argument("--pool-blocks", type=bounds.pool_blocks, required=True)
+    parser.add_argument("--inflight", type=bounds.inflight, required=True)
+    parser.add_argument("--max-inline", type=bounds.max_inline, required=True)
     add_mpa_arguments(parser, LOOPBACK_EMSS)
+    one_line_errors(parser)
     args = parser.parse_args(argv)
     try:
         trio.run(serve, args)
     except KeyboardInterrupt:
         return 130
+    except CliError as exc:  # the bench checked the configuration; this is the last word
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

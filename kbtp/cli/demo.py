@@ -29,20 +29,19 @@ from typing import Any
 
 import trio
 
+from kbtp.cli import bounds
 from kbtp.cli.demo_steps import Barrier, Demo, run_initiator
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
     add_target_arguments,
+    checked_target,
     mpa_settings,
-    positive_float,
-    positive_int,
     run_trio,
 )
 from kbtp.initiator import OpStats
-from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
-from stack.cli import CliError, one_line_errors
+from stack.cli import CliError, one_line_errors, positive_seconds
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
@@ -105,15 +104,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "-n",
         "--initiators",
-        type=positive_int,
+        type=bounds.demo_initiators,
         default=DEFAULT_INITIATORS,
         metavar="N",
-        help=f"initiators, half of them trusted (default {DEFAULT_INITIATORS}, at least 2)",
+        help=f"initiators, half of them trusted (default {DEFAULT_INITIATORS}, at least 2, "
+        f"at most {bounds.MAX_DEMO_INITIATORS})",
     )
     add_target_arguments(parser)
     parser.add_argument(
         "--ticket-timeout",
-        type=positive_float,
+        type=bounds.ticket_timeout,
         default=DEFAULT_TICKET_TIMEOUT,
         metavar="SECONDS",
         help=f"Ticket Timeout (default {DEFAULT_TICKET_TIMEOUT:g}; the demo waits 1.6x it)",
@@ -142,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_argument(parser)
     parser.add_argument(
         "--timeout",
-        type=positive_float,
+        type=positive_seconds,
         default=120.0,
         metavar="SECONDS",
         help="give up after SECONDS (default 120)",
@@ -160,6 +160,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if problem:
         raise CliError(problem)
     config, roles = demo_config(args)
+    bounds.check_target_config(config)  # before the capture file is created
     writer = None
     if not args.no_capture:
         try:
@@ -167,7 +168,7 @@ def run_demo(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot write {args.capture}: {exc.strerror or exc}") from None
     settings = mpa_settings(args)
-    target = KbtpTarget(
+    target = checked_target(
         config,
         settings=settings,
         tap_factory=pcap_tap_factory(writer) if writer else None,

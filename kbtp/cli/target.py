@@ -28,9 +28,12 @@ import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
+from kbtp.cli import bounds
+from kbtp.cli.bounds import check_target_config
 from kbtp.constants import (
     DEFAULT_HELLO_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -38,16 +41,18 @@ from kbtp.constants import (
     DEFAULT_REQUEST_CREDITS,
     DEFAULT_TICKET_TIMEOUT,
     MAX_IDENTITY_LEN,
+    MAX_REQUEST_CREDITS,
 )
 from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
+from kbtp.target_session import layout_size
 from stack.cli import (
     CliError,
     address,
-    binary_size,
     one_line_errors,
     port_number,
     positive_int,
+    positive_seconds,
 )
 from stack.errors import IwarpError, leaf_exceptions
 from stack.pcap import PcapWriter
@@ -61,26 +66,10 @@ DEFAULT_INITIATORS = 4
 LOOPBACK_EMSS = 65483
 """TCP MSS on Linux loopback (MTU 65536 - 40 - 12 option octets): FPDUs as large as MPA
 allows (MULPDU 64768, MPA-13) when both ends are on this host."""
-MAX_BLOCK_SIZE = 1 << 30
 
 # ======================================================================================
 # Shared argument helpers (kbtp target | demo | bench)
 # ======================================================================================
-
-
-def parse_size(text: str) -> int:
-    """``65536``, ``64K``, ``1M``, ``1MiB``, ``0x10000`` -> octets (binary suffixes)."""
-    return binary_size(text, MAX_BLOCK_SIZE, base=0)
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def emss_value(text: str) -> int:
@@ -121,24 +110,40 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """Pool and policy options shared by ``kbtp target`` and ``kbtp demo``."""
     parser.add_argument(
         "--block-size",
-        type=parse_size,
+        type=bounds.block_size,
         default=DEFAULT_BLOCK_SIZE,
         metavar="SIZE",
-        help="octets per block, K/M suffixes allowed (default 64K)",
+        help="octets per block, K/M suffixes allowed (default 64K, at most 64M)",
     )
     parser.add_argument(
         "--credits",
-        type=positive_int,
+        type=bounds.request_credits,
         default=DEFAULT_REQUEST_CREDITS,
-        help=f"Request Credits per session (default {DEFAULT_REQUEST_CREDITS})",
+        help=f"Request Credits per session (default {DEFAULT_REQUEST_CREDITS}, "
+        f"at most {MAX_REQUEST_CREDITS})",
     )
     parser.add_argument(
         "--max-inline",
-        type=positive_int,
+        type=bounds.max_inline,
         default=DEFAULT_MAX_INLINE,
         metavar="OCTETS",
-        help=f"largest INLINE store (default {DEFAULT_MAX_INLINE})",
+        help=f"largest INLINE store (default {DEFAULT_MAX_INLINE}, at most 64M)",
     )
+
+
+def checked_target(config: TargetConfig, **options: Any) -> KbtpTarget:
+    """``KbtpTarget(config, **options)`` for a command: a configuration beyond
+    :mod:`kbtp.cli.bounds` or refused by the target (LocalError, ValueError), or memory
+    that cannot be mapped, is a :class:`CliError`, never a traceback."""
+    check_target_config(config)
+    try:
+        return KbtpTarget(config, **options)
+    except (IwarpError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    except (OSError, MemoryError) as exc:
+        reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+        size = layout_size(config)
+        raise CliError(f"cannot map {size} octets of target memory: {reason}") from None
 
 
 def run_trio(main: Callable[[], Awaitable[object]]) -> None:
@@ -240,7 +245,7 @@ def build_config(args: argparse.Namespace) -> TargetConfig:
         )
     if len({i.identity for i in initiators}) != len(initiators):
         raise CliError("initiator identities must be distinct")
-    return TargetConfig(
+    config = TargetConfig(
         block_size=args.block_size,
         pool_blocks=pool,
         initiators=tuple(initiators),
@@ -250,6 +255,8 @@ def build_config(args: argparse.Namespace) -> TargetConfig:
         hello_timeout=getattr(args, "hello_timeout", DEFAULT_HELLO_TIMEOUT),
         idle_timeout=getattr(args, "idle_timeout", DEFAULT_IDLE_TIMEOUT),
     )
+    check_target_config(config)
+    return config
 
 
 def describe(config: TargetConfig) -> list[str]:
@@ -309,10 +316,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pool-blocks",
         "-F",
-        type=positive_int,
+        type=bounds.pool_blocks,
         default=DEFAULT_POOL_BLOCKS,
         metavar="F",
-        help=f"blocks in the pool (default {DEFAULT_POOL_BLOCKS})",
+        help=f"blocks in the pool (default {DEFAULT_POOL_BLOCKS}, at most "
+        f"{bounds.MAX_POOL_BLOCKS} and 4 GiB)",
     )
     parser.add_argument(
         "--initiator",
@@ -323,10 +331,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--initiators",
-        type=positive_int,
+        type=bounds.initiators,
         default=DEFAULT_INITIATORS,
         metavar="N",
-        help=f"without --initiator: N identities init-0 .. (default {DEFAULT_INITIATORS})",
+        help=f"without --initiator: N identities init-0 .. (default {DEFAULT_INITIATORS}, "
+        f"at most {bounds.MAX_INITIATORS})",
     )
     parser.add_argument(
         "--trusted",
@@ -335,27 +344,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--handles",
-        type=positive_int,
+        type=bounds.handles,
         metavar="N",
         help="handles per initiator without handles= (default 4 x quota)",
     )
     parser.add_argument(
         "--ticket-timeout",
-        type=positive_float,
+        type=bounds.ticket_timeout,
         default=DEFAULT_TICKET_TIMEOUT,
         metavar="SECONDS",
         help=f"Ticket Timeout of direct allocations (default {DEFAULT_TICKET_TIMEOUT:g})",
     )
     parser.add_argument(
         "--hello-timeout",
-        type=positive_float,
+        type=positive_seconds,
         default=DEFAULT_HELLO_TIMEOUT,
         metavar="SECONDS",
         help=f"close a connection without HELLO after this (default {DEFAULT_HELLO_TIMEOUT:g})",
     )
     parser.add_argument(
         "--idle-timeout",
-        type=positive_float,
+        type=positive_seconds,
         default=DEFAULT_IDLE_TIMEOUT,
         metavar="SECONDS",
         help=f"close a silent session after this (default {DEFAULT_IDLE_TIMEOUT:g})",
@@ -382,7 +391,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--capture", metavar="PCAP", help="record every connection to PCAP")
     parser.add_argument(
         "--duration",
-        type=positive_float,
+        type=positive_seconds,
         metavar="SECONDS",
         help="stop after SECONDS (default: run until interrupted)",
     )
@@ -406,18 +415,15 @@ def run_target(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"kbtp target: {line}", flush=True)
 
-    try:
-        target = KbtpTarget(
-            config,
-            settings=mpa_settings(args),
-            tap_factory=pcap_tap_factory(writer) if writer else None,
-            on_event=event,
-            pool_file=args.pool_file,
-            pool_sync=args.pool_sync,
-            offload=args.offload,
-        )
-    except IwarpError as exc:
-        raise CliError(str(exc)) from None
+    target = checked_target(
+        config,
+        settings=mpa_settings(args),
+        tap_factory=pcap_tap_factory(writer) if writer else None,
+        on_event=event,
+        pool_file=args.pool_file,
+        pool_sync=args.pool_sync,
+        offload=args.offload,
+    )
     pool_line = pool_summary(target)
 
     stopped_by: list[int] = []

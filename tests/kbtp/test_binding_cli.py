@@ -275,7 +275,7 @@ def test_target_command_stops_in_order_on_sigterm_with_a_session_open() -> None:
         (["target", "--initiator", "x:quota=5000"], "quotas add up"),
         (["target", "--initiator", "x", "--initiator", "x"], "distinct"),
         (["demo", "-n", "1"], "at least 2 initiators"),
-        (["demo", "--ticket-timeout", "0"], "must be > 0"),
+        (["demo", "--ticket-timeout", "0"], "more than 0 seconds"),
         (["bench", "--sizes", "4Q"], "invalid size"),
         (["bench", "--ops", "nope"], "unknown operation"),
         (["bench", "-n", "5", "--bytes", "1M"], "not allowed with"),

@@ -9,6 +9,7 @@ loaded.  Found by fuzzing the ``kbtp`` command.
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import trio
 from kbtp.cli import main
 from kbtp.constants import DEFAULT_TICKET_TIMEOUT
 from kbtp.target_config import InitiatorConfig, TargetConfig, check_config
+from stack.cli import CliError
 from stack.errors import LocalError
 
 
@@ -53,6 +55,86 @@ def _config(**fields: Any) -> TargetConfig:
 
 
 # -------------------------------------------------------------------------------------
+# 1. sizes: block size, pool, table, receive buffers; config errors as CLI errors
+# -------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("not_served")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["target", "--block-size", "1G"], "size must be 1 to 67108864"),
+        (["target", "--pool-blocks", "2000000"], "at most 1048576"),
+        (["target", "--block-size", "64M", "--pool-blocks", "100"], "more than 4294967296"),
+        (["target", "--handles", "100000000"], "at most 4194304"),
+        (["target", "--initiator", "x:handles=0x1000000000+5"], "block table of"),
+        (["target", "--max-inline", "64M"], "octets per session"),
+        (["target", "--credits", "70000"], "at most 65535"),
+        (["target", "--initiators", "100000"], "at most 1024"),
+        (["demo", "--block-size", "1G"], "size must be 1 to 67108864"),
+        (["demo", "--block-size", "64M"], "more than 4294967296"),
+        (["demo", "--credits", "100000"], "at most 65535"),
+        (["bench", "-s", "4K,1G", "-n", "16"], "argument --sizes: size must be"),
+        (["bench", "-s", "64M", "-n", "100"], "more than 4294967296"),
+        (["bench", "-t", "100000"], "at most 65535"),
+        (["bench", "--max-inline", "1G"], "size must be 1 to 67108864"),
+        (["bench", "--bytes", "2G"], "size must be 1 to 1073741824"),
+        (["bench", "--offload", "-s", "64M", "-t", "100"], "more than 4294967296"),
+    ],
+)
+def test_sizes_beyond_the_bounds_are_refused_up_front(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    _refused(capsys, argv, message)
+
+
+def test_a_config_the_target_refuses_or_cannot_map_is_a_cli_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kbtp.cli import target as cli_target
+    from kbtp.cli.bounds import check_target_config
+
+    with pytest.raises(CliError, match="request credits"):
+        check_target_config(_config(request_credits=0))
+    with pytest.raises(CliError, match="overlap"):
+        check_target_config(
+            TargetConfig(4096, 8, (InitiatorConfig(b"a", 0, 8, 4), InitiatorConfig(b"b", 4, 8, 4)))
+        )
+
+    def no_memory(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(cli_target, "KbtpTarget", no_memory)
+    bench = ["bench", "--in-process", "-s", "4K", "-n", "16", "--quiet"]
+    for argv in (["demo", "--no-capture"], bench, ["target", "-p", "0"]):
+        _refused(capsys, argv, "octets of target memory: Cannot allocate memory")
+
+
+def test_the_bench_peer_refuses_a_bad_configuration_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kbtp.cli.bench_peer import main as peer_main
+
+    argv = ["--block-size=64M", "--pool-blocks=100", "--inflight=1", "--max-inline=4096"]
+    assert peer_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "more than 4294967296" in err, err
+
+
+# -------------------------------------------------------------------------------------
+# 2. --inline above --max-inline
+# -------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("not_served")
+def test_bench_inline_above_max_inline_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "-s", "1K,4K", "-n", "16", "--inline", "--max-inline", "1024"]
+    _refused(capsys, argv, "--inline: blocks of 4096 octets exceed --max-inline 1024")
+
+
+# -------------------------------------------------------------------------------------
 # 3. the Ticket Timeout: what HELLO_ACK's 32 bits of milliseconds carry
 # -------------------------------------------------------------------------------------
 
@@ -74,3 +156,33 @@ def test_hello_and_idle_timeouts_are_positive_and_finite(timeout: float) -> None
         with pytest.raises(LocalError, match="positive and finite"):
             check_config(_config(**fields))
     check_config(_config(idle_timeout=None))
+
+
+# -------------------------------------------------------------------------------------
+# 5. counts and times: negative, NaN, inf, 1e30, past the bound
+# -------------------------------------------------------------------------------------
+
+_BAD_NUMBERS = ["-1", "nan", "inf", "1e30", str(10**30)]
+
+
+@pytest.mark.usefixtures("not_served")
+@pytest.mark.parametrize("value", _BAD_NUMBERS)
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "-n"],
+        ["bench", "-r"],
+        ["bench", "-t"],
+        ["demo", "-n"],
+        ["demo", "--timeout"],
+        ["demo", "--ticket-timeout"],
+        ["target", "--duration"],
+        ["target", "--ticket-timeout"],
+        ["target", "--hello-timeout"],
+        ["target", "--idle-timeout"],
+    ],
+)
+def test_counts_and_times_out_of_range_are_argument_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], value: str
+) -> None:
+    _refused(capsys, [*argv, value], f"argument {argv[1]}")
