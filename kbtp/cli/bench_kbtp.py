@@ -89,26 +89,41 @@ async def bench_kbtp_size(
             requests = _arena_requests(ini, arena, inflight, size, inline)
             spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
 
-        async def run(op: str) -> tuple[float, float]:
+        async def run(op: str, used: set[int]) -> tuple[float, float]:
+            """The row of ``op``; ``used`` gets the buffer of every request (fewer than
+            ``inflight`` when ``iters`` is)."""
             if per_request:
-                return await _workers(inflight, iters, jobs[op], peer_cpu)
-            return await _pipelined(ini, inflight, iters, requests[op], peer_cpu)
+                job = jobs[op]
+
+                async def tracked_job(w: int, i: int) -> object:
+                    used.add(w)
+                    return await job(w, i)
+
+                return await _workers(inflight, iters, tracked_job, peer_cpu)
+            request_for = requests[op]
+
+            def tracked_request(w: int, i: int) -> Request:
+                used.add(w)
+                return request_for(w, i)
+
+            return await _pipelined(ini, inflight, iters, tracked_request, peer_cpu)
 
         for op in OPS:
             if op not in ops:
                 continue
+            used: set[int] = set()
             if op == "load":
                 for w in range(inflight):
                     await ini.store(w, data, seal=True)
                 if not per_request:
                     memory[:] = bytes(len(memory))  # what the LOADs place is checked
-                seconds, cpu = await run(op)
+                seconds, cpu = await run(op, used)
                 landed = buffers if per_request else spans
-                if any(buf != data for buf in landed):
+                if not used or any(landed[w] != data for w in used):
                     raise CliError("LOAD returned wrong data")
                 results.append(Result(op, size, iters, seconds, "rdma", cpu))
             else:
-                seconds, cpu = await run(op)
+                seconds, cpu = await run(op, used)
                 results.append(Result(op, size, iters, seconds, path, cpu))
         if not per_request:
             arena.close()

@@ -19,6 +19,7 @@ import trio
 
 from kbtp.cli import main
 from kbtp.constants import DEFAULT_TICKET_TIMEOUT
+from kbtp.initiator import KbtpInitiator
 from kbtp.target_config import InitiatorConfig, TargetConfig, check_config
 from stack.cli import CliError
 from stack.errors import LocalError
@@ -186,3 +187,33 @@ def test_counts_and_times_out_of_range_are_argument_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], value: str
 ) -> None:
     _refused(capsys, [*argv, value], f"argument {argv[1]}")
+
+
+# -------------------------------------------------------------------------------------
+# 4. kbtp bench LOAD with fewer operations than in flight
+# -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [[], ["--per-request"], ["--offload"]])
+def test_bench_load_with_fewer_operations_than_in_flight_checks_the_loaded_buffers(
+    capsys: pytest.CaptureFixture[str], layout: list[str]
+) -> None:
+    argv = ["bench", "-s", "4K", "-n", "2", "-t", "8", "--quiet", "--no-baseline"]
+    code = _run([*argv, "--in-process", "--ops", "store,load", *layout])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert any(line.startswith("LOAD ") for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("layout", [[], ["--per-request"]])
+def test_bench_load_of_other_data_still_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], layout: list[str]
+) -> None:
+    store = KbtpInitiator.store
+
+    async def store_zeros(self: KbtpInitiator, handle: int, data: Any, **kwargs: Any) -> Any:
+        return await store(self, handle, bytes(len(data)), **kwargs)
+
+    monkeypatch.setattr(KbtpInitiator, "store", store_zeros)
+    argv = ["bench", "-s", "4K", "-n", "2", "-t", "8", "--quiet", "--no-baseline"]
+    _refused(capsys, [*argv, "--in-process", "--ops", "load", *layout], "LOAD returned wrong")
