@@ -84,6 +84,11 @@ def register(subparsers: Any) -> None:
         "'rping -s -a {host} -p {port}'",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="skip the cases that wait for timers")
+    p.add_argument(
+        "--no-preflight", dest="preflight", action="store_false",
+        help="run every case even when the listening DUT answers a first valid MPA Request "
+        "with no startup frame (by default that reports every case as not run, at once)",
+    )  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="evidence of passing cases too")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     one_line_errors(p)
@@ -152,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         wait=args.wait,
         strict=args.strict,
         first_fpdu_delay=args.first_fpdu_delay,
+        preflight=args.preflight,
     )
     report = trio_run(_run, cases, profile(args.app), options, target, listen, args)
     _write_reports(report, args)

@@ -49,7 +49,9 @@ class RunOptions:
     again or to connect); strict (SHOULDs count as failures); first_fpdu_delay (seconds
     the runner's first FPDU waits after the DUT's first bytes, its Reply when the DUT
     listens: some passive sides, siw 6.1 among them, stall on an FPDU that follows their
-    Reply at once; 0 sends at once, as a conforming DUT must accept).
+    Reply at once; 0 sends at once, as a conforming DUT must accept); preflight (a DUT that
+    listens is first sent one valid Request, and one that answers it with no startup frame
+    makes every case an ERROR at once: ``iwarp conform`` sets it unless ``--no-preflight``).
     """
 
     timeout: float = 5.0
@@ -58,6 +60,7 @@ class RunOptions:
     wait: float = 60.0
     strict: bool = False
     first_fpdu_delay: float = 0.0
+    preflight: bool = False
 
 
 class CaseContext:

@@ -6,6 +6,11 @@ case an ERROR and the run goes on.  A DUT that exits after one connection (rping
 handled by a :class:`Restarter`: :class:`CommandRestarter` runs ``--restart-cmd`` before
 each case and ends what it started after it; without one the runner waits for the DUT to
 listen again (or to connect, with ``--listen``) and says so on stderr.
+
+With :attr:`RunOptions.preflight` a listening DUT is first sent one valid Request: a DUT
+that is not there, says nothing, closes at once or answers with bytes that are no MPA
+frame would make every case an ERROR after its full wait (minutes for a run), so the run
+says why at once and reports every case as not run.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import trio
 from stack.conform.apps import AppProfile
 from stack.conform.context import CaseContext, RunOptions, SetupError
 from stack.conform.model import Case, CaseResult, DutRole, Outcome, Verdict, status_for
+from stack.conform.script import start
+from stack.constants import MPA_KEY_LEN, MPA_KEY_REP, MPA_KEY_REQ
 from stack.errors import IwarpError
 
 __all__ = [
@@ -194,9 +201,20 @@ async def run_cases(
         assert target is not None
         dut = f"DUT listening at {target[0]}:{target[1]}"
     report = RunReport([], app.name, dut, role, options)
-    start = trio.current_time()
+    started = trio.current_time()
     try:
-        for i, c in enumerate(cases, 1):
+        unreachable = None
+        if options.preflight and target is not None and cases:
+            unreachable = await preflight(cases[0], app, options, target, restarter, say)
+        if unreachable is not None:
+            say(f"preflight: {unreachable}; no case was run (--no-preflight runs them anyway)")
+            verdict = Verdict.broken(f"not run: {unreachable}")
+            report.results += [
+                CaseResult(c, status_for(c.level, verdict.outcome, strict=options.strict),
+                           verdict, 0.0, None, options.strict)
+                for c in cases
+            ]  # fmt: skip
+        for i, c in enumerate(cases if unreachable is None else (), 1):
             say(f"[{i}/{len(cases)}] {c.id}: {c.title}")
             result = await _run_one(c, app, options, target, listener, pcap_dir, restarter, say)
             report.results.append(result)
@@ -206,8 +224,52 @@ async def run_cases(
     finally:
         if listener is not None:
             await listener.aclose()
-    report.seconds = trio.current_time() - start
+    report.seconds = trio.current_time() - started
     return report
+
+
+async def preflight(
+    case: Case,
+    app: AppProfile,
+    options: RunOptions,
+    target: tuple[str, int],
+    restarter: Restarter,
+    say: Callable[[str], None],
+) -> str | None:
+    """Send the listening DUT one valid Request of ``app`` (restarted for it as for
+    ``case``): why every case would be an ERROR when the DUT does not answer it with a
+    startup frame (it does not listen, says nothing for ``--timeout`` seconds, closes, or
+    sends bytes that do not even begin with the Reply key), else None.  A Reply or Reject,
+    valid or not, passes: judging it is the cases' work (MPA-18 and on)."""
+    ctx = CaseContext(case, app, options, target=target, progress=lambda line: say(f"  {line}"))
+    reason: str | None = None
+    try:
+        await restarter.before_case(case)
+        with trio.fail_after(budget(options, case)):
+            s = await start(ctx)
+        answer = s.answer
+        if answer.kind == "silence":
+            reason = f"the DUT {answer.describe()} after a valid MPA Request"
+        elif answer.kind == "close":
+            reason = f"the DUT {answer.describe()}"
+        elif answer.bad is not None and not _keyed(answer.bad.raw):
+            reason = f"the DUT answered a valid MPA Request with {answer.describe()}"
+    except SetupError as exc:
+        reason = str(exc)
+    except trio.TooSlowError:
+        reason = f"a valid MPA startup did not finish within {budget(options, case):g} s"
+    finally:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5.0):
+                await ctx.close()
+            await restarter.after_case(case)
+    return reason
+
+
+def _keyed(raw: bytes) -> bool:
+    """Whether ``raw`` begins as an MPA startup frame does (its key, RFC 5044 §7.1)."""
+    head = raw[:MPA_KEY_LEN]
+    return bool(head) and (MPA_KEY_REP.startswith(head) or MPA_KEY_REQ.startswith(head))
 
 
 async def _run_one(

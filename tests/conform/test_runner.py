@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import trio
 
 from stack.conform import CommandRestarter, Status, Verdict, profile, run_cases
 from stack.conform.context import CaseContext
 from stack.conform.model import Case, DutRole
-from tests.conform.helpers import QUICK
+from stack.constants import MPA_KEY_REP
+from tests.conform.helpers import QUICK, listens, run_against_rping_server, statuses
 
 
 def _alive(pid: int) -> bool:
@@ -57,3 +63,87 @@ async def test_a_case_that_raises_is_an_error_and_the_run_goes_on() -> None:
         first.status is Status.ERROR and "RuntimeError: a bug in the case" in first.verdict.observed
     )
     assert second.status is Status.PASS
+
+
+# ---------------------------------------------------------------------- preflight
+_NOOPS = [
+    Case("MPA-18", "a", ("MPA-18",), "MUST", DutRole.LISTENS, "s", "e", _noop),
+    Case("MPA-12", "b", ("MPA-12",), "MUST", DutRole.LISTENS, "s", "e", _noop),
+]
+PREFLIGHT = replace(QUICK, preflight=True, timeout=0.5, wait=0.5)
+
+
+@asynccontextmanager
+async def _fake_dut(answer: bytes | None, hold: bool) -> AsyncIterator[tuple[int, list[int]]]:
+    """A TCP listener on loopback that answers each connection's first bytes with
+    ``answer`` (None: nothing), then holds it open (``hold``) or closes it; yields its port
+    and the list that counts its connections."""
+    accepted: list[int] = []
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+
+    async def serve(stream: trio.SocketStream) -> None:
+        accepted.append(1)
+        async with stream:
+            if answer is not None:
+                await stream.receive_some(4096)
+                await stream.send_all(answer)
+            if hold:
+                await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        yield listeners[0].socket.getsockname()[1], accepted
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("answer", "hold", "why"),
+    [
+        (None, True, "the DUT sent nothing for"),
+        (None, False, "the DUT closed the connection after"),
+        (b"SSH-2.0-OpenSSH_9.2p1\r\n", True, "bytes that are no MPA frame"),
+    ],
+    ids=["silent", "closes", "not-mpa"],
+)
+async def test_preflight_reports_every_case_not_run_when_the_dut_speaks_no_mpa(
+    answer: bytes | None, hold: bool, why: str
+) -> None:
+    """One connection, then every case is an ERROR saying why (the noop cases would pass)."""
+    lines: list[str] = []
+    async with _fake_dut(answer, hold) as (port, accepted):
+        report = await run_cases(
+            _NOOPS, profile("rping"), PREFLIGHT, target=("127.0.0.1", port), progress=lines.append
+        )
+    assert accepted == [1]
+    assert [r.status for r in report.results] == [Status.ERROR, Status.ERROR]
+    assert all(r.verdict.observed.startswith("not run: ") for r in report.results)
+    assert why in report.results[0].verdict.observed
+    assert any(line.startswith("preflight: ") and why in line for line in lines)
+
+
+async def test_preflight_says_when_nothing_listens() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    report = await run_cases(
+        _NOOPS, profile("rping"), PREFLIGHT, target=("127.0.0.1", port), progress=print
+    )
+    assert {r.status for r in report.results} == {Status.ERROR}
+    assert "did not listen within 0.5 s" in report.results[1].verdict.observed
+
+
+async def test_preflight_passes_a_dut_whose_reply_is_broken() -> None:
+    """A Reply key with garbage after it is an MPA speaker with a bug: the cases judge it."""
+    broken = MPA_KEY_REP + b"\xff" * 40
+    async with _fake_dut(broken, True) as (port, accepted):
+        report = await run_cases(
+            _NOOPS, profile("rping"), PREFLIGHT, target=("127.0.0.1", port), progress=print
+        )
+    assert accepted == [1]  # the noop cases connect to nothing
+    assert [r.status for r in report.results] == [Status.PASS, Status.PASS]
+
+
+async def test_preflight_passes_a_real_dut_and_the_cases_run() -> None:
+    cases = [c for c in listens() if c.id == "MPA-12"]
+    report = await run_against_rping_server(cases, options=replace(QUICK, preflight=True))
+    assert statuses(report) == {"MPA-12": Status.PASS}
