@@ -12,15 +12,20 @@ Usage::
 The MPA startup (RFC 5044 §7.1) is the engine's, as in the trio connection manager: the
 same settings (:class:`~stack.wire.events.MpaSettings`), the same timers (MPA-27), the same
 errors (:class:`~stack.transport.cm.ConnectRejected`,
-:class:`~stack.transport.cm.ConnectFailed`).  A listener serves one startup at a time in
-the calling thread; a connection whose startup fails (garbage, silence past the MPA
-timers, a reset) is closed and the listener takes the next.
+:class:`~stack.transport.cm.ConnectFailed`).  :meth:`BlockingListener.get_request` serves
+one startup at a time in the calling thread; :meth:`BlockingListener.serve` runs each in a
+thread of its own, within the trio listener's startup bounds (MAX_STARTUPS in all,
+MAX_STARTUPS_PER_PEER from one address, shared fairly by
+:class:`~stack.transport.startup_slots.StartupSlots`, MPA-23), so silent connections cannot
+hold the port.  A connection whose startup fails (garbage, silence past the MPA timers, a
+reset) is closed.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +34,10 @@ from stack.errors import ConnectionTimeout
 from stack.rnic.qp import QueuePair
 from stack.transport.blocking import BlockingConnection
 from stack.transport.cm import (
+    ACCEPT_BACKOFF_MAX,
+    ACCEPT_BACKOFF_MIN,
+    MAX_STARTUPS,
+    MAX_STARTUPS_PER_PEER,
     ConnectFailed,
     RequestFrame,
     follows_socket,
@@ -36,6 +45,7 @@ from stack.transport.cm import (
     with_emss,
 )
 from stack.transport.driver import RECEIVE_SIZE, Tap, close_tap
+from stack.transport.startup_slots import StartupSlot, StartupSlots
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     ConnectionFailed,
@@ -162,7 +172,8 @@ class BlockingRequest(RequestFrame):
 
 
 class BlockingListener:
-    """A listening endpoint (``rdma_listen``) whose startups run in the calling thread."""
+    """A listening endpoint (``rdma_listen``): startups in the calling thread
+    (:meth:`get_request`) or a thread each (:meth:`serve`)."""
 
     def __init__(
         self,
@@ -172,6 +183,8 @@ class BlockingListener:
         settings: MpaSettings | None = None,
         backlog: int = 64,
         tap_factory: SocketTapFactory | None = None,
+        max_startups: int = MAX_STARTUPS,
+        max_startups_per_peer: int = MAX_STARTUPS_PER_PEER,
     ) -> None:
         self.settings = settings or MpaSettings()
         self.tap_factory = tap_factory
@@ -189,6 +202,14 @@ class BlockingListener:
         self.port: int = self._sock.getsockname()[1]
         self.failures: list[Exception] = []
         """Why startups that reached no request ended (newest last, at most 64 kept)."""
+        self.slots = StartupSlots(max_startups, max_startups_per_peer)
+        """:meth:`serve`'s startup slots, shared fairly between peer addresses."""
+        self.refused = 0
+        """Connections :meth:`serve` closed at once because a startup bound was reached."""
+        self.accept_errors = 0
+        """accept() failures :meth:`serve` survived (descriptor exhaustion and the like)."""
+        self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> BlockingListener:
         return self
@@ -197,7 +218,9 @@ class BlockingListener:
         self.close()
 
     def close(self) -> None:
-        """Stop listening; a :meth:`get_request` waiting in another thread returns an error."""
+        """Stop listening; a :meth:`get_request` or :meth:`serve` waiting in another thread
+        returns (an error, or :meth:`serve` returns)."""
+        self._closed = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -223,8 +246,79 @@ class BlockingListener:
             if request is not None:
                 return request
 
-    def _startup(self, sock: socket.socket, remote: tuple[str, int]) -> BlockingRequest | None:
-        """One MPA startup as the responder: the request, or None (the socket closed)."""
+    def serve(self, handle: Callable[[BlockingRequest], None]) -> None:
+        """Accept until :meth:`close`, each MPA startup in a thread of its own that then
+        calls ``handle`` with the request (``handle`` answers it).  A connection beyond the
+        startup bounds is closed at once, or takes a busier address's or its own stale slot
+        (:class:`~stack.transport.startup_slots.StartupSlots`, MPA-23); a failing accept()
+        backs off and tries again, as the trio listener's does."""
+        backoff = ACCEPT_BACKOFF_MIN
+        self._sock.settimeout(None)
+        while not self._closed:
+            try:
+                sock, remote = self._sock.accept()
+            except OSError as exc:
+                if self._closed:
+                    return
+                self.accept_errors += 1
+                log.warning("listener: accept failed (%s); retrying in %.2f s", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
+                continue
+            backoff = ACCEPT_BACKOFF_MIN
+            self._start(sock, (str(remote[0]), int(remote[1])), handle)
+
+    def _start(
+        self,
+        sock: socket.socket,
+        remote: tuple[str, int],
+        handle: Callable[[BlockingRequest], None],
+    ) -> None:
+        """Admit a new connection to a startup slot and start its thread, or close it."""
+
+        def evict() -> None:  # under self._lock, before the owner releases (and closes)
+            log.warning("listener: %s: startup slot given to another connection", remote[0])
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # its recv() returns: the startup ends
+            except OSError:
+                pass
+
+        with self._lock:
+            slot = self.slots.admit(remote[0], evict, time.monotonic())
+        if slot is None:
+            self.refused += 1
+            log.warning("listener: %s: too many MPA startups in progress; closed", remote[0])
+            sock.close()
+            return
+
+        def run() -> None:
+            try:
+                request = self._startup(sock, remote, slot)
+            finally:
+                self._release(slot)  # released already, unless something unforeseen raised
+            if request is not None:
+                handle(request)
+
+        try:
+            threading.Thread(target=run, name=f"mpa-startup-{remote[0]}", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had
+            log.warning("listener: %s: cannot start a startup thread: %s", remote[0], exc)
+            self._release(slot)
+            sock.close()
+
+    def _release(self, slot: StartupSlot) -> bool:
+        """Give ``slot`` back; False if it was evicted (its socket shut down) before."""
+        with self._lock:
+            if slot.released:
+                return False
+            self.slots.release(slot)
+            return True
+
+    def _startup(
+        self, sock: socket.socket, remote: tuple[str, int], slot: StartupSlot | None = None
+    ) -> BlockingRequest | None:
+        """One MPA startup as the responder: the request, or None (the socket closed).
+        ``slot`` (:meth:`serve`) is released before the socket is closed or handed on."""
         tap = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -236,7 +330,8 @@ class BlockingListener:
             event = _startup(sock, engine, deadline, tap)
         except (OSError, ConnectFailed) as exc:
             event = ConnectionFailed(exc)
-        if isinstance(event, RequestReceived):
+        evicted = slot is not None and not self._release(slot)
+        if isinstance(event, RequestReceived) and not evicted:
             return BlockingRequest(sock, engine, event.frame, remote, self.settings, tap)
         error = event.error if isinstance(event, ConnectionFailed) else None
         self.failures = [*self.failures[-63:], error or ConnectFailed(f"MPA startup: {event!r}")]
