@@ -2,13 +2,15 @@
 
 The server half, :class:`BlockingIwarpServer`, listens on a port of its own (advertised
 beside the baselines' in every :class:`~stack.bench.protocol.Advert`) and serves each
-connection in a thread of its own with its own RNIC
-(:class:`~stack.transport.blocking_cm.BlockingListener`,
+connection in a thread of its own, from its MPA startup on, with its own RNIC
+(:meth:`~stack.transport.blocking_cm.BlockingListener.serve`, within the trio listener's
+startup bounds, so silent connections delay no one;
 :class:`~stack.transport.blocking.BlockingConnection`): the same
-:class:`~stack.bench.session.Session` as the trio server makes, and the same answers
-(Write pongs, Send echoes, receives kept posted).  The client half,
-:func:`blocking_latency_run`, runs the one-at-a-time exchange of ``--lat`` in a worker
-thread: post, then read the socket until the completion (or the pong) is there.
+:class:`~stack.bench.session.Session` as the trio server makes, the same Rejects with a
+reason (MPA-23), and the same answers (Write pongs, Send echoes, receives kept posted).
+The client half, :func:`blocking_latency_run`, runs the one-at-a-time exchange of
+``--lat`` in a worker thread: post, then read the socket until the completion (or the
+pong) is there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable
 
 from stack.bench.memory import LIVE
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
-from stack.bench.protocol import Advert, SessionSpec
+from stack.bench.protocol import Advert, SessionSpec, reject_data
 from stack.bench.results import LatResult, latency_stats
 from stack.bench.session import Session
 from stack.errors import IwarpError
@@ -36,7 +38,8 @@ CLOSE_TIMEOUT = 5.0
 
 
 class BlockingIwarpServer:
-    """Accepts benchmark QPs on the blocking driver: a listener thread, a thread per QP."""
+    """Accepts benchmark QPs on the blocking driver: a listener thread, a thread per QP
+    from its MPA startup on."""
 
     def __init__(
         self, host: str, settings: MpaSettings, ports: Callable[[], tuple[int, int, int]]
@@ -44,31 +47,27 @@ class BlockingIwarpServer:
         self._listener = BlockingListener(host, 0, settings=settings, backlog=64)
         self.port = self._listener.port
         self._ports = ports
-        self._closed = threading.Event()
-        thread = threading.Thread(target=self._accept, name="bench-iwarp-blocking", daemon=True)
+        thread = threading.Thread(
+            target=self._listener.serve, args=(self._session,), name="bench-iwarp-blocking"
+        )
+        thread.daemon = True
         thread.start()
 
     def close(self) -> None:
         """Stop accepting (sessions in progress end with their client)."""
-        self._closed.set()
         self._listener.close()
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                request = self._listener.get_request()
-            except (OSError, IwarpError):
-                return
-            threading.Thread(target=self._session, args=(request,), daemon=True).start()
-
     def _session(self, request: BlockingRequest) -> None:
-        try:
-            spec = SessionSpec.decode(request.private_data)
-        except BenchError as exc:
-            request.reject(str(exc).encode()[:200])
-            return
+        """One QP, in its startup's thread: a Request that is malformed, too large or
+        cannot be mapped is rejected with the reason (MPA-23), as on the trio server."""
         rnic = Rnic("bench-server-blocking")  # one per thread: an RNIC is not thread-safe
-        session = Session.open(rnic, rnic.alloc_pd(), spec, self._ports())
+        try:
+            spec, session = Session.for_request(
+                rnic, rnic.alloc_pd(), request.private_data, self._ports()
+            )
+        except BenchError as exc:
+            request.reject(reject_data(exc))
+            return
         try:
             conn = request.accept(session.qp, session.advert.encode())
         except IwarpError:

@@ -3,7 +3,8 @@
 * The MPA Request's private data (:class:`SessionSpec`, JSON) says which test a QP runs;
   the Reply's (:class:`Advert`, JSON) advertises the target region and the raw-TCP port
   (private data is the ULP's, RFC 5044 §7.1).  The server registers at most
-  :data:`MAX_SESSION_BYTES` for one QP and rejects a Request asking more (MPA-23).
+  :data:`MAX_SESSION_BYTES` for one QP and rejects a Request asking more (MPA-23); a
+  Reject's private data is the reason, UTF-8 text (:func:`reject_data`).
 * The server's second, raw-TCP port (and a third served by blocking sockets,
   :mod:`stack.bench.blocking`): a 16-byte header (:data:`RAW_HEADER`), then the
   mode's traffic.  ``RAW_SINK``: the client streams bytes and half-closes; the server
@@ -28,6 +29,13 @@ MAX_SESSION_BYTES = 1 << 30
 ~70-byte Request must not make it map gigabytes.  Every one-region test runs at the
 client's largest size (``-s 1G``); Sends need two regions of ``size`` bytes and latency
 one more (Send latency up to 341 MiB)."""
+MAX_REJECT_REASON = 200
+"""Bytes of reason a Reject carries at most (private data is at most 512 bytes, MPA-21)."""
+
+
+def reject_data(exc: BenchError) -> bytes:
+    """The private data of the server's Reject of a Request (MPA-23): why, in UTF-8."""
+    return str(exc).encode()[:MAX_REJECT_REASON]
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,8 @@ from stack.bench.protocol import (
     RAW_REQRESP,
     RAW_SINK,
     RAW_STATS,
-    SessionSpec,
     receive_exactly,
+    reject_data,
 )
 from stack.bench.session import Session
 from stack.constants import RAW_RECEIVE_SIZE
@@ -108,10 +108,11 @@ class BenchServer:
         """One QP: a Request that is malformed, asks more than MAX_SESSION_BYTES or cannot be
         mapped is rejected with the reason (MPA-23); the others run until the client ends."""
         try:
-            spec = SessionSpec.decode(request.private_data)
-            session = Session.open(self.rnic, self.pd, spec, self.advert_ports())
-        except (BenchError, OSError) as exc:
-            await request.reject(str(exc).encode()[:200])
+            spec, session = Session.for_request(
+                self.rnic, self.pd, request.private_data, self.advert_ports()
+            )
+        except BenchError as exc:
+            await request.reject(reject_data(exc))
             return
         try:
             conn = await request.accept(session.qp, session.advert.encode())

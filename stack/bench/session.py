@@ -2,10 +2,11 @@
 
 Both of the server's drivers make their sessions here: the trio one
 (:class:`~stack.bench.server.BenchServer`) and the blocking one
-(:mod:`stack.bench.blocking_iwarp`).  Regions are anonymous mappings (:func:`zeroed`):
-opening a session of a gigabyte costs no time on the event loop and no resident memory
-until the peer places data (``bytearray(n)`` zeroes every page at once, holding the GIL,
-so not even a worker thread would keep the loop running).
+(:mod:`stack.bench.blocking_iwarp`), from the MPA Request's private data
+(:meth:`Session.for_request`: a BenchError is the Reject's reason).  Regions are anonymous
+mappings (:func:`zeroed`): opening a session of a gigabyte costs no time on the event loop
+and no resident memory until the peer places data (``bytearray(n)`` zeroes every page at
+once, holding the GIL, so not even a worker thread would keep the loop running).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import mmap
 from dataclasses import dataclass
 
 from stack.bench.memory import REMOTE_ALL, dereg
-from stack.bench.options import DEFAULT_TX_DEPTH
+from stack.bench.options import DEFAULT_TX_DEPTH, BenchError
 from stack.bench.protocol import Advert, SessionSpec
 from stack.constants import ATOMIC_ALIGNMENT
+from stack.errors import LocalError
 from stack.rnic import (
     Access,
     CompletionQueue,
@@ -65,6 +67,19 @@ class Session:
     """Send latency: the Send answering each Send."""
     pong: SendWR | None = None
     """Write latency: the Write answering each ping (its last byte is the ping's)."""
+
+    @classmethod
+    def for_request(
+        cls, rnic: Rnic, pd: ProtectionDomain, private_data: bytes, ports: tuple[int, int, int]
+    ) -> tuple[SessionSpec, Session]:
+        """The spec an MPA Request's private data asks for and its open session; a
+        BenchError when the Request is malformed, asks more than MAX_SESSION_BYTES or cannot
+        be mapped or made, which the server rejects with (MPA-23)."""
+        spec = SessionSpec.decode(private_data)
+        try:
+            return spec, cls.open(rnic, pd, spec, ports)
+        except (OSError, LocalError) as exc:
+            raise BenchError(f"cannot open the session ({spec.memory} bytes): {exc}") from None
 
     @classmethod
     def open(
