@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from stack.bench.memory import LIVE
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
-from stack.bench.protocol import Advert, SessionSpec, reject_data
+from stack.bench.protocol import Advert, SessionSpec, connect_error, reject_data
 from stack.bench.results import LatResult, latency_stats
 from stack.bench.session import Session
 from stack.errors import IwarpError
@@ -133,8 +133,7 @@ def blocking_latency_run(
     try:
         conn = connect(host, port, qp, private_data=spec.encode(), settings=settings)
     except IwarpError as exc:
-        where = f"{host}:{port}"
-        raise BenchError(f"cannot connect to the blocking iWARP port {where}: {exc}") from None
+        raise connect_error(f"the blocking iWARP port {host}:{port}", exc) from None
     try:
         times = _exchange(conn, opts, size, iterations, local, pong, inbox, advance)
         conn.disconnect(CLOSE_TIMEOUT)

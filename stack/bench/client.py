@@ -24,7 +24,7 @@ import trio
 from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.progress import Progress
-from stack.bench.protocol import RAW_STATS, Advert, SessionSpec, open_raw
+from stack.bench.protocol import RAW_STATS, Advert, SessionSpec, connect_error, open_raw
 from stack.bench.results import MB, BwResult, LatResult, latency_stats, peak_rate
 from stack.errors import IwarpError
 from stack.rnic import (
@@ -97,7 +97,7 @@ class Client:
             )
         except IwarpError as exc:
             self.rnic.destroy_qp(qp)
-            raise BenchError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+            raise connect_error(f"{self.host}:{self.port}", exc) from None
         assert conn.negotiated is not None
         advert = Advert.decode(conn.negotiated.peer_private_data)
         self.raw_port = advert.raw_port

@@ -4,7 +4,8 @@
   the Reply's (:class:`Advert`, JSON) advertises the target region and the raw-TCP port
   (private data is the ULP's, RFC 5044 §7.1).  The server registers at most
   :data:`MAX_SESSION_BYTES` for one QP and rejects a Request asking more (MPA-23); a
-  Reject's private data is the reason, UTF-8 text (:func:`reject_data`).
+  Reject's private data is the reason, UTF-8 text (:func:`reject_data`), which the client
+  prints (:func:`connect_error`).
 * The server's second, raw-TCP port (and a third served by blocking sockets,
   :mod:`stack.bench.blocking`): a 16-byte header (:data:`RAW_HEADER`), then the
   mode's traffic.  ``RAW_SINK``: the client streams bytes and half-closes; the server
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import trio
 
 from stack.bench.options import MAX_SIZE, TESTS, BenchError
+from stack.errors import IwarpError
+from stack.transport.cm import ConnectRejected
 from stack.transport.sockopts import limit_unsent
 
 MAX_SESSION_BYTES = 1 << 30
@@ -36,6 +39,16 @@ MAX_REJECT_REASON = 200
 def reject_data(exc: BenchError) -> bytes:
     """The private data of the server's Reject of a Request (MPA-23): why, in UTF-8."""
     return str(exc).encode()[:MAX_REJECT_REASON]
+
+
+def connect_error(where: str, exc: IwarpError) -> BenchError:
+    """The client's error for a QP that did not connect to ``where``: for a Reject (MPA-24),
+    the server's reason (its private data, :func:`reject_data`, shown printable)."""
+    if isinstance(exc, ConnectRejected) and exc.private_data:
+        text = bytes(exc.private_data).decode(errors="replace")
+        reason = "".join(c if c.isprintable() else "\ufffd" for c in text)
+        return BenchError(f"cannot connect to {where}: the server rejected the QP: {reason}")
+    return BenchError(f"cannot connect to {where}: {exc}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,8 @@
-"""The bench server's blocking iWARP port against silent and greedy clients (MPA-23; the
-project rule on hostile peers)."""
+"""The bench server's blocking iWARP port against silent and greedy clients, and the reason of
+a Reject reaching the client's error (MPA-23, MPA-24; the project rule on hostile peers).
+
+The client tests lower MAX_SESSION_BYTES in-process: sizes the server refuses then stay
+small (and below any up-front check of the client's options, which they bypass)."""
 
 from __future__ import annotations
 
@@ -9,13 +12,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.bench import SessionSpec, session
-from stack.bench.blocking_iwarp import BlockingIwarpServer
+from stack.bench import BenchError, BenchOptions, Client, SessionSpec, protocol, server_for, session
+from stack.bench.blocking_iwarp import BlockingIwarpServer, blocking_latency_run
 from stack.bench.options import MAX_SIZE, mpa_settings
-from stack.bench.protocol import Advert
+from stack.bench.protocol import Advert, connect_error
 from stack.rnic import Rnic
 from stack.transport.blocking_cm import connect
-from stack.transport.cm import ConnectRejected
+from stack.transport.cm import ConnectionManager, ConnectRejected
+from stack.wire.events import MpaFrame
+
+LIMIT = 8192
+"""The lowered MAX_SESSION_BYTES of the client tests."""
 
 
 @pytest.fixture
@@ -62,3 +69,45 @@ def test_the_blocking_port_rejects_with_the_reason_and_serves_on(
         _connect(server.port, SessionSpec("send", MAX_SIZE, latency=True))
     assert b"too large" in info.value.private_data
     assert _connect(server.port, SessionSpec("write", 4096)).length == 4096
+
+
+def test_the_blocking_client_says_the_servers_reason(
+    server: BlockingIwarpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "MAX_SESSION_BYTES", LIMIT)
+    with pytest.raises(BenchError, match=f"rejected the QP: session request too large.*{LIMIT}"):
+        blocking_latency_run(
+            "127.0.0.1",
+            server.port,
+            mpa_settings(False, False, None),
+            BenchOptions("read", (2 * LIMIT,), latency=True),
+            2 * LIMIT,
+            1,
+            lambda _n: None,
+        )
+
+
+async def test_the_trio_client_says_the_servers_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "MAX_SESSION_BYTES", LIMIT)
+    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
+        host,
+        port,
+        _layout,
+    ):
+        async with ConnectionManager.open(Rnic("client")) as cm:
+            client = Client(cm, host, port)
+            settings = BenchOptions("write", (LIMIT,)).mpa_settings
+            with pytest.raises(BenchError) as info:
+                await client.connect(SessionSpec("write", 2 * LIMIT), settings, tx_depth=1, ord=1)
+            assert f"the server's limit is {LIMIT}" in str(info.value)
+            qp = await client.connect(SessionSpec("write", LIMIT), settings, tx_depth=1, ord=1)
+            await client.close([qp])
+
+
+def test_a_reason_is_shown_printable() -> None:
+    reject = ConnectRejected(MpaFrame(True, reject=True, private_data=b"no\x1b[2J way \xff"))
+    error = connect_error("h:1", reject)
+    assert str(error) == "cannot connect to h:1: the server rejected the QP: no\ufffd[2J way \ufffd"
+    assert "connection rejected by peer" in str(
+        connect_error("h:1", ConnectRejected(MpaFrame(True)))
+    )
