@@ -18,7 +18,7 @@ from stack.conform.capture import CaseCapture
 from stack.conform.model import Case
 from stack.conform.peer import Peer
 
-__all__ = ["CaseContext", "RunOptions", "SetupError"]
+__all__ = ["CaseContext", "DutAbsent", "RunOptions", "SetupError"]
 
 RETRY_INTERVAL = 0.05
 """Seconds between connection attempts while the DUT is not listening."""
@@ -37,6 +37,10 @@ def _refused(exc: BaseException) -> bool:
 class SetupError(Exception):
     """The runner could not set the case up (the DUT is not reachable, no connection came):
     the case is an ERROR, not a verdict on the DUT."""
+
+
+class DutAbsent(SetupError):
+    """The DUT did not listen, or did not connect, within ``--wait`` seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +124,7 @@ class CaseContext:
                     raise SetupError(f"cannot connect to the DUT at {host}:{port}: {exc}") from None
                 # the DUT is not listening (yet)
                 if trio.current_time() >= deadline:
-                    raise SetupError(
+                    raise DutAbsent(
                         f"the DUT at {host}:{port} did not listen within {self.options.wait:g} s"
                     ) from None
                 if not told:
@@ -154,7 +158,7 @@ class CaseContext:
         with trio.move_on_after(self.options.wait) as scope:
             stream = await self.listener.accept()
         if scope.cancelled_caught:
-            raise SetupError(f"the DUT did not connect within {self.options.wait:g} s")
+            raise DutAbsent(f"the DUT did not connect within {self.options.wait:g} s")
         self.peer = self._peer(stream, runner_connects=False)
         return self.peer
 

@@ -10,7 +10,8 @@ listen again (or to connect, with ``--listen``) and says so on stderr.
 With :attr:`RunOptions.preflight` a listening DUT is first sent one valid Request: a DUT
 that is not there, says nothing, closes at once or answers with bytes that are no MPA
 frame would make every case an ERROR after its full wait (minutes for a run), so the run
-says why at once and reports every case as not run.
+says why at once and reports every case as not run.  Likewise a DUT that stops listening
+(or connecting) for :data:`GONE_AFTER` cases in a row ends the run: it crashed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Protocol
 import trio
 
 from stack.conform.apps import AppProfile
-from stack.conform.context import CaseContext, RunOptions, SetupError
+from stack.conform.context import CaseContext, DutAbsent, RunOptions, SetupError
 from stack.conform.model import Case, CaseResult, DutRole, Outcome, Verdict, status_for
 from stack.conform.script import start
 from stack.constants import MPA_KEY_LEN, MPA_KEY_REP, MPA_KEY_REQ
@@ -46,6 +47,10 @@ MAX_EVIDENCE_FINDINGS = 6
 """Capture decoder findings added to a case's evidence at most."""
 GROUP_GRACE = 2.0
 """Seconds a ``--restart-cmd`` process group gets to exit after SIGTERM (then SIGKILL)."""
+GONE_AFTER = 2
+"""Cases in a row whose DUT did not listen (or connect) within ``--wait`` after which the
+run reports the cases left as not run: a DUT that crashed would cost each of them the wait
+(a minute by default), hours for a run."""
 SETTLE = 0.25
 """Seconds between cases without a restarter: a DUT that exits after a connection closes
 its listener in that time, so the next case does not reach the old one."""
@@ -203,22 +208,26 @@ async def run_cases(
     report = RunReport([], app.name, dut, role, options)
     started = trio.current_time()
     try:
-        unreachable = None
+        gone = None  # why the cases left are not run
         if options.preflight and target is not None and cases:
-            unreachable = await preflight(cases[0], app, options, target, restarter, say)
-        if unreachable is not None:
-            say(f"preflight: {unreachable}; no case was run (--no-preflight runs them anyway)")
-            verdict = Verdict.broken(f"not run: {unreachable}")
-            report.results += [
-                CaseResult(c, status_for(c.level, verdict.outcome, strict=options.strict),
-                           verdict, 0.0, None, options.strict)
-                for c in cases
-            ]  # fmt: skip
-        for i, c in enumerate(cases if unreachable is None else (), 1):
-            say(f"[{i}/{len(cases)}] {c.id}: {c.title}")
-            result = await _run_one(c, app, options, target, listener, pcap_dir, restarter, say)
+            gone = await preflight(cases[0], app, options, target, restarter, say)
+            if gone is not None:
+                say(f"preflight: {gone}; no case was run (--no-preflight runs them anyway)")
+        absent = 0  # cases in a row whose DUT did not listen or connect within --wait
+        for i, c in enumerate(cases, 1):
+            if gone is not None:
+                result = _not_run(c, gone, options)
+            else:
+                say(f"[{i}/{len(cases)}] {c.id}: {c.title}")
+                result, missing = await _run_one(
+                    c, app, options, target, listener, pcap_dir, restarter, say
+                )
+                say(f"[{i}/{len(cases)}] {c.id}: {result.status.value} ({result.seconds:.2f} s)")
+                absent = absent + 1 if missing else 0
+                if absent == GONE_AFTER and i < len(cases):
+                    gone = f"the DUT is gone ({result.verdict.observed}, {absent} cases in a row)"
+                    say(f"{gone}: the {len(cases) - i} cases left are not run")
             report.results.append(result)
-            say(f"[{i}/{len(cases)}] {c.id}: {result.status.value} ({result.seconds:.2f} s)")
             if on_result is not None:
                 on_result(result)
     finally:
@@ -272,6 +281,13 @@ def _keyed(raw: bytes) -> bool:
     return bool(head) and (MPA_KEY_REP.startswith(head) or MPA_KEY_REQ.startswith(head))
 
 
+def _not_run(case: Case, why: str, options: RunOptions) -> CaseResult:
+    """An ERROR result for a case the run did not start (the DUT cannot be reached)."""
+    verdict = Verdict.broken(f"not run: {why}")
+    status = status_for(case.level, verdict.outcome, strict=options.strict)
+    return CaseResult(case, status, verdict, 0.0, None, options.strict)
+
+
 async def _run_one(
     c: Case,
     app: AppProfile,
@@ -281,7 +297,8 @@ async def _run_one(
     pcap_dir: Path | None,
     restarter: Restarter,
     say: Callable[[str], None],
-) -> CaseResult:
+) -> tuple[CaseResult, bool]:
+    """The case's result, and whether its DUT did not listen or connect (:class:`DutAbsent`)."""
     t0 = trio.current_time()
     ctx = CaseContext(
         c,
@@ -293,12 +310,14 @@ async def _run_one(
         restarting=not isinstance(restarter, NoRestart),
     )
     verdict: Verdict
+    absent = False
     try:
         await restarter.before_case(c)
         with trio.fail_after(budget(options, c)):
             verdict = await c.body(ctx)
     except SetupError as exc:
         verdict = Verdict.broken(str(exc))
+        absent = isinstance(exc, DutAbsent)
     except trio.TooSlowError:
         verdict = Verdict.broken(f"the case did not finish within {budget(options, c):g} s")
     except Exception as exc:  # noqa: BLE001 - a runner bug ends the case, not the run
@@ -315,7 +334,8 @@ async def _run_one(
         await restarter.after_case(c)
     level = verdict.level or c.level
     status = status_for(level, verdict.outcome, strict=options.strict)
-    return CaseResult(c, status, verdict, trio.current_time() - t0, pcap, options.strict)
+    result = CaseResult(c, status, verdict, trio.current_time() - t0, pcap, options.strict)
+    return result, absent
 
 
 def _with_capture(ctx: CaseContext, verdict: Verdict) -> Verdict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -147,3 +147,57 @@ async def test_preflight_passes_a_real_dut_and_the_cases_run() -> None:
     cases = [c for c in listens() if c.id == "MPA-12"]
     report = await run_against_rping_server(cases, options=replace(QUICK, preflight=True))
     assert statuses(report) == {"MPA-12": Status.PASS}
+
+
+# ---------------------------------------------------------------------- a DUT that goes away
+async def _connects(ctx: CaseContext) -> Verdict:
+    await ctx.connect()
+    return Verdict.met("connected")
+
+
+async def _accepts(ctx: CaseContext) -> Verdict:
+    await ctx.accept()
+    return Verdict.met("accepted")
+
+
+def _cases(body: Callable[[CaseContext], Awaitable[Verdict]], role: DutRole) -> list[Case]:
+    return [Case(f"MPA-1{i}", "c", ("MPA-18",), "MUST", role, "s", "e", body) for i in range(5)]
+
+
+async def test_a_dut_that_stops_listening_ends_the_run_after_two_cases() -> None:
+    """The first case reaches the DUT, which then goes away: two cases wait --wait for it,
+    the two left are not run (each would wait too)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def once() -> None:
+        stream = await listeners[0].accept()
+        await listeners[0].aclose()  # the DUT crashed
+        await stream.aclose()
+
+    lines: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(once)
+        report = await run_cases(
+            _cases(_connects, DutRole.LISTENS), profile("rping"), replace(QUICK, wait=0.3),
+            target=("127.0.0.1", port), progress=lines.append,
+        )  # fmt: skip
+    observed = [r.verdict.observed for r in report.results]
+    assert [r.status for r in report.results] == [Status.PASS] + [Status.ERROR] * 4
+    assert all("did not listen within 0.3 s" in o for o in observed[1:3])
+    assert all(o.startswith("not run: the DUT is gone (") for o in observed[3:])
+    assert any("the 2 cases left are not run" in line for line in lines)
+
+
+async def test_a_dut_that_never_connects_ends_the_run_after_two_cases() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    report = await run_cases(
+        _cases(_accepts, DutRole.CONNECTS), profile("rping"), replace(QUICK, wait=0.2),
+        listen=("127.0.0.1", port), progress=print,
+    )  # fmt: skip
+    observed = [r.verdict.observed for r in report.results]
+    assert all("did not connect within 0.2 s" in o for o in observed[:2])
+    assert all(o.startswith("not run: the DUT is gone (") for o in observed[2:])
+    assert [r.seconds for r in report.results[2:]] == [0.0] * 3
