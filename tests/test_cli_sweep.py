@@ -320,6 +320,27 @@ def test_the_sweep_covers_every_subcommand() -> None:
     assert huge == set(BOUNDED)
 
 
+def _nan_messages() -> dict[str, str]:
+    """``"<prog> <option>"`` -> the error of its type for NaN, every numeric option."""
+    out = {}
+    for leaf in LEAVES:
+        for action in leaf.parser._actions:
+            if _takes_value(action) and _numeric(action):
+                out[_option_id(leaf, action)] = str(_converts(action, "nan"))
+    return out
+
+
+def test_nan_is_refused_as_no_number_not_as_out_of_range() -> None:
+    """NaN fails every comparison: "must be 0 or more seconds, got nan" misleads; the
+    message says the value is no number (as "abc" gets)."""
+    messages = _nan_messages()
+    assert messages["iwarp rping --timeout"] == "invalid number of seconds 'nan'"
+    assert messages["iwarp bench write --duration"] == "invalid number of seconds 'nan'"
+    assert messages["kbtp target --ticket-timeout"] == "invalid number of seconds 'nan'"
+    wrong = {k: m for k, m in messages.items() if re.search(r"must be|or more|at most", m)}
+    assert not wrong
+
+
 def _bounded_cases() -> list[Any]:
     return [
         pytest.param(action, id=_option_id(leaf, action))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from importlib import metadata
@@ -31,6 +32,7 @@ __all__ = [
     "binary_size",
     "bounded_int",
     "build_parser",
+    "counted",
     "duration",
     "iterations",
     "non_negative_int",
@@ -109,6 +111,17 @@ def bounded_int(text: str, maximum: int) -> int:
     return value
 
 
+def counted(maximum: int) -> Callable[[str], int]:
+    """argparse type of a count: an integer of 1 to ``maximum`` (:func:`bounded_int`); the
+    option's help says "at most ``maximum``"."""
+
+    def count(text: str) -> int:
+        return bounded_int(text, maximum)
+
+    count.__name__ = f"count of at most {maximum}"
+    return count
+
+
 MAX_REPEAT = 100
 """Most runs per size a benchmark's ``-r/--repeat`` takes."""
 MAX_ITERATIONS = 10_000_000
@@ -133,7 +146,7 @@ def duration(text: str) -> float:
     """argparse type of a benchmark's ``-D``: seconds, more than 0, at most
     :data:`MAX_DURATION`."""
     value = _float_seconds(text)
-    if not 0 < value <= MAX_DURATION:  # NaN too
+    if not 0 < value <= MAX_DURATION:
         raise argparse.ArgumentTypeError(
             f"must be > 0 and at most {MAX_DURATION:g} seconds, got {text}"
         )
@@ -177,16 +190,20 @@ MAX_SECONDS = 1e6
 
 
 def _float_seconds(text: str) -> float:
+    """``text`` as seconds; NaN is no number of seconds either (every bound is false for it)."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
+        value = math.nan
+    if math.isnan(value):
         raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    return value
 
 
 def seconds(text: str) -> float:
     """argparse type: a duration in seconds, 0 or more, below :data:`MAX_SECONDS`."""
     value = _float_seconds(text)
-    if not 0 <= value:  # NaN too
+    if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
     if value >= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"must be below {MAX_SECONDS:.0f} seconds, got {text}")

@@ -376,7 +376,7 @@ def test_idle_qps_reports_rss_per_qp(
         (["write", "-s", "64", "-a"], "not allowed with argument"),
         (["write", "-n", "0"], "must be >= 1"),
         (["write", "-n", "5", "-D", "1"], "not allowed with argument"),
-        (["write", "-D", "nan"], "must be > 0"),
+        (["write", "-D", "nan"], "invalid number of seconds"),
         (["read", "--lat", "-q", "2"], "-q must be 1"),
         (["read", "--lat", "--post-list", "4"], "--post-list applies"),
         (["write", "-t", "8", "--post-list", "16"], "exceeds the tx depth"),
