@@ -52,7 +52,11 @@ ZERO_OK = {
 }
 """Numeric options (by dest) for which 0 is a meaning, not a mistake, and why; options whose
 help mentions 0 ("0: any free") need no entry."""
-CONTEXT = {"iwarp rdma-client": ["-s", "127.0.0.1"], "iwarp dissect": [str(PCAP)]}
+CONTEXT = {
+    "iwarp rdma-client": ["-s", "127.0.0.1"],
+    "iwarp dissect": [str(PCAP)],
+    "iwarp cmatose": ["-C", "0"],  # -c alone, not through -c x -C
+}
 """Arguments a subcommand needs besides the one under test (so the error is about that one)."""
 NUMERIC_PROBES = ("1", "2", "128", "1024", "65483", "1.5")
 NOT_FINITE = ("nan", "inf", "1e30")
@@ -65,6 +69,7 @@ BOUNDED = {
     "repeat": "runs of each size",
     "mib": "bench codec: MiB encoded per figure",
     "messages": "cmatose -C: a receive buffer and two CQ entries per message",
+    "connections": "cmatose -c: a QP and a descriptor at each end, made one at a time",
 }
 """Numeric options of ``iwarp`` (by dest) with an upper bound, shown in their help ("at
 most N"), and why: :data:`HUGE` must be refused."""
@@ -419,11 +424,7 @@ OUTPUT_CONTEXT = {
     "iwarp siwvm shell-run": ["--", "true"],
 }
 """Arguments an output option needs to be checked (by prog, or by prog and option)."""
-KNOWN_LATE_OUTPUTS = {
-    f"iwarp {sub} -w": "rdmacm.py (changed elsewhere): the capture is opened in the run, "
-    "before any connection, so not before trio starts"
-    for sub in ("rdma-server", "rdma-client", "cmatose")
-}
+KNOWN_LATE_OUTPUTS: dict[str, str] = {}
 """Output options refused only once the run starts, and why (strict xfail)."""
 
 

@@ -23,14 +23,15 @@ from stack.cli import (
     CliError,
     address,
     binary_size,
+    bounded_int,
     non_negative_int,
     one_line_errors,
     port_number,
-    positive_int,
     positive_seconds,
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP, capturing_manager
+from stack.cli.json_report import check_outputs
 from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpCap, QueuePair
 from stack.transport.cm import ConnectFailed, ConnectRejected
@@ -49,6 +50,11 @@ in one side's CQ of :data:`CQ_DEPTH`."""
 MAX_TRANSFER = 1 << 28
 """Most octets of ``cmatose`` messages, ``-c`` x ``-C`` x ``-S``: each side holds them twice
 (receive buffers, send data)."""
+MAX_CONNECTIONS = 512
+"""Most ``cmatose -c`` connections, with or without messages (``-C 0``): each is a QP and a
+descriptor at each end, well under the 1024 descriptors a process may open by default, and
+the client makes them one after another, each holding its first FPDU for
+:data:`SIW_RACE_DELAY` (512 take under two minutes)."""
 
 
 class _Side:
@@ -220,9 +226,15 @@ def _message_count(text: str) -> int:
     return value
 
 
+def _connections(text: str) -> int:
+    """``cmatose -c``: 1 to :data:`MAX_CONNECTIONS`."""
+    return bounded_int(text, MAX_CONNECTIONS)
+
+
 def _check(args: argparse.Namespace) -> None:
     """What argparse's types do not say: -p 0 (any port) is no address to meet at; cmatose's
-    -c x -C messages must fit the CQ, and their octets :data:`MAX_TRANSFER`."""
+    -c x -C messages must fit the CQ, and their octets :data:`MAX_TRANSFER`; the -w capture
+    must be writable before the run (:func:`~stack.cli.json_report.check_outputs`)."""
     if args.port == 0:
         raise CliError("argument -p: port must be 1 to 65535, got 0")
     messages = getattr(args, "messages", 0) * getattr(args, "connections", 1)
@@ -233,6 +245,7 @@ def _check(args: argparse.Namespace) -> None:
             f"argument -S: -c x -C x -S must be at most {MAX_TRANSFER} octets, "
             f"got {messages * args.size}"
         )
+    check_outputs(("-w", args.capture))
 
 
 def _checked(
@@ -277,7 +290,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("-b", dest="bind", type=address, help="bind address (server; default all)")
     p.add_argument(
-        "-c", dest="connections", type=positive_int, default=1, help="connections (default 1)"
+        "-c",
+        dest="connections",
+        type=_connections,
+        default=1,
+        help=f"connections (default 1, at most {MAX_CONNECTIONS})",
     )
     p.add_argument(
         "-C",

@@ -147,8 +147,27 @@ def test_every_peer_tool_writes_our_sides_capture(
         records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert sum(r.get("opcode_name") == "Send" for r in records) >= sends, path
         assert records, path
-    assert main(["cmatose", "-w", str(tmp_path / "missing" / "x.pcap")]) == 2
-    assert "x.pcap: cannot write (No such file or directory)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["rdma-server", "-s", "127.0.0.1"], ["rdma-client", "-s", "127.0.0.1"], ["cmatose"]],
+    ids=" ".join,
+)
+def test_an_unusable_capture_is_refused_before_the_run(
+    argv: list[str],
+    tmp_path,  # noqa: ANN001
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """-w FILE is checked up front (check_outputs), as every command's outputs: no
+    'rdma_server: start', no listening, no connection tried; one error line, status 2."""
+    missing = tmp_path / "missing" / "x.pcap"
+    assert main([*argv, "-p", _free_port(), "-w", str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"iwarp {argv[0]}: error: -w {missing}: no such directory {missing.parent}\n"
+    )
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
