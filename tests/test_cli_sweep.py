@@ -3,7 +3,7 @@
 The subcommands and their options are discovered from the parsers (:func:`stack.cli.build_parser`
 over the command tables).  Each option that takes a value gets the bad values of its kind
 (a non-number, an empty string, a negative number, 0 where a count is meant, a port out of
-range, an unknown choice, a missing input file; for ``iwarp`` NaN, infinity, 1e30 and a huge
+range, an unknown choice, a missing input file; for a number NaN, infinity, 1e30 and a huge
 number where a bound is documented); each run must exit with status 2, print nothing on
 stdout and exactly one line ``<prog> <sub>: error: ...`` on stderr, never a traceback.  Runs
 are in-process through ``main(argv)``; anything that would start the real work
@@ -55,24 +55,55 @@ help mentions 0 ("0: any free") need no entry."""
 CONTEXT = {
     "iwarp rdma-client": ["-s", "127.0.0.1"],
     "iwarp dissect": [str(PCAP)],
+    "iwarp rping": ["-s"],
     "iwarp cmatose": ["-C", "0"],  # -c alone, not through -c x -C
 }
 """Arguments a subcommand needs besides the one under test (so the error is about that one)."""
 NUMERIC_PROBES = ("1", "2", "128", "1024", "65483", "1.5")
 NOT_FINITE = ("nan", "inf", "1e30")
-"""Refused by every numeric option of ``iwarp`` (an integer type refuses them as not
-integers; ``kbtp``'s options are not held to them here yet)."""
+"""Refused by every numeric option of ``iwarp`` and ``kbtp`` (an integer type refuses them as
+not integers)."""
 HUGE = "99999999999999999999"
-BOUNDED = {
-    "iters": "a benchmark's -n: a latency run keeps every sample",
-    "duration": "a benchmark's -D: seconds of measuring per size, samples kept",
-    "repeat": "runs of each size",
-    "mib": "bench codec: MiB encoded per figure",
-    "messages": "cmatose -C: a receive buffer and two CQ entries per message",
-    "connections": "cmatose -c: a QP and a descriptor at each end, made one at a time",
+BOUNDED: Mapping[str, Mapping[str, str]] = {
+    "iwarp": {
+        "iters": "a benchmark's -n: a latency run keeps every sample",
+        "duration": "a benchmark's -D: seconds of measuring per size, samples kept",
+        "repeat": "runs of each size",
+        "mib": "bench codec: MiB encoded per figure",
+        "messages": "cmatose -C: a receive buffer and two CQ entries per message",
+        "connections": "cmatose -c: a QP and a descriptor at each end, made one at a time",
+        "qps": "bench -q, idle-qps -q: a TCP connection each, from one address to one port",
+        "qp": "the perftest peers' -q: as bench -q",
+        "tx_depth": "-t: WRs outstanding per QP, the QP's queue and CQ sized by it",
+        "post_list": "-l: WRs per post, at most the tx depth",
+        "cq_mod": "-Q: signalling period, at most the tx depth",
+        "rx_depth": "receives kept posted per QP (the bench server takes at most 2^20)",
+        "outs": "perftest -o: Reads outstanding, the device's IRD/ORD",
+        "parallel": "idle-qps --parallel: startups from one address the listener holds",
+        "iwarp rping count": "rping -C: rping's own int (0 still pings for ever)",
+        "smp": "siwvm --smp: the vCPUs QEMU's pc machine takes",
+    },
+    "kbtp": {  # kbtp/cli/bounds.py, docs/kbtp.md §11
+        "inflight": "kbtp bench -t: a Request Credit each (16-bit field)",
+        "iters": "kbtp bench -n: one block of the pool per ALLOC_STORE",
+        "bytes": "kbtp bench --bytes: octets a row moves",
+        "repeat": "runs of each row",
+        "initiators": "sessions (demo -n) or identities (target --initiators) made up front",
+        "block_size": "the Block Size an initiator accepts from HELLO_ACK",
+        "max_inline": "at most the largest Block Size",
+        "credits": "Request Credits: HELLO_ACK's 16-bit field",
+        "pool_blocks": "blocks of the pool, each a ring slot and table entries",
+        "handles": "block table entries, initialized one at a time",
+    },
 }
-"""Numeric options of ``iwarp`` (by dest) with an upper bound, shown in their help ("at
-most N"), and why: :data:`HUGE` must be refused."""
+"""Numeric options (by command, then dest, or ``"<prog> <dest>"`` where the dest is bounded
+in that subcommand only) with an upper bound, shown in their help ("at most N"), and why:
+:data:`HUGE` must be refused."""
+KNOWN_UNSTATED_BOUNDS = {
+    "kbtp target --handles": "kbtp/cli/target.py (not this change): refuses above 2^22 "
+    "(MAX_TABLE_ENTRIES, docs/kbtp.md §11) but its help does not say so",
+}
+"""Bounded options whose help does not say the bound yet, and why (strict xfail)."""
 
 KNOWN_BAD_VALUES: dict[str, str] = {}
 """``"<prog> <option>"`` -> reason: options of files outside this change that do not yet fail
@@ -187,15 +218,24 @@ def bad_values(action: argparse.Action) -> list[str]:
     return []
 
 
+def _bound_key(leaf: Leaf, action: argparse.Action) -> str | None:
+    """The :data:`BOUNDED` key of ``action``, if it is bounded."""
+    table = BOUNDED.get(leaf.command, {})
+    for key in (f"{leaf.parser.prog} {action.dest}", action.dest):
+        if key in table:
+            return key
+    return None
+
+
 def bounded(leaf: Leaf, action: argparse.Action) -> bool:
     """Whether ``action`` must refuse :data:`HUGE` (and say its bound)."""
-    return leaf.command == "iwarp" and action.dest in BOUNDED and _numeric(action)
+    return _bound_key(leaf, action) is not None and _numeric(action)
 
 
-def iwarp_bad_values(leaf: Leaf, action: argparse.Action) -> list[str]:
-    """The bad values only ``iwarp``'s numeric options are held to: :data:`NOT_FINITE`, and
-    :data:`HUGE` where :func:`bounded`."""
-    if leaf.command != "iwarp" or not _numeric(action):
+def number_bad_values(leaf: Leaf, action: argparse.Action) -> list[str]:
+    """The bad values of a numeric option: :data:`NOT_FINITE`, and :data:`HUGE` where
+    :func:`bounded`."""
+    if not _numeric(action):
         return []
     return [*NOT_FINITE, *([HUGE] if bounded(leaf, action) else [])]
 
@@ -211,7 +251,7 @@ def _sweep_cases() -> list[Any]:
         for action in leaf.parser._actions:
             if not _takes_value(action) or action.help == argparse.SUPPRESS:
                 continue
-            values = bad_values(action) + iwarp_bad_values(leaf, action)
+            values = bad_values(action) + number_bad_values(leaf, action)
             if not values:
                 continue
             case_id = _option_id(leaf, action)
@@ -321,8 +361,15 @@ def test_the_sweep_covers_every_subcommand() -> None:
     swept = {c.values[0].parser.prog for c in _sweep_cases()}
     assert {"iwarp rping", "iwarp cmatose", "iwarp siwvm shell-run", "kbtp target"} <= swept
     assert len(_sweep_cases()) > 100
-    huge = {c.values[1].dest for c in _sweep_cases() if HUGE in c.values[2]}
-    assert huge == set(BOUNDED)
+    for command, table in BOUNDED.items():
+        huge = {
+            _bound_key(c.values[0], c.values[1])
+            for c in _sweep_cases()
+            if c.values[0].command == command and HUGE in c.values[2]
+        }
+        assert huge == set(table), command
+    kbtp = [c for c in _sweep_cases() if c.values[0].command == "kbtp"]
+    assert kbtp and all(set(NOT_FINITE) <= set(c.values[2]) for c in kbtp if _numeric(c.values[1]))
 
 
 def _nan_messages() -> dict[str, str]:
@@ -347,12 +394,16 @@ def test_nan_is_refused_as_no_number_not_as_out_of_range() -> None:
 
 
 def _bounded_cases() -> list[Any]:
-    return [
-        pytest.param(action, id=_option_id(leaf, action))
-        for leaf in LEAVES
-        for action in leaf.parser._actions
-        if bounded(leaf, action)
-    ]
+    cases = []
+    for leaf in LEAVES:
+        for action in leaf.parser._actions:
+            if not bounded(leaf, action):
+                continue
+            case_id = _option_id(leaf, action)
+            reason = KNOWN_UNSTATED_BOUNDS.get(case_id)
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            cases.append(pytest.param(action, id=case_id, marks=marks))
+    return cases
 
 
 @pytest.mark.parametrize("action", _bounded_cases())

@@ -25,6 +25,10 @@ from stack.bench.options import (
     DEFAULT_IDLE_QPS,
     DEFAULT_PORT,
     DEFAULT_TX_DEPTH,
+    MAX_DEPTH,
+    MAX_IDLE_PARALLEL,
+    MAX_QPS,
+    MAX_RX_DEPTH,
     TESTS,
     BenchError,
     BenchOptions,
@@ -43,6 +47,7 @@ from stack.cli import (
     CliError,
     add_repeat_argument,
     address,
+    counted,
     duration,
     iterations,
     one_line_errors,
@@ -132,20 +137,24 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         help=f"run for SECONDS per size (at most {MAX_DURATION:g})",
     )
     parser.add_argument(
-        "-q", "--qps", type=positive_int, default=1, help="number of QPs (default 1)"
+        "-q",
+        "--qps",
+        type=counted(MAX_QPS),
+        default=1,
+        help=f"number of QPs (default 1, at most {MAX_QPS})",
     )
     parser.add_argument(
         "-l",
         "--post-list",
-        type=positive_int,
+        type=counted(MAX_DEPTH),
         default=1,
         metavar="N",
-        help="post N WRs per post_send (default 1)",
+        help="post N WRs per post_send (default 1, at most the tx depth)",
     )
     parser.add_argument(
         "-Q",
         "--cq-mod",
-        type=positive_int,
+        type=counted(MAX_DEPTH),
         metavar="N",
         help=f"signal every Nth WR (default {DEFAULT_CQ_MOD}, at most half the tx depth: "
         "64 at the default 128; given, at most the tx depth)",
@@ -153,15 +162,16 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
     parser.add_argument(
         "-t",
         "--tx-depth",
-        type=positive_int,
+        type=counted(MAX_DEPTH),
         default=DEFAULT_TX_DEPTH,
-        help=f"WRs outstanding per QP (default {DEFAULT_TX_DEPTH})",
+        help=f"WRs outstanding per QP (default {DEFAULT_TX_DEPTH}, at most {MAX_DEPTH})",
     )
     parser.add_argument(
         "--rx-depth",
-        type=positive_int,
+        type=counted(MAX_RX_DEPTH),
         metavar="N",
-        help="receives the server keeps posted for Sends (default: enough for the size)",
+        help="receives the server keeps posted for Sends (default: enough for the size; "
+        f"at most {MAX_RX_DEPTH}, as the server takes)",
     )
     _add_mpa_arguments(parser, True, "requested by the client; default on")
     parser.add_argument("--lat", action="store_true", help="latency test (perftest's *_lat)")
@@ -314,9 +324,9 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-q",
         "--qps",
-        type=positive_int,
+        type=counted(MAX_QPS),
         default=DEFAULT_IDLE_QPS,
-        help=f"idle QPs to connect (default {DEFAULT_IDLE_QPS})",
+        help=f"idle QPs to connect (default {DEFAULT_IDLE_QPS}, at most {MAX_QPS})",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -336,9 +346,10 @@ def add_idle_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
     parser.add_argument(
         "--parallel",
-        type=positive_int,
+        type=counted(MAX_IDLE_PARALLEL),
         default=32,
-        help="connections set up at a time (default 32)",
+        help="connections set up at a time (default 32, at most "
+        f"{MAX_IDLE_PARALLEL}: the listener's startups from one address)",
     )
     one_line_errors(parser)
 

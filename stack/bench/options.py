@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from stack.cli import binary_size
 from stack.rnic import Rnic
+from stack.transport.cm import MAX_STARTUPS_PER_PEER
 from stack.transport.driver import RECEIVE_MAX
 from stack.wire.events import CrcPolicy, MpaSettings
 
@@ -37,6 +38,22 @@ DEFAULT_IDLE_QPS = 1000
 RX_HEADROOM = 64
 DEVICE_MAX_IRD = Rnic().max_ird
 DEVICE_MAX_ORD = Rnic().max_ord
+MAX_QPS = 1 << 14
+"""Most QPs of a run (``-q``, ``idle-qps -q``, the perftest peers' ``-q``): each is a TCP
+connection from one address to one port, which Linux gives 28232 local ports by default
+(``ip_local_port_range`` 32768-60999), and a descriptor at each end."""
+MAX_DEPTH = 1 << 16
+"""Most WRs outstanding per QP (``-t``, and so ``--post-list`` and ``--cq-mod``, which are
+at most the tx depth): the RNIC has no limit of its own, a QP's queues and CQ are sized by
+it (the client's CQ: two entries per WR); as the 65536-entry CQs of the perftest peer's
+receives and of cmatose."""
+MAX_RX_DEPTH = 1 << 20
+"""Most receives the server keeps posted for one QP's Sends (``--rx-depth``): what
+:meth:`~stack.bench.protocol.SessionSpec.decode` accepts in a session request."""
+MAX_IDLE_PARALLEL = MAX_STARTUPS_PER_PEER
+"""Most ``idle-qps --parallel`` connections in MPA startup at once: they come from one
+address, and the listener refuses more startups from one address than this
+(:data:`~stack.transport.cm.MAX_STARTUPS_PER_PEER`; docs/campaign.md)."""
 
 
 def default_cq_mod(tx_depth: int) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from stack.cli import (
+    address,
     one_line_errors,
     port_number,
     positive_int,
@@ -62,6 +63,10 @@ DEFAULT_PORT = 7174
 DEFAULT_SIZE = 64
 MIN_SIZE = RDMA_INFO.size + len("rdma-ping-%d: ") + 11
 MAX_SIZE = 1 << 24
+MAX_COUNT = (1 << 31) - 1
+"""Most pings ``-C`` asks: rping's own count is a C ``int``.  0, the default, pings until
+interrupted or the peer goes, as rping does: a run for ever is what it asks, so a count as
+large as an int (days of pings) is not refused as a mistake either."""
 
 
 class RpingError(Exception):
@@ -381,9 +386,10 @@ def _int(text: str) -> int:
 
 
 def _count(text: str) -> int:
+    """``-C``: 0 (for ever) to :data:`MAX_COUNT`."""
     value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_COUNT}, got {text}")
     return value
 
 
@@ -436,8 +442,14 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("-s", dest="server", action="store_true", help="server")
     p.add_argument("-c", dest="client", action="store_true", help="client")
-    p.add_argument("-a", dest="addr", help="address (server: bind, default all; client: server)")
-    p.add_argument("-I", dest="source", metavar="ADDR", help="client: source address to bind to")
+    p.add_argument(
+        "-a", dest="addr", type=address,
+        help="address (server: bind, default all; client: server)",
+    )  # fmt: skip
+    p.add_argument(
+        "-I", dest="source", type=address, metavar="ADDR",
+        help="client: source address to bind to",
+    )  # fmt: skip
     p.add_argument(
         "-P", dest="persistent", action="store_true",
         help="persistent server: serve clients, concurrently, until interrupted",
@@ -446,8 +458,10 @@ def register(subparsers: Any) -> None:
         "-p", dest="port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
     )
     p.add_argument(
-        "-C", dest="count", type=_count, default=0, help="ping count (default 0: forever)"
-    )
+        "-C", dest="count", type=_count, default=0,
+        help=f"ping count (default 0: forever, until interrupted; at most {MAX_COUNT}, "
+        "rping's int)",
+    )  # fmt: skip
     p.add_argument(
         "-S", dest="size", type=_int, default=DEFAULT_SIZE,
         help=f"ping data size, {MIN_SIZE} to {MAX_SIZE} (default {DEFAULT_SIZE})",

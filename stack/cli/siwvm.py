@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError, one_line_errors, positive_int, positive_seconds
+from stack.cli import CliError, counted, one_line_errors, positive_seconds
 from stack.cli.json_report import check_outputs
 from stack.siwvm import (
     GUEST_ADDR,
@@ -32,6 +32,10 @@ from stack.siwvm import (
 )
 from stack.siwvm.image import print_progress
 from stack.siwvm.knobs import SIW_DEFAULTS, normalize, parse_kv
+
+MAX_SMP = 255
+"""Most guest vCPUs (``--smp``): QEMU's default x86 machine, ``pc`` (i440fx), which the
+guest boots on, takes at most 255."""
 
 
 def register(subparsers: Any) -> None:
@@ -65,7 +69,12 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--boot-timeout", type=positive_seconds, default=180.0, help="seconds (default 180)"
         )
-        p.add_argument("--smp", type=positive_int, default=None, help="guest vCPUs (default 1)")
+        p.add_argument(
+            "--smp",
+            type=counted(MAX_SMP),
+            default=None,
+            help=f"guest vCPUs (default 1, at most {MAX_SMP})",
+        )
         p.add_argument(
             "--accel",
             choices=("auto", "tcg", "kvm"),

@@ -25,13 +25,14 @@ import argparse
 import ipaddress
 import sys
 
-from stack.bench.options import parse_size
+from stack.bench.options import MAX_DEPTH, MAX_QPS, parse_size
 from stack.bench.report import TEST_NAMES
 from stack.cli import (
     MAX_DURATION,
     MAX_ITERATIONS,
     CliError,
     address,
+    counted,
     duration,
     iterations,
     one_line_errors,
@@ -118,7 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
         )
     if not latency:
         parser.add_argument(
-            "-q", "--qp", type=positive_int, default=1, help="number of QPs (default 1)"
+            "-q",
+            "--qp",
+            type=counted(MAX_QPS),
+            default=1,
+            help=f"number of QPs (default 1, at most {MAX_QPS})",
         )
     parser.add_argument(
         "-p",
@@ -128,13 +133,32 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
         help=f"port (default {DEFAULT_PORT})",
     )
     if not latency:
-        parser.add_argument("-t", "--tx-depth", type=positive_int, help="WRs outstanding (128)")
-        parser.add_argument("-Q", "--cq-mod", type=positive_int, help="signal every Nth WR (100)")
+        parser.add_argument(
+            "-t",
+            "--tx-depth",
+            type=counted(MAX_DEPTH),
+            help=f"WRs outstanding (128; at most {MAX_DEPTH}; no more than -n)",
+        )
+        parser.add_argument(
+            "-Q",
+            "--cq-mod",
+            type=counted(MAX_DEPTH),
+            help="signal every Nth WR (100, at most the tx depth)",
+        )
     if test == "send" and not latency:
-        parser.add_argument("-r", "--rx-depth", type=positive_int, help="receives (512)")
+        parser.add_argument(
+            "-r",
+            "--rx-depth",
+            type=counted(MAX_DEPTH),
+            help=f"receives (512; at most {MAX_DEPTH}; no more than -n)",
+        )
     if test in ("read", "atomic"):
         parser.add_argument(
-            "-o", "--outs", type=positive_int, help=f"outstanding reads ({MAX_DEVICE_READS})"
+            "-o",
+            "--outs",
+            type=counted(MAX_DEVICE_READS),
+            help=f"outstanding reads ({MAX_DEVICE_READS}, at most {MAX_DEVICE_READS}: the "
+            "device's IRD/ORD)",
         )
     if not latency:
         parser.add_argument(

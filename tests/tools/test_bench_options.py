@@ -1,0 +1,114 @@
+"""``iwarp bench`` option checks made before any work: the bounds of the counts and depths."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+import trio
+
+from stack.bench import BenchError, BenchOptions, SessionSpec
+from stack.bench.options import (
+    MAX_DEPTH,
+    MAX_IDLE_PARALLEL,
+    MAX_QPS,
+    MAX_RX_DEPTH,
+)
+from stack.cli.iwarp import main
+from stack.transport.cm import MAX_STARTUPS_PER_PEER
+
+MIB = 1 << 20
+
+
+class Started(BaseException):
+    """Raised where the command would have started its run."""
+
+
+def _stopped(*_args: object, **_kwargs: object) -> Any:
+    raise Started
+
+
+@pytest.fixture
+def no_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trio, "run", _stopped)
+    monkeypatch.setattr(subprocess, "Popen", _stopped)
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of ``iwarp <argv>``, which must exit 2 before any work."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert not captured.out and len(captured.err.splitlines()) == 1, captured.err
+    return captured.err
+
+
+def _starts(argv: list[str]) -> bool:
+    try:
+        main(argv)
+    except Started:
+        return True
+    return False
+
+
+# ------------------------------------------------------------------ bounds
+def test_the_bounds_are_the_limits_they_name() -> None:
+    assert MAX_IDLE_PARALLEL == MAX_STARTUPS_PER_PEER
+    assert SessionSpec.decode(SessionSpec("send", 64, rx_depth=MAX_RX_DEPTH).encode())
+    with pytest.raises(BenchError, match="bad rx depth"):
+        SessionSpec.decode(SessionSpec("send", 64, rx_depth=MAX_RX_DEPTH + 1).encode())
+    # The default receive depth at the deepest -t and the smallest Sends is still served.
+    deepest = BenchOptions("send", (2,), tx_depth=MAX_DEPTH)
+    assert deepest.rx_depth_for(2) <= MAX_RX_DEPTH
+
+
+@pytest.mark.usefixtures("no_run")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "write", "-q", str(MAX_QPS + 1)], f"at most {MAX_QPS}"),
+        (["bench", "write", "-t", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "write", "-l", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "write", "-Q", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "send", "--rx-depth", str(MAX_RX_DEPTH + 1)], f"at most {MAX_RX_DEPTH}"),
+        (["bench", "idle-qps", "-q", str(MAX_QPS + 1)], f"at most {MAX_QPS}"),
+        (["bench", "idle-qps", "--parallel", str(MAX_IDLE_PARALLEL + 1)], "at most 64"),
+        (["bench", "ib_write_bw", "-q", str(MAX_QPS + 1)], f"at most {MAX_QPS}"),
+        (["bench", "ib_write_bw", "-t", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "ib_write_bw", "-Q", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "ib_send_bw", "-r", str(MAX_DEPTH + 1)], f"at most {MAX_DEPTH}"),
+        (["bench", "ib_read_bw", "-o", "129"], "at most 128"),
+        (["bench", "ib_atomic_bw", "-o", "129"], "at most 128"),
+        (["cmatose", "-C", "0", "-c", "513"], "at most 512"),
+        (["cmatose", "-c", "100000", "-C", "0"], "at most 512"),
+        (["rping", "-c", "-a", "127.0.0.1", "-C", str(1 << 31)], "0 to 2147483647"),
+        (["siwvm", "boot-check", "--smp", "256"], "at most 255"),
+    ],
+    ids=" ".join,
+)
+def test_a_count_beyond_its_bound_is_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.usefixtures("no_run")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "write", "-q", "4", "-t", str(MAX_DEPTH), "-l", str(MAX_DEPTH), "-s", "64"],
+        ["bench", "send", "--rx-depth", str(MAX_RX_DEPTH), "-s", "64"],
+        ["bench", "idle-qps", "-q", str(MAX_QPS), "--parallel", str(MAX_IDLE_PARALLEL)],
+        ["bench", "ib_read_bw", "-o", "128", "-q", "2", "-t", str(MAX_DEPTH), "127.0.0.1"],
+        ["cmatose", "-C", "0", "-c", "512"],
+        ["rping", "-c", "-a", "127.0.0.1", "-C", str((1 << 31) - 1)],
+    ],
+    ids=" ".join,
+)
+def test_a_count_at_its_bound_starts(argv: list[str]) -> None:
+    assert _starts(argv)
