@@ -278,7 +278,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         mode, host, port = "in-process", "127.0.0.1", 0
     else:
         mode, host, port = "spawn", "127.0.0.1", 0
-    return BenchOptions(
+    opts = BenchOptions(
         test=test,
         sizes=sizes,
         iters=args.iters,
@@ -302,6 +302,8 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         repeat=args.repeat,
         blocking=args.blocking,
     )
+    opts.check_sessions()
+    return opts
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:

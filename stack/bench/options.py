@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stack.cli import binary_size
+from stack.cli import CliError, binary_size
 from stack.rnic import Rnic
 from stack.transport.cm import MAX_STARTUPS_PER_PEER
 from stack.transport.driver import RECEIVE_MAX
@@ -138,10 +138,32 @@ class BenchOptions:
         """The client's MPA choices (CRC requested or not, markers towards the client)."""
         return mpa_settings(self.crc, self.markers, self.emss)
 
+    def check_sessions(self) -> None:
+        """Refuse, as a :class:`~stack.cli.CliError`, a run whose largest size asks the
+        server for more registered memory per QP than it gives (``SessionSpec.memory``
+        against ``MAX_SESSION_BYTES``): the server would reject the connection (MPA-23)."""
+        # Here, not at the top: stack.bench.protocol imports this module.
+        from stack.bench.protocol import MAX_SESSION_BYTES, SessionSpec
+
+        size = max(self.sizes)
+        spec = SessionSpec(self.test, size, self.latency)
+        if spec.memory > MAX_SESSION_BYTES:
+            what = f"{self.test}{' --lat' if self.latency else ''}"
+            raise CliError(
+                f"-s {size}: {what} needs {len(spec.regions)} regions of that size at the "
+                f"server, {spec.memory} bytes ({_gib(spec.memory)}), more than the "
+                f"{MAX_SESSION_BYTES} ({_gib(MAX_SESSION_BYTES)}) it registers for one QP: "
+                f"at most {MAX_SESSION_BYTES // len(spec.regions)} bytes"
+            )
+
     @property
     def ord(self) -> int:
         """Reads and atomics outstanding per QP (perftest's ``-o``): the tx depth, capped."""
         return min(self.tx_depth, DEVICE_MAX_ORD)
+
+
+def _gib(octets: int) -> str:
+    return f"{octets / (1 << 30):g} GiB"
 
 
 def mpa_settings(crc: bool, markers: bool, emss: int | None) -> MpaSettings:

@@ -1,4 +1,6 @@
-"""``iwarp bench`` option checks made before any work: the bounds of the counts and depths."""
+"""``iwarp bench`` option checks made before any work: the bounds of the counts and depths,
+and a session the server would refuse (``MAX_SESSION_BYTES``) refused by the client up
+front with the memory it needs, computed by :class:`SessionSpec` itself."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from stack.bench.options import (
     MAX_IDLE_PARALLEL,
     MAX_QPS,
     MAX_RX_DEPTH,
+    MAX_SIZE,
 )
+from stack.bench.protocol import MAX_SESSION_BYTES
+from stack.cli import CliError
 from stack.cli.iwarp import main
 from stack.transport.cm import MAX_STARTUPS_PER_PEER
 
@@ -50,6 +55,69 @@ def _starts(argv: list[str]) -> bool:
     except Started:
         return True
     return False
+
+
+# ------------------------------------------------------------------ session memory
+@pytest.mark.usefixtures("no_run")
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["send", "--lat", "-s", "512M"], "1610612736 bytes (1.5 GiB)"),
+        (["send", "-s", "1G"], "2147483648 bytes (2 GiB)"),
+        (["write", "--lat", "-s", "600M"], "1258291200 bytes (1.17188 GiB)"),
+        (["send", "--lat", "-s", "400M", "--connect", "127.0.0.1"], "(1.17188 GiB)"),
+        (["send", "--lat", "-s", "512M", "--in-process"], "1610612736 bytes"),
+    ],
+    ids=" ".join,
+)
+def test_a_session_the_server_refuses_is_refused_by_the_client_up_front(
+    argv: list[str], needs: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``send --lat -s 512M`` asks the server for three regions of 512 MiB: refused before
+    a server is spawned or a connection made, not by the server's MPA reject."""
+    err = _refused(["bench", *argv, "--quiet"], capsys)
+    assert err.startswith(f"iwarp bench {argv[0]}: error: -s ")
+    assert needs in err and f"{MAX_SESSION_BYTES} (1 GiB)" in err
+
+
+@pytest.mark.usefixtures("no_run")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["write", "-s", "1G"],  # one region: exactly the limit
+        ["read", "--lat", "-s", "1G"],
+        ["send", "-s", "512M"],  # target and inbox
+        ["send", "--lat", "-s", str(MAX_SESSION_BYTES // 3)],
+        ["write", "--lat", "-s", "512M"],
+        ["send", "-a", "--lat"],
+        ["atomic"],
+    ],
+    ids=" ".join,
+)
+def test_a_session_within_the_limit_starts(argv: list[str]) -> None:
+    assert _starts(["bench", *argv, "--quiet"])
+
+
+@pytest.mark.parametrize("test", ["write", "read", "send", "atomic"])
+@pytest.mark.parametrize("latency", [False, True])
+@pytest.mark.parametrize("size", [8, 300 * MIB, 400 * MIB, 512 * MIB, 513 * MIB, MAX_SIZE])
+def test_the_client_refuses_exactly_what_the_server_rejects(
+    test: str, latency: bool, size: int
+) -> None:
+    """One computation: the client's check against SessionSpec.decode, the server's."""
+    opts = BenchOptions(test, (size,), latency=latency)
+    spec = SessionSpec(test, size, latency)
+    try:
+        SessionSpec.decode(spec.encode())
+        server_accepts = True
+    except BenchError:
+        server_accepts = False
+    try:
+        opts.check_sessions()
+        client_accepts = True
+    except CliError:
+        client_accepts = False
+    assert client_accepts == server_accepts
 
 
 # ------------------------------------------------------------------ bounds
