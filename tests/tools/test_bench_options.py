@@ -5,6 +5,7 @@ front with the memory it needs, computed by :class:`SessionSpec` itself."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from stack.bench.protocol import MAX_SESSION_BYTES
 from stack.cli import CliError
 from stack.cli.iwarp import main
 from stack.transport.cm import MAX_STARTUPS_PER_PEER
+from stack.transport.startup_slots import STARTUP_STALE_AFTER
 
 MIB = 1 << 20
 
@@ -180,3 +182,13 @@ def test_a_count_beyond_its_bound_is_refused(
 )
 def test_a_count_at_its_bound_starts(argv: list[str]) -> None:
     assert _starts(argv)
+
+
+def test_the_campaign_doc_states_the_per_address_startup_rule() -> None:
+    """docs/campaign.md gives the listener's per-address limit and its stale-slot rule with
+    the values the code has (the bound of idle-qps --parallel rests on it)."""
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "campaign.md").read_text().split())
+    assert f"{MAX_STARTUPS_PER_PEER} from one address (`MAX_STARTUPS_PER_PEER`" in doc
+    assert f"older than `STARTUP_STALE_AFTER` ({STARTUP_STALE_AFTER:g} s)" in doc
+    assert "own oldest slot still without an MPA Request" in doc
+    assert f"`iwarp bench idle-qps --parallel` is at most {MAX_IDLE_PARALLEL}" in doc
