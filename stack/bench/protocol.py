@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import trio
 
 from stack.bench.options import MAX_SIZE, TESTS, BenchError
+from stack.constants import ALL_ONES_32, ALL_ONES_64
 from stack.errors import IwarpError
 from stack.transport.cm import ConnectRejected
 from stack.transport.sockopts import limit_unsent
@@ -32,6 +33,9 @@ MAX_SESSION_BYTES = 1 << 30
 ~70-byte Request must not make it map gigabytes.  Every one-region test runs at the
 client's largest size (``-s 1G``); Sends need two regions of ``size`` bytes and latency
 one more (Send latency up to 341 MiB)."""
+_PONG_FIELDS = (ALL_ONES_32, ALL_ONES_64, MAX_SIZE)
+"""The largest rkey (an STag, 32 bits), tagged offset (64 bits, RFC 5040 §4) and length of a
+pong region: a larger one would be refused at posting, in the middle of a session."""
 MAX_REJECT_REASON = 200
 """Bytes of reason a Reject carries at most (private data is at most 512 bytes, MPA-21)."""
 
@@ -107,8 +111,11 @@ class SessionSpec:
             if not isinstance(rx_depth, int) or not 0 <= rx_depth <= 1 << 20:
                 raise ValueError(f"bad rx depth {rx_depth!r}")
             if pong is not None:
-                if len(pong) != 3 or not all(isinstance(v, int) for v in pong):
-                    raise ValueError("bad pong region")
+                if len(pong) != 3 or not all(
+                    type(v) is int and 0 <= v <= top
+                    for v, top in zip(pong, _PONG_FIELDS, strict=True)
+                ):
+                    raise ValueError(f"bad pong region {pong!r}")
                 pong = (pong[0], pong[1], pong[2])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BenchError(f"bad session request: {exc}") from None

@@ -36,6 +36,7 @@ from stack.bench.protocol import (
 )
 from stack.bench.session import Session
 from stack.constants import RAW_RECEIVE_SIZE
+from stack.errors import IwarpError
 from stack.rnic import (
     Rnic,
 )
@@ -128,6 +129,10 @@ class BenchServer:
                     nursery.start_soon(self._pong_writes, session, spec.size)
                 await conn.wait_closed()
                 nursery.cancel_scope.cancel()
+        except* IwarpError as group:  # a WR refused at posting (a full send queue): this one
+            conn.abort(group.exceptions[0])  # session ends, as on the blocking port
+            with trio.CancelScope(shield=True), trio.move_on_after(5.0):
+                await conn.wait_closed()
         finally:
             self.active -= 1
             session.close()
