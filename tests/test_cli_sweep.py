@@ -82,6 +82,7 @@ BOUNDED: Mapping[str, Mapping[str, str]] = {
         "parallel": "idle-qps --parallel: startups from one address the listener holds",
         "iwarp rping count": "rping -C: rping's own int (0 still pings for ever)",
         "smp": "siwvm --smp: the vCPUs QEMU's pc machine takes",
+        "emss": "--emss: TCP's MSS option is 16 bits (stack.cli.emss)",
     },
     "kbtp": {  # kbtp/cli/bounds.py, docs/kbtp.md §11
         "inflight": "kbtp bench -t: a Request Credit each (16-bit field)",
@@ -94,6 +95,7 @@ BOUNDED: Mapping[str, Mapping[str, str]] = {
         "credits": "Request Credits: HELLO_ACK's 16-bit field",
         "pool_blocks": "blocks of the pool, each a ring slot and table entries",
         "handles": "block table entries, initialized one at a time",
+        "emss": "--emss: TCP's MSS option is 16 bits (stack.cli.emss)",
     },
 }
 """Numeric options (by command, then dest, or ``"<prog> <dest>"`` where the dest is bounded

@@ -49,9 +49,9 @@ from kbtp.target_session import layout_size
 from stack.cli import (
     CliError,
     address,
+    emss,
     one_line_errors,
     port_number,
-    positive_int,
     positive_seconds,
 )
 from stack.errors import IwarpError, leaf_exceptions
@@ -72,13 +72,6 @@ allows (MULPDU 64768, MPA-13) when both ends are on this host."""
 # ======================================================================================
 
 
-def emss_value(text: str) -> int:
-    value = positive_int(text)
-    if value < 128:
-        raise argparse.ArgumentTypeError(f"EMSS must be at least 128, got {text}")
-    return value
-
-
 def add_mpa_arguments(parser: argparse.ArgumentParser, emss_default: int | None) -> None:
     """``--crc``, ``--markers`` and ``--emss`` (``emss_default`` None: each connection's MSS)."""
     shown = "from the connection's TCP MSS" if emss_default is None else emss_default
@@ -93,10 +86,11 @@ def add_mpa_arguments(parser: argparse.ArgumentParser, emss_default: int | None)
     )
     parser.add_argument(
         "--emss",
-        type=emss_value,
+        type=emss,
         default=emss_default,
         metavar="OCTETS",
-        help=f"EMSS the MULPDU is derived from (default {shown}; {LOOPBACK_EMSS} = loopback MSS)",
+        help=f"EMSS the MULPDU is derived from (default {shown}; {LOOPBACK_EMSS} = loopback "
+        "MSS; at least 64 and at most 65535)",
     )
 
 

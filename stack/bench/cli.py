@@ -49,10 +49,10 @@ from stack.cli import (
     address,
     counted,
     duration,
+    emss,
     iterations,
     one_line_errors,
     port_number,
-    positive_int,
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP
@@ -64,13 +64,6 @@ from stack.cli.json_report import (
     write_outputs,
 )
 from stack.errors import IwarpError
-
-
-def _emss(text: str) -> int:
-    value = positive_int(text)
-    if not 64 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
-    return value
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -106,9 +99,10 @@ def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: 
     parser.add_argument(
         "-m",
         "--mtu",
-        type=_emss,
+        type=emss,
         metavar="EMSS",
-        help="EMSS the MULPDU is derived from (default: the socket's MSS, followed as it grows)",
+        help="EMSS the MULPDU is derived from, at least 64 and at most 65535 (default: the "
+        "socket's MSS, followed as it grows)",
     )
 
 

@@ -24,6 +24,7 @@ from stack.errors import single_exception
 __all__ = [
     "ERROR_PROG",
     "MAX_DURATION",
+    "MAX_EMSS",
     "MAX_ITERATIONS",
     "MAX_REPEAT",
     "CliError",
@@ -34,6 +35,7 @@ __all__ = [
     "build_parser",
     "counted",
     "duration",
+    "emss",
     "iterations",
     "non_negative_int",
     "one_line_errors",
@@ -130,6 +132,19 @@ each), and at 10^5 messages a second it is still under two minutes."""
 MAX_DURATION = 3600.0
 """Most seconds a benchmark's ``-D`` runs each size (an hour; a latency run keeps every
 sample, about a gigabyte of them in an hour)."""
+
+
+MIN_EMSS, MAX_EMSS = 64, 65535
+"""The EMSS an ``--emss`` takes: TCP's MSS option is 16 bits; below 64 no TCP path goes
+(the MULPDU derived from it is clamped to 128..64768 all the same, MPA-13)."""
+
+
+def emss(text: str) -> int:
+    """argparse type of ``--emss``: :data:`MIN_EMSS` to :data:`MAX_EMSS` octets."""
+    value = positive_int(text)
+    if not MIN_EMSS <= value <= MAX_EMSS:
+        raise argparse.ArgumentTypeError(f"EMSS must be {MIN_EMSS} to {MAX_EMSS}, got {text}")
+    return value
 
 
 def repeat_count(text: str) -> int:

@@ -27,9 +27,9 @@ import trio
 
 from stack.cli import (
     address,
+    emss,
     one_line_errors,
     port_number,
-    positive_int,
     positive_seconds,
     seconds,
     trio_run,
@@ -393,13 +393,6 @@ def _count(text: str) -> int:
     return value
 
 
-def _emss(text: str) -> int:
-    value = positive_int(text)
-    if not 64 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
-    return value
-
-
 def _private_data(text: str) -> str:
     if len(text.encode()) > MPA_MAX_PRIVATE_DATA:
         raise argparse.ArgumentTypeError(
@@ -478,7 +471,10 @@ def register(subparsers: Any) -> None:
                    help="request MPA CRC (default on, RFC 5044)")  # fmt: skip
     p.add_argument("--markers", action="store_true", help="ask for MPA markers")
     p.add_argument(
-        "--emss", type=_emss, help="EMSS for MULPDU (default: the socket's MSS; 1448 for Ethernet)"
+        "--emss",
+        type=emss,
+        help="EMSS for MULPDU, at least 64 and at most 65535 (default: the socket's MSS; 1448 "
+        "for Ethernet)",
     )
     p.add_argument("--p2p", choices=("send", "write", "read"), help="peer-to-peer with this RTR")
     p.add_argument("--private-data", type=_private_data, default="",

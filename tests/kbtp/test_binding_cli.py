@@ -269,7 +269,8 @@ def test_target_command_stops_in_order_on_sigterm_with_a_session_open() -> None:
     [
         (["target", "--block-size", "0"], "size must be"),
         (["target", "-p", "70000"], "port must be"),
-        (["target", "--emss", "64"], "EMSS must be"),
+        (["target", "--emss", "63"], "EMSS must be"),
+        (["target", "--emss", "65536"], "EMSS must be"),
         (["target", "--initiator", "x:foo=1"], "unknown initiator option"),
         (["target", "--initiator", "x:handles=5"], "bad value"),
         (["target", "--initiator", "x:quota=5000"], "quotas add up"),

@@ -34,10 +34,10 @@ from stack.cli import (
     address,
     counted,
     duration,
+    emss,
     iterations,
     one_line_errors,
     port_number,
-    positive_int,
     positive_seconds,
     seconds,
     trio_run,
@@ -191,7 +191,9 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
         default=None,
         help="request MPA CRC (default: client on, server off; CRC is on if either asks)",
     )
-    parser.add_argument("--emss", type=_emss, help="EMSS for the MULPDU (MPA-13)")
+    parser.add_argument(
+        "--emss", type=emss, help="EMSS for the MULPDU, at least 64 and at most 65535 (MPA-13)"
+    )
     parser.add_argument(
         "--timeout",
         type=positive_seconds,
@@ -221,13 +223,6 @@ def add_arguments(parser: argparse.ArgumentParser, test: str, latency: bool = Fa
 def _send_first_after(text: str) -> float | None:
     """``never`` (None), or seconds (0 or more)."""
     return None if text.strip().lower() == "never" else seconds(text)
-
-
-def _emss(text: str) -> int:
-    value = positive_int(text)
-    if not 64 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"EMSS must be 64 to 65535, got {text}")
-    return value
 
 
 def options_from_args(
