@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte
+from stack.bench.memory import REMOTE_ALL, dereg, wait_for_byte, zeroed
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.progress import Progress
 from stack.bench.protocol import RAW_STATS, Advert, SessionSpec, connect_error, open_raw
@@ -84,12 +84,12 @@ class Client:
         )
         local = pong = inbox = None
         if spec.test != "idle":
-            local = self.pd.reg_mr(bytearray(max(spec.size, ATOMIC_SIZE)), Access.LOCAL_WRITE)
+            local = self.pd.reg_mr(zeroed(max(spec.size, ATOMIC_SIZE)), Access.LOCAL_WRITE)
         if spec.latency and spec.test == "write":
-            pong = self.pd.reg_mr(bytearray(spec.size), REMOTE_ALL)
+            pong = self.pd.reg_mr(zeroed(spec.size), REMOTE_ALL)
             spec = SessionSpec(spec.test, spec.size, True, 0, (pong.rkey, pong.base, spec.size))
         if spec.latency and spec.test == "send":
-            inbox = self.pd.reg_mr(bytearray(spec.size), Access.LOCAL_WRITE)
+            inbox = self.pd.reg_mr(zeroed(spec.size), Access.LOCAL_WRITE)
             qp.post_recv([RecvWR(0, (Sge(inbox.base, spec.size, inbox.lkey),))] * 4)
         try:
             conn = await self.cm.connect(

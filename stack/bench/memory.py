@@ -7,6 +7,8 @@ measures it: each side watches the last byte of its region for the peer's ping o
 
 from __future__ import annotations
 
+import mmap
+
 import trio
 
 from stack.bench.options import BenchError
@@ -18,6 +20,12 @@ WAKE_SECONDS = 0.05
 """The longest a Write-latency waiter sleeps before it looks at the memory and the QP."""
 LIVE = (QpState.IDLE, QpState.RTS)
 """QP states of a usable connection (IDLE until the driver's first run step)."""
+
+
+def zeroed(size: int) -> mmap.mmap | bytearray:
+    """``size`` zero bytes the kernel provides page by page as they are first written (an
+    anonymous mapping: a gigabyte region costs no time to make and no memory until used)."""
+    return mmap.mmap(-1, size) if size else bytearray()
 
 
 async def wait_for_byte(buf: memoryview, index: int, value: int, qp: QueuePair) -> None:

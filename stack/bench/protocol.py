@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import trio
 
-from stack.bench.options import MAX_SIZE, TESTS, BenchError
+from stack.bench.options import MAX_RX_DEPTH, MAX_SIZE, TESTS, BenchError
 from stack.constants import ALL_ONES_32, ALL_ONES_64
 from stack.errors import IwarpError
 from stack.transport.cm import ConnectRejected
@@ -108,7 +108,7 @@ class SessionSpec:
                 raise ValueError(f"unknown test {test!r}")
             if not isinstance(size, int) or not 0 <= size <= MAX_SIZE:
                 raise ValueError(f"bad size {size!r}")
-            if not isinstance(rx_depth, int) or not 0 <= rx_depth <= 1 << 20:
+            if not isinstance(rx_depth, int) or not 0 <= rx_depth <= MAX_RX_DEPTH:
                 raise ValueError(f"bad rx depth {rx_depth!r}")
             if pong is not None:
                 if len(pong) != 3 or not all(

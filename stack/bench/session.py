@@ -11,10 +11,9 @@ once, holding the GIL, so not even a worker thread would keep the loop running).
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 
-from stack.bench.memory import REMOTE_ALL, dereg
+from stack.bench.memory import REMOTE_ALL, dereg, zeroed
 from stack.bench.options import DEFAULT_TX_DEPTH, BenchError
 from stack.bench.protocol import Advert, SessionSpec
 from stack.constants import ATOMIC_ALIGNMENT
@@ -36,12 +35,7 @@ from stack.rnic import (
 )
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 
-__all__ = ["Session", "zeroed"]
-
-
-def zeroed(size: int) -> mmap.mmap | bytearray:
-    """``size`` zero bytes the kernel provides page by page as they are first written."""
-    return mmap.mmap(-1, size) if size else bytearray()
+__all__ = ["Session"]
 
 
 @dataclass

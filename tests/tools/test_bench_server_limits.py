@@ -65,3 +65,22 @@ async def test_a_huge_session_request_is_rejected_and_the_server_serves_on() -> 
             )
             assert (await client.server_stats())["qps"] == 1
             await client.close(qps)
+
+
+async def test_the_clients_regions_cost_no_resident_memory_until_data_lands() -> None:
+    """``-q 8 -s 512M`` of Writes: the client's source regions (as the server's) are
+    mapped lazily; it zeroed 4 GiB up front."""
+    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
+        host,
+        port,
+        _layout,
+    ):
+        async with ConnectionManager.open(Rnic("client")) as cm:
+            client = Client(cm, host, port)
+            opts = BenchOptions("write", (512 << 20,))
+            before = rss_bytes()
+            qps = await client.connect_many(
+                SessionSpec("write", 512 << 20), opts.mpa_settings, 8, tx_depth=1, ord=1
+            )
+            assert rss_bytes() - before < RSS_SLACK
+            await client.close(qps)
