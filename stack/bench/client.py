@@ -84,7 +84,10 @@ class Client:
         )
         local = pong = inbox = None
         if spec.test != "idle":
-            local = self.pd.reg_mr(zeroed(max(spec.size, ATOMIC_SIZE)), Access.LOCAL_WRITE)
+            sent = spec.test in ("write", "send")  # the source of the run's messages
+            local = self.pd.reg_mr(
+                zeroed(max(spec.size, ATOMIC_SIZE), sent=sent), Access.LOCAL_WRITE
+            )
         if spec.latency and spec.test == "write":
             pong = self.pd.reg_mr(zeroed(spec.size), REMOTE_ALL)
             spec = SessionSpec(spec.test, spec.size, True, 0, (pong.rkey, pong.base, spec.size))

@@ -105,11 +105,12 @@ class Session:
         if not spec.regions:
             return
         # Spare bytes: the advertised TO is 8-byte aligned for atomics (EXT-05).
-        target = self.target = self._region(pd, spec.size + ATOMIC_ALIGNMENT, REMOTE_ALL)
+        read = spec.test == "read"  # the target is what the client's Reads fetch
+        target = self.target = self._region(pd, spec.size + ATOMIC_ALIGNMENT, REMOTE_ALL, sent=read)
         self.pad = pad = (-target.addr) % ATOMIC_ALIGNMENT
         self.advert = Advert(target.rkey, target.base + pad, spec.size, *ports)
         if "source" in spec.regions:
-            self.source = self._region(pd, spec.size, Access.LOCAL_WRITE)
+            self.source = self._region(pd, spec.size, Access.LOCAL_WRITE, sent=True)
         source = self.source
         if "inbox" in spec.regions:
             inbox = self.inbox = self._region(pd, spec.size, Access.LOCAL_WRITE)
@@ -126,8 +127,10 @@ class Session:
                 0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=rkey, remote_addr=to
             )
 
-    def _region(self, pd: ProtectionDomain, size: int, access: Access) -> MemoryRegion:
-        mr = pd.reg_mr(zeroed(size), access)
+    def _region(
+        self, pd: ProtectionDomain, size: int, access: Access, *, sent: bool = False
+    ) -> MemoryRegion:
+        mr = pd.reg_mr(zeroed(size, sent=sent), access)
         self.regions.append(mr)
         return mr
 

@@ -57,7 +57,7 @@ def test_silent_connections_do_not_hold_the_blocking_port(server: BlockingIwarpS
 def test_the_blocking_port_rejects_with_the_reason_and_serves_on(
     server: BlockingIwarpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def refused(size: int) -> bytearray:
+    def refused(size: int, *, sent: bool = False) -> bytearray:
         raise OSError(12, "Cannot allocate memory")
 
     monkeypatch.setattr(session, "zeroed", refused)
