@@ -16,6 +16,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import (
@@ -46,6 +47,21 @@ def latency_shape(opts: BenchOptions, size: int) -> tuple[bool, int, int]:
 def batch_messages(size: int, available: int) -> int:
     """Messages of ``size`` bytes one send carries when ``available`` are posted."""
     return max(1, min(available, BATCH_BYTES // max(size, 1)))
+
+
+ZEROS = memoryview(bytes(BATCH_BYTES))
+"""What both request/response servers answer with, one send at most: the reply size is the
+peer's header (up to 4 GiB), so no reply is allocated per connection (``bytes(size)`` was:
+a MemoryError that ended the trio server where memory is not overcommitted)."""
+
+
+def zero_replies(size: int, count: int) -> Iterator[memoryview]:
+    """The sends that carry ``count`` replies of ``size`` zero bytes, from :data:`ZEROS`."""
+    left = size * count
+    while left > 0:
+        piece = min(left, BATCH_BYTES)
+        yield ZEROS[:piece]
+        left -= piece
 
 
 def _recv_exactly(sock: socket.socket, count: int) -> bytes:
@@ -106,12 +122,12 @@ class BlockingServer:
                 conn.sendall(RAW_COUNT.pack(total))
             elif mode == RAW_REQRESP and request > 0:
                 pending = 0
-                reply = bytes(size)
                 while n := conn.recv_into(buf):
                     count, pending = divmod(pending + n, request)
                     while count:
                         k = batch_messages(size, count)
-                        conn.sendall(reply * k)
+                        for piece in zero_replies(size, k):
+                            conn.sendall(piece)
                         count -= k
         except (OSError, BenchError):
             pass

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import trio
 
-from stack.bench.blocking import BlockingServer, batch_messages
+from stack.bench.blocking import BlockingServer, batch_messages, zero_replies
 from stack.bench.blocking_iwarp import BlockingIwarpServer
 from stack.bench.memory import wait_for_byte
 from stack.bench.options import BenchError, mpa_settings
@@ -179,7 +179,6 @@ class BenchServer:
                     total += len(data)
                 await stream.send_all(RAW_COUNT.pack(total))
             elif mode == RAW_REQRESP and request > 0:
-                reply = bytes(size)
                 pending = 0
                 while True:
                     data = await stream.receive_some(RAW_RECEIVE_SIZE)
@@ -187,8 +186,9 @@ class BenchServer:
                         break
                     count, pending = divmod(pending + len(data), request)
                     while count:  # every complete request answered in one send
-                        k = batch_messages(size, count)
-                        await stream.send_all(reply * k)
+                        k = batch_messages(size, count)  # (up to BATCH_BYTES; no copy)
+                        for piece in zero_replies(size, k):
+                            await stream.send_all(piece)
                         count -= k
             elif mode == RAW_STATS:
                 if size:  # asked to collect garbage first (memory figures)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
 from types import SimpleNamespace
@@ -118,3 +119,40 @@ def test_the_raw_bandwidth_baseline_keeps_its_fastest_receive_size(
     assert isinstance(out, BwResult) and out.raw_bw == max(speeds[n] for n in tried)
     line = next(x for x in baseline_lines(replace(opts, baseline=True)) if "ratio " in x)
     assert all(f"{n // 1024}" in line for n in tried) and "receive_some" in line
+
+
+def _a_huge_reply_begins(port: int) -> bytes:
+    """Ask request/response replies of 4 GiB - 1 (the header's largest size); the first MiB."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 0xFFFFFFFF, 1) + b"x")
+        got = bytearray()
+        while len(got) < 1 << 20:
+            data = sock.recv(1 << 20)
+            assert data, "server closed early"
+            got += data
+        return bytes(got[: 1 << 20])
+
+
+def test_a_reply_size_from_the_header_allocates_nothing_on_either_server(
+    blocking_server: BlockingServer,
+) -> None:
+    """A 17-octet request for 4 GiB replies: both servers send from one shared zero buffer;
+    ``bytes(size)`` per connection was a MemoryError that ended the whole trio server where
+    memory is not overcommitted (the campaign's bench server runs with RLIMIT_AS 4 GiB)."""
+
+    async def main() -> bytes:
+        server = BenchServer()
+        async with trio.open_nursery() as nursery:
+            _port, raw_port = await nursery.start(server.run)
+            data = await trio.to_thread.run_sync(_a_huge_reply_begins, raw_port)
+            nursery.cancel_scope.cancel()
+        return data
+
+    tracemalloc.start()
+    try:
+        assert trio.run(main) == bytes(1 << 20)
+        assert _a_huge_reply_begins(blocking_server.port) == bytes(1 << 20)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20
