@@ -49,9 +49,11 @@ def test_part2_hostile_peers_leave_every_server_alive_serving_and_intact() -> No
     summary = _part("hostile")
     _assert_clean(summary)
     servers = {row["server"] for row in summary.rows}
-    assert servers == {"kbtp-target", "rping"}
+    assert servers == {"kbtp-target", "rping", "bench-server"}
     assert all(row["alive"] and row["served"] and row["fds_ok"] for row in summary.rows)
-    assert len(summary.rows) >= 12
+    assert len(summary.rows) >= 25
+    bench = " ".join(row["name"] for row in summary.rows if row["server"] == "bench-server")
+    assert "hostile session requests" in bench and "blocking iWARP port: slowloris" in bench
 
 
 def test_part3_kbtp_load_verifies_every_byte_and_the_pool_accounting() -> None:

@@ -14,6 +14,7 @@ the server's descriptor count returns near its baseline.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import socket
 import struct
@@ -37,8 +38,10 @@ from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Te
 from stack.wire.rdmap import encode_message
 from tools.campaign.seeds import kbtp_seeds
 from tools.campaign.servers import (
+    BenchClient,
     KbtpKeeper,
     Server,
+    bench_server,
     block_data,
     kbtp_target,
     rping_ping,
@@ -48,6 +51,9 @@ from tools.campaign.servers import (
 
 LINGER_0 = struct.pack("ii", 1, 0)
 EMFILE_LIMIT = 32
+REQUEST_DATA = b'{"t":"write","s":4096}'
+"""The private data of the attacks' valid startups: the bench server's session request (a
+4 KiB Write target, SessionSpec); the KBTP target and rping ignore it."""
 """RLIMIT_NOFILE of the servers of the EMFILE attack (about 3 x their baseline)."""
 
 
@@ -105,12 +111,16 @@ def _wait_closed(sock: socket.socket, timeout: float) -> bool:
 
 
 def raw_session(
-    port: int, settings: MpaSettings | None = None, source: str = "127.0.0.1"
+    port: int,
+    settings: MpaSettings | None = None,
+    source: str = "127.0.0.1",
+    private_data: bytes | None = None,
 ) -> tuple[socket.socket, IwarpConnection]:
-    """A hand-driven MPA initiator on a plain socket, in Full Operation."""
+    """A hand-driven MPA initiator on a plain socket, in Full Operation; its Request carries
+    ``private_data`` (default :data:`REQUEST_DATA`)."""
     sock = _connect(port, source)
     engine = IwarpConnection(Role.INITIATOR, settings or MpaSettings())
-    engine.initiate(time.monotonic())
+    engine.initiate(time.monotonic(), REQUEST_DATA if private_data is None else private_data)
     sock.sendall(engine.data_to_send())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -421,6 +431,199 @@ async def _forged_kbtp(port: int, rng: random.Random, rounds: int) -> tuple[int,
     return tried, accepted
 
 
+# -- bench-server-specific attacks: session requests over MPA, the raw baseline ports -------
+
+
+def _bad_session_requests(rng: random.Random) -> list[bytes]:
+    """MPA Request private data the bench server must reject (SessionSpec.decode)."""
+    from stack.bench.options import MAX_RX_DEPTH, MAX_SIZE
+    from stack.bench.protocol import SessionSpec
+
+    big = [  # over MAX_SESSION_BYTES counted over every region the session would map
+        SessionSpec("send", MAX_SIZE),
+        SessionSpec("send", MAX_SIZE // 3 + 1, True),
+        SessionSpec("write", MAX_SIZE // 2 + 1, True, 0, (1, 0, 64)),
+        SessionSpec("read", MAX_SIZE + 1),
+    ]
+    pongs = [[1 << 32, 0, 64], [1, 1 << 64, 64], [1, 0, MAX_SIZE + 1], [1, 2], [True, 0, 64],
+             [1.5, 0, 64], [-1, 0, 64], "abc", {"a": 1}, [1, 0, 64, 4]]  # fmt: skip
+    texts = [b"", b"{", b"not json", b"[]", b"null", b"\xff\xfe\x00", b"{}", b'{"t":"write"}',
+             b'{"t":"nuke","s":4096}', b'{"t":"write","s":-1}', b'{"t":"write","s":"4096"}',
+             b'{"t":"write","s":1e9}', b'{"t":["write"],"s":64}',
+             f'{{"t":"send","s":64,"rx":{MAX_RX_DEPTH + 1}}}'.encode(),
+             b'{"t":"send","s":64,"rx":-1}', b"{" * 500, rng.randbytes(64),
+             b'{"t":"write","s":' + b"9" * 400 + b"}"]  # fmt: skip
+    forged = [json.dumps({"t": "write", "s": 64, "l": 1, "pong": pong}).encode() for pong in pongs]
+    return texts + forged + [spec.encode() for spec in big]
+
+
+def _bench_qp(size: int = 0) -> tuple[object, object, object]:
+    """A client RNIC, QP and (with ``size``) a pong region for a Write-latency session."""
+    from stack.rnic import Access, Rnic
+
+    rnic = Rnic("campaign-hostile-bench")
+    pd = rnic.alloc_pd()
+    qp = rnic.create_qp(pd, rnic.create_cq(64), ord=1)
+    pong = pd.reg_mr(bytearray(size), Access.REMOTE_WRITE | Access.LOCAL_WRITE) if size else None
+    return rnic, qp, pong
+
+
+def _opened(port: int, private_data: bytes) -> int:
+    """1 if the server opened a session for ``private_data`` (a Reject or a close: 0)."""
+    from stack.errors import IwarpError
+    from stack.transport.blocking_cm import connect
+
+    _rnic, qp, _ = _bench_qp()
+    try:
+        conn = connect("127.0.0.1", port, qp, private_data=private_data, timeout=10)  # type: ignore[arg-type]
+    except IwarpError:
+        return 0
+    conn.abort()
+    return 1
+
+
+def _pinger(port: int, size: int) -> object:
+    """A Write-latency session of ``size`` bytes on the blocking driver, and its ping WR."""
+    from stack.bench.protocol import Advert, SessionSpec
+    from stack.rnic import Access, SendFlags, SendWR, Sge, WrOpcode
+    from stack.transport.blocking_cm import connect
+
+    _rnic, qp, pong = _bench_qp(size)
+    assert pong is not None
+    spec = SessionSpec("write", size, True, 0, (pong.rkey, pong.base, size))  # type: ignore[attr-defined]
+    conn = connect("127.0.0.1", port, qp, private_data=spec.encode(), timeout=10)  # type: ignore[arg-type]
+    advert = Advert.decode(conn.negotiated.peer_private_data)
+    local = qp.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)  # type: ignore[attr-defined]
+    sge = (Sge(local.base, size, local.lkey),)
+    wr = SendWR(0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=advert.rkey,
+                remote_addr=advert.addr)  # fmt: skip
+    return conn, local, wr
+
+
+def _ping_and_vanish(port: int, n: int) -> int:
+    """Write-latency clients that ping once and are gone at once (closed or reset)."""
+    for i in range(n):
+        with contextlib.suppress(Exception):
+            conn, local, wr = _pinger(port, 4096)  # type: ignore[misc]
+            local.buf[-1] = 1
+            conn.qp.post_send(wr)
+            if i % 2:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+            conn.abort()
+    return n
+
+
+def _never_reads(port: int, seconds: float, check: Callable[[], bool]) -> tuple[int, bool, bool]:
+    """A Write-latency client that pings on and never reads its socket (the blocking
+    driver posts at once; never calling progress is never reading), so the server's pongs
+    back up and its send queue fills.  Returns (pings posted, the good client was served
+    while it pinged, the server ended that session: once its send queue is full it may, or
+    it waits for the client to read or go, by timing; either way it serves others)."""
+    conn, local, wr = _pinger(port, 65536)  # type: ignore[misc]
+    posted = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and not conn.closed:
+            local.buf[-1] = posted % 255 + 1
+            try:
+                conn.qp.post_send(wr)
+            except Exception:  # our own send queue is full: the server stopped reading
+                time.sleep(0.05)
+                continue
+            posted += 1
+            time.sleep(0.0005)  # each ping seen on its own, so each is answered
+        served = check()
+        ended = conn.closed or _wait_closed(conn.sock, 1.0)
+    finally:
+        conn.abort()
+    return posted, served, ended
+
+
+def _raw_headers(port: int, rng: random.Random, n: int) -> tuple[int, int]:
+    """Bad headers on a raw-TCP baseline port; (tried, connections the server kept open
+    for a header it must refuse: bad magic, unknown mode, a request/response of 0)."""
+    from stack.bench.protocol import RAW_HEADER, RAW_MAGIC, RAW_REQRESP, RAW_STATS
+
+    refuse = [
+        RAW_HEADER.pack(b"XXXX", 1, 0, 0),
+        RAW_HEADER.pack(RAW_MAGIC, 0, 0, 0),
+        RAW_HEADER.pack(RAW_MAGIC, 255, 1 << 20, 1),
+        RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 64, 0),
+    ]
+    serve = [
+        RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 0xFFFFFFFF, 1) + b"x",  # a 4 GiB reply
+        RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 0, 1) + bytes(4096),  # empty replies
+        RAW_HEADER.pack(RAW_MAGIC, RAW_STATS, 1, 0),  # garbage collection on demand
+        RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 1 << 20, 1) + bytes(64),  # replies never read
+    ]
+    tried = kept = 0
+    held: list[socket.socket] = []
+    for i in range(n):
+        for header in refuse:
+            tried += 1
+            with contextlib.suppress(OSError):
+                sock = _connect(port)
+                sock.sendall(header)
+                kept += not _wait_closed(sock, 3.0)
+                sock.close()
+        for header in serve:
+            tried += 1
+            with contextlib.suppress(OSError):
+                sock = _connect(port)
+                sock.sendall(header)
+                held.append(sock)
+        with contextlib.suppress(OSError):  # a truncated header, a reset, random octets
+            tried += 3
+            sock = _connect(port)
+            sock.sendall(RAW_MAGIC + b"\x02")
+            sock.close()
+            sock = _connect(port)
+            sock.sendall(RAW_HEADER.pack(RAW_MAGIC, RAW_REQRESP, 64, 16) + bytes(i))
+            _reset(sock)
+            sock = _connect(port)
+            sock.sendall(rng.randbytes(RAW_HEADER.size))
+            _wait_closed(sock, 1.0)
+            sock.close()
+    time.sleep(0.5)
+    for sock in held:
+        _reset(sock)
+    return tried, kept
+
+
+def _forged_bench(
+    server: Server, client: BenchClient, rng: random.Random, scale: int
+) -> tuple[int, int, str]:
+    """Hostile session requests on both iWARP ports, pings then gone, a client that never
+    reads, bad raw-TCP headers on both baseline ports.  Returns (tried, accepted, note):
+    *accepted* counts sessions opened for a Request the server must reject, a good client
+    not served while a never-reading client pings, and raw connections kept open for a
+    header the server must refuse."""
+    tried = accepted = 0
+    notes = []
+    client.check()  # learns the blocking ports from the Advert
+    iwarp_ports = [p for p in (server.port, client.blocking_port) if p]
+    for port in iwarp_ports:
+        for data in _bad_session_requests(rng):
+            tried += 1
+            accepted += _opened(port, data)
+        tried += _ping_and_vanish(port, 6 * scale)
+    for port in iwarp_ports:
+        posted, served, ended = _never_reads(port, 1.5 * scale, lambda: client.check()[0])
+        tried += posted
+        accepted += not served
+        notes.append(
+            f"never-reading client: {posted} pings, "
+            f"{'ended' if ended else 'not ended'} by the server"
+            + ("" if served else ", good client refused meanwhile")
+        )
+    for port in (server.raw_port, client.blocking_raw_port):
+        if port:
+            more, kept = _raw_headers(port, rng, scale)
+            tried += more
+            accepted += kept
+    return tried, accepted, "; ".join(notes)
+
+
 # -- the part ----------------------------------------------------------------------------
 
 
@@ -442,12 +645,18 @@ def _attack_server(
     rng: random.Random,
     scale: int,
     progress: Callable[[str], None],
-    extra: Callable[[int], tuple[int, int]] | None = None,
+    extra: Callable[[int], tuple[int, int, str]] | None = None,
+    *,
+    port: int | None = None,
+    where: str = "",
+    extra_name: str = "forged BIND / one-sided ops / malformed requests",
 ) -> list[Attack]:
-    """Every attack in turn against one running server, ``check`` after each."""
+    """Every attack in turn against one running server (on ``port``, by default its own;
+    ``where`` prefixes the attacks' names), ``check`` after each."""
     attacks: list[Attack] = []
 
     def after(name: str, tried: int, note: str = "", ok: bool = True) -> None:
+        name = where + name
         attack = Attack(server.name, name, tried, fds_before=server.baseline_fds, note=note)
         attack.fds_after = server.fds_settle()
         attack.alive = server.alive()
@@ -460,7 +669,7 @@ def _attack_server(
             f"{', ' + note if note else ''}"
         )
 
-    port = server.port
+    port = port or server.port
     after("garbage", garbage(port, rng, 40 * scale))
     after("RST storm", rst_storm(port, rng, 200 * scale))
     made, ok, within = half_open_flood(port, 100 * scale, lambda: check()[0])
@@ -479,11 +688,12 @@ def _attack_server(
     after("Terminate storm", terminate_storm(port, 10 * scale))
     if extra is not None:
         try:
-            tried, accepted = extra(port)
+            tried, accepted, more = extra(port)
             note, ok = f"{accepted} forged requests or forbidden operations accepted", not accepted
+            note += f"; {more}" if more else ""
         except Exception as exc:  # the attack itself could not go on: report, never crash
             tried, note, ok = 0, f"attack failed: {type(exc).__name__}: {exc}", False
-        after("forged BIND / one-sided ops / malformed requests", tried, note, ok)
+        after(extra_name, tried, note, ok)
     return attacks
 
 
@@ -501,14 +711,14 @@ def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> lis
             keeper = KbtpKeeper(server.port)
             keeper.store_all()
 
-            def forged(port: int) -> tuple[int, int]:
+            def forged(port: int) -> tuple[int, int, str]:
                 result = [(0, 0)]
 
                 async def body() -> None:
                     result[0] = await _forged_kbtp(port, rng, 6 * scale)
 
                 run_trio(body, timeout=300)
-                return result[0]
+                return (*result[0], "")
 
             attacks = _attack_server(server, keeper.check, rng, scale, progress, forged)
         fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
@@ -535,12 +745,41 @@ def _hostile_rping(full: bool, seed: int, progress: Callable[[str], None]) -> li
     return attacks
 
 
+def _hostile_bench(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+    """The generic attacks on the bench server's trio iWARP port and on its blocking-driver
+    iWARP port, then hostile session requests and raw-TCP headers (:func:`_forged_bench`)."""
+    scale = 5 if full else 1
+    rng = random.Random(f"{seed}:hostile:bench")
+    low = bench_server(EMFILE_LIMIT)
+    try:
+        with bench_server() as server:
+            client = BenchClient(server)
+            if not client.check()[0]:
+                raise RuntimeError(f"bench-server does not serve: {server.stderr()}")
+            forged = lambda _port: _forged_bench(server, client, rng, scale)  # noqa: E731
+            attacks = _attack_server(
+                server, client.check, rng, scale, progress, forged,
+                extra_name="hostile session requests / pingers / raw headers",
+            )  # fmt: skip
+            attacks += _attack_server(
+                server, client.check, rng, scale, progress,
+                port=client.blocking_port, where="blocking iWARP port: ",
+            )  # fmt: skip
+        attacks.append(emfile(low, lambda s: BenchClient(s).check()[0], EMFILE_LIMIT, 60 * scale))
+        progress(f"hostile bench-server: {attacks[-1].name}: served {attacks[-1].served}")
+    finally:
+        low.stop()
+    return attacks
+
+
 def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
-    """The attacks on the KBTP target and on the rping server, the two in parallel."""
-    with ThreadPoolExecutor(2) as pool:
+    """The attacks on the KBTP target, the rping server and the bench server, the three in
+    parallel."""
+    with ThreadPoolExecutor(3) as pool:
         kbtp = pool.submit(_hostile_kbtp, full, seed, progress)
         rping = pool.submit(_hostile_rping, full, seed, progress)
-        return HostileFigures(kbtp.result() + rping.result())
+        bench = pool.submit(_hostile_bench, full, seed, progress)
+        return HostileFigures(kbtp.result() + rping.result() + bench.result())
 
 
 __all__ = ["Attack", "HostileFigures", "block_data", "run_hostile"]
