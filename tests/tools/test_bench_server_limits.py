@@ -4,9 +4,6 @@ fills the server's memory nor stops its event loop (the project rule on hostile 
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-
 import pytest
 
 from stack.bench import BenchError, BenchOptions, Client, SessionSpec, server_for
@@ -17,6 +14,7 @@ from stack.bench.protocol import MAX_SESSION_BYTES
 from stack.bench.session import Session
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected
+from tests.tools.resident import resident_bytes
 
 GIB = 1 << 30
 RSS_SLACK = 128 << 20
@@ -71,37 +69,22 @@ async def test_a_huge_session_request_is_rejected_and_the_server_serves_on() -> 
             await client.close(qps)
 
 
-def _resident(buf: object) -> int:
-    """Bytes of ``buf``'s pages the kernel has made (``mincore``)."""
-    view = memoryview(buf)  # type: ignore[arg-type]
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))  # type: ignore[arg-type]
-    page = mmap.PAGESIZE
-    start = address - address % page
-    pages = -(-(address + view.nbytes - start) // page)
-    vec = (ctypes.c_ubyte * pages)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    if libc.mincore(start, pages * page, vec) != 0:
-        raise OSError(ctypes.get_errno(), "mincore")
-    return sum(b & 1 for b in vec) * page
-
-
 def test_regions_sent_from_are_real_memory_and_the_others_lazy() -> None:
     """The untouched pages of a lazy region are the kernel's one zero page: a Write source
     or a Read target read from it would be 4 KiB of cache, not memory as the baselines read
     (memory.zeroed).  Sinks stay lazy."""
     size = 64 << 20
     lazy, sent = zeroed(size), zeroed(size, sent=True)
-    assert _resident(lazy) < size // 16 and _resident(sent) >= size
+    assert resident_bytes(lazy) < size // 16 and resident_bytes(sent) >= size
     rnic = Rnic("server")
     pd = rnic.alloc_pd()
     for test, populated in (("read", True), ("write", False), ("send", False)):
         s = Session.open(rnic, pd, SessionSpec(test, size, latency=test == "send"), (0, 0, 0))
         try:
             assert s.target is not None
-            assert (_resident(s.target.buf) >= size) is populated, test
+            assert (resident_bytes(s.target.buf) >= size) is populated, test
             if s.source is not None:  # the Sends' source (latency echo)
-                assert _resident(s.source.buf) >= size
+                assert resident_bytes(s.source.buf) >= size
         finally:
             s.close()
 
@@ -124,5 +107,5 @@ async def test_the_clients_regions_are_real_memory_only_where_sent_from() -> Non
                 )
                 for qp in qps:
                     assert qp.local is not None
-                    assert (_resident(qp.local.buf) >= size) is populated, test
+                    assert (resident_bytes(qp.local.buf) >= size) is populated, test
                 await client.close(qps)
