@@ -101,10 +101,7 @@ BOUNDED: Mapping[str, Mapping[str, str]] = {
 """Numeric options (by command, then dest, or ``"<prog> <dest>"`` where the dest is bounded
 in that subcommand only) with an upper bound, shown in their help ("at most N"), and why:
 :data:`HUGE` must be refused."""
-KNOWN_UNSTATED_BOUNDS = {
-    "kbtp target --handles": "kbtp/cli/target.py (not this change): refuses above 2^22 "
-    "(MAX_TABLE_ENTRIES, docs/kbtp.md §11) but its help does not say so",
-}
+KNOWN_UNSTATED_BOUNDS: dict[str, str] = {}
 """Bounded options whose help does not say the bound yet, and why (strict xfail)."""
 
 KNOWN_BAD_VALUES: dict[str, str] = {}

@@ -340,7 +340,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--handles",
         type=bounds.handles,
         metavar="N",
-        help="handles per initiator without handles= (default 4 x quota)",
+        help="handles per initiator without handles= (default 4 x quota, at most "
+        f"{bounds.MAX_TABLE_ENTRIES} in the table)",
     )
     parser.add_argument(
         "--ticket-timeout",
