@@ -28,13 +28,13 @@ from stack.bench import (
     measure_bw,
     parse_size,
     peak_rate,
-    server_for,
 )
 from stack.bench.cli import parse_host_port
 from stack.cli.iwarp import main
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected
 from stack.wire.markers import mulpdu_for
+from tests.tools.bench_helpers import bench_client
 
 # perftest's strings, spelled out here independently of the module's constants.
 DASHES = "-" * 87
@@ -458,43 +458,33 @@ def test_malformed_session_requests_raise_bench_error_only(data: bytes) -> None:
 
 
 async def test_server_rejects_a_malformed_session_request() -> None:
-    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
-        host,
-        port,
-        _layout,
-    ):
-        rnic = Rnic("client")
-        pd = rnic.alloc_pd()
-        async with ConnectionManager.open(rnic) as cm:
-            qp = rnic.create_qp(pd, rnic.create_cq())
-            with pytest.raises(ConnectRejected) as info:
-                await cm.connect(host, port, qp, private_data=b'{"t": "fly", "s": 1}')
-            assert b"unknown test" in info.value.private_data
+    async with bench_client() as client:
+        rnic = client.rnic
+        qp = rnic.create_qp(rnic.alloc_pd(), rnic.create_cq())
+        with pytest.raises(ConnectRejected) as info:
+            await client.cm.connect(
+                client.host, client.port, qp, private_data=b'{"t": "fly", "s": 1}'
+            )
+        assert b"unknown test" in info.value.private_data
 
 
 async def test_raw_port_survives_garbage_and_answers_stats() -> None:
-    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
-        host,
-        port,
-        _layout,
-    ):
-        async with ConnectionManager.open(Rnic("client")) as cm:
-            client = Client(cm, host, port)
-            qps = await client.connect_many(
-                SessionSpec("idle", 0),
-                BenchOptions("write", (1,)).mpa_settings,
-                2,
-                tx_depth=1,
-                ord=1,
-            )
-            junk = await trio.open_tcp_stream(host, client.raw_port)
-            await junk.send_all(b"GET / HTTP/1.0\r\n\r\n")
-            try:
-                answer = await junk.receive_some(100)
-            except trio.BrokenResourceError:  # reset: closed without lingering
-                answer = b""
-            assert answer == b""  # nothing served on a bad magic
-            await junk.aclose()
-            stats = await client.server_stats()
-            assert stats["qps"] == 2 and stats["rss"] > 0
-            await client.close(qps)
+    async with bench_client() as client:
+        qps = await client.connect_many(
+            SessionSpec("idle", 0),
+            BenchOptions("write", (1,)).mpa_settings,
+            2,
+            tx_depth=1,
+            ord=1,
+        )
+        junk = await trio.open_tcp_stream(client.host, client.raw_port)
+        await junk.send_all(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            answer = await junk.receive_some(100)
+        except trio.BrokenResourceError:  # reset: closed without lingering
+            answer = b""
+        assert answer == b""  # nothing served on a bad magic
+        await junk.aclose()
+        stats = await client.server_stats()
+        assert stats["qps"] == 2 and stats["rss"] > 0
+        await client.close(qps)

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from stack.bench import BenchError, BenchOptions, Client, SessionSpec, server_for
+from stack.bench import BenchError, BenchOptions, SessionSpec
 from stack.bench.memory import zeroed
 from stack.bench.options import MAX_SIZE
 from stack.bench.process import rss_bytes
 from stack.bench.protocol import MAX_SESSION_BYTES
 from stack.bench.session import Session
 from stack.rnic import Rnic
-from stack.transport.cm import ConnectionManager, ConnectRejected
+from stack.transport.cm import ConnectRejected
+from tests.tools.bench_helpers import bench_client
 from tests.tools.resident import resident_bytes
 
 GIB = 1 << 30
@@ -46,27 +47,20 @@ def test_a_gigabyte_session_costs_no_resident_memory_until_data_lands() -> None:
 
 async def test_a_huge_session_request_is_rejected_and_the_server_serves_on() -> None:
     before = rss_bytes()
-    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
-        host,
-        port,
-        _layout,
-    ):
-        rnic = Rnic("hostile")
-        pd = rnic.alloc_pd()
-        async with ConnectionManager.open(rnic) as cm:
-            qp = rnic.create_qp(pd, rnic.create_cq())
-            greedy = SessionSpec("send", MAX_SIZE, latency=True)  # 3 GiB asked in ~50 bytes
-            with pytest.raises(ConnectRejected) as info:
-                await cm.connect(host, port, qp, private_data=greedy.encode())
-            assert b"too large" in info.value.private_data
-            assert rss_bytes() - before < RSS_SLACK
-            client = Client(cm, host, port)
-            opts = BenchOptions("write", (4096,))
-            qps = await client.connect_many(
-                SessionSpec("write", 4096), opts.mpa_settings, 1, tx_depth=1, ord=1
-            )
-            assert (await client.server_stats())["qps"] == 1
-            await client.close(qps)
+    async with bench_client("hostile") as client:
+        rnic = client.rnic
+        qp = rnic.create_qp(rnic.alloc_pd(), rnic.create_cq())
+        greedy = SessionSpec("send", MAX_SIZE, latency=True)  # 3 GiB asked in ~50 bytes
+        with pytest.raises(ConnectRejected) as info:
+            await client.cm.connect(client.host, client.port, qp, private_data=greedy.encode())
+        assert b"too large" in info.value.private_data
+        assert rss_bytes() - before < RSS_SLACK
+        opts = BenchOptions("write", (4096,))
+        qps = await client.connect_many(
+            SessionSpec("write", 4096), opts.mpa_settings, 1, tx_depth=1, ord=1
+        )
+        assert (await client.server_stats())["qps"] == 1
+        await client.close(qps)
 
 
 def test_regions_sent_from_are_real_memory_and_the_others_lazy() -> None:
@@ -92,20 +86,14 @@ def test_regions_sent_from_are_real_memory_and_the_others_lazy() -> None:
 async def test_the_clients_regions_are_real_memory_only_where_sent_from() -> None:
     """``-q 4 -s 256M`` of Reads: the client's sinks are mapped lazily (it zeroed 1 GiB up
     front); a Write's source is real memory."""
-    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
-        host,
-        port,
-        _layout,
-    ):
-        async with ConnectionManager.open(Rnic("client")) as cm:
-            client = Client(cm, host, port)
-            size = 256 << 20
-            for test, populated in (("read", False), ("write", True)):
-                opts = BenchOptions(test, (size,))
-                qps = await client.connect_many(
-                    SessionSpec(test, size), opts.mpa_settings, 2, tx_depth=1, ord=1
-                )
-                for qp in qps:
-                    assert qp.local is not None
-                    assert (resident_bytes(qp.local.buf) >= size) is populated, test
-                await client.close(qps)
+    async with bench_client() as client:
+        size = 256 << 20
+        for test, populated in (("read", False), ("write", True)):
+            opts = BenchOptions(test, (size,))
+            qps = await client.connect_many(
+                SessionSpec(test, size), opts.mpa_settings, 2, tx_depth=1, ord=1
+            )
+            for qp in qps:
+                assert qp.local is not None
+                assert (resident_bytes(qp.local.buf) >= size) is populated, test
+            await client.close(qps)

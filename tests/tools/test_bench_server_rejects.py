@@ -12,14 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.bench import BenchError, BenchOptions, Client, SessionSpec, protocol, server_for, session
+from stack.bench import BenchError, BenchOptions, SessionSpec, protocol, session
 from stack.bench.blocking_iwarp import BlockingIwarpServer, blocking_latency_run
 from stack.bench.options import MAX_SIZE, mpa_settings
 from stack.bench.protocol import Advert, connect_error
 from stack.rnic import Rnic
 from stack.transport.blocking_cm import connect
-from stack.transport.cm import ConnectionManager, ConnectRejected
+from stack.transport.cm import ConnectRejected
 from stack.wire.events import MpaFrame
+from tests.tools.bench_helpers import bench_client
 
 LIMIT = 8192
 """The lowered MAX_SESSION_BYTES of the client tests."""
@@ -89,19 +90,13 @@ def test_the_blocking_client_says_the_servers_reason(
 
 async def test_the_trio_client_says_the_servers_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(protocol, "MAX_SESSION_BYTES", LIMIT)
-    async with server_for("in-process", host="", port=0, crc=False, markers=False, emss=None) as (
-        host,
-        port,
-        _layout,
-    ):
-        async with ConnectionManager.open(Rnic("client")) as cm:
-            client = Client(cm, host, port)
-            settings = BenchOptions("write", (LIMIT,)).mpa_settings
-            with pytest.raises(BenchError) as info:
-                await client.connect(SessionSpec("write", 2 * LIMIT), settings, tx_depth=1, ord=1)
-            assert f"the server's limit is {LIMIT}" in str(info.value)
-            qp = await client.connect(SessionSpec("write", LIMIT), settings, tx_depth=1, ord=1)
-            await client.close([qp])
+    async with bench_client() as client:
+        settings = BenchOptions("write", (LIMIT,)).mpa_settings
+        with pytest.raises(BenchError) as info:
+            await client.connect(SessionSpec("write", 2 * LIMIT), settings, tx_depth=1, ord=1)
+        assert f"the server's limit is {LIMIT}" in str(info.value)
+        qp = await client.connect(SessionSpec("write", LIMIT), settings, tx_depth=1, ord=1)
+        await client.close([qp])
 
 
 def test_a_reason_is_shown_printable() -> None:
