@@ -23,7 +23,7 @@ from stack.bench.memory import LIVE
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import Advert, SessionSpec, connect_error, reject_data
 from stack.bench.results import LatResult, latency_stats
-from stack.bench.session import Session
+from stack.bench.session import MemoryBudget, Session
 from stack.errors import IwarpError
 from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import MemoryRegion
@@ -42,11 +42,17 @@ class BlockingIwarpServer:
     from its MPA startup on."""
 
     def __init__(
-        self, host: str, settings: MpaSettings, ports: Callable[[], tuple[int, int, int]]
+        self,
+        host: str,
+        settings: MpaSettings,
+        ports: Callable[[], tuple[int, int, int]],
+        budget: MemoryBudget | None = None,
     ) -> None:
         self._listener = BlockingListener(host, 0, settings=settings, backlog=64)
         self.port = self._listener.port
         self._ports = ports
+        self.budget = budget or MemoryBudget()
+        """The memory its sessions hold, shared with the trio server that made it."""
         thread = threading.Thread(
             target=self._listener.serve, args=(self._session,), name="bench-iwarp-blocking"
         )
@@ -63,7 +69,7 @@ class BlockingIwarpServer:
         rnic = Rnic("bench-server-blocking")  # one per thread: an RNIC is not thread-safe
         try:
             spec, session = Session.for_request(
-                rnic, rnic.alloc_pd(), request.private_data, self._ports()
+                rnic, rnic.alloc_pd(), request.private_data, self._ports(), self.budget
             )
         except BenchError as exc:
             request.reject(reject_data(exc))

@@ -34,7 +34,7 @@ from stack.bench.protocol import (
     receive_exactly,
     reject_data,
 )
-from stack.bench.session import Session
+from stack.bench.session import MemoryBudget, Session
 from stack.constants import RAW_RECEIVE_SIZE
 from stack.errors import IwarpError
 from stack.rnic import (
@@ -74,6 +74,8 @@ class BenchServer:
         self.iwarp_blocking_port = 0
         self.active = 0
         """QPs connected right now."""
+        self.budget = MemoryBudget()
+        """The registered memory every session holds, on both drivers' ports together."""
 
     async def run(self, *, task_status: trio.TaskStatus[tuple[int, int]]) -> None:
         async with ConnectionManager.open(self.rnic) as cm:
@@ -90,7 +92,9 @@ class BenchServer:
             blocking = BlockingServer(self.host)
             self.blocking_port = blocking.port
             try:
-                iwarp_blocking = BlockingIwarpServer(self.host, self.settings, self.advert_ports)
+                iwarp_blocking = BlockingIwarpServer(
+                    self.host, self.settings, self.advert_ports, self.budget
+                )
             except OSError as exc:
                 blocking.close()
                 raise BenchError(f"cannot listen on {self.host}: {exc}") from None
@@ -110,7 +114,7 @@ class BenchServer:
         mapped is rejected with the reason (MPA-23); the others run until the client ends."""
         try:
             spec, session = Session.for_request(
-                self.rnic, self.pd, request.private_data, self.advert_ports()
+                self.rnic, self.pd, request.private_data, self.advert_ports(), self.budget
             )
         except BenchError as exc:
             await request.reject(reject_data(exc))

@@ -11,11 +11,13 @@ once, holding the GIL, so not even a worker thread would keep the loop running).
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 
 from stack.bench.memory import REMOTE_ALL, dereg, zeroed
 from stack.bench.options import DEFAULT_TX_DEPTH, BenchError
-from stack.bench.protocol import Advert, SessionSpec
+from stack.bench.protocol import MAX_SESSION_BYTES, Advert, SessionSpec
 from stack.constants import ATOMIC_ALIGNMENT
 from stack.errors import LocalError
 from stack.rnic import (
@@ -35,7 +37,48 @@ from stack.rnic import (
 )
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 
-__all__ = ["Session"]
+__all__ = ["MemoryBudget", "Session", "server_memory_limit"]
+
+
+SERVER_MEMORY_SHARE = 2
+"""A bench server's sessions hold at most 1/this of the machine's physical memory together
+(:class:`MemoryBudget`): one session is capped (MAX_SESSION_BYTES), but a client that opens
+many would have the kernel end the server (a Read session's target is real memory at once,
+every other region once data lands)."""
+
+
+def server_memory_limit() -> int:
+    """Bytes all sessions of one server may register: half the machine's memory, and at
+    least one largest session."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):  # pragma: no cover - no sysconf: one session at a time
+        physical = 0
+    return max(physical // SERVER_MEMORY_SHARE, MAX_SESSION_BYTES)
+
+
+class MemoryBudget:
+    """The registered memory a server's sessions hold, both drivers' ports together (the
+    blocking port's sessions run in threads: taken and given back under a lock)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = server_memory_limit() if limit is None else limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        """Hold ``size`` more bytes; a BenchError (the Reject's reason) past the limit."""
+        with self._lock:
+            if self.used + size > self.limit:
+                raise BenchError(
+                    f"the server's sessions hold {self.used} bytes; {size} more would pass "
+                    f"its limit of {self.limit}"
+                )
+            self.used += size
+
+    def give_back(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
 
 
 @dataclass
@@ -61,19 +104,35 @@ class Session:
     """Send latency: the Send answering each Send."""
     pong: SendWR | None = None
     """Write latency: the Write answering each ping (its last byte is the ping's)."""
+    budget: MemoryBudget | None = None
+    """The server's budget this session's memory is held in (given back at :meth:`close`)."""
+    held: int = 0
 
     @classmethod
     def for_request(
-        cls, rnic: Rnic, pd: ProtectionDomain, private_data: bytes, ports: tuple[int, int, int]
+        cls,
+        rnic: Rnic,
+        pd: ProtectionDomain,
+        private_data: bytes,
+        ports: tuple[int, int, int],
+        budget: MemoryBudget,
     ) -> tuple[SessionSpec, Session]:
         """The spec an MPA Request's private data asks for and its open session; a
-        BenchError when the Request is malformed, asks more than MAX_SESSION_BYTES or cannot
-        be mapped or made, which the server rejects with (MPA-23)."""
+        BenchError when the Request is malformed, asks more than MAX_SESSION_BYTES or more
+        than the server's ``budget`` has left, or cannot be mapped or made, which the
+        server rejects with (MPA-23)."""
         spec = SessionSpec.decode(private_data)
+        budget.take(spec.memory)
         try:
-            return spec, cls.open(rnic, pd, spec, ports)
+            session = cls.open(rnic, pd, spec, ports)
         except (OSError, LocalError) as exc:
+            budget.give_back(spec.memory)
             raise BenchError(f"cannot open the session ({spec.memory} bytes): {exc}") from None
+        except BaseException:
+            budget.give_back(spec.memory)
+            raise
+        session.budget, session.held = budget, spec.memory
+        return spec, session
 
     @classmethod
     def open(
@@ -159,7 +218,10 @@ class Session:
         self.qp.post_send(self.pong)
 
     def close(self) -> None:
-        """Destroy the QP and deregister the regions."""
+        """Destroy the QP and deregister the regions (their memory goes back to the budget)."""
         self.rnic.destroy_qp(self.qp)
         for mr in self.regions:
             dereg(mr)
+        if self.budget is not None:
+            self.budget.give_back(self.held)
+            self.budget = None

@@ -14,7 +14,8 @@ from stack.bench.server import BenchServer
 from stack.bench.session import Session
 from stack.errors import LocalError
 from stack.rnic import Access, Rnic, SendFlags, SendWR, Sge, WrOpcode
-from stack.transport.cm import ConnectionManager
+from stack.transport.blocking_cm import connect
+from stack.transport.cm import ConnectionManager, ConnectRejected
 
 
 async def _write_ping_and_leave(port: int) -> None:
@@ -96,3 +97,43 @@ def test_a_pong_region_that_fits_no_wire_field_is_refused(pong: list[int]) -> No
     data = b'{"t": "write", "s": 64, "l": 1, "pong": %s}' % str(pong).encode()
     with pytest.raises(BenchError, match="bad session request"):
         SessionSpec.decode(data)
+
+
+async def test_the_servers_sessions_share_one_memory_budget_on_both_ports() -> None:
+    """One session is capped (MAX_SESSION_BYTES); many together stay within the server's
+    budget, the trio and the blocking port alike: past it a Request gets a Reject with the
+    reason, and what a closed session held can be taken again."""
+    spec = SessionSpec("write", 4096)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = BenchServer(host="127.0.0.1", port=0)
+            server.budget.limit = spec.memory  # room for one session
+            port, _raw = await nursery.start(server.run)
+            rnic = Rnic("client")
+            pd = rnic.alloc_pd()
+            async with ConnectionManager.open(rnic) as cm:
+                first = await cm.connect(
+                    "127.0.0.1", port, rnic.create_qp(pd, rnic.create_cq()),
+                    private_data=spec.encode(),
+                )  # fmt: skip
+                with pytest.raises(ConnectRejected) as info:
+                    await cm.connect("127.0.0.1", port, rnic.create_qp(pd, rnic.create_cq()),
+                                     private_data=spec.encode())  # fmt: skip
+                assert b"would pass its limit" in info.value.private_data
+                other = Rnic("blocking")
+                qp = other.create_qp(other.alloc_pd(), other.create_cq())
+                with pytest.raises(ConnectRejected) as info:
+                    await trio.to_thread.run_sync(
+                        lambda: connect("127.0.0.1", server.iwarp_blocking_port, qp,
+                                        private_data=spec.encode(), timeout=5.0)
+                    )  # fmt: skip
+                assert b"would pass its limit" in info.value.private_data
+                await first.disconnect(timeout=5.0)
+                while server.budget.used:  # the session closed: its memory is back
+                    await trio.sleep(0.02)
+                again = await cm.connect(
+                    "127.0.0.1", port, rnic.create_qp(pd, rnic.create_cq()),
+                    private_data=spec.encode(),
+                )  # fmt: skip
+                await again.disconnect(timeout=5.0)
+            nursery.cancel_scope.cancel()
