@@ -30,7 +30,8 @@ import time
 
 import trio
 
-from stack.bench.blocking import batch_messages, latency_shape, sent_from
+from stack.bench.blocking import batch_messages, latency_shape
+from stack.bench.memory import zeroed
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import (
     RAW_COUNT,
@@ -49,7 +50,7 @@ async def _raw_stream(
 ) -> int:
     """Stream ``size``-byte messages, ``depth`` per send; return the count once acknowledged."""
     batch = batch_messages(size, depth)
-    chunk = memoryview(sent_from(size * batch))
+    chunk = memoryview(zeroed(size * batch, sent=True))
     sent = 0
     clock = time.perf_counter
     while (count is None or sent < count) and (deadline is None or clock() < deadline):

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from stack.bench.memory import zeroed
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import (
     RAW_COUNT,
@@ -49,15 +50,7 @@ def batch_messages(size: int, available: int) -> int:
     return max(1, min(available, BATCH_BYTES // max(size, 1)))
 
 
-def sent_from(size: int) -> bytearray:
-    """``size`` zero bytes a baseline sends from, in real memory as the iWARP side's are
-    (``memory.zeroed(sent=True)``): ``bytes(size)`` of a large size is a fresh mapping left
-    untouched, every page of it the kernel's one zero page, so its sends would read 4 KiB
-    of cache where the stack reads memory (``bytearray`` writes its zeros)."""
-    return bytearray(size)
-
-
-ZEROS = memoryview(sent_from(BATCH_BYTES))
+ZEROS = memoryview(zeroed(BATCH_BYTES, sent=True))
 """What both request/response servers answer with, one send at most: the reply size is the
 peer's header (up to 4 GiB), so no reply is allocated per connection (``bytes(size)`` was:
 a MemoryError that ended the trio server where memory is not overcommitted)."""
@@ -155,7 +148,7 @@ def _connect(host: str, port: int, mode: int, size: int, request: int) -> socket
 
 def _stream(sock: socket.socket, size: int, count: int, depth: int) -> None:
     batch = batch_messages(size, depth)
-    chunk = memoryview(sent_from(size * batch))
+    chunk = memoryview(zeroed(size * batch, sent=True))
     sent = 0
     while sent < count:
         k = min(batch, count - sent)

@@ -4,9 +4,10 @@ Both of the server's drivers make their sessions here: the trio one
 (:class:`~stack.bench.server.BenchServer`) and the blocking one
 (:mod:`stack.bench.blocking_iwarp`), from the MPA Request's private data
 (:meth:`Session.for_request`: a BenchError is the Reject's reason).  Regions are anonymous
-mappings (:func:`zeroed`): opening a session of a gigabyte costs no time on the event loop
-and no resident memory until the peer places data (``bytearray(n)`` zeroes every page at
-once, holding the GIL, so not even a worker thread would keep the loop running).
+mappings (:func:`~stack.bench.memory.zeroed`): one that only receives costs no time on the
+event loop and no resident memory until the peer places data (``bytearray(n)`` zeroes every
+page at once, holding the GIL, so not even a worker thread would keep the loop running);
+one the session sends from is populated at once, in the kernel.
 """
 
 from __future__ import annotations

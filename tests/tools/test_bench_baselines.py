@@ -161,8 +161,9 @@ def test_a_reply_size_from_the_header_allocates_nothing_on_either_server(
 def test_the_baselines_send_from_real_memory() -> None:
     """As the iWARP side's sources (memory.zeroed(sent=True)): a large ``bytes(n)`` is left
     untouched, every page the kernel's one zero page, and its sends read 4 KiB of cache."""
-    from stack.bench.blocking import BATCH_BYTES, ZEROS, sent_from
+    from stack.bench.blocking import BATCH_BYTES, ZEROS
+    from stack.bench.memory import zeroed
     from tests.tools.resident import resident_bytes
 
     assert resident_bytes(ZEROS) >= BATCH_BYTES
-    assert resident_bytes(sent_from(8 << 20)) >= 8 << 20
+    assert resident_bytes(zeroed(8 << 20, sent=True)) >= 8 << 20
