@@ -412,15 +412,7 @@ class MpaStartup:
         if frame.reject:
             self._transition(MpaInput.REPLY_REJECT)
             self._inbuf.clear()
-            reason = "peer rejected the connection"
-            if frame.ird_ord is not None:
-                reason += f" (peer IRD {frame.ird_ord.ird}, ORD {frame.ird_ord.ord})"
-            # Name what we asked for that the rejecting Reply does not carry (MPA-09/11).
-            if local.markers and not frame.markers:
-                reason += "; we asked for markers (M=1), the Reply has M=0"
-            if local.crc and not frame.crc:
-                reason += "; we asked for CRC (C=1), the Reply has C=0"
-            self._events.append(Rejected(frame, reason))
+            self._events.append(Rejected(frame, _reject_reason(local, frame)))
             return
         chk = Checker(strict=False)
         ctx = StartupContext(
@@ -446,7 +438,10 @@ class MpaStartup:
         crc = local.crc or frame.crc
         if s.crc is CrcPolicy.REQUIRE and not frame.crc:
             self._bad_reply(
-                MpaError("MPA-11", "peer asked for no CRC; CRC is required here"),
+                MpaError(
+                    "MPA-11",
+                    "the accepting Reply has C=0 (no CRC) to our C=1; CRC is required here",
+                ),
                 TERM_LLP_LOCAL_CATASTROPHIC if enhanced else None,
                 crc,
                 frame,
@@ -454,7 +449,10 @@ class MpaStartup:
             return
         if s.crc is CrcPolicy.STRICT_OFF and frame.crc:
             self._bad_reply(
-                MpaError("MPA-11", "peer asked for CRC; CRC is strictly off here"),
+                MpaError(
+                    "MPA-11",
+                    "the accepting Reply has C=1 (CRC) to our C=0; CRC is strictly off here",
+                ),
                 TERM_LLP_LOCAL_CATASTROPHIC if enhanced else None,
                 crc,
                 frame,
@@ -540,3 +538,33 @@ class MpaStartup:
             local_frame=local,
             peer_frame=peer,
         )
+
+
+_REASON_PREVIEW = 64
+"""Octets of a Reject's private data shown in hex when it is not printable text."""
+
+
+def _reject_reason(local: MpaFrame, reply: MpaFrame) -> str:
+    """What a rejecting Reply (R=1, MPA-24) says: the peer's IRD/ORD (ERC-05) and its
+    private data, where a responder puts its reason (MPA-23).  A Reject's C bit is not a
+    CRC answer (MPA-11 applies to accepting Replies), so it is not named as a cause; the
+    markers we asked for and the Reply lacks still are (siw's Reject of markers, MPA-09)."""
+    reason = "peer rejected the connection"
+    if reply.ird_ord is not None:
+        reason += f" (peer IRD {reply.ird_ord.ird}, ORD {reply.ird_ord.ord})"
+    data = bytes(reply.private_data)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    if not data:
+        reason += ", no reason given (no private data)"
+    elif text is not None and text.isprintable():
+        reason += f", reason (its private data): {text!r}"
+    else:
+        shown = data[:_REASON_PREVIEW].hex()
+        more = "..." if len(data) > _REASON_PREVIEW else ""
+        reason += f", private data ({len(data)} octets): {shown}{more}"
+    if local.markers and not reply.markers:
+        reason += "; we asked for markers (M=1), the Reply has M=0"
+    return reason

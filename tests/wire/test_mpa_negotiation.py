@@ -460,16 +460,65 @@ def test_erc_05_peer_ird_ord_reported_on_reject() -> None:
     assert "IRD 7" in rejected.reason
 
 
-def test_mpa_09_mpa_11_reject_reason_names_markers_and_crc_we_asked_for() -> None:
-    """A reject (siw refusing markers, or CRC under crc_strict) says what we asked for."""
+def test_mpa_09_reject_reason_names_markers_we_asked_for() -> None:
+    """A reject by siw, which supports no markers, says we asked for them (M=1)."""
     settings = S(rev=1, want_markers=True, crc=CrcPolicy.REQUEST)
     rejected = only(
         initiator_after_reply(settings, reply_bytes(rev=1, reject=True, crc=False)), Rejected
     )
     assert "markers (M=1), the Reply has M=0" in rejected.reason
-    assert "CRC (C=1), the Reply has C=0" in rejected.reason
     plain = only(initiator_after_reply(S(crc=CrcPolicy.OFF), reply_bytes(reject=True)), Rejected)
     assert "markers" not in plain.reason and "CRC" not in plain.reason
+
+
+def test_mpa_24_reject_reason_is_the_peers_not_crc() -> None:
+    """An OFF responder rejecting our C=1 Request for its own reason sends C=0: the reason
+    is its private data, and the C bit of a Reject is not named as a CRC refusal (MPA-11)."""
+    pair = ConnectionPair(S(crc=CrcPolicy.REQUEST), S(crc=CrcPolicy.OFF))
+    pair.start()
+    pair.responder.reject(b"no room for you")
+    ev_i, _ = pair.pump()
+    rejected = only(ev_i, Rejected)
+    assert rejected.frame.reject and not rejected.frame.crc
+    assert rejected.reason.startswith("peer rejected the connection (peer IRD")
+    assert rejected.reason.endswith("reason (its private data): 'no room for you'")
+    assert "CRC" not in rejected.reason and "C=" not in rejected.reason
+
+
+def test_mpa_24_reject_reason_without_or_with_binary_private_data() -> None:
+    """siw's crc_strict reject (R=1, C=0, no private data) says no reason was given;
+    private data that is not text is shown in hex, at most 64 octets of it."""
+    crc_req = S(rev=1, crc=CrcPolicy.REQUEST)
+    bare = only(initiator_after_reply(crc_req, reply_bytes(rev=1, reject=True)), Rejected)
+    assert bare.reason == "peer rejected the connection, no reason given (no private data)"
+    binary = only(
+        initiator_after_reply(crc_req, reply_bytes(rev=1, reject=True, private_data=b"\xff\x00")),
+        Rejected,
+    )
+    assert binary.reason.endswith("private data (2 octets): ff00")
+    long = bytes(range(100))
+    cut = only(
+        initiator_after_reply(crc_req, reply_bytes(rev=1, reject=True, private_data=long)),
+        Rejected,
+    )
+    assert cut.reason.endswith(f"private data (100 octets): {long[:64].hex()}...")
+
+
+@pytest.mark.parametrize(
+    ("policy", "reply_c", "text"),
+    [
+        (CrcPolicy.REQUIRE, False, "the accepting Reply has C=0 (no CRC) to our C=1"),
+        (CrcPolicy.STRICT_OFF, True, "the accepting Reply has C=1 (CRC) to our C=0"),
+    ],
+)
+def test_mpa_11_accepting_reply_c_bit_conflict_is_named(
+    policy: CrcPolicy, reply_c: bool, text: str
+) -> None:
+    """Where the C bit is the cause (an accepting Reply against our policy), the error
+    names both C bits (RFC 5044 §7.1, MPA-11)."""
+    events = initiator_after_reply(S(rev=1, crc=policy), reply_bytes(rev=1, crc=reply_c))
+    failed = only(events, ConnectionFailed)
+    assert failed.error.rule == "MPA-11" and text in str(failed.error)
 
 
 # -- reject ----------------------------------------------------------------------------------
