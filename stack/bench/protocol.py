@@ -96,36 +96,66 @@ class SessionSpec:
 
     @classmethod
     def decode(cls, data: bytes) -> SessionSpec:
-        """Parse private data; raises BenchError on anything malformed or asking more memory
-        than MAX_SESSION_BYTES (the server rejects it, MPA-23)."""
+        """Parse private data strictly: one JSON object, each field at most once, no field
+        :meth:`encode` does not write, every value of its type and range (``l`` 0 or 1).
+        Raises BenchError on anything else or on asking more memory than
+        MAX_SESSION_BYTES (the server rejects the Request with it, MPA-23)."""
         try:
-            obj = json.loads(data)
+            obj = json.loads(data, object_pairs_hook=_unique_fields)
+            if type(obj) is not dict:
+                raise ValueError("not a JSON object")
+            unknown = sorted(set(obj) - _SPEC_FIELDS)
+            if unknown:
+                raise ValueError(f"unknown field {unknown[0]!r}")
+            missing = [key for key in ("t", "s") if key not in obj]
+            if missing:
+                raise ValueError(f"missing field {missing[0]!r}")
             test, size = obj["t"], obj["s"]
-            latency = bool(obj.get("l", 0))
+            latency = obj.get("l", 0)
             rx_depth = obj.get("rx", 0)
             pong = obj.get("pong")
-            if test not in (*TESTS, "idle"):
+            if type(test) is not str or test not in (*TESTS, "idle"):
                 raise ValueError(f"unknown test {test!r}")
-            if not isinstance(size, int) or not 0 <= size <= MAX_SIZE:
+            if type(size) is not int or not 0 <= size <= MAX_SIZE:
                 raise ValueError(f"bad size {size!r}")
-            if not isinstance(rx_depth, int) or not 0 <= rx_depth <= MAX_RX_DEPTH:
+            if type(latency) is not int or latency not in (0, 1):
+                raise ValueError(f"bad latency flag {latency!r} (0 or 1)")
+            if type(rx_depth) is not int or not 0 <= rx_depth <= MAX_RX_DEPTH:
                 raise ValueError(f"bad rx depth {rx_depth!r}")
-            if pong is not None:
-                if len(pong) != 3 or not all(
-                    type(v) is int and 0 <= v <= top
-                    for v, top in zip(pong, _PONG_FIELDS, strict=True)
+            if "pong" in obj:
+                if (
+                    type(pong) is not list
+                    or len(pong) != 3
+                    or not all(
+                        type(v) is int and 0 <= v <= top
+                        for v, top in zip(pong, _PONG_FIELDS, strict=True)
+                    )
                 ):
                     raise ValueError(f"bad pong region {pong!r}")
                 pong = (pong[0], pong[1], pong[2])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise BenchError(f"bad session request: {exc}") from None
-        spec = cls(test, size, latency, rx_depth, pong)
+        spec = cls(test, size, bool(latency), rx_depth, pong)
         if spec.memory > MAX_SESSION_BYTES:
             raise BenchError(
                 f"session request too large: {spec.memory} bytes of registered memory, "
                 f"the server's limit is {MAX_SESSION_BYTES}"
             )
         return spec
+
+
+_SPEC_FIELDS = frozenset(("t", "s", "l", "rx", "pong"))
+"""The fields of a :class:`SessionSpec` on the wire (:meth:`SessionSpec.encode`)."""
+
+
+def _unique_fields(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's fields, refusing one given twice (``json`` keeps the last)."""
+    obj: dict[str, object] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"field {key!r} given twice")
+        obj[key] = value
+    return obj
 
 
 @dataclass(frozen=True, slots=True)
