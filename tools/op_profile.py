@@ -15,11 +15,16 @@ about the code, so this counts what a small operation costs:
                        ``--post-list`` WRs, the last of each list signalled (selective
                        signalling): posting, the send queue engine, DDP/RDMAP encoding
                        and MPA framing, with no socket (sans-IO, the bytes are dropped).
+``write-recv``         the receiver's work per 64-byte tagged FPDU of such Writes, fed
+                       ``--post-list`` FPDUs per read as the driver feeds a view of its
+                       receive buffer: deframing (CRC), DDP/RDMAP validation, the
+                       protection checks and the placement, with no socket (sans-IO).
 
 ``--instructions`` adds what a case costs the CPU, load-free: the user-space instructions
-per round trip (``write``: per WR), counted by valgrind's callgrind (which must be
-installed) over the case's own loop run twice, ``--iters`` (``--lists``) apart, in two
-processes, the difference divided by that count, so start-up and set-up cancel out.  The
+per round trip (``write``: per WR, ``write-recv``: per FPDU), counted by valgrind's
+callgrind (which must be installed) over the case's own loop run twice, ``--iters``
+(``--lists``) apart, in two processes, the difference divided by that count, so start-up
+and set-up cancel out.  The
 same binary and inputs give the same count whatever else the machine does, where a timing
 moves by tens of percent on a shared machine.  It takes a minute or two per case.
 
@@ -188,17 +193,7 @@ def _drain(engine: IwarpConnection) -> list[object]:
 def post_list_writes(post_list: int, lists: int, count: bool = True) -> dict[str, float]:
     """Python calls per 64 B Write WR on the sender, posted ``post_list`` at a time
     (``count=False``: the warm-up and ``lists`` post lists, nothing counted)."""
-    settings = MpaSettings()  # CRC requested (the default)
-    a, b = IwarpConnection(Role.INITIATOR, settings), IwarpConnection(Role.RESPONDER, settings)
-    a.initiate(0.0)
-    b.start(0.0)
-    b.receive_data(a.data_to_send())
-    if not any(isinstance(e, RequestReceived) for e in _drain(b)):
-        raise RuntimeError("no MPA Request")
-    b.accept()
-    a.receive_data(b.data_to_send())
-    if not any(isinstance(e, Established) for e in _drain(a)):
-        raise RuntimeError("no MPA Reply")
+    a, _b = _established()
     rnic = Rnic("sender")
     pd = rnic.alloc_pd()
     cq = rnic.create_cq()
@@ -228,6 +223,65 @@ def post_list_writes(post_list: int, lists: int, count: bool = True) -> dict[str
     return {"python_calls": _calls(profile) / (lists * post_list)}
 
 
+def _established() -> tuple[IwarpConnection, IwarpConnection]:
+    """An initiator and a responder engine in Full Operation (CRC on, no markers)."""
+    settings = MpaSettings()  # CRC requested (the default)
+    a, b = IwarpConnection(Role.INITIATOR, settings), IwarpConnection(Role.RESPONDER, settings)
+    a.initiate(0.0)
+    b.start(0.0)
+    b.receive_data(a.data_to_send())
+    if not any(isinstance(e, RequestReceived) for e in _drain(b)):
+        raise RuntimeError("no MPA Request")
+    b.accept()
+    a.receive_data(b.data_to_send())
+    if not any(isinstance(e, Established) for e in _drain(a)):
+        raise RuntimeError("no MPA Reply")
+    return a, b
+
+
+def received_writes(per_read: int, reads: int, count: bool = True) -> dict[str, float]:
+    """Python calls per 64 B tagged Write FPDU on the receiver, ``per_read`` FPDUs fed at a
+    time as a view of one receive buffer (the driver's ``recv_into`` buffer, its budget):
+    deframing with CRC, DDP/RDMAP validation, the protection checks and the placement
+    (``count=False``: the warm-up and ``reads`` feeds, nothing counted)."""
+    from stack.transport.driver import FEED_BUDGET
+    from stack.wire.events import RdmaWrite
+
+    a, b = _established()
+    rnic = Rnic("receiver")
+    pd = rnic.alloc_pd()
+    cq = rnic.create_cq()
+    qp = rnic.create_qp(pd, cq)
+    target = pd.reg_mr(bytearray(64), _REMOTE)
+    endpoint = QpEndpoint(b, qp)
+    b.mpa.keep_tail = True  # as the driver reads
+    qp.set_rts()
+    write = RdmaWrite(target.rkey, target.base, bytes(range(64)))
+    a.send_messages([write] * per_read)
+    # Without markers an FPDU does not depend on its stream offset: the same bytes again
+    # are the next FPDUs of the stream.
+    buffer = memoryview(bytearray(a.data_to_send()))
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            if not endpoint.feed(buffer, FEED_BUDGET):
+                raise RuntimeError(f"receiver failed: {endpoint.error}")
+            while endpoint.events_pending:
+                endpoint.feed(None, FEED_BUDGET)
+
+    run(100)
+    if bytes(target.buf) != bytes(range(64)):
+        raise RuntimeError("the Writes were not placed")
+    if not count:
+        run(reads)
+        return {}
+    profile = cProfile.Profile()
+    profile.enable()
+    run(reads)
+    profile.disable()
+    return {"python_calls": _calls(profile) / (reads * per_read)}
+
+
 def measure(
     iters: int, post_list: int, lists: int, with_instructions: bool = False
 ) -> dict[str, dict[str, float]]:
@@ -236,6 +290,8 @@ def measure(
     for case, (kind, size) in _cases(post_list).items():
         if size is None:
             figures, n, per = round_trip(kind, iters), iters, iters
+        elif kind == "write-recv":
+            figures, n, per = received_writes(size, lists), lists, lists * size
         else:
             figures, n, per = post_list_writes(size, lists), lists, lists * size
         if with_instructions:
@@ -251,6 +307,7 @@ def _cases(post_list: int) -> dict[str, tuple[str, int | None]]:
         "atomic": ("atomic", None),
         f"write post list {post_list}": ("write", post_list),
         "write post list 1": ("write", 1),
+        f"write-recv per FPDU ({post_list}/read)": ("write-recv", post_list),
     }
 
 
@@ -258,6 +315,8 @@ def _run_loop(kind: str, n: int, post_list: int) -> None:
     """One case's loop, nothing counted (what runs under callgrind)."""
     if kind == "write":
         post_list_writes(post_list, n, count=False)
+    elif kind == "write-recv":
+        received_writes(post_list, n, count=False)
     else:
         round_trip(kind, n, count=False)
 
