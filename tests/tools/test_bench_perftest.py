@@ -39,7 +39,7 @@ from stack.peers.perftest import (
     message_sizes,
     script,
 )
-from stack.rnic import Rnic, WcOpcode, WcStatus, WorkCompletion
+from stack.rnic import Access, Rnic, WcOpcode, WcStatus, WorkCompletion
 
 # The client's pingpong_dest of a siw run: lid 0, out_reads 1, QPN 3, PSN 0x1b1c5e, rkey
 # 0x47f10200, 4 uninitialised padding bytes (1e56 0000), vaddr 0x561e48d36000, GID of
@@ -210,6 +210,26 @@ def test_options_follow_perftest_defaults() -> None:
     assert (send.rx_depth, send.out_reads) == (6, 1)
     every = PerftestOptions.build("write", all_sizes=True, iters=3)
     assert every.sizes[0] == 2 and every.buffer_size == 1 << 23
+
+
+def test_send_server_receive_cq_holds_every_receive_of_its_qps() -> None:
+    """-q 129 with 512 receives each: 66048 posted, past the 65536 entries the shared
+    receive CQ had.  All of them complete into it (flushed here, as at teardown) and none
+    is lost to an overflow (fatal, SEC-09): the CQ is sized -q x receives, as perftest's."""
+    opts = PerftestOptions.build("send", size=64, iters=512, num_qps=129, out=io.StringIO())
+    assert opts.recv_cq_size == 129 * opts.recv_slots
+    server = PerftestServer(opts)
+    for _ in range(opts.num_qps):
+        d = server.new_data_qp()
+        d.buf = server.pd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
+    server.prepare(64)
+    posted = sum(d.recvs_posted for d in server.data)
+    assert posted == 129 * 512 > 1 << 16
+    for d in server.data:
+        d.qp.stream_closed(ConnectionError("gone"))
+    wcs = server.recv_cq.poll(posted + 1)
+    assert len(wcs) == posted
+    assert {wc.status for wc in wcs} == {WcStatus.WR_FLUSH_ERR}
 
 
 def test_cli_parses_perftest_command_lines() -> None:

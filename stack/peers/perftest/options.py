@@ -25,6 +25,8 @@ MAX_SIZE = ALL_SIZES[-1]
 """``-a`` sizes go up to 8 MiB and buffers are sized for it (perftest's MAX_SIZE)."""
 DEFAULT_SIZE = 65536
 DEFAULT_RX_SEND = 512
+RECV_HEADROOM = 16
+"""Receives a data QP may hold beyond its receive depth (:attr:`PerftestOptions.recv_slots`)."""
 CQ_MOD_SIZE_LIMIT = 8192
 """perftest signals every WR above this size unless ``-Q`` (or ``-a``) says otherwise."""
 DEFAULT_ITERS = {"write": 5000, "read": 1000, "send": 1000, "atomic": 1000}
@@ -141,6 +143,19 @@ class PerftestOptions:
     def buffer_size(self) -> int:
         """The largest message (``-a``: 8 MiB)."""
         return MAX_SIZE if self.all_sizes else max(self.sizes)
+
+    @property
+    def recv_slots(self) -> int:
+        """Receives one data QP may hold (``max_recv_wr``): the server keeps ``-r`` (at
+        least 512) posted for Sends, with room to repost; latency tests post fewer."""
+        return max(self.rx_depth, DEFAULT_RX_SEND) + RECV_HEADROOM
+
+    @property
+    def recv_cq_size(self) -> int:
+        """Entries of the receive CQ all data QPs share: every receive they may hold, as
+        perftest sizes it (``rx_depth`` x ``num_qps``).  Each posted receive completes once,
+        flushed or not, so the CQ cannot overflow, which would be fatal (SEC-09)."""
+        return self.num_qps * self.recv_slots
 
     @property
     def cm_reads(self) -> int:

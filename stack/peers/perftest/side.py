@@ -20,7 +20,7 @@ from stack.bench.report import RESULT_LINE, TEST_NAMES, TRANSPORT
 from stack.bench.results import MB, BwResult, LatResult
 from stack.pcap import PcapWriter
 from stack.peers.perftest.channel import ByteMeter, Comm, TeeTap
-from stack.peers.perftest.options import DEFAULT_RX_SEND, PerftestOptions
+from stack.peers.perftest.options import PerftestOptions
 from stack.peers.perftest.protocol import (
     CREDIT,
     ZERO_DEST,
@@ -75,7 +75,7 @@ class PerftestSide:
         self.meter = ByteMeter()
         self.comm = Comm(self.rnic, self.pd, self.active, opts.timeout, self.meter, self.broken)
         self.data: list[DataQp] = []
-        self.recv_cq = self.rnic.create_cq(1 << 16)
+        self.recv_cq = self.rnic.create_cq(opts.recv_cq_size)
         self.credit: MemoryRegion | None = None
         self.mine: list[PingpongDest] = []
         self.theirs: list[PingpongDest] = []
@@ -265,7 +265,7 @@ class PerftestSide:
         send_cq = self.rnic.create_cq(2 * o.tx_depth + o.rx_depth + 64)
         cap = QpCap(
             max_send_wr=o.tx_depth + o.rx_depth + 64,
-            max_recv_wr=max(o.rx_depth, DEFAULT_RX_SEND) + 16,
+            max_recv_wr=o.recv_slots,
         )
         reads = max(1, o.cm_reads)
         qp = self.rnic.create_qp(self.pd, send_cq, self.recv_cq, cap=cap, ird=reads, ord=reads)
