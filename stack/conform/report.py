@@ -1,9 +1,9 @@
 """Report writers of ``iwarp conform``: text (h2spec style), JUnit XML, JSON; the case list.
 
 The text report groups results by document and section, one line per case with its status
-and time, the expectation and the observation under each case that did not pass, and a
-summary with counts.  The case list (``--list``) is text, JSON or the Markdown table of
-docs/conform.md.
+and time, the expectation and the observation under each case that did not pass, one line
+per reason for the cases not run, and a summary with counts.  The case list (``--list``)
+is text, JSON or the Markdown table of docs/conform.md.
 """
 
 from __future__ import annotations
@@ -61,16 +61,32 @@ def summary_line(results: Sequence[CaseResult], seconds: float | None = None) ->
     return f"{len(results)} cases: {parts}{tail}"
 
 
+NOT_RUN = "not run: "
+"""How the runner's result for a case it did not start begins (preflight failed, the DUT
+is gone): ``not run: <why>``."""
+NOT_RUN_IDS = 6
+"""Case IDs a text report's not-run line names, at most (the first ones and the last)."""
+
+
 def report_text(report: RunReport, *, verbose: bool = False) -> str:
-    """The h2spec-style text report (``verbose``: evidence of passing cases too)."""
+    """The h2spec-style text report (``verbose``: evidence of passing cases too).
+
+    Cases the run did not start are not listed one by one: one line per reason says how
+    many and which (the JSON and JUnit reports keep a result per case)."""
     by_id = {r.case.id: r for r in report.results}
+    not_run: dict[str, list[str]] = {}
+    for r in report.results:
+        if r.verdict.observed.startswith(NOT_RUN):
+            not_run.setdefault(r.verdict.observed.removeprefix(NOT_RUN), []).append(r.case.id)
+    skipped = {cid for ids in not_run.values() for cid in ids}
     lines = [
         f"iwarp conform: {report.dut}, app {report.app}"
         + (" (strict: SHOULDs count as failures)" if report.options.strict else ""),
         "",
     ]
     doc = None
-    for group_doc, section, cases in _groups(r.case for r in report.results):
+    shown = (r.case for r in report.results if r.case.id not in skipped)
+    for group_doc, section, cases in _groups(shown):
         if group_doc != doc:
             doc = group_doc
             if len(lines) > 2:
@@ -82,11 +98,24 @@ def report_text(report: RunReport, *, verbose: bool = False) -> str:
             lines.append(f"    {r.status.value:<5} {c.id:<9} {c.title}  ({r.seconds:.2f} s)")
             if r.status is not Status.PASS or verbose:
                 lines.extend(_detail(r))
+    if not_run and len(lines) > 2:
+        lines.append("")
+    for why, ids in not_run.items():
+        count = f"{len(ids)} case{'s' if len(ids) > 1 else ''}"
+        lines.append(f"{count} not run ({_id_list(ids)}): {why}")
     lines += ["", summary_line(report.results, report.seconds)]
     failed = [r for r in report.results if r.status is Status.FAIL]
     if failed:
         lines.append("failed: " + ", ".join(_failed(r) for r in failed))
     return "\n".join(lines) + "\n"
+
+
+def _id_list(ids: Sequence[str]) -> str:
+    """``MPA-18, MPA-19, ERC-04``: all up to :data:`NOT_RUN_IDS` IDs, else the first ones
+    and the last: ``MPA-18, MPA-19, MPA-20, MPA-21, MPA-22 ... ERC-11``."""
+    if len(ids) <= NOT_RUN_IDS:
+        return ", ".join(ids)
+    return f"{', '.join(ids[: NOT_RUN_IDS - 1])} ... {ids[-1]}"
 
 
 def _failed(r: CaseResult) -> str:
