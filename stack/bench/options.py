@@ -45,8 +45,9 @@ connection from one address to one port, which Linux gives 28232 local ports by 
 MAX_DEPTH = 1 << 16
 """Most WRs outstanding per QP (``-t``, and so ``--post-list`` and ``--cq-mod``, which are
 at most the tx depth): the RNIC has no limit of its own, a QP's queues and CQ are sized by
-it (the client's CQ: two entries per WR); as the 65536-entry CQs of the perftest peer's
-receives and of cmatose."""
+it (the client's CQ: two entries per WR); as the 65536-entry CQs of cmatose.  (The perftest
+peer's shared receive CQ is sized by its QPs' receives, which
+:data:`~stack.peers.perftest.options.MAX_POSTED_RECEIVES` bounds.)"""
 MAX_RX_DEPTH = 1 << 20
 """Most receives the server keeps posted for one QP's Sends (``--rx-depth``): what
 :meth:`~stack.bench.protocol.SessionSpec.decode` accepts in a session request."""

@@ -232,6 +232,21 @@ def test_send_server_receive_cq_holds_every_receive_of_its_qps() -> None:
     assert {wc.status for wc in wcs} == {WcStatus.WR_FLUSH_ERR}
 
 
+def test_send_receives_posted_at_once_are_bounded() -> None:
+    """-q x -r receives would all be posted before a byte is sent: past the bound the run is
+    refused up front with both factors named, not left to exhaust memory."""
+    from stack.peers.perftest.options import MAX_POSTED_RECEIVES
+
+    per_qp = MAX_POSTED_RECEIVES // 1024
+    ok = PerftestOptions.build("send", iters=per_qp, rx_depth=per_qp, num_qps=1024)
+    assert ok.num_qps * ok.rx_depth == MAX_POSTED_RECEIVES
+    with pytest.raises(PerftestError, match=r"-q 1025 QPs x 16384 receives each"):
+        PerftestOptions.build("send", iters=per_qp, rx_depth=per_qp, num_qps=1025)
+    # Write, Read and the latency tests post no such receives.
+    PerftestOptions.build("write", iters=per_qp, num_qps=16384)
+    PerftestOptions.build("send", iters=per_qp, rx_depth=per_qp, num_qps=1025, latency=True)
+
+
 def test_cli_parses_perftest_command_lines() -> None:
     parser = build_parser("iwarp", "test", COMMANDS)
     args = parser.parse_args(["bench", "ib_send_bw", "-R", "-n", "5", "-s", "2K", "10.0.2.15"])

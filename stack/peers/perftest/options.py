@@ -26,6 +26,11 @@ MAX_SIZE = ALL_SIZES[-1]
 DEFAULT_SIZE = 65536
 DEFAULT_RX_SEND = 512
 RECV_HEADROOM = 16
+MAX_POSTED_RECEIVES = 1 << 24
+"""Most receives all data QPs of a Send test hold posted at once (``-q`` x ``-r``, at least
+512 per QP): each is an entry of a QP's receive queue and a slot of the shared receive CQ,
+so past this a run would exhaust memory before it sent a byte (a real RNIC refuses such a
+``max_recv_wr`` x QPs as well)."""
 """Receives a data QP may hold beyond its receive depth (:attr:`PerftestOptions.recv_slots`)."""
 CQ_MOD_SIZE_LIMIT = 8192
 """perftest signals every WR above this size unless ``-Q`` (or ``-a``) says otherwise."""
@@ -127,13 +132,21 @@ class PerftestOptions:
             reads = min(out_reads or MAX_DEVICE_READS, MAX_DEVICE_READS)
         else:
             reads = 1
+        rx = default_rx_depth(n, all_sizes, rx_depth)
+        qps = int(kwargs.get("num_qps", 1))  # type: ignore[call-overload]
+        posted = qps * max(rx, DEFAULT_RX_SEND)
+        if test == "send" and not latency and posted > MAX_POSTED_RECEIVES:
+            raise PerftestError(
+                f"-q {qps} QPs x {max(rx, DEFAULT_RX_SEND)} receives each = {posted} receives"
+                f" posted at once; at most {MAX_POSTED_RECEIVES} (lower -q or -r)"
+            )
         return cls(
             test,
             tuple(sizes),
             all_sizes,
             n,
             tx_depth=tx,
-            rx_depth=default_rx_depth(n, all_sizes, rx_depth),
+            rx_depth=rx,
             cq_mod=max(1, min(cq_mod, tx)),
             out_reads=reads,
             **kwargs,  # type: ignore[arg-type]
