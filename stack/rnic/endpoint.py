@@ -32,6 +32,8 @@ from stack.wire.events import (
 
 log = logging.getLogger(__name__)
 
+_CLOSING = QpState.CLOSING  # a module global: Enum.MEMBER is a slow lookup
+
 _DATA_SEGMENTS = (WriteSegment, ReadResponseSegment, SendSegment)
 
 MAX_COALESCE = 1024 * 1024
@@ -229,5 +231,5 @@ class QpEndpoint:
     def wants_close(self) -> bool:
         """True when everything queued and posted is out and our half should close (FIN)."""
         qp = self.qp
-        closing = self.closing or qp.state is QpState.CLOSING
+        closing = self.closing or qp.state is _CLOSING
         return closing and not qp.has_outgoing and not qp.has_pending

@@ -305,7 +305,7 @@ class QueuePair(QpSend):
             entry.received += size
         if last:
             entry.byte_len = entry.received
-            if entry.wr.opcode is WrOpcode.RDMA_READ_WITH_INV:
+            if entry.wr.opcode is _READ_WITH_INV:
                 try:  # the sink STag, invalidated locally once the Read completes
                     local_invalidate(self.table, self.pd, entry.sink_stag)
                 except MemoryOpError as exc:  # the sink went away meanwhile
@@ -339,6 +339,8 @@ class QueuePair(QpSend):
         self._reap_sq()
         self._progress_sq()
 
+
+_READ_WITH_INV = WrOpcode.RDMA_READ_WITH_INV  # a module global: Enum.MEMBER is slow
 
 _RECEIVE_HANDLERS: dict[type, Callable[[QueuePair, Any], None]] = {
     WriteSegment: QueuePair._on_write_segment,

@@ -85,6 +85,11 @@ class QpState(Enum):
 
 _SENDING = (QpState.RTS, QpState.CLOSING)  # states in which the send queue is processed
 _FAILED = (QpState.TERMINATE, QpState.ERROR)  # states in which posted WRs are flushed
+# Enum members for the hot paths: ``Enum.MEMBER`` is a slow class attribute lookup (the
+# enum metaclass defines ``__getattr__``), a module global is not.
+_RTS = QpState.RTS
+_CLOSING = QpState.CLOSING
+_SUCCESS = WcStatus.SUCCESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +256,7 @@ class QpBase:
             status,
             _WC_OPCODE[entry.wr.opcode],
             self.qp_num,
-            byte_len=entry.byte_len if status is WcStatus.SUCCESS else 0,
+            byte_len=entry.byte_len if status is _SUCCESS else 0,
         )
 
     def _push_wc(self, cq: CompletionQueue, wc: WorkCompletion) -> None:
@@ -272,9 +277,9 @@ class QpBase:
             if entry.chain is not None:
                 entry.chain.wr_done(entry)
             signalled = self.sq_sig_all or entry.flags & _SIGNALED
-            if signalled or entry.status is not WcStatus.SUCCESS:
+            if signalled or entry.status is not _SUCCESS:
                 self._push_wc(self.send_cq, self._wc(entry, entry.status))
-        if self.state is QpState.CLOSING and not self._inflight and not self._pending:
+        if self.state is _CLOSING and not self._inflight and not self._pending:
             self._sq_drained()
 
     def _complete_recv(
@@ -289,7 +294,7 @@ class QpBase:
         inval: int | None = None,
     ) -> None:
         wc = WorkCompletion(wr.wr_id, status, opcode, self.qp_num, byte_len, imm, inval, flags)
-        if self.chains is not None and status is WcStatus.SUCCESS:
+        if self.chains is not None and status is _SUCCESS:
             if self.chains.take_recv(wr, wc):
                 return  # held for a chain that waits on receives
         self._push_wc(self.recv_cq, wc)

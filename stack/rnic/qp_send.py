@@ -22,12 +22,14 @@ from stack.rnic.memory import (
     local_invalidate,
 )
 from stack.rnic.qp_base import (
+    _CLOSING,
     _FAILED,
     _FENCE,
     _INLINE,
     _LOCAL_WRITE,
     _NEEDS_ORD,
     _READS,
+    _RTS,
     _SENDING,
     _SOLICITED,
     QpBase,
@@ -67,6 +69,17 @@ _WIDE_FIELDS = (
 )
 """Opcodes with operands beyond rkey and remote_addr that _check_wr checks at posting."""
 _DATA_MESSAGES = (RdmaWrite, ReadResponse, Send)  # their payload counts against a limit
+# Opcodes as module globals (an ``Enum.MEMBER`` lookup is slow, see qp_base._RTS).
+_RDMA_WRITE = WrOpcode.RDMA_WRITE
+_SENDS = (WrOpcode.SEND, WrOpcode.SEND_WITH_INV)
+_SEND_WITH_INV = WrOpcode.SEND_WITH_INV
+_SEND_IMM = WrOpcode.SEND_IMM
+_RDMA_WRITE_WITH_IMM = WrOpcode.RDMA_WRITE_WITH_IMM
+_ATOMICS = (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
+_FETCH_AND_ADD = WrOpcode.ATOMIC_FETCH_AND_ADD
+_LOCAL_INV = WrOpcode.LOCAL_INV
+_BIND_MW = WrOpcode.BIND_MW
+_REG_MR = WrOpcode.REG_MR
 
 
 class QpSend(QpBase):
@@ -120,14 +133,14 @@ class QpSend(QpBase):
             for one in wrs:
                 self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
             return
-        if self.state is QpState.CLOSING:
+        if self.state is _CLOSING:
             raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
         pending = self._pending
         for one in wrs:
             pending.append(_SqEntry(one, int(one.send_flags)))
-        if self.state is QpState.RTS:
+        if self.state is _RTS:
             self._progress_sq()
 
     def _check_wr(self, wr: SendWR) -> None:
@@ -225,20 +238,20 @@ class QpSend(QpBase):
     def _start(self, entry: _SqEntry) -> None:
         wr = entry.wr
         op = wr.opcode
-        if op is WrOpcode.RDMA_WRITE:  # the most frequent small message first
+        if op is _RDMA_WRITE:  # the most frequent small message first
             data = self._gather(wr)
             entry.byte_len = len(data)
             self._emit(entry, [RdmaWrite(wr.rkey, wr.remote_addr, data)])
             return
         solicited = bool(entry.flags & _SOLICITED)
-        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
+        if op in _SENDS:
             data = self._gather(wr)
             entry.byte_len = len(data)
-            inval = wr.invalidate_rkey if op is WrOpcode.SEND_WITH_INV else None
+            inval = wr.invalidate_rkey if op is _SEND_WITH_INV else None
             self._emit(entry, [Send(data, solicited, inval)])
-        elif op is WrOpcode.SEND_IMM:
+        elif op is _SEND_IMM:
             self._emit(entry, [ImmediateData(_imm_bytes(wr.imm_data), solicited)])
-        elif op is WrOpcode.RDMA_WRITE_WITH_IMM:
+        elif op is _RDMA_WRITE_WITH_IMM:
             data = self._gather(wr)
             entry.byte_len = len(data)
             msgs: list[RdmapMessage] = [
@@ -255,14 +268,14 @@ class QpSend(QpBase):
             self._requests.read_request(mr.stag, sge.addr, sge.length, entry)
             req = ReadRequest(mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr)
             self._emit(entry, [req], completes=False)
-        elif op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP):
+        elif op in _ATOMICS:
             if len(wr.sg_list) != 1 or wr.sg_list[0].length != 8:
                 raise _LocalWrError(WcStatus.LOC_LEN_ERR, "atomics need one 8-byte SGE")
             _mr, view = self._local(wr.sg_list[0], _LOCAL_WRITE)
             entry.sink, entry.byte_len = view, 8
             entry.req_id = self._next_req_id
             self._next_req_id = (self._next_req_id + 1) & 0xFFFFFFFF
-            if op is WrOpcode.ATOMIC_FETCH_AND_ADD:
+            if op is _FETCH_AND_ADD:
                 atomic = AtomicRequest(
                     AtomicOpcode.FETCH_ADD,
                     entry.req_id,
@@ -285,13 +298,13 @@ class QpSend(QpBase):
                 )
             self._requests.atomic_request(entry.req_id, entry)
             self._emit(entry, [atomic], completes=False)
-        elif op is WrOpcode.LOCAL_INV:
+        elif op is _LOCAL_INV:
             local_invalidate(self.table, self.pd, wr.invalidate_rkey)
             entry.done = True
-        elif op is WrOpcode.BIND_MW:
+        elif op is _BIND_MW:
             execute_bind(wr.bind_mw, self.pd, self)
             entry.done = True
-        elif op is WrOpcode.REG_MR:
+        elif op is _REG_MR:
             execute_reg_mr(wr.reg_mr, self.pd)
             entry.done = True
         else:  # pragma: no cover - enum is closed
@@ -407,8 +420,8 @@ class QpSend(QpBase):
     def close(self) -> None:
         """Orderly close requested by the ULP (RFC 5040 §6.2, DDP-13): no new WRs; what was
         posted before is still sent, then the transport sends FIN (:attr:`has_pending`)."""
-        if self.state is QpState.RTS:
-            self.state = QpState.CLOSING
+        if self.state is _RTS:
+            self.state = _CLOSING
             self._progress_sq()
             if not self._inflight and not self._pending:
                 self._sq_drained()

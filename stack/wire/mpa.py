@@ -97,7 +97,9 @@ __all__ = [
 ]
 
 _DEFAULT_SETTINGS = MpaSettings()
-_SENDING = frozenset({MpaState.FULL_OPERATION, MpaState.ERROR})
+# A tuple (identity tests), not a set: an Enum's hash is a Python-level call.
+_SENDING = (MpaState.FULL_OPERATION, MpaState.ERROR)
+_FULL_OPERATION = MpaState.FULL_OPERATION  # a module global: Enum.MEMBER is a slow lookup
 
 
 class MpaConnection(MpaStartup):
@@ -188,7 +190,7 @@ class MpaConnection(MpaStartup):
         if self._fin:
             raise LocalError("data received after the peer's FIN")
         state = self.state
-        if state is MpaState.FULL_OPERATION:
+        if state is _FULL_OPERATION:
             self._feed_fpdus(data, self.borrow_views and type(data) is memoryview)
             return
         if state in (MpaState.IDLE, MpaState.AWAIT_REPLY, MpaState.AWAIT_REQUEST):
@@ -299,7 +301,7 @@ class MpaConnection(MpaStartup):
         event is queued (so the order of everything received is kept), else it is queued
         as an :class:`UlpduReceived` event."""
         deframer = self._deframer
-        if deframer is None or self.state is not MpaState.FULL_OPERATION:
+        if deframer is None or self.state is not _FULL_OPERATION:
             return
         deframer.feed(data, borrow=borrow)
         events = self._events

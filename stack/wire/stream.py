@@ -152,6 +152,10 @@ class SendState(Enum):
     TERMINATED = "terminated"
 
 
+_RECV_OPEN = RecvState.OPEN  # module globals: an Enum.MEMBER lookup is slow
+_SEND_TERMINATED = SendState.TERMINATED
+
+
 class RdmapStream:
     """DDP/RDMAP engine of one connection (both directions), sans-IO.
 
@@ -226,9 +230,9 @@ class RdmapStream:
 
     def send_parts(self, msg: RdmapMessage) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
-        if type(msg) is RdmaWrite and self.send_state is not SendState.TERMINATED:
+        if type(msg) is RdmaWrite and self.send_state is not _SEND_TERMINATED:
             return encode_write_parts(msg, self._mulpdu)  # the bulk of a sender's messages
-        if self.send_state is SendState.TERMINATED:
+        if self.send_state is _SEND_TERMINATED:
             raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
@@ -261,7 +265,7 @@ class RdmapStream:
             view = ulpdu
         else:
             view = ddp.byte_view(ulpdu)
-        if self.recv_state is RecvState.OPEN:
+        if self.recv_state is _RECV_OPEN:
             fast = self._fast_path(view)
             if fast is not None:
                 return fast
@@ -372,7 +376,7 @@ class RdmapStream:
         ``ulpdu`` is a byte view (what the deframer hands out).  The placer runs the RNIC's
         checks (RFC 5041 §7.1, SEC-*) and raises their :class:`ProtocolError`.
         """
-        if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not RecvState.OPEN:
+        if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not _RECV_OPEN:
             return False
         b0 = ulpdu[0]
         b1 = ulpdu[1]
