@@ -29,6 +29,7 @@ from stack.bench.protocol import (
     RAW_SINK,
 )
 from stack.bench.results import MB
+from stack.bench.session import STALL_TIMEOUT, limit_stall, log_stall, stalled
 
 BATCH_BYTES = 1 << 20
 """Most bytes one baseline send hands to the kernel."""
@@ -78,9 +79,12 @@ def _recv_exactly(sock: socket.socket, count: int) -> bytes:
 
 
 class BlockingServer:
-    """Serves the blocking baseline: a listening socket and a daemon thread per connection."""
+    """Serves the blocking baseline: a listening socket and a daemon thread per connection;
+    a connection whose client takes none of its replies for ``stall_timeout`` seconds is
+    ended (:mod:`stack.bench.session`)."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, stall_timeout: float = STALL_TIMEOUT) -> None:
+        self.stall_timeout = stall_timeout
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,9 +112,9 @@ class BlockingServer:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    @staticmethod
-    def _serve(conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        limit_stall(conn, self.stall_timeout)
         buf = bytearray(RECV_BYTES)
         try:
             magic, mode, size, request = RAW_HEADER.unpack(_recv_exactly(conn, RAW_HEADER.size))
@@ -130,8 +134,9 @@ class BlockingServer:
                         for piece in zero_replies(size, k):
                             conn.sendall(piece)
                         count -= k
-        except (OSError, BenchError):
-            pass
+        except (OSError, BenchError) as exc:
+            if stalled(exc):
+                log_stall("blocking TCP", self.stall_timeout)
         finally:
             conn.close()
 

@@ -7,7 +7,8 @@ connection in a thread of its own, from its MPA startup on, with its own RNIC
 startup bounds, so silent connections delay no one;
 :class:`~stack.transport.blocking.BlockingConnection`): the same
 :class:`~stack.bench.session.Session` as the trio server makes, the same Rejects with a
-reason (MPA-23), and the same answers (Write pongs, Send echoes, receives kept posted).
+reason (MPA-23), the same answers (Write pongs, Send echoes, receives kept posted) and
+the same end for a client that leaves them unread (:mod:`stack.bench.session`).
 The client half, :func:`blocking_latency_run`, runs the one-at-a-time exchange of
 ``--lat`` in a worker thread: post, then read the socket until the completion (or the
 pong) is there.
@@ -23,7 +24,7 @@ from stack.bench.memory import LIVE
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import Advert, SessionSpec, connect_error, reject_data
 from stack.bench.results import LatResult, latency_stats
-from stack.bench.session import MemoryBudget, Session
+from stack.bench.session import STALL_TIMEOUT, MemoryBudget, Session, limit_stall, log_session_end
 from stack.errors import IwarpError
 from stack.rnic import Access, RecvWR, Rnic, SendFlags, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import MemoryRegion
@@ -47,10 +48,12 @@ class BlockingIwarpServer:
         settings: MpaSettings,
         ports: Callable[[], tuple[int, int, int]],
         budget: MemoryBudget | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self._listener = BlockingListener(host, 0, settings=settings, backlog=64)
         self.port = self._listener.port
         self._ports = ports
+        self.stall_timeout = stall_timeout
         self.budget = budget or MemoryBudget()
         """The memory its sessions hold, shared with the trio server that made it."""
         thread = threading.Thread(
@@ -79,6 +82,7 @@ class BlockingIwarpServer:
         except IwarpError:
             session.close()
             return
+        limit_stall(conn.sock, self.stall_timeout)
         try:
             if session.recv is not None:
                 cq = session.cq
@@ -89,10 +93,11 @@ class BlockingIwarpServer:
             else:
                 while conn.progress(None):
                     pass
-        except (OSError, IwarpError):
-            conn.abort()
+        except (OSError, IwarpError) as exc:
+            conn.abort(exc)
         finally:
             session.close()
+            log_session_end("blocking iWARP", spec, conn.error, self.stall_timeout)
 
 
 def _pong_writes(conn: BlockingConnection, session: Session, size: int) -> None:

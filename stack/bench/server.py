@@ -5,7 +5,9 @@ within :data:`~stack.bench.protocol.MAX_SESSION_BYTES` of memory (a larger Reque
 rejected, the server serves on).  The server registers a target region, keeps a receive
 queue full for Sends (iWARP has no receiver-not-ready retry: a Send finding no receive is
 fatal), answers latency ping-pongs, and serves the raw-TCP baselines and statistics on a
-second port.
+second port.  A client that leaves the server's output unread has its session alone ended,
+with the reason logged, on every port alike (:mod:`stack.bench.session`: after
+``stall_timeout`` seconds without progress, or at once past its send queue).
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from stack.bench.protocol import (
     receive_exactly,
     reject_data,
 )
-from stack.bench.session import MemoryBudget, Session
+from stack.bench.session import (
+    STALL_TIMEOUT,
+    MemoryBudget,
+    Session,
+    limit_stall,
+    log_session_end,
+    log_stall,
+    stalled,
+)
 from stack.constants import RAW_RECEIVE_SIZE
 from stack.errors import IwarpError
 from stack.rnic import (
@@ -49,9 +59,10 @@ class BenchServer:
     """The passive half: accepts QPs as :class:`SessionSpec` asks and serves raw TCP.
 
     ``crc``: request CRC (otherwise follow the client, which decides); ``markers``: want
-    markers in FPDUs sent to the server.  :meth:`run` listens on ``port`` (0: any) for
-    iWARP and on an ephemeral port for the raw-TCP baselines, and reports both through
-    ``task_status``.
+    markers in FPDUs sent to the server; ``stall_timeout``: seconds a client may take none
+    of its session's output before the session is ended.  :meth:`run` listens on ``port``
+    (0: any) for iWARP and on an ephemeral port for the raw-TCP baselines, and reports both
+    through ``task_status``.
     """
 
     def __init__(
@@ -62,8 +73,10 @@ class BenchServer:
         crc: bool = False,
         markers: bool = False,
         emss: int | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self.host = host
+        self.stall_timeout = stall_timeout
         self.requested_port = port
         self.settings = mpa_settings(crc, markers, emss)
         self.rnic = Rnic("bench-server")
@@ -89,11 +102,11 @@ class BenchServer:
                 raise BenchError(f"cannot listen on {where}: {exc}") from None
             self.port = listener.port
             self.raw_port = raw[0].socket.getsockname()[1]
-            blocking = BlockingServer(self.host)
+            blocking = BlockingServer(self.host, self.stall_timeout)
             self.blocking_port = blocking.port
             try:
                 iwarp_blocking = BlockingIwarpServer(
-                    self.host, self.settings, self.advert_ports, self.budget
+                    self.host, self.settings, self.advert_ports, self.budget, self.stall_timeout
                 )
             except OSError as exc:
                 blocking.close()
@@ -124,6 +137,8 @@ class BenchServer:
         except ConnectFailed:
             session.close()
             return
+        if isinstance(conn.stream, trio.SocketStream):
+            limit_stall(conn.stream, self.stall_timeout)
         self.active += 1
         try:
             async with trio.open_nursery() as nursery:
@@ -140,6 +155,7 @@ class BenchServer:
         finally:
             self.active -= 1
             session.close()
+            log_session_end("iWARP", spec, conn.error, self.stall_timeout)
 
     def advert_ports(self) -> tuple[int, int, int]:
         """The ports every Advert names: raw trio, blocking sockets, blocking iWARP."""
@@ -169,6 +185,7 @@ class BenchServer:
     async def _raw_connection(self, stream: trio.SocketStream) -> None:
         """One raw-TCP connection: a baseline or the statistics (:mod:`stack.bench.protocol`)."""
         limit_unsent(stream)  # as the iWARP driver does with its sockets
+        limit_stall(stream, self.stall_timeout)
         try:
             header = await receive_exactly(stream, RAW_HEADER.size)
             magic, mode, size, request = RAW_HEADER.unpack(header)
@@ -204,8 +221,9 @@ class BenchServer:
                     "cpu_ns": time.process_time_ns(),
                 }
                 await stream.send_all(json.dumps(stats).encode())
-        except (BenchError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except (BenchError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if stalled(exc):
+                log_stall("raw TCP", self.stall_timeout)
         finally:
             await trio.aclose_forcefully(stream)
 

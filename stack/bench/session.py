@@ -8,13 +8,35 @@ mappings (:func:`~stack.bench.memory.zeroed`): one that only receives costs no t
 event loop and no resident memory until the peer places data (``bytearray(n)`` zeroes every
 page at once, holding the GIL, so not even a worker thread would keep the loop running);
 one the session sends from is populated at once, in the kernel.
+
+A client that never reads what the server sends (the answers of a ping-pong, Read
+Responses) meets one policy on every port of the server, both iWARP drivers' and both raw
+baselines': its session alone is ended, with the reason logged, once either bound is passed.
+
+* Time: none of the server's bytes acknowledged for :data:`STALL_TIMEOUT` seconds while some
+  wait (the client's TCP window closed, or the client gone): the kernel ends the connection
+  (``TCP_USER_TIMEOUT``, :func:`limit_stall`) and the session sees ``ETIMEDOUT``
+  (:func:`stalled`).  A client that takes its answers slowly, or that is idle with nothing
+  of the server's waiting, is not ended.
+* Space: the answers an iWARP session has queued unsent are at most its send queue
+  (:data:`SEND_QUEUE_DEPTH` Sends or Writes) and its IRD (Read Responses), which view its
+  registered memory; one answer more ends the session (past the send queue at once, a Read
+  past the IRD by the QP's Terminate, or the stall timeout).  Of them, the transport copies
+  at most one send pass it could not hand to the kernel (:func:`unsent_bound`, counted in the
+  server's :class:`MemoryBudget`), and the session's QP copies no queued Read Response for a
+  later Write (``max_snapshot_bytes`` 0: its reader waits for them to leave instead), so a
+  never-reading session holds its regions, that copy and its socket's kernel buffers.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 from stack.bench.memory import REMOTE_ALL, dereg, zeroed
 from stack.bench.options import DEFAULT_TX_DEPTH, BenchError
@@ -36,9 +58,94 @@ from stack.rnic import (
     WorkCompletion,
     WrOpcode,
 )
+from stack.rnic.endpoint import MAX_COALESCE
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
 
-__all__ = ["MemoryBudget", "Session", "server_memory_limit"]
+__all__ = [
+    "STALL_TIMEOUT",
+    "MemoryBudget",
+    "Session",
+    "limit_stall",
+    "log_session_end",
+    "log_stall",
+    "server_memory_limit",
+    "stalled",
+    "unsent_bound",
+]
+
+STALL_TIMEOUT = 10.0
+"""Seconds a client may leave every byte the server sends it unacknowledged (it reads none
+of them) before its session is ended (:func:`limit_stall`)."""
+log = logging.getLogger(__name__)
+
+SEND_QUEUE_DEPTH = 1024
+"""Answers (Sends, Writes) one session may have queued unsent; one more ends it."""
+LARGEST_SESSION = 2 * MAX_SESSION_BYTES + MAX_COALESCE
+"""What one session may hold at most: its regions and, of a Read of all of them, the copy
+of the Response the transport could not hand to the kernel (:func:`unsent_bound`)."""
+
+
+class _Settable(Protocol):
+    def setsockopt(self, level: int, option: int, value: int, /) -> None: ...
+
+
+def limit_stall(sock: _Settable, seconds: float = STALL_TIMEOUT) -> None:
+    """End ``sock``'s connection (ETIMEDOUT) once bytes it sent stay unacknowledged, or
+    unsent behind a closed window, for ``seconds`` (``TCP_USER_TIMEOUT``); a no-op where
+    the platform has no such option (there a never-reading client's session waits for it)."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:  # pragma: no cover - not Linux
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds * 1000)))
+    except OSError:  # pragma: no cover - the socket is gone already
+        pass
+
+
+def stalled(error: BaseException | None) -> bool:
+    """Whether a session's connection ended with ``error`` because its client took none of
+    the server's output for the stall timeout (ETIMEDOUT, :func:`limit_stall`), directly or
+    as the cause of the error seen."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno == errno.ETIMEDOUT:
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+def log_stall(port: str, timeout: float) -> None:
+    """Log the end of a session on ``port`` whose client took none of its output."""
+    log.warning("%s session ended: the client took none of its output for %s s", port, timeout)
+
+
+def log_session_end(
+    port: str, spec: SessionSpec, error: BaseException | None, timeout: float
+) -> None:
+    """Log why an iWARP session ended when the server ended it: its client took none of
+    its output for ``timeout`` s, or left more answers unsent than its send queue holds."""
+    if stalled(error):
+        log_stall(f"{port} {spec.test}", timeout)
+    elif isinstance(error, LocalError):
+        log.warning(
+            "%s %s session ended: its answers pass its send queue: %s", port, spec.test, error
+        )
+
+
+def unsent_bound(spec: SessionSpec, ird: int) -> int:
+    """Bytes the transport may hold copied for a session of ``spec`` whose client does not
+    read: one send pass it could not hand to the kernel (MAX_COALESCE bytes of messages, and
+    one message more), at most every answer the session can have queued (``ird`` Read
+    Responses, or :data:`SEND_QUEUE_DEPTH` Sends or Writes of ``size``); 0 for a session
+    that sends no answers."""
+    if spec.test == "read":
+        depth = ird
+    elif "source" in spec.regions:  # the latency answers of Writes and Sends
+        depth = SEND_QUEUE_DEPTH
+    else:
+        return 0
+    return min(depth * spec.size, MAX_COALESCE + spec.size)
 
 
 SERVER_MEMORY_SHARE = 2
@@ -49,18 +156,19 @@ every other region once data lands)."""
 
 
 def server_memory_limit() -> int:
-    """Bytes all sessions of one server may register: half the machine's memory, and at
-    least one largest session."""
+    """Bytes all sessions of one server may hold: half the machine's memory, and at least
+    one largest session (:data:`LARGEST_SESSION`)."""
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):  # pragma: no cover - no sysconf: one session at a time
         physical = 0
-    return max(physical // SERVER_MEMORY_SHARE, MAX_SESSION_BYTES)
+    return max(physical // SERVER_MEMORY_SHARE, LARGEST_SESSION)
 
 
 class MemoryBudget:
-    """The registered memory a server's sessions hold, both drivers' ports together (the
-    blocking port's sessions run in threads: taken and given back under a lock)."""
+    """The memory a server's sessions hold, both drivers' ports together: their registered
+    regions and what the transport may copy of their unsent answers (:func:`unsent_bound`).
+    The blocking port's sessions run in threads: taken and given back under a lock."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = server_memory_limit() if limit is None else limit
@@ -123,16 +231,17 @@ class Session:
         than the server's ``budget`` has left, or cannot be mapped or made, which the
         server rejects with (MPA-23)."""
         spec = SessionSpec.decode(private_data)
-        budget.take(spec.memory)
+        held = spec.memory + unsent_bound(spec, rnic.max_ird)
+        budget.take(held)
         try:
             session = cls.open(rnic, pd, spec, ports)
         except (OSError, LocalError) as exc:
-            budget.give_back(spec.memory)
+            budget.give_back(held)
             raise BenchError(f"cannot open the session ({spec.memory} bytes): {exc}") from None
         except BaseException:
-            budget.give_back(spec.memory)
+            budget.give_back(held)
             raise
-        session.budget, session.held = budget, spec.memory
+        session.budget, session.held = budget, held
         return spec, session
 
     @classmethod
@@ -146,10 +255,11 @@ class Session:
         qp = rnic.create_qp(
             pd,
             cq,
-            cap=QpCap(max_send_wr=1024, max_recv_wr=depth),
+            cap=QpCap(max_send_wr=SEND_QUEUE_DEPTH, max_recv_wr=depth),
             ird=rnic.max_ird,
             ord=rnic.max_ord,
         )
+        qp.max_snapshot_bytes = 0  # a Write waits for queued Read Responses, copies none
         session = cls(rnic, qp, cq, Advert(0, 0, 0, *ports), [])
         try:
             session._register(pd, spec, ports)
