@@ -517,8 +517,9 @@ def _never_reads(port: int, seconds: float, check: Callable[[], bool]) -> tuple[
     """A Write-latency client that pings on and never reads its socket (the blocking
     driver posts at once; never calling progress is never reading), so the server's pongs
     back up and its send queue fills.  Returns (pings posted, the good client was served
-    while it pinged, the server ended that session: once its send queue is full it may, or
-    it waits for the client to read or go, by timing; either way it serves others)."""
+    while it pinged, the server ended that session: it does once its send queue is full,
+    or once none of its output is acknowledged for ``STALL_TIMEOUT``, which a short run may
+    not reach; either way it serves others, docs/campaign.md)."""
     conn, local, wr = _pinger(port, 65536)  # type: ignore[misc]
     posted = 0
     deadline = time.monotonic() + seconds
