@@ -21,7 +21,9 @@ import pytest
 from stack.constants import MPA_MARKER_INTERVAL, MPA_MARKER_LEN
 from stack.dissect.decoder import DissectOptions, Dissector, dissect, resync
 from stack.dissect.decoder.common import _SEARCH_TRIES
+from stack.dissect.decoder.records import Note
 from stack.dissect.decoder.resync import Resync
+from stack.dissect.decoder.walker import DirectionDecoder
 from stack.pcap import read_tcp_segments
 from stack.wire.events import (
     AtomicRequest,
@@ -179,3 +181,127 @@ def test_marker_lookalikes_are_searched_in_bounded_work(
     assert walks[False] <= 2 * (total + total // segment + 2)
     # every marker word once per phase, plus one per phase and search as segments arrive
     assert words.reads <= total // 2
+
+
+# ---- streams in tiny TCP segments -------------------------------------------------------
+
+
+def _long_stream(markers: bool, size: int) -> bytes:
+    """At least ``size`` wire bytes of Writes and Sends of many lengths (CRC on), offset 0
+    at SeqStart."""
+    builder = CaptureBuilder()
+    conn = builder.connection(startup=False, handshake=False, markers_i2r=markers)
+    out = bytearray()
+    i = 0
+    while len(out) < size:
+        msg = (
+            RdmaWrite(7, i, bytes([i & 0xFF]) * (100 + i % 700))
+            if i % 2
+            else Send(b"s" * (i % 300))
+        )
+        for ulpdu in conn.ulpdus(I2R, msg):
+            out += conn.wire(I2R, ulpdu)
+        i += 1
+    return bytes(out)
+
+
+def _segmented(data: bytes, segment: int) -> bytes:
+    builder = CaptureBuilder()
+    conn = builder.connection(startup=False, handshake=False)
+    for at in range(0, len(data), segment):
+        conn.raw(I2R, data[at : at + segment])
+    conn.close()
+    return builder.data()
+
+
+def _decoded(pcap: bytes, options: DissectOptions) -> list[tuple[object, ...]]:
+    """What the dissection says of the stream, without the frames that carried it."""
+    out: list[tuple[object, ...]] = []
+    for r in dissect(read_tcp_segments(pcap), options):
+        if isinstance(r, Note):
+            out.append((r.kind, r.detail, r.offset))
+        elif r.kind == "fpdu":
+            out.append(("fpdu", r.offset, r.wire_len, bytes(r.ulpdu), r.crc_ok,
+                        [(f.rule, f.detail) for f in r.findings]))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("markers", [False, True])
+@pytest.mark.parametrize("cut", [0, 3, 517])
+def test_a_stream_in_one_byte_segments_dissects_as_in_whole_ones(markers: bool, cut: int) -> None:
+    """Mid-stream resync (RFC 5044 §5 markers unknown or stated): the search waits for the
+    bytes it lacks however they arrive, so 1-byte TCP segments give the FPDUs, offsets and
+    notes of 1460-byte ones."""
+    data = _long_stream(markers, 12_000)[cut:]
+    for options in (DissectOptions(), DissectOptions(markers_i2r=markers)):
+        whole = _decoded(_segmented(data, 1460), options)
+        assert sum(1 for r in whole if r[0] == "fpdu") > 20
+        assert _decoded(_segmented(data, 1), options) == whole
+
+
+class _Work:
+    """Counts the searches of :class:`Resync`, the marker phases they look at, and the
+    bytes copied to join what was buffered (a search that finds its buffer in a new
+    object copied all of it)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.searches = self.phases = self.copied = 0
+        self._last: object = None
+        search, try_phase, joined = Resync._search, Resync._try_phase, DirectionDecoder._joined
+
+        def counting_search(half: Resync, final: bool) -> bool:
+            self.searches += 1
+            return search(half, final)
+
+        def counting_phase(
+            half: Resync, buf: memoryview, phase: int, crc_on: bool, final: bool
+        ) -> int | None | str:
+            self.phases += 1
+            return try_phase(half, buf, phase, crc_on, final)
+
+        def counting_joined(half: DirectionDecoder) -> memoryview:
+            buf = joined(half)
+            if buf.obj is not self._last:
+                self._last = buf.obj
+                self.copied += len(buf)
+            return buf
+
+        monkeypatch.setattr(Resync, "_search", counting_search)
+        monkeypatch.setattr(Resync, "_try_phase", counting_phase)
+        monkeypatch.setattr(DirectionDecoder, "_joined", counting_joined)
+
+
+@pytest.mark.parametrize("markers", [False, True])
+def test_a_search_over_one_byte_segments_waits_for_the_bytes_it_lacks(
+    monkeypatch: pytest.MonkeyPatch, markers: bool
+) -> None:
+    """A capture cut mid-stream arriving in 1-byte segments: each segment searched the
+    whole buffer again (joined anew: quadratic copying) under every live marker phase, 59
+    600 searches and 127 thousand phase looks for 64 KiB.  Now a search runs only once the
+    bytes some candidate waits for are there (its next marker, the end of its chain's next
+    FPDU), looks only at the phases due, and the buffer grows in place."""
+    data = _long_stream(markers, 64 * 1024)[3:]
+    work = _Work(monkeypatch)
+    records = list(dissect(read_tcp_segments(_segmented(data, 1)), DissectOptions()))
+    assert sum(1 for r in records if getattr(r, "kind", None) == "fpdu") > 250
+    total = len(data)
+    assert work.searches <= total // 64  # was one per segment
+    assert work.phases <= total // 32  # was every live phase per search
+    assert work.copied <= 3 * total  # was the buffer again per search
+
+
+def test_marker_lookalikes_in_one_byte_segments_look_at_each_phase_once_per_marker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LOOKALIKE words in 1-byte segments: 128 marker phases stay undecided, each waiting for
+    its next marker.  Every search looked at all of them (8.4 million phase looks for 64
+    KiB); now a phase is looked at when its next marker is complete, one per 4 bytes."""
+    pcap = _lookalikes(1, 0xFFFC, 1)
+    work = _Work(monkeypatch)
+    records = list(dissect(read_tcp_segments(pcap), DissectOptions()))
+    assert not [r for r in records if getattr(r, "kind", None) == "fpdu"]
+    total = 0xFFFC
+    assert work.searches <= total // 4 + MPA_MARKER_INTERVAL  # every byte of the first interval
+    # a look per marker and CRC setting, then every phase once more at the end
+    assert work.phases <= total // 2 + 4 * MPA_MARKER_INTERVAL
+    assert work.copied <= 3 * total

@@ -7,10 +7,17 @@ data tries only the starts where a complete FPDU with no marker inside passes th
 (found in one scan shared by every phase), and each search of one setting examines at
 most :data:`~stack.dissect.decoder.common._SEARCH_TRIES` candidate starts by its marker
 phases.  :attr:`Resync.candidates_tried` counts them.
+
+The work per TCP segment is that of its bytes, however small the segments: a search that
+waits is run again only once the bytes it waits for are there (:attr:`Resync._wants`: the
+next marker of a phase, RFC 5044 §5, or the end of the next FPDU of a chain, §4), the
+unaligned marker phases are looked at only when due (:meth:`Resync._search_phases`), and
+the buffered bytes grow in place rather than being joined again.
 """
 
 from __future__ import annotations
 
+import heapq
 import struct
 from typing import TYPE_CHECKING, cast
 
@@ -68,6 +75,18 @@ class Resync:
     """Candidate FPDU starts examined by marker phases, over the direction's life (each
     search of one setting adds at most :data:`_SEARCH_TRIES`)."""
     _tries_left: int
+    _wants: int
+    """The fewest buffered bytes at which a waiting candidate of the current search can
+    change (the end of the next FPDU or marker it lacks); the search waits until then."""
+    _phase_wake: dict[bool, list[tuple[int, int]]]
+    """Per CRC setting, unaligned marker phases still waiting, as a heap of (bytes at
+    which the phase can change, phase): a search looks only at the phases due."""
+    _phase_found: dict[bool, dict[int, int]]
+    """Per CRC setting: marker phases whose markers point at a start whose chain holds."""
+    _early: dict[tuple[bool, int], list]
+    """Per (CRC setting, found phase): the earlier-start search's progress, [next start
+    not yet tried, earliest start whose chain holds or None, heap of (bytes, start) of
+    starts whose chain waits]."""
 
     @property
     def _decoder(self) -> DirectionDecoder:
@@ -132,7 +151,8 @@ class Resync:
             if found is None:
                 continue
             if found == "wait":
-                self.need = n + 1
+                # nothing this search looked at changes before the bytes it waits for
+                self.need = max(n + 1, min(self._wants, _SEARCH_GIVE_UP))
                 searching.add(self._decoder)  # output waits, so that it stays in capture order
                 return False
             assert not isinstance(found, str)
@@ -151,6 +171,7 @@ class Resync:
         if best is not None:
             start, crc_on, markers, seq_start = best
             skipped = start
+            self._grow = None  # the buffer is not appended to in place any more
             self._consume(start)
             self.crc = crc_on
             self.markers = markers
@@ -178,7 +199,8 @@ class Resync:
                 return False
             self.conn.not_iwarp(self._decoder, "no consistent chain of FPDUs found")
             return False
-        self.need = n + 1
+        # every setting is ruled out: only giving up is left (at the end or at the limit)
+        self.need = max(n + 1, _SEARCH_GIVE_UP)
         searching.add(self._decoder)
         return False
 
@@ -196,7 +218,13 @@ class Resync:
             self._scan_base = base
             self._scan.clear()
             self._cut_upto.clear()
+            self._phase_wake.clear()
+            self._phase_found.clear()
+            self._early.clear()
         self._tries_left = _SEARCH_TRIES
+        self._wants = 1 << 62
+        if markers and not self.aligned and not final:
+            return self._search_phases(buf, crc_on)
         if markers:
             if self.aligned:
                 phases = [(self.seq_start - base) % MPA_MARKER_INTERVAL]
@@ -254,7 +282,91 @@ class Resync:
             if res:
                 return start, base + start
         self._scan[(crc_on, False)] = max(resume, n - 7 - (n - 7 - resume) % step)
+        nxt = max(resume, n - 7)
+        nxt += (resume - nxt) % step
+        self._wants = min(self._wants, nxt + 8)  # the next start has its 8 bytes
         return "wait" if n < _SEARCH_GIVE_UP and not final else None
+
+    def _search_phases(self, buf: memoryview, crc_on: bool) -> tuple[int, int] | str | None:
+        """:meth:`_search_one` under markers before the framing is known, while undecided.
+
+        The same result as trying every live marker phase (RFC 5044 §5: a marker every
+        512 bytes of the stream, at a phase unknown mid-stream), but a phase is looked at
+        again only once the bytes it waited for are there (its next marker, or the next
+        FPDU of the chain its markers point to): the work per search is that of the phases
+        due, not of the 512, so a stream that arrives in tiny segments costs no more.
+        """
+        n = len(buf)
+        wake = self._phase_wake.get(crc_on)
+        if wake is None:  # each phase first needs its first marker
+            wake = self._phase_wake[crc_on] = [
+                (phase + MPA_MARKER_LEN, phase) for phase in range(MPA_MARKER_INTERVAL)
+            ]
+        found = self._phase_found.setdefault(crc_on, {})
+        dead = self._scan.setdefault((crc_on, True), set())
+        assert isinstance(dead, set)
+        while wake and wake[0][0] <= n:
+            phase = heapq.heappop(wake)[1]
+            self._wants = 1 << 62
+            res = self._try_phase(buf, phase, crc_on, False)
+            if res is None:
+                dead.add(phase)
+            elif isinstance(res, int):
+                found[phase] = res
+            else:
+                heapq.heappush(wake, (self._wants, phase))
+        best: tuple[int, int] | None = None
+        for phase in sorted(found):
+            start = self._earliest(buf, crc_on, phase, found[phase])
+            if best is None or start < best[0]:
+                best = (start, self.base + phase)
+        if best is not None:
+            return best
+        if wake:
+            self._wants = wake[0][0]
+            return "wait"
+        return None
+
+    def _earliest(self, buf: memoryview, crc_on: bool, phase: int, res: int) -> int:
+        """The earliest start before ``res`` (where the markers of ``phase`` point) whose
+        chain holds, else ``res``: the markers only point at FPDUs they sit in.  A start
+        whose chain broke is not tried again, one that waits only once its bytes are there.
+        """
+        n = len(buf)
+        early = self._early.get((crc_on, phase))
+        if early is None:
+            early = self._early[(crc_on, phase)] = [phase % 4, None, []]
+        nxt, first, waits = early
+        while waits and waits[0][0] <= n:
+            start = waits[0][1]
+            if first is not None and start > first:
+                heapq.heappop(waits)  # it can come first no more
+                continue
+            if not self._try_candidate():
+                break
+            heapq.heappop(waits)
+            self._wants = 1 << 62
+            chained = self._chain(buf, start, crc_on, True, phase, False)
+            if chained is True:
+                first = start if first is None else min(first, start)
+            elif chained == "wait":
+                heapq.heappush(waits, (self._wants, start))
+        end = res if first is None else min(res, first)
+        while nxt < end:
+            if not self._try_candidate():
+                break
+            self._wants = 1 << 62
+            chained = self._chain(buf, nxt, crc_on, True, phase, False)
+            if chained is True:
+                first = nxt
+                nxt = end
+                break
+            if chained == "wait":
+                heapq.heappush(waits, (self._wants, nxt))
+            nxt += 4
+        early[0] = nxt
+        early[1] = first
+        return res if first is None else min(res, first)
 
     def _try_candidate(self) -> bool:
         """Count one candidate start examined by a marker phase; False once the search of
@@ -344,6 +456,7 @@ class Resync:
             pos += MPA_MARKER_INTERVAL
         self._cut_upto[phase] = pos
         if not final:
+            self._wants = min(self._wants, pos + MPA_MARKER_LEN)  # its next marker
             return "wait"
         return "cut" if cut or phase + MPA_MARKER_LEN > n else None
 
@@ -375,12 +488,16 @@ class Resync:
             rel = (pos - phase) % MPA_MARKER_INTERVAL if markers else 1
             lead = MPA_MARKER_LEN if markers and rel == 0 else 0
             if pos + lead + 2 > n:
+                if pos + lead + 2 < self._wants:
+                    self._wants = pos + lead + 2
                 return count, pos, False
             ulen = (buf[pos + lead] << 8) | buf[pos + lead + 1]
             if ulen < _MIN_ULPDU:
                 return count, pos, True
             lead, wire, marks = fpdu_layout(rel, ulen, markers)
             if pos + wire > n:
+                if pos + wire < self._wants:
+                    self._wants = pos + wire
                 return count, pos, False
             end_body = pos + wire - MPA_CRC_LEN
             if markers:

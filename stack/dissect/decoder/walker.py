@@ -92,6 +92,12 @@ class DirectionDecoder(Resync):
         self._cut_upto: dict[int, int] = {}
         self.candidates_tried = 0
         self._tries_left = 0
+        self._wants = 0
+        self._phase_wake: dict[bool, list[tuple[int, int]]] = {}
+        self._phase_found: dict[bool, dict[int, int]] = {}
+        self._early: dict[tuple[bool, int], list] = {}
+        self._grow: bytearray | None = None
+        """The searched bytes, appended to in place while a search waits for more."""
         self.sent_request = False
         self.info = DirectionInfo()
 
@@ -103,9 +109,17 @@ class DirectionDecoder(Resync):
     def push(
         self, data: bytes | bytearray | memoryview, offset: int, frame: int, ts: float
     ) -> None:
-        if not self.chunks:
+        chunks = self.chunks
+        if not chunks:
             self.base = offset
-        self.chunks.append(data)
+            chunks.append(data)
+        elif chunks[0] is self._grow and len(chunks) == 1:
+            try:  # a waiting search's bytes: appended in place, no object per segment
+                chunks[0] += data
+            except BufferError:  # pragma: no cover - a view of them is still held
+                chunks.append(data)
+        else:
+            chunks.append(data)
         self.buffered += len(data)
         self.ends.append((offset + len(data), frame, ts))
         if self.mode is _DEAD:
@@ -129,6 +143,20 @@ class DirectionDecoder(Resync):
         if len(chunks) == 1:
             buf = chunks[0]
             return buf if isinstance(buf, memoryview) else memoryview(buf)
+        if self.mode is Mode.SEARCH:
+            # a search waiting for more bytes: the new ones are appended to the searched
+            # ones in place (joining them all again per segment is quadratic in tiny ones)
+            grow = self._grow
+            if grow is not None and chunks[0] is grow:
+                try:
+                    for chunk in chunks[1:]:
+                        grow += chunk
+                except BufferError:  # a view of it is still held: copy it once
+                    grow = None
+            if grow is None or chunks[0] is not grow:
+                grow = self._grow = bytearray().join(chunks)
+            self.chunks = [grow]
+            return memoryview(grow)
         joined = b"".join(chunks)
         self.chunks = [joined]
         return memoryview(joined)
@@ -153,6 +181,7 @@ class DirectionDecoder(Resync):
         self.base += self.buffered
         if self.chunks:
             self.chunks = []
+            self._grow = None
         self.buffered = 0
         if self.ends:
             self.ends.clear()
@@ -343,6 +372,8 @@ class DirectionDecoder(Resync):
                 self._lose_sync()
                 return True
             ends = self.ends
+            while len(ends) > 1 and ends[0][0] <= base + pos:
+                ends.popleft()  # segments before this FPDU (_consume drops them too)
             if len(ends) == 1 and ends[0][0] >= base + pos + wire:
                 _, frame_no, ts = ends[0]
             else:
