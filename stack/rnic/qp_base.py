@@ -139,10 +139,15 @@ class _SqEntry:
     received: int = 0
     req_id: int = 0
     chain: ChainRun | None = None  # the chain that posted it (stack.rnic.chains)
+    payload: bytes | memoryview | None = None  # a Write's data, while it is queued to go out
 
 
 @dataclass(slots=True)
 class _OutItem:
+    """An outbound message on the QP's queue (``_out``).  A Write WR's one message is
+    queued as its :class:`_SqEntry` itself, the data in ``payload``: no item, no message
+    object (:meth:`~stack.rnic.qp_send.QpSend.take_outgoing` hands it out as its fields)."""
+
     message: RdmapMessage
     entry: _SqEntry | None = None  # the WR this message completes (Sends, Writes)
     inbound_response: bool = False
@@ -212,7 +217,7 @@ class QpBase:
         self.ord_reserved = 0
         """ORD credits taken by the connection itself (an unanswered Read RTR)."""
         self._checker = Checker(strict=True)
-        self._out: deque[_OutItem] = deque()
+        self._out: deque[_OutItem | _SqEntry] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
         self.max_snapshot_bytes = MAX_SNAPSHOT_BYTES
         """Queued Read Response bytes copied at most before a placement (:meth:`must_wait`)."""
@@ -414,7 +419,11 @@ class QpBase:
             self._out = deque(
                 item
                 for item in self._out
-                if id(item.entry or item.request) not in ids or item.inbound_response
+                if (
+                    id(item) not in ids
+                    if isinstance(item, _SqEntry)
+                    else id(item.entry or item.request) not in ids or item.inbound_response
+                )
             )
             for entry in doomed:
                 entry.status, entry.done = WcStatus.WR_FLUSH_ERR, True

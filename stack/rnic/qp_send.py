@@ -53,6 +53,7 @@ from stack.rnic.windows import MemoryWindow, execute_bind, execute_reg_mr, post_
 from stack.wire.events import (
     AtomicRequest,
     ImmediateData,
+    OutboundMessage,
     RdmapEvent,
     RdmapMessage,
     RdmaWrite,
@@ -241,7 +242,11 @@ class QpSend(QpBase):
         if op is _RDMA_WRITE:  # the most frequent small message first
             data = self._gather(wr)
             entry.byte_len = len(data)
-            self._emit(entry, [RdmaWrite(wr.rkey, wr.remote_addr, data)])
+            entry.payload = data
+            out = self._out
+            out.append(entry)  # its one message, queued as the entry itself (_OutItem)
+            if len(out) == 1:
+                self._notify_output()
             return
         solicited = bool(entry.flags & _SOLICITED)
         if op in _SENDS:
@@ -348,16 +353,26 @@ class QpSend(QpBase):
     def has_outgoing(self) -> bool:
         return bool(self._out)
 
-    def take_outgoing(self, limit: int) -> list[RdmapMessage]:
+    def take_outgoing(self, limit: int) -> list[OutboundMessage]:
         """Take outbound messages, in order, up to about ``limit`` payload bytes (at least
         one; 64 bytes counted per message): the transport encodes and sends them.  A WR
-        whose last message is taken completes (in submit order, RFC 5040 §5.5 rule 15)."""
+        whose last message is taken completes (in submit order, RFC 5040 §5.5 rule 15).
+        The Write of a Write WR comes as its fields
+        (:data:`~stack.wire.events.WriteFields`), no message object made for it."""
         out = self._out
-        taken: list[RdmapMessage] = []
+        taken: list[OutboundMessage] = []
         budget = limit
         reap = False
         while out and budget > 0:
             item = out.popleft()
+            if isinstance(item, _SqEntry):  # a Write WR's one message (_start)
+                data = item.payload
+                item.payload = None
+                wr = item.wr
+                taken.append((wr.rkey, wr.remote_addr, data))  # type: ignore[arg-type]
+                budget -= len(data) + 64  # type: ignore[arg-type]
+                item.done = reap = True
+                continue
             message = item.message
             taken.append(message)
             if type(message) in _DATA_MESSAGES:

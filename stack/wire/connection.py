@@ -32,6 +32,7 @@ from stack.wire.events import (
     MpaSettings,
     NeedData,
     Negotiated,
+    OutboundMessage,
     RdmapEvent,
     RdmapMessage,
     RdmaWrite,
@@ -225,22 +226,27 @@ class IwarpConnection:
         assert self.stream is not None, "send_message before Full Operation"
         self.mpa.send_ulpdu_parts(self.stream.send_parts(message))
 
-    def send_messages(self, messages: Iterable[RdmapMessage]) -> None:
+    def send_messages(self, messages: Iterable[OutboundMessage]) -> None:
         """Segment, frame and queue ``messages`` in order, framed in one pass (a post list
-        of small messages becomes one run of FPDUs).  Whatever was segmented before an
-        error is still queued, as with one :meth:`send_message` call per message.  A
-        ``send_message`` replaced on the instance (a conformance fault's hook) still sees
-        every message."""
+        of small messages becomes one run of FPDUs); an RDMA Write may come as its fields
+        (:data:`~stack.wire.events.WriteFields`, no message object).  Whatever was
+        segmented before an error is still queued, as with one :meth:`send_message` call
+        per message.  A ``send_message`` replaced on the instance (a conformance fault's
+        hook) still sees every message, each Write as an :class:`RdmaWrite`."""
         assert self.stream is not None, "send_messages before Full Operation"
         if "send_message" in self.__dict__:
             for message in messages:
-                self.send_message(message)
+                self.send_message(RdmaWrite(*message) if isinstance(message, tuple) else message)
             return
         send_parts = self.stream.send_parts
+        write_parts = self.stream.send_write_parts
         parts: list[Parts] = []
         try:
             for message in messages:
-                parts += send_parts(message)
+                if isinstance(message, tuple):
+                    parts += write_parts(*message)
+                else:
+                    parts += send_parts(message)
         finally:
             if parts:
                 self.mpa.send_ulpdu_parts(parts)

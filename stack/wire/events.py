@@ -183,6 +183,13 @@ RdmapMessage = (
     | AtomicResponse
 )
 
+WriteFields = tuple[int, int, Data]
+"""An RDMA Write given by its fields ``(stag, to, data)``: the message ``RdmaWrite(stag,
+to, data)`` without the object, which a sender's bulk path does not make per Write
+(:meth:`~stack.wire.connection.IwarpConnection.send_messages`)."""
+OutboundMessage = RdmapMessage | WriteFields
+"""What :meth:`~stack.wire.connection.IwarpConnection.send_messages` takes."""
+
 # ======================================================================================
 # Receive events of the RDMAP stream (one per DDP segment for data, one per message else)
 # ======================================================================================

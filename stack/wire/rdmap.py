@@ -456,10 +456,19 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
 
 
 def encode_write_parts(msg: RdmaWrite, mulpdu: int) -> list[ddp.Parts]:
-    """An RDMA Write's tagged segments (RFC 5040 §4.3: RDMAP version, opcode 0 in RsvdULP),
-    for a ``mulpdu`` already checked: :func:`encode_message_parts`' Write case, which the
-    sender's bulk path calls directly."""
-    return ddp.segment_tagged_parts(msg.stag, msg.to, _RV_BITS, msg.data, mulpdu)
+    """An RDMA Write's tagged segments, for a ``mulpdu`` already checked:
+    :func:`encode_message_parts`' Write case (:func:`encode_write_fields`)."""
+    return encode_write_fields(msg.stag, msg.to, msg.data, mulpdu)
+
+
+_WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE
+
+
+def encode_write_fields(stag: int, to: int, data: Data, mulpdu: int) -> list[ddp.Parts]:
+    """The tagged segments of ``RdmaWrite(stag, to, data)`` (RFC 5040 §4.3: RDMAP version,
+    opcode 0 in RsvdULP), for a ``mulpdu`` already checked; the sender's bulk path calls it
+    with a Write's fields, no message made."""
+    return ddp.segment_tagged_parts(stag, to, _WRITE_CTRL, data, mulpdu)
 
 
 def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:

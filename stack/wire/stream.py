@@ -92,7 +92,7 @@ from stack.wire.rdmap import (
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
-    encode_write_parts,
+    encode_write_fields,
     exact_fixed_header,
     message_qn,
     rdmap_ctrl,
@@ -154,6 +154,11 @@ class SendState(Enum):
 
 _RECV_OPEN = RecvState.OPEN  # module globals: an Enum.MEMBER lookup is slow
 _SEND_TERMINATED = SendState.TERMINATED
+
+
+def _after_terminate() -> LocalError:
+    """What sending anything after our Terminate raises (RDMAP-10)."""
+    return LocalError("RDMAP-10: nothing may be sent after a Terminate")
 
 
 class RdmapStream:
@@ -230,10 +235,10 @@ class RdmapStream:
 
     def send_parts(self, msg: RdmapMessage) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
-        if type(msg) is RdmaWrite and self.send_state is not _SEND_TERMINATED:
-            return encode_write_parts(msg, self._mulpdu)  # the bulk of a sender's messages
+        if type(msg) is RdmaWrite:  # the bulk of a sender's messages
+            return self.send_write_parts(msg.stag, msg.to, msg.data)
         if self.send_state is _SEND_TERMINATED:
-            raise LocalError("RDMAP-10: nothing may be sent after a Terminate")
+            raise _after_terminate()
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
         qn = _QN_OF_TYPE.get(type(msg), -1)
@@ -246,6 +251,13 @@ class RdmapStream:
         if isinstance(msg, Terminate):
             self.send_state = SendState.TERMINATED
         return parts
+
+    def send_write_parts(self, stag: int, to: int, data: Data) -> list[ddp.Parts]:
+        """:meth:`send_parts` of ``RdmaWrite(stag, to, data)``, no message made (the
+        sender's bulk path, :data:`~stack.wire.events.WriteFields`)."""
+        if self.send_state is _SEND_TERMINATED:
+            raise _after_terminate()
+        return encode_write_fields(stag, to, data, self._mulpdu)
 
     def terminate_message(
         self, error: ProtocolError | None, offending_ulpdu: Data | None, *, read_progress: int = 0
