@@ -53,7 +53,6 @@ import itertools
 import logging
 import mmap
 import os
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -424,16 +423,20 @@ class KbtpTarget(OffloadBinding):
     # ----------------------------------------------------------------------------------
     def _on_wc(self, sess: TargetSession, wc: WorkCompletion) -> None:
         now = trio.current_time()
-        self._offloaded(sess, now)
+        if sess.alloc_log is not None:  # offloaded: what its chain ran (§8.1)
+            self._offloaded(sess, now)
         if wc.opcode is WcOpcode.RECV:
             if wc.status is not WcStatus.SUCCESS:
                 return  # flushed: the connection is ending
-            start = wc.wr_id * sess.recv_size
+            slot = wc.wr_id
+            start = slot * sess.recv_size
             data = bytes(sess.recv_mr.buf[start : start + wc.byte_len])
+            wrs = sess.recv_wrs  # built when the session's receives were first posted
+            recv = wrs[slot] if slot < len(wrs) else sess.recv_wr(slot)
             if self._draining is None:
-                sess.qp.post_recv(sess.recv_wr(wc.wr_id))
+                sess.qp.post_recv(recv)
             else:
-                sess.reposts.append(sess.recv_wr(wc.wr_id))
+                sess.reposts.append(recv)
                 self._touch(sess)
             sess.messages += 1
             fresh = sess.identity is None
@@ -478,10 +481,14 @@ class KbtpTarget(OffloadBinding):
         RFC 5040 §5.5).  Longer Writes read the pool when transmitted and are reported
         when they have been handed to the transport.
         """
-        work = deque(actions)
-        while work:
-            action = work.popleft()
-            if isinstance(action, DeregisterMemory):
+        work = actions  # extended (a copy) by what a registration or a Write's completion adds
+        i = 0
+        while i < len(work):
+            action = work[i]
+            i += 1
+            kind = type(action)
+            if kind is DeregisterMemory:
+                assert isinstance(action, DeregisterMemory)
                 mr = self.regions.pop(action.stag, None)
                 if mr is not None:
                     mr.dereg()
@@ -489,11 +496,9 @@ class KbtpTarget(OffloadBinding):
             sess = self.sessions.get(action.session)
             if sess is None:
                 continue  # the session has gone; the core has dropped its operations
-            if isinstance(action, RegisterMemory):
-                work.extend(self._guarded(sess, self._register, sess, action))
-                continue
-            if isinstance(action, SendMessage):
-                data = action.encode()
+            if kind is SendMessage:
+                assert isinstance(action, SendMessage)
+                data = action.message.encode()
                 if action.invalidate_stag is None:
                     wr = SendWR(
                         _UNSIGNALLED, WrOpcode.SEND, inline_data=data, send_flags=SendFlags.NONE
@@ -507,7 +512,11 @@ class KbtpTarget(OffloadBinding):
                         send_flags=SendFlags.NONE,
                     )
                 self._post(sess, wr)
-            elif isinstance(action, WriteToInitiator):
+            elif kind is ReadFromInitiator:
+                assert isinstance(action, ReadFromInitiator)
+                self._post_rdma(sess, action, WrOpcode.RDMA_READ)
+            elif kind is WriteToInitiator:
+                assert isinstance(action, WriteToInitiator)
                 if action.length <= self.write_copy_limit:
                     start = action.local_to - self.local_mr.base
                     data = bytes(self.local_mr.buf[start : start + action.length])
@@ -521,14 +530,15 @@ class KbtpTarget(OffloadBinding):
                     )
                     if self._post(sess, wr):
                         now = trio.current_time()
-                        work.extend(
-                            self._guarded(sess, self.core.rdma_completed, action.op_id, now)
-                        )
+                        done = self._guarded(sess, self.core.rdma_completed, action.op_id, now)
+                        work = [*work, *done] if work is actions else work + done
                     continue
                 self._post_rdma(sess, action, WrOpcode.RDMA_WRITE)
-            elif isinstance(action, ReadFromInitiator):
-                self._post_rdma(sess, action, WrOpcode.RDMA_READ)
-            elif isinstance(action, InvalidateStag):
+            elif kind is RegisterMemory:
+                assert isinstance(action, RegisterMemory)
+                work = [*work, *self._guarded(sess, self._register, sess, action)]
+            elif kind is InvalidateStag:
+                assert isinstance(action, InvalidateStag)
                 self._post(
                     sess, SendWR(action.op_id, WrOpcode.LOCAL_INV, invalidate_rkey=action.stag)
                 )
@@ -543,6 +553,8 @@ class KbtpTarget(OffloadBinding):
                 )
                 if not self._post(sess, marker):
                     self._terminate(sess)
+        if not self.offload:
+            return
         for sess in self.sessions.values():  # what the FREE chains must know (§8.1)
             if sess.alloc_log is not None and sess.identity is not None:
                 deferred = len(self.core.ring_of(sess.identity).deferred)
