@@ -45,6 +45,7 @@ __all__ = [
     "MessageFormat",
     "Part",
     "Tail",
+    "joined_codec",
 ]
 
 
@@ -172,6 +173,13 @@ class Part:
         first = tuple(f.name for f in fields(cls))[: len(self.names)]
         if first != self.names:
             raise TypeError(f"{cls.__name__} fields {first} are not in table order {self.names}")
+
+
+def joined_codec(*parts: Part) -> struct.Struct:
+    """One struct of the named fields of ``parts`` laid end to end (reserved fields zero):
+    a message's fixed parts packed or unpacked in one call, the same octets as each part's
+    ``codec`` in turn."""
+    return struct.Struct(">" + "".join(p.codec.format[1:] for p in parts))
 
 
 def _part(name: str, spec: tuple[tuple[str, int, str, Display], ...], key_prefix: str = "") -> Part:

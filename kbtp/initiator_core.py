@@ -14,7 +14,6 @@ No sockets, no clocks: the binding to an RNIC (or a test) moves the bytes.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -47,6 +46,7 @@ from kbtp.messages import (
     Load,
     Request,
     decode_message,
+    with_request_id,
 )
 from stack.errors import LocalError
 
@@ -238,7 +238,7 @@ class InitiatorCore:
         if request.opcode not in REQUEST_OPCODES:
             raise LocalError(f"{request.opcode.name} is not a request")
         rid = self._take_id()
-        self._waiting.append(dataclasses.replace(request, request_id=rid))
+        self._waiting.append(with_request_id(request, rid))
         return rid
 
     def outgoing(self) -> list[bytes]:

@@ -12,9 +12,11 @@ The dataclasses themselves do not validate, so tests can build bad messages on p
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, ClassVar
 
 from kbtp.constants import (
     ALLOWED_FLAGS,
@@ -44,8 +46,9 @@ from kbtp.formats import (
     HEADER,
     HELLO_ACK_BODY,
     HELLO_BODY,
+    joined_codec,
 )
-from stack.errors import ProtocolError
+from stack.errors import LocalError, ProtocolError
 
 Buffer = bytes | bytearray | memoryview
 
@@ -268,6 +271,15 @@ class Load:
     completion: CompletionDescriptor | None = None
 
     def encode(self) -> bytes:
+        if self.completion is None:  # the common case in one pack; the same octets
+            d = self.descriptor
+            try:
+                return _HEADER_DESCRIPTOR.pack(
+                    KBTP_VERSION, self.opcode, self.flags, self.request_id, self.handle,
+                    self.generation, 0, d.stag, d.to, d.length,
+                )  # fmt: skip
+            except struct.error:
+                pass  # the parts below name the field out of range
         header = CommonHeader(
             self.opcode, self.flags, self.request_id, self.handle, self.generation
         ).encode()
@@ -286,6 +298,17 @@ class _StoreBase:
     completion: CompletionDescriptor | None = None
 
     def encode(self) -> bytes:
+        if self.completion is None:  # the common case in one pack; the same octets
+            d = self.descriptor
+            try:
+                fixed = _HEADER_DESCRIPTOR.pack(
+                    KBTP_VERSION, self.opcode, self.flags,  # type: ignore[attr-defined]
+                    self.request_id, self.handle, self.generation, 0, d.stag, d.to, d.length,
+                )  # fmt: skip
+            except struct.error:
+                pass  # the parts below name the field out of range
+            else:
+                return fixed + bytes(self.data) if self.data else fixed
         header = CommonHeader(
             self.opcode,  # type: ignore[attr-defined]
             self.flags,
@@ -395,6 +418,13 @@ class Completion:
     request_opcode: int = 0
 
     def encode(self) -> bytes:
+        try:  # in one pack; the same octets as the parts
+            return _HEADER_COMPLETION.pack(
+                KBTP_VERSION, self.opcode, 0, self.request_id, self.handle, self.generation,
+                self.status, self.data_length, self.request_opcode, self.block_offset,
+            )  # fmt: skip
+        except struct.error:
+            pass  # the parts below name the field out of range
         header = CommonHeader(
             self.opcode, 0, self.request_id, self.handle, self.generation, self.status
         ).encode()
@@ -411,6 +441,50 @@ COMPLETION_RECORD.check_order(CompletionRecord)
 
 Request = Load | Store | AllocStore | Free | Bind
 Message = Hello | HelloAck | Load | Store | AllocStore | Free | Bind | Completion
+
+_HEADER_DESCRIPTOR = joined_codec(HEADER, DATA_DESCRIPTOR)
+"""A LOAD, STORE or ALLOC_STORE without Completion Descriptor: header, Data Descriptor."""
+_HEADER_COMPLETION = joined_codec(HEADER, COMPLETION_BODY)
+"""A COMPLETION: header and body."""
+if HEADER.names[:3] != ("version", "opcode", "flags") or HEADER.names[3:] != (
+    "request_id",
+    "handle",
+    "generation",
+    "status",
+):  # pragma: no cover - the table is the source
+    raise TypeError(f"the encoders above pack the header fields in the order {HEADER.names}")
+if DATA_DESCRIPTOR.names != ("stag", "to", "length") or COMPLETION_BODY.names != (
+    "data_length",
+    "request_opcode",
+    "block_offset",
+):  # pragma: no cover - the table is the source
+    raise TypeError("the encoders above pack the bodies in another order than the table")
+
+_OTHER_FIELDS: dict[type, Any] = {}
+"""Per request class: a getter of its fields after Request ID, in their order."""
+
+
+def with_request_id(request: Request, request_id: int) -> Request:
+    """``dataclasses.replace(request, request_id=request_id)``, without its per-field work:
+    the class's fields after Request ID (its first) are copied by one getter call."""
+    cls = type(request)
+    getter = _OTHER_FIELDS.get(cls)
+    if getter is None:
+        getter = _OTHER_FIELDS[cls] = _other_fields(cls)
+    new: Request = cls(request_id, *getter(request))
+    return new
+
+
+def _other_fields(cls: type) -> Callable[[object], tuple[Any, ...]]:
+    names = [f.name for f in fields(cls)]
+    if names[0] != "request_id":
+        raise LocalError(f"{cls.__name__} does not start with a Request ID")
+    rest = names[1:]
+    if len(rest) < 2:  # attrgetter of one name returns the value, not a tuple
+        return lambda obj: tuple(getattr(obj, n) for n in rest)
+    getter: Callable[[object], tuple[Any, ...]] = attrgetter(*rest)
+    return getter
+
 
 # ======================================================================================
 # Decoding
@@ -438,6 +512,9 @@ if _Hdr.__slots__ != HEADER.names:  # pragma: no cover - the table is the source
     raise TypeError(f"_Hdr slots {_Hdr.__slots__} are not the header fields {HEADER.names}")
 
 
+_HEADER_VALUES = HEADER.codec.unpack_from
+_DESCRIPTOR_VALUES = DATA_DESCRIPTOR.codec.unpack_from
+_COMPLETION_BODY_VALUES = COMPLETION_BODY.codec.unpack_from
 _OPCODES = {int(o): o for o in MessageOpcode}
 _ALLOWED = {o: int(f) for o, f in ALLOWED_FLAGS.items()}
 _FLAGS = [RequestFlag(v) for v in range(1 << len(RequestFlag.__members__))]
@@ -487,14 +564,14 @@ def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
 
 def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
-    body = COMPLETION_BODY.unpack(data, COMMON_HEADER_LEN)
-    return Completion(h.request_id, h.handle, h.generation, h.status, **body)
+    length, opcode, block = _COMPLETION_BODY_VALUES(data, COMMON_HEADER_LEN)
+    return Completion(h.request_id, h.handle, h.generation, h.status, length, block, opcode)
 
 
 def _decode_load(data: Buffer, h: _Hdr) -> Load:
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
         raise _err(Status.MALFORMED, "LOAD without a Data Descriptor", h, "KBTP-5.2")
-    desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
+    desc = DataDescriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
     _expect_len(data, end, h, "LOAD")
     return Load(h.request_id, h.handle, desc, h.generation, _FLAGS[h.flags], comp)
@@ -502,19 +579,22 @@ def _decode_load(data: Buffer, h: _Hdr) -> Load:
 
 def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
     cls = Store if h.opcode == MessageOpcode.STORE else AllocStore
-    name = cls.opcode.name
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
+        name = cls.opcode.name
         raise _err(Status.MALFORMED, f"{name} without a Data Descriptor", h, "KBTP-5.2")
-    desc = DataDescriptor.decode(data, COMMON_HEADER_LEN)
+    desc = DataDescriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
     flags = _FLAGS[h.flags]
     if h.flags & _INLINE_FLAG:
         if desc.stag or desc.to:
             raise _err(Status.MALFORMED, "INLINE with nonzero STag or TO", h, "KBTP-5.2")
-        _expect_len(data, end + desc.length, h, f"{name} with {desc.length} inline octets")
+        if len(data) != end + desc.length:
+            what = f"{cls.opcode.name} with {desc.length} inline octets"
+            _expect_len(data, end + desc.length, h, what)
         payload = bytes(data[end:])
     else:
-        _expect_len(data, end, h, name)
+        if len(data) != end:
+            _expect_len(data, end, h, cls.opcode.name)
         payload = b""
     return cls(h.request_id, h.handle, desc, payload, h.generation, flags, comp)
 
@@ -563,7 +643,7 @@ def decode_message(data: Buffer) -> Message:
     """
     if len(data) < COMMON_HEADER_LEN:
         CommonHeader.decode(data)  # raises MALFORMED (fatal)
-    h = _Hdr(HEADER.values(data))
+    h = _Hdr(_HEADER_VALUES(data))
     if h.version != KBTP_VERSION:
         raise _err(Status.BAD_VERSION, f"version {h.version}, not {KBTP_VERSION}", h, "KBTP-5.1")
     opcode = _OPCODES.get(h.opcode)
