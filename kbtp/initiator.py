@@ -376,16 +376,16 @@ class KbtpInitiator(InitiatorOps):
                     self.qp.on_output()
             return
         for event in events:
-            if isinstance(event, SessionReady | SessionRefused):
-                self.ack = event.ack
-                if self._hello is not None:
-                    self._hello.event.set()
-            elif isinstance(event, RequestCompleted):
+            if type(event) is RequestCompleted:
                 waiter = self._requests.pop(event.request.request_id, None)
                 if waiter is not None:
                     waiter.completion = event.completion
                     waiter.invalidated = invalidated
                     waiter.done()
+            elif isinstance(event, SessionReady | SessionRefused):
+                self.ack = event.ack
+                if self._hello is not None:
+                    self._hello.event.set()
 
     def _flush(self) -> None:
         """Send the requests the credits allow (docs/kbtp.md §9.2)."""
@@ -481,7 +481,7 @@ class KbtpInitiator(InitiatorOps):
             if waiter.invalidated == request.descriptor.stag:
                 self.invalidations += 1
         status = _status_name(completion.status)
-        self._count(request.opcode.name, status, _octets(request, completion))
+        self._count(_OPCODE_NAMES[request.opcode], status, _octets(request, completion))
         if completion.status == Status.TICKET_ABANDONED:
             self.direct_alloc_disabled = True  # docs/kbtp.md §4.4: its STags are invalid
         return completion
@@ -530,7 +530,9 @@ class KbtpInitiator(InitiatorOps):
         return answers
 
     def _count(self, op: str, status: str, octets: int) -> None:
-        entry = self.stats.setdefault((op, status), OpStats())
+        entry = self.stats.get((op, status))
+        if entry is None:
+            entry = self.stats[op, status] = OpStats()
         entry.count += 1
         entry.octets += octets
 
@@ -604,6 +606,7 @@ _STATUSES = frozenset(int(s) for s in Status)
 
 
 _STATUS_NAMES = {int(s): s.name for s in Status}
+_OPCODE_NAMES = {o: o.name for o in MessageOpcode}
 
 
 def _status_name(status: int) -> str:
