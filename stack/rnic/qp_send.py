@@ -121,26 +121,27 @@ class QpSend(QpBase):
         """Post send WRs (``ibv_post_send``); a list is a post list, processed in order."""
         wrs = wr if isinstance(wr, list) else [wr]
         max_sge = self.cap.max_send_sge
+        entries = []
         for one in wrs:
+            flags = int(one.send_flags)
             if (
                 len(one.sg_list) > max_sge
-                or int(one.send_flags) & _INLINE
+                or flags & _INLINE
                 or not 0 <= one.rkey <= ALL_ONES_32
                 or not 0 <= one.remote_addr <= ALL_ONES_64
                 or one.opcode in _WIDE_FIELDS
             ):
                 self._check_wr(one)  # only WRs that may break a capacity or a field width
+            entries.append(_SqEntry(one, flags))
         if self.state in _FAILED:  # TERMINATE as IBV_QPS_SQE, ERROR as IBV_QPS_ERR: flushed
-            for one in wrs:
-                self._push_wc(self.send_cq, self._wc(_SqEntry(one), WcStatus.WR_FLUSH_ERR))
+            for entry in entries:
+                self._push_wc(self.send_cq, self._wc(entry, WcStatus.WR_FLUSH_ERR))
             return
         if self.state is _CLOSING:
             raise LocalError(f"QP {self.qp_num} is closing: no new work requests")
         if len(self._pending) + len(self._inflight) + len(wrs) > self.cap.max_send_wr:
             raise LocalError(f"send queue full ({self.cap.max_send_wr} WRs)")
-        pending = self._pending
-        for one in wrs:
-            pending.append(_SqEntry(one, int(one.send_flags)))
+        self._pending.extend(entries)
         if self.state is _RTS:
             self._progress_sq()
 
@@ -205,6 +206,7 @@ class QpSend(QpBase):
         ORD credit or RTS released) becomes one encode pass and one send."""
         outer, self._batching = self._batching, True
         pending = self._pending
+        inflight = self._inflight.append
         try:
             while pending and self.state in _SENDING:
                 entry = pending[0]
@@ -214,7 +216,7 @@ class QpSend(QpBase):
                 if entry.flags & _FENCE and self.outstanding_remote:
                     break
                 pending.popleft()
-                self._inflight.append(entry)
+                inflight(entry)
                 try:
                     if entry.chain is not None:
                         entry.chain.resolve(entry)  # execution-time patches, checked by _start
@@ -240,7 +242,12 @@ class QpSend(QpBase):
         wr = entry.wr
         op = wr.opcode
         if op is _RDMA_WRITE:  # the most frequent small message first
-            data = self._gather(wr)
+            sg_list = wr.sg_list
+            data: bytes | memoryview
+            if len(sg_list) == 1 and wr.inline_data is None and not entry.flags & _INLINE:
+                data = self._local(sg_list[0], 0)[1]  # _gather's one-SGE case, one call less
+            else:
+                data = self._gather(wr)
             entry.byte_len = len(data)
             entry.payload = data
             out = self._out

@@ -207,6 +207,9 @@ class FpduFramer:
         """
         max_ulpdu = self.max_ulpdu
         crc = self.crc
+        markers = self.markers
+        pack_length = _U16.pack
+        pack_crc = _LE32.pack
         size = 0
         error = None
         for header, payload in parts:
@@ -215,7 +218,7 @@ class FpduFramer:
             if n > max_ulpdu:
                 error = LocalError(f"ULPDU of {n} bytes exceeds the maximum {max_ulpdu} (MPA-02)")
                 break
-            if self.markers:
+            if markers:
                 fpdu = self._frame_markers(header, n, payload)  # advances offset itself
                 if iov is not None and plen >= min_ref:
                     iov.append(out)
@@ -224,12 +227,12 @@ class FpduFramer:
                 else:
                     out += fpdu
                 continue
-            lead = _U16.pack(n) + header  # the length field and the DDP header, joined once
+            lead = pack_length(n) + header  # the length field and the DDP header, joined once
             pad_len = -(MPA_LENGTH_LEN + n) & 3
             pad = _PADS[pad_len]
             if crc:
                 c = crc32c(payload, crc32c(lead))
-                trailer = pad + _LE32.pack(crc32c(pad, c) if pad_len else c)
+                trailer = pad + pack_crc(crc32c(pad, c) if pad_len else c)
             else:
                 trailer = pad + _ZERO_MARKER
             size += MPA_LENGTH_LEN + n + pad_len + MPA_CRC_LEN
