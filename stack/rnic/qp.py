@@ -126,8 +126,20 @@ class QueuePair(QpSend):
         if self._lazy or self.state in _FAILED:
             return False
         try:
-            if write:
-                self._place_write(stag, to, payload)
+            if write:  # _place_write, inline: the bulk of a receiver's segments
+                if payload:
+                    check_remote_access(
+                        self.table,
+                        self.pd,
+                        stag,
+                        to,
+                        len(payload),
+                        _REMOTE_WRITE,
+                        DDP_TAGGED_CODES,
+                        self,
+                    )[:] = payload
+                if self.on_remote_write is not None:
+                    self.on_remote_write()
             else:
                 self._place_read_response(stag, to, payload, last)
         except ProtocolError as exc:
@@ -153,7 +165,8 @@ class QueuePair(QpSend):
         self._place_write(seg.stag, seg.to, seg.data)
 
     def _place_write(self, stag: int, to: int, data: memoryview) -> None:
-        """Tagged placement (RFC 5041 §4.1): checked, then copied into the tagged buffer."""
+        """Tagged placement (RFC 5041 §4.1): checked, then copied into the tagged buffer
+        (the bulk path, :meth:`place_tagged`, has these lines inline)."""
         if data:
             view = check_remote_access(
                 self.table, self.pd, stag, to, len(data), _REMOTE_WRITE, DDP_TAGGED_CODES, self

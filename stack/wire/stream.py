@@ -152,6 +152,7 @@ class SendState(Enum):
     TERMINATED = "terminated"
 
 
+_unpack_tagged = ddp.TAGGED_HDR.unpack_from
 _RECV_OPEN = RecvState.OPEN  # module globals: an Enum.MEMBER lookup is slow
 _SEND_TERMINATED = SendState.TERMINATED
 
@@ -390,8 +391,9 @@ class RdmapStream:
         """
         if len(ulpdu) < DDP_TAGGED_HDR_LEN or self.recv_state is not _RECV_OPEN:
             return False
-        b0 = ulpdu[0]
-        b1 = ulpdu[1]
+        # The tagged header's fields, read at once (for an untagged ULPDU, long enough for
+        # the shorter tagged header, only the first two bytes are used).
+        b0, b1, stag, to = _unpack_tagged(ulpdu)
         tagged = _TAGGED_EXACT.get(b0 << 8 | b1)
         if tagged is None:
             if b0 & DDP_TAGGED:
@@ -404,7 +406,6 @@ class RdmapStream:
         placer = self.placer
         if placer is None:
             return False
-        _, _, stag, to = ddp.TAGGED_HDR.unpack_from(ulpdu)
         return placer(tagged[0], tagged[1], stag, to, ulpdu[DDP_TAGGED_HDR_LEN:], ulpdu)
 
     def _place_fixed(self, view: memoryview, fixed: tuple[int, int, int]) -> bool:
