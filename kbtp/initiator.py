@@ -57,6 +57,7 @@ from kbtp.constants import (
     MessageOpcode,
     Status,
 )
+from kbtp.fastinit import wr_maker
 from kbtp.initiator_core import (
     CompareSwapOp,
     DirectOp,
@@ -117,6 +118,10 @@ __all__ = [
 
 _LE64 = struct.Struct("<Q")
 _HELLO_SLOT = -1
+_send_wr = wr_maker(
+    SendWR, ("inline_data",), wr_id=0, opcode=WrOpcode.SEND, send_flags=SendFlags.NONE
+)
+"""An unsignalled Send of ``inline_data`` (a request)."""
 RECEIVE_SIZE = HELLO_ACK_LEN
 """Initiator receive buffers hold a HELLO_ACK (144 octets) or a COMPLETION (40)."""
 MAX_CREDITS = 1024
@@ -393,9 +398,7 @@ class KbtpInitiator(InitiatorOps):
             return
         out = self.core.outgoing()
         if out:
-            self.qp.post_send(
-                [SendWR(0, WrOpcode.SEND, inline_data=d, send_flags=SendFlags.NONE) for d in out]
-            )
+            self.qp.post_send([_send_wr(d) for d in out])
 
     def _closed_error(self, reason: str) -> SessionClosed:
         return SessionClosed(

@@ -36,6 +36,7 @@ from kbtp.constants import (
     counter_operands,
     counter_ticket,
 )
+from kbtp.fastinit import maker
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import (
     Bind,
@@ -82,6 +83,7 @@ class RequestCompleted:
 
 
 InitiatorEvent = SessionReady | SessionRefused | RequestCompleted
+_completed = maker(RequestCompleted)
 
 _SPACE = 1 << 64
 """Tagged Offsets are 64-bit: every advertised region must end within them."""
@@ -243,9 +245,12 @@ class InitiatorCore:
 
     def outgoing(self) -> list[bytes]:
         """Encoded requests to send now, as many as the credits allow, in submission order."""
-        out = []
-        while self._waiting and self.credits > 0:
-            req = self._waiting.popleft()
+        out: list[bytes] = []
+        waiting = self._waiting
+        if not waiting:
+            return out
+        for _ in range(min(self.credits, len(waiting))):
+            req = waiting.popleft()
             self._outstanding[req.request_id] = req
             out.append(req.encode())
         return out
@@ -272,7 +277,7 @@ class InitiatorCore:
             assert self.ack is not None  # requests go out only after HELLO_ACK
             check_completion(msg, req, self.ack.block_size)
             del self._outstanding[msg.request_id]
-            return [RequestCompleted(req, msg)]
+            return [_completed(req, msg)]
         raise KbtpError(Status.BAD_OPCODE, f"{msg.opcode.name} sent to an initiator", fatal=True)
 
 

@@ -35,6 +35,7 @@ from kbtp.constants import (
     ring_order_for,
     unpack_counter,
 )
+from kbtp.fastinit import maker
 from stack.errors import LocalError
 
 ByteOrder = Literal["little", "big"]
@@ -90,10 +91,30 @@ def _table_flags(value: int) -> TableFlag:
     return known if known is not None else TableFlag(value)
 
 
+_make_entry = maker(TableEntry)
+_unpack_entry = _ENTRY.unpack_from
+
+
 def read_entry(buf: memoryview, offset: int) -> TableEntry:
     """The entry stored at byte ``offset`` of ``buf``."""
-    flags, generation, length, block = _ENTRY.unpack_from(buf, offset)
-    return TableEntry(_table_flags(flags), generation, length, block)
+    flags, generation, length, block = _unpack_entry(buf, offset)
+    known = _FLAG_VALUES.get(flags)
+    return _make_entry(TableFlag(flags) if known is None else known, generation, length, block)
+
+
+def read_entry_values(buf: memoryview, offset: int) -> tuple[int, int, int, int]:
+    """The entry stored at byte ``offset`` of ``buf`` as its four values (Flags as an int),
+    without an object: for the target's own updates of an entry."""
+    values: tuple[int, int, int, int] = _unpack_entry(buf, offset)
+    return values
+
+
+def write_entry_values(
+    buf: memoryview, offset: int, flags: int, generation: int, length: int, block: int
+) -> None:
+    """:func:`write_entry` of an entry given by its values, in the same order."""
+    _ENTRY_TAIL.pack_into(buf, offset + 4, length, block)
+    _ENTRY_HEAD.pack_into(buf, offset, flags, generation)
 
 
 def write_entry(buf: memoryview, offset: int, entry: TableEntry) -> None:
@@ -102,8 +123,8 @@ def write_entry(buf: memoryview, offset: int, entry: TableEntry) -> None:
     A reader that observes the new Flags/Generation therefore also observes the new
     length and offset (the order matters to DIRECT_LOAD and to offloading targets).
     """
-    _ENTRY_TAIL.pack_into(buf, offset + 4, entry.data_length, entry.block_offset)
-    _ENTRY_HEAD.pack_into(buf, offset, int(entry.flags), entry.generation)
+    e = entry
+    write_entry_values(buf, offset, int(e.flags), e.generation, e.data_length, e.block_offset)
 
 
 # ======================================================================================

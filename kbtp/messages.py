@@ -37,6 +37,7 @@ from kbtp.constants import (
     RequestFlag,
     Status,
 )
+from kbtp.fastinit import maker
 from kbtp.formats import (
     BIND_BODY,
     COMPLETION_BODY,
@@ -461,17 +462,18 @@ if DATA_DESCRIPTOR.names != ("stag", "to", "length") or COMPLETION_BODY.names !=
     raise TypeError("the encoders above pack the bodies in another order than the table")
 
 _OTHER_FIELDS: dict[type, Any] = {}
-"""Per request class: a getter of its fields after Request ID, in their order."""
+"""Per request class: its maker and a getter of its fields after Request ID, in order."""
 
 
 def with_request_id(request: Request, request_id: int) -> Request:
     """``dataclasses.replace(request, request_id=request_id)``, without its per-field work:
     the class's fields after Request ID (its first) are copied by one getter call."""
     cls = type(request)
-    getter = _OTHER_FIELDS.get(cls)
-    if getter is None:
-        getter = _OTHER_FIELDS[cls] = _other_fields(cls)
-    new: Request = cls(request_id, *getter(request))
+    known = _OTHER_FIELDS.get(cls)
+    if known is None:
+        known = _OTHER_FIELDS[cls] = (maker(cls), _other_fields(cls))
+    make, getter = known
+    new: Request = make(request_id, *getter(request))
     return new
 
 
@@ -512,6 +514,13 @@ if _Hdr.__slots__ != HEADER.names:  # pragma: no cover - the table is the source
     raise TypeError(f"_Hdr slots {_Hdr.__slots__} are not the header fields {HEADER.names}")
 
 
+_make_completion = maker(Completion)
+_make_descriptor = maker(DataDescriptor)
+_make_load = maker(Load)
+_make_store: dict[int, Callable[..., Store | AllocStore]] = {
+    MessageOpcode.STORE: maker(Store),
+    MessageOpcode.ALLOC_STORE: maker(AllocStore),
+}
 _HEADER_VALUES = HEADER.codec.unpack_from
 _DESCRIPTOR_VALUES = DATA_DESCRIPTOR.codec.unpack_from
 _COMPLETION_BODY_VALUES = COMPLETION_BODY.codec.unpack_from
@@ -565,16 +574,18 @@ def _decode_hello_ack(data: Buffer, h: _Hdr) -> HelloAck:
 def _decode_completion(data: Buffer, h: _Hdr) -> Completion:
     _expect_len(data, COMPLETION_LEN, h, "COMPLETION")
     length, opcode, block = _COMPLETION_BODY_VALUES(data, COMMON_HEADER_LEN)
-    return Completion(h.request_id, h.handle, h.generation, h.status, length, block, opcode)
+    return _make_completion(
+        h.request_id, h.handle, h.generation, h.status, length, block, opcode
+    )  # fmt: skip
 
 
 def _decode_load(data: Buffer, h: _Hdr) -> Load:
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
         raise _err(Status.MALFORMED, "LOAD without a Data Descriptor", h, "KBTP-5.2")
-    desc = DataDescriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
+    desc = _make_descriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
     _expect_len(data, end, h, "LOAD")
-    return Load(h.request_id, h.handle, desc, h.generation, _FLAGS[h.flags], comp)
+    return _make_load(h.request_id, h.handle, desc, h.generation, _FLAGS[h.flags], comp)
 
 
 def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
@@ -582,7 +593,7 @@ def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
     if len(data) < COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN:
         name = cls.opcode.name
         raise _err(Status.MALFORMED, f"{name} without a Data Descriptor", h, "KBTP-5.2")
-    desc = DataDescriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
+    desc = _make_descriptor(*_DESCRIPTOR_VALUES(data, COMMON_HEADER_LEN))
     comp, end = _completion_descriptor(data, COMMON_HEADER_LEN + DATA_DESCRIPTOR_LEN, h)
     flags = _FLAGS[h.flags]
     if h.flags & _INLINE_FLAG:
@@ -596,7 +607,7 @@ def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
         if len(data) != end:
             _expect_len(data, end, h, cls.opcode.name)
         payload = b""
-    return cls(h.request_id, h.handle, desc, payload, h.generation, flags, comp)
+    return _make_store[cls.opcode](h.request_id, h.handle, desc, payload, h.generation, flags, comp)
 
 
 def _decode_free(data: Buffer, h: _Hdr) -> Free:

@@ -60,6 +60,7 @@ from dataclasses import replace
 import trio
 
 from kbtp.constants import Status
+from kbtp.fastinit import maker, wr_maker
 from kbtp.pool_file import PoolFile
 from kbtp.pool_recovery import RecoveryReport
 from kbtp.target_actions import (
@@ -114,6 +115,22 @@ _UNSIGNALLED = 0
 _CLOSE_MARKER = (1 << 64) - 1
 """wr_id of the marker behind a CloseSession's Sends: when it completes, the Terminate."""
 
+
+_send_wr = wr_maker(
+    SendWR, ("inline_data",), wr_id=_UNSIGNALLED, opcode=WrOpcode.SEND, send_flags=SendFlags.NONE
+)
+"""An unsignalled Send of ``inline_data`` (an answer)."""
+_write_wr = wr_maker(
+    SendWR,
+    ("inline_data", "rkey", "remote_addr"),
+    wr_id=_UNSIGNALLED,
+    opcode=WrOpcode.RDMA_WRITE,
+    send_flags=SendFlags.NONE,
+)
+"""An unsignalled RDMA Write of ``inline_data`` (a copy of the block)."""
+_rdma_wr = wr_maker(SendWR, ("wr_id", "opcode", "sg_list", "rkey", "remote_addr"))
+"""A signalled RDMA Write or Read between the target buffer and the initiator's."""
+_sge = maker(Sge)
 
 WRITE_COPY_LIMIT = 256 * 1024
 """RDMA Writes up to this length carry a copy of the block (see ``KbtpTarget._apply``)."""
@@ -500,9 +517,7 @@ class KbtpTarget(OffloadBinding):
                 assert isinstance(action, SendMessage)
                 data = action.message.encode()
                 if action.invalidate_stag is None:
-                    wr = SendWR(
-                        _UNSIGNALLED, WrOpcode.SEND, inline_data=data, send_flags=SendFlags.NONE
-                    )
+                    wr = _send_wr(data)
                 else:
                     wr = SendWR(
                         _UNSIGNALLED,
@@ -520,14 +535,7 @@ class KbtpTarget(OffloadBinding):
                 if action.length <= self.write_copy_limit:
                     start = action.local_to - self.local_mr.base
                     data = bytes(self.local_mr.buf[start : start + action.length])
-                    wr = SendWR(
-                        _UNSIGNALLED,
-                        WrOpcode.RDMA_WRITE,
-                        inline_data=data,
-                        rkey=action.remote_stag,
-                        remote_addr=action.remote_to,
-                        send_flags=SendFlags.NONE,
-                    )
+                    wr = _write_wr(data, action.remote_stag, action.remote_to)
                     if self._post(sess, wr):
                         now = trio.current_time()
                         done = self._guarded(sess, self.core.rdma_completed, action.op_id, now)
@@ -566,11 +574,10 @@ class KbtpTarget(OffloadBinding):
         self, sess: TargetSession, action: WriteToInitiator | ReadFromInitiator, opcode: WrOpcode
     ) -> None:
         """A signalled RDMA Write or Read between the target buffer and the initiator's."""
-        sge = Sge(action.local_to, action.length, sess.local_mr.lkey)
-        wr = SendWR(
-            action.op_id, opcode, (sge,), rkey=action.remote_stag, remote_addr=action.remote_to
+        sge = _sge(action.local_to, action.length, sess.local_mr.lkey)
+        self._post(
+            sess, _rdma_wr(action.op_id, opcode, (sge,), action.remote_stag, action.remote_to)
         )
-        self._post(sess, wr)
 
     def _touch(self, sess: TargetSession) -> None:
         """Note that ``sess`` has work queued for the end of the drain."""

@@ -20,7 +20,14 @@ from kbtp.constants import (
     TableFlag,
     next_generation,
 )
-from kbtp.layout import TableEntry, read_entry, write_entry
+from kbtp.fastinit import maker
+from kbtp.layout import (
+    TableEntry,
+    read_entry,
+    read_entry_values,
+    write_entry,
+    write_entry_values,
+)
 from kbtp.messages import AllocStore, Bind, Free, Load, Request, Store
 from kbtp.ring import CounterCorrupt, RingRecord, TicketOwner
 from kbtp.target_actions import Action, ReadFromInitiator, WriteToInitiator
@@ -37,6 +44,12 @@ from stack.errors import LocalError
 
 _RECORD = int(RequestFlag.RECORD)  # int tests make no Flag object per request
 _SEAL = int(RequestFlag.SEAL)
+_ALLOW_UNSEALED = int(RequestFlag.ALLOW_UNSEALED)
+_SEALED = int(TableFlag.SEALED)
+_BOUND = {False: TableFlag.VALID, True: TableFlag.VALID | TableFlag.SEALED}
+"""The Flags of an entry ALLOC_STORE or BIND writes, by SEAL."""
+_make_write = maker(WriteToInitiator)
+_make_read = maker(ReadFromInitiator)
 
 
 class RequestOps(CoreState):
@@ -68,7 +81,7 @@ class RequestOps(CoreState):
             ini is not None and not ini.config.owns(req.handle)
         ):
             return Status.HANDLE_OUT_OF_RANGE, None
-        entry = self.entry(req.handle)
+        entry = read_entry(self.memory, self.layout.entry_offset(req.handle))  # served: above
         if req.generation != GENERATION_ANY and req.generation != entry.generation:
             return Status.WRONG_GENERATION, entry
         return Status.SUCCESS, entry
@@ -80,7 +93,7 @@ class RequestOps(CoreState):
             return self._fail(out, session, req, status)
         if not entry.valid:
             return self._fail(out, session, req, Status.NOT_VALID)
-        if not entry.sealed and not req.flags & RequestFlag.ALLOW_UNSEALED:
+        if not entry.sealed and not int(req.flags) & _ALLOW_UNSEALED:
             return self._fail(out, session, req, Status.NOT_SEALED)
         if entry.data_length > req.descriptor.length:
             return self._fail(out, session, req, Status.TOO_LONG_FOR_DESCRIPTOR)
@@ -91,19 +104,18 @@ class RequestOps(CoreState):
             return True
         op_id = self._new_op(PendingOp(OpKind.LOAD_WRITE, session, req, entry=entry))
         d = req.descriptor
-        out.append(
-            WriteToInitiator(op_id, session, entry.block_offset, entry.data_length, d.stag, d.to)
-        )
+        out.append(_make_write(op_id, session, entry.block_offset, entry.data_length, d.stag, d.to))
         return False
 
     # -- §6.2 Block Mapped Store ---------------------------------------------------------
     def _data_checks(self, req: Store | AllocStore) -> Status:
         if req.descriptor.length > self.config.block_size:
             return Status.TOO_LONG_FOR_BLOCK
-        if req.inline and len(req.data) > self.config.max_inline:
-            return Status.INLINE_TOO_LONG
-        if req.inline and len(req.data) != req.descriptor.length:
-            return Status.MALFORMED
+        if req.inline:
+            if len(req.data) > self.config.max_inline:
+                return Status.INLINE_TOO_LONG
+            if len(req.data) != req.descriptor.length:
+                return Status.MALFORMED
         return Status.SUCCESS
 
     def _store(self, session: int, ini: InitiatorState, req: Store, out: list[Action]) -> bool:
@@ -123,30 +135,22 @@ class RequestOps(CoreState):
             return True
         op_id = self._new_op(PendingOp(OpKind.STORE_READ, session, req))
         d = req.descriptor
-        out.append(ReadFromInitiator(op_id, session, d.stag, d.to, d.length, entry.block_offset))
+        out.append(_make_read(op_id, session, d.stag, d.to, d.length, entry.block_offset))
         return False
 
     def _finish_store(self, session: int, req: Store, out: list[Action]) -> None:
         """§6.2 steps 3-4: Data Length (and SEALED) after the data is in the block."""
         at = self.layout.entry_offset(req.handle)
-        entry = read_entry(self.memory, at)
-        seal = bool(int(req.flags) & _SEAL)
-        flags = entry.flags | TableFlag.SEALED if seal else entry.flags
-        updated = TableEntry(flags, entry.generation, req.descriptor.length, entry.block_offset)
+        flags, generation, _, block = read_entry_values(self.memory, at)
+        length = req.descriptor.length
+        seal = int(req.flags) & _SEAL
         if seal:
-            self._persist(self.layout.offset_of(entry.block_offset), req.descriptor.length)
-        write_entry(self.memory, at, updated)
+            flags |= _SEALED
+            self._persist(self.layout.offset_of(block), length)
+        write_entry_values(self.memory, at, flags, generation, length, block)
         if seal:
             self._persist(at, TABLE_ENTRY_LEN)
-        self._complete(
-            out,
-            session,
-            req,
-            Status.SUCCESS,
-            updated.generation,
-            updated.data_length,
-            updated.block_offset,
-        )
+        self._complete(out, session, req, Status.SUCCESS, generation, length, block)
 
     # -- §6.3 Block Unmapped Store -------------------------------------------------------
     def _alloc_store(
@@ -205,7 +209,7 @@ class RequestOps(CoreState):
             return True
         op.kind = OpKind.ALLOC_READ
         d = req.descriptor
-        out.append(ReadFromInitiator(op_id, op.session, d.stag, d.to, d.length, block))
+        out.append(_make_read(op_id, op.session, d.stag, d.to, d.length, block))
         return False
 
     def _finish_alloc(
@@ -217,9 +221,7 @@ class RequestOps(CoreState):
         ini = self._initiators[sess.identity]
         at = self.layout.entry_offset(req.handle)
         old = read_entry(self.memory, at)
-        flags = TableFlag.VALID | (
-            TableFlag.SEALED if req.flags & RequestFlag.SEAL else TableFlag.NONE
-        )
+        flags = _BOUND[bool(int(req.flags) & _SEAL)]
         length = req.data_length if isinstance(req, Bind) else req.descriptor.length
         entry = TableEntry(flags, next_generation(old.generation), length, block)
         if entry.sealed:  # the data is durable before the entry that seals it (§12.4)

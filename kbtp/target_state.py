@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any, Self
 
 from kbtp.constants import NO_BLOCK_OFFSET, Capability, CounterFormat, RequestFlag, Status
+from kbtp.fastinit import maker
 from kbtp.layout import TableEntry, TargetLayout, read_entry
 from kbtp.messages import AllocStore, Completion, HelloAck, Load, Message, Request, Store
 from kbtp.ring import FetchAdd, FreeRing
@@ -27,6 +28,8 @@ from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.errors import LocalError
 
 _INVALIDATE = int(RequestFlag.INVALIDATE)  # an int test makes no Flag object per request
+_make_completion = maker(Completion)
+_make_send = maker(SendMessage)
 
 SHARED_RING = -1
 """Ring id of the shared ring; partition rings are numbered 0.. in configuration order."""
@@ -257,7 +260,7 @@ class CoreState:
     def _send(
         self, out: list[Action], session: int, msg: HelloAck | Completion, inv: int | None = None
     ) -> None:
-        out.append(SendMessage(session, msg, inv))
+        out.append(_make_send(session, msg, inv))
 
     def _complete(
         self,
@@ -273,10 +276,10 @@ class CoreState:
         inv = None
         if int(req.flags) & _INVALIDATE and isinstance(req, Load | Store | AllocStore):
             inv = req.descriptor.stag
-        msg = Completion(
+        msg = _make_completion(
             req.request_id, req.handle, generation, status, data_length, block_offset, req.opcode
         )
-        self._send(out, session, msg, inv)
+        out.append(_make_send(session, msg, inv))
         sess = self._sessions.get(session)
         if sess is not None:
             sess.inflight -= 1
