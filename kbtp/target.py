@@ -365,9 +365,10 @@ class KbtpTarget(OffloadBinding):
                 if part and sess.conn is not None:
                     sess.conn.uncork()  # the first half's answers are out: these go too
                 self._draining = []
+                now = trio.current_time()  # one clock reading per half: it is handled at once
                 try:
                     for wc in wcs:
-                        self._on_wc(sess, wc)
+                        self._on_wc(sess, wc, now)
                 finally:
                     self._post_drain()
 
@@ -438,8 +439,10 @@ class KbtpTarget(OffloadBinding):
     # ----------------------------------------------------------------------------------
     # completions in, actions out
     # ----------------------------------------------------------------------------------
-    def _on_wc(self, sess: TargetSession, wc: WorkCompletion) -> None:
-        now = trio.current_time()
+    def _on_wc(self, sess: TargetSession, wc: WorkCompletion, now: float | None = None) -> None:
+        """Feed one completion of ``sess`` to the core (``now``: the time, if already read)."""
+        if now is None:
+            now = trio.current_time()
         if sess.alloc_log is not None:  # offloaded: what its chain ran (§8.1)
             self._offloaded(sess, now)
         if wc.opcode is WcOpcode.RECV:

@@ -230,7 +230,8 @@ class TargetCore(RequestOps, TicketOps, HelloOps):
         sess = self._sessions.get(session)
         if sess is None:
             return out
-        sess.active = max(sess.active, now)
+        if now > sess.active:
+            sess.active = now
         if sess.hello_ack is not None:
             sess.early.append(bytes(data))  # processed after the HELLO_ACK
             return out
@@ -252,7 +253,7 @@ class TargetCore(RequestOps, TicketOps, HelloOps):
             if exc.fatal:
                 self._close(session, now, exc.status, str(exc), out)
             return out
-        return self.handle_request(session, message, now)
+        return self._request(session, sess, message, now, out)
 
     def handle_request(self, session: int, message: Message, now: float) -> list[Action]:
         """Process a decoded message (HELLO or a request) from ``session``."""
@@ -263,6 +264,12 @@ class TargetCore(RequestOps, TicketOps, HelloOps):
         if sess.hello_ack is not None:
             sess.early.append(message)  # processed after the HELLO_ACK
             return out
+        return self._request(session, sess, message, now, out)
+
+    def _request(
+        self, session: int, sess: SessionState, message: Message, now: float, out: list[Action]
+    ) -> list[Action]:
+        """:meth:`handle_request` of an open session not waiting for its HELLO_ACK."""
         refusal = target_refusal(message.opcode, sess.identity is not None)
         if refusal is None and isinstance(message, Hello):
             self._hello(session, sess, message, now, out)
@@ -307,8 +314,8 @@ class TargetCore(RequestOps, TicketOps, HelloOps):
             raise LocalError(f"op {op_id} is a registration: report it with memory_registered")
         del self._ops[op_id]
         sess = self._sessions.get(op.session)
-        if sess is not None:
-            sess.active = max(sess.active, now)
+        if sess is not None and now > sess.active:
+            sess.active = now
         if op.kind is OpKind.INVALIDATE:
             self._invalidated(op_id, op, now, out)
             return out
