@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import trio
 
@@ -22,7 +21,7 @@ from kbtp.cli.bench_report import Result
 from kbtp.constants import DEFAULT_MAX_INLINE, Status
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import SessionClosed
-from kbtp.messages import Completion, Request
+from kbtp.messages import AllocStore, Completion, Request
 from stack.cli import CliError
 from stack.wire.events import MpaSettings
 
@@ -172,11 +171,14 @@ def _arena_requests(
         arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
     )
     allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
-    return {
-        "store": lambda w, i: stores[w],
-        "load": lambda w, i: loads[w],
-        "alloc_store": lambda w, i: replace(allocs[w], handle=inflight + i),
-    }
+
+    def alloc(w: int, i: int) -> Request:
+        """Buffer ``w``'s ALLOC_STORE with the fresh handle of the ``i``-th request."""
+        a = allocs[w]
+        assert isinstance(a, AllocStore)
+        return AllocStore(a.request_id, inflight + i, a.descriptor, a.data, a.generation, a.flags)
+
+    return {"store": lambda w, i: stores[w], "load": lambda w, i: loads[w], "alloc_store": alloc}
 
 
 async def _pipelined(
