@@ -117,6 +117,8 @@ _WC_OPCODE = {
     WrOpcode.BIND_MW: WcOpcode.BIND_MW,
     WrOpcode.REG_MR: WcOpcode.REG_MR,
 }
+_WC_OPCODE_BY_VALUE = {op._value_: wc for op, wc in _WC_OPCODE.items()}
+"""_WC_OPCODE by the WR opcode's value: an Enum's own hash is a Python-level call."""
 # Tuples, not sets: membership is an identity test, without the Python-level Enum hash.
 _READS = (WrOpcode.RDMA_READ, WrOpcode.RDMA_READ_WITH_INV)
 _NEEDS_ORD = (*_READS, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
@@ -256,12 +258,13 @@ class QpBase:
 
     # ------------------------------------------------------------------ completions
     def _wc(self, entry: _SqEntry, status: WcStatus) -> WorkCompletion:
+        wr = entry.wr
         return WorkCompletion(
-            entry.wr.wr_id,
+            wr.wr_id,
             status,
-            _WC_OPCODE[entry.wr.opcode],
+            _WC_OPCODE_BY_VALUE[wr.opcode._value_],
             self.qp_num,
-            byte_len=entry.byte_len if status is _SUCCESS else 0,
+            entry.byte_len if status is _SUCCESS else 0,
         )
 
     def _push_wc(self, cq: CompletionQueue, wc: WorkCompletion) -> None:
