@@ -280,14 +280,15 @@ class QpBase:
 
     def _reap_sq(self) -> None:
         """Report completed send WRs in submit order (RFC 5040 §5.5 rule 15)."""
-        while self._inflight and self._inflight[0].done:
-            entry = self._inflight.popleft()
+        inflight = self._inflight  # the same deque throughout (a failure clears it)
+        sig_all = self.sq_sig_all
+        while inflight and inflight[0].done:
+            entry = inflight.popleft()
             if entry.chain is not None:
                 entry.chain.wr_done(entry)
-            signalled = self.sq_sig_all or entry.flags & _SIGNALED
-            if signalled or entry.status is not _SUCCESS:
+            if sig_all or entry.flags & _SIGNALED or entry.status is not _SUCCESS:
                 self._push_wc(self.send_cq, self._wc(entry, entry.status))
-        if self.state is _CLOSING and not self._inflight and not self._pending:
+        if self.state is _CLOSING and not inflight and not self._pending:
             self._sq_drained()
 
     def _complete_recv(
