@@ -187,6 +187,7 @@ class KbtpInitiator(InitiatorOps):
         self._pumping = False  # inside a drain: requests submitted now leave after it
         self._recv_wrs: list[RecvWR] = []  # one per COMPLETION slot, built once
         self._send_wake = trio.Event()
+        self._settle_result = self._settle  # one bound method for every submit
 
     # ----------------------------------------------------------------------------------
     # session
@@ -456,7 +457,7 @@ class KbtpInitiator(InitiatorOps):
         it raises ends the session and leaves the ``connect`` block.
         """
         self._check_open()
-        return self._enqueue(request, CallbackWaiter(request, on_done, self._settle))
+        return self._enqueue(request, CallbackWaiter(request, on_done, self._settle_result))
 
     def _enqueue(self, request: Request, waiter: Waiter) -> int:
         """Hand ``request`` to the core and send it now, or with the requests of this pass

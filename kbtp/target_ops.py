@@ -46,7 +46,7 @@ _RECORD = int(RequestFlag.RECORD)  # int tests make no Flag object per request
 _SEAL = int(RequestFlag.SEAL)
 _ALLOW_UNSEALED = int(RequestFlag.ALLOW_UNSEALED)
 _SEALED = int(TableFlag.SEALED)
-_BOUND = {False: TableFlag.VALID, True: TableFlag.VALID | TableFlag.SEALED}
+_BOUND = {False: int(TableFlag.VALID), True: int(TableFlag.VALID | TableFlag.SEALED)}
 """The Flags of an entry ALLOC_STORE or BIND writes, by SEAL."""
 _make_write = maker(WriteToInitiator)
 _make_read = maker(ReadFromInitiator)
@@ -220,20 +220,21 @@ class RequestOps(CoreState):
         assert sess.identity is not None
         ini = self._initiators[sess.identity]
         at = self.layout.entry_offset(req.handle)
-        old = read_entry(self.memory, at)
-        flags = _BOUND[bool(int(req.flags) & _SEAL)]
-        length = req.data_length if isinstance(req, Bind) else req.descriptor.length
-        entry = TableEntry(flags, next_generation(old.generation), length, block)
-        if entry.sealed:  # the data is durable before the entry that seals it (§12.4)
+        old_generation = read_entry_values(self.memory, at)[1]
+        seal = int(req.flags) & _SEAL
+        alloc = isinstance(req, AllocStore)
+        length = req.descriptor.length if isinstance(req, AllocStore) else req.data_length
+        generation = next_generation(old_generation)
+        if seal:  # the data is durable before the entry that seals it (§12.4)
             self._persist(self.layout.offset_of(block), length)
-        write_entry(self.memory, at, entry)
-        if entry.sealed:
+        write_entry_values(self.memory, at, _BOUND[bool(seal)], generation, length, block)
+        if seal:
             self._persist(at, TABLE_ENTRY_LEN)
         self._bound_blocks[block] = req.handle
         ini.bound += 1
-        if isinstance(req, AllocStore):
+        if alloc:
             ini.allocating -= 1
-        self._complete(out, session, req, Status.SUCCESS, entry.generation, length, block)
+        self._complete(out, session, req, Status.SUCCESS, generation, length, block)
 
     def offloaded_requests(self, session: int, runs: int, over: bool) -> None:
         """Before a message of ``session`` that fell back from its chain (docs/kbtp.md

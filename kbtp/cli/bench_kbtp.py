@@ -19,6 +19,7 @@ from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_peer import IDENTITY
 from kbtp.cli.bench_report import Result
 from kbtp.constants import DEFAULT_MAX_INLINE, Status
+from kbtp.fastinit import maker
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import SessionClosed
 from kbtp.messages import AllocStore, Completion, Request
@@ -171,12 +172,14 @@ def _arena_requests(
         arena, refs, ini.block_size, max_inline, alloc=False, seal=False, inline=inline
     )
     allocs = build_stores(arena, refs, ini.block_size, max_inline, seal=False, inline=inline)
+    make = maker(AllocStore)
 
     def alloc(w: int, i: int) -> Request:
         """Buffer ``w``'s ALLOC_STORE with the fresh handle of the ``i``-th request."""
         a = allocs[w]
         assert isinstance(a, AllocStore)
-        return AllocStore(a.request_id, inflight + i, a.descriptor, a.data, a.generation, a.flags)
+        handle = inflight + i
+        return make(a.request_id, handle, a.descriptor, a.data, a.generation, a.flags, None)
 
     return {"store": lambda w, i: stores[w], "load": lambda w, i: loads[w], "alloc_store": alloc}
 
