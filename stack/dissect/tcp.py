@@ -8,10 +8,11 @@ events: :class:`StreamData` for bytes that are now in order (each byte exactly o
 copies: views into the capture buffer), :class:`Retransmission` for repeated bytes
 (checked against what was delivered: :class:`OverlapConflict` when they differ; the first
 copy wins, as a receiving TCP keeps it), :class:`Gap` for bytes that never appeared, and
-:class:`StreamEnd` for FIN/RST.  Segments that arrive early wait in a small ordered list;
-a gap is declared only when the waiting data exceeds ``max_pending`` bytes, at a FIN
-that cannot be reached, or at :meth:`HalfStream.flush` (end of capture) -- never guessed
-over.  Bytes lost to a short snapshot length are gaps as well.
+:class:`StreamEnd` for FIN/RST.  Segments that arrive early wait, copied, in a heap by
+offset (O(log n) to park and to hand on); a gap is declared only when the waiting data
+exceeds ``max_pending`` bytes or ``max_pending_segments`` segments, at a FIN that cannot
+be reached, or at :meth:`HalfStream.flush` (end of capture) -- never guessed over.  Bytes
+lost to a short snapshot length are gaps as well.
 
 :class:`TcpReassembler` keys connections by their 4-tuple, numbers them in order of first
 appearance (``stream``), knows which side sent the SYN, and starts a new connection when
@@ -20,7 +21,7 @@ a fresh SYN reuses a finished 4-tuple.
 
 from __future__ import annotations
 
-import bisect
+import heapq
 from collections import deque
 from typing import NamedTuple
 
@@ -29,6 +30,10 @@ from stack.pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
 SEQ_MOD = 1 << 32
 HALF_SEQ = 1 << 31
 DEFAULT_MAX_PENDING = 8 << 20
+"""Bytes that may wait behind a hole before it is declared a gap."""
+DEFAULT_MAX_PENDING_SEGMENTS = 1 << 16
+"""Segments that may wait behind a hole (each costs ~200 bytes besides its payload): tiny
+segments reach this long before :data:`DEFAULT_MAX_PENDING`."""
 RECENT_SEGMENTS = 512
 """Delivered segments kept to compare retransmissions against (OverlapConflict)."""
 
@@ -98,23 +103,28 @@ class HalfStream:
     gap_bytes, conflicts, out_of_order.
     """
 
-    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(
+        self,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_segments: int = DEFAULT_MAX_PENDING_SEGMENTS,
+    ) -> None:
         self.base_seq: int | None = None
         self.syn_seen = False
         self.isn: int | None = None
         self.next_offset = 0
         self.ended = False
         self.max_pending = max_pending
+        self.max_pending_segments = max_pending_segments
         self.fin_offset: int | None = None
         self.retransmitted_bytes = 0
         self.gap_bytes = 0
         self.conflicts = 0
         self.out_of_order = 0
         self.delivered_bytes = 0
-        # waiting segments: parallel sorted lists of start offsets and
-        # (start, data, missing, frame that carried them)
-        self._pending_starts: list[int] = []
-        self._pending: list[tuple[int, Payload, int, int]] = []
+        self._pending: list[tuple[int, int, bytes, int, int]] = []
+        """Waiting segments, a heap of (start, -arrival, data, missing, frame that carried
+        them): of two at the same start the later one is handed on first."""
+        self._parked = 0
         self._pending_bytes = 0
         self._recent: deque[tuple[int, Payload]] = deque(maxlen=RECENT_SEGMENTS)
 
@@ -206,7 +216,10 @@ class HalfStream:
             else:
                 self._park(start, payload, missing, frame)
                 self.out_of_order += 1
-                if self._pending_bytes > self.max_pending:
+                if (
+                    self._pending_bytes > self.max_pending
+                    or len(self._pending) > self.max_pending_segments
+                ):
                     self._force_gap(frame, events)
         self._check_fin(frame, events)
         return events
@@ -265,9 +278,9 @@ class HalfStream:
         return False
 
     def _park(self, start: int, payload: Payload, missing: int, frame: int) -> None:
-        index = bisect.bisect_left(self._pending_starts, start)
-        self._pending_starts.insert(index, start)
-        self._pending.insert(index, (start, payload, missing, frame))
+        # a copy: a view would keep its whole capture window alive while it waits
+        self._parked += 1
+        heapq.heappush(self._pending, (start, -self._parked, bytes(payload), missing, frame))
         self._pending_bytes += len(payload)
 
     def _drain(self, frame: int, events: list[StreamEvent], own: bool = False) -> None:
@@ -276,11 +289,9 @@ class HalfStream:
         ``frame`` is the frame that made them in order; with ``own`` (after a declared gap)
         each keeps the frame that carried it, since nothing later completed it.
         """
-        starts = self._pending_starts
         pending = self._pending
-        while starts and starts[0] <= self.next_offset:
-            start, payload, missing, parked_frame = pending.pop(0)
-            starts.pop(0)
+        while pending and pending[0][0] <= self.next_offset:
+            start, _, payload, missing, parked_frame = heapq.heappop(pending)
             if own:
                 frame = parked_frame
             self._pending_bytes -= len(payload)
@@ -297,7 +308,7 @@ class HalfStream:
             self._deliver(nxt, rest, missing - max(0, skip - size), frame, events)
 
     def _force_gap(self, frame: int, events: list[StreamEvent]) -> None:
-        first = self._pending_starts[0]
+        first = self._pending[0][0]
         if first > self.next_offset:
             length = first - self.next_offset
             events.append(Gap(self.next_offset, length, frame))
@@ -315,7 +326,8 @@ class HalfStream:
         if not self._pending or self.base_seq is None:
             return events
         acked_to = self.offset_of(ack)
-        while self._pending_starts and self.next_offset < self._pending_starts[0] < acked_to:
+        pending = self._pending
+        while pending and self.next_offset < pending[0][0] < acked_to:
             self._force_gap(frame, events)
         if events:
             self._check_fin(frame, events)
@@ -349,10 +361,14 @@ class Connection:
         second: tuple[str, int],
         frame: int,
         max_pending: int,
+        max_pending_segments: int = DEFAULT_MAX_PENDING_SEGMENTS,
     ) -> None:
         self.stream = stream
         self.endpoints = (first, second)
-        self.halves = (HalfStream(max_pending), HalfStream(max_pending))
+        self.halves = (
+            HalfStream(max_pending, max_pending_segments),
+            HalfStream(max_pending, max_pending_segments),
+        )
         self.syn_seen = False
         self.first_frame = frame
         self.user: object = None  # slot for the consumer (the MPA tracker)
@@ -374,8 +390,13 @@ class TcpReassembler:
     ``(connection, side, events)``.
     """
 
-    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(
+        self,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_segments: int = DEFAULT_MAX_PENDING_SEGMENTS,
+    ) -> None:
         self.max_pending = max_pending
+        self.max_pending_segments = max_pending_segments
         self.connections: list[Connection] = []
         self._by_key: dict[tuple[str, int, str, int], Connection] = {}
         self._sides: dict[tuple[str, int, str, int], tuple[Connection, int]] = {}
@@ -401,7 +422,14 @@ class TcpReassembler:
             if reused:
                 conn = None
         if conn is None:
-            conn = Connection(len(self.connections), src, dst, segment.frame, self.max_pending)
+            conn = Connection(
+                len(self.connections),
+                src,
+                dst,
+                segment.frame,
+                self.max_pending,
+                self.max_pending_segments,
+            )
             self.connections.append(conn)
             self._by_key[key] = conn
             self._by_key[(segment.dst, segment.dport, segment.src, segment.sport)] = conn

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import stack.dissect.tcp as tcp
 from stack.dissect.tcp import (
     HalfStream,
     Retransmission,
@@ -205,3 +207,70 @@ def test_any_segmentation_order_and_duplication_rebuilds_the_stream(
                 out += ev.data
     assert not half.flush(len(segments) + 1)
     assert bytes(out) == data
+
+
+# ---- bounds: segments waiting behind a hole ----------------------------------------------
+
+
+def _park_tiny(half: HalfStream, count: int) -> list:
+    """``count`` 1-byte segments at offsets 1.. behind a hole at offset 0 (frames 2..)."""
+    events: list = []
+    for i in range(1, count + 1):
+        events += half.feed(ISN + 1 + i, bytes([i & 0xFF]), TCP_ACK, i + 1)
+    return events
+
+
+def test_waiting_segments_are_limited_by_count_as_well_as_bytes() -> None:
+    limit = tcp.DEFAULT_MAX_PENDING_SEGMENTS
+    half = _half()
+    assert _park_tiny(half, limit) == [] and len(half._pending) == limit
+    assert half._pending_bytes < half.max_pending // 100  # far below the byte limit
+    # one segment more: the hole is declared a gap, as at the byte limit
+    events = half.feed(ISN + 2 + limit, b"z", TCP_ACK, 99)
+    assert _kinds(events[:2]) == [("Gap", 0, 1, 99), ("data", 1, b"\x01", 2)]
+    assert len(events) == limit + 2 and events[-1].offset == limit + 1
+    assert half.next_offset == limit + 2 and not half._pending and half.gap_bytes == 1
+
+
+def test_a_small_segment_limit_forces_one_gap_per_hole() -> None:
+    half = HalfStream(max_pending_segments=3)
+    half.feed(ISN, b"", TCP_SYN, 1)
+    for i, off in enumerate((10, 20, 30)):  # three holes, three waiting segments
+        assert half.feed(ISN + 1 + off, b"abc", TCP_ACK, 2 + i) == []
+    events = half.feed(ISN + 41, b"d", TCP_ACK, 5)
+    assert _kinds(events) == [("Gap", 0, 10, 5), ("data", 10, b"abc", 2)]
+    assert len(half._pending) == 3
+
+
+def test_waiting_segments_keep_no_capture_window_alive() -> None:
+    half = _half()
+    tracemalloc.start()
+    try:
+        for i in range(1, 201):
+            window = bytearray(64 << 10)  # a reader's window; the segment is one byte of it
+            half.feed(ISN + 1 + i, memoryview(window)[i : i + 1], TCP_ACK, i + 1)
+            del window
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(half._pending) == 200
+    assert held < 256 << 10  # views would keep 200 windows: 12.5 MiB
+
+
+def test_waiting_segments_go_on_in_order_however_they_arrived() -> None:
+    half = _half()
+    n = 3000
+    for i in range(n, 0, -1):  # backwards: each lands before all that wait
+        assert half.feed(ISN + 1 + i, bytes([i & 0xFF]), TCP_ACK, n - i + 2) == []
+    half.feed(ISN + 3, b"\xee", TCP_ACK, 9000)  # a later copy at the same start goes first
+    events = half.feed(ISN + 1, b"\x00", TCP_ACK, 9001)
+    assert [(type(e).__name__, e.offset) for e in events[:4]] == [
+        ("StreamData", 0),
+        ("StreamData", 1),
+        ("StreamData", 2),
+        ("OverlapConflict", 2),
+    ]
+    assert _kinds(events[2:3]) == [("data", 2, b"\xee", 9001)]
+    data = [e for e in events if type(e) is StreamData]
+    assert [e.offset for e in data] == list(range(n + 1))
+    assert not half._pending and half._pending_bytes == 0
