@@ -18,7 +18,8 @@ Per operation, both ends together:
                      callgrind over the row run twice, ``--iters`` operations apart, in
                      two processes; the difference divided by ``--iters`` (set-up,
                      imports and the warm-up cancel out; the pool is the same size in
-                     both).  The same tree gives the same count whatever the machine's
+                     both, the set-up's objects frozen out of the garbage collector).
+                     The same tree gives the same count whatever the machine's
                      load; it takes a few minutes per operation.
 
 ``--top N`` prints the N functions with the most own time and the N most called per
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -142,6 +144,11 @@ async def _row(
                 for w in range(inflight):
                     await ini.store(w, data, seal=True)
             await run(WARMUP)
+            # The set-up's objects out of the collector's way: a full collection over them
+            # landing inside or outside the counted operations would move the count by
+            # thousands of instructions per operation from one tree to the next.
+            gc.collect()
+            gc.freeze()
             if mode == "loop":
                 await run(iters)
             else:
