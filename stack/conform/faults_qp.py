@@ -298,8 +298,11 @@ def last_octet_refused(qp: QueuePair, engine: IwarpConnection, shared: dict[str,
 
 
 def reads_not_snapshotted(qp: QueuePair, engine: IwarpConnection, shared: dict[str, Any]) -> None:
-    """Queued Read Responses read memory when sent, after later Writes (RFC 5040 §5.5)."""
+    """Queued Read Responses read memory when sent, after later Writes (RFC 5040 §5.5):
+    neither copied before a Write is placed nor waited for (a QP whose
+    ``max_snapshot_bytes`` is 0, as the bench server's, waits instead of copying)."""
     qp._snapshot_reads = lambda: None  # type: ignore[method-assign]  # noqa: SLF001
+    qp.must_wait = lambda event: False  # type: ignore[method-assign]
 
 
 def writes_dropped(qp: QueuePair, engine: IwarpConnection, shared: dict[str, Any]) -> None:
