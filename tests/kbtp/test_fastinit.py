@@ -68,9 +68,9 @@ def test_maker_builds_what_the_constructor_builds(cls: Any, values: tuple[object
     assert type(made) is cls
     assert made == plain
     assert hash(made) == hash(plain)
-    assert [getattr(made, f.name) for f in dataclasses.fields(cls)] == list(values)
+    assert [getattr(made, f.name) for f in dataclasses.fields(plain)] == list(values)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        setattr(made, dataclasses.fields(cls)[0].name, 1)  # still frozen
+        setattr(made, dataclasses.fields(plain)[0].name, 1)  # still frozen
 
 
 def test_maker_gives_the_constructor_back_where_it_cannot_build() -> None:
