@@ -6,13 +6,14 @@ SYN, or the first byte seen when the capture starts mid-connection; wrap-around 
 followed by unwrapping around the next expected offset).  :meth:`HalfStream.feed` returns
 events: :class:`StreamData` for bytes that are now in order (each byte exactly once, zero
 copies: views into the capture buffer), :class:`Retransmission` for repeated bytes
-(checked against what was delivered: :class:`OverlapConflict` when they differ; the first
-copy wins, as a receiving TCP keeps it), :class:`Gap` for bytes that never appeared, and
-:class:`StreamEnd` for FIN/RST.  Segments that arrive early wait, copied, in a heap by
-offset (O(log n) to park and to hand on); a gap is declared only when the waiting data
-exceeds ``max_pending`` bytes or ``max_pending_segments`` segments, at a FIN that cannot
-be reached, or at :meth:`HalfStream.flush` (end of capture) -- never guessed over.  Bytes
-lost to a short snapshot length are gaps as well.
+(checked against the last :data:`RECENT_BYTES` delivered, whatever the segment sizes:
+:class:`OverlapConflict` when they differ; the first copy wins, as a receiving TCP keeps
+it), :class:`Gap` for bytes that never appeared, and :class:`StreamEnd` for FIN/RST.
+Segments that arrive early wait, copied, in a heap by offset (O(log n) to park and to
+hand on); a gap is declared only when the waiting data exceeds ``max_pending`` bytes or
+``max_pending_segments`` segments, at a FIN that cannot be reached, or at
+:meth:`HalfStream.flush` (end of capture) -- never guessed over.  Bytes lost to a short
+snapshot length are gaps as well.
 
 :class:`TcpReassembler` keys connections by their 4-tuple, numbers them in order of first
 appearance (``stream``), knows which side sent the SYN, and starts a new connection when
@@ -21,8 +22,8 @@ a fresh SYN reuses a finished 4-tuple.
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections import deque
 from typing import NamedTuple
 
 from stack.pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, TcpSegment
@@ -34,8 +35,11 @@ DEFAULT_MAX_PENDING = 8 << 20
 DEFAULT_MAX_PENDING_SEGMENTS = 1 << 16
 """Segments that may wait behind a hole (each costs ~200 bytes besides its payload): tiny
 segments reach this long before :data:`DEFAULT_MAX_PENDING`."""
-RECENT_SEGMENTS = 512
-"""Delivered segments kept to compare retransmissions against (OverlapConflict)."""
+RECENT_BYTES = 1 << 20
+"""Delivered bytes kept (a ring per direction) to compare retransmissions against."""
+RECENT_MASK = RECENT_BYTES - 1
+MAX_HOLES = 256
+"""Gaps remembered inside the ring; when more, the oldest ring bytes are not compared."""
 
 Payload = bytes | bytearray | memoryview
 _SPECIAL = TCP_SYN | TCP_FIN | TCP_RST
@@ -126,7 +130,18 @@ class HalfStream:
         them): of two at the same start the later one is handed on first."""
         self._parked = 0
         self._pending_bytes = 0
-        self._recent: deque[tuple[int, Payload]] = deque(maxlen=RECENT_SEGMENTS)
+        self._ring = bytearray()
+        """The delivered stream's last bytes: offset o at ``o & RECENT_MASK``, for o in
+        [next_offset - RECENT_BYTES, next_offset) (it grows by doubling to RECENT_BYTES,
+        its bytes never moving, then wraps)."""
+        self._ring_view = memoryview(self._ring)
+        """Written through (a bytearray's slice assignment costs twice as much); a new
+        view whenever the ring grows."""
+        self._hole_starts: list[int] = []
+        self._hole_ends: list[int] = []
+        """Gaps inside the ring, by offset (entries before ``_hole_head`` are stale)."""
+        self._hole_head = 0
+        self._known_from = 0  # ring bytes before this offset are not compared
 
     # ---- sequence mapping -----------------------------------------------------------
     def offset_of(self, seq: int) -> int:
@@ -167,7 +182,13 @@ class HalfStream:
                     return []
                 self.next_offset = nxt + size
                 self.delivered_bytes += size
-                self._remember(nxt, payload)
+                ring = self._ring_view  # _remember, inline
+                pos = nxt & RECENT_MASK
+                end = pos + size
+                if end <= len(ring):
+                    ring[pos:end] = payload
+                else:
+                    self._remember(nxt, payload)
                 return [StreamData(nxt, payload, frame)]
         events: list[StreamEvent] = []
         if flags & TCP_SYN:
@@ -233,6 +254,7 @@ class HalfStream:
         if fin is not None and not self.ended and self.next_offset < fin:
             events.append(Gap(self.next_offset, fin - self.next_offset, frame))
             self.gap_bytes += fin - self.next_offset
+            self._lost(self.next_offset, fin - self.next_offset)
             self.next_offset = fin
         self._check_fin(frame, events)
         return events
@@ -249,10 +271,56 @@ class HalfStream:
         if missing:
             events.append(Gap(offset + size, missing, frame))
             self.gap_bytes += missing
+            self._lost(offset + size, missing)
         self.next_offset = offset + size + missing
 
     def _remember(self, offset: int, payload: Payload) -> None:
-        self._recent.append((offset, payload))  # a bounded deque: the oldest falls out
+        """Put delivered bytes at ``offset`` into the ring (growing it if they lie past
+        its end: a position, once written, keeps its byte until a later offset's)."""
+        n = len(payload)
+        if n > RECENT_BYTES:
+            payload = payload[n - RECENT_BYTES :]
+            offset += n - RECENT_BYTES
+            n = RECENT_BYTES
+        pos = offset & RECENT_MASK
+        end = pos + n
+        view = self._ring_view
+        size = len(view)
+        if end > size and size < RECENT_BYTES:
+            grown = max(size, min(4096, RECENT_BYTES))
+            while grown < end and grown < RECENT_BYTES:
+                grown *= 2
+            view.release()
+            self._ring += bytes(grown - size)
+            view = self._ring_view = memoryview(self._ring)
+        if end <= RECENT_BYTES:
+            view[pos:end] = payload
+        else:
+            split = RECENT_BYTES - pos
+            view[pos:RECENT_BYTES] = payload[:split]
+            view[: n - split] = payload[split:]
+
+    def _lost(self, offset: int, length: int) -> None:
+        """Bytes [offset, offset + length) at the ring's end were never delivered."""
+        starts = self._hole_starts
+        ends = self._hole_ends
+        head = self._hole_head
+        end = offset + length
+        if len(ends) > head and ends[-1] == offset:
+            ends[-1] = end
+        else:
+            starts.append(offset)
+            ends.append(end)
+        floor = end - RECENT_BYTES
+        while ends[head] <= floor:
+            head += 1
+        while len(ends) - head > MAX_HOLES:  # too many: stop comparing before the oldest
+            self._known_from = ends[head]
+            head += 1
+        if head > 64 and head * 2 > len(ends):
+            del starts[:head], ends[:head]
+            head = 0
+        self._hole_head = head
 
     def _repeat(self, start: int, payload: Payload, frame: int, events: list[StreamEvent]) -> None:
         length = len(payload)
@@ -266,16 +334,33 @@ class HalfStream:
             events.append(Retransmission(start, length, frame))
 
     def _differs(self, start: int, payload: Payload) -> bool:
-        end = start + len(payload)
-        for offset, old in self._recent:
-            old_end = offset + len(old)
-            if old_end <= start or offset >= end:
-                continue
-            lo = max(start, offset)
-            hi = min(end, old_end)
-            if bytes(old[lo - offset : hi - offset]) != bytes(payload[lo - start : hi - start]):
-                return True
+        """Whether ``payload`` (at ``start``) differs from the delivered bytes in the ring
+        (work: that of its length, plus a bisection of the ring's gaps)."""
+        nxt = self.next_offset
+        lo = max(start, nxt - RECENT_BYTES, self._known_from)
+        hi = min(start + len(payload), nxt)
+        starts = self._hole_starts
+        ends = self._hole_ends
+        i = bisect.bisect_right(ends, lo, self._hole_head)  # the first gap ending after lo
+        while lo < hi:
+            if i < len(ends) and starts[i] < hi:
+                if starts[i] > lo and self._ring_differs(lo, starts[i], start, payload):
+                    return True
+                lo = ends[i]
+                i += 1
+            else:
+                return self._ring_differs(lo, hi, start, payload)
         return False
+
+    def _ring_differs(self, lo: int, hi: int, start: int, payload: Payload) -> bool:
+        ring = self._ring
+        new = payload[lo - start : hi - start]
+        pos = lo & RECENT_MASK
+        end = pos + hi - lo
+        if end <= RECENT_BYTES:
+            return ring[pos:end] != new
+        split = RECENT_BYTES - pos
+        return ring[pos:] != new[:split] or ring[: end - RECENT_BYTES] != new[split:]
 
     def _park(self, start: int, payload: Payload, missing: int, frame: int) -> None:
         # a copy: a view would keep its whole capture window alive while it waits
@@ -313,6 +398,7 @@ class HalfStream:
             length = first - self.next_offset
             events.append(Gap(self.next_offset, length, frame))
             self.gap_bytes += length
+            self._lost(self.next_offset, length)
             self.next_offset = first
         self._drain(frame, events, own=True)
 

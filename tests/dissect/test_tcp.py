@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import tracemalloc
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,7 +210,7 @@ def test_any_segmentation_order_and_duplication_rebuilds_the_stream(
     assert bytes(out) == data
 
 
-# ---- bounds: segments waiting behind a hole ----------------------------------------------
+# ---- bounds: segments waiting behind a hole, the bytes resends are compared with ---------
 
 
 def _park_tiny(half: HalfStream, count: int) -> list:
@@ -274,3 +275,81 @@ def test_waiting_segments_go_on_in_order_however_they_arrived() -> None:
     data = [e for e in events if type(e) is StreamData]
     assert [e.offset for e in data] == list(range(n + 1))
     assert not half._pending and half._pending_bytes == 0
+
+
+def test_a_conflicting_resend_far_back_in_tiny_segments_is_found() -> None:
+    half = _half()
+    for i in range(5000):
+        half.feed(ISN + 1 + i, b"a", TCP_ACK, i + 2)
+    # 5000 segments back, 5000 bytes back: within the bytes kept however small the segments
+    assert _kinds(half.feed(ISN + 1, b"X", TCP_ACK, 9000)) == [("OverlapConflict", 0, 1, 9000)]
+    assert _kinds(half.feed(ISN + 1, b"a", TCP_ACK, 9001)) == [("Retransmission", 0, 1, 9001)]
+
+
+def test_resends_are_compared_with_the_last_recent_bytes_in_bounded_memory() -> None:
+    recent = tcp.RECENT_BYTES
+    rng = random.Random(7)
+    data = rng.randbytes(3 * recent + 1000)
+    half = _half()
+    for frame, pos in enumerate(range(0, len(data), 1460), 2):
+        half.feed(ISN + 1 + pos, data[pos : pos + 1460], TCP_ACK, frame)
+    nxt = len(data)
+    assert half.next_offset == nxt and len(half._ring) == recent
+
+    def resend(offset: int, length: int) -> list[tuple]:
+        bad = bytes(b ^ 1 for b in data[offset : offset + length])
+        return _kinds(half.feed(ISN + 1 + offset, bad, TCP_ACK, 1))
+
+    oldest = nxt - recent
+    assert resend(oldest, 8) == [("OverlapConflict", oldest, 8, 1)]
+    assert resend(oldest - 8, 8) == [("Retransmission", oldest - 8, 8, 1)]  # not kept
+    wrap = 3 * recent  # where the ring wraps: both sides compared
+    assert resend(wrap - 4, 8) == [("OverlapConflict", wrap - 4, 8, 1)]
+    same = data[wrap - 4 : wrap + 4]
+    assert _kinds(half.feed(ISN + 1 + wrap - 4, same, TCP_ACK, 1)) == [
+        ("Retransmission", wrap - 4, 8, 1)
+    ]
+
+
+def test_resend_checks_match_a_model_of_the_last_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64-byte ring, gaps from cut segments inside it, resends of every age."""
+    size = 64
+    monkeypatch.setattr(tcp, "RECENT_BYTES", size)
+    monkeypatch.setattr(tcp, "RECENT_MASK", size - 1)
+    monkeypatch.setattr(tcp, "MAX_HOLES", 1 << 20)
+    for seed in range(40):
+        rng = random.Random(seed)
+        half = _half()
+        delivered: dict[int, int] = {}
+        nxt = 0
+        for frame in range(2, 400):
+            if nxt and rng.random() < 0.4:  # a resend of bytes before nxt
+                start = rng.randrange(max(0, nxt - 2 * size), nxt)
+                length = rng.randint(1, min(12, nxt - start))
+                old = bytes(delivered.get(o, 0) for o in range(start, start + length))
+                new = bytearray(old)
+                if rng.random() < 0.5:
+                    new[rng.randrange(length)] ^= 0x80
+                window = range(max(start, nxt - size), start + length)
+                differs = any(o in delivered and delivered[o] != new[o - start] for o in window)
+                kind = "OverlapConflict" if differs else "Retransmission"
+                events = half.feed(ISN + 1 + start, bytes(new), TCP_ACK, frame)
+                assert _kinds(events) == [(kind, start, length, frame)], (seed, frame)
+                continue
+            chunk = rng.randbytes(rng.randint(1, 30))
+            missing = rng.choice((0, 0, 0, rng.randint(1, 40)))
+            half.feed(ISN + 1 + nxt, chunk, TCP_ACK, frame, missing)
+            delivered.update(zip(range(nxt, nxt + len(chunk)), chunk, strict=True))
+            nxt += len(chunk) + missing
+        assert half.next_offset == nxt and len(half._ring) == size
+
+
+def test_gaps_kept_inside_the_ring_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tcp, "MAX_HOLES", 4)
+    half = _half()
+    for i in range(10):  # 1 byte, then 1 byte cut off: 10 gaps
+        half.feed(ISN + 1 + 2 * i, b"a", TCP_ACK, i + 2, missing=1)
+    assert len(half._hole_ends) - half._hole_head == 4
+    # bytes before the oldest gap remembered are not compared any more; the later ones are
+    assert _kinds(half.feed(ISN + 1, b"X", TCP_ACK, 50)) == [("Retransmission", 0, 1, 50)]
+    assert _kinds(half.feed(ISN + 1 + 18, b"X", TCP_ACK, 51)) == [("OverlapConflict", 18, 1, 51)]

@@ -52,6 +52,7 @@ from stack.dissect.decoder.common import (
 from stack.dissect.decoder.modes import Mode
 from stack.dissect.decoder.records import PduRecord, SegmentView
 from stack.dissect.decoder.walker import DirectionDecoder, _crc32c
+from stack.dissect.tcp import RECENT_MASK
 from stack.pcap import LeanSegment, TcpSegment, full_segment
 from stack.wire.checker import Finding
 
@@ -109,7 +110,7 @@ def ingest_lean(
     check_tagged: Any = None
     check_untagged: Any = None
     peer: Any = None
-    recent: Any = None
+    ring: Any = None
     requests: Any = None
     base_seq = 0
     verdict: bool | None = None
@@ -142,7 +143,7 @@ def ingest_lean(
                     ):
                         fast = True
                         base_seq = half.base_seq
-                        recent = half._recent
+                        ring = half._ring_view
                         side = mpa_half.side
                         inline = (
                             brief
@@ -176,7 +177,13 @@ def ingest_lean(
                         continue
                     half.next_offset = nxt + n
                     half.delivered_bytes += n
-                    recent.append((nxt, payload))
+                    pos = nxt & RECENT_MASK  # HalfStream._remember, inline
+                    end = pos + n
+                    if end <= len(ring):
+                        ring[pos:end] = payload
+                    else:
+                        half._remember(nxt, payload)
+                        ring = half._ring_view  # a new view when the ring grew
                     if frame > conn.last_frame:
                         conn.last_frame = frame
                     if not inline:

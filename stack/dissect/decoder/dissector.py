@@ -19,6 +19,7 @@ from stack.dissect.decoder.records import (
 )
 from stack.dissect.decoder.walker import DirectionDecoder
 from stack.dissect.tcp import (
+    RECENT_MASK,
     Connection,
     HalfStream,
     TcpReassembler,
@@ -155,7 +156,13 @@ class Dissector(Generic[OutputT]):
                                 if size:
                                     half.next_offset = nxt + size
                                     half.delivered_bytes += size
-                                    half._recent.append((nxt, payload))
+                                    ring = half._ring_view  # HalfStream._remember
+                                    pos = nxt & RECENT_MASK
+                                    end = pos + size
+                                    if end <= len(ring):
+                                        ring[pos:end] = payload
+                                    else:
+                                        half._remember(nxt, payload)
                                     if frame > conn.last_frame:
                                         conn.last_frame = frame
                                     if (
