@@ -36,6 +36,9 @@ _SEARCH_TRIES = _SEARCH_GIVE_UP // 4
 """Candidate FPDU starts one search of one setting examines by its marker phases at most:
 one pass over the most bytes searched, at the 4-byte steps of a marker phase."""
 _MAX_ULPDU = 0xFFFF
+_HOLD_LIMIT = 64 * 1024
+"""Bytes of the initiator held for the MPA Reply's settings; beyond them its FPDUs are
+searched for (CRC and markers detected) instead."""
 
 _OP_WRITE = int(Opcode.RDMA_WRITE)
 _OP_READ_REQUEST = int(Opcode.RDMA_READ_REQUEST)

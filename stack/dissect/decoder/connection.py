@@ -188,9 +188,7 @@ class ConnectionDecoder:
             self._emit_startup(
                 half, mpa, "mpa_req", raw, offset, flags, rev, pd_len, pd, findings, frame, ts
             )
-            half.enter(Cause.REQUEST)
-            half.need = 1 << 62
-            half.seq_start = half.base
+            half.hold()
             return
         # a Reply
         if expect is not None and self.initiator is None:
@@ -237,6 +235,8 @@ class ConnectionDecoder:
             self._synced[ini.side] = True
             if ini.buffered:
                 ini.run(False)
+            else:
+                ini._drop_all()  # the empty hold buffer
 
     def _emit_startup(
         self,

@@ -30,6 +30,7 @@ class Cause(enum.Enum):
     FULL_OPERATION = "the MPA Reply accepted: Full Operation begins"
     MIDSTREAM = "no startup frame in view"
     GAP = "a TCP gap lost the framing"
+    NO_REPLY = "no MPA Reply before the held bytes reached their limit"
     LOST_SYNC = "an FPDU boundary did not hold"
     SYNCED = "a consistent FPDU chain was found"
     ENDED = "not iWARP, rejected, or given up"
@@ -44,6 +45,7 @@ TRANSITIONS: dict[tuple[Mode, Cause], Mode] = {
     (_M.START, _C.MIDSTREAM): _M.SEARCH,
     (_M.START, _C.GAP): _M.SEARCH,
     (_M.HOLD, _C.GAP): _M.SEARCH,
+    (_M.HOLD, _C.NO_REPLY): _M.SEARCH,
     (_M.FPDU, _C.GAP): _M.SEARCH,
     (_M.SEARCH, _C.GAP): _M.SEARCH,
     (_M.FPDU, _C.LOST_SYNC): _M.SEARCH,

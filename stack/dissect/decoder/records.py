@@ -151,7 +151,7 @@ class Note:
     """Something about a stream that is not a PDU.
 
     Fields: stream, frame, direction, kind ('gap', 'resync', 'lost_sync', 'not_iwarp',
-    'trailing', 'conflict', 'rejected', 'midstream'), detail, offset.
+    'trailing', 'conflict', 'rejected', 'midstream', 'no_reply'), detail, offset.
     """
 
     stream: int

@@ -33,6 +33,7 @@ from stack.dissect.decoder.common import (
     _FAST_TAGGED,
     _FAST_TAGGED_OPS,
     _FAST_UNTAGGED,
+    _HOLD_LIMIT,
     _LAYOUTS,
     _LE32,
     _MARKER_UNPACK,
@@ -250,8 +251,40 @@ class DirectionDecoder(Resync):
             elif mode is Mode.SEARCH:
                 if not self._search(final):
                     return
+            elif mode is Mode.HOLD and self.buffered >= _HOLD_LIMIT:
+                self._no_reply()
             else:  # hold, dead
                 return
+
+    def hold(self) -> None:
+        """This direction sent its MPA Request: what follows waits for the Reply's settings
+        (HOLD), copied into one buffer as it arrives, up to :data:`_HOLD_LIMIT` bytes."""
+        self.enter(Cause.REQUEST)
+        self.seq_start = self.base
+        grow = self._grow = bytearray(self._joined()) if self.buffered else bytearray()
+        self.chunks = [grow]
+        self.need = _HOLD_LIMIT
+
+    def _no_reply(self) -> None:
+        """The held bytes reached :data:`_HOLD_LIMIT` and no Reply is in view: stop waiting
+        for its settings and search for the FPDUs, which begin at SeqStart (RFC 5044
+        §7.1.2), detecting markers (and CRC unless the Request asked for it)."""
+        conn = self.conn
+        conn.note(
+            self.side,
+            self._frame_at(self.base + 1)[0],  # where the held bytes begin
+            "no_reply",
+            f"{self.buffered} bytes after the MPA Request and no Reply in view: "
+            "searching for FPDUs without its settings",
+            self.base,
+        )
+        self.enter(Cause.NO_REPLY)
+        req = conn.request if conn.initiator == self.side else None
+        if conn.opts.crc is None and req is not None and req.crc:
+            self.crc = True  # asked for by the Request, so negotiated (RFC 5044 §7.1.1)
+        self.aligned = True  # the first FPDU starts at the base, SeqStart
+        self.searched = 0
+        self.need = 1
 
     # ---- startup frames -------------------------------------------------------------
     def _startup(self, final: bool) -> bool:
