@@ -57,7 +57,6 @@ from kbtp.constants import (
     MessageOpcode,
     Status,
 )
-from kbtp.fastinit import wr_maker
 from kbtp.initiator_core import (
     CompareSwapOp,
     DirectOp,
@@ -85,6 +84,7 @@ from kbtp.messages import (
 )
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
+from stack.fastinit import wr_maker
 from stack.rnic import (
     Access,
     MemoryRegion,

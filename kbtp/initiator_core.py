@@ -36,7 +36,6 @@ from kbtp.constants import (
     counter_operands,
     counter_ticket,
 )
-from kbtp.fastinit import maker
 from kbtp.layout import Slot, TableEntry
 from kbtp.messages import (
     Bind,
@@ -50,6 +49,7 @@ from kbtp.messages import (
     with_request_id,
 )
 from stack.errors import LocalError
+from stack.fastinit import maker
 
 # ======================================================================================
 # Session

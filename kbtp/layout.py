@@ -35,8 +35,8 @@ from kbtp.constants import (
     ring_order_for,
     unpack_counter,
 )
-from kbtp.fastinit import maker
 from stack.errors import LocalError
+from stack.fastinit import maker
 
 ByteOrder = Literal["little", "big"]
 

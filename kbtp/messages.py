@@ -37,7 +37,6 @@ from kbtp.constants import (
     RequestFlag,
     Status,
 )
-from kbtp.fastinit import maker
 from kbtp.formats import (
     BIND_BODY,
     COMPLETION_BODY,
@@ -50,6 +49,7 @@ from kbtp.formats import (
     joined_codec,
 )
 from stack.errors import LocalError, ProtocolError
+from stack.fastinit import maker
 
 Buffer = bytes | bytearray | memoryview
 

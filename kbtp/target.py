@@ -60,7 +60,6 @@ from dataclasses import replace
 import trio
 
 from kbtp.constants import Status
-from kbtp.fastinit import maker, wr_maker
 from kbtp.pool_file import PoolFile
 from kbtp.pool_recovery import RecoveryReport
 from kbtp.target_actions import (
@@ -81,6 +80,7 @@ from kbtp.target_offload_binding import OffloadBinding
 from kbtp.target_session import TargetSession, layout_size, receive_buffer_size
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
 from stack.errors import LocalError, RdmapError, single_exception
+from stack.fastinit import maker, wr_maker
 from stack.rnic import (
     Access,
     MemoryRegion,

@@ -20,7 +20,6 @@ from kbtp.constants import (
     TableFlag,
     next_generation,
 )
-from kbtp.fastinit import maker
 from kbtp.layout import (
     TableEntry,
     read_entry,
@@ -41,6 +40,7 @@ from kbtp.target_state import (
     SessionState,
 )
 from stack.errors import LocalError
+from stack.fastinit import maker
 
 _RECORD = int(RequestFlag.RECORD)  # int tests make no Flag object per request
 _SEAL = int(RequestFlag.SEAL)

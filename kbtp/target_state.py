@@ -19,13 +19,13 @@ from enum import Enum
 from typing import Any, Self
 
 from kbtp.constants import NO_BLOCK_OFFSET, Capability, CounterFormat, RequestFlag, Status
-from kbtp.fastinit import maker
 from kbtp.layout import TableEntry, TargetLayout, read_entry
 from kbtp.messages import AllocStore, Completion, HelloAck, Load, Message, Request, Store
 from kbtp.ring import FetchAdd, FreeRing
 from kbtp.target_actions import Action, RegionKind, SendMessage
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.errors import LocalError
+from stack.fastinit import maker
 
 _INVALIDATE = int(RequestFlag.INVALIDATE)  # an int test makes no Flag object per request
 _make_completion = maker(Completion)

@@ -19,11 +19,11 @@ from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from kbtp.cli.bench_peer import IDENTITY
 from kbtp.cli.bench_report import Result
 from kbtp.constants import DEFAULT_MAX_INLINE, Status
-from kbtp.fastinit import maker
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import SessionClosed
 from kbtp.messages import AllocStore, Completion, Request
 from stack.cli import CliError
+from stack.fastinit import maker
 from stack.wire.events import MpaSettings
 
 OPS = ("store", "load", "alloc_store")

@@ -24,11 +24,12 @@ Mapping onto RDMAP (RFC 5040, RFC 7306):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum, IntFlag
 from typing import TYPE_CHECKING, Any
 
 from stack.constants import ALL_ONES_64
+from stack.fastinit import slot_init
 
 if TYPE_CHECKING:
     from stack.rnic.memory import Access, MemoryRegion
@@ -250,6 +251,7 @@ class RecvWR:
     sg_list: tuple[Sge, ...] = ()
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class WorkCompletion:
     """A completion (``ibv_wc``).  ``imm_data`` holds the 8 Immediate Data bytes."""
@@ -264,37 +266,3 @@ class WorkCompletion:
     wc_flags: WcFlags = WcFlags.NONE
     vendor_err: str = ""
     extra: dict[str, object] = field(default_factory=dict, compare=False)
-
-    def __init__(
-        self,
-        wr_id: int,
-        status: WcStatus,
-        opcode: WcOpcode,
-        qp_num: int,
-        byte_len: int = 0,
-        imm_data: bytes | None = None,
-        invalidated_rkey: int | None = None,
-        wc_flags: WcFlags = WcFlags.NONE,
-        vendor_err: str = "",
-        extra: dict[str, object] | None = None,
-    ) -> None:
-        """The dataclass's own ``__init__`` (``extra``: a new dict unless given), cheaper: a
-        frozen dataclass's sets each field by name through ``object.__setattr__``; this
-        sets the slots through their descriptors, half the instructions (one completion
-        per signalled WR and per receive)."""
-        _wc_slots[0](self, wr_id)
-        _wc_slots[1](self, status)
-        _wc_slots[2](self, opcode)
-        _wc_slots[3](self, qp_num)
-        _wc_slots[4](self, byte_len)
-        _wc_slots[5](self, imm_data)
-        _wc_slots[6](self, invalidated_rkey)
-        _wc_slots[7](self, wc_flags)
-        _wc_slots[8](self, vendor_err)
-        _wc_slots[9](self, {} if extra is None else extra)
-
-
-_wc_slots: tuple[Any, ...] = tuple(
-    getattr(WorkCompletion, f.name).__set__ for f in fields(WorkCompletion)
-)
-"""The setters of :class:`WorkCompletion`'s slots, in field order (its ``__init__``)."""

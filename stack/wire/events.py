@@ -24,9 +24,8 @@ MPA events (what :class:`stack.wire.mpa.MpaConnection` yields):
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeVar
 
 from stack.constants import (
     ALL_ONES_64,
@@ -35,35 +34,7 @@ from stack.constants import (
     RtrType,
     TermCode,
 )
-
-_T = TypeVar("_T")
-
-
-def _slot_init(cls: type[_T]) -> type[_T]:
-    """Give a frozen, slotted dataclass without factories an ``__init__`` that sets its
-    slots through their descriptors: the same signature and defaults as the dataclass's
-    own, which sets each field by name through ``object.__setattr__`` and costs twice the
-    instructions (the classes a data path makes per message).  Generated as the dataclass
-    module generates its own."""
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    space: dict[str, object] = {}
-    params = []
-    for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
-        assert f.init and f.default_factory is MISSING, f"{cls.__name__}.{f.name}"
-        space[f"_set{i}"] = getattr(cls, f.name).__set__
-        if f.default is MISSING:
-            params.append(f.name)
-        else:
-            space[f"_default{i}"] = f.default
-            params.append(f"{f.name}=_default{i}")
-    body = "".join(f"    _set{i}(self, {name})\n" for i, name in enumerate(names))
-    local: dict[str, object] = {}
-    exec(f"def __init__(self, {', '.join(params)}):\n{body}", space, local)  # noqa: S102
-    init = local["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
-    setattr(cls, "__init__", init)  # noqa: B010
-    return cls
-
+from stack.fastinit import slot_init
 
 Data = bytes | bytearray | memoryview
 
@@ -72,7 +43,7 @@ Data = bytes | bytearray | memoryview
 # ======================================================================================
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class RdmaWrite:
     """RDMA Write (opcode 0x0, tagged).  Fields: stag, to, data."""
@@ -82,7 +53,7 @@ class RdmaWrite:
     data: Data = b""
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
     """RDMA Read Request (opcode 0x1, QN 1, 28-byte header, RDMAP-04).
@@ -97,7 +68,7 @@ class ReadRequest:
     src_to: int
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ReadResponse:
     """RDMA Read Response (opcode 0x2, tagged to the request's sink).  Fields: stag, to, data."""
@@ -107,7 +78,7 @@ class ReadResponse:
     data: Data = b""
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Send:
     """The Send family (opcodes 0x3-0x6, QN 0, RDMAP-08/09).
@@ -154,7 +125,7 @@ class Terminate:
         return TermCode(self.layer, self.etype, self.code)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ImmediateData:
     """Immediate Data (opcodes 0x8/0x9, QN 0, exactly 8 bytes, EXT-09).  Fields: data, solicited."""
@@ -163,7 +134,7 @@ class ImmediateData:
     solicited: bool = False
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class AtomicRequest:
     """Atomic Request (opcode 0xA, QN 1, 52-byte header, RFC 7306 §5.2.1).
@@ -200,7 +171,7 @@ class AtomicRequest:
         return cls(AtomicOpcode.CMP_SWAP, req_id, stag, to, swap, swap_mask, compare, compare_mask)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class AtomicResponse:
     """Atomic Response (opcode 0xB, QN 3, 12-byte header).  Fields: req_id, orig_value."""
@@ -235,7 +206,7 @@ OutboundMessage = RdmapMessage | WriteFields
 # §4.8, Fig. 10).
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class WriteSegment:
     """A validated-form RDMA Write segment to place (STag checks are the RNIC's: §7.1).
@@ -250,7 +221,7 @@ class WriteSegment:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ReadResponseSegment:
     """A Read Response segment to place at the requester.  Fields: stag, to, data, last."""
@@ -262,7 +233,7 @@ class ReadResponseSegment:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class SendSegment:
     """One segment of a Send-family message (QN 0) to place at ``mo`` in the receive buffer.
@@ -280,7 +251,7 @@ class SendSegment:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ReadRequestReceived:
     """A complete Read Request (QN 1).  Fields: msn, request."""
@@ -290,7 +261,7 @@ class ReadRequestReceived:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class AtomicRequestReceived:
     """A complete Atomic Request (QN 1).  Fields: msn, request."""
@@ -300,7 +271,7 @@ class AtomicRequestReceived:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class AtomicResponseReceived:
     """A complete Atomic Response (QN 3).  Fields: msn, response."""
@@ -310,7 +281,7 @@ class AtomicResponseReceived:
     ulpdu: memoryview | None = field(default=None, compare=False, repr=False)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ImmediateDataReceived:
     """Immediate Data (QN 0; consumes a receive buffer).  Fields: msn, data, solicited."""
@@ -511,7 +482,7 @@ class Rejected:
     reason: str = ""
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class UlpduReceived:
     """A validated ULPDU (CRC checked, markers stripped; MPA-10/16).  Fields: ulpdu."""

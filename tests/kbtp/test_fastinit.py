@@ -1,6 +1,6 @@
 """The per-operation shortcuts build what the plain constructors and encoders build.
 
-:mod:`kbtp.fastinit` makes frozen dataclasses without their ``__init__``; the messages
+:mod:`stack.fastinit` makes frozen dataclasses without their ``__init__``; the messages
 encode the common requests and COMPLETIONs in one pack; ``with_request_id`` replaces
 ``dataclasses.replace``.  Each must give the same objects and octets as the slow path.
 """
@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbtp.constants import TableFlag
-from kbtp.fastinit import maker, wr_maker
 from kbtp.formats import COMPLETION_BODY, DATA_DESCRIPTOR, HEADER
 from kbtp.layout import (
     TableEntry,
@@ -40,6 +39,7 @@ from kbtp.messages import (
 )
 from kbtp.target_actions import ReadFromInitiator, SendMessage, WriteToInitiator
 from stack.errors import LocalError
+from stack.fastinit import maker, wr_maker
 from stack.rnic import SendFlags, SendWR, Sge, WrOpcode
 
 u16 = st.integers(0, 0xFFFF)
