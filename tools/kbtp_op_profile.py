@@ -35,12 +35,9 @@ import gc
 import json
 import os
 import pstats
-import re
-import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 import trio
@@ -55,48 +52,17 @@ from kbtp.constants import DEFAULT_MAX_INLINE
 from kbtp.initiator import KbtpInitiator
 from stack.wire.events import MpaSettings
 
+if __package__:
+    from tools.profiling import Steps, callgrind_instructions, counting_sockets
+else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
+    from profiling import (  # type: ignore[import-not-found,no-redef]
+        Steps,
+        callgrind_instructions,
+        counting_sockets,
+    )
+
 OPS = ("store", "load", "alloc_store")
-_SOCKET_CALLS = ("send", "sendmsg", "recv", "recv_into")
 WARMUP = 64
-
-
-@contextmanager
-def _counting_sockets() -> Iterator[list[int]]:
-    """Count calls of the data-path methods of every standard socket while active."""
-    count = [0]
-    saved = {name: getattr(socket.socket, name) for name in _SOCKET_CALLS}
-
-    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            return original(self, *args, **kwargs)
-
-        return call
-
-    for name, original in saved.items():
-        setattr(socket.socket, name, counted(original))
-    try:
-        yield count
-    finally:
-        for name, original in saved.items():
-            setattr(socket.socket, name, original)
-
-
-class _Steps(trio.abc.Instrument):
-    """Scheduler passes and task steps while ``counting``."""
-
-    def __init__(self) -> None:
-        self.counting = False
-        self.passes = 0
-        self.steps = 0
-
-    def before_io_wait(self, timeout: float) -> None:
-        if self.counting:
-            self.passes += 1
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.counting:
-            self.steps += 1
 
 
 def row(
@@ -117,7 +83,7 @@ async def _row(
     config = bench_config(size, blocks, inflight, DEFAULT_MAX_INLINE)
     data = bytearray(os.urandom(size))
     out: dict[str, Any] = {}
-    with _counting_sockets() if mode == "count" else nullcontext([0]) as sockets:
+    with counting_sockets() if mode == "count" else nullcontext([0]) as sockets:
         target = checked_target(config, settings=settings)
         async with (
             target.running() as target,
@@ -163,7 +129,7 @@ async def _row(
                 out["by_area"] = _by_area(stats, iters)
                 if top:
                     out["top"] = _top(stats, iters, top)
-                steps = _Steps()
+                steps = Steps()
                 trio.lowlevel.add_instrument(steps)
                 sockets[0] = 0
                 steps.counting = True
@@ -221,35 +187,12 @@ def _short(path: str) -> str:
 def instructions(op: str, size: int, inflight: int, iters: int) -> int:
     """User-space instructions of ``iters`` more operations: callgrind's total over the
     row with ``iters`` + 100 operations less its total over 100 (set-up cancels)."""
+    env = dict(os.environ, PYTHONHASHSEED="0")  # the same dict layouts in both runs
+    script = os.path.abspath(__file__)
     totals = []
     for n in (100, iters + 100):
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--loop",
-            op,
-            str(size),
-            str(inflight),
-            str(n),
-            str(iters + 100),
-        ]
-        print(f"kbtp_op_profile: callgrind: {op} x {n}", file=sys.stderr, flush=True)
-        try:
-            env = dict(os.environ, PYTHONHASHSEED="0")  # the same dict layouts in both runs
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-        except FileNotFoundError:
-            raise SystemExit("kbtp_op_profile: --instructions needs valgrind") from None
-        except subprocess.CalledProcessError as exc:
-            raise SystemExit(
-                f"kbtp_op_profile: the row failed under callgrind: {exc.stderr[-800:]}"
-            ) from None
-        match = re.search(r"Collected : (\d+)", done.stderr)
-        if match is None:
-            raise SystemExit("kbtp_op_profile: callgrind printed no instruction count")
-        totals.append(int(match.group(1)))
+        loop = [script, "--loop", op, str(size), str(inflight), str(n), str(iters + 100)]
+        totals.append(callgrind_instructions("kbtp_op_profile", loop, f"{op} x {n}", env))
     return totals[1] - totals[0]
 
 

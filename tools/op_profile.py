@@ -39,13 +39,8 @@ import cProfile
 import json
 import os
 import pstats
-import re
-import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import trio
 
@@ -55,47 +50,16 @@ from stack.transport.cm import ConnectionManager
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, RequestReceived, Role
 
-_SOCKET_CALLS = ("send", "sendmsg", "recv", "recv_into")
+if __package__:
+    from tools.profiling import Steps, callgrind_instructions, counting_sockets
+else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
+    from profiling import (  # type: ignore[import-not-found,no-redef]
+        Steps,
+        callgrind_instructions,
+        counting_sockets,
+    )
+
 _REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-
-
-@contextmanager
-def _counting_sockets() -> Iterator[list[int]]:
-    """Count calls of the data-path methods of every standard socket while active."""
-    count = [0]
-    saved = {name: getattr(socket.socket, name) for name in _SOCKET_CALLS}
-
-    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            return original(self, *args, **kwargs)
-
-        return call
-
-    for name, original in saved.items():
-        setattr(socket.socket, name, counted(original))
-    try:
-        yield count
-    finally:
-        for name, original in saved.items():
-            setattr(socket.socket, name, original)
-
-
-class _Steps(trio.abc.Instrument):
-    """Scheduler passes and task steps while ``counting``."""
-
-    def __init__(self) -> None:
-        self.counting = False
-        self.passes = 0
-        self.steps = 0
-
-    def before_io_wait(self, timeout: float) -> None:
-        if self.counting:
-            self.passes += 1
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.counting:
-            self.steps += 1
 
 
 def round_trip(kind: str, iters: int, count: bool = True) -> dict[str, float]:
@@ -135,10 +99,10 @@ async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
             if wc.status:
                 raise RuntimeError(f"{kind} completed with {wc.status.text}")
 
-    steps = _Steps()
+    steps = Steps()
     out: dict[str, float] = {}
     # Count from before the connection: the driver binds the socket's methods when it starts.
-    with _counting_sockets() as sockets:
+    with counting_sockets() as sockets:
         async with (
             ConnectionManager.open(server_rnic) as scm,
             ConnectionManager.open(client_rnic) as ccm,
@@ -324,34 +288,13 @@ def _run_loop(kind: str, n: int, post_list: int) -> None:
 def instructions(kind: str, n: int, post_list: int = 0) -> int:
     """User-space instructions of ``n`` more repetitions of a case's loop: callgrind's
     total over the loop run ``n`` + 50 times less its total over 50 (set-up cancels)."""
-    totals = []
-    for reps in (50, n + 50):
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--loop",
-            kind,
-            str(reps),
-            str(post_list),
-        ]
-        print(f"op_profile: callgrind: {kind} x {reps}", file=sys.stderr, flush=True)
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        except FileNotFoundError:
-            raise SystemExit(
-                "op_profile: --instructions needs valgrind (apt install valgrind)"
-            ) from None
-        except subprocess.CalledProcessError as exc:
-            raise SystemExit(
-                f"op_profile: the loop failed under callgrind: {exc.stderr[-500:]}"
-            ) from None
-        match = re.search(r"Collected : (\d+)", done.stderr)
-        if match is None:
-            raise SystemExit("op_profile: callgrind printed no instruction count")
-        totals.append(int(match.group(1)))
+    script = os.path.abspath(__file__)
+    totals = [
+        callgrind_instructions(
+            "op_profile", [script, "--loop", kind, str(reps), str(post_list)], f"{kind} x {reps}"
+        )
+        for reps in (50, n + 50)
+    ]
     return totals[1] - totals[0]
 
 
