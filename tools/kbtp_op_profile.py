@@ -53,10 +53,16 @@ from kbtp.initiator import KbtpInitiator
 from stack.wire.events import MpaSettings
 
 if __package__:
-    from tools.profiling import Steps, callgrind_instructions, counting_sockets
+    from tools.profiling import (
+        Steps,
+        add_common_arguments,
+        callgrind_instructions,
+        counting_sockets,
+    )
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
     from profiling import (  # type: ignore[import-not-found,no-redef]
         Steps,
+        add_common_arguments,
         callgrind_instructions,
         counting_sockets,
     )
@@ -229,13 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inflight", type=int, default=16, help="requests in flight")
     parser.add_argument("--iters", type=int, default=1000, help="operations counted")
     parser.add_argument("--top", type=int, default=0, help="show the top N functions")
-    parser.add_argument("--baseline", metavar="DIR", help="also measure this source tree")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--instructions",
-        action="store_true",
-        help="also count instructions per operation with valgrind's callgrind (load-free)",
-    )
+    add_common_arguments(parser)
     parser.add_argument("--loop", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loop:  # one row alone, for callgrind

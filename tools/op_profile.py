@@ -51,10 +51,16 @@ from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, RequestReceived, Role
 
 if __package__:
-    from tools.profiling import Steps, callgrind_instructions, counting_sockets
+    from tools.profiling import (
+        Steps,
+        add_common_arguments,
+        callgrind_instructions,
+        counting_sockets,
+    )
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
     from profiling import (  # type: ignore[import-not-found,no-redef]
         Steps,
+        add_common_arguments,
         callgrind_instructions,
         counting_sockets,
     )
@@ -313,13 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=2000, help="round trips per case")
     parser.add_argument("--post-list", type=int, default=16, help="WRs per post_send")
     parser.add_argument("--lists", type=int, default=2000, help="post lists measured")
-    parser.add_argument("--baseline", metavar="DIR", help="also measure this source tree")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--instructions",
-        action="store_true",
-        help="also count instructions per operation with valgrind's callgrind (load-free)",
-    )
+    add_common_arguments(parser)
     parser.add_argument(
         "--loop", nargs=3, metavar=("KIND", "N", "POST_LIST"), help=argparse.SUPPRESS
     )

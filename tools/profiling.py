@@ -9,6 +9,7 @@ another tree's ``stack`` and ``kbtp`` first on the path, whose ``tools`` may pre
 
 from __future__ import annotations
 
+import argparse
 import re
 import socket
 import subprocess
@@ -79,3 +80,14 @@ def callgrind_instructions(
     if match is None:
         raise SystemExit(f"{prog}: callgrind printed no instruction count")
     return int(match.group(1))
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both profilers take: ``--baseline DIR``, ``--json``, ``--instructions``."""
+    parser.add_argument("--baseline", metavar="DIR", help="also measure this source tree")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions per operation with valgrind's callgrind (load-free)",
+    )
