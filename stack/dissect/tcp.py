@@ -126,8 +126,9 @@ class HalfStream:
         self.out_of_order = 0
         self.delivered_bytes = 0
         self._pending: list[tuple[int, int, bytes, int, int]] = []
-        """Waiting segments, a heap of (start, -arrival, data, missing, frame that carried
-        them): of two at the same start the later one is handed on first."""
+        """Waiting segments, a heap of (start, arrival, data, missing, frame that carried
+        them): of two at the same start the first to arrive is handed on first, and the
+        later copy is then a retransmission of it (compared like any other)."""
         self._parked = 0
         self._pending_bytes = 0
         self._ring = bytearray()
@@ -365,7 +366,7 @@ class HalfStream:
     def _park(self, start: int, payload: Payload, missing: int, frame: int) -> None:
         # a copy: a view would keep its whole capture window alive while it waits
         self._parked += 1
-        heapq.heappush(self._pending, (start, -self._parked, bytes(payload), missing, frame))
+        heapq.heappush(self._pending, (start, self._parked, bytes(payload), missing, frame))
         self._pending_bytes += len(payload)
 
     def _drain(self, frame: int, events: list[StreamEvent], own: bool = False) -> None:

@@ -263,7 +263,7 @@ def test_waiting_segments_go_on_in_order_however_they_arrived() -> None:
     n = 3000
     for i in range(n, 0, -1):  # backwards: each lands before all that wait
         assert half.feed(ISN + 1 + i, bytes([i & 0xFF]), TCP_ACK, n - i + 2) == []
-    half.feed(ISN + 3, b"\xee", TCP_ACK, 9000)  # a later copy at the same start goes first
+    half.feed(ISN + 3, b"\xee", TCP_ACK, 9000)  # a later copy at the same start: not kept
     events = half.feed(ISN + 1, b"\x00", TCP_ACK, 9001)
     assert [(type(e).__name__, e.offset) for e in events[:4]] == [
         ("StreamData", 0),
@@ -271,7 +271,7 @@ def test_waiting_segments_go_on_in_order_however_they_arrived() -> None:
         ("StreamData", 2),
         ("OverlapConflict", 2),
     ]
-    assert _kinds(events[2:3]) == [("data", 2, b"\xee", 9001)]
+    assert _kinds(events[2:4]) == [("data", 2, b"\x02", 9001), ("OverlapConflict", 2, 1, 9001)]
     data = [e for e in events if type(e) is StreamData]
     assert [e.offset for e in data] == list(range(n + 1))
     assert not half._pending and half._pending_bytes == 0
@@ -353,3 +353,21 @@ def test_gaps_kept_inside_the_ring_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     # bytes before the oldest gap remembered are not compared any more; the later ones are
     assert _kinds(half.feed(ISN + 1, b"X", TCP_ACK, 50)) == [("Retransmission", 0, 1, 50)]
     assert _kinds(half.feed(ISN + 1 + 18, b"X", TCP_ACK, 51)) == [("OverlapConflict", 18, 1, 51)]
+
+
+def test_of_two_waiting_copies_at_one_start_the_first_is_kept() -> None:
+    half = _half()
+    assert half.feed(ISN + 4, b"def", TCP_ACK, 2) == []
+    assert half.feed(ISN + 4, b"XYZ", TCP_ACK, 3) == []  # differs: a conflict, not kept
+    assert half.feed(ISN + 4, b"def", TCP_ACK, 4) == []  # the same: a retransmission
+    assert half.feed(ISN + 4, b"dXfgh", TCP_ACK, 5) == []  # longer: its tail is new
+    events = half.feed(ISN + 1, b"abc", TCP_ACK, 6)
+    assert _kinds(events) == [
+        ("data", 0, b"abc", 6),
+        ("data", 3, b"def", 6),
+        ("OverlapConflict", 3, 3, 6),
+        ("Retransmission", 3, 3, 6),
+        ("OverlapConflict", 3, 3, 6),
+        ("data", 6, b"gh", 6),
+    ]
+    assert half.conflicts == 2 and half.retransmitted_bytes == 9 and half.next_offset == 8
