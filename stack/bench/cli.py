@@ -41,6 +41,7 @@ from stack.bench.report import TEST_NAMES
 from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
 from stack.bench.server import BenchServer, serve_forever
+from stack.bench.session import STALL_TIMEOUT
 from stack.cli import (
     MAX_DURATION,
     MAX_ITERATIONS,
@@ -53,6 +54,7 @@ from stack.cli import (
     iterations,
     one_line_errors,
     port_number,
+    positive_seconds,
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP
@@ -312,6 +314,15 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"iWARP port (default {DEFAULT_PORT}; 0: any)",
     )
     _add_mpa_arguments(parser, False, "default off: the client decides")
+    parser.add_argument(
+        "--stall-timeout",
+        type=stall_seconds,
+        default=STALL_TIMEOUT,
+        metavar="SECONDS",
+        help="end a session whose client acknowledges none of the server's output for "
+        f"SECONDS, 1 to {MAX_STALL_TIMEOUT:.0f} (default {STALL_TIMEOUT:.0f}; a slow or "
+        "lossy network may need more)",
+    )
     parser.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
     one_line_errors(parser)
 
@@ -389,9 +400,30 @@ def _check_outputs(args: argparse.Namespace) -> None:
     check_outputs(("--json", args.json), ("-w", getattr(args, "capture", None)))
 
 
+MAX_STALL_TIMEOUT = 3600.0
+"""Most ``--stall-timeout`` seconds: beyond an hour a stuck client holds its session's memory
+(up to ``MAX_SESSION_BYTES``) for longer than any benchmark runs."""
+
+
+def stall_seconds(text: str) -> float:
+    """argparse type of ``--stall-timeout``: 1 to :data:`MAX_STALL_TIMEOUT` seconds (below a
+    second the kernel would end sessions on an ordinary pause of the client)."""
+    value = positive_seconds(text)
+    if not 1 <= value <= MAX_STALL_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be 1 to {MAX_STALL_TIMEOUT:.0f} seconds, got {text}"
+        )
+    return value
+
+
 def run_server_command(args: argparse.Namespace) -> int:
     server = BenchServer(
-        host=args.host, port=args.port, crc=args.crc, markers=args.markers, emss=args.mtu
+        host=args.host,
+        port=args.port,
+        crc=args.crc,
+        markers=args.markers,
+        emss=args.mtu,
+        stall_timeout=args.stall_timeout,
     )
     return _serve(server, args.exit_on_stdin_eof)
 
@@ -473,7 +505,10 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
         "server",
         help="the server half of the RDMA benchmarks",
         description="Serve `iwarp bench write|read|send|atomic|idle-qps` clients (and raw TCP "
-        "baselines); prints `PORT <iwarp> <raw>`.",
+        "baselines); prints `PORT <iwarp> <raw>`.  Each session maps at most 1 GiB, all "
+        "sessions together at most half the machine's memory (past either a client's Request "
+        "is rejected with the reason), and a session whose client takes none of its output "
+        "for --stall-timeout seconds is ended and logged; other sessions go on.",
     )
     add_server_arguments(server)
     server.set_defaults(func=run_server_command)

@@ -193,3 +193,17 @@ def test_a_session_is_charged_the_copy_of_its_unsent_answers() -> None:
         assert budget.used == held
         session.close()
         assert budget.used == 0
+
+
+def test_server_command_takes_the_stall_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``iwarp bench server --stall-timeout`` reaches the server (whose sessions the tests
+    above end by it); the default is STALL_TIMEOUT."""
+    import stack.bench.cli as bench_cli
+    from stack.bench.session import STALL_TIMEOUT
+    from stack.cli.iwarp import main
+
+    served: list[BenchServer] = []
+    monkeypatch.setattr(bench_cli, "_serve", lambda server, _eof: served.append(server) or 0)
+    assert main(["bench", "server", "--stall-timeout", "2.5"]) == 0
+    assert main(["bench", "server"]) == 0
+    assert [s.stall_timeout for s in served] == [2.5, STALL_TIMEOUT]
