@@ -97,7 +97,8 @@ class SessionSpec:
     @classmethod
     def decode(cls, data: bytes) -> SessionSpec:
         """Parse private data strictly: one JSON object, each field at most once, no field
-        :meth:`encode` does not write, every value of its type and range (``l`` 0 or 1).
+        :meth:`encode` does not write, every value of its type and range (``l`` 0 or 1), a
+        ``pong`` region given exactly for Write latency.
         Raises BenchError on anything else or on asking more memory than
         MAX_SESSION_BYTES (the server rejects the Request with it, MPA-23)."""
         try:
@@ -133,6 +134,14 @@ class SessionSpec:
                 ):
                     raise ValueError(f"bad pong region {pong!r}")
                 pong = (pong[0], pong[1], pong[2])
+            pongs = test == "write" and latency == 1
+            if pongs != (pong is not None):
+                raise ValueError(
+                    "a Write-latency session needs its pong region"
+                    if pongs
+                    else f"a pong region for a {test} {'latency' if latency else 'bandwidth'}"
+                    " session (only Write latency takes one)"
+                )
         except (ValueError, TypeError, RecursionError) as exc:
             raise BenchError(f"bad session request: {exc}") from None
         spec = cls(test, size, bool(latency), rx_depth, pong)

@@ -108,7 +108,8 @@ def test_the_client_refuses_exactly_what_the_server_rejects(
 ) -> None:
     """One computation: the client's check against SessionSpec.decode, the server's."""
     opts = BenchOptions(test, (size,), latency=latency)
-    spec = SessionSpec(test, size, latency)
+    pong = (1, 0, size) if test == "write" and latency else None  # as the client sends it
+    spec = SessionSpec(test, size, latency, 0, pong)
     try:
         SessionSpec.decode(spec.encode())
         server_accepts = True

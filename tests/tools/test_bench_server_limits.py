@@ -27,7 +27,10 @@ def test_the_limit_counts_every_region_the_server_maps() -> None:
     assert SessionSpec("write", MAX_SIZE).memory == MAX_SESSION_BYTES  # one region: served
     assert SessionSpec("send", 4096, latency=True).regions == ("target", "source", "inbox")
     assert SessionSpec.decode(SessionSpec("read", MAX_SIZE).encode()).size == MAX_SIZE
-    for spec in (SessionSpec("send", MAX_SIZE), SessionSpec("write", MAX_SIZE // 2 + 1, True)):
+    for spec in (
+        SessionSpec("send", MAX_SIZE),
+        SessionSpec("write", MAX_SIZE // 2 + 1, True, 0, (1, 0, 64)),
+    ):
         with pytest.raises(BenchError, match="too large"):
             SessionSpec.decode(spec.encode())
 

@@ -27,6 +27,18 @@ BAD_SPECS = {
     "rx-bool": (b'{"t":"send","s":64,"rx":true}', "bad rx depth True"),
     "pong-null": (b'{"t":"write","s":64,"l":1,"pong":null}', "bad pong region None"),
     "pong-text": (b'{"t":"write","s":64,"l":1,"pong":"abc"}', "bad pong region 'abc'"),
+    "pong-for-read": (
+        b'{"t":"read","s":64,"l":1,"pong":[1,0,64]}',
+        "a pong region for a read latency session (only Write latency takes one)",
+    ),
+    "pong-for-write-bw": (
+        b'{"t":"write","s":64,"pong":[1,0,64]}',
+        "a pong region for a write bandwidth session (only Write latency takes one)",
+    ),
+    "write-lat-no-pong": (
+        b'{"t":"write","s":64,"l":1}',
+        "a Write-latency session needs its pong region",
+    ),
     "missing-size": (b'{"t":"read"}', "missing field 's'"),
     "not-an-object": (b'["read",64]', "not a JSON object"),
 }
