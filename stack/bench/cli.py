@@ -369,10 +369,7 @@ def _fail(prog: str, exc: BaseException) -> int:
 def run_test_command(args: argparse.Namespace) -> int:
     test = args.bench_test
     if args.server:
-        server = BenchServer(
-            host=args.host, port=args.port, crc=args.crc, markers=args.markers, emss=args.mtu
-        )
-        return _serve(server, False)
+        return _serve(_server_from_args(args), False)
     opts = options_from_args(args, test)
     if args.plot and not have_matplotlib():
         print(f"iwarp bench: error: {MISSING_MATPLOTLIB}", file=sys.stderr)
@@ -417,15 +414,19 @@ def stall_seconds(text: str) -> float:
 
 
 def run_server_command(args: argparse.Namespace) -> int:
-    server = BenchServer(
+    return _serve(_server_from_args(args), args.exit_on_stdin_eof)
+
+
+def _server_from_args(args: argparse.Namespace) -> BenchServer:
+    """The server of ``iwarp bench server`` and of a test's ``--server`` half."""
+    return BenchServer(
         host=args.host,
         port=args.port,
         crc=args.crc,
         markers=args.markers,
         emss=args.mtu,
-        stall_timeout=args.stall_timeout,
+        stall_timeout=getattr(args, "stall_timeout", STALL_TIMEOUT),
     )
-    return _serve(server, args.exit_on_stdin_eof)
 
 
 def _serve(server: BenchServer, exit_on_stdin_eof: bool) -> int:
