@@ -206,7 +206,9 @@ class QpEndpoint:
         """:meth:`produce` as pieces for one scatter-gather send.  Large payloads view the
         memory they come from: the caller sends or copies them, then calls
         :meth:`resume_stalled` (which may place data into that memory)."""
-        self._encode(limit)
+        qp = self.qp
+        if qp.has_outgoing or qp.terminate_pending is not None:  # else _encode has nothing to do
+            self._encode(limit)
         return self.engine.data_to_send_iov()
 
     def _encode(self, limit: int) -> None:

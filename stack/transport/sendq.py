@@ -30,23 +30,21 @@ class SendQueue:
     :class:`BlockingIOError` when it takes none; any other :class:`OSError` propagates.
     """
 
-    __slots__ = ("_sendmsg", "_backlog", "sent")
+    __slots__ = ("_sendmsg", "_backlog", "sent", "has_backlog")
 
     def __init__(self, sendmsg: Callable[[Sequence[Buffer]], int]) -> None:
         self._sendmsg = sendmsg
         self._backlog: list[Buffer] = []
         self.sent = 0
         """Bytes handed to the kernel so far."""
+        self.has_backlog = False
+        """Whether bytes wait for the socket to become writable (:attr:`backlog` > 0): a
+        plain attribute, kept with the backlog, read before every send pass."""
 
     @property
     def backlog(self) -> int:
         """Bytes waiting for the socket to become writable."""
         return sum(map(len, self._backlog)) if self._backlog else 0
-
-    @property
-    def has_backlog(self) -> bool:
-        """Whether bytes wait for the socket to become writable (:attr:`backlog` > 0)."""
-        return bool(self._backlog)
 
     def send(self, pieces: list[Buffer]) -> bool:
         """Send ``pieces`` now as far as the socket takes them; True when all went out.
@@ -62,6 +60,7 @@ class SendQueue:
         left = self._push(pieces)
         if left:
             self._backlog.append(b"".join(left))
+            self.has_backlog = True
             return False
         return True
 
@@ -69,11 +68,13 @@ class SendQueue:
         """Retry the backlog (the socket became writable); True when it is empty."""
         if self._backlog:
             self._backlog = self._push(self._backlog)
+            self.has_backlog = bool(self._backlog)
         return not self._backlog
 
     def clear(self) -> None:
         """Drop the backlog (the connection is lost)."""
         self._backlog = []
+        self.has_backlog = False
 
     def _push(self, pieces: list[Buffer]) -> list[Buffer]:
         """Send until done or the socket is full; return the unsent rest (views)."""
