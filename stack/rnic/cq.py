@@ -15,6 +15,11 @@ import trio
 from stack.errors import IwarpError
 from stack.rnic.verbs import WcFlags, WorkCompletion
 
+_current_task = trio.lowlevel.current_task
+_reschedule = trio.lowlevel.reschedule
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+
 
 class CqOverflow(IwarpError):
     """The completion queue is full."""
@@ -34,7 +39,7 @@ class CompletionQueue:
             raise ValueError("CQ capacity must be >= 1")
         self.capacity = capacity
         self._entries: deque[WorkCompletion] = deque()
-        self._lot = trio.lowlevel.ParkingLot()
+        self._waiters: list[trio.lowlevel.Task] = []  # tasks in next(), woken by push()
         self._armed: bool | None = None  # None: not armed; True: solicited only
         self._event_lot = trio.lowlevel.ParkingLot()
         self._events = 0
@@ -60,8 +65,11 @@ class CompletionQueue:
             self._event_lot.unpark_all()
             if self.on_event is not None:
                 self.on_event(self)
-        if self._lot:  # a task awaits next(): wake it (nothing to do for a poller)
-            self._lot.unpark_all()
+        waiters = self._waiters
+        if waiters:  # tasks await next(): wake them (nothing to do for a poller)
+            self._waiters = []
+            for task in waiters:
+                _reschedule(task)
         self.total += 1
         for watcher in self.watchers:
             watcher()
@@ -75,9 +83,24 @@ class CompletionQueue:
 
     async def next(self) -> WorkCompletion:
         """Wait for and take the next completion."""
-        while not self._entries:
-            await self._lot.park()
-        return self._entries.popleft()
+        entries = self._entries
+        while not entries:
+            # A parking lot's park/unpark_all, without its bookkeeping (one wait per round
+            # trip of a small request): push() reschedules the tasks listed here.
+            task = _current_task()
+            waiters = self._waiters
+            waiters.append(task)
+
+            def abort(
+                _: object,
+                waiters: list[trio.lowlevel.Task] = waiters,
+                task: trio.lowlevel.Task = task,
+            ) -> trio.lowlevel.Abort:
+                waiters.remove(task)  # cancelled before push() took it
+                return _ABORT_SUCCEEDED
+
+            await _wait_task_rescheduled(abort)
+        return entries.popleft()
 
     async def wait_for(self, count: int) -> list[WorkCompletion]:
         """Wait until ``count`` completions have been taken, and return them."""
