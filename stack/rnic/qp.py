@@ -325,7 +325,8 @@ class QueuePair(QpSend):
                     entry.status = exc.status
             entry.done = True
             self._reap_sq()
-            self._progress_sq()
+            if self._pending:  # WRs the Read held (ORD, a fence); else nothing to progress
+                self._progress_sq()
 
     def _on_atomic_request(self, req: AtomicRequest) -> None:
         view = check_remote_access(
@@ -350,7 +351,8 @@ class QueuePair(QpSend):
         entry.sink[:] = _LE64.pack(resp.orig_value)
         entry.done = True
         self._reap_sq()
-        self._progress_sq()
+        if self._pending:  # WRs the atomic held (ORD, a fence); else nothing to progress
+            self._progress_sq()
 
 
 _READ_WITH_INV = WrOpcode.RDMA_READ_WITH_INV  # a module global: Enum.MEMBER is slow
