@@ -78,6 +78,7 @@ _SEND_IMM = WrOpcode.SEND_IMM
 _RDMA_WRITE_WITH_IMM = WrOpcode.RDMA_WRITE_WITH_IMM
 _ATOMICS = (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
 _FETCH_AND_ADD = WrOpcode.ATOMIC_FETCH_AND_ADD
+_AOP_FETCH_ADD = AtomicOpcode.FETCH_ADD
 _LOCAL_INV = WrOpcode.LOCAL_INV
 _BIND_MW = WrOpcode.BIND_MW
 _REG_MR = WrOpcode.REG_MR
@@ -289,7 +290,7 @@ class QpSend(QpBase):
             self._next_req_id = (self._next_req_id + 1) & 0xFFFFFFFF
             if op is _FETCH_AND_ADD:
                 atomic = AtomicRequest(
-                    AtomicOpcode.FETCH_ADD,
+                    _AOP_FETCH_ADD,
                     entry.req_id,
                     wr.rkey,
                     wr.remote_addr,

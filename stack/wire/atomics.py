@@ -25,6 +25,9 @@ from stack.constants import (
 from stack.errors import RdmapError
 from stack.wire.events import AtomicRequest
 
+_FETCH_ADD = AtomicOpcode.FETCH_ADD  # module globals: Enum.MEMBER is slow in 3.11
+_CMP_SWAP = AtomicOpcode.CMP_SWAP
+
 
 def fetch_add(value: int, add: int, mask: int = 0) -> int:
     """The value FetchAdd writes: ``value + add`` with carries stopped at ``mask`` bits (EXT-06)."""
@@ -51,9 +54,9 @@ def apply_atomic(req: AtomicRequest, value: int) -> int:
     Raises :class:`RdmapError` (EXT-04, Terminate 0/2/0x06) for an AOpCode other than
     FetchAdd (0) and CmpSwap (2): RFC 7306 defines no code for it but it must be surfaced.
     """
-    if req.atomic_opcode == AtomicOpcode.FETCH_ADD:
+    if req.atomic_opcode == _FETCH_ADD:
         return fetch_add(value, req.add_swap_data, req.add_swap_mask)
-    if req.atomic_opcode == AtomicOpcode.CMP_SWAP:
+    if req.atomic_opcode == _CMP_SWAP:
         return cmp_swap(
             value, req.compare_data, req.compare_mask, req.add_swap_data, req.add_swap_mask
         )

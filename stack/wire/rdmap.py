@@ -342,23 +342,27 @@ def exact_fixed_header(op: int, body: memoryview) -> RdmapHeader | None:
     """The RDMAP header of a fixed-size message (an :data:`EXACT_FIXED` opcode, ``body``
     exactly its length) that :func:`check_rdmap` would pass without a finding, else None:
     only an Atomic Request's reserved AOpCode bits (EXT-02) remain to test."""
-    if op == Opcode.ATOMIC_REQUEST and ATOMIC_REQUEST.unpack_from(body)[0] & ~ATOMIC_OPCODE_MASK:
+    if op == _ATOMIC_REQUEST_OP and ATOMIC_REQUEST.unpack_from(body)[0] & ~ATOMIC_OPCODE_MASK:
         return None
     return _decode_fixed_header(op, body, _NO_FINDINGS)
 
 
 _NO_FINDINGS = Checker(strict=True)  # exact_fixed_header: nothing is noted or raised
+# Module globals: Enum.MEMBER is a slow attribute lookup in 3.11 (the per-message paths).
+_READ_REQUEST_OP = Opcode.RDMA_READ_REQUEST
+_ATOMIC_REQUEST_OP = Opcode.ATOMIC_REQUEST
+_ATOMIC_RESPONSE_OP = Opcode.ATOMIC_RESPONSE
 
 
 def _decode_fixed_header(op: int, body: memoryview, chk: Checker) -> RdmapHeader:
-    if op == Opcode.RDMA_READ_REQUEST:
+    if op == _READ_REQUEST_OP:
         return ReadRequest(*READ_REQUEST.unpack_from(body))
-    if op == Opcode.ATOMIC_REQUEST:
+    if op == _ATOMIC_REQUEST_OP:
         word, *rest = ATOMIC_REQUEST.unpack_from(body)
         if word & ~ATOMIC_OPCODE_MASK:
             chk.note("EXT-02", f"reserved AOpCode bits 0x{word & ~ATOMIC_OPCODE_MASK:08X} set")
         return AtomicRequest(word & ATOMIC_OPCODE_MASK, *rest)
-    if op == Opcode.ATOMIC_RESPONSE:
+    if op == _ATOMIC_RESPONSE_OP:
         return AtomicResponse(*ATOMIC_RESPONSE.unpack_from(body))
     return ImmediateData(bytes(body[:IMMEDIATE_DATA_LEN]), op == Opcode.IMMEDIATE_DATA_SE)
 
@@ -440,9 +444,7 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     if isinstance(msg, RdmaWrite):
         return encode_write_parts(msg, mulpdu)
     if isinstance(msg, ReadResponse):
-        return ddp.segment_tagged_parts(
-            msg.stag, msg.to, _RV_BITS | Opcode.RDMA_READ_RESPONSE, msg.data, mulpdu
-        )
+        return ddp.segment_tagged_parts(msg.stag, msg.to, _READ_RESPONSE_CTRL, msg.data, mulpdu)
     if isinstance(msg, Send):
         inval = msg.invalidate_stag
         if inval is not None and not 0 <= inval <= ALL_ONES_32:
@@ -451,7 +453,7 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
         return ddp.segment_untagged_parts(QueueNumber.SEND, msn, ulp, msg.data, mulpdu)
     op, body = _encode_fixed(msg)
     ulp = rdmap_ctrl(op) << 32
-    (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, b"", mulpdu)[0]
+    (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, _NO_PAYLOAD, mulpdu)[0]
     return [(header, memoryview(body))]
 
 
@@ -462,6 +464,8 @@ def encode_write_parts(msg: RdmaWrite, mulpdu: int) -> list[ddp.Parts]:
 
 
 _WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE
+_READ_RESPONSE_CTRL = _RV_BITS | Opcode.RDMA_READ_RESPONSE
+_NO_PAYLOAD = memoryview(b"")  # a fixed-size message's DDP payload (its header is separate)
 
 
 def encode_write_fields(stag: int, to: int, data: Data, mulpdu: int) -> list[ddp.Parts]:
@@ -476,7 +480,7 @@ def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:
     try:
         if isinstance(msg, ReadRequest):
             body = READ_REQUEST.pack(msg.sink_stag, msg.sink_to, msg.size, msg.src_stag, msg.src_to)
-            return Opcode.RDMA_READ_REQUEST, body
+            return _READ_REQUEST_OP, body
         if isinstance(msg, Terminate):
             return Opcode.TERMINATE, encode_terminate(msg)
         if isinstance(msg, ImmediateData):
@@ -497,9 +501,9 @@ def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:
                 msg.compare_data,
                 msg.compare_mask,
             )
-            return Opcode.ATOMIC_REQUEST, body
+            return _ATOMIC_REQUEST_OP, body
         if isinstance(msg, AtomicResponse):
-            return Opcode.ATOMIC_RESPONSE, ATOMIC_RESPONSE.pack(msg.req_id, msg.orig_value)
+            return _ATOMIC_RESPONSE_OP, ATOMIC_RESPONSE.pack(msg.req_id, msg.orig_value)
     except struct.error as exc:
         raise LocalError(f"{type(msg).__name__} field out of range: {exc}") from None
     raise LocalError(f"not an RDMAP message: {type(msg).__name__}")
