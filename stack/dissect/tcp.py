@@ -40,8 +40,15 @@ RECENT_BYTES = 1 << 20
 RECENT_MASK = RECENT_BYTES - 1
 MAX_HOLES = 256
 """Gaps remembered inside the ring; when more, the oldest ring bytes are not compared."""
+RING_START = 256
+"""The ring's first capacity: it doubles as the stream's offsets reach its end, so a
+direction that carries little keeps a small ring (:data:`RECENT_BYTES` at most)."""
 
 Payload = bytes | bytearray | memoryview
+_NO_RING = bytearray()
+_NO_VIEW = memoryview(_NO_RING)
+"""The ring of a direction that delivered nothing yet, or was released: shared, never
+written (:meth:`HalfStream._remember` makes a direction its own ring)."""
 _SPECIAL = TCP_SYN | TCP_FIN | TCP_RST
 _MASK32 = SEQ_MOD - 1
 
@@ -131,11 +138,11 @@ class HalfStream:
         later copy is then a retransmission of it (compared like any other)."""
         self._parked = 0
         self._pending_bytes = 0
-        self._ring = bytearray()
+        self._ring = _NO_RING
         """The delivered stream's last bytes: offset o at ``o & RECENT_MASK``, for o in
         [next_offset - RECENT_BYTES, next_offset) (it grows by doubling to RECENT_BYTES,
         its bytes never moving, then wraps)."""
-        self._ring_view = memoryview(self._ring)
+        self._ring_view = _NO_VIEW
         """Written through (a bytearray's slice assignment costs twice as much); a new
         view whenever the ring grows."""
         self._hole_starts: list[int] = []
@@ -288,11 +295,14 @@ class HalfStream:
         view = self._ring_view
         size = len(view)
         if end > size and size < RECENT_BYTES:
-            grown = max(size, min(4096, RECENT_BYTES))
+            grown = max(size, min(RING_START, RECENT_BYTES))
             while grown < end and grown < RECENT_BYTES:
                 grown *= 2
-            view.release()
-            self._ring += bytes(grown - size)
+            if size:
+                view.release()
+                self._ring += bytes(grown - size)
+            else:  # the shared empty ring: a ring of its own
+                self._ring = bytearray(grown)
             view = self._ring_view = memoryview(self._ring)
         if end <= RECENT_BYTES:
             view[pos:end] = payload
@@ -300,6 +310,17 @@ class HalfStream:
             split = RECENT_BYTES - pos
             view[pos:RECENT_BYTES] = payload[:split]
             view[: n - split] = payload[split:]
+
+    def release(self) -> None:
+        """The connection is over (both FINs or an RST reached, nothing waiting): free the
+        ring.  A later resend of the bytes before ``next_offset`` is counted, not compared;
+        bytes after the FIN (a hostile capture) fill a new ring from here."""
+        self._ring = _NO_RING
+        self._ring_view = _NO_VIEW
+        self._hole_starts.clear()
+        self._hole_ends.clear()
+        self._hole_head = 0
+        self._known_from = self.next_offset
 
     def _lost(self, offset: int, length: int) -> None:
         """Bytes [offset, offset + length) at the ring's end were never delivered."""

@@ -165,6 +165,11 @@ def test_marker_lookalikes_are_searched_in_bounded_work(
     monkeypatch.setattr(Resync, "_chain", counting_chain)
     monkeypatch.setattr(resync, "struct", words)
     dissector = Dissector(DissectOptions())
+    ended: list = []  # the decoders of the connections that ended (FIN), kept to count
+    retire = Dissector.retire
+    monkeypatch.setattr(
+        Dissector, "retire", lambda self, conn, done: (ended.append(conn), retire(self, conn, done))
+    )
     out = []
     for segment_ in read_tcp_segments(_lookalikes(streams, size, segment)):
         out += dissector.feed(segment_)
@@ -173,7 +178,8 @@ def test_marker_lookalikes_are_searched_in_bounded_work(
     total = streams * size
     phases = MPA_MARKER_INTERVAL // 4  # the 4-aligned ones; the others are ruled out at once
     # under marker phases: one start per phase and CRC setting (was every 4th byte)
-    tried = sum(half.candidates_tried for conn in dissector._conns.values() for half in conn.halves)
+    assert len(ended) == streams
+    tried = sum(half.candidates_tried for conn in ended for half in conn.halves)
     assert tried <= walks[True] <= streams * 2 * phases
     assert tried <= streams * 2 * _SEARCH_TRIES
     # without markers: one walk per start and CRC setting, each a single word here, and

@@ -439,6 +439,7 @@ class ConnectionDecoder:
                 self.last_frame = one.frame
             half.push(one.data, one.offset, one.frame, ts)
             return
+        ended = False
         for ev in events:
             if type(ev) is StreamData:
                 if ev.frame > self.last_frame:
@@ -460,6 +461,22 @@ class ConnectionDecoder:
                 )
             elif type(ev) is StreamEnd:
                 half.finish(ev.frame)
+                ended = True
+        if ended and self.tcp.finished:
+            self.release()
+
+    def release(self) -> None:
+        """Both directions ended (FIN reached or RST, RFC 793 §3.5) and every byte is
+        decoded: the dissector keeps only a :class:`FinishedConnection` (the statistics)
+        and the TCP halves free their rings."""
+        tcp = self.tcp
+        if any(h._pending for h in tcp.halves) or any(
+            h.buffered or h in self.dissector.searching for h in self.halves
+        ):
+            return
+        for tcp_half in tcp.halves:
+            tcp_half.release()
+        self.dissector.retire(self, FinishedConnection(self))
 
     def finish(self, frame: int) -> None:
         for half in self.halves:
@@ -477,9 +494,60 @@ class ConnectionDecoder:
                     half._drop_all()
                 continue
             half.finish(frame)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Put each direction's counters into the stream's statistics."""
         for side in (0, 1):
             info = self.halves[side].info
             info.retransmitted_bytes = max(
                 info.retransmitted_bytes, self.tcp.halves[side].retransmitted_bytes
             )
             self.info.directions[self.direction(side)] = info
+
+
+class FinishedConnection:
+    """What the dissector keeps of a connection once both directions ended and every byte
+    was decoded: its statistics (``info``).  Segments that still come are counted (a
+    resend, a gap); bytes after the end are counted and noted, not decoded."""
+
+    __slots__ = ("info", "stream", "tcp", "emit", "names", "infos")
+
+    def __init__(self, conn: ConnectionDecoder) -> None:
+        conn._settle()
+        self.info = conn.info
+        self.stream = conn.stream
+        self.tcp = conn.tcp
+        self.emit = conn.emit
+        self.names = (conn.direction(0), conn.direction(1))
+        self.infos = (conn.halves[0].info, conn.halves[1].info)
+
+    def events(self, side: int, events: list[StreamEvent], ts: float) -> None:
+        info = self.infos[side]
+        for ev in events:
+            if type(ev) is StreamData:
+                size = len(ev.data)
+                info.undecoded_bytes += size
+                detail = f"{size} bytes after the connection ended, not decoded"
+                self._note(side, ev.frame, "after_end", detail, ev.offset)
+            elif type(ev) is Gap:
+                info.gap_bytes += ev.length
+                detail = f"TCP gap: {ev.length} bytes never captured at offset {ev.offset}"
+                self._note(side, ev.frame, "gap", detail, ev.offset)
+            elif type(ev) is Retransmission:
+                info.retransmitted_bytes += ev.length
+            elif type(ev) is OverlapConflict:
+                info.retransmitted_bytes += ev.length
+                detail = (f"retransmitted bytes at offset {ev.offset} (+{ev.length}) differ "
+                          "from the first copy (kept)")  # fmt: skip
+                self._note(side, ev.frame, "conflict", detail, ev.offset)
+
+    def _note(self, side: int, frame: int, kind: str, detail: str, offset: int) -> None:
+        self.emit(Note(self.stream, frame, self.names[side], kind, detail, offset))
+
+    def finish(self, frame: int) -> None:
+        for side in (0, 1):
+            info = self.infos[side]
+            info.retransmitted_bytes = max(
+                info.retransmitted_bytes, self.tcp.halves[side].retransmitted_bytes
+            )

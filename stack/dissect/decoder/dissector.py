@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from stack.dissect.decoder.bulk import ingest_lean
 from stack.dissect.decoder.common import _TCP_SPECIAL
-from stack.dissect.decoder.connection import ConnectionDecoder
+from stack.dissect.decoder.connection import ConnectionDecoder, FinishedConnection
 from stack.dissect.decoder.modes import Mode
 from stack.dissect.decoder.records import (
     BriefFpdu,
@@ -77,7 +77,7 @@ class Dissector(Generic[OutputT]):
             tuple[str, int, str, int],
             tuple[HalfStream, HalfStream, ConnectionDecoder, DirectionDecoder],
         ] = {}
-        self._conns: dict[int, ConnectionDecoder] = {}
+        self._conns: dict[int, ConnectionDecoder | FinishedConnection] = {}
         self._out: list[Any] = []  # OutputT items
         self.searching: set[DirectionDecoder] = set()
         self._held = False
@@ -90,12 +90,12 @@ class Dissector(Generic[OutputT]):
     def _emit(self, item: Output) -> None:
         self._out.append(item)
 
-    def _conn(self, tcp_conn: Connection) -> ConnectionDecoder:
+    def _conn(self, tcp_conn: Connection) -> ConnectionDecoder | FinishedConnection:
         conn = tcp_conn.user
         if conn is None:
             conn = self._conns[tcp_conn.stream] = ConnectionDecoder(self, tcp_conn)
             tcp_conn.user = conn
-        assert isinstance(conn, ConnectionDecoder)
+        assert isinstance(conn, ConnectionDecoder | FinishedConnection)
         return conn
 
     def feed(self, segment: TcpSegment) -> list[OutputT]:
@@ -195,13 +195,14 @@ class Dissector(Generic[OutputT]):
         tcp_conn, side, events = self.tcp.feed(segment)
         user = tcp_conn.user
         conn = user if isinstance(user, ConnectionDecoder) else self._conn(tcp_conn)
-        # the route the bulk path takes for this direction from now on
-        self._routes[(segment.src, segment.sport, segment.dst, segment.dport)] = (
-            tcp_conn.halves[side],
-            tcp_conn.halves[1 - side],
-            conn,
-            conn.halves[side],
-        )
+        if isinstance(conn, ConnectionDecoder):
+            # the route the bulk path takes for this direction from now on
+            self._routes[(segment.src, segment.sport, segment.dst, segment.dport)] = (
+                tcp_conn.halves[side],
+                tcp_conn.halves[1 - side],
+                conn,
+                conn.halves[side],
+            )
         if events:
             conn.events(side, events, ts)
         deferred = self.tcp.deferred
@@ -209,6 +210,15 @@ class Dissector(Generic[OutputT]):
             for other_conn, other_side, other_events in deferred:
                 self._conn(other_conn).events(other_side, other_events, ts)
             deferred.clear()
+
+    def retire(self, conn: ConnectionDecoder, finished: FinishedConnection) -> None:
+        """``conn`` is over: keep ``finished`` (its statistics) in its place and drop the
+        bulk path's routes (both directions), so that its decoder state is freed."""
+        tcp_conn = conn.tcp
+        tcp_conn.user = self._conns[conn.stream] = finished
+        (a_ip, a_port), (b_ip, b_port) = tcp_conn.endpoints
+        self._routes.pop((a_ip, a_port, b_ip, b_port), None)
+        self._routes.pop((b_ip, b_port, a_ip, a_port), None)
 
     def _release(self) -> list[OutputT]:
         items = self._out[:]

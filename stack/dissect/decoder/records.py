@@ -151,7 +151,8 @@ class Note:
     """Something about a stream that is not a PDU.
 
     Fields: stream, frame, direction, kind ('gap', 'resync', 'lost_sync', 'not_iwarp',
-    'trailing', 'conflict', 'rejected', 'midstream', 'no_reply'), detail, offset.
+    'trailing', 'conflict', 'rejected', 'midstream', 'no_reply', 'after_end'), detail,
+    offset.
     """
 
     stream: int
