@@ -19,6 +19,7 @@ from stack.errors import IwarpError, ProtocolError
 from stack.rnic.qp import QpState, QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
+    NEED_DATA,
     RDMAP_EVENT_TYPES,
     ConnectionFailed,
     NeedData,
@@ -117,6 +118,8 @@ class QpEndpoint:
             while left:
                 left -= 1
                 event = next_event()
+                if event is NEED_DATA:  # the bulk path applied the chunk: the usual end
+                    break
                 # The bulk of the stream first: data segments, one type test (same path as
                 # the RDMAP_EVENT_TYPES branch below).
                 if isinstance(event, _DATA_SEGMENTS):
@@ -213,7 +216,7 @@ class QpEndpoint:
 
     def _encode(self, limit: int) -> None:
         qp, engine = self.qp, self.engine
-        if engine.stream is not None and not self.holding:
+        if engine.stream is not None and not engine.mpa.awaiting_first_fpdu:  # not holding
             if qp.has_outgoing:
                 engine.send_messages(qp.take_outgoing(limit))
             if qp.terminate_pending is not None:

@@ -26,6 +26,7 @@ from stack.constants import RtrType, TermCode
 from stack.errors import ProtocolError
 from stack.wire.ddp import Parts
 from stack.wire.events import (
+    NEED_DATA,
     ConnectionFailed,
     Established,
     MpaEvent,
@@ -146,6 +147,8 @@ class IwarpConnection:
             if self._events:
                 return self._events.popleft()
             event = self.mpa.next_event()
+            if event is NEED_DATA:  # the bulk path took the chunk: the usual answer
+                return event
             if type(event) is UlpduReceived:
                 assert self.stream is not None
                 rdmap_events = self.stream.receive_ulpdu(event.ulpdu)

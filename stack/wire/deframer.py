@@ -38,6 +38,7 @@ RX_ULPDU_SLACK = 512
 """Receive tolerance above MULPDU_MAX for peers that size FPDUs past the DDP limit."""
 
 _U16 = struct.Struct(">H")
+_EMPTY_VIEW = memoryview(b"")  # the view of no input (_drop_input, every chunk's end)
 _LE32 = struct.Struct("<I")
 _MARKERS = MARKER_TABLES
 _FPDUPTR_LOW_MASK = MPA_FPDUPTR_MASK & 0xFF
@@ -227,7 +228,7 @@ class FpduDeframer:
     def _drop_input(self) -> None:
         """Forget every unread byte (and any borrowed buffer); the offset stays."""
         self._buf = b""
-        self._view = memoryview(self._buf)
+        self._view = _EMPTY_VIEW
         self._pos = 0
         self._more.clear()
         self._more_len = 0

@@ -481,13 +481,6 @@ def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:
         if isinstance(msg, ReadRequest):
             body = READ_REQUEST.pack(msg.sink_stag, msg.sink_to, msg.size, msg.src_stag, msg.src_to)
             return _READ_REQUEST_OP, body
-        if isinstance(msg, Terminate):
-            return Opcode.TERMINATE, encode_terminate(msg)
-        if isinstance(msg, ImmediateData):
-            if len(msg.data) != IMMEDIATE_DATA_LEN:
-                raise LocalError(f"Immediate Data must be 8 bytes, not {len(msg.data)} (EXT-09)")
-            op = Opcode.IMMEDIATE_DATA_SE if msg.solicited else Opcode.IMMEDIATE_DATA
-            return op, bytes(msg.data)
         if isinstance(msg, AtomicRequest):
             if not 0 <= msg.atomic_opcode <= ATOMIC_OPCODE_MASK:
                 raise LocalError(f"AOpCode {msg.atomic_opcode} does not fit 4 bits")
@@ -504,6 +497,13 @@ def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:
             return _ATOMIC_REQUEST_OP, body
         if isinstance(msg, AtomicResponse):
             return _ATOMIC_RESPONSE_OP, ATOMIC_RESPONSE.pack(msg.req_id, msg.orig_value)
+        if isinstance(msg, ImmediateData):
+            if len(msg.data) != IMMEDIATE_DATA_LEN:
+                raise LocalError(f"Immediate Data must be 8 bytes, not {len(msg.data)} (EXT-09)")
+            op = Opcode.IMMEDIATE_DATA_SE if msg.solicited else Opcode.IMMEDIATE_DATA
+            return op, bytes(msg.data)
+        if isinstance(msg, Terminate):
+            return Opcode.TERMINATE, encode_terminate(msg)
     except struct.error as exc:
         raise LocalError(f"{type(msg).__name__} field out of range: {exc}") from None
     raise LocalError(f"not an RDMAP message: {type(msg).__name__}")
