@@ -115,3 +115,57 @@ def test_a_reply_within_the_limit_frames_the_held_bytes_as_before() -> None:
     out = [r for s in read_tcp_segments(b.data()) for r in d.feed(s)] + d.finish()
     assert len(_fpdus(out, "i2r")) == 10 and not [n for n in out if isinstance(n, Note)]
     assert d._conns[0].halves[0].mode is Mode.FPDU and not d._conns[0].halves[0].chunks
+
+
+def _late_reply(corrupt: bool) -> tuple[list, Dissector]:
+    """A Request without CRC, then three 30000-byte Writes from the initiator (framed with
+    CRC, as the Reply negotiates); the Reply (C=1) comes after the hold limit, while the
+    search still waits for a third FPDU to trust a chain.  ``corrupt``: the first Write's
+    CRC is wrong."""
+    b = CaptureBuilder()
+    conn = b.connection(startup=False, crc=False, reply_crc=True)
+    req = MpaFrame(False, False, False, rev=2, ird_ord=IrdOrd(16, 16, False, RtrType.NONE))
+    conn.raw(I2R, encode_frame(req))
+    conn.mulpdu = 30000
+    wire = bytearray(
+        b"".join(
+            conn.wire(I2R, u)
+            for i in range(3)
+            for u in conn.ulpdus(I2R, RdmaWrite(7, i * 30000, bytes([i + 1]) * 29900))
+        )
+    )
+    if corrupt:
+        first = ((wire[0] << 8) | wire[1]) + 2
+        wire[first + (-first % 4)] ^= 0xFF  # the first byte of the first FPDU's CRC
+    cut = _HOLD_LIMIT + 1460
+    for pos in range(0, cut, 1460):
+        conn.rec.segment(I2R, wire[pos : min(pos + 1460, cut)], conn.tick())
+    rep = MpaFrame(True, False, True, rev=2, ird_ord=IrdOrd(16, 16, False, RtrType.NONE))
+    conn.raw(R2I, encode_frame(rep))
+    for pos in range(cut, len(wire), 1460):
+        conn.rec.segment(I2R, wire[pos : pos + 1460], conn.tick())
+    d = Dissector()
+    out = [r for s in read_tcp_segments(b.data()) for r in d.feed(s)] + d.finish()
+    return out, d
+
+
+def test_a_late_reply_frames_a_waiting_search_with_its_settings() -> None:
+    # as if the Reply had come in time: Full Operation at SeqStart, CRC checked (RFC 5044
+    # §7.1.1: one side asking for CRC is enough); before, the search went on and chose the
+    # chain that ignores the CRCs
+    out, d = _late_reply(corrupt=True)
+    assert [n.kind for n in out if isinstance(n, Note)] == ["no_reply"]
+    writes = _fpdus(out, "i2r")
+    assert [w.segment and w.segment.to for w in writes] == [0, 30000, 60000]
+    assert [[f.rule for f in w.findings] for w in writes] == [["MPA-12"], [], []]
+    info = d.streams()[0].directions["i2r"]
+    assert (info.crc, info.markers, info.undecoded_bytes) == (True, False, 0)
+
+
+def test_a_late_reply_matches_a_reply_in_time_but_for_the_no_reply_note() -> None:
+    late, _ = _late_reply(corrupt=False)
+    notes = [n for n in late if isinstance(n, Note)]
+    assert [n.kind for n in notes] == ["no_reply"]  # no resync: the framing is known
+    writes = _fpdus(late, "i2r")
+    assert len(writes) == 3 and not any(w.findings for w in writes)
+    assert writes[0].offset == notes[0].offset  # SeqStart

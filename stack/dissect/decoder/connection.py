@@ -237,6 +237,9 @@ class ConnectionDecoder:
                 ini.run(False)
             else:
                 ini._drop_all()  # the empty hold buffer
+        elif ini is not half and ini.sent_request and ini.mode in (Mode.SEARCH, Mode.FPDU):
+            self._synced[ini.side] = True
+            ini.late_reply(crc, mpa.markers)
 
     def _emit_startup(
         self,

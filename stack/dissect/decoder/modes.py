@@ -46,6 +46,7 @@ TRANSITIONS: dict[tuple[Mode, Cause], Mode] = {
     (_M.START, _C.GAP): _M.SEARCH,
     (_M.HOLD, _C.GAP): _M.SEARCH,
     (_M.HOLD, _C.NO_REPLY): _M.SEARCH,
+    (_M.SEARCH, _C.FULL_OPERATION): _M.FPDU,  # a late Reply: the held bytes from SeqStart
     (_M.FPDU, _C.GAP): _M.SEARCH,
     (_M.SEARCH, _C.GAP): _M.SEARCH,
     (_M.FPDU, _C.LOST_SYNC): _M.SEARCH,

@@ -286,6 +286,28 @@ class DirectionDecoder(Resync):
         self.searched = 0
         self.need = 1
 
+    def late_reply(self, crc: bool, markers: bool) -> None:
+        """The MPA Reply came after this direction's held bytes went to the search
+        (:meth:`_no_reply`): its settings (RFC 5044 §7.1.1, M and C) apply from where the
+        direction stands.  A search still at SeqStart frames the held bytes from there,
+        as if the Reply had come in time (§7.1.2); one past it (bytes given up, a gap)
+        searches with the known settings only; FPDUs already found are checked with the
+        negotiated CRC setting from now on (their framing stays as found)."""
+        self.crc = crc
+        self.info.crc = crc
+        if self.mode is not Mode.SEARCH:
+            return
+        self.markers = markers
+        self.info.markers = markers
+        self.conn.dissector.searching.discard(self)
+        if self.aligned and self.base == self.seq_start:
+            self.enter(Cause.FULL_OPERATION)
+            self.info.seq_start = self.seq_start
+            self.seq.known = True
+            self.need = MPA_MARKER_LEN + 2 if markers else 2
+        if self.buffered:
+            self.run(False)
+
     # ---- startup frames -------------------------------------------------------------
     def _startup(self, final: bool) -> bool:
         conn = self.conn
