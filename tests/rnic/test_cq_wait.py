@@ -1,6 +1,8 @@
 """CompletionQueue.next: the tasks it wakes, and a wait cancelled before a push."""
 
+import pytest
 import trio
+import trio.testing
 
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.verbs import WcOpcode, WcStatus, WorkCompletion
@@ -22,7 +24,11 @@ def test_cancelled_wait_leaves_the_completion() -> None:
     trio.run(main)
 
 
-def test_every_waiter_is_woken() -> None:
+@pytest.mark.parametrize("settle", [False, True], ids=["both-pushed", "one-then-one"])
+def test_two_waiters_take_one_completion_each(settle: bool) -> None:
+    """Two pushes wake both waiters; with the second push later, both wake at the first,
+    one takes it and the other waits again."""
+
     async def main() -> None:
         cq = CompletionQueue()
         got: list[int] = []
@@ -35,28 +41,10 @@ def test_every_waiter_is_woken() -> None:
             nursery.start_soon(wait)
             await trio.testing.wait_all_tasks_blocked()
             cq.push(_wc(1))
+            if settle:
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == [1]
             cq.push(_wc(2))
         assert sorted(got) == [1, 2]
-
-    trio.run(main)
-
-
-def test_one_completion_two_waiters() -> None:
-    async def main() -> None:
-        cq = CompletionQueue()
-        got: list[int] = []
-
-        async def wait() -> None:
-            got.append((await cq.next()).wr_id)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(wait)
-            nursery.start_soon(wait)
-            await trio.testing.wait_all_tasks_blocked()
-            cq.push(_wc(1))  # both wake; one takes it, the other waits again
-            await trio.testing.wait_all_tasks_blocked()
-            assert got == [1]
-            cq.push(_wc(2))
-        assert got == [1, 2]
 
     trio.run(main)
