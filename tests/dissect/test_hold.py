@@ -90,7 +90,7 @@ def test_held_bytes_are_copied_into_one_buffer() -> None:
     assert note.kind == "trailing" and note.detail.startswith(f"{held} bytes after")
 
 
-def test_a_reply_after_the_limit_frames_the_responder_and_leaves_the_search_alone() -> None:
+def test_a_reply_after_a_search_that_found_its_fpdus_frames_the_responder_too() -> None:
     b = CaptureBuilder()
     conn = _request(b)
     count = _HOLD_LIMIT // WRITE + 10
