@@ -63,7 +63,8 @@ _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 
 
 MAX_SNAPSHOT_BYTES = 4 << 20
-"""Default bound of :attr:`QueuePair.max_snapshot_bytes`."""
+"""Default bound of :attr:`QueuePair.max_snapshot_bytes`: the copies of queued Read Responses
+one QP holds at once, in total."""
 
 
 class QpState(Enum):
@@ -154,6 +155,7 @@ class _OutItem:
     entry: _SqEntry | None = None  # the WR this message completes (Sends, Writes)
     inbound_response: bool = False
     request: _SqEntry | None = None  # the WR of a Read or Atomic Request
+    copied: int = 0  # bytes of a Read Response's data copied by a snapshot (still queued)
 
 
 @dataclass(slots=True)
@@ -222,6 +224,7 @@ class QpBase:
         self._out: deque[_OutItem | _SqEntry] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
         self.max_snapshot_bytes = MAX_SNAPSHOT_BYTES
+        self._snapshot_held = 0  # bytes of snapshot copies still queued (bounded by the max)
         """Queued Read Response bytes copied at most before a placement (:meth:`must_wait`)."""
         self._rq: deque[RecvWR] = deque()
         self._recv: _RecvInProgress | None = None
@@ -365,6 +368,7 @@ class QpBase:
         remote_status = _status_for_terminate(self.peer_terminate)
         self._out.clear()
         self._lazy.clear()
+        self._snapshot_held = 0
         # Completions keep submit order on the error path too (RFC 5040 §5.5): once a WR
         # could not complete, every WR posted after it is flushed, even one whose message
         # was already handed to TCP (its completion was still queued behind).

@@ -391,6 +391,8 @@ class QpSend(QpBase):
                 self._inbound_pending -= 1
                 if self._lazy and self._lazy[0] is item:
                     self._lazy.popleft()
+                elif item.copied:
+                    self._snapshot_held -= item.copied
             entry = item.entry
             if entry is not None:
                 entry.messages_left -= 1
@@ -401,14 +403,16 @@ class QpSend(QpBase):
         return taken
 
     def must_wait(self, event: RdmapEvent) -> bool:
-        """Whether applying ``event`` now would copy more than :attr:`max_snapshot_bytes` of
-        queued Read Response data (the responses still view memory, and a later placement
-        must not show through them, RFC 5040 §5.5).  The driver then lets the responses go
-        out first: a peer that asks for many large Reads and does not read its socket makes
-        this connection hold at most that many bytes, not the sum of every Read."""
+        """Whether applying ``event`` now would make the copies of queued Read Response
+        data more than :attr:`max_snapshot_bytes` in all (the responses still view memory,
+        and a later placement must not show through them, RFC 5040 §5.5; copies an earlier
+        snapshot made and not yet sent count too).  The driver then lets the responses go
+        out first: a peer that asks for many large Reads, each followed by a Write, and
+        does not read its socket makes this connection hold at most that many bytes, not
+        the sum of every Read."""
         if not self._lazy or type(event) is ReadRequestReceived:
             return False
-        queued = 0
+        queued = self._snapshot_held
         for item in self._lazy:
             message = item.message
             assert isinstance(message, ReadResponse)
@@ -439,6 +443,8 @@ class QpSend(QpBase):
             msg = item.message
             assert isinstance(msg, ReadResponse)
             item.message = ReadResponse(msg.stag, msg.to, bytes(msg.data))
+            item.copied = len(msg.data)
+            self._snapshot_held += item.copied
 
     def close(self) -> None:
         """Orderly close requested by the ULP (RFC 5040 §6.2, DDP-13): no new WRs; what was

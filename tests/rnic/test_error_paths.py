@@ -17,6 +17,7 @@ import pytest
 from stack.errors import LocalError
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
 from stack.rnic.endpoint import QpEndpoint
+from stack.rnic.qp import MAX_SNAPSHOT_BYTES
 from stack.wire.events import ReadResponse
 from tests.rnic.helpers import Pair
 
@@ -125,3 +126,39 @@ def test_a_wr_whose_fields_do_not_fit_the_wire_is_refused_at_posting(
     p.pump()
     assert [wc.status for wc in p.a.cq.poll(4)] == [WcStatus.SUCCESS]
     assert bytes(target.view(target.base, 64)) == bytes(range(64))
+
+
+def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
+    """Reads each below the snapshot bound, each followed by a Write, from a peer that
+    reads nothing: every Write snapshotted the one response before it, so the copies grew
+    by a Read's size per pair (8 x 3 MiB = 24 MiB held).  Copies not yet sent count toward
+    the bound now; the Writes wait instead, and each Read still returns the bytes from
+    before the Write that follows it (RFC 5040 §5.5)."""
+    size, pairs = 3 << 20, 8
+    p = Pair(a_qp={"ord": pairs}, b_qp={"ird": pairs})
+    region = p.b.mr(bytes(size), Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE)
+    sinks = [p.a.mr(size) for _ in range(pairs)]
+    for i, sink in enumerate(sinks):
+        p.a.qp.post_send(
+            SendWR(
+                i, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base
+            )
+        )
+        p.a.qp.post_send(
+            SendWR(
+                100 + i, WrOpcode.RDMA_WRITE, inline_data=bytes([i + 1]) * 64,
+                rkey=region.rkey, remote_addr=region.base,
+            )
+        )  # fmt: skip
+    a_out = bytes(p.a.endpoint.produce())  # type: ignore[union-attr]
+    b_endpoint: QpEndpoint = p.b.endpoint  # type: ignore[assignment]
+    b_endpoint.feed(a_out)
+    while b_endpoint.events_pending and b_endpoint.stalled is None:
+        b_endpoint.feed(None)
+    assert _copied_bytes(p.b.qp) <= MAX_SNAPSHOT_BYTES
+    assert b_endpoint.stalled is not None  # a Write waits for the responses to go out
+    p.pump()
+    assert b_endpoint.stalled is None
+    for i, sink in enumerate(sinks):  # Read i saw Write i-1's bytes, not Write i's
+        assert bytes(sink.buf[:64]) == (bytes([i]) * 64 if i else bytes(64))
+    assert bytes(region.buf[:64]) == bytes([pairs]) * 64
