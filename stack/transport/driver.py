@@ -488,9 +488,8 @@ class RdmaConnection:
         if sendq is None or self._flushing or sendq.has_backlog or self._send_error is not None:
             self._kick()
             return
-        emss = self._emss
-        if emss is not None and sendq.sent >= emss.check_at:  # EmssFollower.check's test
-            self._emss = emss.check(sendq.sent)
+        if self._emss is not None:
+            self._emss = self._emss.check(sendq.sent)
         endpoint = self.endpoint
         qp = self.qp
         self._flushing = True

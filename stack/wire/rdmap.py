@@ -442,7 +442,7 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     if msn is None:
         msn = 1
     if isinstance(msg, RdmaWrite):
-        return encode_write_parts(msg, mulpdu)
+        return encode_write_fields(msg.stag, msg.to, msg.data, mulpdu)
     if isinstance(msg, ReadResponse):
         return ddp.segment_tagged_parts(msg.stag, msg.to, _READ_RESPONSE_CTRL, msg.data, mulpdu)
     if isinstance(msg, Send):
@@ -455,12 +455,6 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     ulp = rdmap_ctrl(op) << 32
     (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, _NO_PAYLOAD, mulpdu)[0]
     return [(header, memoryview(body))]
-
-
-def encode_write_parts(msg: RdmaWrite, mulpdu: int) -> list[ddp.Parts]:
-    """An RDMA Write's tagged segments, for a ``mulpdu`` already checked:
-    :func:`encode_message_parts`' Write case (:func:`encode_write_fields`)."""
-    return encode_write_fields(msg.stag, msg.to, msg.data, mulpdu)
 
 
 _WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE
