@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from stack.errors import LocalError
-from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.rnic import Access, MemoryRegion, SendWR, WcStatus, WrOpcode
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import MAX_SNAPSHOT_BYTES
 from stack.wire.events import ReadResponse
@@ -34,6 +34,13 @@ def _copied_bytes(qp: object) -> int:
     )
 
 
+def _post_read(p: Pair, wr_id: int, sink: MemoryRegion, region: MemoryRegion) -> None:
+    """An RDMA Read of ``region``'s start into all of ``sink``, posted at ``p.a``."""
+    read = SendWR(wr_id, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey,
+                  remote_addr=region.base)  # fmt: skip
+    p.a.qp.post_send(read)
+
+
 def test_many_large_reads_then_a_write_hold_no_copies_and_keep_read_semantics() -> None:
     p = Pair(a_qp={"ord": READS}, b_qp={"ird": READS})
     region = p.b.mr(
@@ -41,11 +48,7 @@ def test_many_large_reads_then_a_write_hold_no_copies_and_keep_read_semantics() 
     )
     sinks = [p.a.mr(SIZE) for _ in range(READS)]
     for i, sink in enumerate(sinks):
-        p.a.qp.post_send(
-            SendWR(
-                i, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base
-            )
-        )
+        _post_read(p, i, sink, region)
     p.a.qp.post_send(
         SendWR(
             99, WrOpcode.RDMA_WRITE, inline_data=b"\x01" * 64, rkey=region.rkey,
@@ -139,11 +142,7 @@ def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
     region = p.b.mr(bytes(size), Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE)
     sinks = [p.a.mr(size) for _ in range(pairs)]
     for i, sink in enumerate(sinks):
-        p.a.qp.post_send(
-            SendWR(
-                i, WrOpcode.RDMA_READ, (p.a.sge(sink),), rkey=region.rkey, remote_addr=region.base
-            )
-        )
+        _post_read(p, i, sink, region)
         p.a.qp.post_send(
             SendWR(
                 100 + i, WrOpcode.RDMA_WRITE, inline_data=bytes([i + 1]) * 64,
