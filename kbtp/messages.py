@@ -538,9 +538,16 @@ def _err(status: Status, detail: str, h: _Hdr, rule: str = "KBTP-5") -> KbtpErro
     )
 
 
-def _expect_len(data: Buffer, want: int, h: _Hdr, what: str) -> None:
+def _expect_len(
+    data: Buffer, want: int, h: _Hdr, what: str | MessageOpcode, inline: int | None = None
+) -> None:
+    """MALFORMED unless ``data`` is ``want`` octets; the message is named (an opcode by its
+    name, with its ``inline`` octets if given) only when it is not."""
     if len(data) != want:
-        raise _err(Status.MALFORMED, f"{what} of {len(data)} octets, expected {want}", h)
+        name = what if isinstance(what, str) else what.name
+        if inline is not None:
+            name += f" with {inline} inline octets"
+        raise _err(Status.MALFORMED, f"{name} of {len(data)} octets, expected {want}", h)
 
 
 def _completion_descriptor(
@@ -599,13 +606,10 @@ def _decode_store(data: Buffer, h: _Hdr) -> Store | AllocStore:
     if h.flags & _INLINE_FLAG:
         if desc.stag or desc.to:
             raise _err(Status.MALFORMED, "INLINE with nonzero STag or TO", h, "KBTP-5.2")
-        if len(data) != end + desc.length:
-            what = f"{cls.opcode.name} with {desc.length} inline octets"
-            _expect_len(data, end + desc.length, h, what)
+        _expect_len(data, end + desc.length, h, cls.opcode, desc.length)
         payload = bytes(data[end:])
     else:
-        if len(data) != end:
-            _expect_len(data, end, h, cls.opcode.name)
+        _expect_len(data, end, h, cls.opcode)
         payload = b""
     return _make_store[cls.opcode](h.request_id, h.handle, desc, payload, h.generation, flags, comp)
 
