@@ -218,7 +218,7 @@ class QpEndpoint:
         qp, engine = self.qp, self.engine
         if engine.stream is not None and not engine.mpa.awaiting_first_fpdu:  # not holding
             if qp.has_outgoing:
-                engine.send_messages(qp.take_outgoing(limit))
+                engine.send_messages(qp.take_outgoing(limit, engine.part_mulpdu))
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
 

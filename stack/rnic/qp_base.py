@@ -143,6 +143,7 @@ class _SqEntry:
     req_id: int = 0
     chain: ChainRun | None = None  # the chain that posted it (stack.rnic.chains)
     payload: bytes | memoryview | None = None  # a Write's data, while it is queued to go out
+    sent: int = 0  # bytes of a large Write taken in parts so far (take_outgoing)
 
 
 @dataclass(slots=True)
@@ -156,6 +157,7 @@ class _OutItem:
     inbound_response: bool = False
     request: _SqEntry | None = None  # the WR of a Read or Atomic Request
     copied: int = 0  # bytes of a Read Response's data copied by a snapshot (still queued)
+    offset: int = 0  # bytes of a large message taken in parts so far (take_outgoing)
 
 
 @dataclass(slots=True)

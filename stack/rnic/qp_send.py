@@ -11,6 +11,8 @@ from __future__ import annotations
 from stack.constants import (
     ALL_ONES_32,
     ALL_ONES_64,
+    DDP_TAGGED_HDR_LEN,
+    DDP_UNTAGGED_HDR_LEN,
     TERM_RDMAP_CATASTROPHIC,
     AtomicOpcode,
 )
@@ -53,6 +55,7 @@ from stack.rnic.windows import MemoryWindow, execute_bind, execute_reg_mr, post_
 from stack.wire.events import (
     AtomicRequest,
     ImmediateData,
+    MessagePart,
     OutboundMessage,
     RdmapEvent,
     RdmapMessage,
@@ -361,12 +364,18 @@ class QpSend(QpBase):
     def has_outgoing(self) -> bool:
         return bool(self._out)
 
-    def take_outgoing(self, limit: int) -> list[OutboundMessage]:
+    def take_outgoing(self, limit: int, mulpdu: int = 0) -> list[OutboundMessage]:
         """Take outbound messages, in order, up to about ``limit`` payload bytes (at least
         one; 64 bytes counted per message): the transport encodes and sends them.  A WR
         whose last message is taken completes (in submit order, RFC 5040 §5.5 rule 15).
         The Write of a Write WR comes as its fields
-        (:data:`~stack.wire.events.WriteFields`), no message object made for it."""
+        (:data:`~stack.wire.events.WriteFields`), no message object made for it.
+
+        With ``mulpdu``, a Write, Read Response or Send of more than ``limit`` bytes is
+        taken in parts of whole segments (:class:`~stack.wire.events.MessagePart`), one
+        per call, so the transport never holds more than about ``limit`` bytes of it; the
+        rest stays queued as it was (its WR completes with its last part, a Read
+        Response's rest is still snapshotted before a placement could show through)."""
         out = self._out
         taken: list[OutboundMessage] = []
         budget = limit
@@ -375,18 +384,33 @@ class QpSend(QpBase):
             item = out.popleft()
             if isinstance(item, _SqEntry):  # a Write WR's one message (_start)
                 data = item.payload
+                n = len(data)  # type: ignore[arg-type]
+                if n > limit and mulpdu:
+                    self._take_write_part(item, budget, mulpdu - DDP_TAGGED_HDR_LEN, taken)
+                    out.appendleft(item)
+                    break
                 item.payload = None
                 wr = item.wr
-                taken.append((wr.rkey, wr.remote_addr, data))  # type: ignore[arg-type]
-                budget -= len(data) + 64  # type: ignore[arg-type]
+                to = wr.remote_addr
+                if item.sent:  # the last part of a Write taken in parts
+                    to = (to + item.sent) & ALL_ONES_64
+                taken.append((wr.rkey, to, data))  # type: ignore[arg-type]
+                budget -= n + 64
                 item.done = reap = True
                 continue
             message = item.message
-            taken.append(message)
             if type(message) in _DATA_MESSAGES:
-                budget -= len(message.data) + 64  # type: ignore[union-attr]
+                n = len(message.data)  # type: ignore[union-attr]
+                if n > limit and mulpdu:
+                    self._take_message_part(item, budget, mulpdu, taken)
+                    out.appendleft(item)
+                    break
+                budget -= n + 64
+                # The rest of a message taken in parts is its last part.
+                taken.append(MessagePart(message, item.offset, True) if item.offset else message)  # type: ignore[arg-type]
             else:
                 budget -= 64
+                taken.append(message)
             if item.inbound_response:
                 self._inbound_pending -= 1
                 if self._lazy and self._lazy[0] is item:
@@ -401,6 +425,48 @@ class QpSend(QpBase):
         if reap:
             self._reap_sq()
         return taken
+
+    def _take_write_part(
+        self, entry: _SqEntry, budget: int, room: int, taken: list[OutboundMessage]
+    ) -> None:
+        """Take the next part of a large Write WR's data: whole segments of ``room`` bytes
+        up to ``budget`` (at least one when nothing else was taken, else none)."""
+        size = budget // room * room or (0 if taken else room)
+        if not size:
+            return
+        data = entry.payload
+        assert data is not None
+        view = data if type(data) is memoryview else memoryview(data)  # slices copy nothing
+        wr = entry.wr
+        to = (wr.remote_addr + entry.sent) & ALL_ONES_64
+        taken.append(MessagePart(RdmaWrite(wr.rkey, to, view[:size]), entry.sent, False))
+        entry.payload = view[size:]
+        entry.sent += size
+
+    def _take_message_part(
+        self, item: _OutItem, budget: int, mulpdu: int, taken: list[OutboundMessage]
+    ) -> None:
+        """:meth:`_take_write_part` of a queued Write, Read Response or Send message; the
+        rest replaces it on the queue (a tagged rest starts at its own TO, DDP-03)."""
+        message = item.message
+        untagged = type(message) is Send
+        room = mulpdu - (DDP_UNTAGGED_HDR_LEN if untagged else DDP_TAGGED_HDR_LEN)
+        size = budget // room * room or (0 if taken else room)
+        if not size:
+            return
+        data = message.data  # type: ignore[union-attr]
+        view = data if type(data) is memoryview else memoryview(data)
+        head: RdmaWrite | ReadResponse | Send
+        if isinstance(message, Send):
+            head = Send(view[:size], message.solicited, message.invalidate_stag)
+            item.message = Send(view[size:], message.solicited, message.invalidate_stag)
+        else:
+            assert isinstance(message, RdmaWrite | ReadResponse)
+            kind = type(message)
+            head = kind(message.stag, message.to, view[:size])
+            item.message = kind(message.stag, (message.to + size) & ALL_ONES_64, view[size:])
+        taken.append(MessagePart(head, item.offset, False))
+        item.offset += size
 
     def must_wait(self, event: RdmapEvent) -> bool:
         """Whether applying ``event`` now would make the copies of queued Read Response

@@ -29,6 +29,7 @@ from stack.wire.events import (
     NEED_DATA,
     ConnectionFailed,
     Established,
+    MessagePart,
     MpaEvent,
     MpaSettings,
     NeedData,
@@ -239,7 +240,12 @@ class IwarpConnection:
         assert self.stream is not None, "send_messages before Full Operation"
         if "send_message" in self.__dict__:
             for message in messages:
-                self.send_message(RdmaWrite(*message) if isinstance(message, tuple) else message)
+                if isinstance(message, MessagePart):  # the QP splits no message for a hook
+                    self.mpa.send_ulpdu_parts(self.stream.send_parts(message))
+                else:
+                    self.send_message(
+                        RdmaWrite(*message) if isinstance(message, tuple) else message
+                    )
             return
         send_parts = self.stream.send_parts
         write_parts = self.stream.send_write_parts
@@ -253,6 +259,16 @@ class IwarpConnection:
         finally:
             if parts:
                 self.mpa.send_ulpdu_parts(parts)
+
+    @property
+    def part_mulpdu(self) -> int:
+        """The MULPDU a sender may cut a large message into :class:`MessagePart` runs of
+        whole segments for; 0 before Full Operation and while a ``send_message`` hook is
+        installed (it sees whole messages)."""
+        stream = self.stream
+        if stream is None or "send_message" in self.__dict__:
+            return 0
+        return stream.mulpdu
 
     def send_terminate(self, error: ProtocolError, offending_ulpdu: memoryview | None) -> None:
         """Send the Terminate for ``error`` about ``offending_ulpdu`` (usually

@@ -190,16 +190,19 @@ def segment_untagged(qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: in
 
 
 def segment_tagged_parts(
-    stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int
+    stag: int, to: int, rsvd_ulp: int, payload: Data, mulpdu: int, last: bool = True
 ) -> list[Parts]:
-    """:func:`segment_tagged` without the copy: (header, payload view) per segment."""
+    """:func:`segment_tagged` without the copy: (header, payload view) per segment.
+    ``last=False``: a part of a message that goes on after it, L clear on every segment
+    (DDP-02)."""
+    ctrl_last = _CTRL_TAGGED_LAST if last else _CTRL_TAGGED
     if not 0 <= to <= _MASK64:
         raise LocalError(f"TO 0x{to:X} does not fit 64 bits")
     src = payload if type(payload) is memoryview and payload.format == "B" else byte_view(payload)
     if len(src) <= mulpdu - DDP_TAGGED_HDR_LEN and mulpdu > DDP_TAGGED_HDR_LEN:
         # One segment (DDP-06): its header packed, and range-checked, once.
         try:
-            return [(_TAGGED_PACK(_CTRL_TAGGED_LAST, rsvd_ulp, stag, to), src)]
+            return [(_TAGGED_PACK(ctrl_last, rsvd_ulp, stag, to), src)]
         except struct.error as exc:
             raise LocalError(f"DDP header field out of range: {exc}") from None
     n = len(src)
@@ -207,47 +210,53 @@ def segment_tagged_parts(
     if room <= 0 or n > MAX_MESSAGE_LEN:
         segment_sizes(n, mulpdu, DDP_TAGGED_HDR_LEN)  # raises the LocalError that says why
     # Every segment but the last carries ``room`` bytes (DDP-06); the last starts at
-    # ``last`` and alone has L set (DDP-02).  One list comprehension, no per-segment sizes.
-    last = (n - 1) // room * room
+    # ``final_at`` and alone has L set (DDP-02).  One list comprehension, no per-segment
+    # sizes.
+    final_at = (n - 1) // room * room
     try:
-        final = _TAGGED_PACK(_CTRL_TAGGED_LAST, rsvd_ulp, stag, (to + last) & _MASK64)
+        final = _TAGGED_PACK(ctrl_last, rsvd_ulp, stag, (to + final_at) & _MASK64)
         pack = _TAGGED_PACK
         out: list[Parts] = [
             (pack(_CTRL_TAGGED, rsvd_ulp, stag, (to + off) & _MASK64), src[off : off + room])
-            for off in range(0, last, room)
+            for off in range(0, final_at, room)
         ]
     except struct.error as exc:
         raise LocalError(f"DDP header field out of range: {exc}") from None
-    out.append((final, src[last:]))
+    out.append((final, src[final_at:]))
     return out
 
 
 def segment_untagged_parts(
-    qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int
+    qn: int, msn: int, rsvd_ulp: int, payload: Data, mulpdu: int, mo: int = 0, last: bool = True
 ) -> list[Parts]:
-    """:func:`segment_untagged` without the copy: (header, payload view) per segment."""
+    """:func:`segment_untagged` without the copy: (header, payload view) per segment.
+    ``mo`` and ``last=False``: a part of a message, its first byte ``mo`` bytes into it
+    (DDP-05), and L clear on every segment when the message goes on after it (DDP-02)."""
     if not 0 <= rsvd_ulp <= _MASK40:
         raise LocalError(f"RsvdULP 0x{rsvd_ulp:X} does not fit 40 bits")
     src = payload if type(payload) is memoryview and payload.format == "B" else byte_view(payload)
+    ctrl_last = _CTRL_UNTAGGED_LAST if last else _CTRL_UNTAGGED
     if len(src) <= mulpdu - DDP_UNTAGGED_HDR_LEN and mulpdu > DDP_UNTAGGED_HDR_LEN:
-        # One segment (DDP-06), MO 0 (DDP-05): its header packed, and range-checked, once.
+        # One segment (DDP-06), MO ``mo`` (DDP-05): its header packed, and range-checked,
+        # once.
         try:
             header = UNTAGGED_HDR.pack(
-                _CTRL_UNTAGGED_LAST, rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32, qn, msn, 0
+                ctrl_last, rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32, qn, msn, mo
             )
         except struct.error as exc:
             raise LocalError(f"DDP header field out of range: {exc}") from None
         return [(header, src)]
     sizes = segment_sizes(len(src), mulpdu, DDP_UNTAGGED_HDR_LEN)
     ulp_hi, ulp_lo = rsvd_ulp >> 32, rsvd_ulp & ALL_ONES_32
-    _pack(UNTAGGED_HDR, _CTRL_UNTAGGED, ulp_hi, ulp_lo, qn, msn, 0)  # range-check once
+    # Range-checked once, with the largest MO (the last segment's).
+    _pack(UNTAGGED_HDR, _CTRL_UNTAGGED, ulp_hi, ulp_lo, qn, msn, mo + len(src) - sizes[-1])
     pack = UNTAGGED_HDR.pack
     out: list[Parts] = []
     last_index = len(sizes) - 1
     off = 0
     for i, n in enumerate(sizes):
-        ctrl = _CTRL_UNTAGGED_LAST if i == last_index else _CTRL_UNTAGGED
-        out.append((pack(ctrl, ulp_hi, ulp_lo, qn, msn, off), src[off : off + n]))
+        ctrl = ctrl_last if i == last_index else _CTRL_UNTAGGED
+        out.append((pack(ctrl, ulp_hi, ulp_lo, qn, msn, mo + off), src[off : off + n]))
         off += n
     return out
 

@@ -195,7 +195,26 @@ WriteFields = tuple[int, int, Data]
 """An RDMA Write given by its fields ``(stag, to, data)``: the message ``RdmaWrite(stag,
 to, data)`` without the object, which a sender's bulk path does not make per Write
 (:meth:`~stack.wire.connection.IwarpConnection.send_messages`)."""
-OutboundMessage = RdmapMessage | WriteFields
+
+
+@slot_init
+@dataclass(frozen=True, slots=True)
+class MessagePart:
+    """Part of a large data message that the sender's QP hands out over several send passes,
+    so the transport never holds more than a pass of a message (RFC 5041 §5.2: a DDP
+    message is any run of segments, L set on the last only, DDP-02).
+
+    ``message`` is the part itself: its data are the part's bytes, and a tagged message's
+    TO is that of its first byte.  ``mo`` is the part's offset in its message (the MO of an
+    untagged part's first segment, DDP-05); ``last`` whether the part ends the message (its
+    last segment has L set and an untagged message's MSN advances after it)."""
+
+    message: RdmaWrite | ReadResponse | Send
+    mo: int = 0
+    last: bool = False
+
+
+OutboundMessage = RdmapMessage | WriteFields | MessagePart
 """What :meth:`~stack.wire.connection.IwarpConnection.send_messages` takes."""
 
 # ======================================================================================

@@ -96,6 +96,7 @@ from stack.wire.events import (
     AtomicResponse,
     Data,
     ImmediateData,
+    MessagePart,
     RdmapMessage,
     RdmaWrite,
     ReadRequest,
@@ -446,15 +447,35 @@ def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> 
     if isinstance(msg, ReadResponse):
         return ddp.segment_tagged_parts(msg.stag, msg.to, _READ_RESPONSE_CTRL, msg.data, mulpdu)
     if isinstance(msg, Send):
-        inval = msg.invalidate_stag
-        if inval is not None and not 0 <= inval <= ALL_ONES_32:
-            raise LocalError(f"Invalidate STag 0x{inval:X} does not fit 32 bits")
-        ulp = (rdmap_ctrl(msg.opcode) << 32) | (inval or 0)
-        return ddp.segment_untagged_parts(QueueNumber.SEND, msn, ulp, msg.data, mulpdu)
+        return ddp.segment_untagged_parts(QueueNumber.SEND, msn, _send_ulp(msg), msg.data, mulpdu)
     op, body = _encode_fixed(msg)
     ulp = rdmap_ctrl(op) << 32
     (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, _NO_PAYLOAD, mulpdu)[0]
     return [(header, memoryview(body))]
+
+
+def _send_ulp(msg: Send) -> int:
+    """The RsvdULP of a Send: RDMAP control (its opcode) and the Invalidate STag (RDMAP-09)."""
+    inval = msg.invalidate_stag
+    if inval is not None and not 0 <= inval <= ALL_ONES_32:
+        raise LocalError(f"Invalidate STag 0x{inval:X} does not fit 32 bits")
+    return (rdmap_ctrl(msg.opcode) << 32) | (inval or 0)
+
+
+def encode_part_parts(part: MessagePart, *, msn: int, mulpdu: int) -> list[ddp.Parts]:
+    """:func:`encode_message_parts` of a :class:`~stack.wire.events.MessagePart`: its
+    message's segments, L set only when the part ends the message (DDP-02), an untagged
+    part's MOs from ``part.mo`` on (DDP-05), ``msn`` that of the whole message."""
+    if not MULPDU_MIN <= mulpdu <= MULPDU_MAX:
+        raise LocalError(f"MULPDU {mulpdu} outside {MULPDU_MIN}..{MULPDU_MAX}")
+    msg = part.message
+    if isinstance(msg, Send):
+        ulp = _send_ulp(msg)
+        return ddp.segment_untagged_parts(
+            QueueNumber.SEND, msn, ulp, msg.data, mulpdu, part.mo, part.last
+        )
+    ctrl = _WRITE_CTRL if isinstance(msg, RdmaWrite) else _READ_RESPONSE_CTRL
+    return ddp.segment_tagged_parts(msg.stag, msg.to, ctrl, msg.data, mulpdu, part.last)
 
 
 _WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE

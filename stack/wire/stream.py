@@ -74,12 +74,14 @@ from stack.wire.events import (
     ImmediateData,
     ImmediateDataReceived,
     MessageEvent,
+    MessagePart,
     RdmapEvent,
     RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadRequestReceived,
     ReadResponseSegment,
+    Send,
     SendSegment,
     Terminate,
     TerminateReceived,
@@ -92,6 +94,7 @@ from stack.wire.rdmap import (
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
+    encode_part_parts,
     encode_write_fields,
     exact_fixed_header,
     message_qn,
@@ -101,6 +104,7 @@ from stack.wire.sequence import MessageSequencer
 from stack.wire.terminate import build_terminate, terminate_for
 
 _NUM_QN = len(QueueNumber)
+_QN_SEND = int(QueueNumber.SEND)
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
 _EXACT_FIXED_5040 = {
@@ -234,7 +238,7 @@ class RdmapStream:
         join = b"".join
         return [join(p) for p in self.send_parts(msg)]
 
-    def send_parts(self, msg: RdmapMessage) -> list[ddp.Parts]:
+    def send_parts(self, msg: RdmapMessage | MessagePart) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
         if type(msg) is RdmaWrite:  # the bulk of a sender's messages
             return self.send_write_parts(msg.stag, msg.to, msg.data)
@@ -244,13 +248,25 @@ class RdmapStream:
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
         qn = _QN_OF_TYPE.get(type(msg), -1)
         if qn == -1:
+            if isinstance(msg, MessagePart):
+                return self._part_parts(msg)
             qn = message_qn(msg)
         msn = None if qn is None else self._tx_msn[qn]
-        parts = encode_message_parts(msg, msn=msn, mulpdu=self._mulpdu)
+        parts = encode_message_parts(msg, msn=msn, mulpdu=self._mulpdu)  # type: ignore[arg-type]  # parts returned above
         if qn is not None:
             self._tx_msn[qn] = (self._tx_msn[qn] + 1) & ALL_ONES_32
         if isinstance(msg, Terminate):
             self.send_state = SendState.TERMINATED
+        return parts
+
+    def _part_parts(self, part: MessagePart) -> list[ddp.Parts]:
+        """:meth:`send_parts` of part of a message: a Send's parts share its MSN, which
+        advances after the last part (DDP-04, DDP-05)."""
+        msns = self._tx_msn
+        msn = msns[_QN_SEND]
+        parts = encode_part_parts(part, msn=msn, mulpdu=self._mulpdu)
+        if part.last and isinstance(part.message, Send):
+            msns[_QN_SEND] = (msn + 1) & ALL_ONES_32
         return parts
 
     def send_write_parts(self, stag: int, to: int, data: Data) -> list[ddp.Parts]:
