@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from stack.constants import IOV_MAX, TCP_NOTSENT_LOWAT_BULK
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.rnic.endpoint import MAX_COALESCE
 from stack.transport import driver
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
@@ -312,3 +313,50 @@ async def test_partial_fpdus_read_again_are_recorded_once() -> None:
     deframer.feed(bytes(tap.inbound[reply:]))
     payload = b"".join(bytes(ulpdu[14:]) for ulpdu in deframer)  # tagged DDP header: 14
     assert deframer.pending == 0 and payload == bytes(source.buf)
+
+
+async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_unsent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 5 MiB Write leaves in parts of a send pass: what the socket does not take is copied
+    (the backlog), but never more than about one pass of it, where the whole unsent rest of
+    the message used to be copied; the target gets the bytes as posted."""
+    seeds = iter(range(1000))
+    real = driver._raw_socket
+
+    def trickle(stream: trio.abc.Stream) -> TrickleSocket | None:
+        sock = real(stream)
+        return None if sock is None else TrickleSocket(sock, next(seeds))
+
+    monkeypatch.setattr(driver, "_raw_socket", trickle)
+    most = [0]
+    send = SendQueue.send
+
+    def recorded(self: SendQueue, pieces: list[Buffer]) -> bool:
+        done = send(self, pieces)
+        most[0] = max(most[0], self.backlog)
+        return done
+
+    monkeypatch.setattr(SendQueue, "send", recorded)
+    async with tcp_pair() as (client, server):
+        size = 5 * MAX_COALESCE + 777
+        target = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+        pattern = random.Random(7).randbytes(size)
+        src = client.mr(pattern)
+        wr = SendWR(
+            1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey, remote_addr=target.base
+        )
+        client.qp.post_send(wr)
+        with trio.fail_after(60):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        src.buf[:] = bytes(size)  # reusable once complete: the rest must not show it
+        sink = client.mr(size)
+        read = SendWR(
+            2, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=target.rkey, remote_addr=target.base
+        )
+        client.qp.post_send(read)
+        with trio.fail_after(60):
+            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        assert bytes(target.buf) == pattern
+        assert bytes(sink.buf) == pattern
+    assert 0 < most[0] <= MAX_COALESCE * 1.05
