@@ -64,6 +64,7 @@ class QpEndpoint:
         self.stalled: RdmapEvent | None = None
         """An event waiting until queued Read Responses have gone out (backpressure,
         :meth:`QueuePair.must_wait`); the driver stops reading meanwhile."""
+        self._part_mulpdu = engine.part_mulpdu  # a large message's parts (take_outgoing)
 
     @property
     def bulk(self) -> bool:
@@ -218,7 +219,7 @@ class QpEndpoint:
         qp, engine = self.qp, self.engine
         if engine.stream is not None and not engine.mpa.awaiting_first_fpdu:  # not holding
             if qp.has_outgoing:
-                engine.send_messages(qp.take_outgoing(limit, engine.part_mulpdu))
+                engine.send_messages(qp.take_outgoing(limit, self._part_mulpdu))
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
 

@@ -143,7 +143,6 @@ class _SqEntry:
     req_id: int = 0
     chain: ChainRun | None = None  # the chain that posted it (stack.rnic.chains)
     payload: bytes | memoryview | None = None  # a Write's data, while it is queued to go out
-    sent: int = 0  # bytes of a large Write taken in parts so far (take_outgoing)
 
 
 @dataclass(slots=True)

@@ -8,6 +8,8 @@ them; queued Read Responses are snapshotted before a later placement could show 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from stack.constants import (
     ALL_ONES_32,
     ALL_ONES_64,
@@ -364,14 +366,17 @@ class QpSend(QpBase):
     def has_outgoing(self) -> bool:
         return bool(self._out)
 
-    def take_outgoing(self, limit: int, mulpdu: int = 0) -> list[OutboundMessage]:
+    def take_outgoing(
+        self, limit: int, part_mulpdu: Callable[[], int] | None = None
+    ) -> list[OutboundMessage]:
         """Take outbound messages, in order, up to about ``limit`` payload bytes (at least
         one; 64 bytes counted per message): the transport encodes and sends them.  A WR
         whose last message is taken completes (in submit order, RFC 5040 §5.5 rule 15).
         The Write of a Write WR comes as its fields
         (:data:`~stack.wire.events.WriteFields`), no message object made for it.
 
-        With ``mulpdu``, a Write, Read Response or Send of more than ``limit`` bytes is
+        With ``part_mulpdu`` (the MULPDU to cut for, asked only for such a message; 0
+        takes it whole), a Write, Read Response or Send of more than ``limit`` bytes is
         taken in parts of whole segments (:class:`~stack.wire.events.MessagePart`), one
         per call, so the transport never holds more than about ``limit`` bytes of it; the
         rest stays queued as it was (its WR completes with its last part, a Read
@@ -385,23 +390,25 @@ class QpSend(QpBase):
             if isinstance(item, _SqEntry):  # a Write WR's one message (_start)
                 data = item.payload
                 n = len(data)  # type: ignore[arg-type]
-                if n > limit and mulpdu:
-                    self._take_write_part(item, budget, mulpdu - DDP_TAGGED_HDR_LEN, taken)
-                    out.appendleft(item)
+                if n > limit and part_mulpdu is not None and (mulpdu := part_mulpdu()):
+                    # Its message from now on, in parts as queued messages are (below).
+                    item.payload = None
+                    wr = item.wr
+                    item.messages_left = 1
+                    rest = _OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), item)  # type: ignore[arg-type]
+                    self._take_message_part(rest, budget, mulpdu, taken)
+                    out.appendleft(rest)
                     break
                 item.payload = None
                 wr = item.wr
-                to = wr.remote_addr
-                if item.sent:  # the last part of a Write taken in parts
-                    to = (to + item.sent) & ALL_ONES_64
-                taken.append((wr.rkey, to, data))  # type: ignore[arg-type]
+                taken.append((wr.rkey, wr.remote_addr, data))  # type: ignore[arg-type]
                 budget -= n + 64
                 item.done = reap = True
                 continue
             message = item.message
             if type(message) in _DATA_MESSAGES:
                 n = len(message.data)  # type: ignore[union-attr]
-                if n > limit and mulpdu:
+                if n > limit and part_mulpdu is not None and (mulpdu := part_mulpdu()):
                     self._take_message_part(item, budget, mulpdu, taken)
                     out.appendleft(item)
                     break
@@ -426,28 +433,13 @@ class QpSend(QpBase):
             self._reap_sq()
         return taken
 
-    def _take_write_part(
-        self, entry: _SqEntry, budget: int, room: int, taken: list[OutboundMessage]
-    ) -> None:
-        """Take the next part of a large Write WR's data: whole segments of ``room`` bytes
-        up to ``budget`` (at least one when nothing else was taken, else none)."""
-        size = budget // room * room or (0 if taken else room)
-        if not size:
-            return
-        data = entry.payload
-        assert data is not None
-        view = data if type(data) is memoryview else memoryview(data)  # slices copy nothing
-        wr = entry.wr
-        to = (wr.remote_addr + entry.sent) & ALL_ONES_64
-        taken.append(MessagePart(RdmaWrite(wr.rkey, to, view[:size]), entry.sent, False))
-        entry.payload = view[size:]
-        entry.sent += size
-
     def _take_message_part(
         self, item: _OutItem, budget: int, mulpdu: int, taken: list[OutboundMessage]
     ) -> None:
-        """:meth:`_take_write_part` of a queued Write, Read Response or Send message; the
-        rest replaces it on the queue (a tagged rest starts at its own TO, DDP-03)."""
+        """Take the next part of a queued Write, Read Response or Send message: whole
+        segments up to ``budget`` bytes (at least one when nothing else was taken, else
+        none).  The rest replaces it on the queue (a tagged rest starts at its own TO,
+        DDP-03)."""
         message = item.message
         untagged = type(message) is Send
         room = mulpdu - (DDP_UNTAGGED_HDR_LEN if untagged else DDP_TAGGED_HDR_LEN)

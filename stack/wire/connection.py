@@ -260,7 +260,6 @@ class IwarpConnection:
             if parts:
                 self.mpa.send_ulpdu_parts(parts)
 
-    @property
     def part_mulpdu(self) -> int:
         """The MULPDU a sender may cut a large message into :class:`MessagePart` runs of
         whole segments for; 0 before Full Operation and while a ``send_message`` hook is

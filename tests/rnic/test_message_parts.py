@@ -161,7 +161,7 @@ def test_message_parts_encode_like_the_message_they_cut() -> None:
     """Encoded one after the other, the parts of a Send are the Send's segments."""
     pair_whole, pair_parts = Pair(), Pair()
     data = bytes(range(256)) * 700
-    room = pair_whole.a.engine.part_mulpdu - 18
+    room = pair_whole.a.engine.part_mulpdu() - 18
     pair_whole.a.engine.send_messages([Send(data, True, 0x1234)])
     pair_parts.a.engine.send_messages(
         [
