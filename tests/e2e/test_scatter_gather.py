@@ -315,8 +315,9 @@ async def test_partial_fpdus_read_again_are_recorded_once() -> None:
     assert deframer.pending == 0 and payload == bytes(source.buf)
 
 
+@pytest.mark.parametrize("markers", [False, True])
 async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_unsent(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, markers: bool
 ) -> None:
     """A 5 MiB Write leaves in parts of a send pass: what the socket does not take is copied
     (the backlog), but never more than about one pass of it, where the whole unsent rest of
@@ -338,7 +339,8 @@ async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_uns
         return done
 
     monkeypatch.setattr(SendQueue, "send", recorded)
-    async with tcp_pair() as (client, server):
+    settings = MpaSettings(want_markers=markers)
+    async with tcp_pair(settings, settings) as (client, server):
         size = 5 * MAX_COALESCE + 777
         target = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
         pattern = random.Random(7).randbytes(size)

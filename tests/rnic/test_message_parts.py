@@ -174,3 +174,24 @@ def test_message_parts_encode_like_the_message_they_cut() -> None:
     parts = bytes(pair_parts.a.engine.data_to_send())
     assert parts.startswith(whole)
     assert _ulpdus(parts[len(whole) :])[0][10:14] == (2).to_bytes(4, "big")  # the next MSN
+
+
+def test_a_large_write_with_immediate_completes_once_after_its_immediate_data() -> None:
+    pair = Pair()
+    data = random.Random(5).randbytes(_SIZE)
+    src = pair.a.mr(data)
+    target = pair.b.mr(_SIZE, _REMOTE)
+    pair.b.qp.post_recv(RecvWR(7, ()))
+    at = {"rkey": target.rkey, "remote_addr": target.base}
+    pair.a.qp.post_send(
+        SendWR(3, WrOpcode.RDMA_WRITE_WITH_IMM, (pair.a.sge(src),), imm_data=0xABCD, **at)
+    )
+    passes = 0
+    while pair.step(pair.a, pair.b):  # the Write's parts, the Immediate Data with the last
+        passes += 1
+        pair.step(pair.b, pair.a)
+    assert passes == 4
+    assert [(w.wr_id, w.status) for w in pair.a.cq.poll()] == [(3, WcStatus.SUCCESS)]
+    [wc] = pair.b.cq.poll()
+    assert (wc.wr_id, wc.status, wc.imm_data) == (7, WcStatus.SUCCESS, (0xABCD).to_bytes(8, "big"))
+    assert bytes(target.buf) == data
