@@ -201,8 +201,9 @@ to, data)`` without the object, which a sender's bulk path does not make per Wri
 @dataclass(frozen=True, slots=True)
 class MessagePart:
     """Part of a large data message that the sender's QP hands out over several send passes,
-    so the transport never holds more than a pass of a message (RFC 5041 §5.2: a DDP
-    message is any run of segments, L set on the last only, DDP-02).
+    so the transport never holds more than a pass of a message.  Each part is a run of the
+    message's DDP segments (RFC 5041 §5.2), L set on the last segment of the last part only
+    (DDP-02).
 
     ``message`` is the part itself: its data are the part's bytes, and a tagged message's
     TO is that of its first byte.  ``mo`` is the part's offset in its message (the MO of an
