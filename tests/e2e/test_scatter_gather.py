@@ -124,13 +124,10 @@ class TrickleSocket:
         return self.sock.detach()
 
 
-@pytest.mark.parametrize("markers", [False, True])
-async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
-    monkeypatch: pytest.MonkeyPatch, markers: bool
-) -> None:
-    """Writes of 200 KiB through a socket taking random parts: the target holds the source
-    bytes as posted, although the source is overwritten as soon as each Write completes."""
-    seeds = iter(range(100))
+def trickle_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connection the driver makes from now on sends through a :class:`TrickleSocket`
+    (seeded 0, 1, 2, ... in the order they are made)."""
+    seeds = iter(range(1_000_000))
     real = driver._raw_socket
 
     def trickle(stream: trio.abc.Stream) -> TrickleSocket | None:
@@ -138,6 +135,15 @@ async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
         return None if sock is None else TrickleSocket(sock, next(seeds))
 
     monkeypatch.setattr(driver, "_raw_socket", trickle)
+
+
+@pytest.mark.parametrize("markers", [False, True])
+async def test_partial_sends_deliver_what_was_posted_not_what_memory_became(
+    monkeypatch: pytest.MonkeyPatch, markers: bool
+) -> None:
+    """Writes of 200 KiB through a socket taking random parts: the target holds the source
+    bytes as posted, although the source is overwritten as soon as each Write completes."""
+    trickle_sockets(monkeypatch)
     settings = MpaSettings(want_markers=markers)
     async with tcp_pair(settings, settings) as (client, server):
         size = 200 * 1024
@@ -322,14 +328,7 @@ async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_uns
     """A 5 MiB Write leaves in parts of a send pass: what the socket does not take is copied
     (the backlog), but never more than about one pass of it, where the whole unsent rest of
     the message used to be copied; the target gets the bytes as posted."""
-    seeds = iter(range(1000))
-    real = driver._raw_socket
-
-    def trickle(stream: trio.abc.Stream) -> TrickleSocket | None:
-        sock = real(stream)
-        return None if sock is None else TrickleSocket(sock, next(seeds))
-
-    monkeypatch.setattr(driver, "_raw_socket", trickle)
+    trickle_sockets(monkeypatch)
     most = [0]
     send = SendQueue.send
 
@@ -344,21 +343,13 @@ async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_uns
         size = 5 * MAX_COALESCE + 777
         target = server.mr(size, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
         pattern = random.Random(7).randbytes(size)
-        src = client.mr(pattern)
-        wr = SendWR(
-            1, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey, remote_addr=target.base
-        )
-        client.qp.post_send(wr)
-        with trio.fail_after(60):
-            assert (await client.cq.next()).status is WcStatus.SUCCESS
-        src.buf[:] = bytes(size)  # reusable once complete: the rest must not show it
-        sink = client.mr(size)
-        read = SendWR(
-            2, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=target.rkey, remote_addr=target.base
-        )
-        client.qp.post_send(read)
-        with trio.fail_after(60):
-            assert (await client.cq.next()).status is WcStatus.SUCCESS
+        src, sink = client.mr(pattern), client.mr(size)
+        for op, local in ((WrOpcode.RDMA_WRITE, src), (WrOpcode.RDMA_READ, sink)):
+            at = {"rkey": target.rkey, "remote_addr": target.base}
+            client.qp.post_send(SendWR(1, op, (client.sge(local),), **at))
+            with trio.fail_after(60):
+                assert (await client.cq.next()).status is WcStatus.SUCCESS
+            src.buf[:] = bytes(size)  # reusable once complete: the rest must not show it
         assert bytes(target.buf) == pattern
         assert bytes(sink.buf) == pattern
     assert 0 < most[0] <= MAX_COALESCE * 1.05

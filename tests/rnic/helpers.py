@@ -16,6 +16,7 @@ from stack.wire.events import (
     Established,
     MpaSettings,
     NeedData,
+    RdmapMessage,
     RequestReceived,
     Role,
 )
@@ -160,3 +161,17 @@ def opcodes(wire: bytes) -> list[int]:
     deframer = FpduDeframer(crc=True, markers=False)
     deframer.feed(wire)
     return [decode_ulpdu(u).opcode for u in deframer]
+
+
+def record_sent_messages(engine: IwarpConnection) -> list[RdmapMessage]:
+    """Install a ``send_message`` hook on ``engine`` (as a conformance fault does) that
+    records each message it sends; returns the list it appends to."""
+    seen: list[RdmapMessage] = []
+    send_message = engine.send_message
+
+    def hooked(message: RdmapMessage) -> None:
+        seen.append(message)
+        send_message(message)
+
+    engine.send_message = hooked  # type: ignore[method-assign]
+    return seen

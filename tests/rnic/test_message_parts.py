@@ -18,9 +18,9 @@ from stack.rnic import Access, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 from stack.rnic.endpoint import MAX_COALESCE
 from stack.wire import ddp
 from stack.wire.ddp import MAX_MESSAGE_LEN
-from stack.wire.events import MessagePart, RdmapMessage, RdmaWrite, Send
+from stack.wire.events import MessagePart, RdmaWrite, Send
 from stack.wire.framing import FpduDeframer
-from tests.rnic.helpers import Pair
+from tests.rnic.helpers import Pair, record_sent_messages
 
 _REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 _SIZE = 3 * MAX_COALESCE + 12345  # four parts, the last a short one
@@ -127,15 +127,7 @@ def test_the_rest_of_a_read_response_is_snapshotted_before_a_later_write() -> No
 
 def test_a_send_message_hook_sees_a_large_message_whole() -> None:
     pair = Pair()
-    engine = pair.a.engine
-    seen: list[RdmapMessage] = []
-    send_message = engine.send_message
-
-    def hooked(message: RdmapMessage) -> None:
-        seen.append(message)
-        send_message(message)
-
-    engine.send_message = hooked  # type: ignore[method-assign]
+    seen = record_sent_messages(pair.a.engine)
     src = pair.a.mr(_SIZE)
     pair.a.qp.post_send(SendWR(1, WrOpcode.RDMA_WRITE, (pair.a.sge(src),), rkey=3, remote_addr=0))
     assert len(_passes(pair)) == 1

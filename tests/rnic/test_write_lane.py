@@ -25,7 +25,7 @@ from stack.wire.events import (
     Send,
     WriteSegment,
 )
-from tests.rnic.helpers import Pair
+from tests.rnic.helpers import Pair, record_sent_messages
 
 _REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 
@@ -67,14 +67,7 @@ def test_write_fields_encode_as_rdma_writes() -> None:
 
 def test_a_send_message_hook_sees_each_write_as_an_rdma_write() -> None:
     engine = _established()
-    seen: list[object] = []
-    send_message = engine.send_message
-
-    def hooked(message: RdmapMessage) -> None:
-        seen.append(message)
-        send_message(message)
-
-    engine.send_message = hooked  # type: ignore[method-assign]
+    seen = record_sent_messages(engine)
     engine.send_messages([(1, 2, b"ab"), Send(b"c")])
     assert seen == [RdmaWrite(1, 2, b"ab"), Send(b"c")]
 
