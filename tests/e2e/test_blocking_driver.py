@@ -125,16 +125,19 @@ def test_round_trips_one_at_a_time_each_answered_before_the_next(peer_port: int)
 
 
 def serve_in_thread(
-    listener: BlockingListener, serve: Callable[[BlockingConnection, Side], None], **qp_kw: object
+    listener: BlockingListener,
+    serve: Callable[[BlockingConnection, Side], None],
+    region_size: int = 1 << 20,
+    **qp_kw: object,
 ) -> tuple[threading.Thread, list[BaseException]]:
-    """Accept one connection in a thread, advertise a 1 MiB region, run ``serve``."""
+    """Accept one connection in a thread, advertise a region (1 MiB), run ``serve``."""
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
             side = Side("server", **qp_kw)
-            region = side.mr(1 << 20, REMOTE)
-            region.buf[:] = bytes(range(256)) * 4096
+            region = side.mr(region_size, REMOTE)
+            region.buf[:] = bytes(range(256)) * (region_size // 256)
             request = listener.get_request(timeout=20)
             assert request.private_data == b"hello"
             conn = request.accept(side.qp, ADVERT.pack(region.rkey, region.base, region.length))
@@ -199,6 +202,30 @@ def test_a_large_write_to_the_trio_stack_leaves_through_the_backlog(peer_port: i
     assert [wc.wr_id for wc in wcs] == [*range(64), 99]
     assert all(wc.status is WcStatus.SUCCESS for wc in wcs) and bytes(sink.buf) == data
     conn.disconnect(10)
+
+
+def test_both_ends_blocking_a_large_write_and_read_leave_in_parts() -> None:
+    """A 6 MiB Write and a 6 MiB Read between two blocking ends: each message leaves a send
+    pass at a time (MessagePart), and the bytes arrive as posted although the source is
+    overwritten once the Write completes."""
+    size = 6 << 20
+    with BlockingListener("127.0.0.1", 0) as listener:
+        thread, errors = serve_in_thread(listener, answer_until_closed, region_size=size)
+        me = Side("client")
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        assert length == size
+        data = bytes(range(7, 256)) * (size // 249) + bytes(size % 249)
+        src, sink = me.mr(data), me.mr(size)
+        me.qp.post_send(SendWR(1, WrOpcode.RDMA_WRITE, (sge(src),), rkey=stag, remote_addr=to))
+        assert conn.next_completion(me.cq, timeout=30).status is WcStatus.SUCCESS
+        src.buf[:] = bytes(size)
+        me.qp.post_send(SendWR(2, WrOpcode.RDMA_READ, (sge(sink),), rkey=stag, remote_addr=to))
+        assert conn.next_completion(me.cq, timeout=30).status is WcStatus.SUCCESS
+        assert bytes(sink.buf) == data
+        conn.disconnect(10)
+        thread.join(10)
+        assert not errors and not thread.is_alive()
 
 
 def test_a_wrong_stag_is_a_terminate_and_flushes_what_follows() -> None:
