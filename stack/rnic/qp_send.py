@@ -390,15 +390,13 @@ class QpSend(QpBase):
             if isinstance(item, _SqEntry):  # a Write WR's one message (_start)
                 data = item.payload
                 n = len(data)  # type: ignore[arg-type]
-                if n > limit and part_mulpdu is not None and (mulpdu := part_mulpdu()):
-                    # Its message from now on, in parts as queued messages are (below).
+                if n > limit and part_mulpdu is not None and part_mulpdu():
+                    # Queued as its message from now on, taken in parts as such (below).
                     item.payload = None
                     wr = item.wr
                     item.messages_left = 1
-                    rest = _OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), item)  # type: ignore[arg-type]
-                    self._take_message_part(rest, budget, mulpdu, taken)
-                    out.appendleft(rest)
-                    break
+                    out.appendleft(_OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), item))  # type: ignore[arg-type]
+                    continue
                 item.payload = None
                 wr = item.wr
                 taken.append((wr.rkey, wr.remote_addr, data))  # type: ignore[arg-type]
@@ -408,9 +406,13 @@ class QpSend(QpBase):
             message = item.message
             if type(message) in _DATA_MESSAGES:
                 n = len(message.data)  # type: ignore[union-attr]
-                if n > limit and part_mulpdu is not None and (mulpdu := part_mulpdu()):
-                    self._take_message_part(item, budget, mulpdu, taken)
-                    out.appendleft(item)
+                if (
+                    n > limit
+                    and part_mulpdu is not None
+                    and (mulpdu := part_mulpdu())
+                    and self._take_message_part(item, budget, mulpdu, taken)
+                ):
+                    out.appendleft(item)  # the rest, for the next pass
                     break
                 budget -= n + 64
                 # The rest of a message taken in parts is its last part.
@@ -435,18 +437,23 @@ class QpSend(QpBase):
 
     def _take_message_part(
         self, item: _OutItem, budget: int, mulpdu: int, taken: list[OutboundMessage]
-    ) -> None:
+    ) -> bool:
         """Take the next part of a queued Write, Read Response or Send message: whole
         segments up to ``budget`` bytes (at least one when nothing else was taken, else
-        none).  The rest replaces it on the queue (a tagged rest starts at its own TO,
-        DDP-03)."""
+        none: the message starts the next pass).  The rest replaces it on the queue (a
+        tagged rest starts at its own TO, DDP-03).  False when no part can be cut off (the
+        rest is not longer than a segment): the caller takes it whole."""
         message = item.message
         untagged = type(message) is Send
         room = mulpdu - (DDP_UNTAGGED_HDR_LEN if untagged else DDP_TAGGED_HDR_LEN)
-        size = budget // room * room or (0 if taken else room)
+        size = budget // room * room
         if not size:
-            return
+            if taken:
+                return True
+            size = room
         data = message.data  # type: ignore[union-attr]
+        if size >= len(data):
+            return False
         view = data if type(data) is memoryview else memoryview(data)
         head: RdmaWrite | ReadResponse | Send
         if isinstance(message, Send):
@@ -459,6 +466,7 @@ class QpSend(QpBase):
             item.message = kind(message.stag, (message.to + size) & ALL_ONES_64, view[size:])
         taken.append(MessagePart(head, item.offset, False))
         item.offset += size
+        return True
 
     def must_wait(self, event: RdmapEvent) -> bool:
         """Whether applying ``event`` now would make the copies of queued Read Response

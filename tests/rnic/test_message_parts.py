@@ -18,7 +18,7 @@ from stack.rnic import Access, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 from stack.rnic.endpoint import MAX_COALESCE
 from stack.wire import ddp
 from stack.wire.ddp import MAX_MESSAGE_LEN
-from stack.wire.events import MessagePart, RdmaWrite, Send
+from stack.wire.events import MessagePart, MpaSettings, RdmaWrite, Send
 from stack.wire.framing import FpduDeframer
 from tests.rnic.helpers import Pair, record_sent_messages
 
@@ -187,3 +187,19 @@ def test_a_large_write_with_immediate_completes_once_after_its_immediate_data() 
     [wc] = pair.b.cq.poll()
     assert (wc.wr_id, wc.status, wc.imm_data) == (7, WcStatus.SUCCESS, (0xABCD).to_bytes(8, "big"))
     assert bytes(target.buf) == data
+
+
+def test_a_pass_limit_below_a_segment_still_cuts_whole_segments() -> None:
+    """A send pass of fewer bytes than a segment takes one segment per pass, and a message
+    that is not longer than a segment whole: never an empty last part."""
+    data = random.Random(6).randbytes(3000)
+    wires = []
+    for limit in (100, 2 * len(data)):
+        pair = Pair(MpaSettings(mulpdu=1024))
+        src = pair.a.mr(data)
+        pair.a.qp.post_send(SendWR(1, WrOpcode.SEND, (pair.a.sge(src),)))
+        passes = _passes(pair, limit)
+        wires.append(b"".join(passes))
+        assert len(passes) == (3 if limit == 100 else 1)
+    assert wires[0] == wires[1]
+    assert all(len(u) > 18 for u in _ulpdus(wires[0]))  # no empty segment
