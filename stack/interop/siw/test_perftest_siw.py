@@ -2,13 +2,15 @@
 
 Both directions: perftest's server in the guest with ``iwarp bench ib_*_bw`` as the client
 on the host (through a hostfwd), and our server on the host with perftest's client in the
-guest (reaching the host as 10.0.2.2).  Small ``-n``, sizes below and above the 1460-byte
-MSS of the slirp path.  Every case is captured in the guest and decoded by our dissector:
-both rdma_cm connections (exchange and data) must be there, the exchange Sends must follow
-perftest's script message by message (:func:`stack.peers.perftest.message_sizes`), the data
-connection must carry the test's operations, and nothing may be flagged except siw's
-non-zero MPA pad bytes (siw sends the bytes that follow a message in the user's buffer as
-its pad; RFC 5044 says the receiver ignores them).
+guest (reaching the host as 10.0.2.2). Small ``-n``, sizes below and above the 1460-byte MSS
+of the slirp path, and one above a send pass (1 MiB), which our stack sends a pass at a time
+(``MessagePart``: siw must take the parts as the one message they are). Every case is
+captured in the guest and decoded by our dissector: both rdma_cm connections (exchange and
+data) must be there, the exchange Sends must follow perftest's script message by message
+(:func:`stack.peers.perftest.message_sizes`), the data connection must carry the test's
+operations, and nothing may be flagged except siw's non-zero MPA pad bytes (siw sends the
+bytes that follow a message in the user's buffer as its pad; RFC 5044 says the receiver
+ignores them).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.interop
 
 REPO = Path(__file__).resolve().parents[3]  # where the stack package is importable
 ITERS = 5
-SIZES = (64, 5000)
+SIZES = (64, 5000, (3 << 20) + 4000)
 TESTS = ("write", "read", "send")
 DATA_OPCODES = {
     "write": Opcode.RDMA_WRITE,
