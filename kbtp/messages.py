@@ -256,6 +256,34 @@ class HelloAck:
 # ======================================================================================
 
 
+def _encode_request(
+    opcode: MessageOpcode,
+    flags: RequestFlag,
+    request_id: int,
+    handle: int,
+    generation: int,
+    descriptor: DataDescriptor,
+    completion: CompletionDescriptor | None,
+    data: bytes = b"",
+) -> bytes:
+    """A LOAD, STORE or ALLOC_STORE request: header, Data Descriptor, the Completion
+    Descriptor if any, then the inline data (draft §5, §6)."""
+    if completion is None:  # the common case in one pack; the same octets
+        d = descriptor
+        try:
+            fixed = _HEADER_DESCRIPTOR.pack(
+                KBTP_VERSION, opcode, flags, request_id, handle, generation, 0,
+                d.stag, d.to, d.length,
+            )  # fmt: skip
+        except struct.error:
+            pass  # the parts below name the field out of range
+        else:
+            return fixed + bytes(data) if data else fixed
+    header = CommonHeader(opcode, flags, request_id, handle, generation).encode()
+    tail = completion.encode() if completion is not None else b""
+    return header + descriptor.encode() + tail + bytes(data)
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """LOAD (draft §6.1): header + Data Descriptor (the destination) [+ Completion Descriptor].
@@ -272,20 +300,10 @@ class Load:
     completion: CompletionDescriptor | None = None
 
     def encode(self) -> bytes:
-        if self.completion is None:  # the common case in one pack; the same octets
-            d = self.descriptor
-            try:
-                return _HEADER_DESCRIPTOR.pack(
-                    KBTP_VERSION, self.opcode, self.flags, self.request_id, self.handle,
-                    self.generation, 0, d.stag, d.to, d.length,
-                )  # fmt: skip
-            except struct.error:
-                pass  # the parts below name the field out of range
-        header = CommonHeader(
-            self.opcode, self.flags, self.request_id, self.handle, self.generation
-        ).encode()
-        tail = self.completion.encode() if self.completion is not None else b""
-        return header + self.descriptor.encode() + tail
+        return _encode_request(
+            self.opcode, self.flags, self.request_id, self.handle, self.generation,
+            self.descriptor, self.completion,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,26 +317,10 @@ class _StoreBase:
     completion: CompletionDescriptor | None = None
 
     def encode(self) -> bytes:
-        if self.completion is None:  # the common case in one pack; the same octets
-            d = self.descriptor
-            try:
-                fixed = _HEADER_DESCRIPTOR.pack(
-                    KBTP_VERSION, self.opcode, self.flags,  # type: ignore[attr-defined]
-                    self.request_id, self.handle, self.generation, 0, d.stag, d.to, d.length,
-                )  # fmt: skip
-            except struct.error:
-                pass  # the parts below name the field out of range
-            else:
-                return fixed + bytes(self.data) if self.data else fixed
-        header = CommonHeader(
-            self.opcode,  # type: ignore[attr-defined]
-            self.flags,
-            self.request_id,
-            self.handle,
-            self.generation,
-        ).encode()
-        tail = self.completion.encode() if self.completion is not None else b""
-        return header + self.descriptor.encode() + tail + bytes(self.data)
+        return _encode_request(
+            self.opcode, self.flags, self.request_id, self.handle,  # type: ignore[attr-defined]
+            self.generation, self.descriptor, self.completion, self.data,
+        )  # fmt: skip
 
     @property
     def inline(self) -> bool:
