@@ -22,10 +22,11 @@ baselines': its session alone is ended, with the reason logged, once either boun
   (:data:`SEND_QUEUE_DEPTH` Sends or Writes) and its IRD (Read Responses), which view its
   registered memory; one answer more ends the session (past the send queue at once, a Read
   past the IRD by the QP's Terminate, or the stall timeout).  Of them, the transport copies
-  at most one send pass it could not hand to the kernel (:func:`unsent_bound`, counted in the
-  server's :class:`MemoryBudget`), and the session's QP copies no queued Read Response for a
-  later Write (``max_snapshot_bytes`` 0: its reader waits for them to leave instead), so a
-  never-reading session holds its regions, that copy and its socket's kernel buffers.
+  at most one send pass it could not hand to the kernel, and the session's QP copies no
+  queued Read Response for a later Write (``max_snapshot_bytes`` 0: its reader waits for
+  them to leave instead) but the rest of the one already going out in parts, at most one
+  message (both in :func:`unsent_bound`, counted in the server's :class:`MemoryBudget`), so
+  a never-reading session holds its regions, those copies and its socket's kernel buffers.
 """
 
 from __future__ import annotations
@@ -135,10 +136,11 @@ def log_session_end(
 
 def unsent_bound(spec: SessionSpec, ird: int) -> int:
     """Bytes the transport may hold copied for a session of ``spec`` whose client does not
-    read: one send pass it could not hand to the kernel (MAX_COALESCE bytes of messages, and
-    one message more), at most every answer the session can have queued (``ird`` Read
-    Responses, or :data:`SEND_QUEUE_DEPTH` Sends or Writes of ``size``); 0 for a session
-    that sends no answers."""
+    read: one send pass it could not hand to the kernel (MAX_COALESCE bytes of messages),
+    and one message more (the last of that pass, or the rest of a Read Response going out
+    in parts that a Write made the QP copy), at most every answer the session can have
+    queued (``ird`` Read Responses, or :data:`SEND_QUEUE_DEPTH` Sends or Writes of
+    ``size``); 0 for a session that sends no answers."""
     if spec.test == "read":
         depth = ird
     elif "source" in spec.regions:  # the latency answers of Writes and Sends

@@ -466,6 +466,9 @@ class QpSend(QpBase):
             item.message = kind(message.stag, (message.to + size) & ALL_ONES_64, view[size:])
         taken.append(MessagePart(head, item.offset, False))
         item.offset += size
+        if item.copied:  # a snapshot going out: no longer counted (must_wait)
+            self._snapshot_held -= item.copied
+            item.copied = 0
         return True
 
     def must_wait(self, event: RdmapEvent) -> bool:
@@ -475,11 +478,15 @@ class QpSend(QpBase):
         snapshot made and not yet sent count too).  The driver then lets the responses go
         out first: a peer that asks for many large Reads, each followed by a Write, and
         does not read its socket makes this connection hold at most that many bytes, not
-        the sum of every Read."""
+        the sum of every Read.  A response already going out in parts does not count: its
+        rest is copied, as the transport copies what the socket has not taken, since two
+        ends that both wait for their responses to go out would wait for ever."""
         if not self._lazy or type(event) is ReadRequestReceived:
             return False
         queued = self._snapshot_held
         for item in self._lazy:
+            if item.offset:  # going out in parts
+                continue
             message = item.message
             assert isinstance(message, ReadResponse)
             queued += len(message.data)
@@ -509,8 +516,11 @@ class QpSend(QpBase):
             msg = item.message
             assert isinstance(msg, ReadResponse)
             item.message = ReadResponse(msg.stag, msg.to, bytes(msg.data))
-            item.copied = len(msg.data)
-            self._snapshot_held += item.copied
+            # The rest of a response going out in parts is the transport's, as what the
+            # socket has not taken is: not counted against max_snapshot_bytes (must_wait).
+            if not item.offset:
+                item.copied = len(msg.data)
+                self._snapshot_held += item.copied
 
     def close(self) -> None:
         """Orderly close requested by the ULP (RFC 5040 §6.2, DDP-13): no new WRs; what was

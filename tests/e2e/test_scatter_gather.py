@@ -353,3 +353,38 @@ async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_uns
         assert bytes(target.buf) == pattern
         assert bytes(sink.buf) == pattern
     assert 0 < most[0] <= MAX_COALESCE * 1.05
+
+
+@pytest.mark.parametrize("size", [16 << 20, 64 << 20])
+async def test_two_ends_reading_large_regions_of_each_other_then_writing_both_finish(
+    size: int,
+) -> None:
+    """Each end Reads a large region of the other and then Writes to it: each responder gets
+    a Write while its large Read Response is going out in parts.  The rest of the response
+    is copied (RFC 5040 §5.5), not waited for: two ends that both stop reading until their
+    responses are out would wait for each other for ever."""
+    async with tcp_pair() as (a, b):
+        remote = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+        regions = [a.mr(size, remote), b.mr(size, remote)]
+        for k, region in enumerate(regions):
+            region.buf[:] = bytes([k + 1]) * size
+        sinks = [a.mr(size), b.mr(size)]
+        for k, host in enumerate((a, b)):
+            peer = regions[1 - k]
+            at = {"rkey": peer.rkey, "remote_addr": peer.base}
+            host.qp.post_send(
+                [
+                    SendWR(1, WrOpcode.RDMA_READ, (host.sge(sinks[k]),), **at),
+                    SendWR(2, WrOpcode.RDMA_WRITE, (host.sge(host.mr(b"\xff" * 64)),), **at),
+                ]
+            )
+        with trio.fail_after(30):
+            for host in (a, b):
+                wcs = [await host.cq.next() for _ in range(2)]
+                assert [(w.wr_id, w.status) for w in wcs] == [
+                    (1, WcStatus.SUCCESS),
+                    (2, WcStatus.SUCCESS),
+                ]
+        for k in range(2):
+            assert bytes(sinks[k].buf) == bytes([2 - k]) * size  # the bytes before the Write
+            assert bytes(regions[k].buf[:64]) == b"\xff" * 64
