@@ -261,7 +261,8 @@ class Session:
             ird=rnic.max_ird,
             ord=rnic.max_ord,
         )
-        qp.max_snapshot_bytes = 0  # a Write waits for queued Read Responses, copies none
+        qp.max_snapshot_bytes = 0  # a Write waits for queued Read Responses, copies none,
+        qp.max_stalled_snapshot_bytes = 0  # however long it waits (the stall timeout ends it)
         session = cls(rnic, qp, cq, Advert(0, 0, 0, *ports), [])
         try:
             session._register(pd, spec, ports)

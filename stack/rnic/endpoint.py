@@ -223,6 +223,23 @@ class QpEndpoint:
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
 
+    def release_stall(self) -> bool:
+        """The event that waits for queued Read Responses (:attr:`stalled`) has waited while
+        none of our output moved: the peer reads nothing, or it waits for us as we wait for
+        it.  Apply it anyway, copying the responses up to the QP's
+        ``max_stalled_snapshot_bytes`` (RFC 5040 §5.5), and what follows it; False when
+        even that bound is too small (it still waits)."""
+        qp = self.qp
+        if self.stalled is None:
+            return False
+        soft = qp.max_snapshot_bytes
+        qp.max_snapshot_bytes = max(soft, qp.max_stalled_snapshot_bytes)
+        try:
+            self.feed(None)
+        finally:
+            qp.max_snapshot_bytes = soft
+        return self.stalled is None
+
     def resume_stalled(self) -> None:
         """Apply the event that waited for queued Read Responses once they are out."""
         if self.stalled is not None and not self.qp.must_wait(self.stalled):

@@ -57,6 +57,7 @@ from stack.rnic.qp_base import (
     _REMOTE_READ,
     _REMOTE_WRITE,
     MAX_SNAPSHOT_BYTES,
+    MAX_STALLED_SNAPSHOT_BYTES,
     QpCap,
     QpState,
     SharedReceiveQueue,
@@ -90,7 +91,14 @@ from stack.wire.events import (
     WriteSegment,
 )
 
-__all__ = ["MAX_SNAPSHOT_BYTES", "QpCap", "QpState", "QueuePair", "SharedReceiveQueue"]
+__all__ = [
+    "MAX_SNAPSHOT_BYTES",
+    "MAX_STALLED_SNAPSHOT_BYTES",
+    "QpCap",
+    "QpState",
+    "QueuePair",
+    "SharedReceiveQueue",
+]
 
 
 class QueuePair(QpSend):

@@ -65,6 +65,10 @@ _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 MAX_SNAPSHOT_BYTES = 4 << 20
 """Default bound of :attr:`QueuePair.max_snapshot_bytes`: the copies of queued Read Responses
 one QP holds at once, in total."""
+MAX_STALLED_SNAPSHOT_BYTES = 64 << 20
+"""Default of :attr:`QueuePair.max_stalled_snapshot_bytes`: the copies a QP makes anyway once
+a placement has waited for its queued Read Responses while none of its output moved
+(:meth:`~stack.rnic.endpoint.QpEndpoint.release_stall`)."""
 
 
 class QpState(Enum):
@@ -225,6 +229,10 @@ class QpBase:
         self._out: deque[_OutItem | _SqEntry] = deque()
         self._lazy: deque[_OutItem] = deque()  # queued Read Responses still viewing memory
         self.max_snapshot_bytes = MAX_SNAPSHOT_BYTES
+        self.max_stalled_snapshot_bytes = MAX_STALLED_SNAPSHOT_BYTES
+        """The bound of :attr:`max_snapshot_bytes` once a stall has lasted with no output
+        moving: two ends that both wait for their responses to go out would otherwise wait
+        for each other for ever (0: never copy more)."""
         self._snapshot_held = 0  # bytes of snapshot copies still queued (bounded by the max)
         """Queued Read Response bytes copied at most before a placement (:meth:`must_wait`)."""
         self._rq: deque[RecvWR] = deque()

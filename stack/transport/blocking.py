@@ -51,6 +51,7 @@ from stack.transport.driver import (
     DISCONNECT_TIMEOUT,
     FEED_BUDGET,
     RECEIVE_SIZE,
+    STALL_RELEASE_AFTER,
     EmssFollower,
     Tap,
     close_tap,
@@ -108,6 +109,8 @@ class BlockingConnection:
         self._sendq = SendQueue(self._sendmsg)
         self._rx = memoryview(bytearray(RECEIVE_SIZE))
         self._busy = False  # inside a feed or a send: output waits for it to finish
+        self._stall_mark = -1  # octets sent when the current stall's wait began
+        self._stall_release = 0.0  # when that stall is released (STALL_RELEASE_AFTER)
         self._fin_sent = False
         self._emss = EmssFollower(sock, engine) if follow_mss else None
         sock.setblocking(True)
@@ -146,9 +149,16 @@ class BlockingConnection:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.endpoint.stalled is not None:
             # An event waits for queued Read Responses to leave (backpressure): the
-            # receive buffer it views is not read into until they have.
+            # receive buffer it views is not read into until they have, or until none of
+            # our output has moved for STALL_RELEASE_AFTER (a peer waiting for us).
             if sendq.has_backlog:
-                self._wait(False, deadline)
+                if self._stall_mark != sendq.sent:  # output moved: the wait starts again
+                    self._stall_mark = sendq.sent
+                    self._stall_release = time.monotonic() + STALL_RELEASE_AFTER
+                release = self._stall_release
+                if not self._wait(False, release if deadline is None else min(deadline, release)):
+                    if time.monotonic() >= release and self._stall_mark == sendq.sent:
+                        self._release_stall()
             else:
                 self._apply(None)  # they have left: apply it
             return not self.closed
@@ -312,6 +322,20 @@ class BlockingConnection:
         self.error = endpoint.error or self.error
         self.peer_closed = endpoint.peer_closed
         if endpoint.reading_done and not self.closed:
+            self._reading_over()
+
+    def _release_stall(self) -> None:
+        """Apply the event that waited for our Read Responses anyway, and what followed it
+        (:meth:`QpEndpoint.release_stall`), then send what that produced."""
+        self._busy = True
+        try:
+            self.endpoint.release_stall()
+        finally:
+            self._busy = False
+        self.error = self.endpoint.error or self.error
+        self.peer_closed = self.endpoint.peer_closed
+        self._flush()
+        if self.endpoint.reading_done and not self.closed:
             self._reading_over()
 
     def _reading_over(self) -> None:

@@ -228,6 +228,59 @@ def test_both_ends_blocking_a_large_write_and_read_leave_in_parts() -> None:
         assert not errors and not thread.is_alive()
 
 
+def test_two_blocking_ends_stalled_on_each_others_reads_release_the_stall() -> None:
+    """Each end Reads 8 MiB from the other in 1 MiB Reads, then Writes to it: each waits for
+    its responses to go out before it reads again, as the other does, until none of its
+    output has moved for STALL_RELEASE_AFTER; then it copies them and applies the Write."""
+    reads, size = 8, 1 << 20
+    with BlockingListener("127.0.0.1", 0) as listener:
+        me = Side("client", ord=16, ird=16)
+        mine = me.mr(bytes([1]) * (reads * size), REMOTE)
+        served: list[bytes] = []
+
+        def read_then_write(conn: BlockingConnection, side: Side) -> None:
+            sink = side.mr(reads * size)
+            side.qp.post_send(_reads_then_write(side, sink, mine.rkey, mine.base, reads, size))
+            wcs = [conn.next_completion(side.cq, timeout=20) for _ in range(reads + 1)]
+            assert all(wc.status is WcStatus.SUCCESS for wc in wcs), wcs
+            served.append(bytes(sink.buf))
+            answer_until_closed(conn, side)
+
+        thread, errors = serve_in_thread(
+            listener, read_then_write, region_size=reads * size, ord=16, ird=16
+        )
+        conn = connect("127.0.0.1", listener.port, me.qp, private_data=b"hello")
+        stag, to, _length = ADVERT.unpack(conn.negotiated.peer_private_data)
+        sink = me.mr(reads * size)
+        me.qp.post_send(_reads_then_write(me, sink, stag, to, reads, size))
+        wcs = [conn.next_completion(me.cq, timeout=20) for _ in range(reads + 1)]
+        assert all(wc.status is WcStatus.SUCCESS for wc in wcs), wcs
+        assert bytes(sink.buf) == (bytes(range(256)) * (size // 256)) * reads
+        assert bytes(mine.buf[:64]) == b"\xff" * 64
+        conn.disconnect(10)
+        thread.join(20)
+        assert not errors and not thread.is_alive()
+        assert served == [bytes([1]) * (reads * size)]  # the bytes from before the Write
+
+
+def _reads_then_write(
+    side: Side, sink: object, rkey: int, addr: int, reads: int, size: int
+) -> list[SendWR]:
+    wrs = [
+        SendWR(
+            i,
+            WrOpcode.RDMA_READ,
+            (sge(sink, i * size, size),),
+            rkey=rkey,
+            remote_addr=addr + i * size,
+        )
+        for i in range(reads)
+    ]
+    source = side.mr(b"\xff" * 64)
+    wrs.append(SendWR(99, WrOpcode.RDMA_WRITE, (sge(source),), rkey=rkey, remote_addr=addr))
+    return wrs
+
+
 def test_a_wrong_stag_is_a_terminate_and_flushes_what_follows() -> None:
     with BlockingListener("127.0.0.1", 0) as listener:
         thread, errors = serve_in_thread(listener, answer_until_closed)

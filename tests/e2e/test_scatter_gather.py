@@ -388,3 +388,43 @@ async def test_two_ends_reading_large_regions_of_each_other_then_writing_both_fi
         for k in range(2):
             assert bytes(sinks[k].buf) == bytes([2 - k]) * size  # the bytes before the Write
             assert bytes(regions[k].buf[:64]) == b"\xff" * 64
+
+
+@pytest.mark.parametrize(("reads", "size"), [(8, 1 << 20), (4, 3 << 20)])
+async def test_two_ends_stalled_on_each_others_reads_release_the_stall(
+    reads: int, size: int
+) -> None:
+    """Each end Reads ``reads`` blocks from the other, then Writes to it: each responder has
+    more than max_snapshot_bytes of responses queued when the Write arrives, and waits for
+    them to go out before it reads again, as the other does.  Once none of its output has
+    moved for STALL_RELEASE_AFTER, each copies them (up to max_stalled_snapshot_bytes) and
+    applies the Write: both finish, each Read with the bytes from before the Write."""
+    qp = {"ord": 16, "ird": 16}
+    async with tcp_pair(client_qp=qp, server_qp=qp) as (a, b):
+        remote = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+        regions = [a.mr(reads * size, remote), b.mr(reads * size, remote)]
+        for k, region in enumerate(regions):
+            region.buf[:] = bytes([k + 1]) * (reads * size)
+        sinks = [a.mr(reads * size), b.mr(reads * size)]
+        for k, host in enumerate((a, b)):
+            peer = regions[1 - k]
+            wrs = [
+                SendWR(
+                    i,
+                    WrOpcode.RDMA_READ,
+                    (host.sge(sinks[k], i * size, size),),
+                    rkey=peer.rkey,
+                    remote_addr=peer.base + i * size,
+                )
+                for i in range(reads)
+            ]
+            at = {"rkey": peer.rkey, "remote_addr": peer.base}
+            wrs.append(SendWR(99, WrOpcode.RDMA_WRITE, (host.sge(host.mr(b"\xff" * 64)),), **at))
+            host.qp.post_send(wrs)
+        with trio.fail_after(20):
+            for host in (a, b):
+                wcs = [await host.cq.next() for _ in range(reads + 1)]
+                assert all(w.status is WcStatus.SUCCESS for w in wcs), wcs
+        for k in range(2):
+            assert bytes(sinks[k].buf) == bytes([2 - k]) * (reads * size)
+            assert bytes(regions[k].buf[:64]) == b"\xff" * 64

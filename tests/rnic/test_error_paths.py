@@ -161,3 +161,41 @@ def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
     for i, sink in enumerate(sinks):  # Read i saw Write i-1's bytes, not Write i's
         assert bytes(sink.buf[:64]) == (bytes([i]) * 64 if i else bytes(64))
     assert bytes(region.buf[:64]) == bytes([pairs]) * 64
+
+
+@pytest.mark.parametrize("hard", [64 << 20, 0])
+def test_a_stall_released_copies_up_to_the_stalled_bound(hard: int) -> None:
+    """release_stall (what the drivers call once a stall has lasted with none of the output
+    moving): the Writes are applied and the responses copied, within
+    max_stalled_snapshot_bytes; each Read still returns the bytes from before the Write
+    after it.  With that bound 0 nothing more is copied and the Write keeps waiting."""
+    size, pairs = 3 << 20, 8
+    p = Pair(a_qp={"ord": pairs}, b_qp={"ird": pairs})
+    p.b.qp.max_stalled_snapshot_bytes = hard
+    region = p.b.mr(bytes(size), Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE)
+    sinks = [p.a.mr(size) for _ in range(pairs)]
+    for i, sink in enumerate(sinks):
+        _post_read(p, i, sink, region)
+        p.a.qp.post_send(
+            SendWR(
+                100 + i, WrOpcode.RDMA_WRITE, inline_data=bytes([i + 1]) * 64,
+                rkey=region.rkey, remote_addr=region.base,
+            )
+        )  # fmt: skip
+    b_endpoint: QpEndpoint = p.b.endpoint  # type: ignore[assignment]
+    b_endpoint.feed(bytes(p.a.endpoint.produce()))  # type: ignore[union-attr]
+    while b_endpoint.events_pending and b_endpoint.stalled is None:
+        b_endpoint.feed(None)
+    assert b_endpoint.stalled is not None
+    if not hard:
+        assert not b_endpoint.release_stall()
+        assert b_endpoint.stalled is not None and _copied_bytes(p.b.qp) <= MAX_SNAPSHOT_BYTES
+        return
+    assert b_endpoint.release_stall()
+    assert b_endpoint.stalled is None
+    assert bytes(region.buf[:64]) == bytes([pairs]) * 64  # every Write applied
+    assert MAX_SNAPSHOT_BYTES < _copied_bytes(p.b.qp) <= hard
+    assert p.b.qp.max_snapshot_bytes == MAX_SNAPSHOT_BYTES  # the soft bound is back
+    p.pump()
+    for i, sink in enumerate(sinks):  # Read i saw Write i-1's bytes, not Write i's
+        assert bytes(sink.buf[:64]) == (bytes([i]) * 64 if i else bytes(64))
