@@ -131,14 +131,15 @@ def test_a_wr_whose_fields_do_not_fit_the_wire_is_refused_at_posting(
     assert bytes(target.view(target.base, 64)) == bytes(range(64))
 
 
-def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
-    """Reads each below the snapshot bound, each followed by a Write, from a peer that
-    reads nothing: every Write snapshotted the one response before it, so the copies grew
-    by a Read's size per pair (8 x 3 MiB = 24 MiB held).  Copies not yet sent count toward
-    the bound now; the Writes wait instead, and each Read still returns the bytes from
-    before the Write that follows it (RFC 5040 §5.5)."""
-    size, pairs = 3 << 20, 8
+def _reads_each_followed_by_a_write(
+    size: int, pairs: int, hard: int | None = None
+) -> tuple[Pair, MemoryRegion, list[MemoryRegion], QpEndpoint]:
+    """``pairs`` Reads of ``size`` bytes of one region of ``b``, each followed by a 64-byte
+    Write to its start, all fed to ``b`` (whose ``max_stalled_snapshot_bytes`` is ``hard``
+    when given) until an event waits or all are applied: (pair, region, sinks, b's end)."""
     p = Pair(a_qp={"ord": pairs}, b_qp={"ird": pairs})
+    if hard is not None:
+        p.b.qp.max_stalled_snapshot_bytes = hard
     region = p.b.mr(bytes(size), Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE)
     sinks = [p.a.mr(size) for _ in range(pairs)]
     for i, sink in enumerate(sinks):
@@ -149,11 +150,21 @@ def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
                 rkey=region.rkey, remote_addr=region.base,
             )
         )  # fmt: skip
-    a_out = bytes(p.a.endpoint.produce())  # type: ignore[union-attr]
     b_endpoint: QpEndpoint = p.b.endpoint  # type: ignore[assignment]
-    b_endpoint.feed(a_out)
+    b_endpoint.feed(bytes(p.a.endpoint.produce()))  # type: ignore[union-attr]
     while b_endpoint.events_pending and b_endpoint.stalled is None:
         b_endpoint.feed(None)
+    return p, region, sinks, b_endpoint
+
+
+def test_snapshot_copies_are_bounded_in_total_not_per_snapshot() -> None:
+    """Reads each below the snapshot bound, each followed by a Write, from a peer that
+    reads nothing: every Write snapshotted the one response before it, so the copies grew
+    by a Read's size per pair (8 x 3 MiB = 24 MiB held).  Copies not yet sent count toward
+    the bound now; the Writes wait instead, and each Read still returns the bytes from
+    before the Write that follows it (RFC 5040 §5.5)."""
+    p, region, sinks, b_endpoint = _reads_each_followed_by_a_write(3 << 20, 8)
+    pairs = len(sinks)
     assert _copied_bytes(p.b.qp) <= MAX_SNAPSHOT_BYTES
     assert b_endpoint.stalled is not None  # a Write waits for the responses to go out
     p.pump()
@@ -169,23 +180,8 @@ def test_a_stall_released_copies_up_to_the_stalled_bound(hard: int) -> None:
     moving): the Writes are applied and the responses copied, within
     max_stalled_snapshot_bytes; each Read still returns the bytes from before the Write
     after it.  With that bound 0 nothing more is copied and the Write keeps waiting."""
-    size, pairs = 3 << 20, 8
-    p = Pair(a_qp={"ord": pairs}, b_qp={"ird": pairs})
-    p.b.qp.max_stalled_snapshot_bytes = hard
-    region = p.b.mr(bytes(size), Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE)
-    sinks = [p.a.mr(size) for _ in range(pairs)]
-    for i, sink in enumerate(sinks):
-        _post_read(p, i, sink, region)
-        p.a.qp.post_send(
-            SendWR(
-                100 + i, WrOpcode.RDMA_WRITE, inline_data=bytes([i + 1]) * 64,
-                rkey=region.rkey, remote_addr=region.base,
-            )
-        )  # fmt: skip
-    b_endpoint: QpEndpoint = p.b.endpoint  # type: ignore[assignment]
-    b_endpoint.feed(bytes(p.a.endpoint.produce()))  # type: ignore[union-attr]
-    while b_endpoint.events_pending and b_endpoint.stalled is None:
-        b_endpoint.feed(None)
+    p, region, sinks, b_endpoint = _reads_each_followed_by_a_write(3 << 20, 8, hard)
+    pairs = len(sinks)
     assert b_endpoint.stalled is not None
     if not hard:
         assert not b_endpoint.release_stall()
