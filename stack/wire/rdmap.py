@@ -96,7 +96,6 @@ from stack.wire.events import (
     AtomicResponse,
     Data,
     ImmediateData,
-    MessagePart,
     RdmapMessage,
     RdmaWrite,
     ReadRequest,
@@ -432,22 +431,29 @@ def encode_message(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[b
     return [join(p) for p in encode_message_parts(msg, msn=msn, mulpdu=mulpdu)]
 
 
-def encode_message_parts(msg: RdmapMessage, *, msn: int | None, mulpdu: int) -> list[ddp.Parts]:
+def encode_message_parts(
+    msg: RdmapMessage, *, msn: int | None, mulpdu: int, mo: int = 0, last: bool = True
+) -> list[ddp.Parts]:
     """:func:`encode_message` as (header, payload view) pairs: no payload copy.
 
     For a framer that writes header and payload straight into its FPDU buffer (one copy
-    per byte for the whole send path).  The views alias the message's data.
+    per byte for the whole send path).  The views alias the message's data.  ``mo`` and
+    ``last`` encode a Write, Read Response or Send as part of a larger message
+    (:class:`~stack.wire.events.MessagePart`): its untagged MOs from ``mo`` on (DDP-05), L
+    only when ``last`` (DDP-02).
     """
     if not MULPDU_MIN <= mulpdu <= MULPDU_MAX:
         raise LocalError(f"MULPDU {mulpdu} outside {MULPDU_MIN}..{MULPDU_MAX}")
     if msn is None:
         msn = 1
     if isinstance(msg, RdmaWrite):
-        return encode_write_fields(msg.stag, msg.to, msg.data, mulpdu)
+        return encode_write_fields(msg.stag, msg.to, msg.data, mulpdu, last)
     if isinstance(msg, ReadResponse):
-        return ddp.segment_tagged_parts(msg.stag, msg.to, _READ_RESPONSE_CTRL, msg.data, mulpdu)
+        ctrl = _READ_RESPONSE_CTRL
+        return ddp.segment_tagged_parts(msg.stag, msg.to, ctrl, msg.data, mulpdu, last)
     if isinstance(msg, Send):
-        return ddp.segment_untagged_parts(QueueNumber.SEND, msn, _send_ulp(msg), msg.data, mulpdu)
+        ulp = _send_ulp(msg)
+        return ddp.segment_untagged_parts(QueueNumber.SEND, msn, ulp, msg.data, mulpdu, mo, last)
     op, body = _encode_fixed(msg)
     ulp = rdmap_ctrl(op) << 32
     (header, _) = ddp.segment_untagged_parts(OPCODE_QN[op], msn, ulp, _NO_PAYLOAD, mulpdu)[0]
@@ -462,32 +468,18 @@ def _send_ulp(msg: Send) -> int:
     return (rdmap_ctrl(msg.opcode) << 32) | (inval or 0)
 
 
-def encode_part_parts(part: MessagePart, *, msn: int, mulpdu: int) -> list[ddp.Parts]:
-    """:func:`encode_message_parts` of a :class:`~stack.wire.events.MessagePart`: its
-    message's segments, L set only when the part ends the message (DDP-02), an untagged
-    part's MOs from ``part.mo`` on (DDP-05), ``msn`` that of the whole message."""
-    if not MULPDU_MIN <= mulpdu <= MULPDU_MAX:
-        raise LocalError(f"MULPDU {mulpdu} outside {MULPDU_MIN}..{MULPDU_MAX}")
-    msg = part.message
-    if isinstance(msg, Send):
-        ulp = _send_ulp(msg)
-        return ddp.segment_untagged_parts(
-            QueueNumber.SEND, msn, ulp, msg.data, mulpdu, part.mo, part.last
-        )
-    ctrl = _WRITE_CTRL if isinstance(msg, RdmaWrite) else _READ_RESPONSE_CTRL
-    return ddp.segment_tagged_parts(msg.stag, msg.to, ctrl, msg.data, mulpdu, part.last)
-
-
 _WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE
 _READ_RESPONSE_CTRL = _RV_BITS | Opcode.RDMA_READ_RESPONSE
 _NO_PAYLOAD = memoryview(b"")  # a fixed-size message's DDP payload (its header is separate)
 
 
-def encode_write_fields(stag: int, to: int, data: Data, mulpdu: int) -> list[ddp.Parts]:
+def encode_write_fields(
+    stag: int, to: int, data: Data, mulpdu: int, last: bool = True
+) -> list[ddp.Parts]:
     """The tagged segments of ``RdmaWrite(stag, to, data)`` (RFC 5040 §4.3: RDMAP version,
     opcode 0 in RsvdULP), for a ``mulpdu`` already checked; the sender's bulk path calls it
-    with a Write's fields, no message made."""
-    return ddp.segment_tagged_parts(stag, to, _WRITE_CTRL, data, mulpdu)
+    with a Write's fields, no message made (``last``: see :func:`encode_message_parts`)."""
+    return ddp.segment_tagged_parts(stag, to, _WRITE_CTRL, data, mulpdu, last)
 
 
 def _encode_fixed(msg: RdmapMessage) -> tuple[int, bytes]:

@@ -94,7 +94,6 @@ from stack.wire.rdmap import (
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
-    encode_part_parts,
     encode_write_fields,
     exact_fixed_header,
     message_qn,
@@ -264,7 +263,9 @@ class RdmapStream:
         advances after the last part (DDP-04, DDP-05)."""
         msns = self._tx_msn
         msn = msns[_QN_SEND]
-        parts = encode_part_parts(part, msn=msn, mulpdu=self._mulpdu)
+        parts = encode_message_parts(
+            part.message, msn=msn, mulpdu=self._mulpdu, mo=part.mo, last=part.last
+        )
         if part.last and isinstance(part.message, Send):
             msns[_QN_SEND] = (msn + 1) & ALL_ONES_32
         return parts
