@@ -389,16 +389,15 @@ class QpSend(QpBase):
             item = out.popleft()
             if isinstance(item, _SqEntry):  # a Write WR's one message (_start)
                 data = item.payload
+                item.payload = None
+                wr = item.wr
                 n = len(data)  # type: ignore[arg-type]
-                if n > limit and part_mulpdu is not None and part_mulpdu():
-                    # Queued as its message from now on, taken in parts as such (below).
-                    item.payload = None
-                    wr = item.wr
+                if n > limit and part_mulpdu is not None:
+                    # Queued as its message from now on, taken in parts (or whole, for a
+                    # send_message hook) as such (below).
                     item.messages_left = 1
                     out.appendleft(_OutItem(RdmaWrite(wr.rkey, wr.remote_addr, data), item))  # type: ignore[arg-type]
                     continue
-                item.payload = None
-                wr = item.wr
                 taken.append((wr.rkey, wr.remote_addr, data))  # type: ignore[arg-type]
                 budget -= n + 64
                 item.done = reap = True
