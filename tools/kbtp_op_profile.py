@@ -35,7 +35,6 @@ import gc
 import json
 import os
 import pstats
-import subprocess
 import sys
 from contextlib import nullcontext
 from typing import Any
@@ -58,6 +57,7 @@ if __package__:
         add_common_arguments,
         callgrind_instructions,
         counting_sockets,
+        measure_in_tree,
     )
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
     from profiling import (  # type: ignore[import-not-found,no-redef]
@@ -65,6 +65,7 @@ else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
         add_common_arguments,
         callgrind_instructions,
         counting_sockets,
+        measure_in_tree,
     )
 
 OPS = ("store", "load", "alloc_store")
@@ -215,16 +216,6 @@ def measure(
     return out
 
 
-def _in_tree(tree: str, argv: list[str]) -> dict[str, dict[str, Any]]:
-    """:func:`measure` of another source tree (a subprocess with it first on the path)."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    here = os.path.abspath(__file__)
-    cmd = [sys.executable, here, *argv, "--json"]
-    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
-    result: dict[str, dict[str, Any]] = json.loads(done.stdout)
-    return result
-
-
 COLUMNS = ("python_calls", "socket_calls", "scheduler_passes", "task_steps", "instructions")
 
 
@@ -254,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         own = ["--ops", args.ops, "--size", str(args.size), "--inflight", str(args.inflight)]
         own += ["--iters", str(args.iters)] + (["--instructions"] if args.instructions else [])
-        rows = {"baseline": _in_tree(args.baseline, own), "": ours}
+        rows = {"baseline": measure_in_tree(__file__, args.baseline, own), "": ours}
     columns = [c for c in COLUMNS if c != "instructions" or args.instructions]
     print(f"{'op':<22}" + "".join(f"{c:>18}" for c in columns))
     for op in ours:

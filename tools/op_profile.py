@@ -39,7 +39,6 @@ import cProfile
 import json
 import os
 import pstats
-import subprocess
 import sys
 
 import trio
@@ -56,6 +55,7 @@ if __package__:
         add_common_arguments,
         callgrind_instructions,
         counting_sockets,
+        measure_in_tree,
     )
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
     from profiling import (  # type: ignore[import-not-found,no-redef]
@@ -63,6 +63,7 @@ else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
         add_common_arguments,
         callgrind_instructions,
         counting_sockets,
+        measure_in_tree,
     )
 
 _REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
@@ -304,16 +305,6 @@ def instructions(kind: str, n: int, post_list: int = 0) -> int:
     return totals[1] - totals[0]
 
 
-def _in_tree(tree: str, argv: list[str]) -> dict[str, dict[str, float]]:
-    """:func:`measure` of another source tree (a subprocess with it first on the path)."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, os.path.join(here, "op_profile.py"), *argv, "--json"]
-    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
-    result: dict[str, dict[str, float]] = json.loads(done.stdout)
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.op_profile", description=__doc__)
     parser.add_argument("--iters", type=int, default=2000, help="round trips per case")
@@ -335,7 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         own = ["--iters", str(args.iters), "--post-list", str(args.post_list)]
         own += ["--instructions"] if args.instructions else []
-        rows = {"baseline": _in_tree(args.baseline, own + ["--lists", str(args.lists)]), "": ours}
+        rows = {
+            "baseline": measure_in_tree(
+                __file__, args.baseline, own + ["--lists", str(args.lists)]
+            ),
+            "": ours,
+        }
     columns: tuple[str, ...] = ("python_calls", "socket_calls", "scheduler_passes", "task_steps")
     if args.instructions:
         columns += ("instructions",)

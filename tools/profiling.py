@@ -10,6 +10,8 @@ another tree's ``stack`` and ``kbtp`` first on the path, whose ``tools`` may pre
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import socket
 import subprocess
@@ -91,3 +93,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also count instructions per operation with valgrind's callgrind (load-free)",
     )
+
+
+def measure_in_tree(script: str, tree: str, argv: list[str]) -> dict[str, dict[str, Any]]:
+    """The ``--json`` figures of the profiler ``script`` (this checkout's file) run over
+    another source tree ``tree`` (``--baseline``): a subprocess with that tree first on the
+    path and as its working directory."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    cmd = [sys.executable, os.path.abspath(script), *argv, "--json"]
+    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
+    result: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return result
