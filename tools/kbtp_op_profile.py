@@ -52,21 +52,9 @@ from kbtp.initiator import KbtpInitiator
 from stack.wire.events import MpaSettings
 
 if __package__:
-    from tools.profiling import (
-        Steps,
-        add_common_arguments,
-        callgrind_instructions,
-        counting_sockets,
-        measure_in_tree,
-    )
+    from tools import profiling
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
-    from profiling import (  # type: ignore[import-not-found,no-redef]
-        Steps,
-        add_common_arguments,
-        callgrind_instructions,
-        counting_sockets,
-        measure_in_tree,
-    )
+    import profiling  # type: ignore[no-redef]
 
 OPS = ("store", "load", "alloc_store")
 WARMUP = 64
@@ -90,7 +78,7 @@ async def _row(
     config = bench_config(size, blocks, inflight, DEFAULT_MAX_INLINE)
     data = bytearray(os.urandom(size))
     out: dict[str, Any] = {}
-    with counting_sockets() if mode == "count" else nullcontext([0]) as sockets:
+    with profiling.counting_sockets() if mode == "count" else nullcontext([0]) as sockets:
         target = checked_target(config, settings=settings)
         async with (
             target.running() as target,
@@ -136,7 +124,7 @@ async def _row(
                 out["by_area"] = _by_area(stats, iters)
                 if top:
                     out["top"] = _top(stats, iters, top)
-                steps = Steps()
+                steps = profiling.Steps()
                 trio.lowlevel.add_instrument(steps)
                 sockets[0] = 0
                 steps.counting = True
@@ -199,7 +187,7 @@ def instructions(op: str, size: int, inflight: int, iters: int) -> int:
     totals = []
     for n in (100, iters + 100):
         loop = [script, "--loop", op, str(size), str(inflight), str(n), str(iters + 100)]
-        totals.append(callgrind_instructions("kbtp_op_profile", loop, f"{op} x {n}", env))
+        totals.append(profiling.callgrind_instructions("kbtp_op_profile", loop, f"{op} x {n}", env))
     return totals[1] - totals[0]
 
 
@@ -226,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inflight", type=int, default=16, help="requests in flight")
     parser.add_argument("--iters", type=int, default=1000, help="operations counted")
     parser.add_argument("--top", type=int, default=0, help="show the top N functions")
-    add_common_arguments(parser)
+    profiling.add_common_arguments(parser)
     parser.add_argument("--loop", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loop:  # one row alone, for callgrind
@@ -245,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         own = ["--ops", args.ops, "--size", str(args.size), "--inflight", str(args.inflight)]
         own += ["--iters", str(args.iters)] + (["--instructions"] if args.instructions else [])
-        rows = {"baseline": measure_in_tree(__file__, args.baseline, own), "": ours}
+        rows = {"baseline": profiling.measure_in_tree(__file__, args.baseline, own), "": ours}
     columns = [c for c in COLUMNS if c != "instructions" or args.instructions]
     print(f"{'op':<22}" + "".join(f"{c:>18}" for c in columns))
     for op in ours:

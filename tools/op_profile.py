@@ -50,21 +50,9 @@ from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, RequestReceived, Role
 
 if __package__:
-    from tools.profiling import (
-        Steps,
-        add_common_arguments,
-        callgrind_instructions,
-        counting_sockets,
-        measure_in_tree,
-    )
+    from tools import profiling
 else:  # run as a file, by --baseline: this checkout's sibling (tools.profiling)
-    from profiling import (  # type: ignore[import-not-found,no-redef]
-        Steps,
-        add_common_arguments,
-        callgrind_instructions,
-        counting_sockets,
-        measure_in_tree,
-    )
+    import profiling  # type: ignore[no-redef]
 
 _REMOTE = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
@@ -106,10 +94,10 @@ async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
             if wc.status:
                 raise RuntimeError(f"{kind} completed with {wc.status.text}")
 
-    steps = Steps()
+    steps = profiling.Steps()
     out: dict[str, float] = {}
     # Count from before the connection: the driver binds the socket's methods when it starts.
-    with counting_sockets() as sockets:
+    with profiling.counting_sockets() as sockets:
         async with (
             ConnectionManager.open(server_rnic) as scm,
             ConnectionManager.open(client_rnic) as ccm,
@@ -297,7 +285,7 @@ def instructions(kind: str, n: int, post_list: int = 0) -> int:
     total over the loop run ``n`` + 50 times less its total over 50 (set-up cancels)."""
     script = os.path.abspath(__file__)
     totals = [
-        callgrind_instructions(
+        profiling.callgrind_instructions(
             "op_profile", [script, "--loop", kind, str(reps), str(post_list)], f"{kind} x {reps}"
         )
         for reps in (50, n + 50)
@@ -310,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=2000, help="round trips per case")
     parser.add_argument("--post-list", type=int, default=16, help="WRs per post_send")
     parser.add_argument("--lists", type=int, default=2000, help="post lists measured")
-    add_common_arguments(parser)
+    profiling.add_common_arguments(parser)
     parser.add_argument(
         "--loop", nargs=3, metavar=("KIND", "N", "POST_LIST"), help=argparse.SUPPRESS
     )
@@ -327,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         own = ["--iters", str(args.iters), "--post-list", str(args.post_list)]
         own += ["--instructions"] if args.instructions else []
         rows = {
-            "baseline": measure_in_tree(
+            "baseline": profiling.measure_in_tree(
                 __file__, args.baseline, own + ["--lists", str(args.lists)]
             ),
             "": ours,
