@@ -14,6 +14,8 @@ so they behave identically.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from stack.errors import IwarpError, ProtocolError
 from stack.rnic.qp import QpState, QueuePair
@@ -223,22 +225,21 @@ class QpEndpoint:
             if qp.terminate_pending is not None:
                 self.fail(qp.terminate_pending, offending=False)
 
-    def release_stall(self) -> bool:
-        """The event that waits for queued Read Responses (:attr:`stalled`) has waited while
-        none of our output moved: the peer reads nothing, or it waits for us as we wait for
-        it.  Apply it anyway, copying the responses up to the QP's
-        ``max_stalled_snapshot_bytes`` (RFC 5040 §5.5), and what follows it; False when
-        even that bound is too small (it still waits)."""
+    @contextmanager
+    def stall_released(self) -> Iterator[None]:
+        """While inside, events are applied with the QP's ``max_stalled_snapshot_bytes`` as
+        the bound of its copies: the drivers feed None in it once the event that waits for
+        queued Read Responses (:attr:`stalled`) has waited while none of our output moved
+        (the peer reads nothing, or it waits for us as we wait for it), so that event and
+        what follows it are applied, the responses copied (RFC 5040 §5.5), unless even that
+        bound is too small."""
         qp = self.qp
-        if self.stalled is None:
-            return False
         soft = qp.max_snapshot_bytes
         qp.max_snapshot_bytes = max(soft, qp.max_stalled_snapshot_bytes)
         try:
-            self.feed(None)
+            yield
         finally:
             qp.max_snapshot_bytes = soft
-        return self.stalled is None
 
     def resume_stalled(self) -> None:
         """Apply the event that waited for queued Read Responses once they are out."""

@@ -68,7 +68,7 @@ one QP holds at once, in total."""
 MAX_STALLED_SNAPSHOT_BYTES = 64 << 20
 """Default of :attr:`QueuePair.max_stalled_snapshot_bytes`: the copies a QP makes anyway once
 a placement has waited for its queued Read Responses while none of its output moved
-(:meth:`~stack.rnic.endpoint.QpEndpoint.release_stall`)."""
+(:meth:`~stack.rnic.endpoint.QpEndpoint.stall_released`)."""
 
 
 class QpState(Enum):

@@ -158,7 +158,8 @@ class BlockingConnection:
                 release = self._stall_release
                 if not self._wait(False, release if deadline is None else min(deadline, release)):
                     if time.monotonic() >= release and self._stall_mark == sendq.sent:
-                        self._release_stall()
+                        with self.endpoint.stall_released():
+                            self._apply(None)
             else:
                 self._apply(None)  # they have left: apply it
             return not self.closed
@@ -322,20 +323,6 @@ class BlockingConnection:
         self.error = endpoint.error or self.error
         self.peer_closed = endpoint.peer_closed
         if endpoint.reading_done and not self.closed:
-            self._reading_over()
-
-    def _release_stall(self) -> None:
-        """Apply the event that waited for our Read Responses anyway, and what followed it
-        (:meth:`QpEndpoint.release_stall`), then send what that produced."""
-        self._busy = True
-        try:
-            self.endpoint.release_stall()
-        finally:
-            self._busy = False
-        self.error = self.endpoint.error or self.error
-        self.peer_closed = self.endpoint.peer_closed
-        self._flush()
-        if self.endpoint.reading_done and not self.closed:
             self._reading_over()
 
     def _reading_over(self) -> None:
