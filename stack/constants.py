@@ -100,8 +100,8 @@ RAW_RECEIVE_SIZE = 128 * 1024
 bench --baseline``, ``kbtp bench``): the fastest size measured for them on loopback, so
 that a ratio is taken against the fastest honest raw exchange.  A 1 MiB stream, one
 ``send_all`` per MiB: 6.0-6.9 GB/s at 128 KiB, 4.9 at 64 KiB, 5.7-6.4 at 160-192 KiB and
-3.6-4.3 at 256 KiB to 1 MiB (``recv_into`` a preallocated buffer behaves alike); ``python
--m tools.bench_floor --raw-sizes`` measures it again."""
+3.6-4.3 at 256 KiB to 1 MiB (``recv_into`` a preallocated buffer behaves alike); ``iwarp
+bench floor --raw-sizes`` measures it again."""
 RAW_RECEIVE_SIZES = (RAW_RECEIVE_SIZE, 256 * 1024)
 """Receive sizes ``kbtp bench``'s pipelined raw baseline runs with, keeping the faster run:
 neither is the faster at every block size (measured: 256 KiB by 8-12 % at 64 KiB blocks,

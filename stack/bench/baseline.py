@@ -15,7 +15,7 @@ Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
 :func:`~stack.transport.sockopts.limit_unsent`), not trio's 16 KiB, which costs a bulk
 sender a system call and a writable wait per 16 KiB.  Every raw receiver reads
 :data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per ``receive_some``: the fastest size
-measured for a stream (``python -m tools.bench_floor --raw-sizes``; the driver's own
+measured for a stream (``iwarp bench floor --raw-sizes``; the driver's own
 256 KiB, used before, made the raw stream about 1.6x slower); a request/response client runs
 once per size of :data:`~stack.constants.RAW_RECEIVE_SIZES` and the faster run counts.
 

@@ -6,7 +6,8 @@ table headers and dashed separators, the same split into a passive server and an
 client.  By default the client spawns the server half (``iwarp bench server``) on 127.0.0.1
 and drives it; ``--server`` and ``--connect HOST:PORT`` run the halves by hand,
 ``--in-process`` runs both in one trio run.  ``iwarp bench idle-qps`` measures the memory
-of idle connected QPs.  Also runnable as ``python -m stack.bench.cli``.
+of idle connected QPs, ``iwarp bench floor`` the pure-Python floor of a bulk Write against raw
+TCP (:mod:`stack.bench.floor`).  Also runnable as ``python -m stack.bench.cli``.
 
 Speed is measured and reported, never asserted.
 """
@@ -17,6 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from stack.bench import floor
 from stack.bench.export import idle_document, rdma_document
 from stack.bench.options import (
     ALL_SIZES,
@@ -493,7 +495,7 @@ def run_idle_command(args: argparse.Namespace) -> int:
 
 
 def register_bench(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``write``, ``read``, ``send``, ``atomic``, ``server`` and ``idle-qps``."""
+    """Add ``write``, ``read``, ``send``, ``atomic``, ``server``, ``idle-qps`` and ``floor``."""
     for test in TESTS:
         parser = subparsers.add_parser(
             test,
@@ -520,10 +522,19 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     add_idle_arguments(idle)
     idle.set_defaults(func=run_idle_command)
+    floor_parser = subparsers.add_parser(
+        "floor",
+        help=floor.HELP,
+        description=floor.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    floor.add_arguments(floor_parser)
+    one_line_errors(floor_parser)
+    floor_parser.set_defaults(func=floor.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m stack.bench.cli write|read|send|atomic|server|idle-qps ...``."""
+    """``python -m stack.bench.cli write|read|send|atomic|server|idle-qps|floor ...``."""
     parser = argparse.ArgumentParser(prog="iwarp bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     sub.required = True

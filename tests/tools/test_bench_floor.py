@@ -1,7 +1,8 @@
-"""``python -m tools.bench_floor``: the pure-Python floor and the raw receive-size sweep."""
+"""``iwarp bench floor``: the pure-Python floor and the raw receive-size sweep."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -9,22 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from stack.bench.floor import DDP_TAGGED_HEADER, VARIANTS, _marked_wire, _MarkedFramer, measure
 from stack.constants import MPA_CRC_RESIDUE, MPA_MARKER_INTERVAL, RAW_RECEIVE_SIZE
 from stack.crc import crc32c
-from tools.bench_floor import DDP_TAGGED_HEADER, _marked_wire, _MarkedFramer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _floor(*args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "tools.bench_floor", *args]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _floor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``iwarp bench floor ARGS`` of the installed package, run outside the checkout."""
+    argv = [sys.executable, "-m", "stack.cli.iwarp", "bench", "floor", *args]
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
 
-def test_the_sweep_adds_a_raw_row_per_receive_size_with_ratios_to_raw() -> None:
-    done = _floor("-s", "64K", "-D", "0.3", "--repeat", "1", "--raw-sizes", "64K,1M", "--json", "-")
+def test_the_sweep_adds_a_raw_row_per_receive_size_with_ratios_to_raw(tmp_path: Path) -> None:
+    done = _floor(
+        tmp_path, "-s", "64K", "-D", "0.3", "--repeat", "1", "--raw-sizes", "64K,1M", "--json", "-"
+    )
     assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)["rows"]
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == "iwarp-bench-floor/1" and doc["exit_status"] == 0
+    rows = doc["rows"]
     names = [r["variant"] for r in rows]
     assert names == ["raw", "raw@64K", "raw@1M", "raw-into", "crc", "floor", "markers"]
     raw = rows[0]
@@ -32,19 +36,47 @@ def test_the_sweep_adds_a_raw_row_per_receive_size_with_ratios_to_raw() -> None:
     for row in rows[1:]:
         assert row["ratio"] == pytest.approx(row["MBps"] / raw["MBps"], rel=1e-9)
     assert RAW_RECEIVE_SIZE == 128 * 1024  # what ``raw`` reads per receive_some
+    table = done.stderr.splitlines()  # --json -: the table on stderr, after the progress
+    assert table[-len(rows) - 1].split()[:2] == ["size", "variant"]
+    assert [line.split()[1] for line in table[-len(rows) :]] == names
 
 
 @pytest.mark.parametrize("bad", ["0", "12Q", "2G"])
-def test_bad_raw_sizes_are_one_usage_error(bad: str) -> None:
-    done = _floor("--raw-sizes", bad)
+def test_bad_raw_sizes_are_one_usage_error(tmp_path: Path, bad: str) -> None:
+    done = _floor(tmp_path, "--raw-sizes", bad)
     assert done.returncode == 2
     assert "--raw-sizes" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_read_size_caps_every_recv_into_and_is_recorded() -> None:
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        pytest.param(args, option, id=" ".join(args))
+        for args, option in [
+            (["--repeat", "0"], "--repeat"),
+            (["-s", "nonsense"], "--sizes"),
+            (["-s", "32"], "--sizes"),
+            (["-D", "0"], "--duration"),
+            (["--emss", "10"], "--emss"),
+            (["--json", "no-such-dir/out.json"], "--json"),
+        ]
+    ],
+)
+def test_a_bad_argument_is_one_error_line_and_status_2(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    done = _floor(tmp_path, *args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("iwarp bench floor: error: ") and option in done.stderr
+
+
+def test_the_read_size_caps_every_recv_into_and_is_recorded(tmp_path: Path) -> None:
     # An odd cap smaller than an FPDU: each FPDU arrives over many reads, a partial one at
     # the end of most of them, and the receivers still check every CRC and count every octet.
-    done = _floor("-s", "64K", "-D", "0.3", "--repeat", "1", "--read-size", "1000", "--json", "-")
+    done = _floor(
+        tmp_path, "-s", "64K", "-D", "0.3", "--repeat", "1", "--read-size", "1000", "--json", "-"
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["read_size"] == 1000
@@ -53,17 +85,30 @@ def test_the_read_size_caps_every_recv_into_and_is_recorded() -> None:
     assert all(r["MBps"] > 0 for r in doc["rows"])
 
 
-def test_the_read_size_defaults_to_what_raw_reads() -> None:
-    done = _floor("-s", "64K", "-D", "0.2", "--repeat", "1", "--json", "-")
+def test_the_read_size_defaults_to_what_raw_reads(tmp_path: Path) -> None:
+    done = _floor(tmp_path, "-s", "64K", "-D", "0.2", "--repeat", "1", "--json", "-")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["read_size"] == RAW_RECEIVE_SIZE
 
 
 @pytest.mark.parametrize("bad", ["0", "x", "2M"])
-def test_bad_read_sizes_are_one_usage_error(bad: str) -> None:
-    done = _floor("--read-size", bad)
+def test_bad_read_sizes_are_one_usage_error(tmp_path: Path, bad: str) -> None:
+    done = _floor(tmp_path, "--read-size", bad)
     assert done.returncode == 2
     assert "--read-size" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_measure_sends_its_progress_where_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    # What another module calls: the rows of the table, a progress line per run to the
+    # stream given, and none anywhere with None.
+    out = io.StringIO()
+    rows = measure([65536], 0.1, 1, 65483, progress=out)
+    assert [r["variant"] for r in rows] == list(VARIANTS)
+    keys = {"size", "variant", "MBps", "msgps", "cpu_send_us", "cpu_recv_us", "ratio"}
+    assert all(set(r) == keys and r["size"] == 65536 for r in rows)
+    assert len(out.getvalue().splitlines()) == len(VARIANTS)
+    assert len(measure([65536], 0.1, 1, 65483, progress=None)) == len(VARIANTS)
+    assert capsys.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize("length", [64, 490, 491, 508, 4000, 64752])

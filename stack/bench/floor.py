@@ -1,12 +1,12 @@
 """Benchmark: the pure-Python floor of a bulk RDMA Write, against raw trio TCP in one run.
 
-``python -m tools.bench_floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--raw-sizes LIST]
-[--read-size N] [--json OUT]``
+``iwarp bench floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--raw-sizes [LIST]]
+[--read-size N] [--json FILE]`` (also ``python -m stack.bench.floor``)
 
 How fast can any pure-Python iWARP sender and receiver be?  Whatever the layering, an RDMA
 Write with CRC on has to compute CRC32c over every FPDU at both ends and copy the payload
 from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
-``iwarp bench``) does neither.  This tool runs, two processes on loopback, each variant in
+``iwarp bench``) does neither.  This command runs, two processes on loopback, each variant in
 turn, alternated ``--repeat`` times:
 
 ``raw``    a trio stream of the message bytes, up to 1 MiB per ``send_all``; the receiver
@@ -60,7 +60,6 @@ for ``floor`` against ``crc``), so what a receiver does between its reads sets t
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
 import struct
@@ -68,12 +67,26 @@ import subprocess
 import sys
 import time
 from array import array
-from typing import Any
+from typing import Any, TextIO
 
 import trio
 
-from stack.bench.options import BenchError
+from stack.bench.options import MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
+from stack.cli import (
+    ERROR_PROG,
+    MAX_DURATION,
+    MAX_EMSS,
+    MAX_REPEAT,
+    MIN_EMSS,
+    CliError,
+    binary_size,
+    duration,
+    one_line_errors,
+    repeat_count,
+)
+from stack.cli import emss as emss_type
+from stack.cli.json_report import add_json_argument, check_outputs, schema, write_json
 from stack.constants import (
     MPA_CRC_RESIDUE,
     MPA_MARKER_INTERVAL,
@@ -87,6 +100,18 @@ from stack.transport.sockopts import limit_unsent
 from stack.wire.framing import mulpdu_for
 from stack.wire.markers import MARKER_DATA
 
+__all__ = [
+    "DDP_TAGGED_HEADER",
+    "HELP",
+    "MIN_SIZE",
+    "VARIANTS",
+    "add_arguments",
+    "format_table",
+    "main",
+    "measure",
+    "run",
+]
+
 RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
 BATCH = 1024 * 1024
 DDP_TAGGED_HEADER = 14
@@ -99,10 +124,35 @@ _CRC = struct.Struct("<I")
 _U16 = struct.Struct("!H")
 
 
-def _size(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
-    return int(text.rstrip("KM")) * scale
+MIN_SIZE = 64
+"""Smallest message size ``-s`` takes (a tagged FPDU's header and CRC alone are 20 octets)."""
+RAW_SIZES = "64K,256K,1M"
+"""The receive sizes of ``--raw-sizes`` given without a list."""
+
+
+def _sizes(text: str, minimum: int, maximum: int) -> list[int]:
+    """``64K,1M`` -> octets (K/M/G suffixes), at least one, each ``minimum`` to ``maximum``."""
+    sizes = [binary_size(word, maximum) for word in text.split(",") if word.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"no size in {text!r}")
+    if min(sizes) < minimum:
+        raise argparse.ArgumentTypeError(f"size must be {minimum} to {maximum}, got {text!r}")
+    return sizes
+
+
+def _message_sizes(text: str) -> list[int]:
+    """argparse type of ``-s``: message sizes of :data:`MIN_SIZE` octets to 1 GiB."""
+    return _sizes(text, MIN_SIZE, MAX_SIZE)
+
+
+def _receive_sizes(text: str) -> list[int]:
+    """argparse type of ``--raw-sizes``: receive sizes of 1 octet to 1 GiB."""
+    return _sizes(text, 1, MAX_SIZE)
+
+
+def _read_size(text: str) -> int:
+    """argparse type of ``--read-size``: 1 octet to the receive buffer (RECEIVE, 1 MiB)."""
+    return binary_size(text, RECEIVE)
 
 
 def _label(size: int) -> str:
@@ -362,20 +412,27 @@ def measure(
     emss: int,
     raw_sizes: list[int] | None = None,
     read_size: int = RAW_RECEIVE_SIZE,
+    *,
+    progress: TextIO | None = sys.stderr,
 ) -> list[dict[str, Any]]:
     """Each variant at each size, alternated ``repeat`` times; medians per row.  ``raw_sizes``:
     a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``); ``read_size``:
-    octets per ``recv_into`` of the other receivers (``raw`` reads RAW_RECEIVE_SIZE)."""
+    octets per ``recv_into`` of the other receivers (``raw`` reads RAW_RECEIVE_SIZE);
+    ``progress``: where a line per run goes (None: nowhere).  The receiver is a process of
+    its own, ``python -m stack.bench.floor --sink``."""
     plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
     plan[1:1] = [(f"raw@{_label(n)}", 0, n) for n in raw_sizes or ()]
     payload = mulpdu_for(emss, False) - DDP_TAGGED_HEADER
     payload -= payload % 4
     sink = subprocess.Popen(
-        [sys.executable, "-m", "tools.bench_floor", "--sink"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "stack.bench.floor", "--sink"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert sink.stdout is not None
-        port = int(sink.stdout.readline())
+        line = sink.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError("the receiver (python -m stack.bench.floor --sink) did not start")
+        port = int(line)
         rows = []
         for size in sizes:
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in plan}
@@ -383,7 +440,8 @@ def measure(
                 for variant, index, receive in plan:
                     one = trio.run(_run, port, index, size, payload, seconds, receive)
                     runs[variant].append(one)
-                    print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=sys.stderr)
+                    if progress is not None:
+                        print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=progress)
             for variant, _, _ in plan:
                 ratios = [
                     r["MBps"] / raw["MBps"]
@@ -400,70 +458,129 @@ def measure(
         sink.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_floor", description=__doc__)
-    parser.add_argument("-s", "--sizes", default="64K,1M", help="message sizes (K/M suffixes)")
-    parser.add_argument("-D", "--duration", type=float, default=3.0, help="seconds per run")
-    parser.add_argument("--repeat", type=int, default=3, help="alternated runs per row")
-    parser.add_argument("--emss", type=int, default=65483, help="EMSS the MULPDU derives from")
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`measure` as the command prints them."""
+    lines = [
+        f"{'size':>8} {'variant':8} {'MB/s':>8} {'msg/s':>9} {'ratio':>6} "
+        f"{'CPU send/recv [us/msg]':>24}"
+    ]
+    lines += [
+        f"{r['size']:>8} {r['variant']:8} {r['MBps']:8.0f} {r['msgps']:9.0f} "
+        f"{r['ratio']:6.2f} {r['cpu_send_us']:11.1f}/{r['cpu_recv_us']:.1f}"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+HELP = "the pure-Python floor of a bulk RDMA Write (CRC, placement, markers) against raw TCP"
+"""The one line ``iwarp bench --help`` shows for ``floor``."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``iwarp bench floor``; their types refuse a bad value (one usage error,
+    before anything runs)."""
+    parser.add_argument(
+        "-s",
+        "--sizes",
+        type=_message_sizes,
+        default="64K,1M",
+        metavar="LIST",
+        help=f"message sizes, comma-separated, K/M suffixes, {MIN_SIZE} octets to 1G each "
+        "(default 64K,1M)",
+    )
+    parser.add_argument(
+        "-D",
+        "--duration",
+        type=duration,
+        default=3.0,
+        metavar="SECONDS",
+        help=f"seconds per run (default 3, at most {MAX_DURATION:g})",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=repeat_count,
+        default=3,
+        metavar="N",
+        help=f"alternated runs per row, the median reported (default 3, at most {MAX_REPEAT})",
+    )
+    parser.add_argument(
+        "--emss",
+        type=emss_type,
+        default=65483,
+        help=f"EMSS the MULPDU derives from, at least {MIN_EMSS} and at most {MAX_EMSS} "
+        "(default 65483)",
+    )
     parser.add_argument(
         "--raw-sizes",
-        metavar="LIST",
+        type=_receive_sizes,
         nargs="?",
-        const="64K,256K,1M",
-        help="also run raw with these receive sizes (default list 64K,256K,1M)",
+        const=RAW_SIZES,
+        metavar="LIST",
+        help="also run raw with each of these receive sizes, a raw@N row each "
+        f"(1 octet to 1G; the option alone: {RAW_SIZES})",
     )
     parser.add_argument(
         "--read-size",
+        type=_read_size,
+        default=RAW_RECEIVE_SIZE,
         metavar="N",
-        default=str(RAW_RECEIVE_SIZE),
-        help="octets per recv_into of raw-into, crc and floor (default 128K, as raw reads)",
+        help="octets per recv_into of the receivers but raw, at most "
+        f"{_label(RECEIVE)}, the receive buffer (default {_label(RAW_RECEIVE_SIZE)}, as raw reads)",
     )
-    parser.add_argument("--json", metavar="OUT", help="write the rows as JSON ('-': stdout)")
+    add_json_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``iwarp bench floor``: measure, print the table (on stderr with ``--json -``), write
+    the JSON; a failed run is one error line and status 1 (its JSON says so)."""
+    check_outputs(("--json", args.json))
+    prog = getattr(args, ERROR_PROG, "iwarp bench floor")
+    rows: list[dict[str, Any]] = []
+    status, error = 0, None
+    try:
+        rows = measure(
+            args.sizes, args.duration, args.repeat, args.emss, args.raw_sizes, args.read_size
+        )
+    except (BenchError, OSError, RuntimeError, trio.BrokenResourceError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        status, error = 1, str(exc)
+    if rows:
+        print(format_table(rows), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        document: dict[str, Any] = {
+            "schema": schema("iwarp bench floor"),
+            "command": "iwarp bench floor",
+            "emss": args.emss,
+            "read_size": args.read_size,
+            "rows": rows,
+            "exit_status": status,
+        }
+        if error is not None:
+            document["error"] = error
+        write_json(args.json, document)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stack.bench.floor``: ``iwarp bench floor``; ``--sink`` runs the receiver
+    that :func:`measure` starts, printing its port."""
+    parser = argparse.ArgumentParser(
+        prog="python -m stack.bench.floor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    one_line_errors(parser)
     args = parser.parse_args(argv)
     if args.sink:
         trio.run(_sink, sys.stdout)
         return 0
     try:
-        sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"bad --sizes {args.sizes!r}")
-    try:
-        raw_sizes = [_size(s) for s in (args.raw_sizes or "").split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"bad --raw-sizes {args.raw_sizes!r}")
-    if not sizes or min(sizes) < 64 or args.duration <= 0 or args.repeat < 1:
-        parser.error("sizes of at least 64 octets, a positive duration and repeat")
-    if any(not 1 <= n <= 1 << 30 for n in raw_sizes):
-        parser.error("--raw-sizes: receive sizes of 1 octet to 1 GiB")
-    try:
-        read_size = _size(args.read_size)
-    except ValueError:
-        parser.error(f"bad --read-size {args.read_size!r}")
-    if not 1 <= read_size <= RECEIVE:
-        parser.error(f"--read-size: 1 octet to {_label(RECEIVE)} (the receive buffer)")
-    rows = measure(sizes, args.duration, args.repeat, args.emss, raw_sizes, read_size)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    print(
-        f"{'size':>8} {'variant':8} {'MB/s':>8} {'msg/s':>9} {'ratio':>6} "
-        f"{'CPU send/recv [us/msg]':>24}",
-        file=out,
-    )
-    for r in rows:
-        print(
-            f"{r['size']:>8} {r['variant']:8} {r['MBps']:8.0f} {r['msgps']:9.0f} "
-            f"{r['ratio']:6.2f} {r['cpu_send_us']:11.1f}/{r['cpu_recv_us']:.1f}",
-            file=out,
-        )
-    if args.json:
-        text = json.dumps({"emss": args.emss, "read_size": read_size, "rows": rows}, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    return 0
+        return run(args)
+    except CliError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
