@@ -7,7 +7,9 @@ One concept a module: :mod:`~stack.bench.options` (a run's options, perftest's d
 :mod:`~stack.bench.baseline` (raw TCP) and :mod:`~stack.bench.run` (a run end to end).
 The commands are modules of their own, not imported here (each also runs with
 ``python -m``): :mod:`~stack.bench.cli` (``iwarp bench write|read|send|atomic|server|
-idle-qps``) and :mod:`~stack.bench.codec` (``iwarp bench codec``).
+idle-qps|floor``), :mod:`~stack.bench.codec` (``iwarp bench codec``),
+:mod:`~stack.bench.floor` (the pure-Python floor of a bulk Write) and
+:mod:`~stack.bench.goals` (``iwarp bench goals``: the speed goals in one run).
 """
 
 from stack.bench.baseline import raw_bandwidth, raw_latency

@@ -13,7 +13,12 @@ import importlib
 
 from stack.cli import one_line_errors
 
-BENCH_MODULES = ("stack.bench.codec", "stack.bench.cli", "stack.peers.perftest.cli")
+BENCH_MODULES = (
+    "stack.bench.codec",
+    "stack.bench.cli",
+    "stack.bench.goals",
+    "stack.peers.perftest.cli",
+)
 """The modules whose ``register_bench`` add the benchmarks and perftest-compatible peers."""
 
 

@@ -1,0 +1,539 @@
+"""``iwarp bench goals``: the data path's speed goals (docs/performance.md), measured in one run.
+
+Each goal is a ratio to a baseline measured in the same benchmark run (raw trio TCP, the
+pipelined raw request/response of ``kbtp bench``, Mooncake Transfer Engine's TCP
+transport), with a target and a direction.  This command runs the benchmarks behind them,
+one after the other, each as its own process (``iwarp bench ... --baseline --cpu --json``,
+``kbtp bench ... --vs mooncake --json``), reads their JSON documents and prints one table:
+target, measured, met.  It also measures the pure-Python floor of a bulk Write on this
+host (``iwarp bench floor``: CRC32c at both ends and the placement copy, nothing else):
+where a goal's target lies beyond that floor, no pure-Python implementation meets it on
+this host, and the table says so.  And it times a 10M-iteration ``x += i`` loop, so the
+figures of two hosts can be told apart by the interpreter's speed.
+
+The ``iwarp dissect`` goal (summary mode at least 1.5 times tshark's speed) is measured by
+``python -m tools.bench_dissect`` in a checkout; it needs tshark and a generated capture.
+
+Speed is reported, never asserted: the exit status is 0 when every benchmark ran, whatever
+the verdicts; 1 when one failed (its goals say why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+from stack.cli import MAX_DURATION, CliError, add_repeat_argument, duration, one_line_errors
+from stack.cli.json_report import check_outputs, schema, write_json
+
+__all__ = ["GOALS", "Goal", "GoalResult", "Measurement", "judge", "register_bench", "run_goals"]
+
+LOOP_ITERATIONS = 10_000_000
+"""The interpreter-speed probe: ``x += i`` this many times at module level (0.46 s on the
+fast host of docs/performance.md, 0.61-0.66 s on the slower one)."""
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmark process behind some goals: ``tool`` (``iwarp`` or ``kbtp``), its
+    arguments before the common ones (duration, repeat, JSON output)."""
+
+    key: str
+    tool: str
+    args: tuple[str, ...]
+    timed: bool = True  # takes -D SECONDS (kbtp bench moves a fixed number of octets)
+
+    def argv(self, seconds: float, repeat: int, json_path: str) -> list[str]:
+        """The subprocess's command line."""
+        module = "stack" if self.tool == "iwarp" else "kbtp"
+        extra = ["-D", f"{seconds:g}"] if self.timed else []
+        return [
+            sys.executable,
+            "-m",
+            module,
+            "bench",
+            *self.args,
+            *extra,
+            "-r",
+            str(repeat),
+            "--quiet",
+            "--json",
+            json_path,
+        ]
+
+    def command(self) -> str:
+        """How a user runs it by hand (without the common arguments)."""
+        return " ".join((self.tool, "bench", *self.args))
+
+
+_RDMA = ("--baseline", "--cpu")
+MEASUREMENTS = {
+    m.key: m
+    for m in (
+        Measurement("write-1m", "iwarp", ("write", "-s", "1M", *_RDMA)),
+        Measurement("send-1m", "iwarp", ("send", "-s", "1M", *_RDMA)),
+        Measurement("read-1m", "iwarp", ("read", "-s", "1M", *_RDMA)),
+        Measurement("write-64k", "iwarp", ("write", "-s", "64K", *_RDMA)),
+        Measurement("read-64k", "iwarp", ("read", "-s", "64K", *_RDMA)),
+        Measurement(
+            "write-64-lists", "iwarp", ("write", "-s", "64", "-l", "16", "-Q", "16", *_RDMA)
+        ),
+        Measurement("read-lat", "iwarp", ("read", "-s", "64", "--lat", *_RDMA)),
+        Measurement("atomic-lat", "iwarp", ("atomic", "--lat", *_RDMA)),
+        Measurement("write-1m-markers", "iwarp", ("write", "-s", "1M", "--markers", *_RDMA)),
+        Measurement("kbtp", "kbtp", ("-s", "64K,1M", "--vs", "mooncake"), timed=False),
+    )
+}
+
+
+def _row(doc: Doc, index: int = 0) -> Doc:
+    rows: list[Doc] = doc["results"]
+    return rows[index]
+
+
+def _ratio(key: str) -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """The first row's ratio to raw trio TCP."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        ratio = float(_row(docs[key])["ratio"])
+        return ratio, f"{ratio:.2f}"
+
+    return value
+
+
+def _markers_cost(docs: dict[str, Doc]) -> tuple[float, str]:
+    plain = float(_row(docs["write-1m"])["bw_average_mib_per_s"])
+    marked = float(_row(docs["write-1m-markers"])["bw_average_mib_per_s"])
+    cost = 1.0 - marked / plain
+    return cost, f"{cost:.0%} ({plain:.0f} -> {marked:.0f} MiB/s)"
+
+
+def _kbtp_rows(docs: dict[str, Doc], size: int) -> dict[str, Doc]:
+    return {r["operation"]: r for r in docs["kbtp"]["results"] if r["size_bytes"] == size}
+
+
+def _kbtp_ratio(op: str, size: int) -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """KBTP GB/s over its pipelined raw baseline's."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        ratio = float(_kbtp_rows(docs, size)[op]["ratio"])
+        return ratio, f"{ratio:.2f}"
+
+    return value
+
+
+def _mooncake(size: int, what: str) -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """STORE and LOAD against Mooncake's TCP transport: ``gbps`` their GB/s over
+    Mooncake's (the worse of the two is the goal's value), ``cpu`` their CPU per block over
+    Mooncake's (the larger)."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        rows = _kbtp_rows(docs, size)
+        figures = []
+        for op in ("STORE", "LOAD"):
+            row = rows[op]
+            mc = row.get("mooncake")
+            if not mc:
+                raise LookupError(docs["kbtp"].get("mooncake_problem") or "no Mooncake figures")
+            if what == "gbps":
+                figures.append(float(row["gbyte_per_s"]) / float(mc["gbyte_per_s"]))
+            else:
+                figures.append(float(row["cpu_us_per_op"]) / float(mc["cpu_us_per_op"]))
+        worst = min(figures) if what == "gbps" else max(figures)
+        return worst, f"{figures[0]:.2f} / {figures[1]:.2f}"
+
+    return value
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target for one ratio: ``at_most`` False means measured >= target is met."""
+
+    key: str
+    title: str
+    target: float
+    needs: tuple[str, ...]
+    value: Callable[[dict[str, Doc]], tuple[float, str]]
+    at_most: bool = False
+    percent: bool = False
+    floor: str | None = None  # the floor row that bounds it: "64K", "1M", "markers"
+
+    def target_text(self) -> str:
+        """``>= 0.90``, ``<= 1.50``, ``<= 15%``."""
+        sign = "<=" if self.at_most else ">="
+        return f"{sign} {self.target:.0%}" if self.percent else f"{sign} {self.target:.2f}"
+
+
+GOALS: tuple[Goal, ...] = (
+    Goal(
+        "write-1m",
+        "RDMA Write 1 MiB / raw trio",
+        0.9,
+        ("write-1m",),
+        _ratio("write-1m"),
+        floor="1M",
+    ),
+    Goal("send-1m", "Send 1 MiB / raw trio", 0.9, ("send-1m",), _ratio("send-1m"), floor="1M"),
+    Goal("read-1m", "RDMA Read 1 MiB / raw trio", 0.8, ("read-1m",), _ratio("read-1m")),
+    Goal(
+        "write-64k",
+        "RDMA Write 64 KiB / raw trio",
+        0.8,
+        ("write-64k",),
+        _ratio("write-64k"),
+        floor="64K",
+    ),
+    Goal("read-64k", "RDMA Read 64 KiB / raw trio", 0.7, ("read-64k",), _ratio("read-64k")),
+    Goal(
+        "write-64-lists",
+        "64 B Writes, post lists of 16 / batched raw",
+        0.25,
+        ("write-64-lists",),
+        _ratio("write-64-lists"),
+    ),
+    Goal(
+        "read-lat",
+        "64 B Read round trip / raw ping-pong",
+        1.5,
+        ("read-lat",),
+        _ratio("read-lat"),
+        at_most=True,
+    ),
+    Goal(
+        "atomic-lat",
+        "FetchAdd round trip / raw ping-pong",
+        1.5,
+        ("atomic-lat",),
+        _ratio("atomic-lat"),
+        at_most=True,
+    ),
+    Goal(
+        "markers-1m",
+        "markers' cost, 1 MiB Writes",
+        0.15,
+        ("write-1m", "write-1m-markers"),
+        _markers_cost,
+        at_most=True,
+        percent=True,
+        floor="markers",
+    ),
+    Goal(
+        "kbtp-load-64k",
+        "KBTP LOAD 64 KiB / pipelined raw",
+        0.8,
+        ("kbtp",),
+        _kbtp_ratio("LOAD", 65536),
+    ),
+    Goal(
+        "kbtp-store-64k",
+        "KBTP STORE 64 KiB / pipelined raw",
+        0.8,
+        ("kbtp",),
+        _kbtp_ratio("STORE", 65536),
+    ),
+    Goal(
+        "kbtp-alloc-64k",
+        "KBTP ALLOC_STORE 64 KiB / pipelined raw",
+        0.7,
+        ("kbtp",),
+        _kbtp_ratio("ALLOC_STORE", 65536),
+    ),
+    Goal(
+        "kbtp-mc-64k",
+        "KBTP STORE / LOAD 64 KiB / Mooncake",
+        1.0,
+        ("kbtp",),
+        _mooncake(65536, "gbps"),
+    ),
+    Goal(
+        "kbtp-mc-1m",
+        "KBTP STORE / LOAD 1 MiB / Mooncake",
+        1.0,
+        ("kbtp",),
+        _mooncake(1 << 20, "gbps"),
+    ),
+    Goal(
+        "kbtp-cpu-64k",
+        "KBTP CPU per block 64 KiB / Mooncake's",
+        1.0,
+        ("kbtp",),
+        _mooncake(65536, "cpu"),
+        at_most=True,
+    ),
+    Goal(
+        "kbtp-cpu-1m",
+        "KBTP CPU per block 1 MiB / Mooncake's",
+        1.0,
+        ("kbtp",),
+        _mooncake(1 << 20, "cpu"),
+        at_most=True,
+    ),
+)
+GOAL_KEYS = tuple(g.key for g in GOALS)
+
+
+@dataclass
+class GoalResult:
+    """A goal's verdict: ``met`` None when it was not measured (``note`` says why)."""
+
+    goal: Goal
+    measured: float | None = None
+    shown: str = "-"
+    met: bool | None = None
+    floor: float | None = None
+    note: str = ""
+
+    def verdict(self) -> str:
+        """``yes``, ``no``, ``no: beyond the floor`` or ``not measured``."""
+        if self.met is None:
+            return "not measured"
+        if self.met:
+            return "yes"
+        return "no: target beyond this host's floor" if self.beyond_floor() else "no"
+
+    def beyond_floor(self) -> bool:
+        """Whether the pure-Python floor itself misses the target on this host."""
+        if self.floor is None:
+            return False
+        return self.floor > self.goal.target if self.goal.at_most else self.floor < self.goal.target
+
+    def document(self) -> Doc:
+        """The JSON object of this goal."""
+        g = self.goal
+        return {
+            "key": g.key,
+            "title": g.title,
+            "target": g.target,
+            "compare": "<=" if g.at_most else ">=",
+            "measured": self.measured,
+            "shown": self.shown,
+            "met": self.met,
+            "floor": self.floor,
+            "beyond_floor": self.beyond_floor(),
+            "verdict": self.verdict(),
+            "note": self.note or None,
+            "measured_by": [MEASUREMENTS[k].command() for k in g.needs],
+        }
+
+
+def judge(
+    goal: Goal, docs: dict[str, Doc], failures: dict[str, str], floor: dict[str, float]
+) -> GoalResult:
+    """``goal``'s verdict from the benchmarks' JSON documents ``docs`` (by measurement key);
+    ``failures`` says why a measurement has no document; ``floor`` holds the floor's ratios
+    (``64K``, ``1M``) and the markers' least cost (``markers``)."""
+    result = GoalResult(goal, floor=floor.get(goal.floor) if goal.floor else None)
+    missing = [k for k in goal.needs if k not in docs]
+    if missing:
+        result.note = "; ".join(f"{k}: {failures.get(k, 'not run')}" for k in missing)
+        return result
+    try:
+        result.measured, result.shown = goal.value(docs)
+    except (LookupError, TypeError, ValueError, ZeroDivisionError) as exc:
+        result.note = f"no figure: {exc}"
+        return result
+    if goal.at_most:
+        result.met = result.measured <= goal.target
+    else:
+        result.met = result.measured >= goal.target
+    return result
+
+
+def interpreter_loop_seconds() -> float:
+    """Seconds a module-level ``x += i`` loop of LOOP_ITERATIONS takes here (the host's
+    Python speed; global names, as ``python -c`` runs it)."""
+    code = compile(f"x = 0\nfor i in range({LOOP_ITERATIONS}):\n    x += i\n", "<loop>", "exec")
+    start = time.perf_counter()
+    exec(code, {})
+    return time.perf_counter() - start
+
+
+def _run_measurement(m: Measurement, seconds: float, repeat: int, workdir: str) -> Doc:
+    """Run one benchmark process; its JSON document, or RuntimeError with its last words."""
+    path = os.path.join(workdir, f"{m.key}.json")
+    argv = m.argv(seconds, repeat, path)
+    budget = 600 + 60 * repeat * (seconds + 5)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=budget, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"did not finish in {budget:.0f} s") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc: Doc = json.load(f)
+    except (OSError, ValueError):
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(f"exit {done.returncode}: {tail[-1] if tail else 'no output'}") from None
+    if done.returncode != 0 or doc.get("verdict") not in (None, "ok"):
+        raise RuntimeError(f"exit {done.returncode}: {doc.get('error') or doc.get('verdict')}")
+    return doc
+
+
+def _mooncake_problem() -> str | None:
+    """Why Mooncake's TCP transport cannot run here (``kbtp bench --vs mooncake``), or None."""
+    from kbtp.cli.bench_mooncake import mooncake_problem
+
+    return mooncake_problem()
+
+
+def _floor(seconds: float, progress: TextIO | None) -> dict[str, float]:
+    """The floor's ratios to raw trio at 64 KiB and 1 MiB and the markers' least cost."""
+    from stack.bench.floor import measure
+
+    rows = measure([65536, 1 << 20], seconds, 1, 65483, progress=progress)
+    by = {(r["size"], r["variant"]): r for r in rows}
+    out = {"64K": by[65536, "floor"]["ratio"], "1M": by[1 << 20, "floor"]["ratio"]}
+    out["markers"] = 1.0 - by[1 << 20, "markers"]["MBps"] / by[1 << 20, "floor"]["MBps"]
+    return out
+
+
+@dataclass
+class GoalsRun:
+    """What one ``iwarp bench goals`` run measured."""
+
+    results: list[GoalResult] = field(default_factory=list)
+    floor: dict[str, float] = field(default_factory=dict)
+    loop_seconds: float = 0.0
+    failures: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def run_goals(
+    keys: Sequence[str],
+    seconds: float,
+    repeat: int,
+    with_floor: bool = True,
+    progress: TextIO | None = sys.stderr,
+) -> GoalsRun:
+    """Measure the goals ``keys`` (in :data:`GOALS` order): each benchmark they need once,
+    ``seconds`` per run and ``repeat`` runs (the median printed by each benchmark)."""
+    goals = [g for g in GOALS if g.key in keys]
+    needed = [k for k in MEASUREMENTS if any(k in g.needs for g in goals)]
+    run = GoalsRun(loop_seconds=interpreter_loop_seconds())
+    say = (lambda text: print(f"goals: {text}", file=progress, flush=True)) if progress else None
+    if say:
+        say(f"this interpreter: {run.loop_seconds:.2f} s for {LOOP_ITERATIONS:,} x += i")
+    docs: dict[str, Doc] = {}
+    steps = len(needed) + (1 if with_floor else 0)
+    mooncake = _mooncake_problem() if "kbtp" in needed else None
+    with tempfile.TemporaryDirectory(prefix="iwarp-goals-") as workdir:
+        for n, key in enumerate(needed, 1):
+            m = MEASUREMENTS[key]
+            if key == "kbtp" and mooncake:
+                m = replace(m, args=m.args[:2])  # without --vs mooncake
+            if say:
+                say(f"[{n}/{steps}] {m.command()}")
+            start = time.monotonic()
+            try:
+                docs[key] = _run_measurement(m, seconds, repeat, workdir)
+            except RuntimeError as exc:
+                run.failures[key] = str(exc)
+                if say:
+                    say(f"  failed: {exc}")
+            run.seconds[key] = time.monotonic() - start
+    if "kbtp" in docs and mooncake:
+        docs["kbtp"]["mooncake_problem"] = f"Mooncake {mooncake}"
+    if with_floor and any(g.floor for g in goals):
+        if say:
+            say(f"[{steps}/{steps}] iwarp bench floor -s 64K,1M --repeat 1")
+        run.floor = _floor(seconds, None)
+    run.results = [judge(g, docs, run.failures, run.floor) for g in goals]
+    return run
+
+
+def format_table(run: GoalsRun, out: TextIO) -> None:
+    """The goals as a table on ``out``."""
+    print(f"{'goal':16} {'':44} {'target':>8}  {'measured':24} {'floor':>6}  met", file=out)
+    for r in run.results:
+        floor = (
+            "-" if r.floor is None else (f"{r.floor:.0%}" if r.goal.percent else f"{r.floor:.2f}")
+        )
+        g = r.goal
+        line = f"{g.key:16} {g.title:44} {g.target_text():>8}  {r.shown:24} {floor:>6}"
+        print(f"{line}  {r.verdict()}", file=out)
+        if r.note:
+            print(f"{'':18}{r.note}", file=out)
+    met = sum(1 for r in run.results if r.met)
+    print(
+        f"{met} of {len(run.results)} goals met; this interpreter runs {LOOP_ITERATIONS:,} "
+        f"x += i in {run.loop_seconds:.2f} s; floor: CRC32c at both ends and the placement "
+        "copy over raw trio TCP (iwarp bench floor)",
+        file=out,
+    )
+
+
+def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
+    """The JSON document of a run."""
+    return {
+        "schema": schema("iwarp bench goals"),
+        "command": "iwarp bench goals",
+        "parameters": {"duration_s": seconds, "repeat": repeat},
+        "host": {"python_loop_s": run.loop_seconds, "loop_iterations": LOOP_ITERATIONS},
+        "floor": run.floor or None,
+        "goals": [r.document() for r in run.results],
+        "met": sum(1 for r in run.results if r.met),
+        "failed_measurements": run.failures,
+        "measurement_seconds": run.seconds,
+        "verdict": "ok" if not run.failures else "failed",
+    }
+
+
+def _keys(text: str) -> list[str]:
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in GOAL_KEYS]
+    if unknown or not keys:
+        raise CliError(
+            f"--only: unknown goal {', '.join(unknown) or text!r}; goals: {', '.join(GOAL_KEYS)}"
+        )
+    return keys
+
+
+def run_goals_command(args: argparse.Namespace) -> int:
+    """``iwarp bench goals``."""
+    if args.list:
+        for g in GOALS:
+            print(f"{g.key:16} {g.title:44} {g.target_text()}")
+        return 0
+    keys = _keys(args.only) if args.only else list(GOAL_KEYS)
+    check_outputs(("--json", args.json))  # before minutes of benchmarks
+    progress = None if args.quiet else sys.stderr
+    run = run_goals(keys, args.duration, args.repeat, not args.no_floor, progress)
+    to_stdout = args.json == "-"
+    format_table(run, sys.stderr if to_stdout else sys.stdout)
+    if args.json:
+        write_json(args.json, goals_document(run, args.duration, args.repeat))
+    return 1 if run.failures else 0
+
+
+def register_bench(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``goals``."""
+    parser = subparsers.add_parser(
+        "goals",
+        help="the data path's speed goals, measured in one run, with a verdict each",
+        description=__doc__.split("\n\n")[0] + "  " + __doc__.split("\n\n")[1],
+    )
+    one_line_errors(parser)
+    parser.add_argument(
+        "-D",
+        "--duration",
+        type=duration,
+        default=2.0,
+        metavar="SECONDS",
+        help=f"seconds per timed benchmark run (default 2, at most {MAX_DURATION:g})",
+    )
+    add_repeat_argument(parser, "each benchmark run; each prints its run with the median ratio")
+    parser.add_argument("--only", metavar="LIST", help="these goals only, comma separated (--list)")
+    parser.add_argument("--list", action="store_true", help="list the goals and exit")
+    parser.add_argument("--no-floor", action="store_true", help="skip measuring the floor")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--json", metavar="FILE", help="also write the goals as JSON ('-': stdout)")
+    parser.set_defaults(func=run_goals_command)

@@ -1,0 +1,178 @@
+"""``iwarp bench goals``: the speed goals measured in one run, each with its verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stack.bench import goals
+from stack.bench.goals import GOALS, Measurement, judge
+
+GOAL = {g.key: g for g in GOALS}
+
+
+def _iwarp(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``iwarp ...`` as the installed command runs it, outside the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "stack", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
+
+
+def _bw_doc(ratio: float, mib_s: float = 1000.0) -> dict[str, Any]:
+    return {"results": [{"ratio": ratio, "bw_average_mib_per_s": mib_s}]}
+
+
+def _kbtp_doc(mooncake: bool) -> dict[str, Any]:
+    rows = []
+    for size in (65536, 1 << 20):
+        for op, gbps, cpu in (
+            ("STORE", 0.7, 180.0),
+            ("LOAD", 0.9, 140.0),
+            ("ALLOC_STORE", 0.5, 236.0),
+        ):
+            row: dict[str, Any] = {
+                "operation": op,
+                "size_bytes": size,
+                "gbyte_per_s": gbps,
+                "cpu_us_per_op": cpu,
+                "ratio": gbps / 2.0,
+            }
+            if mooncake and op != "ALLOC_STORE":
+                row["mooncake"] = {"gbyte_per_s": 2.8, "cpu_us_per_op": 40.0}
+            rows.append(row)
+    return {"results": rows}
+
+
+def test_a_ratio_goal_is_met_at_its_target_and_not_below() -> None:
+    goal = GOAL["write-64k"]
+    assert judge(goal, {"write-64k": _bw_doc(0.8)}, {}, {}).met is True
+    low = judge(goal, {"write-64k": _bw_doc(0.79)}, {}, {})
+    assert low.met is False and low.verdict() == "no" and low.shown == "0.79"
+
+
+def test_an_at_most_goal_is_met_at_or_below_its_target() -> None:
+    goal = GOAL["read-lat"]
+    assert judge(goal, {"read-lat": _bw_doc(1.5)}, {}, {}).met is True
+    assert judge(goal, {"read-lat": _bw_doc(1.51)}, {}, {}).met is False
+
+
+def test_markers_cost_is_the_loss_against_the_same_runs_plain_write() -> None:
+    docs = {"write-1m": _bw_doc(0.7, 3000.0), "write-1m-markers": _bw_doc(0.5, 2400.0)}
+    result = judge(GOAL["markers-1m"], docs, {}, {"markers": 0.31})
+    assert result.measured == pytest.approx(0.2)
+    assert result.met is False
+    # The pure-Python floor itself loses 31 % to markers: the 15 % target lies beyond it.
+    assert result.beyond_floor() and result.verdict() == "no: target beyond this host's floor"
+    assert judge(GOAL["markers-1m"], docs, {}, {"markers": 0.1}).verdict() == "no"
+
+
+def test_a_goal_whose_floor_reaches_the_target_is_not_called_beyond_it() -> None:
+    result = judge(GOAL["write-1m"], {"write-1m": _bw_doc(0.66)}, {}, {"1M": 0.95})
+    assert result.floor == 0.95 and not result.beyond_floor() and result.verdict() == "no"
+    below = judge(GOAL["write-1m"], {"write-1m": _bw_doc(0.66)}, {}, {"1M": 0.67})
+    assert below.beyond_floor()
+    assert below.document()["beyond_floor"] is True
+
+
+def test_kbtp_goals_against_mooncake_take_the_worse_of_store_and_load() -> None:
+    docs = {"kbtp": _kbtp_doc(mooncake=True)}
+    speed = judge(GOAL["kbtp-mc-64k"], docs, {}, {})
+    assert speed.measured == pytest.approx(0.7 / 2.8) and speed.shown == "0.25 / 0.32"
+    cpu = judge(GOAL["kbtp-cpu-1m"], docs, {}, {})
+    assert cpu.measured == pytest.approx(180.0 / 40.0) and cpu.met is False
+    alloc = judge(GOAL["kbtp-alloc-64k"], docs, {}, {})
+    assert alloc.measured == pytest.approx(0.25) and alloc.met is False
+
+
+def test_without_mooncake_its_goals_say_why_and_the_others_stand() -> None:
+    docs = {"kbtp": _kbtp_doc(mooncake=False)}
+    docs["kbtp"]["mooncake_problem"] = "Mooncake needs mooncake-transfer-engine-non-cuda"
+    result = judge(GOAL["kbtp-mc-64k"], docs, {}, {})
+    assert result.met is None and result.verdict() == "not measured"
+    assert "mooncake-transfer-engine-non-cuda" in result.note
+    assert judge(GOAL["kbtp-load-64k"], docs, {}, {}).met is False
+
+
+def test_a_failed_benchmark_leaves_its_goals_unmeasured_with_the_reason() -> None:
+    result = judge(
+        GOAL["markers-1m"], {"write-1m": _bw_doc(0.7)}, {"write-1m-markers": "exit 2"}, {}
+    )
+    assert result.met is None and result.note == "write-1m-markers: exit 2"
+
+
+def test_a_benchmark_that_fails_for_real_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real ``iwarp bench`` process that refuses its arguments: the goal says so, the run
+    goes on with the other goals and reports the failure."""
+    broken = Measurement("write-64k", "iwarp", ("write", "-s", "0"))
+    monkeypatch.setitem(goals.MEASUREMENTS, "write-64k", broken)
+    run = goals.run_goals(["write-64k", "read-lat"], 0.2, 1, with_floor=False, progress=None)
+    bad, good = run.results
+    assert bad.goal.key == "write-64k" and bad.met is None
+    assert "exit 2" in run.failures["write-64k"] and "exit 2" in bad.note
+    assert good.goal.key == "read-lat" and good.measured is not None and good.measured > 0
+    assert good.met == (good.measured <= 1.5)
+    document = goals.goals_document(run, 0.2, 1)
+    assert document["verdict"] == "failed" and "write-64k" in document["failed_measurements"]
+
+
+@pytest.mark.slow
+def test_goals_run_the_benchmarks_and_the_floor_from_the_installed_command(tmp_path: Path) -> None:
+    out = tmp_path / "goals.json"
+    done = _iwarp(
+        "bench", "goals", "--only", "write-64k,markers-1m", "-D", "0.3", "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "iwarp-bench-goals/1" and doc["verdict"] == "ok"
+    assert 0.05 < doc["host"]["python_loop_s"] < 60
+    floor = doc["floor"]
+    assert set(floor) == {"64K", "1M", "markers"} and 0 < floor["64K"] < 3
+    by_key = {g["key"]: g for g in doc["goals"]}
+    assert list(by_key) == ["write-64k", "markers-1m"]
+    write, markers = by_key["write-64k"], by_key["markers-1m"]
+    assert 0 < write["measured"] < 3 and write["met"] == (write["measured"] >= 0.8)
+    assert write["floor"] == floor["64K"]
+    assert write["beyond_floor"] == (floor["64K"] < 0.8)
+    assert markers["measured"] < 1 and markers["met"] == (markers["measured"] <= 0.15)
+    assert markers["floor"] == floor["markers"]
+    assert markers["measured_by"] == [
+        "iwarp bench write -s 1M --baseline --cpu",
+        "iwarp bench write -s 1M --markers --baseline --cpu",
+    ]
+    # The table: a row per goal, the count of goals met.
+    assert "write-64k" in done.stdout and f"{doc['met']} of 2 goals met" in done.stdout
+    assert "[4/4] iwarp bench floor" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--only", "nope"], "unknown goal"),
+        (["-D", "0"], "-D"),
+        (["--json", "/nonexistent-dir/g.json"], "--json"),
+    ],
+)
+def test_bad_arguments_are_one_error_line(argv: list[str], says: str) -> None:
+    done = _iwarp("bench", "goals", *argv, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr
+
+
+def test_list_names_every_goal_with_its_target() -> None:
+    done = _iwarp("bench", "goals", "--list", timeout=60)
+    assert done.returncode == 0
+    lines = done.stdout.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == [g.key for g in GOALS]
+    assert lines[GOALS.index(GOAL["markers-1m"])].endswith("<= 15%")
