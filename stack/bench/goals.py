@@ -9,7 +9,9 @@ target, measured, met.  It also measures the pure-Python floor of a bulk Write o
 host (``iwarp bench floor``: CRC32c at both ends and the placement copy, nothing else):
 where a goal's target lies beyond that floor, no pure-Python implementation meets it on
 this host, and the table says so.  And it times a 10M-iteration ``x += i`` loop, so the
-figures of two hosts can be told apart by the interpreter's speed.
+figures of two hosts can be told apart by the interpreter's speed.  ``--before TREE`` also
+runs each benchmark with another source tree of the project first on the path, right
+before this one's: before and after a change, on the same host in the same minutes.
 
 The ``iwarp dissect`` goal (summary mode at least 1.5 times tshark's speed) is measured by
 ``python -m tools.bench_dissect`` in a checkout; it needs tshark and a generated capture.
@@ -292,6 +294,7 @@ class GoalResult:
     met: bool | None = None
     floor: float | None = None
     note: str = ""
+    before: GoalResult | None = None  # the same goal measured in the --before tree
 
     def verdict(self) -> str:
         """``yes``, ``no``, ``no: beyond the floor`` or ``not measured``."""
@@ -323,6 +326,14 @@ class GoalResult:
             "verdict": self.verdict(),
             "note": self.note or None,
             "measured_by": [MEASUREMENTS[k].command() for k in g.needs],
+            "before": None
+            if self.before is None
+            else {
+                "measured": self.before.measured,
+                "shown": self.before.shown,
+                "met": self.before.met,
+                "note": self.before.note or None,
+            },
         }
 
 
@@ -358,13 +369,19 @@ def interpreter_loop_seconds() -> float:
     return time.perf_counter() - start
 
 
-def _run_measurement(m: Measurement, seconds: float, repeat: int, workdir: str) -> Doc:
-    """Run one benchmark process; its JSON document, or RuntimeError with its last words."""
-    path = os.path.join(workdir, f"{m.key}.json")
+def _run_measurement(
+    m: Measurement, seconds: float, repeat: int, workdir: str, tree: str | None = None
+) -> Doc:
+    """Run one benchmark process (``tree``: with that source tree first on the path); its
+    JSON document, or RuntimeError with its last words."""
+    path = os.path.join(workdir, f"{m.key}{'-before' if tree else ''}.json")
     argv = m.argv(seconds, repeat, path)
     budget = 600 + 60 * repeat * (seconds + 5)
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=budget, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=budget, check=False, env=env
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"did not finish in {budget:.0f} s") from None
     try:
@@ -404,6 +421,8 @@ class GoalsRun:
     floor: dict[str, float] = field(default_factory=dict)
     loop_seconds: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
+    before_tree: str | None = None
+    before_failures: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -413,16 +432,20 @@ def run_goals(
     repeat: int,
     with_floor: bool = True,
     progress: TextIO | None = sys.stderr,
+    before: str | None = None,
 ) -> GoalsRun:
     """Measure the goals ``keys`` (in :data:`GOALS` order): each benchmark they need once,
-    ``seconds`` per run and ``repeat`` runs (the median printed by each benchmark)."""
+    ``seconds`` per run and ``repeat`` runs (the median printed by each benchmark);
+    ``before``: also in that source tree of the project, each benchmark there first and
+    here right after (before and after a change, in one run)."""
     goals = [g for g in GOALS if g.key in keys]
     needed = [k for k in MEASUREMENTS if any(k in g.needs for g in goals)]
-    run = GoalsRun(loop_seconds=interpreter_loop_seconds())
+    run = GoalsRun(loop_seconds=interpreter_loop_seconds(), before_tree=before)
     say = (lambda text: print(f"goals: {text}", file=progress, flush=True)) if progress else None
     if say:
         say(f"this interpreter: {run.loop_seconds:.2f} s for {LOOP_ITERATIONS:,} x += i")
     docs: dict[str, Doc] = {}
+    docs_before: dict[str, Doc] = {}
     steps = len(needed) + (1 if with_floor else 0)
     mooncake = _mooncake_problem() if "kbtp" in needed else None
     with tempfile.TemporaryDirectory(prefix="iwarp-goals-") as workdir:
@@ -432,6 +455,13 @@ def run_goals(
                 m = replace(m, args=m.args[:2])  # without --vs mooncake
             if say:
                 say(f"[{n}/{steps}] {m.command()}")
+            if before:
+                try:
+                    docs_before[key] = _run_measurement(m, seconds, repeat, workdir, before)
+                except RuntimeError as exc:
+                    run.before_failures[key] = str(exc)
+                    if say:
+                        say(f"  failed in {before}: {exc}")
             start = time.monotonic()
             try:
                 docs[key] = _run_measurement(m, seconds, repeat, workdir)
@@ -440,28 +470,40 @@ def run_goals(
                 if say:
                     say(f"  failed: {exc}")
             run.seconds[key] = time.monotonic() - start
-    if "kbtp" in docs and mooncake:
-        docs["kbtp"]["mooncake_problem"] = f"Mooncake {mooncake}"
+    for found in (docs, docs_before):
+        if "kbtp" in found and mooncake:
+            found["kbtp"]["mooncake_problem"] = f"Mooncake {mooncake}"
     if with_floor and any(g.floor for g in goals):
         if say:
             say(f"[{steps}/{steps}] iwarp bench floor -s 64K,1M --repeat 1")
         run.floor = _floor(seconds, None)
     run.results = [judge(g, docs, run.failures, run.floor) for g in goals]
+    if before:
+        for r in run.results:
+            r.before = judge(r.goal, docs_before, run.before_failures, {})
     return run
 
 
 def format_table(run: GoalsRun, out: TextIO) -> None:
     """The goals as a table on ``out``."""
-    print(f"{'goal':16} {'':44} {'target':>8}  {'measured':24} {'floor':>6}  met", file=out)
+    head = f"{'goal':16} {'':44} {'target':>8}  "
+    if run.before_tree:
+        head += f"{'before':24} "
+    print(f"{head}{'measured':24} {'floor':>6}  met", file=out)
     for r in run.results:
         floor = (
             "-" if r.floor is None else (f"{r.floor:.0%}" if r.goal.percent else f"{r.floor:.2f}")
         )
         g = r.goal
-        line = f"{g.key:16} {g.title:44} {g.target_text():>8}  {r.shown:24} {floor:>6}"
+        line = f"{g.key:16} {g.title:44} {g.target_text():>8}  "
+        if r.before is not None:
+            line += f"{r.before.shown:24} "
+        line += f"{r.shown:24} {floor:>6}"
         print(f"{line}  {r.verdict()}", file=out)
         if r.note:
             print(f"{'':18}{r.note}", file=out)
+        if r.before is not None and r.before.note:
+            print(f"{'':18}before: {r.before.note}", file=out)
     met = sum(1 for r in run.results if r.met)
     print(
         f"{met} of {len(run.results)} goals met; this interpreter runs {LOOP_ITERATIONS:,} "
@@ -476,12 +518,13 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
     return {
         "schema": schema("iwarp bench goals"),
         "command": "iwarp bench goals",
-        "parameters": {"duration_s": seconds, "repeat": repeat},
+        "parameters": {"duration_s": seconds, "repeat": repeat, "before_tree": run.before_tree},
         "host": {"python_loop_s": run.loop_seconds, "loop_iterations": LOOP_ITERATIONS},
         "floor": run.floor or None,
         "goals": [r.document() for r in run.results],
         "met": sum(1 for r in run.results if r.met),
         "failed_measurements": run.failures,
+        "failed_before": run.before_failures,
         "measurement_seconds": run.seconds,
         "verdict": "ok" if not run.failures else "failed",
     }
@@ -505,8 +548,10 @@ def run_goals_command(args: argparse.Namespace) -> int:
         return 0
     keys = _keys(args.only) if args.only else list(GOAL_KEYS)
     check_outputs(("--json", args.json))  # before minutes of benchmarks
+    if args.before and not os.path.isfile(os.path.join(args.before, "stack", "__init__.py")):
+        raise CliError(f"--before: {args.before} is not a source tree of this project")
     progress = None if args.quiet else sys.stderr
-    run = run_goals(keys, args.duration, args.repeat, not args.no_floor, progress)
+    run = run_goals(keys, args.duration, args.repeat, not args.no_floor, progress, args.before)
     to_stdout = args.json == "-"
     format_table(run, sys.stderr if to_stdout else sys.stdout)
     if args.json:
@@ -533,6 +578,11 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     add_repeat_argument(parser, "each benchmark run; each prints its run with the median ratio")
     parser.add_argument("--only", metavar="LIST", help="these goals only, comma separated (--list)")
     parser.add_argument("--list", action="store_true", help="list the goals and exit")
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also measure this source tree of the project, each benchmark there first",
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip measuring the floor")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--json", metavar="FILE", help="also write the goals as JSON ('-': stdout)")

@@ -155,12 +155,44 @@ def test_goals_run_the_benchmarks_and_the_floor_from_the_installed_command(tmp_p
     assert "[4/4] iwarp bench floor" in done.stderr
 
 
+def test_before_measures_another_tree_right_before_this_one(tmp_path: Path) -> None:
+    """``--before DIR``: each goal's figure in that tree too (here the checkout itself, so
+    both columns are real measurements of the same code)."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "goals.json"
+    done = _iwarp(
+        "bench",
+        "goals",
+        "--only",
+        "read-lat",
+        "-D",
+        "0.2",
+        "--no-floor",
+        "--before",
+        str(repo),
+        "--json",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["parameters"]["before_tree"] == str(repo) and doc["failed_before"] == {}
+    (goal,) = doc["goals"]
+    before = goal["before"]
+    assert 0.5 < before["measured"] < 20 and before["met"] == (before["measured"] <= 1.5)
+    assert 0.5 < goal["measured"] < 20
+    header = next(ln for ln in done.stdout.splitlines() if ln.startswith("goal"))
+    assert header.index("before") < header.index("measured")
+    row = next(ln for ln in done.stdout.splitlines() if ln.startswith("read-lat"))
+    assert before["shown"] in row and goal["shown"] in row
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [
         (["--only", "nope"], "unknown goal"),
         (["-D", "0"], "-D"),
         (["--json", "/nonexistent-dir/g.json"], "--json"),
+        (["--before", "/nonexistent-dir"], "not a source tree"),
     ],
 )
 def test_bad_arguments_are_one_error_line(argv: list[str], says: str) -> None:
