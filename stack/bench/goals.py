@@ -56,11 +56,13 @@ class Measurement:
     timed: bool = True  # takes -D SECONDS (kbtp bench moves a fixed number of octets)
 
     def argv(self, seconds: float, repeat: int, json_path: str) -> list[str]:
-        """The subprocess's command line."""
+        """The subprocess's command line (``-P``: the working directory is not put first on
+        the path, so a checkout there cannot shadow the tree measured)."""
         module = "stack" if self.tool == "iwarp" else "kbtp"
         extra = ["-D", f"{seconds:g}"] if self.timed else []
         return [
             sys.executable,
+            "-P",
             "-m",
             module,
             "bench",
@@ -369,15 +371,19 @@ def interpreter_loop_seconds() -> float:
     return time.perf_counter() - start
 
 
+THIS_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""Where this ``stack`` (and its ``kbtp``) is: a checkout or site-packages."""
+
+
 def _run_measurement(
     m: Measurement, seconds: float, repeat: int, workdir: str, tree: str | None = None
 ) -> Doc:
-    """Run one benchmark process (``tree``: with that source tree first on the path); its
-    JSON document, or RuntimeError with its last words."""
+    """Run one benchmark process with ``tree`` (default :data:`THIS_TREE`) first on the
+    path; its JSON document, or RuntimeError with its last words."""
     path = os.path.join(workdir, f"{m.key}{'-before' if tree else ''}.json")
     argv = m.argv(seconds, repeat, path)
     budget = 600 + 60 * repeat * (seconds + 5)
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree or THIS_TREE))
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=budget, check=False, env=env

@@ -186,6 +186,24 @@ def test_before_measures_another_tree_right_before_this_one(tmp_path: Path) -> N
     assert before["shown"] in row and goal["shown"] in row
 
 
+def test_a_checkout_in_the_working_directory_does_not_shadow_the_trees_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m`` puts the working directory first on the path: run from another
+    checkout, the benchmarks would measure that tree, for this one and for ``--before``."""
+    for package in ("stack", "kbtp"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "__main__.py").write_text("raise SystemExit('the wrong tree')\n")
+    monkeypatch.chdir(tmp_path)
+    repo = str(Path(__file__).resolve().parents[2])
+    run = goals.run_goals(["read-lat"], 0.2, 1, with_floor=False, progress=None, before=repo)
+    (result,) = run.results
+    assert run.failures == {} and run.before_failures == {}
+    assert result.measured is not None and result.before is not None
+    assert result.before.measured is not None
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [
