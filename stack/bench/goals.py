@@ -100,9 +100,10 @@ MEASUREMENTS = {
 }
 
 
-def _row(doc: Doc, index: int = 0) -> Doc:
-    rows: list[Doc] = doc["results"]
-    return rows[index]
+def _row(doc: Doc) -> Doc:
+    """The first (only) row of an ``iwarp bench`` document."""
+    row: Doc = doc["results"][0]
+    return row
 
 
 def _ratio(key: str) -> Callable[[dict[str, Doc]], tuple[float, str]]:
@@ -408,11 +409,11 @@ def _mooncake_problem() -> str | None:
     return mooncake_problem()
 
 
-def _floor(seconds: float, progress: TextIO | None) -> dict[str, float]:
+def _floor(seconds: float) -> dict[str, float]:
     """The floor's ratios to raw trio at 64 KiB and 1 MiB and the markers' least cost."""
     from stack.bench.floor import measure
 
-    rows = measure([65536, 1 << 20], seconds, 1, 65483, progress=progress)
+    rows = measure([65536, 1 << 20], seconds, 1, 65483, progress=None)
     by = {(r["size"], r["variant"]): r for r in rows}
     out = {"64K": by[65536, "floor"]["ratio"], "1M": by[1 << 20, "floor"]["ratio"]}
     out["markers"] = 1.0 - by[1 << 20, "markers"]["MBps"] / by[1 << 20, "floor"]["MBps"]
@@ -452,7 +453,8 @@ def run_goals(
         say(f"this interpreter: {run.loop_seconds:.2f} s for {LOOP_ITERATIONS:,} x += i")
     docs: dict[str, Doc] = {}
     docs_before: dict[str, Doc] = {}
-    steps = len(needed) + (1 if with_floor else 0)
+    with_floor = with_floor and any(g.floor for g in goals)
+    steps = len(needed) + with_floor
     mooncake = _mooncake_problem() if "kbtp" in needed else None
     with tempfile.TemporaryDirectory(prefix="iwarp-goals-") as workdir:
         for n, key in enumerate(needed, 1):
@@ -479,10 +481,10 @@ def run_goals(
     for found in (docs, docs_before):
         if "kbtp" in found and mooncake:
             found["kbtp"]["mooncake_problem"] = f"Mooncake {mooncake}"
-    if with_floor and any(g.floor for g in goals):
+    if with_floor:
         if say:
             say(f"[{steps}/{steps}] iwarp bench floor -s 64K,1M --repeat 1")
-        run.floor = _floor(seconds, None)
+        run.floor = _floor(seconds)
     run.results = [judge(g, docs, run.failures, run.floor) for g in goals]
     if before:
         for r in run.results:
