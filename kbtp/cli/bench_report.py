@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stack.bench.results import every_ratio, median_index
+from stack.cli import size_label as size_label
 from stack.cli.json_report import schema
 
 
@@ -61,13 +62,6 @@ class Result:
     def vs_mooncake(self) -> float | None:
         mc = self.mc_gbps
         return self.gbps / mc if mc else None
-
-
-def size_label(size: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
 
 
 HEADER = (

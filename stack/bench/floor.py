@@ -84,10 +84,12 @@ from stack.cli import (
     duration,
     one_line_errors,
     repeat_count,
+    size_label,
 )
 from stack.cli import emss as emss_type
 from stack.cli.json_report import add_json_argument, check_outputs, schema, write_json
 from stack.constants import (
+    DDP_TAGGED_HDR_LEN,
     MPA_CRC_RESIDUE,
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
@@ -101,7 +103,6 @@ from stack.wire.framing import mulpdu_for
 from stack.wire.markers import MARKER_DATA
 
 __all__ = [
-    "DDP_TAGGED_HEADER",
     "HELP",
     "MIN_SIZE",
     "VARIANTS",
@@ -114,7 +115,6 @@ __all__ = [
 
 RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
 BATCH = 1024 * 1024
-DDP_TAGGED_HEADER = 14
 VARIANTS = ("raw", "raw-into", "crc", "floor", "markers")
 MARKED = 4  # the index of "markers" in VARIANTS
 _HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, octets per read
@@ -153,14 +153,6 @@ def _receive_sizes(text: str) -> list[int]:
 def _read_size(text: str) -> int:
     """argparse type of ``--read-size``: 1 octet to the receive buffer (RECEIVE, 1 MiB)."""
     return binary_size(text, RECEIVE)
-
-
-def _label(size: int) -> str:
-    """64K, 1M or the octets: how ``--raw-sizes`` spells a size."""
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
 
 
 def _plain(stream: trio.SocketStream) -> socket.socket:
@@ -232,7 +224,7 @@ async def _receive_fpdus(
     buf = bytearray(RECEIVE)
     view = memoryview(buf)
     target = memoryview(bytearray(size))
-    frame = 2 + DDP_TAGGED_HEADER + payload + 8  # the longest FPDU on the wire
+    frame = 2 + DDP_TAGGED_HDR_LEN + payload + 8  # the longest FPDU on the wire
     got = start = end = 0
     unpack = _HEAD.unpack_from
     while n := await _recv(sock, view[end : end + read]):
@@ -247,7 +239,7 @@ async def _receive_fpdus(
             if crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
                 raise RuntimeError("CRC mismatch")
             if place:
-                data = length - DDP_TAGGED_HEADER
+                data = length - DDP_TAGGED_HDR_LEN
                 target[to : to + data] = view[pos + _HEAD.size : pos + _HEAD.size + data]
             pos += wire
         start, end = _keep_partial(view, pos, end, frame)
@@ -279,7 +271,7 @@ async def _receive_marked(sock: socket.socket, size: int, payload: int, read: in
     buf = bytearray(RECEIVE)
     view = memoryview(buf)
     target = memoryview(bytearray(size))
-    frame = _marked_wire(DDP_TAGGED_HEADER + payload)  # the longest FPDU on the wire
+    frame = _marked_wire(DDP_TAGGED_HDR_LEN + payload)  # the longest FPDU on the wire
     got = start = end = 0
     length_at = _U16.unpack_from
     unpack = _HEAD.unpack_from
@@ -300,7 +292,7 @@ async def _receive_marked(sock: socket.socket, size: int, payload: int, read: in
             del words[::words_per_interval]
             body = memoryview(words).cast("B")
             length, _stag, _high, to = unpack(body)
-            data = length - DDP_TAGGED_HEADER
+            data = length - DDP_TAGGED_HDR_LEN
             target[to : to + data] = body[_HEAD.size : _HEAD.size + data]
             pos += wire
         start, end = _keep_partial(view, pos, end, frame)
@@ -314,14 +306,14 @@ class _MarkedFramer:
     with the marker as separator, then the CRC over the result."""
 
     def __init__(self, payload: int) -> None:
-        self.stage = bytearray(_marked_wire(DDP_TAGGED_HEADER + payload))
+        self.stage = bytearray(_marked_wire(DDP_TAGGED_HDR_LEN + payload))
         self.staged = memoryview(self.stage)
         step = range(0, len(self.stage) - MARKER_DATA + 1, MARKER_DATA)
         self.runs = [self.staged[k : k + MARKER_DATA] for k in step]
         self.marker = bytearray(MPA_MARKER_LEN)  # so join makes a bytearray
 
     def frame(self, to: int, body: memoryview) -> bytearray:
-        length = DDP_TAGGED_HEADER + len(body)
+        length = DDP_TAGGED_HDR_LEN + len(body)
         end = _HEAD.size + len(body)
         padded = (end + 3) // 4 * 4
         stage, staged = self.stage, self.staged
@@ -370,7 +362,7 @@ async def _run(
                     continue
                 for to in range(0, size, payload):
                     body = source[to : to + payload]
-                    n = DDP_TAGGED_HEADER + len(body)
+                    n = DDP_TAGGED_HDR_LEN + len(body)
                     head = _HEAD.pack(n, 0, 0, to)
                     pad = b"\0" * (-(2 + n) & 3)
                     c = crc32c(body, crc32c(head))
@@ -421,8 +413,8 @@ def measure(
     ``progress``: where a line per run goes (None: nowhere).  The receiver is a process of
     its own, ``python -m stack.bench.floor --sink``."""
     plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
-    plan[1:1] = [(f"raw@{_label(n)}", 0, n) for n in raw_sizes or ()]
-    payload = mulpdu_for(emss, False) - DDP_TAGGED_HEADER
+    plan[1:1] = [(f"raw@{size_label(n)}", 0, n) for n in raw_sizes or ()]
+    payload = mulpdu_for(emss, False) - DDP_TAGGED_HDR_LEN
     payload -= payload % 4
     sink = subprocess.Popen(
         [sys.executable, "-m", "stack.bench.floor", "--sink"], stdout=subprocess.PIPE, text=True
@@ -525,7 +517,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=RAW_RECEIVE_SIZE,
         metavar="N",
         help="octets per recv_into of the receivers but raw, at most "
-        f"{_label(RECEIVE)}, the receive buffer (default {_label(RAW_RECEIVE_SIZE)}, as raw reads)",
+        f"{size_label(RECEIVE)}, the receive buffer "
+        f"(default {size_label(RAW_RECEIVE_SIZE)}, as raw reads)",
     )
     add_json_argument(parser)
 

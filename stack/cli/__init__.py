@@ -40,6 +40,7 @@ __all__ = [
     "non_negative_int",
     "one_line_errors",
     "port_number",
+    "size_label",
     "positive_int",
     "positive_seconds",
     "repeat_count",
@@ -252,6 +253,14 @@ def binary_size(text: str, maximum: int, *, base: int = 10, unit: str = "") -> i
     if not 1 <= value <= maximum:
         raise argparse.ArgumentTypeError(f"size must be 1 to {maximum}{unit}, got {text!r}")
     return value
+
+
+def size_label(octets: int) -> str:
+    """``64K``, ``1M`` or the octets: a size as the options take it (:func:`binary_size`)."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if octets % scale == 0:
+            return f"{octets // scale}{unit}"
+    return str(octets)
 
 
 def port_number(text: str) -> int:

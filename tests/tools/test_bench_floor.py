@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from stack.bench.floor import DDP_TAGGED_HEADER, VARIANTS, _marked_wire, _MarkedFramer, measure
-from stack.constants import MPA_CRC_RESIDUE, MPA_MARKER_INTERVAL, RAW_RECEIVE_SIZE
+from stack.bench.floor import VARIANTS, _marked_wire, _MarkedFramer, measure
+from stack.constants import (
+    DDP_TAGGED_HDR_LEN,
+    MPA_CRC_RESIDUE,
+    MPA_MARKER_INTERVAL,
+    RAW_RECEIVE_SIZE,
+)
 from stack.crc import crc32c
 
 
@@ -118,12 +123,12 @@ def test_the_markers_variant_frames_on_the_marker_grid(length: int) -> None:
     framer = _MarkedFramer(64752)
     payload = bytes(range(256)) * (length // 256 + 1)
     fpdu = framer.frame(0x1234, memoryview(payload[:length]))
-    assert len(fpdu) == _marked_wire(DDP_TAGGED_HEADER + length) and len(fpdu) % 4 == 0
+    assert len(fpdu) == _marked_wire(DDP_TAGGED_HDR_LEN + length) and len(fpdu) % 4 == 0
     assert crc32c(fpdu) == MPA_CRC_RESIDUE
     markers = range(0, len(fpdu), MPA_MARKER_INTERVAL)
     assert all(fpdu[k : k + 4] == bytes(4) for k in markers)
     body = b"".join(fpdu[k + 4 : k + MPA_MARKER_INTERVAL] for k in markers)
-    assert int.from_bytes(body[:2], "big") == DDP_TAGGED_HEADER + length
+    assert int.from_bytes(body[:2], "big") == DDP_TAGGED_HDR_LEN + length
     assert int.from_bytes(body[12:16], "big") == 0x1234  # the TO
     assert body[16 : 16 + length] == payload[:length]
-    assert len(body) - 16 - length - 4 == -(2 + DDP_TAGGED_HEADER + length) % 4  # the PAD
+    assert len(body) - 16 - length - 4 == -(2 + DDP_TAGGED_HDR_LEN + length) % 4  # the PAD
