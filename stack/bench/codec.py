@@ -30,6 +30,7 @@ from stack.cli import (
     MAX_REPEAT,
     CliError,
     bounded_int,
+    call,
     one_line_errors,
     positive_int,
     repeat_count,
@@ -260,12 +261,7 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_codec")
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except CliError as exc:
-        print(f"bench_codec: error: {exc}", file=sys.stderr)
-        return 2
+    return call(parser.parse_args(argv), parser.prog)
 
 
 if __name__ == "__main__":

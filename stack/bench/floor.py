@@ -79,8 +79,8 @@ from stack.cli import (
     MAX_EMSS,
     MAX_REPEAT,
     MIN_EMSS,
-    CliError,
     binary_size,
+    call,
     duration,
     one_line_errors,
     repeat_count,
@@ -564,16 +564,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
     one_line_errors(parser)
     args = parser.parse_args(argv)
     if args.sink:
         trio.run(_sink, sys.stdout)
         return 0
-    try:
-        return run(args)
-    except CliError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+    return call(args, parser.prog)
 
 
 if __name__ == "__main__":

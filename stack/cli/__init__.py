@@ -32,6 +32,7 @@ __all__ = [
     "address",
     "binary_size",
     "bounded_int",
+    "call",
     "build_parser",
     "counted",
     "duration",
@@ -323,7 +324,14 @@ def run(
     args_in = list(sys.argv[1:] if argv is None else argv)
     first = args_in[0] if args_in and not args_in[0].startswith("-") else None
     parser = build_parser(prog, description, commands, only=first)
-    args = parser.parse_args(args_in)
+    return call(parser.parse_args(args_in), prog)
+
+
+def call(args: argparse.Namespace, prog: str) -> int:
+    """Run the parsed command ``args.func(args)``, return its exit status; a
+    :class:`CliError` is one ``prog: error: ...`` line and status 2 (``prog`` of the
+    subcommand when it uses :func:`one_line_errors`), an interrupt status 130, a closed
+    standard output status 0 (:func:`run`, and the modules that run with ``python -m``)."""
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
