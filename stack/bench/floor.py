@@ -347,7 +347,7 @@ async def _run(
     deadline = start + seconds
     sent = 0
     if variant <= 1:
-        chunk = bytes(size * per_batch)
+        chunk = bytes(source) * per_batch  # real memory, as the other variants send from
         while clock() < deadline:
             await stream.send_all(chunk)
             sent += per_batch
@@ -360,7 +360,7 @@ async def _run(
                 if marked is not None:
                     pieces += [marked.frame(to, source[to : to + payload]) for to in fpdus]
                     continue
-                for to in range(0, size, payload):
+                for to in fpdus:
                     body = source[to : to + payload]
                     n = DDP_TAGGED_HDR_LEN + len(body)
                     head = _HEAD.pack(n, 0, 0, to)
