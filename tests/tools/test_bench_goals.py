@@ -126,6 +126,26 @@ def test_a_benchmark_that_fails_for_real_is_reported_not_raised(
     assert document["verdict"] == "failed" and "write-64k" in document["failed_measurements"]
 
 
+def test_round_trip_goals_say_which_driver_measured_them() -> None:
+    """The blocking driver's rows take only a document of the blocking driver, the trio
+    driver's only one of trio (a document without the field is of trio)."""
+    blocking = {"parameters": {"driver": "blocking"}, **_bw_doc(1.3)}
+    assert judge(GOAL["read-lat-blk"], {"read-lat-blk": blocking}, {}, {}).met is True
+    wrong = judge(GOAL["read-lat-blk"], {"read-lat-blk": _bw_doc(1.3)}, {}, {})
+    assert wrong.met is None and "trio driver, not the blocking" in wrong.note
+    trio_row = judge(GOAL["read-lat"], {"read-lat": blocking}, {}, {})
+    assert trio_row.met is None and "blocking driver, not the trio" in trio_row.note
+    assert "--blocking" in goals.MEASUREMENTS["atomic-lat-blk"].args
+
+
+def test_the_blocking_driver_goal_is_measured_on_the_blocking_driver() -> None:
+    """A real ``iwarp bench atomic --lat --blocking`` run behind the row: it gives a figure,
+    which the driver check above only accepts from the blocking driver."""
+    run = goals.run_goals(["atomic-lat-blk"], 0.3, 1, with_floor=False, progress=None)
+    (result,) = run.results
+    assert not run.failures and result.measured is not None and result.measured > 0, result.note
+
+
 @pytest.mark.slow
 def test_goals_run_the_benchmarks_and_the_floor_from_the_installed_command(tmp_path: Path) -> None:
     out = tmp_path / "goals.json"

@@ -1,0 +1,284 @@
+"""The goals of ``iwarp bench goals``: each a ratio, its target, and the benchmark behind it.
+
+A :class:`Measurement` is one benchmark process (``iwarp bench ... --json``, ``kbtp bench
+... --json``); a :class:`Goal` reads its figure from those processes' JSON documents and
+names the floor row (``iwarp bench floor``) that bounds it on this host.  The targets are
+the issue's (docs/performance.md, "The goals at a glance").
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GOALS", "GOAL_KEYS", "MEASUREMENTS", "TITLE_WIDTH", "Doc", "Goal", "Measurement"]
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmark process behind some goals: ``tool`` (``iwarp`` or ``kbtp``), its
+    arguments before the common ones (duration, repeat, JSON output)."""
+
+    key: str
+    tool: str
+    args: tuple[str, ...]
+    timed: bool = True  # takes -D SECONDS (kbtp bench moves a fixed number of octets)
+
+    def argv(self, seconds: float, repeat: int, json_path: str) -> list[str]:
+        """The subprocess's command line (``-P``: the working directory is not put first on
+        the path, so a checkout there cannot shadow the tree measured)."""
+        module = "stack" if self.tool == "iwarp" else "kbtp"
+        extra = ["-D", f"{seconds:g}"] if self.timed else []
+        return [
+            sys.executable,
+            "-P",
+            "-m",
+            module,
+            "bench",
+            *self.args,
+            *extra,
+            "-r",
+            str(repeat),
+            "--quiet",
+            "--json",
+            json_path,
+        ]
+
+    def command(self) -> str:
+        """How a user runs it by hand (without the common arguments)."""
+        return " ".join((self.tool, "bench", *self.args))
+
+
+_RDMA = ("--baseline", "--cpu")
+MEASUREMENTS = {
+    m.key: m
+    for m in (
+        Measurement("write-1m", "iwarp", ("write", "-s", "1M", *_RDMA)),
+        Measurement("send-1m", "iwarp", ("send", "-s", "1M", *_RDMA)),
+        Measurement("read-1m", "iwarp", ("read", "-s", "1M", *_RDMA)),
+        Measurement("write-64k", "iwarp", ("write", "-s", "64K", *_RDMA)),
+        Measurement("read-64k", "iwarp", ("read", "-s", "64K", *_RDMA)),
+        Measurement(
+            "write-64-lists", "iwarp", ("write", "-s", "64", "-l", "16", "-Q", "16", *_RDMA)
+        ),
+        Measurement("read-lat", "iwarp", ("read", "-s", "64", "--lat", *_RDMA)),
+        Measurement("atomic-lat", "iwarp", ("atomic", "--lat", *_RDMA)),
+        Measurement("read-lat-blk", "iwarp", ("read", "-s", "64", "--lat", "--blocking", *_RDMA)),
+        Measurement("atomic-lat-blk", "iwarp", ("atomic", "--lat", "--blocking", *_RDMA)),
+        Measurement("write-1m-markers", "iwarp", ("write", "-s", "1M", "--markers", *_RDMA)),
+        Measurement("kbtp", "kbtp", ("-s", "64K,1M", "--vs", "mooncake"), timed=False),
+    )
+}
+
+
+def _row(doc: Doc) -> Doc:
+    """The first (only) row of an ``iwarp bench`` document."""
+    row: Doc = doc["results"][0]
+    return row
+
+
+def _ratio(key: str, driver: str = "trio") -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """The first row's ratio to raw trio TCP, measured on ``driver`` (the document's
+    ``parameters.driver``; documents without it are of the trio driver)."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        ran = docs[key].get("parameters", {}).get("driver", "trio")
+        if ran != driver:
+            raise ValueError(f"measured on the {ran} driver, not the {driver} driver")
+        ratio = float(_row(docs[key])["ratio"])
+        return ratio, f"{ratio:.2f}"
+
+    return value
+
+
+def _markers_cost(docs: dict[str, Doc]) -> tuple[float, str]:
+    plain = float(_row(docs["write-1m"])["bw_average_mib_per_s"])
+    marked = float(_row(docs["write-1m-markers"])["bw_average_mib_per_s"])
+    cost = 1.0 - marked / plain
+    return cost, f"{cost:.0%} ({plain:.0f} -> {marked:.0f} MiB/s)"
+
+
+def _kbtp_rows(docs: dict[str, Doc], size: int) -> dict[str, Doc]:
+    return {r["operation"]: r for r in docs["kbtp"]["results"] if r["size_bytes"] == size}
+
+
+def _kbtp_ratio(op: str, size: int) -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """KBTP GB/s over its pipelined raw baseline's."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        ratio = float(_kbtp_rows(docs, size)[op]["ratio"])
+        return ratio, f"{ratio:.2f}"
+
+    return value
+
+
+def _mooncake(size: int, what: str) -> Callable[[dict[str, Doc]], tuple[float, str]]:
+    """STORE and LOAD against Mooncake's TCP transport: ``gbps`` their GB/s over
+    Mooncake's (the worse of the two is the goal's value), ``cpu`` their CPU per block over
+    Mooncake's (the larger)."""
+
+    def value(docs: dict[str, Doc]) -> tuple[float, str]:
+        rows = _kbtp_rows(docs, size)
+        figures = []
+        for op in ("STORE", "LOAD"):
+            row = rows[op]
+            mc = row.get("mooncake")
+            if not mc:
+                raise LookupError(docs["kbtp"].get("mooncake_problem") or "no Mooncake figures")
+            if what == "gbps":
+                figures.append(float(row["gbyte_per_s"]) / float(mc["gbyte_per_s"]))
+            else:
+                figures.append(float(row["cpu_us_per_op"]) / float(mc["cpu_us_per_op"]))
+        worst = min(figures) if what == "gbps" else max(figures)
+        return worst, f"{figures[0]:.2f} / {figures[1]:.2f}"
+
+    return value
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target for one ratio: ``at_most`` False means measured >= target is met."""
+
+    key: str
+    title: str
+    target: float
+    needs: tuple[str, ...]
+    value: Callable[[dict[str, Doc]], tuple[float, str]]
+    at_most: bool = False
+    percent: bool = False
+    floor: str | None = None  # the floor row that bounds it: "64K", "1M", "markers"
+
+    def target_text(self) -> str:
+        """``>= 0.90``, ``<= 1.50``, ``<= 15%``."""
+        sign = "<=" if self.at_most else ">="
+        return f"{sign} {self.target:.0%}" if self.percent else f"{sign} {self.target:.2f}"
+
+
+GOALS: tuple[Goal, ...] = (
+    Goal(
+        "write-1m",
+        "RDMA Write 1 MiB / raw trio",
+        0.9,
+        ("write-1m",),
+        _ratio("write-1m"),
+        floor="1M",
+    ),
+    Goal("send-1m", "Send 1 MiB / raw trio", 0.9, ("send-1m",), _ratio("send-1m"), floor="1M"),
+    Goal("read-1m", "RDMA Read 1 MiB / raw trio", 0.8, ("read-1m",), _ratio("read-1m")),
+    Goal(
+        "write-64k",
+        "RDMA Write 64 KiB / raw trio",
+        0.8,
+        ("write-64k",),
+        _ratio("write-64k"),
+        floor="64K",
+    ),
+    Goal("read-64k", "RDMA Read 64 KiB / raw trio", 0.7, ("read-64k",), _ratio("read-64k")),
+    Goal(
+        "write-64-lists",
+        "64 B Writes, post lists of 16 / batched raw",
+        0.25,
+        ("write-64-lists",),
+        _ratio("write-64-lists"),
+    ),
+    Goal(
+        "read-lat",
+        "64 B Read round trip, trio driver / raw ping-pong",
+        1.5,
+        ("read-lat",),
+        _ratio("read-lat"),
+        at_most=True,
+    ),
+    Goal(
+        "atomic-lat",
+        "FetchAdd round trip, trio driver / raw ping-pong",
+        1.5,
+        ("atomic-lat",),
+        _ratio("atomic-lat"),
+        at_most=True,
+    ),
+    Goal(
+        "read-lat-blk",
+        "64 B Read round trip, blocking driver / raw ping-pong",
+        1.5,
+        ("read-lat-blk",),
+        _ratio("read-lat-blk", "blocking"),
+        at_most=True,
+    ),
+    Goal(
+        "atomic-lat-blk",
+        "FetchAdd round trip, blocking driver / raw ping-pong",
+        1.5,
+        ("atomic-lat-blk",),
+        _ratio("atomic-lat-blk", "blocking"),
+        at_most=True,
+    ),
+    Goal(
+        "markers-1m",
+        "markers' cost, 1 MiB Writes",
+        0.15,
+        ("write-1m", "write-1m-markers"),
+        _markers_cost,
+        at_most=True,
+        percent=True,
+        floor="markers",
+    ),
+    Goal(
+        "kbtp-load-64k",
+        "KBTP LOAD 64 KiB / pipelined raw",
+        0.8,
+        ("kbtp",),
+        _kbtp_ratio("LOAD", 65536),
+    ),
+    Goal(
+        "kbtp-store-64k",
+        "KBTP STORE 64 KiB / pipelined raw",
+        0.8,
+        ("kbtp",),
+        _kbtp_ratio("STORE", 65536),
+    ),
+    Goal(
+        "kbtp-alloc-64k",
+        "KBTP ALLOC_STORE 64 KiB / pipelined raw",
+        0.7,
+        ("kbtp",),
+        _kbtp_ratio("ALLOC_STORE", 65536),
+    ),
+    Goal(
+        "kbtp-mc-64k",
+        "KBTP STORE / LOAD 64 KiB / Mooncake",
+        1.0,
+        ("kbtp",),
+        _mooncake(65536, "gbps"),
+    ),
+    Goal(
+        "kbtp-mc-1m",
+        "KBTP STORE / LOAD 1 MiB / Mooncake",
+        1.0,
+        ("kbtp",),
+        _mooncake(1 << 20, "gbps"),
+    ),
+    Goal(
+        "kbtp-cpu-64k",
+        "KBTP CPU per block 64 KiB / Mooncake's",
+        1.0,
+        ("kbtp",),
+        _mooncake(65536, "cpu"),
+        at_most=True,
+    ),
+    Goal(
+        "kbtp-cpu-1m",
+        "KBTP CPU per block 1 MiB / Mooncake's",
+        1.0,
+        ("kbtp",),
+        _mooncake(1 << 20, "cpu"),
+        at_most=True,
+    ),
+)
+GOAL_KEYS = tuple(g.key for g in GOALS)
+TITLE_WIDTH = max(len(g.title) for g in GOALS)
+"""The width of the goals' title column."""
