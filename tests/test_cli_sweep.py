@@ -83,6 +83,7 @@ BOUNDED: Mapping[str, Mapping[str, str]] = {
         "iwarp rping count": "rping -C: rping's own int (0 still pings for ever)",
         "smp": "siwvm --smp: the vCPUs QEMU's pc machine takes",
         "emss": "--emss: TCP's MSS option is 16 bits (stack.cli.emss)",
+        "batch": "bench floor --batch: messages per send, as many as -t (MAX_DEPTH)",
     },
     "kbtp": {  # kbtp/cli/bounds.py, docs/kbtp.md §11
         "inflight": "kbtp bench -t: a Request Credit each (16-bit field)",

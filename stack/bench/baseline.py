@@ -30,7 +30,7 @@ import time
 
 import trio
 
-from stack.bench.blocking import batch_messages, latency_shape
+from stack.bench.blocking import batch_messages, latency_shape, zero_replies
 from stack.bench.memory import zeroed
 from stack.bench.options import ATOMIC_SIZE, WARMUP_ITERS, BenchError, BenchOptions
 from stack.bench.protocol import (
@@ -64,7 +64,7 @@ async def _raw_stream(
     return sent
 
 
-async def _raw_pipelined(
+async def raw_pipelined(
     stream: trio.SocketStream,
     size: int,
     depth: int,
@@ -73,7 +73,8 @@ async def _raw_pipelined(
     receive: int = RAW_RECEIVE_SIZE,
 ) -> int:
     """Request/response with ``depth`` outstanding requests, replies read ``receive`` octets
-    per ``receive_some``; returns replies received."""
+    per ``receive_some``; returns replies received (also ``iwarp bench floor --exchange
+    read``'s ``raw``)."""
     clock = time.perf_counter
     target = count if count is not None else 1 << 62
     sent = min(depth, target)
@@ -95,6 +96,25 @@ async def _raw_pipelined(
             await stream.send_all(bytes(RAW_REQUEST * more))
             sent += more
     return done
+
+
+async def answer_requests(stream: trio.SocketStream, size: int, request: int) -> int:
+    """The server's half of request/response: every complete ``request``-octet request read
+    (``RAW_RECEIVE_SIZE`` octets per ``receive_some``) answered with ``size`` zero octets,
+    all of them in one send of up to BATCH_BYTES at a time, until the client half-closes;
+    returns the replies sent (the bench server's and ``iwarp bench floor``'s sink's)."""
+    pending = replies = 0
+    while True:
+        data = await stream.receive_some(RAW_RECEIVE_SIZE)
+        if not data:
+            return replies
+        count, pending = divmod(pending + len(data), request)
+        replies += count
+        while count:  # every complete request answered in one send
+            k = batch_messages(size, count)  # (up to BATCH_BYTES; no copy)
+            for piece in zero_replies(size, k):
+                await stream.send_all(piece)
+            count -= k
 
 
 async def raw_bandwidth(
@@ -126,7 +146,7 @@ async def raw_bandwidth(
         if streaming:
             done[i] = await _raw_stream(streams[i], size, counts[i], None, opts.tx_depth)
         else:
-            done[i] = await _raw_pipelined(streams[i], reply, opts.ord, counts[i], None, receive)
+            done[i] = await raw_pipelined(streams[i], reply, opts.ord, counts[i], None, receive)
         ends[i] = time.perf_counter()
 
     try:
@@ -153,17 +173,8 @@ async def raw_latency(host: str, raw_port: int, opts: BenchOptions, size: int, c
     """Baseline median latency (microseconds) of the same exchange, one at a time."""
     pingpong, reply, request = latency_shape(opts, size)
     stream = await open_raw(host, raw_port, RAW_REQRESP, reply, request)
-    message = bytes(request)
-    clock = time.perf_counter
-    times = []
     try:
-        for i in range(WARMUP_ITERS + count):
-            t0 = clock()
-            await stream.send_all(message)
-            await receive_exactly(stream, reply)
-            t1 = clock()
-            if i >= WARMUP_ITERS:
-                times.append(t1 - t0)
+        times = await time_round_trips(stream, bytes(request), reply, count)
     except (trio.BrokenResourceError, OSError) as exc:
         raise BenchError(f"raw TCP baseline failed: {exc}") from None
     finally:
@@ -171,3 +182,32 @@ async def raw_latency(host: str, raw_port: int, opts: BenchOptions, size: int, c
     if pingpong:
         times = [t / 2 for t in times]
     return statistics.median(times) * 1e6
+
+
+async def time_round_trips(
+    stream: trio.SocketStream,
+    message: bytes,
+    reply: int,
+    count: int | None,
+    deadline: float | None = None,
+) -> list[float]:
+    """Seconds of each round trip of ``message`` answered by ``reply`` octets, one at a time
+    (``send_all``, then ``receive_exactly``): WARMUP_ITERS untimed first, then ``count``
+    timed, or as many as end before ``deadline`` (at least one; ``iwarp bench floor
+    --exchange rtt``'s ``raw``)."""
+    if count is None and deadline is None:
+        raise ValueError("round trips need a count or a deadline")
+    clock = time.perf_counter
+    times: list[float] = []
+    i = 0
+    while count is None or len(times) < count:
+        if deadline is not None and times and clock() >= deadline:
+            break
+        t0 = clock()
+        await stream.send_all(message)
+        await receive_exactly(stream, reply)
+        t1 = clock()
+        if i >= WARMUP_ITERS:
+            times.append(t1 - t0)
+        i += 1
+    return times

@@ -1,7 +1,8 @@
-"""Benchmark: the pure-Python floor of a bulk RDMA Write, against raw trio TCP in one run.
+"""Benchmark: the pure-Python floor of RDMA Writes (and Reads), against raw trio TCP in one run.
 
-``iwarp bench floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--raw-sizes [LIST]]
-[--read-size N] [--json FILE]`` (also ``python -m stack.bench.floor``)
+``iwarp bench floor [-s 64K,1M] [-D 3] [--repeat 3] [--emss 65483] [--batch N]
+[--raw-sizes [LIST]] [--read-size N] [--exchange stream|read|rtt] [--json FILE]``
+(also ``python -m stack.bench.floor``)
 
 How fast can any pure-Python iWARP sender and receiver be?  Whatever the layering, an RDMA
 Write with CRC on has to compute CRC32c over every FPDU at both ends and copy the payload
@@ -9,9 +10,9 @@ from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
 ``iwarp bench``) does neither.  This command runs, two processes on loopback, each variant in
 turn, alternated ``--repeat`` times:
 
-``raw``    a trio stream of the message bytes, up to 1 MiB per ``send_all``; the receiver
-           ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and counts (``iwarp bench
-           --baseline``'s exchange)
+``raw``    a trio stream of the message bytes, up to 1 MiB (or ``--batch`` messages) per
+           ``send_all``; the receiver ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and
+           counts (``iwarp bench --baseline``'s exchange)
 ``raw@N``  ``raw`` with ``receive_some(N)``, for each N of ``--raw-sizes`` (the sweep that
            chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
 ``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated buffer of
@@ -19,11 +20,12 @@ turn, alternated ``--repeat`` times:
            reads)
 ``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
            is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
-           (header, a view of the source buffer, CRC) up to 1 MiB per call, as the stack's
-           driver does; the receiver ``recv_into`` a 1 MiB buffer (at most ``--read-size``
-           octets per call, as ``raw-into``) and checks every
-           FPDU's CRC where it lies (a partial FPDU at the end of a read moves to the
-           front), and copies nothing
+           (header, a view of the source buffer, CRC; a payload under 2 KiB copied
+           instead, ``stack.bench.floor_wire.TaggedFramer``), as many messages
+           per call as ``raw``, as the stack's driver does; the receiver ``recv_into`` a
+           1 MiB buffer (at most ``--read-size`` octets per call, as ``raw-into``) and
+           checks every FPDU's CRC where it lies (a partial FPDU at the end of a read
+           moves to the front), and copies nothing
 ``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
            buffer at its TO
 ``markers``  ``floor`` with an MPA marker every 512 octets (MPA-07): FPDUs laid out on
@@ -55,6 +57,16 @@ bigger read does not cost the receiver more CPU but the *sender* (its ``sendmsg`
 loopback also runs the receiving half of TCP: 191 against 127 µs of system time per MiB
 for ``floor`` against ``crc``), so what a receiver does between its reads sets the floor.
 ``--read-size 1M`` measures the old floor again.
+
+``--batch N``: N messages per send for every variant (at most what fits in 1 MiB), each
+its own FPDUs.  ``iwarp bench write --baseline``'s raw stream sends up to the tx depth of
+messages per ``send_all`` (128 unless ``-t``; ``-l`` does not change it): ``-s 64 --batch
+128`` is the raw baseline of ``iwarp bench write -s 64 -l 16 -Q 16``, ``--batch 16`` one
+post list per send.
+``--exchange read|rtt``: the floor of an RDMA Read (pipelined, MB/s) or of one Read's round
+trip (µs) against the raw request/response of ``iwarp bench read --baseline``: Read
+Request FPDUs with CRC, checked, answered as tagged FPDUs whose CRCs the requester checks
+and whose payloads it places (``stack.bench.floor_exchange``; default sizes 64K,1M and 64).
 """
 
 from __future__ import annotations
@@ -63,7 +75,6 @@ import argparse
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from array import array
@@ -71,7 +82,28 @@ from typing import Any, TextIO
 
 import trio
 
-from stack.bench.options import MAX_SIZE, BenchError
+from stack.bench import floor_exchange
+from stack.bench.blocking import batch_messages
+from stack.bench.floor_wire import (
+    CRC,
+    HEAD,
+    HELLO,
+    RECEIVE,
+    RESULT,
+    TARGET_STAG,
+    TaggedFramer,
+    connect,
+    fpdu_payload,
+    fpdu_wire,
+    keep_partial,
+    place,
+    plain,
+    recv,
+    result,
+    send_all,
+    start_sink,
+)
+from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
 from stack.cli import (
     ERROR_PROG,
@@ -79,8 +111,10 @@ from stack.cli import (
     MAX_EMSS,
     MAX_REPEAT,
     MIN_EMSS,
+    CliError,
     binary_size,
     call,
+    counted,
     duration,
     one_line_errors,
     repeat_count,
@@ -89,20 +123,23 @@ from stack.cli import (
 from stack.cli import emss as emss_type
 from stack.cli.json_report import add_json_argument, check_outputs, schema, write_json
 from stack.constants import (
+    DDP_LAST,
+    DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
+    DDP_VERSION,
     MPA_CRC_RESIDUE,
     MPA_MARKER_INTERVAL,
     MPA_MARKER_LEN,
     RAW_RECEIVE_SIZE,
+    Opcode,
 )
 from stack.crc import crc32c
-from stack.transport.driver import RECEIVE_MAX, _raw_socket
 from stack.transport.sendq import SendQueue
-from stack.transport.sockopts import limit_unsent
-from stack.wire.framing import mulpdu_for
 from stack.wire.markers import MARKER_DATA
+from stack.wire.rdmap import rdmap_ctrl
 
 __all__ = [
+    "EXCHANGES",
     "HELP",
     "MIN_SIZE",
     "VARIANTS",
@@ -113,14 +150,9 @@ __all__ = [
     "run",
 ]
 
-RECEIVE = RECEIVE_MAX  # the driver's bulk receive buffer
-BATCH = 1024 * 1024
 VARIANTS = ("raw", "raw-into", "crc", "floor", "markers")
 MARKED = 4  # the index of "markers" in VARIANTS
-_HELLO = struct.Struct("!BIII")  # variant index, message size, FPDU payload, octets per read
-_RESULT = struct.Struct("!QQ")  # octets received, receiver CPU ns
-_HEAD = struct.Struct("!H2xIII")  # length, (control, STag, TO high), TO: 14 octets + 2
-_CRC = struct.Struct("<I")
+EXCHANGES = ("stream", *floor_exchange.EXCHANGES)
 _U16 = struct.Struct("!H")
 
 
@@ -155,107 +187,76 @@ def _read_size(text: str) -> int:
     return binary_size(text, RECEIVE)
 
 
-def _plain(stream: trio.SocketStream) -> socket.socket:
-    """The stream's descriptor as a non-blocking standard socket, made as the stack's driver
-    makes it (:func:`stack.transport.driver._raw_socket`; release it with ``detach``)."""
-    sock = _raw_socket(stream)
-    if sock is None:
-        raise RuntimeError("not a TCP socket stream")
-    return sock
-
-
 # ---------------------------------------------------------------------------- receiver
 async def _sink(port_out: Any) -> None:
+    """Serve one client at a time for ever; a client that goes early ends its connection
+    only (a CRC mismatch or another fault of the exchange is one line on stderr)."""
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     print(listener.socket.getsockname()[1], file=port_out, flush=True)
     while True:
         stream = await listener.accept()
         try:
-            hello = await receive_exactly(stream, _HELLO.size)
-        except BenchError:  # closed before saying what to measure
-            await stream.aclose()
-            continue
-        variant, size, payload, raw_receive = _HELLO.unpack(hello)
-        cpu = time.process_time_ns()
-        if variant == 0:
-            got = 0
-            while data := await stream.receive_some(raw_receive):
-                got += len(data)
-        else:
-            raw = _plain(stream)
-            try:
-                if variant == 1:
-                    got = await _receive_into(raw, raw_receive)
-                elif variant == MARKED:
-                    got = await _receive_marked(raw, size, payload, raw_receive)
-                else:
-                    got = await _receive_fpdus(raw, size, payload, raw_receive, place=variant == 3)
-            finally:
-                raw.detach()
-        cpu = time.process_time_ns() - cpu
-        await stream.send_all(_RESULT.pack(got, cpu))
-        await stream.aclose()
+            await _serve(stream)
+        except (BenchError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went (or never said what to measure)
+        except (RuntimeError, ValueError) as exc:
+            print(f"python -m stack.bench.floor --sink: {exc}", file=sys.stderr, flush=True)
+        finally:
+            await trio.aclose_forcefully(stream)
 
 
-async def _recv(sock: socket.socket, room: memoryview) -> int:
-    """``recv_into`` ``room``, waiting while the socket has nothing (0: end of stream)."""
-    while True:
+async def _serve(stream: trio.SocketStream) -> None:
+    """One client: its hello says what it measures; once it half-closes, :data:`RESULT`."""
+    variant, size, payload, raw_receive = HELLO.unpack(await receive_exactly(stream, HELLO.size))
+    cpu = time.process_time_ns()
+    if variant >= len(VARIANTS):
+        got = await floor_exchange.respond(stream, variant, size, payload, raw_receive)
+    elif variant == 0:
+        got = 0
+        while data := await stream.receive_some(raw_receive):
+            got += len(data)
+    else:
+        raw = plain(stream)
         try:
-            return sock.recv_into(room)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
+            if variant == 1:
+                got = await _receive_into(raw, raw_receive)
+            elif variant == MARKED:
+                got = await _receive_marked(raw, size, payload, raw_receive)
+            else:
+                got = await _receive_fpdus(raw, size, payload, raw_receive, copy=variant == 3)
+        finally:
+            raw.detach()
+    cpu = time.process_time_ns() - cpu
+    await stream.send_all(RESULT.pack(got, cpu))
 
 
 async def _receive_into(sock: socket.socket, read: int) -> int:
     """Count what arrives, read with ``recv_into`` a preallocated buffer of ``read`` octets."""
     view = memoryview(bytearray(read))
     got = 0
-    while n := await _recv(sock, view):
+    while n := await recv(sock, view):
         got += n
         await trio.lowlevel.checkpoint()
     return got
 
 
 async def _receive_fpdus(
-    sock: socket.socket, size: int, payload: int, read: int, *, place: bool
+    sock: socket.socket, size: int, payload: int, read: int, *, copy: bool
 ) -> int:
     """Receive FPDUs into a RECEIVE-byte buffer, at most ``read`` octets per ``recv_into``;
-    check each CRC in place, place the payload."""
-    buf = bytearray(RECEIVE)
-    view = memoryview(buf)
-    target = memoryview(bytearray(size))
-    frame = 2 + DDP_TAGGED_HDR_LEN + payload + 8  # the longest FPDU on the wire
+    check each CRC in place, place the payload when ``copy``
+    (:func:`~stack.bench.floor_wire.place`)."""
+    view = memoryview(bytearray(RECEIVE))
+    target = memoryview(bytearray(size)) if copy else None
+    frame = fpdu_wire(DDP_TAGGED_HDR_LEN + payload)  # the longest FPDU on the wire
     got = start = end = 0
-    unpack = _HEAD.unpack_from
-    while n := await _recv(sock, view[end : end + read]):
+    while n := await recv(sock, view[end : end + read]):
         got += n
         end += n
-        pos = start
-        while end - pos >= _HEAD.size:
-            length, _stag, _high, to = unpack(buf, pos)
-            wire = 2 + length + (-(2 + length) & 3) + 4
-            if end - pos < wire:
-                break
-            if crc32c(view[pos : pos + wire]) != MPA_CRC_RESIDUE:
-                raise RuntimeError("CRC mismatch")
-            if place:
-                data = length - DDP_TAGGED_HDR_LEN
-                target[to : to + data] = view[pos + _HEAD.size : pos + _HEAD.size + data]
-            pos += wire
-        start, end = _keep_partial(view, pos, end, frame)
+        pos, _ = place(view, start, end, target)
+        start, end = keep_partial(view, pos, end, frame)
         await trio.lowlevel.checkpoint()
     return got
-
-
-def _keep_partial(view: memoryview, start: int, end: int, frame: int) -> tuple[int, int]:
-    """The receive buffer's new ``(start, end)`` once a read's whole FPDUs are done: empty,
-    or a partial FPDU moved to the front when ``frame`` octets no longer fit behind it."""
-    if start == end:
-        return 0, 0
-    if RECEIVE - end < frame:
-        view[: end - start] = view[start:end]
-        return 0, end - start
-    return start, end
 
 
 def _marked_wire(length: int) -> int:
@@ -274,9 +275,9 @@ async def _receive_marked(sock: socket.socket, size: int, payload: int, read: in
     frame = _marked_wire(DDP_TAGGED_HDR_LEN + payload)  # the longest FPDU on the wire
     got = start = end = 0
     length_at = _U16.unpack_from
-    unpack = _HEAD.unpack_from
+    unpack = HEAD.unpack_from
     words_per_interval = MPA_MARKER_INTERVAL // 4
-    while n := await _recv(sock, view[end : end + read]):
+    while n := await recv(sock, view[end : end + read]):
         got += n
         end += n
         pos = start
@@ -291,11 +292,11 @@ async def _receive_marked(sock: socket.socket, size: int, payload: int, read: in
             words.frombytes(fpdu)
             del words[::words_per_interval]
             body = memoryview(words).cast("B")
-            length, _stag, _high, to = unpack(body)
+            length, _ctrl, _rdmap, _stag, to = unpack(body)
             data = length - DDP_TAGGED_HDR_LEN
-            target[to : to + data] = body[_HEAD.size : _HEAD.size + data]
+            target[to : to + data] = body[HEAD.size : HEAD.size + data]
             pos += wire
-        start, end = _keep_partial(view, pos, end, frame)
+        start, end = keep_partial(view, pos, end, frame)
         await trio.lowlevel.checkpoint()
     return got
 
@@ -311,35 +312,33 @@ class _MarkedFramer:
         step = range(0, len(self.stage) - MARKER_DATA + 1, MARKER_DATA)
         self.runs = [self.staged[k : k + MARKER_DATA] for k in step]
         self.marker = bytearray(MPA_MARKER_LEN)  # so join makes a bytearray
+        self.rdmap = rdmap_ctrl(Opcode.RDMA_WRITE)
 
-    def frame(self, to: int, body: memoryview) -> bytearray:
+    def frame(self, to: int, body: memoryview, last: bool = True) -> bytearray:
         length = DDP_TAGGED_HDR_LEN + len(body)
-        end = _HEAD.size + len(body)
+        end = HEAD.size + len(body)
         padded = (end + 3) // 4 * 4
         stage, staged = self.stage, self.staged
-        _HEAD.pack_into(stage, 0, length, 0, 0, to)
-        staged[_HEAD.size : end] = body
+        ctrl = DDP_TAGGED | DDP_VERSION | (DDP_LAST if last else 0)
+        HEAD.pack_into(stage, 0, length, ctrl, self.rdmap, TARGET_STAG, to)
+        staged[HEAD.size : end] = body
         staged[end : padded + 4] = bytes(padded + 4 - end)  # PAD and the CRC slot
         full = (padded + 4) // MARKER_DATA
         pieces: list[Any] = [b"", *self.runs[:full]]
         if (padded + 4) % MARKER_DATA:
             pieces.append(staged[full * MARKER_DATA : padded + 4])
         fpdu = self.marker.join(pieces)
-        _CRC.pack_into(fpdu, len(fpdu) - 4, crc32c(memoryview(fpdu)[:-4]))
+        CRC.pack_into(fpdu, len(fpdu) - 4, crc32c(memoryview(fpdu)[:-4]))
         return fpdu
 
 
 # ------------------------------------------------------------------------------ sender
 async def _run(
-    port: int, variant: int, size: int, payload: int, seconds: float, raw_receive: int
+    port: int, variant: int, size: int, payload: int, seconds: float, raw_receive: int, batch: int
 ) -> dict[str, Any]:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    limit_unsent(stream)
-    await stream.send_all(_HELLO.pack(variant, size, payload, raw_receive))
-    per_batch = max(1, BATCH // size)
+    """One run of one variant, ``batch`` messages per send; MB/s, messages/s, CPU each end."""
+    stream = await connect(port, variant, size, payload, raw_receive)
     source = memoryview(bytearray(b"\x5a" * size))
-    marked = _MarkedFramer(payload) if variant == MARKED else None
     fpdus = range(0, size, payload)
     clock = time.perf_counter
     cpu = time.process_time_ns()
@@ -347,53 +346,45 @@ async def _run(
     deadline = start + seconds
     sent = 0
     if variant <= 1:
-        chunk = bytes(source) * per_batch  # real memory, as the other variants send from
+        chunk = bytes(source) * batch  # real memory, as the other variants send from
         while clock() < deadline:
             await stream.send_all(chunk)
-            sent += per_batch
+            sent += batch
     else:
-        sock = _plain(stream)
+        sock = plain(stream)
         queue = SendQueue(sock.sendmsg)
-        while clock() < deadline:
-            pieces: list[Any] = []
-            for _ in range(per_batch):
-                if marked is not None:
-                    pieces += [marked.frame(to, source[to : to + payload]) for to in fpdus]
-                    continue
-                for to in fpdus:
-                    body = source[to : to + payload]
-                    n = DDP_TAGGED_HDR_LEN + len(body)
-                    head = _HEAD.pack(n, 0, 0, to)
-                    pad = b"\0" * (-(2 + n) & 3)
-                    c = crc32c(body, crc32c(head))
-                    pieces += (head, body, pad + _CRC.pack(crc32c(pad, c) if pad else c))
-            sent += per_batch
-            await _send_all(queue, sock, pieces)
-        sock.detach()
+        try:
+            if variant == MARKED:
+                marked = _MarkedFramer(payload)
+                while clock() < deadline:
+                    pieces = [
+                        marked.frame(to, source[to : to + payload], to + payload >= size)
+                        for _ in range(batch)
+                        for to in fpdus
+                    ]
+                    sent += batch
+                    await send_all(queue, sock, pieces)
+            else:
+                framer = TaggedFramer(source, payload, Opcode.RDMA_WRITE)
+                messages = [(0, size, TARGET_STAG, 0)] * batch
+                while clock() < deadline:
+                    pieces = framer.frame(messages)
+                    sent += batch
+                    await send_all(queue, sock, pieces)
+        finally:
+            sock.detach()
     elapsed = clock() - start
     cpu = time.process_time_ns() - cpu
-    await stream.send_eof()
-    result = await receive_exactly(stream, _RESULT.size)
-    got, sink_cpu = _RESULT.unpack(result)
-    await stream.aclose()
-    if variant <= 1 and got != sent * size:
-        raise RuntimeError(f"the receiver counted {got} octets, {sent * size} were sent")
+    got, sink_cpu = await result(stream)
+    wire = sent * size if variant <= 1 else queue.sent
+    if got != wire:
+        raise RuntimeError(f"the receiver counted {got} octets, {wire} were sent")
     return {
         "MBps": sent * size / elapsed / 1e6,
         "msgps": sent / elapsed,
         "cpu_send_us": cpu / sent / 1e3,
         "cpu_recv_us": sink_cpu / sent / 1e3,
     }
-
-
-async def _send_all(queue: SendQueue, sock: socket.socket, pieces: list[Any]) -> None:
-    """Send the pieces through the driver's :class:`~stack.transport.sendq.SendQueue`
-    (scatter-gather, IOV_MAX pieces per call, what the socket does not take copied), waiting
-    while the socket is full."""
-    if not queue.send(pieces):
-        await trio.lowlevel.wait_writable(sock)
-        while not queue.send_backlog():
-            await trio.lowlevel.wait_writable(sock)
 
 
 # --------------------------------------------------------------------------------- main
@@ -405,32 +396,27 @@ def measure(
     raw_sizes: list[int] | None = None,
     read_size: int = RAW_RECEIVE_SIZE,
     *,
+    batch: int | None = None,
     progress: TextIO | None = sys.stderr,
 ) -> list[dict[str, Any]]:
     """Each variant at each size, alternated ``repeat`` times; medians per row.  ``raw_sizes``:
     a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``); ``read_size``:
     octets per ``recv_into`` of the other receivers (``raw`` reads RAW_RECEIVE_SIZE);
+    ``batch``: messages per send (None: as many as fit in 1 MiB; at most that many);
     ``progress``: where a line per run goes (None: nowhere).  The receiver is a process of
     its own, ``python -m stack.bench.floor --sink``."""
     plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
     plan[1:1] = [(f"raw@{size_label(n)}", 0, n) for n in raw_sizes or ()]
-    payload = mulpdu_for(emss, False) - DDP_TAGGED_HDR_LEN
-    payload -= payload % 4
-    sink = subprocess.Popen(
-        [sys.executable, "-m", "stack.bench.floor", "--sink"], stdout=subprocess.PIPE, text=True
-    )
+    payload = fpdu_payload(emss)
+    sink, port = start_sink()
     try:
-        assert sink.stdout is not None
-        line = sink.stdout.readline()
-        if not line.strip().isdigit():
-            raise RuntimeError("the receiver (python -m stack.bench.floor --sink) did not start")
-        port = int(line)
         rows = []
         for size in sizes:
+            per_send = batch_messages(size, batch or MAX_SIZE)
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in plan}
             for _ in range(repeat):
                 for variant, index, receive in plan:
-                    one = trio.run(_run, port, index, size, payload, seconds, receive)
+                    one = trio.run(_run, port, index, size, payload, seconds, receive, per_send)
                     runs[variant].append(one)
                     if progress is not None:
                         print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=progress)
@@ -464,7 +450,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-HELP = "the pure-Python floor of a bulk RDMA Write (CRC, placement, markers) against raw TCP"
+HELP = "the pure-Python floor of RDMA Writes and Reads (CRC, placement, markers) against raw TCP"
 """The one line ``iwarp bench --help`` shows for ``floor``."""
 
 
@@ -475,10 +461,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-s",
         "--sizes",
         type=_message_sizes,
-        default="64K,1M",
         metavar="LIST",
         help=f"message sizes, comma-separated, K/M suffixes, {MIN_SIZE} octets to 1G each "
-        "(default 64K,1M)",
+        "(default 64K,1M; --exchange rtt: 64)",
     )
     parser.add_argument(
         "-D",
@@ -503,6 +488,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 65483)",
     )
     parser.add_argument(
+        "--batch",
+        type=counted(MAX_DEPTH),
+        metavar="N",
+        help=f"messages per send of every variant, at most {MAX_DEPTH} and at most what "
+        "fits in 1M, each message its own FPDUs (default: as many as fit in 1M)",
+    )
+    parser.add_argument(
         "--raw-sizes",
         type=_receive_sizes,
         nargs="?",
@@ -514,11 +506,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--read-size",
         type=_read_size,
-        default=RAW_RECEIVE_SIZE,
         metavar="N",
         help="octets per recv_into of the receivers but raw, at most "
         f"{size_label(RECEIVE)}, the receive buffer "
-        f"(default {size_label(RAW_RECEIVE_SIZE)}, as raw reads)",
+        f"(default {size_label(RAW_RECEIVE_SIZE)}, as raw reads; --exchange read: the "
+        "faster of the sizes raw tries)",
+    )
+    parser.add_argument(
+        "--exchange",
+        choices=EXCHANGES,
+        default="stream",
+        help="stream: RDMA Writes; read: pipelined RDMA Reads; rtt: one Read's round trip "
+        "(default stream)",
     )
     add_json_argument(parser)
 
@@ -527,27 +526,42 @@ def run(args: argparse.Namespace) -> int:
     """``iwarp bench floor``: measure, print the table (on stderr with ``--json -``), write
     the JSON; a failed run is one error line and status 1 (its JSON says so)."""
     check_outputs(("--json", args.json))
+    for option, value in (("--batch", args.batch), ("--raw-sizes", args.raw_sizes)):
+        if value is not None and args.exchange != "stream":
+            raise CliError(f"{option}: only with --exchange stream, not {args.exchange}")
     prog = getattr(args, ERROR_PROG, "iwarp bench floor")
+    stream = args.exchange == "stream"
+    sizes = args.sizes or (
+        [65536, 1 << 20] if stream else floor_exchange.DEFAULT_SIZES[args.exchange]
+    )
+    read_size = args.read_size or RAW_RECEIVE_SIZE
     rows: list[dict[str, Any]] = []
     status, error = 0, None
+    common = (sizes, args.duration, args.repeat, args.emss)
     try:
-        rows = measure(
-            args.sizes, args.duration, args.repeat, args.emss, args.raw_sizes, args.read_size
-        )
+        if stream:
+            rows = measure(*common, args.raw_sizes, read_size, batch=args.batch)
+        else:
+            reads = None if args.read_size is None else (args.read_size,)
+            rows = floor_exchange.measure_exchange(args.exchange, *common, reads)
     except (BenchError, OSError, RuntimeError, trio.BrokenResourceError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         status, error = 1, str(exc)
     if rows:
-        print(format_table(rows), file=sys.stderr if args.json == "-" else sys.stdout)
+        table = format_table(rows) if stream else floor_exchange.format_table(args.exchange, rows)
+        print(table, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         document: dict[str, Any] = {
             "schema": schema("iwarp bench floor"),
             "command": "iwarp bench floor",
-            "emss": args.emss,
-            "read_size": args.read_size,
-            "rows": rows,
-            "exit_status": status,
         }
+        if not stream:
+            document["exchange"] = args.exchange
+        document["emss"] = args.emss
+        document["read_size"] = read_size if stream else args.read_size
+        if args.batch is not None:
+            document["batch"] = args.batch
+        document |= {"rows": rows, "exit_status": status}
         if error is not None:
             document["error"] = error
         write_json(args.json, document)

@@ -213,7 +213,8 @@ RAW_SINK, RAW_REQRESP, RAW_STATS = 1, 2, 3
 RAW_COUNT = struct.Struct(">Q")
 """The sink's answer: bytes received (u64)."""
 RAW_REQUEST = 16
-"""Bytes of a raw-TCP baseline request (an RDMA Read Request FPDU is 34 to 38 bytes)."""
+"""Bytes of a raw-TCP baseline request (an RDMA Read Request FPDU is 52: the length field, the
+18-octet untagged DDP header, 28 octets of RDMAP and the CRC)."""
 
 
 async def receive_exactly(stream: trio.abc.ReceiveStream, count: int) -> bytearray:

@@ -21,7 +21,8 @@ from typing import TextIO
 
 import trio
 
-from stack.bench.blocking import BlockingServer, batch_messages, zero_replies
+from stack.bench.baseline import answer_requests
+from stack.bench.blocking import BlockingServer
 from stack.bench.blocking_iwarp import BlockingIwarpServer
 from stack.bench.memory import wait_for_byte
 from stack.bench.options import BenchError, mpa_settings
@@ -200,17 +201,7 @@ class BenchServer:
                     total += len(data)
                 await stream.send_all(RAW_COUNT.pack(total))
             elif mode == RAW_REQRESP and request > 0:
-                pending = 0
-                while True:
-                    data = await stream.receive_some(RAW_RECEIVE_SIZE)
-                    if not data:
-                        break
-                    count, pending = divmod(pending + len(data), request)
-                    while count:  # every complete request answered in one send
-                        k = batch_messages(size, count)  # (up to BATCH_BYTES; no copy)
-                        for piece in zero_replies(size, k):
-                            await stream.send_all(piece)
-                        count -= k
+                await answer_requests(stream, size, request)
             elif mode == RAW_STATS:
                 if size:  # asked to collect garbage first (memory figures)
                     gc.collect()
