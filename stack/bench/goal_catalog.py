@@ -13,7 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GOALS", "GOAL_KEYS", "MEASUREMENTS", "TITLE_WIDTH", "Doc", "Goal", "Measurement"]
+from stack.bench.options import DEFAULT_TX_DEPTH
+
+__all__ = [
+    "FLOOR_RUNS",
+    "GOALS",
+    "GOAL_KEYS",
+    "MEASUREMENTS",
+    "SMALL_BATCH",
+    "TITLE_WIDTH",
+    "FloorRun",
+    "Doc",
+    "Goal",
+    "Measurement",
+]
 
 Doc = dict[str, Any]
 
@@ -140,6 +153,35 @@ def _mooncake(size: int, what: str) -> Callable[[dict[str, Doc]], tuple[float, s
 
 
 @dataclass(frozen=True)
+class FloorRun:
+    """One run of ``iwarp bench floor`` behind some goals' floor column: ``gives`` the floor
+    keys it measures (a goal's ``floor`` names one)."""
+
+    key: str
+    args: tuple[str, ...]
+    gives: tuple[str, ...]
+
+    def command(self) -> str:
+        """How a user runs it by hand."""
+        return " ".join(("iwarp", "bench", "floor", *self.args, "--repeat", "1"))
+
+
+SMALL_BATCH = DEFAULT_TX_DEPTH
+"""Messages per send of the small-message floor: what the 64 B Write goal's raw baseline
+sends per ``send_all`` (its tx depth, the bench's default; ``-l`` does not change it)."""
+FLOOR_RUNS = {
+    f.key: f
+    for f in (
+        FloorRun("stream", ("-s", "64K,1M"), ("64K", "1M", "markers")),
+        FloorRun("small", ("-s", "64", "--batch", str(SMALL_BATCH)), ("small",)),
+        FloorRun("read", ("--exchange", "read", "-s", "64K,1M"), ("read-64K", "read-1M")),
+        FloorRun("rtt", ("--exchange", "rtt"), ("rtt",)),
+    )
+}
+"""The floor runs, by key; each runs once when a goal selected needs one of its keys."""
+
+
+@dataclass(frozen=True)
 class Goal:
     """A target for one ratio: ``at_most`` False means measured >= target is met."""
 
@@ -150,7 +192,7 @@ class Goal:
     value: Callable[[dict[str, Doc]], tuple[float, str]]
     at_most: bool = False
     percent: bool = False
-    floor: str | None = None  # the floor row that bounds it: "64K", "1M", "markers"
+    floor: str | None = None  # the floor key that bounds it (FLOOR_RUNS' gives)
 
     def target_text(self) -> str:
         """``>= 0.90``, ``<= 1.50``, ``<= 15%``."""
@@ -168,7 +210,14 @@ GOALS: tuple[Goal, ...] = (
         floor="1M",
     ),
     Goal("send-1m", "Send 1 MiB / raw trio", 0.9, ("send-1m",), _ratio("send-1m"), floor="1M"),
-    Goal("read-1m", "RDMA Read 1 MiB / raw trio", 0.8, ("read-1m",), _ratio("read-1m")),
+    Goal(
+        "read-1m",
+        "RDMA Read 1 MiB / raw trio",
+        0.8,
+        ("read-1m",),
+        _ratio("read-1m"),
+        floor="read-1M",
+    ),
     Goal(
         "write-64k",
         "RDMA Write 64 KiB / raw trio",
@@ -177,13 +226,21 @@ GOALS: tuple[Goal, ...] = (
         _ratio("write-64k"),
         floor="64K",
     ),
-    Goal("read-64k", "RDMA Read 64 KiB / raw trio", 0.7, ("read-64k",), _ratio("read-64k")),
+    Goal(
+        "read-64k",
+        "RDMA Read 64 KiB / raw trio",
+        0.7,
+        ("read-64k",),
+        _ratio("read-64k"),
+        floor="read-64K",
+    ),
     Goal(
         "write-64-lists",
         "64 B Writes, post lists of 16 / batched raw",
         0.25,
         ("write-64-lists",),
         _ratio("write-64-lists"),
+        floor="small",
     ),
     Goal(
         "read-lat",
@@ -192,6 +249,7 @@ GOALS: tuple[Goal, ...] = (
         ("read-lat",),
         _ratio("read-lat"),
         at_most=True,
+        floor="rtt",
     ),
     Goal(
         "atomic-lat",
@@ -200,6 +258,7 @@ GOALS: tuple[Goal, ...] = (
         ("atomic-lat",),
         _ratio("atomic-lat"),
         at_most=True,
+        floor="rtt",
     ),
     Goal(
         "read-lat-blk",
@@ -208,6 +267,7 @@ GOALS: tuple[Goal, ...] = (
         ("read-lat-blk",),
         _ratio("read-lat-blk", "blocking"),
         at_most=True,
+        floor="rtt",
     ),
     Goal(
         "atomic-lat-blk",
@@ -216,6 +276,7 @@ GOALS: tuple[Goal, ...] = (
         ("atomic-lat-blk",),
         _ratio("atomic-lat-blk", "blocking"),
         at_most=True,
+        floor="rtt",
     ),
     Goal(
         "markers-1m",

@@ -175,6 +175,41 @@ def test_goals_run_the_benchmarks_and_the_floor_from_the_installed_command(tmp_p
     assert "[4/4] iwarp bench floor" in done.stderr
 
 
+def test_each_goal_is_bounded_by_the_floor_of_its_own_exchange(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the floor runs the goals selected need are run, each once, and each goal takes
+    its own exchange's floor; a floor run that fails is reported, not raised."""
+    asked: list[str] = []
+
+    def fake_floor(run: goals.FloorRun, seconds: float) -> dict[str, float]:
+        asked.append(run.key)
+        if run.key == "read":
+            raise RuntimeError("the sink did not start")
+        return dict.fromkeys(run.gives, 0.2)
+
+    monkeypatch.setattr(goals, "_floor", fake_floor)
+    docs = {"write-64-lists": _bw_doc(0.03), "read-lat": _bw_doc(1.7), "read-64k": _bw_doc(0.5)}
+    monkeypatch.setattr(goals, "_run_measurement", lambda m, *a, **k: docs[m.key])
+    run = goals.run_goals(["write-64-lists", "read-64k", "read-lat"], 0.2, 1, progress=None)
+    assert asked == ["small", "read", "rtt"]
+    by_key = {r.goal.key: r for r in run.results}
+    assert by_key["write-64-lists"].floor == 0.2 and by_key["write-64-lists"].beyond_floor()
+    assert by_key["read-lat"].floor == 0.2 and not by_key["read-lat"].beyond_floor()
+    assert by_key["read-64k"].floor is None and by_key["read-64k"].verdict() == "no"
+    assert run.failures == {"floor read": "the sink did not start"}
+
+
+def test_the_small_message_floor_batches_as_the_goal_s_raw_baseline() -> None:
+    """The 64 B goal's floor is a real ``iwarp bench floor -s 64 --batch 128`` run: 128
+    messages per send, the bench's default tx depth, which its raw baseline sends at once."""
+    run = goals.run_goals(["write-64-lists"], 0.2, 1, progress=None)
+    (result,) = run.results
+    assert set(run.floor) == {"small"} and 0 < run.floor["small"] < 2
+    assert result.floor == run.floor["small"]
+    assert "--batch 128" in goals.FLOOR_RUNS["small"].command()
+
+
 def test_before_measures_another_tree_right_before_this_one(tmp_path: Path) -> None:
     """``--before DIR``: each goal's figure in that tree too (here the checkout itself, so
     both columns are real measurements of the same code)."""
