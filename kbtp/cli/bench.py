@@ -35,6 +35,13 @@ rows, the table and the ``--json`` document: :mod:`kbtp.cli.bench_report`.  ``-r
 measures each size N times, each run on a fresh target with its baseline right after it,
 and prints each operation's run with the median ratio and the range of all runs: single
 runs of these rows move by 10-20 % on a busy machine.
+
+``--floor`` adds, right after each row's baseline, the pure-Python floor of the same
+exchange (:mod:`kbtp.cli.bench_floor`): real FPDUs with CRC32c at both ends, the placement
+copy and the request and COMPLETION as Sends, nothing else, the same requests in flight,
+its target in a process of its own (``--in-process``: in this one); its ops/s, GB/s,
+ratio to the baseline, KBTP over it and CPU per operation of both ends (ALLOC_STORE's
+floor is STORE's exchange).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import trio
@@ -50,6 +57,7 @@ import trio
 from kbtp.cli import bounds
 from kbtp.cli.bench_baseline import bench_raw, raw_server
 from kbtp.cli.bench_cpu import CpuClock, no_peer
+from kbtp.cli.bench_floor import bench_floor, floor_target
 from kbtp.cli.bench_kbtp import OPS, bench_kbtp_size, pool_blocks
 from kbtp.cli.bench_kbtp import Job as Job
 from kbtp.cli.bench_kbtp import RequestFor as RequestFor
@@ -62,6 +70,7 @@ from kbtp.cli.bench_mooncake import mooncake_problem, run_mooncake
 from kbtp.cli.bench_offload import run_offload
 from kbtp.cli.bench_peer import bench_config, peer_process
 from kbtp.cli.bench_report import (
+    FLOOR_HEADER,
     HEADER,
     MC_HEADER,
     MC_OPS,
@@ -173,6 +182,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "requests submitted by the completions",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the raw TCP baseline")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure, right after each baseline, the pure-Python floor of the same "
+        "exchange (FPDUs with CRC32c at both ends, the placement copy, the request and "
+        "COMPLETION as Sends; nothing else; ALLOC_STORE's is STORE's); not with --offload "
+        "or --markers",
+    )
     add_repeat_argument(
         parser,
         "each run a fresh target: KBTP, then the baseline; each operation's run with the "
@@ -217,6 +234,10 @@ def run_bench(args: argparse.Namespace) -> int:
         raise CliError(problem)
     if args.offload and args.repeat > 1:
         raise CliError("--repeat applies to the KBTP and baseline rows, not --offload")
+    if args.floor and args.offload:
+        raise CliError("--floor applies to the KBTP and baseline rows, not --offload")
+    if args.floor and args.markers:
+        raise CliError("--floor frames FPDUs without markers (iwarp bench floor measures them)")
     if args.offload:
         return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
     with text_to_stderr_if_json_stdout(args.json):
@@ -261,7 +282,10 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
     print(
-        HEADER + (MC_HEADER if args.vs else "") + (REPEAT_HEADER if args.repeat > 1 else ""),
+        HEADER
+        + (FLOOR_HEADER if args.floor else "")
+        + (MC_HEADER if args.vs else "")
+        + (REPEAT_HEADER if args.repeat > 1 else ""),
         flush=True,
     )
     results: list[Result] = []
@@ -282,7 +306,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         async with peer_process(size, blocks, args.inflight, args.max_inline, mpa) as peer:
             yield peer.port, peer.raw_port, peer.cpu
 
-    raw_port = 0
+    raw_port = floor_port = 0
     mpa = [
         "--crc" if args.crc else "--no-crc",
         *(["--markers"] if args.markers else []),
@@ -311,6 +335,19 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                     row.raw_seconds, row.raw_cpu = await bench_raw(
                         raw, row.op, size, iters, args.inflight, cpu
                     )
+                if args.floor:
+                    progress(f"{size_label(size)}: floor {row.op}")
+                    row.floor_seconds, row.floor_cpu = await bench_floor(
+                        floor_port,
+                        row.op,
+                        row.path,
+                        size,
+                        iters,
+                        args.inflight,
+                        mulpdu=mulpdu,
+                        crc=args.crc,
+                        peer_cpu=not args.in_process,
+                    )
                 if args.vs and row.op in MC_OPS:
                     progress(f"{size_label(size)}: Mooncake {MC_OPS[row.op]}")
                     figures = await trio.to_thread.run_sync(
@@ -319,13 +356,14 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                     mc = figures[MC_OPS[row.op]]
                     row.mc_seconds, row.mc_cpu = mc.seconds, mc.cpu
                 if show:
-                    print(format_row(row, bool(args.vs)), flush=True)
+                    print(format_row(row, bool(args.vs), floor=args.floor), flush=True)
                     results.append(row)
         return rows
 
     async def main() -> None:
-        nonlocal raw_port
-        async with trio.open_nursery() as nursery:
+        nonlocal raw_port, floor_port
+        floor = floor_target(args.in_process) if args.floor else nullcontext(0)
+        async with floor as floor_port, trio.open_nursery() as nursery:
             if args.in_process and not args.no_baseline:
                 listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
                 raw_port = listeners[0].socket.getsockname()[1]
@@ -344,7 +382,8 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                 if args.repeat > 1:
                     for per_op in zip(*runs, strict=True):
                         row = median_result(per_op)
-                        print(format_row(row, bool(args.vs), args.repeat), flush=True)
+                        line = format_row(row, bool(args.vs), args.repeat, args.floor)
+                        print(line, flush=True)
                         results.append(row)
             nursery.cancel_scope.cancel()
 
@@ -364,6 +403,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "processes": 1 if args.in_process else 2,
         "registration": "per request" if args.per_request else "arena",
         "vs": args.vs,
+        "floor": args.floor,
         "repeat": args.repeat,
     }
     return results, parameters
