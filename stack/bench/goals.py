@@ -132,6 +132,11 @@ def judge(
     if missing:
         result.note = "; ".join(f"{k}: {failures.get(k, 'not run')}" for k in missing)
         return result
+    if goal.floor_of is not None:
+        try:
+            result.floor = goal.floor_of(docs)[0]
+        except (LookupError, TypeError, ValueError, ZeroDivisionError):
+            pass  # the benchmark gave no floor (an older tree, a refused option)
     try:
         result.measured, result.shown = goal.value(docs)
     except (LookupError, TypeError, ValueError, ZeroDivisionError) as exc:
@@ -256,7 +261,7 @@ def run_goals(
         for n, key in enumerate(needed, 1):
             m = MEASUREMENTS[key]
             if key == "kbtp" and mooncake:
-                m = replace(m, args=m.args[:2])  # without --vs mooncake
+                m = replace(m, args=m.args[: m.args.index("--vs")])  # without --vs mooncake
             if say:
                 say(f"[{n}/{steps}] {m.command()}")
             if before:

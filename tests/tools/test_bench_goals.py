@@ -31,7 +31,9 @@ def _bw_doc(ratio: float, mib_s: float = 1000.0) -> dict[str, Any]:
     return {"results": [{"ratio": ratio, "bw_average_mib_per_s": mib_s}]}
 
 
-def _kbtp_doc(mooncake: bool) -> dict[str, Any]:
+def _kbtp_doc(mooncake: bool, floor: bool = False) -> dict[str, Any]:
+    """A ``kbtp bench --json`` document: KBTP at half its raw baseline; ``floor``: the
+    floor's figures too (``--floor``), at 0.75 of raw, 2.1 GB/s and 60 µs per op."""
     rows = []
     for size in (65536, 1 << 20):
         for op, gbps, cpu in (
@@ -48,6 +50,8 @@ def _kbtp_doc(mooncake: bool) -> dict[str, Any]:
             }
             if mooncake and op != "ALLOC_STORE":
                 row["mooncake"] = {"gbyte_per_s": 2.8, "cpu_us_per_op": 40.0}
+            row["floor"] = {"gbyte_per_s": 2.1, "cpu_us_per_op": 60.0} if floor else None
+            row["floor_ratio"] = 0.75 if floor else None
             rows.append(row)
     return {"results": rows}
 
@@ -91,6 +95,24 @@ def test_kbtp_goals_against_mooncake_take_the_worse_of_store_and_load() -> None:
     assert cpu.measured == pytest.approx(180.0 / 40.0) and cpu.met is False
     alloc = judge(GOAL["kbtp-alloc-64k"], docs, {}, {})
     assert alloc.measured == pytest.approx(0.25) and alloc.met is False
+
+
+def test_kbtp_goals_take_their_floor_from_kbtp_bench_floor() -> None:
+    """``kbtp bench --floor`` in the same document: the raw goals take its floor/raw, the
+    Mooncake goals the floor's figures over Mooncake's; without it, no floor."""
+    docs = {"kbtp": _kbtp_doc(mooncake=True, floor=True)}
+    store = judge(GOAL["kbtp-store-64k"], docs, {}, {})
+    assert store.floor == 0.75 and store.beyond_floor()
+    assert store.verdict() == "no: target beyond this host's floor"
+    alloc = judge(GOAL["kbtp-alloc-64k"], docs, {}, {})
+    assert alloc.floor == 0.75 and not alloc.beyond_floor()
+    speed = judge(GOAL["kbtp-mc-64k"], docs, {}, {})
+    assert speed.floor == pytest.approx(2.1 / 2.8) and speed.beyond_floor()
+    cpu = judge(GOAL["kbtp-cpu-1m"], docs, {}, {})
+    assert cpu.floor == pytest.approx(60.0 / 40.0) and cpu.beyond_floor()
+    plain = judge(GOAL["kbtp-store-64k"], {"kbtp": _kbtp_doc(mooncake=True)}, {}, {})
+    assert plain.floor is None and plain.met is False
+    assert "--floor" in goals.MEASUREMENTS["kbtp"].args
 
 
 def test_without_mooncake_its_goals_say_why_and_the_others_stand() -> None:
