@@ -173,9 +173,9 @@ class FloorRun:
     args: tuple[str, ...]
     gives: tuple[str, ...]
 
-    def command(self) -> str:
+    def command(self, repeat: int = 1) -> str:
         """How a user runs it by hand."""
-        return " ".join(("iwarp", "bench", "floor", *self.args, "--repeat", "1"))
+        return " ".join(("iwarp", "bench", "floor", *self.args, "--repeat", str(repeat)))
 
 
 SMALL_BATCH = DEFAULT_TX_DEPTH

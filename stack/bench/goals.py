@@ -195,27 +195,27 @@ def _mooncake_problem() -> str | None:
     return mooncake_problem()
 
 
-def _floor(run: FloorRun, seconds: float) -> dict[str, float]:
-    """The floor keys ``run`` gives: floor over raw of one repeat (``rtt``: its round trip
-    over raw's), and the markers' least cost."""
+def _floor(run: FloorRun, seconds: float, repeat: int = 1) -> dict[str, float]:
+    """The floor keys ``run`` gives: floor over raw, the median of ``repeat`` alternated
+    runs (``rtt``: its round trip over raw's), and the markers' least cost."""
     from stack.bench.floor import measure
     from stack.bench.floor_exchange import measure_exchange
 
     emss = 65483  # loopback's, as every benchmark here runs
     if run.key == "stream":
-        rows = measure([65536, 1 << 20], seconds, 1, emss, progress=None)
+        rows = measure([65536, 1 << 20], seconds, repeat, emss, progress=None)
         by = {(r["size"], r["variant"]): r for r in rows}
         out = {"64K": by[65536, "floor"]["ratio"], "1M": by[1 << 20, "floor"]["ratio"]}
         out["markers"] = 1.0 - by[1 << 20, "markers"]["MBps"] / by[1 << 20, "floor"]["MBps"]
         return out
     if run.key == "small":
-        rows = measure([64], seconds, 1, emss, batch=SMALL_BATCH, progress=None)
+        rows = measure([64], seconds, repeat, emss, batch=SMALL_BATCH, progress=None)
         return {"small": next(r["ratio"] for r in rows if r["variant"] == "floor")}
     if run.key == "read":
-        rows = measure_exchange("read", [65536, 1 << 20], seconds, 1, emss, progress=None)
+        rows = measure_exchange("read", [65536, 1 << 20], seconds, repeat, emss, progress=None)
         by = {(r["size"], r["variant"]): r for r in rows}
         return {"read-64K": by[65536, "floor"]["ratio"], "read-1M": by[1 << 20, "floor"]["ratio"]}
-    rows = measure_exchange("rtt", [64], seconds, 1, emss, progress=None)
+    rows = measure_exchange("rtt", [64], seconds, repeat, emss, progress=None)
     return {"rtt": next(r["ratio"] for r in rows if r["variant"] == "floor")}
 
 
@@ -284,9 +284,9 @@ def run_goals(
             found["kbtp"]["mooncake_problem"] = f"Mooncake {mooncake}"
     for n, f in enumerate(floors, len(needed) + 1):
         if say:
-            say(f"[{n}/{steps}] {f.command()}")
+            say(f"[{n}/{steps}] {f.command(repeat)}")
         try:
-            run.floor.update(_floor(f, seconds))
+            run.floor.update(_floor(f, seconds, repeat))
         except (OSError, RuntimeError, ValueError, LookupError) as exc:
             run.failures[f"floor {f.key}"] = str(exc) or type(exc).__name__
             if say:

@@ -204,8 +204,9 @@ def test_each_goal_is_bounded_by_the_floor_of_its_own_exchange(
     its own exchange's floor; a floor run that fails is reported, not raised."""
     asked: list[str] = []
 
-    def fake_floor(run: goals.FloorRun, seconds: float) -> dict[str, float]:
+    def fake_floor(run: goals.FloorRun, seconds: float, repeat: int) -> dict[str, float]:
         asked.append(run.key)
+        assert repeat == 2  # the goals' -r
         if run.key == "read":
             raise RuntimeError("the sink did not start")
         return dict.fromkeys(run.gives, 0.2)
@@ -213,7 +214,7 @@ def test_each_goal_is_bounded_by_the_floor_of_its_own_exchange(
     monkeypatch.setattr(goals, "_floor", fake_floor)
     docs = {"write-64-lists": _bw_doc(0.03), "read-lat": _bw_doc(1.7), "read-64k": _bw_doc(0.5)}
     monkeypatch.setattr(goals, "_run_measurement", lambda m, *a, **k: docs[m.key])
-    run = goals.run_goals(["write-64-lists", "read-64k", "read-lat"], 0.2, 1, progress=None)
+    run = goals.run_goals(["write-64-lists", "read-64k", "read-lat"], 0.2, 2, progress=None)
     assert asked == ["small", "read", "rtt"]
     by_key = {r.goal.key: r for r in run.results}
     assert by_key["write-64-lists"].floor == 0.2 and by_key["write-64-lists"].beyond_floor()
