@@ -110,6 +110,9 @@ def test_kbtp_goals_take_their_floor_from_kbtp_bench_floor() -> None:
     assert speed.floor == pytest.approx(2.1 / 2.8) and speed.beyond_floor()
     cpu = judge(GOAL["kbtp-cpu-1m"], docs, {}, {})
     assert cpu.floor == pytest.approx(60.0 / 40.0) and cpu.beyond_floor()
+    # With -r, the floor's median over its own runs (KBTP's median run is the one printed).
+    docs["kbtp"]["results"][0]["repeats"] = {"floor_ratios": [0.9, 0.5, 0.6]}
+    assert judge(GOAL["kbtp-store-64k"], docs, {}, {}).floor == 0.6
     plain = judge(GOAL["kbtp-store-64k"], {"kbtp": _kbtp_doc(mooncake=True)}, {}, {})
     assert plain.floor is None and plain.met is False
     assert "--floor" in goals.MEASUREMENTS["kbtp"].args
