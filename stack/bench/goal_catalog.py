@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stack.bench.options import DEFAULT_TX_DEPTH
@@ -41,6 +41,11 @@ class Measurement:
     tool: str
     args: tuple[str, ...]
     timed: bool = True  # takes -D SECONDS (kbtp bench moves a fixed number of octets)
+    newer: tuple[str, ...] = ()  # arguments an older tree refuses (``--before``: run without)
+
+    def without_newer(self) -> Measurement:
+        """This measurement without the arguments of :attr:`newer`."""
+        return replace(self, args=tuple(a for a in self.args if a not in self.newer), newer=())
 
     def argv(self, seconds: float, repeat: int, json_path: str) -> list[str]:
         """The subprocess's command line (``-P``: the working directory is not put first on
@@ -89,6 +94,7 @@ MEASUREMENTS = {
             "kbtp",
             ("-s", "64K,1M", "--bytes", "256M", "--floor", "--vs", "mooncake"),
             timed=False,
+            newer=("--floor",),
         ),
     )
 }

@@ -236,6 +236,33 @@ def test_the_small_message_floor_batches_as_the_goal_s_raw_baseline() -> None:
     assert "--batch 128" in goals.FLOOR_RUNS["small"].command()
 
 
+def test_an_older_before_tree_that_refuses_newer_arguments_runs_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--before`` an older tree whose ``kbtp bench`` has no ``--floor`` (exit 2): the
+    benchmark runs there again without it; this tree's run keeps it.  A refusal of another
+    kind, or by a measurement with no newer arguments, stays a failure."""
+    calls: list[tuple[tuple[str, ...], str | None]] = []
+
+    def fake(m: Measurement, seconds: float, repeat: int, workdir: str, tree: str | None = None):
+        calls.append((m.args, tree))
+        if tree and "--floor" in m.args:
+            raise RuntimeError("exit 2: kbtp bench: error: unrecognized arguments: --floor")
+        return {"results": []}
+
+    monkeypatch.setattr(goals, "_run_measurement", fake)
+    monkeypatch.setattr(goals, "_mooncake_problem", lambda: None)
+    run = goals.run_goals(["kbtp-load-64k"], 0.2, 1, with_floor=False, progress=None, before="old")
+    assert not run.before_failures and not run.failures
+    (first, _), (second, tree), (mine, here) = calls
+    assert "--floor" in first and "--floor" not in second and tree == "old"
+    assert second == tuple(a for a in first if a != "--floor")
+    assert "--floor" in mine and here is None
+    calls.clear()
+    run = goals.run_goals(["read-lat"], 0.2, 1, with_floor=False, progress=None, before="old")
+    assert len(calls) == 2 and not run.before_failures  # read-lat has nothing newer to drop
+
+
 def test_before_measures_another_tree_right_before_this_one(tmp_path: Path) -> None:
     """``--before DIR``: each goal's figure in that tree too (here the checkout itself, so
     both columns are real measurements of the same code)."""
