@@ -84,6 +84,8 @@ BOUNDED: Mapping[str, Mapping[str, str]] = {
         "smp": "siwvm --smp: the vCPUs QEMU's pc machine takes",
         "emss": "--emss: TCP's MSS option is 16 bits (stack.cli.emss)",
         "batch": "bench floor --batch: messages per send, as many as -t (MAX_DEPTH)",
+        "fpdus": "bench dissect --fpdus: FPDUs of the generated capture, 840 octets each on disk",
+        "rss_fpdus": "bench dissect --rss-fpdus: FPDUs of the memory check's capture, as --fpdus",
     },
     "kbtp": {  # kbtp/cli/bounds.py, docs/kbtp.md §11
         "inflight": "kbtp bench -t: a Request Credit each (16-bit field)",

@@ -2,8 +2,9 @@
 
 A :class:`Measurement` is one benchmark process (``iwarp bench ... --json``, ``kbtp bench
 ... --json``); a :class:`Goal` reads its figure from those processes' JSON documents and
-names the floor row (``iwarp bench floor``) that bounds it on this host.  The targets are
-the issue's (docs/performance.md, "The goals at a glance").
+names the floor row (``iwarp bench floor``) that bounds it on this host (the dissector's
+goal, a speed against tshark, has none).  The targets are the issue's (docs/performance.md,
+"The goals at a glance").
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ MEASUREMENTS = {
             timed=False,
             newer=("--floor",),
         ),
+        Measurement(
+            "dissect",
+            "iwarp",
+            ("dissect", "--modes", "summary", "--fpdus", "1000000", "--rss-fpdus", "0"),
+            timed=False,
+        ),
     )
 }
 
@@ -171,6 +178,20 @@ def _mooncake(
         return worst, f"{figures[0]:.2f} / {figures[1]:.2f}"
 
     return value
+
+
+def _dissect_speed(docs: dict[str, Doc]) -> tuple[float, str]:
+    """tshark's wall time over ``iwarp dissect``'s in the summary row (above 1: ours is
+    faster); LookupError with the document's reason when tshark was not run."""
+    doc = docs["dissect"]
+    rows = [r for r in doc["rows"] if r["mode"] == "summary"]
+    if not rows:
+        raise LookupError("no summary row")
+    theirs, ours = rows[0].get("tshark_wall_s"), float(rows[0]["ours_wall_s"])
+    if theirs is None:
+        raise LookupError(doc.get("tshark_problem") or "no tshark figures")
+    ratio = float(theirs) / ours
+    return ratio, f"{ratio:.2f} ({float(theirs):.1f} / {ours:.1f} s)"
 
 
 @dataclass(frozen=True)
@@ -368,6 +389,13 @@ GOALS: tuple[Goal, ...] = (
         _mooncake(1 << 20, "cpu"),
         at_most=True,
         floor_of=_mooncake(1 << 20, "cpu", floor=True),
+    ),
+    Goal(
+        "dissect-summary",
+        "iwarp dissect summary / tshark, 1M FPDUs",
+        1.5,
+        ("dissect",),
+        _dissect_speed,
     ),
 )
 GOAL_KEYS = tuple(g.key for g in GOALS)

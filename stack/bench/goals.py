@@ -2,22 +2,24 @@
 
 Each goal is a ratio to a baseline measured in the same benchmark run (raw trio TCP, the
 pipelined raw request/response of ``kbtp bench``, Mooncake Transfer Engine's TCP
-transport), with a target and a direction.  This command runs the benchmarks behind them,
-one after the other, each as its own process (``iwarp bench ... --baseline --cpu --json``,
-``kbtp bench ... --vs mooncake --json``), reads their JSON documents and prints one table:
-target, measured, met.  It also measures each goal's pure-Python floor on this host
-(``iwarp bench floor``: the goal's exchange against the same raw baseline with only FPDU
-framing, CRC32c at both ends and the placement copy added; streams of 64 KiB and 1 MiB with
-and without markers, 64 B messages batched as the raw baseline batches them, pipelined
-Reads, the 64 B Read round trip, which also bounds the FetchAdd's): where a goal's target
-lies beyond that floor, no pure-Python implementation meets it on this host, and the table
-says so.  And it times a 10M-iteration ``x += i`` loop, so the
-figures of two hosts can be told apart by the interpreter's speed.  ``--before TREE`` also
-runs each benchmark with another source tree of the project first on the path, right
-before this one's: before and after a change, on the same host in the same minutes.
+transport, tshark on the same capture), with a target and a direction.  This command runs
+the benchmarks behind them, one after the other, each as its own process (``iwarp bench
+... --baseline --cpu --json``, ``kbtp bench ... --vs mooncake --json``, ``iwarp bench
+dissect --json``), reads their JSON documents and prints one table: target, measured, met.
+It also measures each goal's pure-Python floor on this host (``iwarp bench floor``: the
+goal's exchange against the same raw baseline with only FPDU framing, CRC32c at both ends
+and the placement copy added; streams of 64 KiB and 1 MiB with and without markers, 64 B
+messages batched as the raw baseline batches them, pipelined Reads, the 64 B Read round
+trip, which also bounds the FetchAdd's): where a goal's target lies beyond that floor, no
+pure-Python implementation meets it on this host, and the table says so.  And it times a
+10M-iteration ``x += i`` loop, so the figures of two hosts can be told apart by the
+interpreter's speed.  ``--before TREE`` also runs each benchmark with another source tree of
+the project first on the path, right before this one's: before and after a change, on the
+same host in the same minutes.
 
-The ``iwarp dissect`` goal (summary mode at least 1.5 times tshark's speed) is measured by
-``python -m tools.bench_dissect`` in a checkout; it needs tshark and a generated capture.
+The ``iwarp dissect`` goal (summary mode at least 1.5 times tshark's speed on 1M FPDUs) is
+measured by ``iwarp bench dissect``, which generates the capture (a minute or two in all);
+without tshark on the PATH it is not run and the goal is not measured, with the reason.
 
 Speed is reported, never asserted: the exit status is 0 when every benchmark ran, whatever
 the verdicts; 1 when one failed (its goals say why).
@@ -48,6 +50,7 @@ from stack.bench.goal_catalog import (
     Goal,
     Measurement,
 )
+from stack.bench.process import PROJECT_ROOT
 from stack.cli import MAX_DURATION, CliError, add_repeat_argument, duration, one_line_errors
 from stack.cli.json_report import check_outputs, schema, write_json
 
@@ -158,19 +161,15 @@ def interpreter_loop_seconds() -> float:
     return time.perf_counter() - start
 
 
-THIS_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-"""Where this ``stack`` (and its ``kbtp``) is: a checkout or site-packages."""
-
-
 def _run_measurement(
     m: Measurement, seconds: float, repeat: int, workdir: str, tree: str | None = None
 ) -> Doc:
-    """Run one benchmark process with ``tree`` (default :data:`THIS_TREE`) first on the
-    path; its JSON document, or RuntimeError with its last words."""
+    """Run one benchmark process with ``tree`` (default this one's, PROJECT_ROOT) first on
+    the path; its JSON document, or RuntimeError with its last words."""
     path = os.path.join(workdir, f"{m.key}{'-before' if tree else ''}.json")
     argv = m.argv(seconds, repeat, path)
     budget = 600 + 60 * repeat * (seconds + 5)
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree or THIS_TREE))
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree or PROJECT_ROOT))
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=budget, check=False, env=env
@@ -207,6 +206,13 @@ def _mooncake_problem() -> str | None:
     return mooncake_problem()
 
 
+def _tshark_problem() -> str | None:
+    """Why ``iwarp bench dissect`` cannot time tshark here, or None."""
+    from stack.bench.dissect import tshark_problem
+
+    return tshark_problem()
+
+
 def _floor(run: FloorRun, seconds: float, repeat: int = 1) -> dict[str, float]:
     """The floor keys ``run`` gives: floor over raw, the median of ``repeat`` alternated
     runs (``rtt``: its round trip over raw's), and the markers' least cost."""
@@ -239,6 +245,7 @@ class GoalsRun:
     floor: dict[str, float] = field(default_factory=dict)
     loop_seconds: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # not run here, and why
     before_tree: str | None = None
     before_failures: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -269,6 +276,9 @@ def run_goals(
     ]
     steps = len(needed) + len(floors)
     mooncake = _mooncake_problem() if "kbtp" in needed else None
+    tshark = _tshark_problem() if "dissect" in needed else None
+    if tshark:
+        run.skipped["dissect"] = tshark  # its one goal needs tshark's figures
     with tempfile.TemporaryDirectory(prefix="iwarp-goals-") as workdir:
         for n, key in enumerate(needed, 1):
             m = MEASUREMENTS[key]
@@ -276,6 +286,10 @@ def run_goals(
                 m = replace(m, args=m.args[: m.args.index("--vs")])  # without --vs mooncake
             if say:
                 say(f"[{n}/{steps}] {m.command()}")
+            if key in run.skipped:
+                if say:
+                    say(f"  not run: {run.skipped[key]}")
+                continue
             if before:
                 try:
                     docs_before[key] = _run_before(m, seconds, repeat, workdir, before)
@@ -303,10 +317,10 @@ def run_goals(
             run.failures[f"floor {f.key}"] = str(exc) or type(exc).__name__
             if say:
                 say(f"  failed: {exc}")
-    run.results = [judge(g, docs, run.failures, run.floor) for g in goals]
+    run.results = [judge(g, docs, {**run.skipped, **run.failures}, run.floor) for g in goals]
     if before:
         for r in run.results:
-            r.before = judge(r.goal, docs_before, run.before_failures, {})
+            r.before = judge(r.goal, docs_before, {**run.skipped, **run.before_failures}, {})
     return run
 
 
@@ -351,6 +365,7 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
         "goals": [r.document() for r in run.results],
         "met": sum(1 for r in run.results if r.met),
         "failed_measurements": run.failures,
+        "skipped_measurements": run.skipped,
         "failed_before": run.before_failures,
         "measurement_seconds": run.seconds,
         "verdict": "ok" if not run.failures else "failed",

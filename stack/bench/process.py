@@ -1,9 +1,13 @@
-"""This process's resources as the benchmarks see them: resident memory, descriptor limit."""
+"""This process as the benchmarks see it: resident memory, descriptor limit, where its code is."""
 
 from __future__ import annotations
 
 import os
 import resource
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The directory holding this ``stack`` package (and its ``kbtp``): a checkout or
+site-packages; what a benchmark's child process puts first on its path to run this code."""
 
 
 def rss_bytes() -> int:

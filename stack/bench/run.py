@@ -19,18 +19,16 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TextIO
 
 import trio
 
-import stack
 from stack.bench.baseline import raw_bandwidth, raw_latency, raw_receive_sizes
 from stack.bench.blocking import blocking_bandwidth, blocking_latency
 from stack.bench.blocking_iwarp import blocking_latency_run
 from stack.bench.client import Client, ClientQp, measure_bw, measure_lat
 from stack.bench.options import WARMUP_ITERS, BenchError, BenchOptions, mpa_settings
-from stack.bench.process import rss_bytes
+from stack.bench.process import PROJECT_ROOT, rss_bytes
 from stack.bench.progress import Progress
 from stack.bench.protocol import SessionSpec
 from stack.bench.report import (
@@ -48,11 +46,6 @@ from stack.cli.capture import capturing_manager
 from stack.rnic import Rnic
 from stack.transport.cm import ConnectionManager
 from stack.wire.events import Negotiated
-
-
-def _project_root() -> str:
-    """The directory holding the ``stack`` package (a checkout, or site-packages)."""
-    return str(Path(stack.__file__).resolve().parent.parent)
 
 
 def server_command(crc: bool, markers: bool, emss: int | None) -> list[str]:
@@ -82,7 +75,7 @@ async def server_for(
             nursery.cancel_scope.cancel()
         return
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, env.get("PYTHONPATH")]))
     proc = await trio.lowlevel.open_process(
         server_command(crc, markers, emss),
         stdin=subprocess.PIPE,

@@ -16,6 +16,7 @@ from stack.cli import one_line_errors
 BENCH_MODULES = (
     "stack.bench.codec",
     "stack.bench.cli",
+    "stack.bench.dissect",
     "stack.bench.goals",
     "stack.peers.perftest.cli",
 )

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from kbtp.cli import main as kbtp
+from stack.bench.dissect_capture import generate
 from stack.cli.iwarp import main
 from stack.dissect import BriefLines, brief_line, summary_line, verbose_lines
 from stack.dissect.decoder import Dissector, PduRecord
 from stack.pcap import TcpSegment, read_tcp_segments
 from stack.wire.events import ReadRequest, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
-from tools.bench_dissect import generate
 
 REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
 

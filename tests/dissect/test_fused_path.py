@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stack.bench.dissect_capture import generate
 from stack.cli.iwarp import main
 from stack.dissect import BriefLines, brief_line, summary_line, verbose_lines
 from stack.dissect.decoder import Dissector, PduRecord
@@ -19,7 +20,6 @@ from stack.pcap import CaptureReader, LeanSegment, full_segment, lean_segment, r
 from stack.wire.events import ReadRequest, ReadResponse, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder
 from tests.pcap.captures import to_pcapng
-from tools.bench_dissect import generate
 
 REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
 

@@ -334,3 +334,83 @@ def test_list_names_every_goal_with_its_target() -> None:
     lines = done.stdout.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == [g.key for g in GOALS]
     assert lines[GOALS.index(GOAL["markers-1m"])].endswith("<= 15%")
+
+
+def _dissect_doc(ours: float, tshark: float | None, problem: str | None = None) -> dict[str, Any]:
+    """An ``iwarp bench dissect --modes summary --json`` document (tshark None: not run)."""
+    row = {"mode": "summary", "ours_wall_s": ours, "tshark_wall_s": tshark}
+    return {"rows": [row], "tshark_problem": problem, "verdict": "ok"}
+
+
+def test_the_dissect_goal_is_tshark_s_time_over_ours() -> None:
+    goal = GOAL["dissect-summary"]
+    met = judge(goal, {"dissect": _dissect_doc(4.0, 9.2)}, {}, {})
+    assert met.measured == pytest.approx(2.3) and met.met is True and met.verdict() == "yes"
+    assert met.shown == "2.30 (9.2 / 4.0 s)" and met.floor is None
+    low = judge(goal, {"dissect": _dissect_doc(5.0, 7.0)}, {}, {})
+    assert low.measured == pytest.approx(1.4) and low.met is False and low.verdict() == "no"
+    assert judge(goal, {"dissect": _dissect_doc(2.0, 3.0)}, {}, {}).met is True  # 1.5 exactly
+    assert goals.MEASUREMENTS["dissect"].command() == (
+        "iwarp bench dissect --modes summary --fpdus 1000000 --rss-fpdus 0"
+    )
+
+
+def test_without_tshark_the_dissect_goal_is_not_measured_with_the_reason() -> None:
+    doc = _dissect_doc(4.0, None, "tshark not found on the PATH")
+    result = judge(GOAL["dissect-summary"], {"dissect": doc}, {}, {})
+    assert result.met is None and result.verdict() == "not measured"
+    assert "tshark not found on the PATH" in result.note
+
+
+def test_without_tshark_goals_skip_the_dissect_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tshark here: the 1M-FPDU benchmark is not run at all, the goal says why, and the
+    run is not a failure."""
+    monkeypatch.setattr(goals, "_tshark_problem", lambda: "tshark not found on the PATH")
+
+    def not_run(*_args: object, **_kwargs: object) -> dict[str, Any]:
+        raise AssertionError("the dissect benchmark ran")
+
+    monkeypatch.setattr(goals, "_run_measurement", not_run)
+    run = goals.run_goals(["dissect-summary"], 0.2, 1, progress=None)
+    (result,) = run.results
+    assert result.verdict() == "not measured" and result.note.startswith("dissect: tshark not")
+    document = goals.goals_document(run, 0.2, 1)
+    assert document["verdict"] == "ok" and document["failed_measurements"] == {}
+    assert document["skipped_measurements"] == {"dissect": "tshark not found on the PATH"}
+
+
+def test_the_dissect_goal_runs_the_real_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measurement's command line (with the common ``-r``, ``--quiet``, ``--json``) is
+    one ``iwarp bench dissect`` takes; on a small capture here, to take seconds."""
+    assert not goals.MEASUREMENTS["dissect"].timed
+    args = ("dissect", "--modes", "summary", "--fpdus", "2000")
+    monkeypatch.setitem(goals.MEASUREMENTS, "dissect", Measurement("dissect", "iwarp", args, False))
+    run = goals.run_goals(["dissect-summary"], 0.2, 1, progress=None)
+    (result,) = run.results
+    assert run.failures == {}
+    if goals._tshark_problem():
+        assert result.met is None and "tshark" in result.note
+    else:
+        assert result.measured is not None and result.measured > 0, result.note
+        assert result.met == (result.measured >= 1.5)
+
+
+def test_the_tree_put_on_a_benchmark_s_path_is_the_one_holding_stack_and_kbtp() -> None:
+    """A benchmark process runs with ``python -P`` and PROJECT_ROOT first on PYTHONPATH: it
+    must be the directory holding the packages (it was the ``stack`` package itself, so
+    only an installed copy made the benchmarks find this code, and the package's own
+    modules stood first on the path as top-level names)."""
+    from stack.bench.process import PROJECT_ROOT
+
+    for package in ("stack", "kbtp"):
+        assert Path(PROJECT_ROOT, package, "__init__.py").is_file()
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", "import stack, kbtp; print(stack.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"PYTHONPATH": PROJECT_ROOT, "PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(PROJECT_ROOT)
