@@ -36,7 +36,6 @@ import os
 import random
 import socket
 import struct
-import subprocess
 import sys
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any, NamedTuple
 
 import trio
 
+from kbtp.cli.bench_peer import port_process
 from kbtp.constants import (
     COMMON_HEADER_LEN,
     COMPLETION_LEN,
@@ -563,26 +563,8 @@ async def floor_process() -> AsyncIterator[int]:
     """Start the floor target (``python -m kbtp.cli.bench_floor``) and yield its port; it
     ends when the block is left (its standard input closed; killed after 10 s)."""
     argv = [sys.executable, "-m", "kbtp.cli.bench_floor"]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = ""
-        with trio.move_on_after(START_TIMEOUT):
-            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
-        words = line.split()
-        if len(words) != 2 or words[0] != "PORT" or not words[1].isdigit():
-            raise CliError(f"the floor target did not start (it said {line.strip()!r})")
-        yield int(words[1])
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            await trio.to_thread.run_sync(proc.wait, 10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    async with port_process(argv, "the floor target", 1) as (port,):
+        yield port
 
 
 async def _serve_until_stdin_ends() -> None:

@@ -69,6 +69,15 @@ async def peer_process(
         f"--max-inline={max_inline}",
         *argv_mpa,
     ]
+    async with port_process(argv, "the bench peer", 3) as (port, blocks, stag):
+        yield PeerProcess(port, blocks, stag)
+
+
+@asynccontextmanager
+async def port_process(argv: list[str], what: str, numbers: int) -> AsyncIterator[list[int]]:
+    """Start ``argv``, a process that prints ``PORT`` and ``numbers`` numbers on a line and
+    serves until its standard input closes; yield the numbers; at the end close its input
+    and wait (killed if it has not ended 10 s later, or at once if it never started)."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = ""
     try:
@@ -76,9 +85,9 @@ async def peer_process(
         with trio.move_on_after(START_TIMEOUT):
             line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
         words = line.split()
-        if len(words) != 4 or words[0] != "PORT":
-            raise CliError(f"the bench peer did not start (it said {line.strip()!r})")
-        yield PeerProcess(int(words[1]), int(words[2]), int(words[3]))
+        if len(words) != numbers + 1 or words[0] != "PORT" or not all(map(str.isdigit, words[1:])):
+            raise CliError(f"{what} did not start (it said {line.strip()!r})")
+        yield [int(w) for w in words[1:]]
     finally:
         if proc.poll() is None and not line:
             proc.kill()

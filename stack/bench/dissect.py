@@ -60,6 +60,7 @@ from stack.cli.json_report import (
     text_to_stderr_if_json_stdout,
     write_json,
 )
+from stack.interop.tshark import OPTIONS as TSHARK_OPTIONS
 
 __all__ = [
     "DEFAULT_MODES",
@@ -78,14 +79,6 @@ __all__ = [
 
 Doc = dict[str, Any]
 
-TSHARK_OPTS = [
-    "--disable-heuristic",
-    "rpcrdma_iwarp",
-    "--disable-heuristic",
-    "smb_direct_iwarp",
-    "-o",
-    "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
-]
 FIELDS = [
     "frame.number",
     "iwarp_rdma.opcode",
@@ -119,7 +112,7 @@ def _iwarp_dissect(*args: str) -> list[str]:
 def mode_commands(mode: str, path: str, tshark: str | None) -> tuple[list[str], list[str] | None]:
     """(our command, tshark's equivalent or None) of one mode on the capture ``path``."""
     ours = _iwarp_dissect(path)
-    theirs = [tshark or "tshark", "-n", "-r", path, *TSHARK_OPTS]
+    theirs = [tshark or "tshark", "-n", "-r", path, *TSHARK_OPTIONS]
     columns = [arg for name in FIELDS for arg in ("-e", name)]
     if mode == "summary":
         mine, other = ours, [*theirs, "-Y", "iwarp_mpa"]
