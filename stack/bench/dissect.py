@@ -300,7 +300,7 @@ def measure(args: argparse.Namespace, doc: Doc, out: TextIO, progress: Progress)
             small = os.path.join(tmp, "small.pcap")
             progress.start(f"writing the memory check's capture, {small_fpdus} FPDUs", small_fpdus)
             small_count = generate(small, small_fpdus, args.markers, progress=progress.advance)
-            progress.note("memory: iwarp dissect on both captures")
+            progress.note(f"memory: iwarp dissect on {small_count} and {count} FPDUs")
             peak_small = _once(_iwarp_dissect(small), env).rss_kib
             if args.modes[0] == "summary":
                 peak_big = int(rows[0]["ours_peak_rss_kib"])
