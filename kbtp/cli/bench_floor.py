@@ -57,7 +57,7 @@ from kbtp.constants import (
     Status,
 )
 from kbtp.formats import COMPLETION_BODY, DATA_DESCRIPTOR, HEADER, joined_codec
-from stack.bench.floor_wire import fpdu_wire, keep_partial, recv
+from stack.bench.floor_wire import RECEIVE, fpdu_wire, keep_partial, recv
 from stack.cli import CliError
 from stack.constants import (
     DDP_LAST,
@@ -85,8 +85,6 @@ __all__ = ["bench_floor", "describe", "floor_process", "floor_target", "kind_of"
 
 LOAD, STORE_READ, STORE_INLINE = 0, 1, 2
 """The exchanges (:func:`kind_of`): LOAD, STORE by RDMA Read, STORE inline."""
-RECEIVE = TCP_NOTSENT_LOWAT_BULK
-"""Octets of each side's receive buffer (1 MiB, as the stack's driver)."""
 FLUSH = TCP_NOTSENT_LOWAT_BULK
 """Octets framed before they are handed to ``sendmsg`` (a send pass of 1 MiB)."""
 TIMEOUT = 600.0

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import statistics
 import struct
 import sys
 import time
@@ -96,12 +95,13 @@ from stack.bench.floor_wire import (
     fpdu_payload,
     fpdu_wire,
     keep_partial,
+    median_row,
     place,
     plain,
     recv,
     result,
     send_all,
-    start_sink,
+    sink_process,
 )
 from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
@@ -262,7 +262,7 @@ async def _receive_fpdus(
 def _marked_wire(length: int) -> int:
     """Wire octets of an FPDU of ULPDU ``length`` on the marker grid (``markers``): a
     marker, then 508-octet runs between markers, the last ending with the PAD and CRC."""
-    body = (2 + length + 3) // 4 * 4 + 4
+    body = fpdu_wire(length)
     return body + MPA_MARKER_LEN * -(-body // MARKER_DATA)
 
 
@@ -408,9 +408,8 @@ def measure(
     plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
     plan[1:1] = [(f"raw@{size_label(n)}", 0, n) for n in raw_sizes or ()]
     payload = fpdu_payload(emss)
-    sink, port = start_sink()
-    try:
-        rows = []
+    rows = []
+    with sink_process() as port:
         for size in sizes:
             per_send = batch_messages(size, batch or MAX_SIZE)
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in plan}
@@ -420,20 +419,8 @@ def measure(
                     runs[variant].append(one)
                     if progress is not None:
                         print(f"  {size} {variant}: {one['MBps']:.0f} MB/s", file=progress)
-            for variant, _, _ in plan:
-                ratios = [
-                    r["MBps"] / raw["MBps"]
-                    for r, raw in zip(runs[variant], runs["raw"], strict=True)
-                ]
-                row: dict[str, Any] = {"size": size, "variant": variant}
-                for key in ("MBps", "msgps", "cpu_send_us", "cpu_recv_us"):
-                    row[key] = statistics.median(r[key] for r in runs[variant])
-                row["ratio"] = statistics.median(ratios)
-                rows.append(row)
-        return rows
-    finally:
-        sink.kill()
-        sink.wait()
+            rows += [median_row(size, v, runs[v], runs["raw"], "MBps") for v, _, _ in plan]
+    return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -54,12 +54,13 @@ from stack.bench.floor_wire import (
     fpdu_payload,
     fpdu_wire,
     keep_partial,
+    median_row,
     place,
     plain,
     recv,
     result,
     send_all,
-    start_sink,
+    sink_process,
 )
 from stack.bench.options import WARMUP_ITERS, BenchOptions
 from stack.bench.protocol import RAW_REQUEST
@@ -339,9 +340,8 @@ def measure_exchange(
     if latency:
         receives = {"raw": (RAW_RECEIVE_SIZE,), "floor": receives["floor"][:1]}
     payload = fpdu_payload(emss)
-    sink, port = start_sink()
-    try:
-        rows = []
+    rows = []
+    with sink_process() as port:
         for size in sizes:
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
             for _ in range(repeat):
@@ -365,18 +365,8 @@ def measure_exchange(
                         print(
                             f"  {exchange} {size} {variant}: {one[key]:.1f} {unit}", file=progress
                         )
-            for variant in VARIANTS:
-                row: dict[str, Any] = {"size": size, "variant": variant}
-                for name in runs[variant][0]:
-                    row[name] = statistics.median(r[name] for r in runs[variant])
-                row["ratio"] = statistics.median(
-                    r[key] / raw[key] for r, raw in zip(runs[variant], runs["raw"], strict=True)
-                )
-                rows.append(row)
-        return rows
-    finally:
-        sink.kill()
-        sink.wait()
+            rows += [median_row(size, v, runs[v], runs["raw"], key) for v in VARIANTS]
+    return rows
 
 
 def format_table(exchange: str, rows: list[dict[str, Any]]) -> str:

@@ -12,10 +12,12 @@ assignment of the placement refuses a TO beyond the target).
 from __future__ import annotations
 
 import socket
+import statistics
 import struct
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -59,8 +61,9 @@ __all__ = [
     "plain",
     "recv",
     "result",
+    "median_row",
     "send_all",
-    "start_sink",
+    "sink_process",
 ]
 
 RECEIVE = RECEIVE_MAX
@@ -224,19 +227,35 @@ class TaggedFramer:
 
 
 # ----------------------------------------------------------------------- the sink
-def start_sink() -> tuple[subprocess.Popen[str], int]:
-    """Start the sink, ``python -m stack.bench.floor --sink``; the process and its port
-    (kill it when done)."""
+@contextmanager
+def sink_process() -> Iterator[int]:
+    """The sink, ``python -m stack.bench.floor --sink``, for the block: its port; killed
+    when the block is left."""
     sink = subprocess.Popen(
         [sys.executable, "-m", _SINK, "--sink"], stdout=subprocess.PIPE, text=True
     )
-    assert sink.stdout is not None
-    line = sink.stdout.readline()
-    if not line.strip().isdigit():
+    try:
+        assert sink.stdout is not None
+        line = sink.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the receiver (python -m {_SINK} --sink) did not start")
+        yield int(line)
+    finally:
         sink.kill()
         sink.wait()
-        raise RuntimeError(f"the receiver (python -m {_SINK} --sink) did not start")
-    return sink, int(line)
+
+
+def median_row(
+    size: int, variant: str, runs: list[dict[str, Any]], raw: list[dict[str, Any]], key: str
+) -> dict[str, Any]:
+    """A row of ``variant`` at ``size`` from its repeats ``runs``: the median of each figure,
+    and ``ratio``, the median over the repeats of ``key`` over the ``raw`` run of the same
+    repeat."""
+    row: dict[str, Any] = {"size": size, "variant": variant}
+    for name in runs[0]:
+        row[name] = statistics.median(r[name] for r in runs)
+    row["ratio"] = statistics.median(r[key] / w[key] for r, w in zip(runs, raw, strict=True))
+    return row
 
 
 async def connect(port: int, mode: int, size: int, payload: int, read: int) -> trio.SocketStream:

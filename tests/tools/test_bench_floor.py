@@ -28,7 +28,7 @@ from stack.bench.floor_wire import (
     fpdu_wire,
     place,
     result,
-    start_sink,
+    sink_process,
 )
 from stack.bench.options import MAX_DEPTH
 from stack.constants import (
@@ -307,12 +307,8 @@ async def _bad_then_good(port: int, payload: int) -> tuple[str, dict[str, Any]]:
 def test_the_responder_refuses_a_bad_crc_and_the_sink_survives_early_clients(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    sink, port = start_sink()
-    try:
+    with sink_process() as port:
         seen, good = trio.run(_bad_then_good, port, fpdu_payload(65483))
-    finally:
-        sink.kill()
-        sink.wait()
     assert "without its count" in seen
     assert good["MBps"] > 0
     assert "CRC mismatch" in capfd.readouterr().err  # the sink's one line
