@@ -26,7 +26,8 @@ and a 40-octet response, with the block's octets in the response (LOAD) or after
 request (STORE, ALLOC_STORE); the client sends every request it may in one go, the server
 answers every complete request in one send (both scatter-gather ``sendmsg``) and copies
 stored octets into its memory, as the target places them; it runs once per receive size
-of ``RAW_RECEIVE_SIZES`` (128 and 256 KiB per ``receive_some``) and the faster run counts.
+of ``RAW_RECEIVE_SIZES`` (128 and 256 KiB per ``recv_into``) and the faster run counts;
+both ends make the stack's driver's socket calls (:mod:`stack.bench.raw_socket`).
 Figures: operations per second
 and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is

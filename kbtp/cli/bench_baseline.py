@@ -8,7 +8,11 @@ send in one go (as many as responses just completed), the server answers every c
 request it has received in one send (scatter-gather ``sendmsg``: headers and block
 octets are not joined first), and octets are copied once, from the received chunk
 into their destination (the server's memory for a STORE, the client's buffer for a LOAD),
-as the target places them.
+as the target places them.  Both ends make the stack's driver's socket calls
+(:mod:`stack.bench.raw_socket`): ``recv_into`` a preallocated buffer, ``sendmsg`` straight
+from the task, trio's scheduler entered only to wait; through trio streams (a checkpoint on
+each side of every call, a new object per read) the raw exchange was slower than its own
+floor (``kbtp bench --floor``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Iterator
 
 import trio
 
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
+from stack.bench.raw_socket import plain, recv, send_pieces
 from stack.constants import RAW_RECEIVE_SIZES
 from stack.transport.sockopts import limit_unsent
 
@@ -33,30 +37,6 @@ RAW_HELLO = struct.Struct(">I")
 """A baseline connection's first 4 octets: the receive size both ends read with (the
 server clamps it to RAW_RECEIVE_MIN..RAW_RECEIVE_MAX)."""
 RAW_RECEIVE_MIN, RAW_RECEIVE_MAX = 4096, 16 << 20
-JOIN_LIMIT = 64 * 1024
-"""Pieces up to this size are joined into one send; larger ones go out as they are."""
-IOV_MAX = 1024
-"""Pieces per ``sendmsg`` call at most (the usual ``IOV_MAX``)."""
-
-
-def coalesce(pieces: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
-    """``pieces`` as few sends: runs of small pieces joined, large ones alone."""
-    run: list[bytes | memoryview] = []
-    size = 0
-    for piece in pieces:
-        if len(piece) > JOIN_LIMIT:
-            if run:
-                yield b"".join(run)
-                run, size = [], 0
-            yield piece
-            continue
-        run.append(piece)
-        size += len(piece)
-        if size >= JOIN_LIMIT:
-            yield b"".join(run)
-            run, size = [], 0
-    if run:
-        yield b"".join(run)
 
 
 class _Parser:
@@ -73,7 +53,7 @@ class _Parser:
         self._filled = 0
         self._pending: tuple[int, int] | None = None
 
-    def feed(self, chunk: bytes) -> list[tuple[int, int]]:
+    def feed(self, chunk: bytes | memoryview) -> list[tuple[int, int]]:
         done: list[tuple[int, int]] = []
         view = memoryview(chunk)
         pos = 0
@@ -107,32 +87,6 @@ class _Parser:
         return done
 
 
-async def _send(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
-    """Send ``pieces``: on a socket as scatter-gather ``sendmsg`` calls (no joined copy, as
-    the iWARP side sends), otherwise joined runs through ``send_all``."""
-    sock = getattr(stream, "socket", None)
-    if sock is None:
-        for piece in coalesce(pieces):
-            await stream.send_all(piece)
-        return
-    views = [memoryview(p) for p in pieces if len(p)]
-    while views:
-        sent = await sock.sendmsg(views[:IOV_MAX])
-        views = _advance(views, sent)
-
-
-def _advance(views: list[memoryview], sent: int) -> list[memoryview]:
-    """``views`` without their first ``sent`` octets."""
-    skip = 0
-    while skip < len(views) and sent >= len(views[skip]):
-        sent -= len(views[skip])
-        skip += 1
-    rest = views[skip:]
-    if rest and sent:
-        rest[0] = rest[0][sent:]
-    return rest
-
-
 async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
     """The baseline server: LOAD answers with octets, STORE copies them into memory."""
     memory = memoryview(bytearray(max_size))
@@ -147,15 +101,22 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
     try:
         (receive,) = RAW_HELLO.unpack(await receive_exactly(stream, RAW_HELLO.size))
         receive = min(max(receive, RAW_RECEIVE_MIN), RAW_RECEIVE_MAX)  # whatever it said
-        while chunk := await stream.receive_some(receive):
-            out: list[bytes | memoryview] = []
-            for op, length in parser.feed(chunk):
-                if op == RAW_LOAD:
-                    out += [RAW_HEADER.pack(op, length), source[: min(length, max_size)]]
-                else:
-                    out.append(reply)
-            await _send(stream, out)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, BenchError):
+        room = memoryview(bytearray(receive))
+        sock = plain(stream)
+        try:
+            while n := await recv(sock, room):
+                out: list[bytes | memoryview] = []
+                for op, length in parser.feed(room[:n]):
+                    if op == RAW_LOAD:
+                        out += [RAW_HEADER.pack(op, length), source[: min(length, max_size)]]
+                    else:
+                        out.append(reply)
+                await send_pieces(sock, out)
+                if n == receive:  # the socket may have more: let the other sessions run
+                    await trio.lowlevel.checkpoint()
+        finally:
+            sock.detach()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, BenchError, OSError):
         pass  # the client went away (before its first 4 octets, for a BenchError)
 
 
@@ -169,7 +130,7 @@ async def bench_raw(
     receives: tuple[int, ...] = RAW_RECEIVE_SIZES,
 ) -> tuple[float, float]:
     """(seconds, CPU seconds of both ends) of ``iters`` exchanges, ``inflight`` outstanding:
-    one run per receive size of ``receives`` (octets per ``receive_some`` at both ends), the
+    one run per receive size of ``receives`` (octets per ``recv_into`` at both ends), the
     faster run's figures (neither size is the faster at every block size).
 
     ``peer_cpu`` reads the server process's CPU seconds when it is another process.
@@ -211,22 +172,27 @@ async def _bench_raw_once(
         return [request] * count if kind == RAW_LOAD else [request, data] * count
 
     parser = _Parser(body_for)
+    room = memoryview(bytearray(receive))
+    sock = plain(stream)
     cpu = BothEndsCpu(peer_cpu)
     start = time.perf_counter()
     sent = min(inflight, iters)
     done = 0
     try:
-        await _send(stream, requests(sent))
+        await send_pieces(sock, requests(sent))
         while done < iters:
-            chunk = await stream.receive_some(receive)
-            if not chunk:
+            n = await recv(sock, room)
+            if not n:
                 raise trio.BrokenResourceError("the baseline server closed early")
-            completed = parser.feed(chunk)
+            completed = parser.feed(room[:n])
             done += len(completed)
             more = min(len(completed), iters - sent)
             if more:
-                await _send(stream, requests(more))
+                await send_pieces(sock, requests(more))
                 sent += more
+            if n == receive:  # the socket may have more: a checkpoint, as the driver makes
+                await trio.lowlevel.checkpoint()
     finally:
+        sock.detach()
         await stream.aclose()
     return time.perf_counter() - start, cpu.seconds()

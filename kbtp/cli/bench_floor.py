@@ -58,13 +58,13 @@ from kbtp.constants import (
 )
 from kbtp.formats import COMPLETION_BODY, DATA_DESCRIPTOR, HEADER, joined_codec
 from stack.bench.floor_wire import RECEIVE, fpdu_wire, keep_partial, recv
+from stack.bench.raw_socket import send_pieces
 from stack.cli import CliError
 from stack.constants import (
     DDP_LAST,
     DDP_TAGGED,
     DDP_UNTAGGED_HDR_LEN,
     DDP_VERSION,
-    IOV_MAX,
     MPA_CRC_LEN,
     MPA_CRC_RESIDUE,
     MPA_LENGTH_LEN,
@@ -202,24 +202,6 @@ def _tagged(out: list[Any], segs: list[Any], op: int, stag: int, to: int, src: m
         _append(out, head, src[start:end], pad, crc)
 
 
-async def _send(sock: socket.socket, pieces: list[Any]) -> None:
-    """Send ``pieces`` by scatter-gather ``sendmsg`` (IOV_MAX per call), waiting while the
-    socket is full; what it does not take stays a view (the sources do not change)."""
-    start = 0
-    while start < len(pieces):
-        stop = min(len(pieces), start + IOV_MAX)
-        try:
-            sent = sock.sendmsg(pieces[start:stop])
-        except BlockingIOError:
-            sent = 0
-        while start < stop and sent >= len(pieces[start]):
-            sent -= len(pieces[start])
-            start += 1
-        if start < stop:  # the socket is full
-            pieces[start] = memoryview(pieces[start])[sent:]
-            await trio.lowlevel.wait_writable(sock)
-
-
 async def _exactly(sock: socket.socket, count: int) -> bytes:
     """``count`` octets (FloorError when the peer closes first)."""
     buf = memoryview(bytearray(count))
@@ -273,12 +255,12 @@ async def _serve(sock: socket.socket) -> None:
             raise FloorError("a hello of no floor run")
         pattern = _pattern(run.seed, run.size)
         pool = bytearray(pattern * run.inflight if run.kind == LOAD else run.size * run.inflight)
-        await _send(sock, [_READY])
+        await send_pieces(sock, [_READY])
         cpu = time.process_time_ns()
         placed = await _target(sock, run, pool)
         cpu = time.process_time_ns() - cpu
         stored = run.kind == LOAD or _same(pool, run.size, min(run.inflight, run.iters), pattern)
-        await _send(sock, [_RESULT.pack(placed, cpu, stored)])
+        await send_pieces(sock, [_RESULT.pack(placed, cpu, stored)])
     except (FloorError, OSError, MemoryError, ValueError, IndexError, trio.TooSlowError):
         pass  # the initiator learns it from the closed connection
     finally:
@@ -369,10 +351,10 @@ async def _target(sock: socket.socket, run: _Run, pool: bytearray) -> int:
                 msn += 1
             pos += wire
             if queued >= FLUSH:
-                await _send(sock, out)
+                await send_pieces(sock, out)
                 out, queued = [], 0
         if out:
-            await _send(sock, out)
+            await send_pieces(sock, out)
         start, end = keep_partial(view, pos, end, frame)
     return placed
 
@@ -425,7 +407,7 @@ async def _initiate(port: int, run: _Run, peer_cpu: bool) -> tuple[float, float]
         raise
     sock = _plain(conn)
     try:
-        await _send(sock, [_HELLO.pack(*run)])
+        await send_pieces(sock, [_HELLO.pack(*run)])
         if await _exactly(sock, len(_READY)) != _READY:
             raise FloorError("the floor target did not answer its hello")
         cpu = time.process_time()
@@ -491,7 +473,7 @@ async def _initiator(sock: socket.socket, run: _Run, slots: int, arena: bytearra
     out: list[Any] = []
     for w in range(slots):
         request(out, w)
-    await _send(sock, out)
+    await send_pieces(sock, out)
     issued = slots
     while done < iters:
         n = await recv(sock, view[end : end + read])
@@ -527,10 +509,10 @@ async def _initiator(sock: socket.socket, run: _Run, slots: int, arena: bytearra
                     issued += 1
             pos += wire
             if queued >= FLUSH:
-                await _send(sock, out)
+                await send_pieces(sock, out)
                 out, queued = [], 0
         if out:
-            await _send(sock, out)
+            await send_pieces(sock, out)
         start, end = keep_partial(view, pos, end, frame)
     return placed
 

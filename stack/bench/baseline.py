@@ -5,7 +5,7 @@ QP (connection) count as the iWARP measurement:
 
 * Writes and Sends: a stream of the same bytes whose sender hands the kernel what is
   available, as the iWARP sender does: up to the tx depth of messages (at most
-  :data:`~stack.bench.blocking.BATCH_BYTES`) per ``send_all``; ended by the sink's count.
+  :data:`~stack.bench.blocking.BATCH_BYTES`) per ``send``; ended by the sink's count.
 * Reads and atomics: pipelined request/response (a ``RAW_REQUEST``-byte request, a
   SIZE-byte reply) with the same depth (``min(tx depth, ORD)``), the server answering every
   complete request it has received in one send.
@@ -13,8 +13,12 @@ QP (connection) count as the iWARP measurement:
 
 Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
 :func:`~stack.transport.sockopts.limit_unsent`), not trio's 16 KiB, which costs a bulk
-sender a system call and a writable wait per 16 KiB.  Every raw receiver reads
-:data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per ``receive_some``: the fastest size
+sender a system call and a writable wait per 16 KiB.  Every raw socket call is the
+driver's own (:mod:`stack.bench.raw_socket`): ``send`` and ``recv_into`` on the plain
+socket from the task, trio entered only to wait, not trio streams (whose checkpoints made
+a 64 B ping-pong 2.8x slower).  The stream sink alone reads with ``receive_some``, which
+was the faster there (``iwarp bench floor``'s ``raw-into`` row).  Every raw receiver reads
+:data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per call: the fastest size
 measured for a stream (``iwarp bench floor --raw-sizes``; the driver's own
 256 KiB, used before, made the raw stream about 1.6x slower); a request/response client runs
 once per size of :data:`~stack.constants.RAW_RECEIVE_SIZES` and the faster run counts.
@@ -41,6 +45,7 @@ from stack.bench.protocol import (
     open_raw,
     receive_exactly,
 )
+from stack.bench.raw_socket import plain, recv, recv_exactly, send_plain
 from stack.bench.results import MB
 from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
 
@@ -53,10 +58,14 @@ async def _raw_stream(
     chunk = memoryview(zeroed(size * batch, sent=True))
     sent = 0
     clock = time.perf_counter
-    while (count is None or sent < count) and (deadline is None or clock() < deadline):
-        k = batch if count is None else min(batch, count - sent)
-        await stream.send_all(chunk if k == batch else chunk[: size * k])
-        sent += k
+    sock = plain(stream)
+    try:
+        while (count is None or sent < count) and (deadline is None or clock() < deadline):
+            k = batch if count is None else min(batch, count - sent)
+            await send_plain(sock, chunk if k == batch else chunk[: size * k])
+            sent += k
+    finally:
+        sock.detach()
     await stream.send_eof()
     acked = RAW_COUNT.unpack(await receive_exactly(stream, RAW_COUNT.size))[0]
     if acked != sent * size:
@@ -73,48 +82,62 @@ async def raw_pipelined(
     receive: int = RAW_RECEIVE_SIZE,
 ) -> int:
     """Request/response with ``depth`` outstanding requests, replies read ``receive`` octets
-    per ``receive_some``; returns replies received (also ``iwarp bench floor --exchange
-    read``'s ``raw``)."""
+    per ``recv_into`` (the driver's socket calls, :mod:`stack.bench.raw_socket`); returns
+    replies received (also ``iwarp bench floor --exchange read``'s ``raw``)."""
     clock = time.perf_counter
     target = count if count is not None else 1 << 62
     sent = min(depth, target)
-    await stream.send_all(bytes(RAW_REQUEST * sent))
-    received = 0
-    done = 0
-    while done < sent:
-        data = await stream.receive_some(receive)
-        if not data:
-            raise BenchError("raw TCP server closed during the request/response baseline")
-        received += len(data)
-        new_done = received // size
-        more = new_done - done
-        done = new_done
-        if deadline is not None and target > sent and clock() >= deadline:
-            target = sent
-        more = min(more, target - sent)
-        if more > 0:
-            await stream.send_all(bytes(RAW_REQUEST * more))
-            sent += more
+    requests = bytes(RAW_REQUEST * depth)
+    room = memoryview(bytearray(receive))
+    sock = plain(stream)
+    try:
+        await send_plain(sock, requests[: RAW_REQUEST * sent])
+        received = 0
+        done = 0
+        while done < sent:
+            n = await recv(sock, room)
+            if not n:
+                raise BenchError("raw TCP server closed during the request/response baseline")
+            received += n
+            new_done = received // size
+            more = new_done - done
+            done = new_done
+            if deadline is not None and target > sent and clock() >= deadline:
+                target = sent
+            more = min(more, target - sent)
+            if more > 0:
+                await send_plain(sock, requests[: RAW_REQUEST * more])
+                sent += more
+            if n == receive:  # the socket may have more: let the process's other tasks run
+                await trio.lowlevel.checkpoint()
+    finally:
+        sock.detach()
     return done
 
 
 async def answer_requests(stream: trio.SocketStream, size: int, request: int) -> int:
     """The server's half of request/response: every complete ``request``-octet request read
-    (``RAW_RECEIVE_SIZE`` octets per ``receive_some``) answered with ``size`` zero octets,
-    all of them in one send of up to BATCH_BYTES at a time, until the client half-closes;
-    returns the replies sent (the bench server's and ``iwarp bench floor``'s sink's)."""
+    (``RAW_RECEIVE_SIZE`` octets per ``recv_into``, the driver's socket calls) answered with
+    ``size`` zero octets, all of them in one send of up to BATCH_BYTES at a time, until the
+    client half-closes; returns the replies sent (the bench server's and ``iwarp bench
+    floor``'s sink's)."""
     pending = replies = 0
-    while True:
-        data = await stream.receive_some(RAW_RECEIVE_SIZE)
-        if not data:
-            return replies
-        count, pending = divmod(pending + len(data), request)
-        replies += count
-        while count:  # every complete request answered in one send
-            k = batch_messages(size, count)  # (up to BATCH_BYTES; no copy)
-            for piece in zero_replies(size, k):
-                await stream.send_all(piece)
-            count -= k
+    room = memoryview(bytearray(RAW_RECEIVE_SIZE))
+    sock = plain(stream)
+    try:
+        while n := await recv(sock, room):
+            count, pending = divmod(pending + n, request)
+            replies += count
+            while count:  # every complete request answered in one send
+                k = batch_messages(size, count)  # (up to BATCH_BYTES; no copy)
+                for piece in zero_replies(size, k):
+                    await send_plain(sock, piece)
+                count -= k
+            if n == RAW_RECEIVE_SIZE:  # the socket may have more: let other tasks run
+                await trio.lowlevel.checkpoint()
+    finally:
+        sock.detach()
+    return replies
 
 
 async def raw_bandwidth(
@@ -126,7 +149,7 @@ async def raw_bandwidth(
     receive: int = RAW_RECEIVE_SIZE,
 ) -> float:
     """Baseline MB/s with ``num_qps`` TCP connections moving ``messages`` messages in all;
-    the request/response client reads ``receive`` octets per ``receive_some``
+    the request/response client reads ``receive`` octets per ``recv_into``
     (:func:`raw_receive_sizes`)."""
     streaming = opts.test in ("write", "send")
     reply = ATOMIC_SIZE if opts.test == "atomic" else size
@@ -192,22 +215,28 @@ async def time_round_trips(
     deadline: float | None = None,
 ) -> list[float]:
     """Seconds of each round trip of ``message`` answered by ``reply`` octets, one at a time
-    (``send_all``, then ``receive_exactly``): WARMUP_ITERS untimed first, then ``count``
-    timed, or as many as end before ``deadline`` (at least one; ``iwarp bench floor
-    --exchange rtt``'s ``raw``)."""
+    (``send``, then ``recv_into`` until the reply is in: the driver's socket calls):
+    WARMUP_ITERS untimed first, then ``count`` timed, or as many as end before ``deadline``
+    (at least one; ``iwarp bench floor --exchange rtt``'s ``raw``)."""
     if count is None and deadline is None:
         raise ValueError("round trips need a count or a deadline")
     clock = time.perf_counter
     times: list[float] = []
-    i = 0
-    while count is None or len(times) < count:
-        if deadline is not None and times and clock() >= deadline:
-            break
-        t0 = clock()
-        await stream.send_all(message)
-        await receive_exactly(stream, reply)
-        t1 = clock()
-        if i >= WARMUP_ITERS:
-            times.append(t1 - t0)
-        i += 1
+    room = memoryview(bytearray(reply))
+    sock = plain(stream)
+    try:
+        i = 0
+        while count is None or len(times) < count:
+            if deadline is not None and times and clock() >= deadline:
+                break
+            t0 = clock()
+            await send_plain(sock, message)
+            if not await recv_exactly(sock, room):
+                raise BenchError("raw TCP peer closed early")
+            t1 = clock()
+            if i >= WARMUP_ITERS:
+                times.append(t1 - t0)
+            i += 1
+    finally:
+        sock.detach()
     return times

@@ -10,9 +10,10 @@ from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
 ``iwarp bench``) does neither.  This command runs, two processes on loopback, each variant in
 turn, alternated ``--repeat`` times:
 
-``raw``    a trio stream of the message bytes, up to 1 MiB (or ``--batch`` messages) per
-           ``send_all``; the receiver ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and
-           counts (``iwarp bench --baseline``'s exchange)
+``raw``    the message bytes, up to 1 MiB (or ``--batch`` messages) per ``send`` call
+           (:mod:`stack.bench.raw_socket`, the driver's socket calls); the receiver
+           ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and counts (``iwarp bench
+           --baseline``'s exchange)
 ``raw@N``  ``raw`` with ``receive_some(N)``, for each N of ``--raw-sizes`` (the sweep that
            chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
 ``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated buffer of
@@ -105,6 +106,7 @@ from stack.bench.floor_wire import (
 )
 from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
+from stack.bench.raw_socket import send_plain
 from stack.cli import (
     ERROR_PROG,
     MAX_DURATION,
@@ -345,11 +347,15 @@ async def _run(
     start = clock()
     deadline = start + seconds
     sent = 0
-    if variant <= 1:
+    if variant <= 1:  # the bench's raw stream (stack.bench.baseline)
         chunk = bytes(source) * batch  # real memory, as the other variants send from
-        while clock() < deadline:
-            await stream.send_all(chunk)
-            sent += batch
+        sock = plain(stream)
+        try:
+            while clock() < deadline:
+                await send_plain(sock, chunk)
+                sent += batch
+        finally:
+            sock.detach()
     else:
         sock = plain(stream)
         queue = SendQueue(sock.sendmsg)

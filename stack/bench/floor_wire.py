@@ -25,6 +25,7 @@ import trio
 from stack.bench.blocking import BATCH_BYTES
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
+from stack.bench.raw_socket import plain, recv
 from stack.constants import (
     DDP_LAST,
     DDP_TAGGED,
@@ -37,7 +38,7 @@ from stack.constants import (
     Opcode,
 )
 from stack.crc import crc32c
-from stack.transport.driver import RECEIVE_MAX, _raw_socket
+from stack.transport.driver import RECEIVE_MAX
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.ddp import TAGGED_HDR
@@ -95,24 +96,6 @@ def fpdu_payload(emss: int) -> int:
 def fpdu_wire(ulpdu: int) -> int:
     """Wire octets of an FPDU of ``ulpdu`` octets: length field, ULPDU, PAD, CRC."""
     return (ulpdu + _ROUND) & ~3
-
-
-def plain(stream: trio.SocketStream) -> socket.socket:
-    """The stream's descriptor as a non-blocking standard socket, made as the stack's driver
-    makes it (:func:`stack.transport.driver._raw_socket`; release it with ``detach``)."""
-    sock = _raw_socket(stream)
-    if sock is None:
-        raise RuntimeError("not a TCP socket stream")
-    return sock
-
-
-async def recv(sock: socket.socket, room: memoryview) -> int:
-    """``recv_into`` ``room``, waiting while the socket has nothing (0: end of stream)."""
-    while True:
-        try:
-            return sock.recv_into(room)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
 
 
 async def send_all(queue: SendQueue, sock: socket.socket, pieces: list[Any]) -> None:

@@ -210,7 +210,7 @@ class FloorRun:
 
 SMALL_BATCH = DEFAULT_TX_DEPTH
 """Messages per send of the small-message floor: what the 64 B Write goal's raw baseline
-sends per ``send_all`` (its tx depth, the bench's default; ``-l`` does not change it)."""
+sends per ``send`` (its tx depth, the bench's default; ``-l`` does not change it)."""
 FLOOR_RUNS = {
     f.key: f
     for f in (

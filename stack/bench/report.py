@@ -264,8 +264,8 @@ def _receive_note(opts: BenchOptions) -> str:
         return ""
     sizes = [f"{n // 1024}" for n in raw_receive_sizes(opts)]
     if len(sizes) == 1:
-        return f"; {sizes[0]} KiB per receive_some"
-    return f"; {' and '.join(sizes)} KiB per receive_some, the faster run"
+        return f"; {sizes[0]} KiB per read"
+    return f"; {' and '.join(sizes)} KiB per read, the faster run"
 
 
 def baseline_lines(opts: BenchOptions) -> list[str]:

@@ -9,14 +9,12 @@ import trio
 
 from kbtp.cli import bench_baseline
 from kbtp.cli.bench_baseline import (
-    JOIN_LIMIT,
     RAW_HEADER,
     RAW_HELLO,
     RAW_LOAD,
     RAW_STORE,
     _Parser,
     bench_raw,
-    coalesce,
     raw_server,
 )
 from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
@@ -44,14 +42,6 @@ def test_parser_gives_the_same_messages_however_the_stream_is_cut(step: int) -> 
         seen += parser.feed(wire[pos : pos + step])
     assert seen == [(RAW_STORE, len(b)) for b in bodies] + [(RAW_LOAD, 9)]
     assert [bytes(b) for b in landed] == [b for b in bodies if b]
-
-
-def test_coalesce_joins_small_pieces_and_keeps_large_ones_whole() -> None:
-    big = bytes(JOIN_LIMIT + 1)
-    sends = list(coalesce([b"a", b"b", big, b"c"]))
-    assert sends == [b"ab", big, b"c"]
-    sends = list(coalesce([bytes(100)] * 1000))
-    assert [len(s) for s in sends] == [JOIN_LIMIT + 64, 100_000 - JOIN_LIMIT - 64]
 
 
 def test_server_answers_a_burst_of_requests_in_one_send() -> None:
