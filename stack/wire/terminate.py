@@ -12,9 +12,11 @@ order: (1) the caller's hint ``siw_layout`` when not None; (2) byte 2 has bits i
 none in 0xF8 -> siw (an RFC sender keeps 0x1F zero); (3) byte 2 has bits in 0xE0 only ->
 RFC; (4) otherwise (no flags at all) the RFC reading is kept unless its (layer, etype) pair
 does not exist while the swapped pair does (``21 ..`` reads as the impossible LLP/etype 1
-but as DDP/untagged when swapped).  Byte 0 alone cannot tell ``20 06 00 00`` (RFC: LLP
-2/0/6; siw: RDMAP 0/2/6) apart, so a connection known to face siw should pass
-``siw_layout=True``.
+but as DDP/untagged when swapped), or both pairs exist and only the swapped reading names an
+error RFC 5040 defines: siw's MPA CRC error ``02 02 00 00`` is LLP 2/0/0x02 (no RDMAP Remote
+Operation code 0x02 exists; an LLP error carries no flags to tell).  Byte 0 alone cannot
+tell ``20 06 00 00`` (RFC: LLP 2/0/6; siw: RDMAP 0/2/6) apart, so a connection known to
+face siw should pass ``siw_layout=True``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from stack.constants import (
     RDMAP_OPCODE_MASK,
     READ_REQUEST_HDR_LEN,
     TERM_CODE_MASK,
+    TERM_CODE_NAMES,
     TERM_ETYPE_MASK,
     TERM_ETYPE_NAMES,
     TERM_FLAG_D,
@@ -70,7 +73,7 @@ _UNSPEC = TERM_RDMAP_OP_UNSPECIFIED
 _VALID_LAYER_ETYPES = frozenset(TERM_ETYPE_NAMES)
 
 
-def _siw_swapped(b0: int, b2: int, hint: bool | None) -> bool:
+def _siw_swapped(b0: int, b1: int, b2: int, hint: bool | None) -> bool:
     """Whether a Terminate control word uses siw's swapped layout (module docstring)."""
     if hint is not None:
         return hint
@@ -80,7 +83,13 @@ def _siw_swapped(b0: int, b2: int, hint: bool | None) -> bool:
         return False
     rfc_pair = (b0 >> 4, b0 & 0x0F)
     siw_pair = (b0 & 0x0F, b0 >> 4)
-    return rfc_pair not in _VALID_LAYER_ETYPES and siw_pair in _VALID_LAYER_ETYPES
+    if rfc_pair not in _VALID_LAYER_ETYPES:
+        return siw_pair in _VALID_LAYER_ETYPES
+    # Both pairs valid (no M/D/R flags to tell, as in every LLP error): take siw's reading
+    # when only it names a defined error, e.g. 02 02: siw's MPA CRC error (2/0/0x02), not
+    # RDMAP Remote Operation 0x02, which RFC 5040 does not define.
+    rfc, siw = TermCode(*rfc_pair, b1), TermCode(*siw_pair, b1)
+    return rfc not in TERM_CODE_NAMES and siw in TERM_CODE_NAMES
 
 
 def decode_terminate(
@@ -107,7 +116,7 @@ def _decode_terminate(
             "RDMAP-11", f"Terminate header of {n} bytes, needs {TERMINATE_CTRL_LEN}", _UNSPEC
         )
     b0, b2 = view[0], view[2]
-    swapped = _siw_swapped(b0, b2, siw_layout)
+    swapped = _siw_swapped(b0, view[1], b2, siw_layout)
     if swapped:
         layer, etype, code = b0 & 0x0F, b0 >> 4, view[1]
         m, d, r = bool(b2 & 0x01), bool(b2 & 0x02), bool(b2 & 0x04)

@@ -502,6 +502,20 @@ def test_rdmap_11_siw_layout_heuristic_without_flags() -> None:
     assert not decode_terminate(bytes.fromhex("0206e000")).siw_swapped
 
 
+def test_rdmap_11_siw_crc_error_is_read_in_siw_layout() -> None:
+    """siw's Terminate for an MPA CRC error, 02 02 00 00 on the wire (an LLP error carries
+    no M/D/R flags): both nibble orders name an existing (layer, etype), but RFC 5040
+    defines no RDMAP Remote Operation code 0x02, so the word is siw's 2/0/0x02."""
+    siw_crc = decode_terminate(bytes.fromhex("02020000"))
+    assert siw_crc.siw_swapped and siw_crc.cause == TERM_LLP_CRC_ERROR
+    # Where the RFC reading names a defined error, it still wins.
+    rfc = decode_terminate(bytes.fromhex("02060000"))  # RDMAP Remote Operation 0x06
+    assert not rfc.siw_swapped and rfc.cause == (0, 2, 6)
+    assert decode_terminate(bytes.fromhex("20020000")).cause == TERM_LLP_CRC_ERROR
+    assert not decode_terminate(bytes.fromhex("20020000")).siw_swapped
+    assert decode_terminate(bytes.fromhex("01020000")).cause == (0, 1, 2)
+
+
 def test_rdmap_12_header_inclusion_table() -> None:
     send_inv = encode_message(Send(b"abc", invalidate_stag=5), msn=1, mulpdu=128)[0]
     atomic = ulpdu_of("E7")

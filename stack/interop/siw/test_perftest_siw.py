@@ -11,6 +11,23 @@ data) must be there, the exchange Sends must follow perftest's script message by
 operations, and nothing may be flagged except siw's non-zero MPA pad bytes (siw sends the
 bytes that follow a message in the user's buffer as its pad; RFC 5044 says the receiver
 ignores them).
+
+Two things of siw's and perftest's own are told apart from failures of ours (and only
+they):
+
+* siw checks an FPDU's CRC against a wrong value when its PAD and CRC arrive in two TCP
+  segments: ``siw_get_trailer()`` (drivers/infiniband/sw/siw/siw_qp_rx.c, Linux 6.1 and
+  later) copies the second piece over the first.  Our Write FPDUs are sized for the host's
+  loopback path and slirp cuts them at the guest's 1460-byte MSS, so now and then a trailer
+  straddles two segments and siw answers with its MPA CRC error Terminate (2/0/0x02 in its
+  swapped layout) though every CRC on the wire is right.  Such a run is repeated once,
+  when the guest NIC's capture shows every FPDU we sent with a good CRC.
+* perftest's ``ib_write_bw`` server (the passive side of one-sided Writes) exits when the
+  client's final exchange message arrives, and that message can overtake the end of the
+  last Write still queued in slirp: the guest resets the data connection and the capture
+  ends inside the last Write (the client's WR completed when the host's TCP took its data,
+  as a Write WR completes on siw too).  The check then takes the last Write's segments
+  up to the reset, in one contiguous run, for the whole Write.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from stack.constants import Opcode
+from stack.dissect.decoder.records import SegmentView
 from stack.interop.helpers import Decode, dissect, perftest_uncalibrated
 from stack.peers.perftest import (
     DEFAULT_PORT,
@@ -100,6 +118,8 @@ def siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
         rc, output = _finish(client)
         server_rc = server.wait(30) if rc == 0 else server.stop()
     siw_said = server.output()
+    if rc != 0 and _siw_split_trailer(output, pcap):
+        raise SiwSplitTrailer(f"siw's CRC error on FPDUs whose CRCs are right:\n{output}")
     assert rc == 0, f"iwarp client failed ({rc}):\n{output}\nperftest server:\n{siw_said}"
     assert server_rc == 0, f"perftest server failed ({server_rc}):\n{siw_said}"
     assert _result_row(output, size), output
@@ -126,16 +146,35 @@ def iwarp_server_siw_client(vm: SiwVM, case: str, test: str, size: int) -> Path:
     return pcap
 
 
+class SiwSplitTrailer(AssertionError):
+    """siw's MPA CRC error Terminate on FPDUs whose CRCs are right on the wire (module
+    docstring: its ``siw_get_trailer()`` and a PAD and CRC in two segments)."""
+
+
+SIW_CRC_TERMINATE = re.compile(r"Terminate 2/0/0x02\b")
+"""How our client reports siw's MPA CRC error Terminate (LLP, MPA, code 2)."""
+
+
+def _siw_split_trailer(output: str, pcap: Path) -> bool:
+    """Whether our client failed on siw's MPA CRC error while every FPDU it sent has a good
+    CRC in the guest NIC's capture (the frames as the guest received them)."""
+    if not SIW_CRC_TERMINATE.search(output):
+        return False
+    sent = [r for r in dissect(pcap).fpdus() if r.direction == "i2r"]
+    return bool(sent) and all(r.crc_ok is True for r in sent)
+
+
 def calibrated(
     run: Callable[[SiwVM, str, str, int], Path], vm: SiwVM, case: str, test: str, size: int
 ) -> Path:
     """``run(vm, case, test, size)``, repeated once (new capture) when, and only when, the
     guest's perftest failed its clock calibration
-    (:func:`~stack.interop.helpers.perftest_uncalibrated`)."""
+    (:func:`~stack.interop.helpers.perftest_uncalibrated`) or siw refused good CRCs
+    (:class:`SiwSplitTrailer`)."""
     try:
         return run(vm, case, test, size)
     except AssertionError as exc:
-        if not perftest_uncalibrated(str(exc)):
+        if not (isinstance(exc, SiwSplitTrailer) or perftest_uncalibrated(str(exc))):
             raise
         return run(vm, f"{case}-again", test, size)
 
@@ -162,8 +201,25 @@ def _in_region(to: int, dest: PingpongDest, length: int) -> bool:
     return dest.vaddr <= to and to + length <= dest.vaddr + max(length, 4096, SIZES[-1])
 
 
-def check_capture(pcap: Path, test: str, size: int) -> Decode:
-    """Exchange and data connections decode cleanly and follow perftest's script."""
+def _cut_tail(decode: Decode, stream: int, ops: list[SegmentView], wanted: Opcode) -> bool:
+    """Whether the capture of ``stream`` ends inside its last message (module docstring):
+    the stream's last bytes are a partial PDU, and the segments after the last complete
+    message are of the same operation, in one contiguous run of TOs."""
+    if not any(
+        n.stream == stream and n.direction == "i2r" and n.kind == "trailing" for n in decode.notes
+    ):
+        return False
+    ends = [i for i, s in enumerate(ops) if s.opcode == wanted and s.last]
+    tail = ops[ends[-1] + 1 :] if ends else ops
+    if not tail or any(s.opcode != wanted or s.to is None for s in tail):
+        return False
+    return all(b.to == a.to + len(a.payload) for a, b in zip(tail, tail[1:], strict=False))  # type: ignore[operator]
+
+
+def check_capture(pcap: Path, test: str, size: int, *, tail_may_be_cut: bool = False) -> Decode:
+    """Exchange and data connections decode cleanly and follow perftest's script.
+    ``tail_may_be_cut``: the guest may end the data connection inside the last message
+    (:func:`_cut_tail`, perftest's Write server)."""
     decode = dissect(pcap)
     unexpected = [
         (r.src, f.rule, f.detail)
@@ -200,7 +256,9 @@ def check_capture(pcap: Path, test: str, size: int) -> Decode:
     ]
     wanted = DATA_OPCODES[test]
     messages = [s for s in ops if s.opcode == wanted and s.last]
-    assert len(messages) == ITERS, f"{len(messages)} {wanted.name} messages, want {ITERS}"
+    cut = tail_may_be_cut and len(messages) == ITERS - 1 and _cut_tail(decode, data, ops, wanted)
+    complete = len(messages) + cut
+    assert complete == ITERS, f"{len(messages)} {wanted.name} messages, want {ITERS}"
     if test == "write":  # at the region the server advertised in its pingpong_dest
         writes = [s for s in ops if s.opcode == wanted]
         assert all(s.stag == server_dest.rkey for s in writes)
@@ -222,7 +280,10 @@ def check_capture(pcap: Path, test: str, size: int) -> Decode:
         assert sum(len(s.payload) for s in responses) == ITERS * size
     else:
         payload = sum(len(s.payload) for s in ops if s.opcode == wanted)
-        assert payload == ITERS * size
+        if cut:
+            assert (ITERS - 1) * size < payload < ITERS * size, payload
+        else:
+            assert payload == ITERS * size
     if test == "send":  # credits: 4-byte RDMA Writes from the receiver
         credits = [
             s
@@ -242,7 +303,7 @@ def check_capture(pcap: Path, test: str, size: int) -> Decode:
 @pytest.mark.parametrize("test", TESTS)
 def test_perftest_siw_server_iwarp_client(vm: SiwVM, case: str, test: str, size: int) -> None:
     pcap = calibrated(siw_server_iwarp_client, vm, case, test, size)
-    decode = check_capture(pcap, test, size)
+    decode = check_capture(pcap, test, size, tail_may_be_cut=test == "write")
     assert all(r.crc_ok is True for r in decode.fpdus()), "our client requests CRC"
 
 
