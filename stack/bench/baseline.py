@@ -16,8 +16,8 @@ Every raw socket has the ``TCP_NOTSENT_LOWAT`` of the iWARP driver's (1 MiB,
 sender a system call and a writable wait per 16 KiB.  Every raw socket call is the
 driver's own (:mod:`stack.bench.raw_socket`): ``send`` and ``recv_into`` on the plain
 socket from the task, trio entered only to wait, not trio streams (whose checkpoints made
-a 64 B ping-pong 2.8x slower).  The stream sink alone reads with ``receive_some``, which
-was the faster there (``iwarp bench floor``'s ``raw-into`` row).  Every raw receiver reads
+a 64 B ping-pong 2.8x slower; ``iwarp bench floor``'s ``raw-some`` row compares a stream
+sink that reads through trio).  Every raw receiver reads
 :data:`~stack.constants.RAW_RECEIVE_SIZE` (128 KiB) per call: the fastest size
 measured for a stream (``iwarp bench floor --raw-sizes``; the driver's own
 256 KiB, used before, made the raw stream about 1.6x slower); a request/response client runs

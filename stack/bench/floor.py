@@ -10,21 +10,21 @@ from the receive buffer into the target memory; raw TCP (the ``--baseline`` of
 ``iwarp bench``) does neither.  This command runs, two processes on loopback, each variant in
 turn, alternated ``--repeat`` times:
 
-``raw``    the message bytes, up to 1 MiB (or ``--batch`` messages) per ``send`` call
-           (:mod:`stack.bench.raw_socket`, the driver's socket calls); the receiver
-           ``receive_some(RAW_RECEIVE_SIZE)`` (128 KiB) and counts (``iwarp bench
-           --baseline``'s exchange)
-``raw@N``  ``raw`` with ``receive_some(N)``, for each N of ``--raw-sizes`` (the sweep that
-           chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
-``raw-into``  ``raw`` with the receiver reading by ``recv_into`` a preallocated buffer of
-           ``--read-size`` octets (no new bytes object per read, as the stack's driver
-           reads)
+``raw``    the message bytes, up to 1 MiB (or ``--batch`` messages) per ``send`` call;
+           the receiver ``recv_into`` a preallocated buffer of RAW_RECEIVE_SIZE (128 KiB)
+           and counts (``iwarp bench --baseline``'s exchange; both ends make the stack's
+           driver's socket calls, :mod:`stack.bench.raw_socket`)
+``raw@N``  ``raw`` reading N octets per call, for each N of ``--raw-sizes`` (the sweep
+           that chose RAW_RECEIVE_SIZE: is ``raw`` still the fastest raw receiver here?)
+``raw-some``  ``raw`` with the receiver reading through a trio stream,
+           ``receive_some(--read-size)`` (a checkpoint on each side of every read and a
+           new object per read: is the driver's way still the faster?)
 ``crc``    FPDUs of MULPDU octets (length field, a 14-octet tagged DDP header whose TO
            is written per FPDU, payload, CRC32c) sent by scatter-gather ``sendmsg``
            (header, a view of the source buffer, CRC; a payload under 2 KiB copied
            instead, ``stack.bench.floor_wire.TaggedFramer``), as many messages
            per call as ``raw``, as the stack's driver does; the receiver ``recv_into`` a
-           1 MiB buffer (at most ``--read-size`` octets per call, as ``raw-into``) and
+           1 MiB buffer (at most ``--read-size`` octets per call) and
            checks every FPDU's CRC where it lies (a partial FPDU at the end of a read
            moves to the front), and copies nothing
 ``floor``  ``crc`` with the placement copy: each FPDU's payload copied to the target
@@ -44,15 +44,16 @@ turn, alternated ``--repeat`` times:
 Nothing else: no DDP/RDMAP parsing beyond the length field and TO, no queue, no
 completion.  So ``floor``'s ratio to ``raw`` is a ceiling for ``iwarp bench write
 --baseline``'s ratio in pure Python on this machine, and the stack's ratio over it says how
-much of the reachable speed the stack has (``raw-into`` says whether ``raw`` is the
+much of the reachable speed the stack has (``raw-some`` says whether ``raw`` is the
 fastest way to receive).  Each row: MB/s, messages/s, ratio to ``raw``
 of the same repeat (median over repeats), CPU per message at each end (µs).  ``--json``:
 the rows as one JSON document (``-``: standard output).  Speed is reported, never asserted.
 
-``--read-size`` (default RAW_RECEIVE_SIZE, 128 KiB, what ``raw`` reads per ``receive_some``)
-caps each ``recv_into`` (the 1 MiB buffer of ``crc`` and ``floor``; ``raw-into``'s buffer is
-that size).  Measured on loopback (2 cores, 1 MiB messages,
-2026-12-03): with 1 MiB per call ``raw-into`` reached 0.55-0.65 of ``raw``, ``crc`` 0.48-0.53
+``--read-size`` (default RAW_RECEIVE_SIZE, 128 KiB, what ``raw`` reads per call) caps each
+``recv_into`` of ``crc`` and ``floor`` (their 1 MiB buffer) and ``raw-some``'s reads.
+Measured on loopback (2 cores, 1 MiB messages, 2026-12-03, when ``raw`` read with
+``receive_some`` and sent with ``send_all``): with 1 MiB per call a ``recv_into`` receiver
+reached 0.55-0.65 of ``raw``, ``crc`` 0.48-0.53
 and ``floor`` 0.46-0.55; with 128 KiB per call 0.86-0.92, 0.82-0.92 and 0.60-0.68.  The
 bigger read does not cost the receiver more CPU but the *sender* (its ``sendmsg``, which on
 loopback also runs the receiving half of TCP: 191 against 127 µs of system time per MiB
@@ -106,7 +107,7 @@ from stack.bench.floor_wire import (
 )
 from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
-from stack.bench.raw_socket import send_plain
+from stack.bench.raw_socket import count_received, send_plain
 from stack.cli import (
     ERROR_PROG,
     MAX_DURATION,
@@ -152,7 +153,7 @@ __all__ = [
     "run",
 ]
 
-VARIANTS = ("raw", "raw-into", "crc", "floor", "markers")
+VARIANTS = ("raw", "raw-some", "crc", "floor", "markers")
 MARKED = 4  # the index of "markers" in VARIANTS
 EXCHANGES = ("stream", *floor_exchange.EXCHANGES)
 _U16 = struct.Struct("!H")
@@ -213,15 +214,15 @@ async def _serve(stream: trio.SocketStream) -> None:
     cpu = time.process_time_ns()
     if variant >= len(VARIANTS):
         got = await floor_exchange.respond(stream, variant, size, payload, raw_receive)
-    elif variant == 0:
+    elif variant == 1:  # raw-some: a trio stream's receive_some
         got = 0
         while data := await stream.receive_some(raw_receive):
             got += len(data)
     else:
         raw = plain(stream)
         try:
-            if variant == 1:
-                got = await _receive_into(raw, raw_receive)
+            if variant == 0:  # the bench's raw sink
+                got = await count_received(raw, raw_receive)
             elif variant == MARKED:
                 got = await _receive_marked(raw, size, payload, raw_receive)
             else:
@@ -230,16 +231,6 @@ async def _serve(stream: trio.SocketStream) -> None:
             raw.detach()
     cpu = time.process_time_ns() - cpu
     await stream.send_all(RESULT.pack(got, cpu))
-
-
-async def _receive_into(sock: socket.socket, read: int) -> int:
-    """Count what arrives, read with ``recv_into`` a preallocated buffer of ``read`` octets."""
-    view = memoryview(bytearray(read))
-    got = 0
-    while n := await recv(sock, view):
-        got += n
-        await trio.lowlevel.checkpoint()
-    return got
 
 
 async def _receive_fpdus(

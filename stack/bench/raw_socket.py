@@ -25,7 +25,7 @@ import trio
 from stack.constants import IOV_MAX
 from stack.transport.driver import _raw_socket
 
-__all__ = ["IOV_MAX", "plain", "recv", "recv_exactly", "send_pieces", "send_plain"]
+__all__ = ["count_received", "plain", "recv", "recv_exactly", "send_pieces", "send_plain"]
 
 
 def plain(stream: trio.SocketStream) -> socket.socket:
@@ -87,3 +87,15 @@ async def send_pieces(sock: socket.socket, pieces: list[Any]) -> None:
         if start < stop:  # the socket is full
             pieces[start] = memoryview(pieces[start])[sent:]
             await trio.lowlevel.wait_writable(sock)
+
+
+async def count_received(sock: socket.socket, read: int) -> int:
+    """Octets received until the peer's FIN, read with ``recv_into`` a preallocated buffer
+    of ``read`` octets (the raw stream's sink; a checkpoint after a read that filled it)."""
+    room = memoryview(bytearray(read))
+    got = 0
+    while n := await recv(sock, room):
+        got += n
+        if n == read:  # the socket may have more: let the process's other tasks run
+            await trio.lowlevel.checkpoint()
+    return got

@@ -37,6 +37,7 @@ from stack.bench.protocol import (
     receive_exactly,
     reject_data,
 )
+from stack.bench.raw_socket import count_received, plain
 from stack.bench.session import (
     STALL_TIMEOUT,
     MemoryBudget,
@@ -193,12 +194,11 @@ class BenchServer:
             if magic != RAW_MAGIC:
                 return
             if mode == RAW_SINK:
-                total = 0
-                while True:
-                    data = await stream.receive_some(RAW_RECEIVE_SIZE)
-                    if not data:
-                        break
-                    total += len(data)
+                sock = plain(stream)
+                try:
+                    total = await count_received(sock, RAW_RECEIVE_SIZE)
+                finally:
+                    sock.detach()
                 await stream.send_all(RAW_COUNT.pack(total))
             elif mode == RAW_REQRESP and request > 0:
                 await answer_requests(stream, size, request)

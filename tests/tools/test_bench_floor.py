@@ -59,12 +59,12 @@ def test_the_sweep_adds_a_raw_row_per_receive_size_with_ratios_to_raw(tmp_path: 
     assert doc["schema"] == "iwarp-bench-floor/1" and doc["exit_status"] == 0
     rows = doc["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["raw", "raw@64K", "raw@1M", "raw-into", "crc", "floor", "markers"]
+    assert names == ["raw", "raw@64K", "raw@1M", "raw-some", "crc", "floor", "markers"]
     raw = rows[0]
     assert raw["ratio"] == 1.0 and raw["MBps"] > 0
     for row in rows[1:]:
         assert row["ratio"] == pytest.approx(row["MBps"] / raw["MBps"], rel=1e-9)
-    assert RAW_RECEIVE_SIZE == 128 * 1024  # what ``raw`` reads per receive_some
+    assert RAW_RECEIVE_SIZE == 128 * 1024  # what ``raw`` reads per recv_into
     table = done.stderr.splitlines()  # --json -: the table on stderr, after the progress
     assert table[-len(rows) - 1].split()[:2] == ["size", "variant"]
     assert [line.split()[1] for line in table[-len(rows) :]] == names
@@ -110,7 +110,7 @@ def test_the_read_size_caps_every_recv_into_and_is_recorded(tmp_path: Path) -> N
     doc = json.loads(done.stdout)
     assert doc["read_size"] == 1000
     names = [r["variant"] for r in doc["rows"]]
-    assert names == ["raw", "raw-into", "crc", "floor", "markers"]
+    assert names == ["raw", "raw-some", "crc", "floor", "markers"]
     assert all(r["MBps"] > 0 for r in doc["rows"])
 
 
