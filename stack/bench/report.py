@@ -273,7 +273,8 @@ def baseline_lines(opts: BenchOptions) -> list[str]:
     if not opts.baseline:
         return []
     return [
-        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)}{_receive_note(opts)})",
+        f" {'ratio':<16}: iWARP / raw trio TCP ({baseline_shape(opts)}{_receive_note(opts)};"
+        " send and recv_into on the socket, as the driver)",
         f" {'ratio_blk':<16}: iWARP / blocking sockets (sendall/recv_into, both ends)",
     ]
 
