@@ -6,6 +6,12 @@
 On a shared machine wall-clock latencies and message rates say more about the load than
 about the code, so this counts what a small operation costs:
 
+``raw``                what ``read`` is measured against: ``iwarp bench read -s 64 --lat
+                       --baseline``'s raw exchange, a 16-octet request answered with 64
+                       octets, one at a time, made with the driver's socket calls and no
+                       iWARP (:func:`stack.bench.baseline.time_round_trips` against
+                       :func:`~stack.bench.baseline.answer_requests`), both ends in this
+                       process; ``read / raw`` is the round trip's load-free ratio
 ``read`` / ``atomic``  one 64-byte RDMA Read or 8-byte FetchAdd round trip over loopback
                        TCP, both ends in this process (the real trio driver): Python
                        calls (cProfile), socket calls (``send``/``sendmsg``/``recv``/
@@ -136,6 +142,58 @@ async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
     return out
 
 
+def raw_round_trip(iters: int, count: bool = True) -> dict[str, float]:
+    """Per round trip of the ``read`` case's raw exchange (``raw``, the module docstring):
+    the same figures as :func:`round_trip` (``count=False``: only the round trips)."""
+    return trio.run(_raw_round_trip, iters, count)
+
+
+async def _raw_round_trip(iters: int, count: bool) -> dict[str, float]:
+    from stack.bench.baseline import answer_requests, time_round_trips
+    from stack.bench.options import WARMUP_ITERS
+    from stack.bench.protocol import RAW_REQUEST
+    from stack.transport.sockopts import limit_unsent
+
+    request = bytes(RAW_REQUEST)
+    steps = profiling.Steps()
+    out: dict[str, float] = {}
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    with profiling.counting_sockets() as sockets:
+        async with trio.open_nursery() as nursery:
+
+            async def serve(stream: trio.SocketStream) -> None:
+                limit_unsent(stream)  # as the bench server's raw port
+                await answer_requests(stream, 64, RAW_REQUEST)
+
+            nursery.start_soon(trio.serve_listeners, serve, listeners)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            limit_unsent(stream)
+            await time_round_trips(stream, request, 64, 200)  # warm up
+            trips = iters + WARMUP_ITERS  # time_round_trips' untimed first trips too
+            if not count:
+                await time_round_trips(stream, request, 64, iters)
+            else:
+                profile = cProfile.Profile()
+                sockets[0] = 0
+                profile.enable()
+                await time_round_trips(stream, request, 64, iters)
+                profile.disable()
+                out["python_calls"] = (_calls(profile) - sockets[0]) / trips
+                trio.lowlevel.add_instrument(steps)
+                sockets[0] = 0
+                steps.counting = True
+                await time_round_trips(stream, request, 64, iters)
+                steps.counting = False
+                trio.lowlevel.remove_instrument(steps)
+                out["socket_calls"] = sockets[0] / trips
+                out["scheduler_passes"] = steps.passes / trips
+                out["task_steps"] = steps.steps / trips
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+    return out
+
+
 def _calls(profile: cProfile.Profile) -> int:
     """Calls ``profile`` saw."""
     total: int = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
@@ -247,7 +305,9 @@ def measure(
     """Every figure of this tool, by case."""
     cases: dict[str, dict[str, float]] = {}
     for case, (kind, size) in _cases(post_list).items():
-        if size is None:
+        if kind == "raw":
+            figures, n, per = raw_round_trip(iters), iters, iters
+        elif size is None:
             figures, n, per = round_trip(kind, iters), iters, iters
         elif kind == "write-recv":
             figures, n, per = received_writes(size, lists), lists, lists * size
@@ -262,6 +322,7 @@ def measure(
 def _cases(post_list: int) -> dict[str, tuple[str, int | None]]:
     """Case name -> (loop kind, WRs per post list; None for a round trip)."""
     return {
+        "raw": ("raw", None),
         "read": ("read", None),
         "atomic": ("atomic", None),
         f"write post list {post_list}": ("write", post_list),
@@ -276,6 +337,8 @@ def _run_loop(kind: str, n: int, post_list: int) -> None:
         post_list_writes(post_list, n, count=False)
     elif kind == "write-recv":
         received_writes(post_list, n, count=False)
+    elif kind == "raw":
+        raw_round_trip(n, count=False)
     else:
         round_trip(kind, n, count=False)
 
@@ -332,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
                 for c in columns
             )
             print(f"{name:<28}{cells}")
+    raw, read = ours.get("raw"), ours.get("read")
+    if raw and read:  # the round trip's load-free ratio (what the goal's ratio times)
+        cells = "".join(
+            f"{read[c] / raw[c]:>18.2f}" if raw.get(c) and c in read else f"{'-':>18}"
+            for c in columns
+        )
+        print(f"{'read / raw':<28}{cells}")
     return 0
 
 

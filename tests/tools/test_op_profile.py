@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tools.op_profile import instructions, post_list_writes, round_trip
+from tools.op_profile import instructions, post_list_writes, raw_round_trip, round_trip
 
 
 def test_post_list_writes_counts_the_senders_work_per_wr() -> None:
@@ -20,6 +20,16 @@ def test_round_trip_counts_both_ends() -> None:
     assert figures["python_calls"] > 0
     assert figures["socket_calls"] >= 2  # at least the Read Request and its Response sent
     assert figures["task_steps"] >= 2  # at least the server's and the client's reader
+
+
+def test_raw_round_trip_is_the_benchs_raw_exchange_without_iwarp() -> None:
+    """The ``read`` case's baseline: both ends of the bench's raw round trip, each a send
+    and a read per trip (a read that finds nothing, then the one after the wait), one
+    scheduler pass each, and fewer Python calls than the stack's Read."""
+    raw = raw_round_trip(20)
+    assert raw["socket_calls"] == pytest.approx(6, abs=0.5)
+    assert raw["scheduler_passes"] == pytest.approx(2, abs=0.5)
+    assert 0 < raw["python_calls"] < round_trip("read", 20)["python_calls"]
 
 
 @pytest.mark.slow
