@@ -26,8 +26,9 @@ they):
   client's final exchange message arrives, and that message can overtake the end of the
   last Write still queued in slirp: the guest resets the data connection and the capture
   ends inside the last Write (the client's WR completed when the host's TCP took its data,
-  as a Write WR completes on siw too).  The check then takes the last Write's segments
-  up to the reset, in one contiguous run, for the whole Write.
+  as a Write WR completes on siw too).  When the guest did reset the data connection, the
+  check takes the last Write's segments up to the reset, in one contiguous run, for the
+  whole Write.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ import pytest
 from stack.constants import Opcode
 from stack.dissect.decoder.records import SegmentView
 from stack.interop.helpers import Decode, dissect, perftest_uncalibrated
+from stack.pcap.format import TCP_RST
+from stack.pcap.reader import CaptureReader
 from stack.peers.perftest import (
     DEFAULT_PORT,
     DEST,
@@ -201,13 +204,26 @@ def _in_region(to: int, dest: PingpongDest, length: int) -> bool:
     return dest.vaddr <= to and to + length <= dest.vaddr + max(length, 4096, SIZES[-1])
 
 
-def _cut_tail(decode: Decode, stream: int, ops: list[SegmentView], wanted: Opcode) -> bool:
-    """Whether the capture of ``stream`` ends inside its last message (module docstring):
-    the stream's last bytes are a partial PDU, and the segments after the last complete
-    message are of the same operation, in one contiguous run of TOs."""
+def _guest_reset(pcap: Path, decode: Decode, stream: int) -> bool:
+    """Whether the guest reset ``stream``'s TCP connection (a RST from its end)."""
+    ends = {end for r in decode.records if r.stream == stream for end in (r.src, r.dst)}
+    return any(
+        seg.flags & TCP_RST and seg.src == GUEST_ADDR and f"{seg.src}:{seg.sport}" in ends
+        and f"{seg.dst}:{seg.dport}" in ends
+        for seg in CaptureReader(str(pcap))
+    )  # fmt: skip
+
+
+def _cut_tail(
+    pcap: Path, decode: Decode, stream: int, ops: list[SegmentView], wanted: Opcode
+) -> bool:
+    """Whether the guest cut ``stream`` inside its last message (module docstring): it
+    reset the connection, the stream's last bytes are a partial PDU, and the segments
+    after the last complete message are of the same operation, in one contiguous run of
+    TOs."""
     if not any(
         n.stream == stream and n.direction == "i2r" and n.kind == "trailing" for n in decode.notes
-    ):
+    ) or not _guest_reset(pcap, decode, stream):
         return False
     ends = [i for i, s in enumerate(ops) if s.opcode == wanted and s.last]
     tail = ops[ends[-1] + 1 :] if ends else ops
@@ -256,7 +272,11 @@ def check_capture(pcap: Path, test: str, size: int, *, tail_may_be_cut: bool = F
     ]
     wanted = DATA_OPCODES[test]
     messages = [s for s in ops if s.opcode == wanted and s.last]
-    cut = tail_may_be_cut and len(messages) == ITERS - 1 and _cut_tail(decode, data, ops, wanted)
+    cut = (
+        tail_may_be_cut
+        and len(messages) == ITERS - 1
+        and _cut_tail(pcap, decode, data, ops, wanted)
+    )
     complete = len(messages) + cut
     assert complete == ITERS, f"{len(messages)} {wanted.name} messages, want {ITERS}"
     if test == "write":  # at the region the server advertised in its pingpong_dest
