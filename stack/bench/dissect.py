@@ -48,9 +48,9 @@ from stack.cli import (
     ERROR_PROG,
     MAX_REPEAT,
     CliError,
+    counted,
     non_negative_int,
     one_line_errors,
-    positive_int,
     repeat_count,
 )
 from stack.cli.json_report import (
@@ -334,14 +334,6 @@ def _modes(text: str) -> list[str]:
     return chosen
 
 
-def _fpdus(text: str) -> int:
-    """argparse type of ``--fpdus``: 1 to :data:`MAX_FPDUS`."""
-    value = positive_int(text)
-    if value > MAX_FPDUS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_FPDUS}, got {text}")
-    return value
-
-
 def _rss_fpdus(text: str) -> int:
     """argparse type of ``--rss-fpdus``: 0 (skip the check) to :data:`MAX_FPDUS`."""
     value = non_negative_int(text)
@@ -355,7 +347,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     error, before anything runs)."""
     parser.add_argument(
         "--fpdus",
-        type=_fpdus,
+        type=counted(MAX_FPDUS),
         default=1_000_000,
         metavar="N",
         help=f"FPDUs of the generated capture (default 1000000, at most {MAX_FPDUS})",
