@@ -58,7 +58,7 @@ from kbtp.constants import (
 )
 from kbtp.formats import COMPLETION_BODY, DATA_DESCRIPTOR, HEADER, joined_codec
 from stack.bench.floor_wire import RECEIVE, fpdu_wire, keep_partial, recv
-from stack.bench.raw_socket import send_pieces
+from stack.bench.raw_socket import recv_exactly, send_pieces
 from stack.cli import CliError
 from stack.constants import (
     DDP_LAST,
@@ -204,13 +204,9 @@ def _tagged(out: list[Any], segs: list[Any], op: int, stag: int, to: int, src: m
 
 async def _exactly(sock: socket.socket, count: int) -> bytes:
     """``count`` octets (FloorError when the peer closes first)."""
-    buf = memoryview(bytearray(count))
-    got = 0
-    while got < count:
-        n = await recv(sock, buf[got:])
-        if not n:
-            raise FloorError("the peer closed the connection early")
-        got += n
+    buf = bytearray(count)
+    if not await recv_exactly(sock, memoryview(buf)):
+        raise FloorError("the peer closed the connection early")
     return bytes(buf)
 
 
