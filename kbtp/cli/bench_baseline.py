@@ -26,7 +26,7 @@ import trio
 from kbtp.cli.bench_cpu import BothEndsCpu, CpuClock, no_peer
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
-from stack.bench.raw_socket import plain, recv, send_pieces
+from stack.bench.raw_socket import plain, recv, send_pieces, socket_of
 from stack.constants import RAW_RECEIVE_SIZES
 from stack.transport.sockopts import limit_unsent
 
@@ -102,8 +102,7 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
         (receive,) = RAW_HELLO.unpack(await receive_exactly(stream, RAW_HELLO.size))
         receive = min(max(receive, RAW_RECEIVE_MIN), RAW_RECEIVE_MAX)  # whatever it said
         room = memoryview(bytearray(receive))
-        sock = plain(stream)
-        try:
+        with socket_of(stream) as sock:
             while n := await recv(sock, room):
                 out: list[bytes | memoryview] = []
                 for op, length in parser.feed(room[:n]):
@@ -114,8 +113,6 @@ async def raw_server(stream: trio.SocketStream, max_size: int) -> None:
                 await send_pieces(sock, out)
                 if n == receive:  # the socket may have more: let the other sessions run
                     await trio.lowlevel.checkpoint()
-        finally:
-            sock.detach()
     except (trio.BrokenResourceError, trio.ClosedResourceError, BenchError, OSError):
         pass  # the client went away (before its first 4 octets, for a BenchError)
 

@@ -45,7 +45,7 @@ from stack.bench.protocol import (
     open_raw,
     receive_exactly,
 )
-from stack.bench.raw_socket import plain, recv, recv_exactly, send_plain
+from stack.bench.raw_socket import recv, recv_exactly, send_plain, socket_of
 from stack.bench.results import MB
 from stack.constants import RAW_RECEIVE_SIZE, RAW_RECEIVE_SIZES
 
@@ -58,14 +58,11 @@ async def _raw_stream(
     chunk = memoryview(zeroed(size * batch, sent=True))
     sent = 0
     clock = time.perf_counter
-    sock = plain(stream)
-    try:
+    with socket_of(stream) as sock:
         while (count is None or sent < count) and (deadline is None or clock() < deadline):
             k = batch if count is None else min(batch, count - sent)
             await send_plain(sock, chunk if k == batch else chunk[: size * k])
             sent += k
-    finally:
-        sock.detach()
     await stream.send_eof()
     acked = RAW_COUNT.unpack(await receive_exactly(stream, RAW_COUNT.size))[0]
     if acked != sent * size:
@@ -89,8 +86,7 @@ async def raw_pipelined(
     sent = min(depth, target)
     requests = bytes(RAW_REQUEST * depth)
     room = memoryview(bytearray(receive))
-    sock = plain(stream)
-    try:
+    with socket_of(stream) as sock:
         await send_plain(sock, requests[: RAW_REQUEST * sent])
         received = 0
         done = 0
@@ -110,8 +106,6 @@ async def raw_pipelined(
                 sent += more
             if n == receive:  # the socket may have more: let the process's other tasks run
                 await trio.lowlevel.checkpoint()
-    finally:
-        sock.detach()
     return done
 
 
@@ -123,8 +117,7 @@ async def answer_requests(stream: trio.SocketStream, size: int, request: int) ->
     floor``'s sink's)."""
     pending = replies = 0
     room = memoryview(bytearray(RAW_RECEIVE_SIZE))
-    sock = plain(stream)
-    try:
+    with socket_of(stream) as sock:
         while n := await recv(sock, room):
             count, pending = divmod(pending + n, request)
             replies += count
@@ -135,8 +128,6 @@ async def answer_requests(stream: trio.SocketStream, size: int, request: int) ->
                 count -= k
             if n == RAW_RECEIVE_SIZE:  # the socket may have more: let other tasks run
                 await trio.lowlevel.checkpoint()
-    finally:
-        sock.detach()
     return replies
 
 
@@ -223,8 +214,7 @@ async def time_round_trips(
     clock = time.perf_counter
     times: list[float] = []
     room = memoryview(bytearray(reply))
-    sock = plain(stream)
-    try:
+    with socket_of(stream) as sock:
         i = 0
         while count is None or len(times) < count:
             if deadline is not None and times and clock() >= deadline:
@@ -237,6 +227,4 @@ async def time_round_trips(
             if i >= WARMUP_ITERS:
                 times.append(t1 - t0)
             i += 1
-    finally:
-        sock.detach()
     return times

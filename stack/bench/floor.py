@@ -99,7 +99,6 @@ from stack.bench.floor_wire import (
     keep_partial,
     median_row,
     place,
-    plain,
     recv,
     result,
     send_all,
@@ -107,7 +106,7 @@ from stack.bench.floor_wire import (
 )
 from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
 from stack.bench.protocol import receive_exactly
-from stack.bench.raw_socket import count_received, send_plain
+from stack.bench.raw_socket import count_received, send_plain, socket_of
 from stack.cli import (
     ERROR_PROG,
     MAX_DURATION,
@@ -219,16 +218,13 @@ async def _serve(stream: trio.SocketStream) -> None:
         while data := await stream.receive_some(raw_receive):
             got += len(data)
     else:
-        raw = plain(stream)
-        try:
+        with socket_of(stream) as raw:
             if variant == 0:  # the bench's raw sink
                 got = await count_received(raw, raw_receive)
             elif variant == MARKED:
                 got = await _receive_marked(raw, size, payload, raw_receive)
             else:
                 got = await _receive_fpdus(raw, size, payload, raw_receive, copy=variant == 3)
-        finally:
-            raw.detach()
     cpu = time.process_time_ns() - cpu
     await stream.send_all(RESULT.pack(got, cpu))
 
@@ -340,17 +336,13 @@ async def _run(
     sent = 0
     if variant <= 1:  # the bench's raw stream (stack.bench.baseline)
         chunk = bytes(source) * batch  # real memory, as the other variants send from
-        sock = plain(stream)
-        try:
+        with socket_of(stream) as sock:
             while clock() < deadline:
                 await send_plain(sock, chunk)
                 sent += batch
-        finally:
-            sock.detach()
     else:
-        sock = plain(stream)
-        queue = SendQueue(sock.sendmsg)
-        try:
+        with socket_of(stream) as sock:
+            queue = SendQueue(sock.sendmsg)
             if variant == MARKED:
                 marked = _MarkedFramer(payload)
                 while clock() < deadline:
@@ -368,8 +360,6 @@ async def _run(
                     pieces = framer.frame(messages)
                     sent += batch
                     await send_all(queue, sock, pieces)
-        finally:
-            sock.detach()
     elapsed = clock() - start
     cpu = time.process_time_ns() - cpu
     got, sink_cpu = await result(stream)

@@ -56,7 +56,6 @@ from stack.bench.floor_wire import (
     keep_partial,
     median_row,
     place,
-    plain,
     recv,
     result,
     send_all,
@@ -64,6 +63,7 @@ from stack.bench.floor_wire import (
 )
 from stack.bench.options import WARMUP_ITERS, BenchOptions
 from stack.bench.protocol import RAW_REQUEST
+from stack.bench.raw_socket import socket_of
 from stack.constants import (
     DDP_LAST,
     DDP_TAGGED_HDR_LEN,
@@ -141,11 +141,8 @@ async def respond(stream: trio.SocketStream, mode: int, size: int, payload: int,
         return size * await answer_requests(stream, size, payload)
     if mode != FLOOR_RESPONDER:
         raise RuntimeError(f"unknown mode {mode}")
-    sock = plain(stream)
-    try:
+    with socket_of(stream) as sock:
         return await _respond(sock, size, payload, read)
-    finally:
-        sock.detach()
 
 
 async def _respond(sock: socket.socket, size: int, payload: int, read: int) -> int:
@@ -196,11 +193,8 @@ async def _reads(
     cpu = time.process_time_ns()
     start = clock()
     if floor:
-        sock = plain(stream)
-        try:
+        with socket_of(stream) as sock:
             done = await _floor_reads(sock, size, payload, start + seconds, receive)
-        finally:
-            sock.detach()
     else:
         done = await raw_pipelined(stream, size, READ_DEPTH, None, start + seconds, receive)
     elapsed = clock() - start
@@ -262,11 +256,8 @@ async def _round_trips(
     cpu = time.process_time_ns()
     deadline = time.perf_counter() + seconds
     if floor:
-        sock = plain(stream)
-        try:
+        with socket_of(stream) as sock:
             times = await _floor_round_trips(sock, size, payload, deadline, receive)
-        finally:
-            sock.detach()
     else:
         times = await time_round_trips(stream, bytes(RAW_REQUEST), size, None, deadline)
     cpu = time.process_time_ns() - cpu

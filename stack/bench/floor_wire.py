@@ -25,7 +25,7 @@ import trio
 from stack.bench.blocking import BATCH_BYTES
 from stack.bench.options import BenchError
 from stack.bench.protocol import receive_exactly
-from stack.bench.raw_socket import plain, recv
+from stack.bench.raw_socket import recv
 from stack.constants import (
     DDP_LAST,
     DDP_TAGGED,
@@ -59,7 +59,6 @@ __all__ = [
     "fpdu_wire",
     "keep_partial",
     "place",
-    "plain",
     "recv",
     "result",
     "median_row",

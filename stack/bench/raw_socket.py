@@ -18,6 +18,8 @@ connection does not starve the others of its process.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -25,7 +27,15 @@ import trio
 from stack.constants import IOV_MAX
 from stack.transport.driver import _raw_socket
 
-__all__ = ["count_received", "plain", "recv", "recv_exactly", "send_pieces", "send_plain"]
+__all__ = [
+    "count_received",
+    "plain",
+    "recv",
+    "recv_exactly",
+    "send_pieces",
+    "send_plain",
+    "socket_of",
+]
 
 
 def plain(stream: trio.SocketStream) -> socket.socket:
@@ -35,6 +45,17 @@ def plain(stream: trio.SocketStream) -> socket.socket:
     if sock is None:
         raise RuntimeError("not a TCP socket stream")
     return sock
+
+
+@contextmanager
+def socket_of(stream: trio.SocketStream) -> Iterator[socket.socket]:
+    """:func:`plain` for the ``with`` block, detached when it ends (the stream keeps the
+    descriptor and closes it)."""
+    sock = plain(stream)
+    try:
+        yield sock
+    finally:
+        sock.detach()
 
 
 async def recv(sock: socket.socket, room: memoryview) -> int:

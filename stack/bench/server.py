@@ -37,7 +37,7 @@ from stack.bench.protocol import (
     receive_exactly,
     reject_data,
 )
-from stack.bench.raw_socket import count_received, plain
+from stack.bench.raw_socket import count_received, socket_of
 from stack.bench.session import (
     STALL_TIMEOUT,
     MemoryBudget,
@@ -194,11 +194,8 @@ class BenchServer:
             if magic != RAW_MAGIC:
                 return
             if mode == RAW_SINK:
-                sock = plain(stream)
-                try:
+                with socket_of(stream) as sock:
                     total = await count_received(sock, RAW_RECEIVE_SIZE)
-                finally:
-                    sock.detach()
                 await stream.send_all(RAW_COUNT.pack(total))
             elif mode == RAW_REQRESP and request > 0:
                 await answer_requests(stream, size, request)

@@ -25,7 +25,7 @@ from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import SessionClosed
 from kbtp.messages import Completion
 from kbtp.target import KbtpTarget
-from stack.bench.raw_socket import plain, send_pieces
+from stack.bench.raw_socket import send_pieces, socket_of
 from stack.constants import IOV_MAX
 from stack.rnic import ProtectionDomain, QueuePair, SendWR
 from stack.wire.events import MpaSettings
@@ -193,11 +193,8 @@ async def test_baseline_scatter_gather_send_delivers_every_octet_in_order() -> N
             client = await trio.open_tcp_stream("127.0.0.1", port)
             server = await listeners[0].accept()
             nursery.start_soon(read_all, server)
-            sock = plain(client)
-            try:
+            with socket_of(client) as sock:
                 await send_pieces(sock, pieces)
-            finally:
-                sock.detach()
         await client.aclose()
         await server.aclose()
         await listeners[0].aclose()
