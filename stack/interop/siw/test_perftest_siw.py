@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.constants import Opcode
+from stack.constants import TERM_LLP_CRC_ERROR, Opcode
 from stack.dissect.decoder.records import SegmentView
 from stack.interop.helpers import Decode, dissect, perftest_uncalibrated
 from stack.pcap.format import TCP_RST
@@ -154,14 +154,14 @@ class SiwSplitTrailer(AssertionError):
     docstring: its ``siw_get_trailer()`` and a PAD and CRC in two segments)."""
 
 
-SIW_CRC_TERMINATE = re.compile(r"Terminate 2/0/0x02\b")
+SIW_CRC_TERMINATE = f"Terminate {TERM_LLP_CRC_ERROR}"
 """How our client reports siw's MPA CRC error Terminate (LLP, MPA, code 2)."""
 
 
 def _siw_split_trailer(output: str, pcap: Path) -> bool:
     """Whether our client failed on siw's MPA CRC error while every FPDU it sent has a good
     CRC in the guest NIC's capture (the frames as the guest received them)."""
-    if not SIW_CRC_TERMINATE.search(output):
+    if SIW_CRC_TERMINATE not in output:
         return False
     sent = [r for r in dissect(pcap).fpdus() if r.direction == "i2r"]
     return bool(sent) and all(r.crc_ok is True for r in sent)
