@@ -38,7 +38,7 @@ from stack.bench.options import (
     parse_size,
 )
 from stack.bench.plot import MISSING_MATPLOTLIB, check_plot_path, have_matplotlib, save_plot
-from stack.bench.process import raise_nofile
+from stack.bench.process import cpu_list, pin_to, raise_nofile
 from stack.bench.report import TEST_NAMES
 from stack.bench.results import IdleResult
 from stack.bench.run import BenchRecord, run_benchmark, run_idle_qps
@@ -228,6 +228,14 @@ def add_test_arguments(parser: argparse.ArgumentParser, test: str) -> None:
         default="127.0.0.1",
         help="--server: address to listen on (default 127.0.0.1)",
     )
+    parser.add_argument(
+        "--cpus",
+        type=cpu_list,
+        metavar="CLIENT[,SERVER]",
+        help="run the client on CPU CLIENT and the server it spawns on CPU SERVER (one CPU: "
+        "both there; --connect, --in-process, --server: one CPU, this process's); a round "
+        "trip's wake-ups cost what the placement makes them cost (docs/performance.md)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_argument(parser)
     parser.add_argument(
@@ -276,6 +284,9 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         mode, host, port = "in-process", "127.0.0.1", 0
     else:
         mode, host, port = "spawn", "127.0.0.1", 0
+    if args.cpus is not None and len(args.cpus) > 1 and mode != "spawn":
+        where = "the server runs in this process" if args.in_process else "no server is spawned"
+        raise CliError(f"--cpus {','.join(map(str, args.cpus))}: {where}: give one CPU")
     opts = BenchOptions(
         test=test,
         sizes=sizes,
@@ -299,6 +310,7 @@ def options_from_args(args: argparse.Namespace, test: str) -> BenchOptions:
         progress=not args.quiet,
         repeat=args.repeat,
         blocking=args.blocking,
+        cpus=args.cpus,
     )
     opts.check_sessions()
     return opts
@@ -324,6 +336,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="end a session whose client acknowledges none of the server's output for "
         f"SECONDS, 1 to {MAX_STALL_TIMEOUT:.0f} (default {STALL_TIMEOUT:.0f}; a slow or "
         "lossy network may need more)",
+    )
+    parser.add_argument(
+        "--cpus", type=cpu_list, metavar="CPU", help="run the server on this CPU only"
     )
     parser.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
     one_line_errors(parser)
@@ -371,12 +386,17 @@ def _fail(prog: str, exc: BaseException) -> int:
 def run_test_command(args: argparse.Namespace) -> int:
     test = args.bench_test
     if args.server:
-        return _serve(_server_from_args(args), False)
+        return _serve(_server_from_args(args), False, _server_cpu(args))
     opts = options_from_args(args, test)
     if args.plot and not have_matplotlib():
         print(f"iwarp bench: error: {MISSING_MATPLOTLIB}", file=sys.stderr)
         return 2
     _check_outputs(args)
+    if opts.cpus is not None:
+        try:
+            pin_to(opts.cpus[0])
+        except OSError as exc:
+            return _fail(f"iwarp bench {test}", exc)
     record = BenchRecord()
     status, error = 0, None
     with text_to_stderr_if_json_stdout(args.json):
@@ -416,7 +436,17 @@ def stall_seconds(text: str) -> float:
 
 
 def run_server_command(args: argparse.Namespace) -> int:
-    return _serve(_server_from_args(args), args.exit_on_stdin_eof)
+    return _serve(_server_from_args(args), args.exit_on_stdin_eof, _server_cpu(args))
+
+
+def _server_cpu(args: argparse.Namespace) -> int | None:
+    """The one CPU of a server half's ``--cpus`` (CliError for two)."""
+    if args.cpus is None:
+        return None
+    if len(args.cpus) > 1:
+        raise CliError(f"--cpus {','.join(map(str, args.cpus))}: a server runs on one CPU")
+    cpu: int = args.cpus[0]
+    return cpu
 
 
 def _server_from_args(args: argparse.Namespace) -> BenchServer:
@@ -431,9 +461,11 @@ def _server_from_args(args: argparse.Namespace) -> BenchServer:
     )
 
 
-def _serve(server: BenchServer, exit_on_stdin_eof: bool) -> int:
+def _serve(server: BenchServer, exit_on_stdin_eof: bool, cpu: int | None = None) -> int:
     raise_nofile(1 << 20)
     try:
+        if cpu is not None:
+            pin_to(cpu)
         trio_run(
             lambda: serve_forever(server, announce=sys.stdout, exit_on_stdin_eof=exit_on_stdin_eof)
         )

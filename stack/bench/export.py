@@ -150,6 +150,9 @@ def rdma_document(
             "cpu": opts.cpu,
             "repeat": opts.repeat,
             "driver": "blocking" if opts.blocking else "trio",
+            "cpus": None
+            if opts.cpus is None
+            else {"client": opts.cpus[0], "server": opts.server_cpu},
         },
         "connection": connection,
         "baseline": baseline,

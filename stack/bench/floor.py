@@ -105,6 +105,7 @@ from stack.bench.floor_wire import (
     sink_process,
 )
 from stack.bench.options import MAX_DEPTH, MAX_SIZE, BenchError
+from stack.bench.process import cpu_list, pin_to
 from stack.bench.protocol import receive_exactly
 from stack.bench.raw_socket import count_received, send_plain, socket_of
 from stack.cli import (
@@ -385,18 +386,19 @@ def measure(
     *,
     batch: int | None = None,
     progress: TextIO | None = sys.stderr,
+    sink_cpu: int | None = None,
 ) -> list[dict[str, Any]]:
     """Each variant at each size, alternated ``repeat`` times; medians per row.  ``raw_sizes``:
     a ``raw@N`` row per receive size N besides ``raw`` (ratios are to ``raw``); ``read_size``:
     octets per ``recv_into`` of the other receivers (``raw`` reads RAW_RECEIVE_SIZE);
     ``batch``: messages per send (None: as many as fit in 1 MiB; at most that many);
     ``progress``: where a line per run goes (None: nowhere).  The receiver is a process of
-    its own, ``python -m stack.bench.floor --sink``."""
+    its own, ``python -m stack.bench.floor --sink`` (on ``sink_cpu`` only, if given)."""
     plan = [(v, i, read_size if i else RAW_RECEIVE_SIZE) for i, v in enumerate(VARIANTS)]
     plan[1:1] = [(f"raw@{size_label(n)}", 0, n) for n in raw_sizes or ()]
     payload = fpdu_payload(emss)
     rows = []
-    with sink_process() as port:
+    with sink_process(sink_cpu) as port:
         for size in sizes:
             per_send = batch_messages(size, batch or MAX_SIZE)
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _, _ in plan}
@@ -493,6 +495,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream: RDMA Writes; read: pipelined RDMA Reads; rtt: one Read's round trip "
         "(default stream)",
     )
+    parser.add_argument(
+        "--cpus",
+        type=cpu_list,
+        metavar="CLIENT[,SINK]",
+        help="run the sender and requester on CPU CLIENT and the receiver and responder (its "
+        "own process) on CPU SINK (one CPU: both there), as iwarp bench --cpus",
+    )
     add_json_argument(parser)
 
 
@@ -512,12 +521,15 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     status, error = 0, None
     common = (sizes, args.duration, args.repeat, args.emss)
+    sink_cpu = None if args.cpus is None else args.cpus[-1]
     try:
+        if args.cpus is not None:
+            pin_to(args.cpus[0])
         if stream:
-            rows = measure(*common, args.raw_sizes, read_size, batch=args.batch)
+            rows = measure(*common, args.raw_sizes, read_size, batch=args.batch, sink_cpu=sink_cpu)
         else:
             reads = None if args.read_size is None else (args.read_size,)
-            rows = floor_exchange.measure_exchange(args.exchange, *common, reads)
+            rows = floor_exchange.measure_exchange(args.exchange, *common, reads, sink_cpu=sink_cpu)
     except (BenchError, OSError, RuntimeError, trio.BrokenResourceError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         status, error = 1, str(exc)
@@ -535,6 +547,8 @@ def run(args: argparse.Namespace) -> int:
         document["read_size"] = read_size if stream else args.read_size
         if args.batch is not None:
             document["batch"] = args.batch
+        if args.cpus is not None:
+            document["cpus"] = {"client": args.cpus[0], "sink": sink_cpu}
         document |= {"rows": rows, "exit_status": status}
         if error is not None:
             document["error"] = error
@@ -556,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     one_line_errors(parser)
     args = parser.parse_args(argv)
     if args.sink:
+        if args.cpus is not None:
+            pin_to(args.cpus[-1])
         trio.run(_sink, sys.stdout)
         return 0
     return call(args, parser.prog)

@@ -316,13 +316,15 @@ def measure_exchange(
     read_sizes: tuple[int, ...] | None = None,
     *,
     progress: TextIO | None = sys.stderr,
+    sink_cpu: int | None = None,
 ) -> list[dict[str, Any]]:
     """Both variants of ``exchange`` (``read`` or ``rtt``) at each size, alternated
     ``repeat`` times; medians per row, each with ``ratio``, floor over raw of the same
     repeat.  ``emss``: the MULPDU of the Read Responses derives from it; ``read_sizes``: the floor's
     receive sizes (``read``: the faster run counts; None: as raw, RAW_RECEIVE_SIZES;
     ``rtt`` reads the first, RAW_RECEIVE_SIZE by default); ``progress``: where a line per
-    run goes (None: nowhere).  The responder is the floor's sink process."""
+    run goes (None: nowhere).  The responder is the floor's sink process (on ``sink_cpu``
+    only, if given)."""
     if exchange not in EXCHANGES:
         raise ValueError(f"unknown exchange {exchange!r}")
     latency = exchange == "rtt"
@@ -332,7 +334,7 @@ def measure_exchange(
         receives = {"raw": (RAW_RECEIVE_SIZE,), "floor": receives["floor"][:1]}
     payload = fpdu_payload(emss)
     rows = []
-    with sink_process() as port:
+    with sink_process(sink_cpu) as port:
         for size in sizes:
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
             for _ in range(repeat):

@@ -210,11 +210,12 @@ class TaggedFramer:
 
 # ----------------------------------------------------------------------- the sink
 @contextmanager
-def sink_process() -> Iterator[int]:
-    """The sink, ``python -m stack.bench.floor --sink``, for the block: its port; killed
-    when the block is left."""
+def sink_process(cpu: int | None = None) -> Iterator[int]:
+    """The sink, ``python -m stack.bench.floor --sink``, for the block (on ``cpu`` only, if
+    given): its port; killed when the block is left."""
+    pinned = [] if cpu is None else ["--cpus", str(cpu)]
     sink = subprocess.Popen(
-        [sys.executable, "-m", _SINK, "--sink"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", _SINK, "--sink", *pinned], stdout=subprocess.PIPE, text=True
     )
     try:
         assert sink.stdout is not None

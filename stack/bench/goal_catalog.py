@@ -16,12 +16,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stack.bench.options import DEFAULT_TX_DEPTH
+from stack.bench.process import usable_cpus
 
 __all__ = [
     "FLOOR_RUNS",
     "GOALS",
     "GOAL_KEYS",
     "MEASUREMENTS",
+    "ROUND_TRIPS",
+    "ROUND_TRIP_CPUS",
     "SMALL_BATCH",
     "TITLE_WIDTH",
     "FloorRun",
@@ -74,6 +77,24 @@ class Measurement:
 
 
 _RDMA = ("--baseline", "--cpu")
+
+
+def split_cpus() -> tuple[str, ...]:
+    """``--cpus C,S`` on the first two CPUs this process may use (none with one CPU).
+
+    A round trip's figure depends on where its two ends run: on one CPU a message wakes
+    the other end with no cross-CPU wake-up, on two each message pays one (on a VM with
+    halt polling, the longer the other CPU waited the more).  So the round trips, the
+    stack's, their baselines' and their floor's, are measured with the client and the
+    server each on a CPU of its own, as two hosts would be (docs/performance.md)."""
+    cpus = usable_cpus()
+    return ("--cpus", f"{cpus[0]},{cpus[1]}") if len(cpus) > 1 else ()
+
+
+ROUND_TRIP_CPUS = split_cpus()
+"""The ``--cpus`` of the round trips' measurements and their floor (empty with one CPU)."""
+ROUND_TRIPS = ("read-lat", "atomic-lat", "read-lat-blk", "atomic-lat-blk")
+"""The goals measured as round trips (placed by :data:`ROUND_TRIP_CPUS`)."""
 MEASUREMENTS = {
     m.key: m
     for m in (
@@ -85,10 +106,30 @@ MEASUREMENTS = {
         Measurement(
             "write-64-lists", "iwarp", ("write", "-s", "64", "-l", "16", "-Q", "16", *_RDMA)
         ),
-        Measurement("read-lat", "iwarp", ("read", "-s", "64", "--lat", *_RDMA)),
-        Measurement("atomic-lat", "iwarp", ("atomic", "--lat", *_RDMA)),
-        Measurement("read-lat-blk", "iwarp", ("read", "-s", "64", "--lat", "--blocking", *_RDMA)),
-        Measurement("atomic-lat-blk", "iwarp", ("atomic", "--lat", "--blocking", *_RDMA)),
+        Measurement(
+            "read-lat",
+            "iwarp",
+            ("read", "-s", "64", "--lat", *_RDMA, *ROUND_TRIP_CPUS),
+            newer=ROUND_TRIP_CPUS,
+        ),
+        Measurement(
+            "atomic-lat",
+            "iwarp",
+            ("atomic", "--lat", *_RDMA, *ROUND_TRIP_CPUS),
+            newer=ROUND_TRIP_CPUS,
+        ),
+        Measurement(
+            "read-lat-blk",
+            "iwarp",
+            ("read", "-s", "64", "--lat", "--blocking", *_RDMA, *ROUND_TRIP_CPUS),
+            newer=ROUND_TRIP_CPUS,
+        ),
+        Measurement(
+            "atomic-lat-blk",
+            "iwarp",
+            ("atomic", "--lat", "--blocking", *_RDMA, *ROUND_TRIP_CPUS),
+            newer=ROUND_TRIP_CPUS,
+        ),
         Measurement("write-1m-markers", "iwarp", ("write", "-s", "1M", "--markers", *_RDMA)),
         Measurement(
             "kbtp",
@@ -217,7 +258,7 @@ FLOOR_RUNS = {
         FloorRun("stream", ("-s", "64K,1M"), ("64K", "1M", "markers")),
         FloorRun("small", ("-s", "64", "--batch", str(SMALL_BATCH)), ("small",)),
         FloorRun("read", ("--exchange", "read", "-s", "64K,1M"), ("read-64K", "read-1M")),
-        FloorRun("rtt", ("--exchange", "rtt"), ("rtt",)),
+        FloorRun("rtt", ("--exchange", "rtt", *ROUND_TRIP_CPUS), ("rtt",)),
     )
 }
 """The floor runs, by key; each runs once when a goal selected needs one of its keys."""

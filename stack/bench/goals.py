@@ -43,6 +43,8 @@ from stack.bench.goal_catalog import (
     GOAL_KEYS,
     GOALS,
     MEASUREMENTS,
+    ROUND_TRIP_CPUS,
+    ROUND_TRIPS,
     SMALL_BATCH,
     TITLE_WIDTH,
     Doc,
@@ -352,6 +354,12 @@ def format_table(run: GoalsRun, out: TextIO) -> None:
         "over the same raw baseline (iwarp bench floor)",
         file=out,
     )
+    if ROUND_TRIP_CPUS and any(r.goal.key in ROUND_TRIPS for r in run.results):
+        print(
+            f"round trips, their baselines and their floor: the client and the server each on "
+            f"a CPU of its own ({' '.join(ROUND_TRIP_CPUS)}), as two hosts would be",
+            file=out,
+        )
 
 
 def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
@@ -359,7 +367,12 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
     return {
         "schema": schema("iwarp bench goals"),
         "command": "iwarp bench goals",
-        "parameters": {"duration_s": seconds, "repeat": repeat, "before_tree": run.before_tree},
+        "parameters": {
+            "duration_s": seconds,
+            "repeat": repeat,
+            "before_tree": run.before_tree,
+            "round_trip_cpus": ROUND_TRIP_CPUS[1] if ROUND_TRIP_CPUS else None,
+        },
         "host": {"python_loop_s": run.loop_seconds, "loop_iterations": LOOP_ITERATIONS},
         "floor": run.floor or None,
         "goals": [r.document() for r in run.results],

@@ -81,7 +81,7 @@ class BenchOptions:
     (seconds); num_qps; post_list; cq_mod; tx_depth; rx_depth (server receives for Send,
     None: enough for two full TCP reads of the smallest Sends); crc; markers; emss (None:
     the stack's default); latency; baseline; cpu (CPU time per message columns); capture
-    (-w FILE: the client's pcap); mode
+    (-w FILE: the client's pcap); cpus (--cpus: client, server); mode
     ("spawn", "in-process" or "connect");
     host, port (connect mode); progress (report on stderr).
     """
@@ -112,6 +112,16 @@ class BenchOptions:
     blocking: bool = False
     """``--blocking``: the latency exchange runs on the blocking driver at both ends
     (:mod:`stack.bench.blocking_iwarp`), not on trio."""
+    cpus: tuple[int, ...] | None = None
+    """``--cpus``: the CPU the client runs on and the one of the server it spawns (one
+    CPU: both ends on it); None: wherever the kernel puts them."""
+
+    @property
+    def server_cpu(self) -> int | None:
+        """The CPU of the spawned server (``--cpus``' second, else its only one)."""
+        if self.cpus is None or self.mode == "connect":
+            return None  # a server started by hand is pinned by its own --cpus
+        return self.cpus[-1]
 
     def iterations_for(self, size: int) -> int:
         """Iterations for ``size`` (perftest's defaults, fewer for big messages)."""

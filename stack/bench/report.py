@@ -238,6 +238,11 @@ def header_block(
             else []
         ),
         one("Server", layout),
+        *(
+            [one("CPUs", f"client {opts.cpus[0]}, server {opts.server_cpu} (--cpus)")]
+            if opts.cpus is not None
+            else []
+        ),
         *baseline_lines(opts),
         *repeat_lines(opts),
         RESULT_LINE,

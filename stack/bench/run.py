@@ -48,22 +48,33 @@ from stack.transport.cm import ConnectionManager
 from stack.wire.events import Negotiated
 
 
-def server_command(crc: bool, markers: bool, emss: int | None) -> list[str]:
-    """The spawned server half: ``iwarp bench server`` (run as ``python -m stack.cli.iwarp``)."""
+def server_command(crc: bool, markers: bool, emss: int | None, cpu: int | None = None) -> list[str]:
+    """The spawned server half: ``iwarp bench server`` (run as ``python -m stack.cli.iwarp``),
+    pinned to ``cpu`` if given."""
     cmd = [sys.executable, "-m", "stack.cli.iwarp", "bench", "server", "--port", "0"]
     cmd += ["--host", "127.0.0.1", "--exit-on-stdin-eof", "--crc" if crc else "--no-crc"]
     if markers:
         cmd.append("--markers")
     if emss is not None:
         cmd += ["--mtu", str(emss)]
+    if cpu is not None:
+        cmd += ["--cpus", str(cpu)]
     return cmd
 
 
 @asynccontextmanager
 async def server_for(
-    mode: str, *, host: str, port: int, crc: bool, markers: bool, emss: int | None
+    mode: str,
+    *,
+    host: str,
+    port: int,
+    crc: bool,
+    markers: bool,
+    emss: int | None,
+    cpu: int | None = None,
 ) -> AsyncIterator[tuple[str, int, str]]:
-    """The server half for a run: (host, port, description of the layout)."""
+    """The server half for a run: (host, port, description of the layout); a spawned
+    server runs on ``cpu`` if given."""
     if mode == "connect":
         yield host, port, f"{host}:{port} (run by hand)"
         return
@@ -77,7 +88,7 @@ async def server_for(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, env.get("PYTHONPATH")]))
     proc = await trio.lowlevel.open_process(
-        server_command(crc, markers, emss),
+        server_command(crc, markers, emss, cpu),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -94,7 +105,8 @@ async def server_for(
         words = line.split()
         if len(words) != 3 or words[0] != b"PORT":
             raise BenchError("the server process did not start (see its error above)")
-        yield "127.0.0.1", int(words[1]), f"127.0.0.1:{int(words[1])} (process {proc.pid})"
+        where = "" if cpu is None else f", CPU {cpu}"
+        yield "127.0.0.1", int(words[1]), f"127.0.0.1:{int(words[1])} (process {proc.pid}{where})"
     finally:
         with trio.CancelScope(shield=True):
             await proc.stdin.aclose()
@@ -134,6 +146,7 @@ async def run_benchmark(
         crc=opts.crc,
         markers=opts.markers,
         emss=opts.emss,
+        cpu=opts.server_cpu if opts.mode == "spawn" else None,
     ) as (host, port, layout):
         record.layout = layout
         async with capturing_manager(Rnic("bench-client"), opts.capture) as cm:
