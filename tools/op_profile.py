@@ -17,6 +17,12 @@ about the code, so this counts what a small operation costs:
                        calls (cProfile), socket calls (``send``/``sendmsg``/``recv``/
                        ``recv_into`` of both ends), scheduler passes (trio run-loop
                        iterations) and task steps, each per round trip.
+``read-blk`` /         the same round trips on the blocking driver
+``atomic-blk``         (:mod:`stack.transport.blocking`, ``--lat --blocking``), both ends in
+                       this process and this thread, stepped in the exchange's order: the
+                       client posts (its Request leaves in the post), the server reads and
+                       answers (``progress``), the client reads its completion
+                       (``next_completion``); no scheduler.
 ``write``              the sender's work per 64-byte RDMA Write posted in lists of
                        ``--post-list`` WRs, the last of each list signalled (selective
                        signalling): posting, the send queue engine, DDP/RDMAP encoding
@@ -51,6 +57,7 @@ import trio
 
 from stack.rnic import Access, QpCap, Rnic, SendFlags, SendWR, Sge, WrOpcode
 from stack.rnic.endpoint import QpEndpoint
+from stack.rnic.memory import MemoryRegion
 from stack.transport.cm import ConnectionManager
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, RequestReceived, Role
@@ -79,19 +86,7 @@ async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
     sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
     target = spd.reg_mr(bytearray(64), _REMOTE)
     local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
-    size = 64 if kind == "read" else 8
-    sge = (Sge(local.base, size, local.lkey),)
-    if kind == "read":
-        wr = SendWR(1, WrOpcode.RDMA_READ, sge, rkey=target.rkey, remote_addr=target.base)
-    else:
-        wr = SendWR(
-            1,
-            WrOpcode.ATOMIC_FETCH_AND_ADD,
-            sge,
-            rkey=target.rkey,
-            remote_addr=target.base,
-            compare_add=1,
-        )
+    wr = _round_trip_wr(kind, local, target)
 
     async def loop(n: int) -> None:
         for _ in range(n):
@@ -140,6 +135,77 @@ async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
             out["task_steps"] = steps.steps / iters
             await conn.disconnect()
     return out
+
+
+def blocking_round_trip(kind: str, iters: int, count: bool = True) -> dict[str, float]:
+    """Per round trip of a 64 B Read (``read``) or 8 B FetchAdd (``atomic``) on the blocking
+    driver, both ends in this thread (``read-blk``, the module docstring): Python calls and
+    socket calls (``count=False``: only the round trips)."""
+    import threading
+
+    from stack.transport.blocking_cm import BlockingListener, connect
+
+    settings = MpaSettings()
+    server_rnic, client_rnic = Rnic("server"), Rnic("client")
+    spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
+    scq, ccq = server_rnic.create_cq(), client_rnic.create_cq()
+    sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
+    target = spd.reg_mr(bytearray(64), _REMOTE)
+    local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
+    wr = _round_trip_wr(kind, local, target)
+    out: dict[str, float] = {}
+    with (
+        profiling.counting_sockets() as sockets,
+        BlockingListener("127.0.0.1", 0, settings=settings) as listener,
+    ):
+        accepted = []
+        server = threading.Thread(
+            target=lambda: accepted.append(listener.get_request(30).accept(sqp))
+        )
+        server.start()
+        client = connect("127.0.0.1", listener.port, cqp, settings=settings)
+        server.join()
+        (served,) = accepted
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                cqp.post_send(wr)
+                served.progress(None)
+                wc = client.next_completion(ccq)
+                if wc.status:
+                    raise RuntimeError(f"{kind} completed with {wc.status.text}")
+
+        loop(200)  # warm up
+        if count:
+            profile = cProfile.Profile()
+            sockets[0] = 0
+            profile.enable()
+            loop(iters)
+            profile.disable()
+            out["python_calls"] = (_calls(profile) - sockets[0]) / iters
+            out["socket_calls"] = sockets[0] / iters
+            out["scheduler_passes"] = out["task_steps"] = 0.0
+        else:
+            loop(iters)
+        client.abort()  # an orderly close would wait here for the server's FIN
+        served.abort()
+    return out
+
+
+def _round_trip_wr(kind: str, local: MemoryRegion, target: MemoryRegion) -> SendWR:
+    """The WR of a round trip case: a 64 B Read or an 8 B FetchAdd of ``target``."""
+    size = 64 if kind == "read" else 8
+    sge = (Sge(local.base, size, local.lkey),)
+    if kind == "read":
+        return SendWR(1, WrOpcode.RDMA_READ, sge, rkey=target.rkey, remote_addr=target.base)
+    return SendWR(
+        1,
+        WrOpcode.ATOMIC_FETCH_AND_ADD,
+        sge,
+        rkey=target.rkey,
+        remote_addr=target.base,
+        compare_add=1,
+    )
 
 
 def raw_round_trip(iters: int, count: bool = True) -> dict[str, float]:
@@ -307,6 +373,8 @@ def measure(
     for case, (kind, size) in _cases(post_list).items():
         if kind == "raw":
             figures, n, per = raw_round_trip(iters), iters, iters
+        elif kind.endswith("-blk"):
+            figures, n, per = blocking_round_trip(kind[:-4], iters), iters, iters
         elif size is None:
             figures, n, per = round_trip(kind, iters), iters, iters
         elif kind == "write-recv":
@@ -325,6 +393,8 @@ def _cases(post_list: int) -> dict[str, tuple[str, int | None]]:
         "raw": ("raw", None),
         "read": ("read", None),
         "atomic": ("atomic", None),
+        "read-blk": ("read-blk", None),
+        "atomic-blk": ("atomic-blk", None),
         f"write post list {post_list}": ("write", post_list),
         "write post list 1": ("write", 1),
         f"write-recv per FPDU ({post_list}/read)": ("write-recv", post_list),
@@ -339,6 +409,8 @@ def _run_loop(kind: str, n: int, post_list: int) -> None:
         received_writes(post_list, n, count=False)
     elif kind == "raw":
         raw_round_trip(n, count=False)
+    elif kind.endswith("-blk"):
+        blocking_round_trip(kind[:-4], n, count=False)
     else:
         round_trip(kind, n, count=False)
 
@@ -395,13 +467,15 @@ def main(argv: list[str] | None = None) -> int:
                 for c in columns
             )
             print(f"{name:<28}{cells}")
-    raw, read = ours.get("raw"), ours.get("read")
-    if raw and read:  # the round trip's load-free ratio (what the goal's ratio times)
-        cells = "".join(
-            f"{read[c] / raw[c]:>18.2f}" if raw.get(c) and c in read else f"{'-':>18}"
-            for c in columns
-        )
-        print(f"{'read / raw':<28}{cells}")
+    raw = ours.get("raw")
+    for case in ("read", "read-blk"):  # the round trip's load-free ratio (what the goal times)
+        stack = ours.get(case)
+        if raw and stack:
+            cells = "".join(
+                f"{stack[c] / raw[c]:>18.2f}" if raw.get(c) and c in stack else f"{'-':>18}"
+                for c in columns
+            )
+            print(f"{case + ' / raw':<28}{cells}")
     return 0
 
 

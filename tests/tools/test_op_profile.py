@@ -6,7 +6,13 @@ import shutil
 
 import pytest
 
-from tools.op_profile import instructions, post_list_writes, raw_round_trip, round_trip
+from tools.op_profile import (
+    blocking_round_trip,
+    instructions,
+    post_list_writes,
+    raw_round_trip,
+    round_trip,
+)
 
 
 def test_post_list_writes_counts_the_senders_work_per_wr() -> None:
@@ -40,3 +46,16 @@ def test_instructions_count_the_loop_alone() -> None:
     one = instructions("write", 200, 1) / 200
     listed = instructions("write", 200, 8) / (200 * 8)
     assert 0 < listed < one
+
+
+@pytest.mark.parametrize("kind", ["read", "atomic"])
+def test_the_blocking_round_trip_is_two_sends_and_two_reads_without_a_scheduler(
+    kind: str,
+) -> None:
+    """``read-blk`` / ``atomic-blk``: each end sends once and reads once per round trip (the
+    Request and its Response; the thread reads only what has arrived), with fewer Python
+    calls than the same round trip on the trio driver."""
+    blocking = blocking_round_trip(kind, 30)
+    assert blocking["socket_calls"] == pytest.approx(4, abs=0.1)
+    assert blocking["scheduler_passes"] == blocking["task_steps"] == 0
+    assert 0 < blocking["python_calls"] < round_trip(kind, 30)["python_calls"]
