@@ -91,6 +91,7 @@ from kbtp.cli.target import (
     run_trio,
 )
 from kbtp.constants import DEFAULT_MAX_INLINE, MAX_REQUEST_CREDITS
+from stack.bench.process import cpu_list, pin_to, usable_cpus
 from stack.cli import CliError, add_repeat_argument, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,
@@ -215,6 +216,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run target and baseline server in this process (default: a second process, "
         "CPU counted at both ends)",
     )
+    parser.add_argument(
+        "--cpus",
+        type=cpu_list,
+        metavar="CLIENT[,TARGET]",
+        help="run the initiator on CPU CLIENT, and the target, the baseline's server, the "
+        "floor's target and Mooncake's server on CPU TARGET (one CPU: all there; "
+        "--in-process and --offload: one CPU, this process's)",
+    )
     add_mpa_arguments(parser, LOOPBACK_EMSS)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_argument(parser)
@@ -239,6 +248,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise CliError("--floor applies to the KBTP and baseline rows, not --offload")
     if args.floor and args.markers:
         raise CliError("--floor frames FPDUs without markers (iwarp bench floor measures them)")
+    _pin_client(args)
     if args.offload:
         return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
     with text_to_stderr_if_json_stdout(args.json):
@@ -246,6 +256,30 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, bench_document(parameters, results, 0))
     return 0
+
+
+def _pin_client(args: argparse.Namespace) -> None:
+    """``--cpus``: check both CPUs are this process's to use, then run it on the first (the
+    processes it starts pin themselves to the last, :func:`target_cpu`)."""
+    if args.cpus is None:
+        return
+    text = ",".join(map(str, args.cpus))
+    if len(args.cpus) > 1 and (args.in_process or args.offload):
+        where = "--in-process" if args.in_process else "--offload"
+        raise CliError(f"--cpus {text}: {where} runs the target in this process: give one CPU")
+    allowed = usable_cpus()
+    for cpu in args.cpus:
+        if cpu not in allowed:
+            raise CliError(f"--cpus {text}: this process may not run on CPU {cpu}")
+    try:
+        pin_to(args.cpus[0])
+    except OSError as exc:
+        raise CliError(str(exc)) from None
+
+
+def target_cpu(args: argparse.Namespace) -> int | None:
+    """The CPU of the processes ``kbtp bench`` starts (``--cpus``' last), or None."""
+    return None if args.cpus is None else int(args.cpus[-1])
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -277,6 +311,11 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
     mulpdu = mulpdu_for(settings.emss, settings.want_markers)
     layout = "one process" if args.in_process else "target in a second process"
+    if args.cpus is not None:
+        where = f"CPU {args.cpus[0]}"
+        if not args.in_process:
+            where = f"initiator on CPU {args.cpus[0]}, target on CPU {target_cpu(args)}"
+        layout += f" ({where}, --cpus)"
     memory = "buffers registered per request" if args.per_request else "one arena"
     print(
         f"kbtp bench: {args.inflight} in flight, one session, {memory}, loopback TCP, {layout}, "
@@ -304,7 +343,8 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
             async with checked_target(config, settings=settings).running() as target:
                 yield target.port, raw_port, no_peer
             return
-        async with peer_process(size, blocks, args.inflight, args.max_inline, mpa) as peer:
+        cpu = target_cpu(args)
+        async with peer_process(size, blocks, args.inflight, args.max_inline, mpa, cpu) as peer:
             yield peer.port, peer.raw_port, peer.cpu
 
     raw_port = floor_port = 0
@@ -352,7 +392,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                 if args.vs and row.op in MC_OPS:
                     progress(f"{size_label(size)}: Mooncake {MC_OPS[row.op]}")
                     figures = await trio.to_thread.run_sync(
-                        run_mooncake, size, iters, args.inflight
+                        run_mooncake, size, iters, args.inflight, target_cpu(args)
                     )
                     mc = figures[MC_OPS[row.op]]
                     row.mc_seconds, row.mc_cpu = mc.seconds, mc.cpu
@@ -363,7 +403,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
 
     async def main() -> None:
         nonlocal raw_port, floor_port
-        floor = floor_target(args.in_process) if args.floor else nullcontext(0)
+        floor = floor_target(args.in_process, target_cpu(args)) if args.floor else nullcontext(0)
         async with floor as floor_port, trio.open_nursery() as nursery:
             if args.in_process and not args.no_baseline:
                 listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -406,5 +446,8 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "vs": args.vs,
         "floor": args.floor,
         "repeat": args.repeat,
+        "cpus": None
+        if args.cpus is None
+        else {"client": args.cpus[0], "target": None if args.in_process else target_cpu(args)},
     }
     return results, parameters

@@ -58,6 +58,7 @@ from kbtp.constants import (
 )
 from kbtp.formats import COMPLETION_BODY, DATA_DESCRIPTOR, HEADER, joined_codec
 from stack.bench.floor_wire import RECEIVE, fpdu_wire, keep_partial, recv
+from stack.bench.process import pin_to
 from stack.bench.raw_socket import recv_exactly, send_pieces
 from stack.cli import CliError
 from stack.constants import (
@@ -515,11 +516,11 @@ async def _initiator(sock: socket.socket, run: _Run, slots: int, arena: bytearra
 
 # ------------------------------------------------------------------------ target process
 @asynccontextmanager
-async def floor_target(in_process: bool = False) -> AsyncIterator[int]:
+async def floor_target(in_process: bool = False, cpu: int | None = None) -> AsyncIterator[int]:
     """A floor target for the block, its port yielded: a process of its own
-    (:func:`floor_process`), or ``in_process`` a task of this one."""
+    (:func:`floor_process`, on ``cpu`` only if given), or ``in_process`` a task of this one."""
     if not in_process:
-        async with floor_process() as port:
+        async with floor_process(cpu) as port:
             yield port
         return
     listener = trio.socket.socket()
@@ -535,10 +536,11 @@ async def floor_target(in_process: bool = False) -> AsyncIterator[int]:
 
 
 @asynccontextmanager
-async def floor_process() -> AsyncIterator[int]:
-    """Start the floor target (``python -m kbtp.cli.bench_floor``) and yield its port; it
-    ends when the block is left (its standard input closed; killed after 10 s)."""
-    argv = [sys.executable, "-m", "kbtp.cli.bench_floor"]
+async def floor_process(cpu: int | None = None) -> AsyncIterator[int]:
+    """Start the floor target (``python -m kbtp.cli.bench_floor [CPU]``: on CPU only, if
+    given) and yield its port; it ends when the block is left (its standard input closed;
+    killed after 10 s)."""
+    argv = [sys.executable, "-m", "kbtp.cli.bench_floor", *([] if cpu is None else [str(cpu)])]
     async with port_process(argv, "the floor target", 1) as (port,):
         yield port
 
@@ -551,10 +553,20 @@ async def _serve_until_stdin_ends() -> None:
                 pass
 
 
-def main() -> int:
-    """``python -m kbtp.cli.bench_floor``: the floor target, until standard input ends."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kbtp.cli.bench_floor [CPU]``: the floor target, until standard input
+    ends (on CPU only, if given)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or not all(a.isdigit() for a in args):
+        print("usage: python -m kbtp.cli.bench_floor [CPU]", file=sys.stderr)
+        return 2
     try:
+        if args:
+            pin_to(int(args[0]))
         trio.run(_serve_until_stdin_ends)
+    except OSError as exc:
+        print(f"kbtp bench floor target: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0

@@ -8,8 +8,9 @@ protocol; the client writes (the STORE row's comparison) and reads (LOAD's) batc
 same number of blocks as the KBTP row.  Figures: seconds, and CPU seconds of both
 processes (the server's from ``/proc``).
 
-``python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH`` prints them as one JSON
-object; :func:`run_mooncake` runs it and parses it.
+``python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH [CPU]`` prints them as one
+JSON object (CPU: the server's, ``kbtp bench --cpus``; the client runs where it is
+started); :func:`run_mooncake` runs it and parses it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbtp.cli.bench_cpu import BothEndsCpu, process_cpu_seconds
+from stack.bench.process import pin_to
 from stack.cli import CliError
 
 PACKAGE = "mooncake-transfer-engine-non-cuda"
@@ -74,10 +76,13 @@ class MooncakeFigures:
     cpu: float
 
 
-def run_mooncake(size: int, blocks: int, batch: int) -> dict[str, MooncakeFigures]:
-    """Write and read figures (keys ``write``, ``read``) of ``blocks`` blocks of ``size``."""
+def run_mooncake(
+    size: int, blocks: int, batch: int, server_cpu: int | None = None
+) -> dict[str, MooncakeFigures]:
+    """Write and read figures (keys ``write``, ``read``) of ``blocks`` blocks of ``size``;
+    the server on ``server_cpu`` only, if given."""
     argv = [sys.executable, "-m", "kbtp.cli.bench_mooncake", "client", str(size)]
-    argv += [str(blocks), str(batch)]
+    argv += [str(blocks), str(batch), *([] if server_cpu is None else [str(server_cpu)])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -105,16 +110,21 @@ def _region(engine: Any, length: int) -> tuple[ctypes.Array[ctypes.c_char], int]
     return buf, addr
 
 
-def _server(length: int) -> None:
+def _server(length: int, cpu: int | None) -> None:
+    if cpu is not None:
+        pin_to(cpu)
     engine = _engine()
     _buf, addr = _region(engine, length)
     print(engine.get_rpc_port(), addr, flush=True)
     sys.stdin.read()
 
 
-def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
+def _client(
+    size: int, blocks: int, batch: int, server_cpu: int | None = None
+) -> dict[str, dict[str, float]]:
     length = size * batch
     argv = [sys.executable, "-m", "kbtp.cli.bench_mooncake", "server", str(length)]
+    argv += [] if server_cpu is None else [str(server_cpu)]
     log = tempfile.TemporaryFile("w+")  # a file, not a pipe: its logging cannot block it
     server = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
@@ -167,13 +177,19 @@ def _client(size: int, blocks: int, batch: int) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["server"] and len(args) == 2:
-        _server(int(args[1]))
+    numbers = [int(a) for a in args[1:] if a.isdigit()]
+    if len(numbers) != len(args) - 1:
+        pass  # not numbers: the usage below
+    elif args[:1] == ["server"] and len(args) in (2, 3):
+        _server(numbers[0], numbers[1] if len(numbers) > 1 else None)
         return 0
-    if args[:1] == ["client"] and len(args) == 4:
-        print(json.dumps(_client(int(args[1]), int(args[2]), int(args[3]))), flush=True)
+    elif args[:1] == ["client"] and len(args) in (4, 5):
+        print(json.dumps(_client(*numbers)), flush=True)
         return 0
-    print("usage: python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH", file=sys.stderr)
+    print(
+        "usage: python -m kbtp.cli.bench_mooncake client SIZE BLOCKS BATCH [SERVER_CPU]",
+        file=sys.stderr,
+    )
     return 2
 
 

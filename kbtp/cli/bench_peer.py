@@ -3,7 +3,8 @@
 ``kbtp bench`` (two processes, its default) starts ``python -m kbtp.cli.bench_peer`` per
 block size with the configuration of that row; the peer serves a :class:`KbtpTarget` and
 the raw baseline server (:mod:`kbtp.cli.bench_baseline`) on loopback, prints
-``PORT <kbtp> <raw> <pid>`` and serves until its standard input ends.  :class:`PeerProcess`
+``PORT <kbtp> <raw> <pid>`` and serves until its standard input ends (``--cpu N``: on CPU N
+only, ``kbtp bench --cpus``).  :class:`PeerProcess`
 is the bench's handle on it, with the peer's CPU time read from ``/proc``.
 """
 
@@ -24,6 +25,7 @@ from kbtp.cli.bench_baseline import raw_server
 from kbtp.cli.bench_cpu import process_cpu_seconds
 from kbtp.cli.target import LOOPBACK_EMSS, add_mpa_arguments, checked_target, mpa_settings
 from kbtp.target_config import InitiatorConfig, TargetConfig
+from stack.bench.process import pin_to
 from stack.cli import CliError, one_line_errors
 
 IDENTITY = b"bench"
@@ -56,9 +58,15 @@ class PeerProcess:
 
 @asynccontextmanager
 async def peer_process(
-    size: int, blocks: int, inflight: int, max_inline: int, argv_mpa: list[str]
+    size: int,
+    blocks: int,
+    inflight: int,
+    max_inline: int,
+    argv_mpa: list[str],
+    cpu: int | None = None,
 ) -> AsyncIterator[PeerProcess]:
-    """Start a peer for one row; it ends when the block is left (standard input closed)."""
+    """Start a peer for one row (on ``cpu`` only, if given); it ends when the block is left
+    (standard input closed)."""
     argv = [
         sys.executable,
         "-m",
@@ -68,6 +76,7 @@ async def peer_process(
         f"--inflight={inflight}",
         f"--max-inline={max_inline}",
         *argv_mpa,
+        *([] if cpu is None else [f"--cpu={cpu}"]),
     ]
     async with port_process(argv, "the bench peer", 3) as (port, blocks, stag):
         yield PeerProcess(port, blocks, stag)
@@ -124,14 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-blocks", type=bounds.pool_blocks, required=True)
     parser.add_argument("--inflight", type=bounds.inflight, required=True)
     parser.add_argument("--max-inline", type=bounds.max_inline, required=True)
+    parser.add_argument("--cpu", type=int, help="run on this CPU only")
     add_mpa_arguments(parser, LOOPBACK_EMSS)
     one_line_errors(parser)
     args = parser.parse_args(argv)
     try:
+        if args.cpu is not None:
+            pin_to(args.cpu)
         trio.run(serve, args)
     except KeyboardInterrupt:
         return 130
-    except CliError as exc:  # the bench checked the configuration; this is the last word
+    except (CliError, OSError) as exc:  # the bench checked the configuration: the last word
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0
