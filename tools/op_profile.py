@@ -52,10 +52,21 @@ import json
 import os
 import pstats
 import sys
+from typing import NamedTuple
 
 import trio
 
-from stack.rnic import Access, QpCap, Rnic, SendFlags, SendWR, Sge, WrOpcode
+from stack.rnic import (
+    Access,
+    CompletionQueue,
+    QpCap,
+    QueuePair,
+    Rnic,
+    SendFlags,
+    SendWR,
+    Sge,
+    WrOpcode,
+)
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.memory import MemoryRegion
 from stack.transport.cm import ConnectionManager
@@ -80,13 +91,7 @@ def round_trip(kind: str, iters: int, count: bool = True) -> dict[str, float]:
 
 async def _round_trip(kind: str, iters: int, count: bool) -> dict[str, float]:
     settings = MpaSettings()  # CRC requested (the default)
-    server_rnic, client_rnic = Rnic("server"), Rnic("client")
-    spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
-    scq, ccq = server_rnic.create_cq(), client_rnic.create_cq()
-    sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
-    target = spd.reg_mr(bytearray(64), _REMOTE)
-    local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
-    wr = _round_trip_wr(kind, local, target)
+    server_rnic, client_rnic, sqp, cqp, ccq, wr = _RoundTripEnds.of(kind)
 
     async def loop(n: int) -> None:
         for _ in range(n):
@@ -146,13 +151,7 @@ def blocking_round_trip(kind: str, iters: int, count: bool = True) -> dict[str, 
     from stack.transport.blocking_cm import BlockingListener, connect
 
     settings = MpaSettings()
-    server_rnic, client_rnic = Rnic("server"), Rnic("client")
-    spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
-    scq, ccq = server_rnic.create_cq(), client_rnic.create_cq()
-    sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
-    target = spd.reg_mr(bytearray(64), _REMOTE)
-    local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
-    wr = _round_trip_wr(kind, local, target)
+    _server_rnic, _client_rnic, sqp, cqp, ccq, wr = _RoundTripEnds.of(kind)
     out: dict[str, float] = {}
     with (
         profiling.counting_sockets() as sockets,
@@ -190,6 +189,28 @@ def blocking_round_trip(kind: str, iters: int, count: bool = True) -> dict[str, 
         client.abort()  # an orderly close would wait here for the server's FIN
         served.abort()
     return out
+
+
+class _RoundTripEnds(NamedTuple):
+    """The two ends of a round trip case, before they connect: the server's and the
+    client's RNIC and QP, the client's CQ and the WR it posts."""
+
+    server_rnic: Rnic
+    client_rnic: Rnic
+    server_qp: QueuePair
+    client_qp: QueuePair
+    client_cq: CompletionQueue
+    wr: SendWR
+
+    @classmethod
+    def of(cls, kind: str) -> _RoundTripEnds:
+        server_rnic, client_rnic = Rnic("server"), Rnic("client")
+        spd, cpd = server_rnic.alloc_pd(), client_rnic.alloc_pd()
+        scq, ccq = server_rnic.create_cq(), client_rnic.create_cq()
+        sqp, cqp = server_rnic.create_qp(spd, scq), client_rnic.create_qp(cpd, ccq)
+        target = spd.reg_mr(bytearray(64), _REMOTE)
+        local = cpd.reg_mr(bytearray(64), Access.LOCAL_WRITE)
+        return cls(server_rnic, client_rnic, sqp, cqp, ccq, _round_trip_wr(kind, local, target))
 
 
 def _round_trip_wr(kind: str, local: MemoryRegion, target: MemoryRegion) -> SendWR:

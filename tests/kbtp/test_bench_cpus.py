@@ -18,26 +18,16 @@ from kbtp.cli.bench_floor import floor_process
 from kbtp.cli.bench_mooncake import mooncake_available, run_mooncake
 from kbtp.cli.bench_peer import peer_process
 from kbtp.cli.target import LOOPBACK_EMSS
+from tests.installed import TWO_CPUS, run_command
+from tests.installed import needs_two_cpus as needs_two
+from tests.installed import two_cpus as _cpus
 
-TWO_CPUS = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
-needs_two = pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to place two ends apart")
 MPA = ["--crc", f"--emss={LOOPBACK_EMSS}"]
 
 
 def _kbtp(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``kbtp ...`` as the installed command runs it, outside the checkout."""
-    return subprocess.run(
-        [sys.executable, "-m", "kbtp", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/",
-    )
-
-
-def _cpus() -> tuple[int, int]:
-    first, second = sorted(os.sched_getaffinity(0))[:2]
-    return first, second
+    return run_command("kbtp", *argv, timeout=timeout)
 
 
 def _children() -> set[int]:

@@ -14,25 +14,14 @@ import pytest
 
 from stack.bench import goal_catalog
 from stack.bench.goal_catalog import MEASUREMENTS, ROUND_TRIPS, split_cpus
-
-TWO_CPUS = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
-needs_two = pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to place two ends apart")
+from tests.installed import TWO_CPUS, run_command
+from tests.installed import needs_two_cpus as needs_two
+from tests.installed import two_cpus as _cpus
 
 
 def _iwarp(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``iwarp ...`` as the installed command runs it, outside the checkout."""
-    return subprocess.run(
-        [sys.executable, "-m", "stack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/",
-    )
-
-
-def _cpus() -> tuple[int, int]:
-    first, second = sorted(os.sched_getaffinity(0))[:2]
-    return first, second
+    return run_command("stack", *argv, timeout=timeout)
 
 
 @needs_two

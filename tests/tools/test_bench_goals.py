@@ -12,19 +12,14 @@ import pytest
 
 from stack.bench import goals
 from stack.bench.goals import GOALS, Measurement, judge
+from tests.installed import run_command
 
 GOAL = {g.key: g for g in GOALS}
 
 
 def _iwarp(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``iwarp ...`` as the installed command runs it, outside the checkout."""
-    return subprocess.run(
-        [sys.executable, "-m", "stack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/",
-    )
+    return run_command("stack", *argv, timeout=timeout)
 
 
 def _bw_doc(ratio: float, mib_s: float = 1000.0) -> dict[str, Any]:
