@@ -25,12 +25,14 @@ __all__ = [
     "MEASUREMENTS",
     "ROUND_TRIPS",
     "ROUND_TRIP_CPUS",
+    "ROUND_TRIP_FLOOR",
     "SMALL_BATCH",
     "TITLE_WIDTH",
     "FloorRun",
     "Doc",
     "Goal",
     "Measurement",
+    "placed",
 ]
 
 Doc = dict[str, Any]
@@ -92,9 +94,12 @@ def split_cpus() -> tuple[str, ...]:
 
 
 ROUND_TRIP_CPUS = split_cpus()
-"""The ``--cpus`` of the round trips' measurements and their floor (empty with one CPU)."""
+"""The default ``--cpus`` of the round trips' measurements and their floor (empty with one
+CPU); ``iwarp bench goals --round-trip-cpus`` chooses another (:func:`placed`)."""
 ROUND_TRIPS = ("read-lat", "atomic-lat", "read-lat-blk", "atomic-lat-blk")
-"""The goals measured as round trips (placed by :data:`ROUND_TRIP_CPUS`)."""
+"""The measurements that are round trips (placed by :func:`placed`)."""
+ROUND_TRIP_FLOOR = "rtt"
+"""The floor run of the round trips (placed with them)."""
 MEASUREMENTS = {
     m.key: m
     for m in (
@@ -109,26 +114,22 @@ MEASUREMENTS = {
         Measurement(
             "read-lat",
             "iwarp",
-            ("read", "-s", "64", "--lat", *_RDMA, *ROUND_TRIP_CPUS),
-            newer=ROUND_TRIP_CPUS,
+            ("read", "-s", "64", "--lat", *_RDMA),
         ),
         Measurement(
             "atomic-lat",
             "iwarp",
-            ("atomic", "--lat", *_RDMA, *ROUND_TRIP_CPUS),
-            newer=ROUND_TRIP_CPUS,
+            ("atomic", "--lat", *_RDMA),
         ),
         Measurement(
             "read-lat-blk",
             "iwarp",
-            ("read", "-s", "64", "--lat", "--blocking", *_RDMA, *ROUND_TRIP_CPUS),
-            newer=ROUND_TRIP_CPUS,
+            ("read", "-s", "64", "--lat", "--blocking", *_RDMA),
         ),
         Measurement(
             "atomic-lat-blk",
             "iwarp",
-            ("atomic", "--lat", "--blocking", *_RDMA, *ROUND_TRIP_CPUS),
-            newer=ROUND_TRIP_CPUS,
+            ("atomic", "--lat", "--blocking", *_RDMA),
         ),
         Measurement("write-1m-markers", "iwarp", ("write", "-s", "1M", "--markers", *_RDMA)),
         Measurement(
@@ -258,10 +259,27 @@ FLOOR_RUNS = {
         FloorRun("stream", ("-s", "64K,1M"), ("64K", "1M", "markers")),
         FloorRun("small", ("-s", "64", "--batch", str(SMALL_BATCH)), ("small",)),
         FloorRun("read", ("--exchange", "read", "-s", "64K,1M"), ("read-64K", "read-1M")),
-        FloorRun("rtt", ("--exchange", "rtt", *ROUND_TRIP_CPUS), ("rtt",)),
+        FloorRun(ROUND_TRIP_FLOOR, ("--exchange", "rtt"), ("rtt",)),
     )
 }
 """The floor runs, by key; each runs once when a goal selected needs one of its keys."""
+
+
+def placed(
+    cpus: tuple[str, ...],
+) -> tuple[dict[str, Measurement], dict[str, FloorRun]]:
+    """:data:`MEASUREMENTS` and :data:`FLOOR_RUNS` with the round trips and their floor
+    given ``cpus`` (``("--cpus", "0,1")``; empty: where the kernel puts them).  An older
+    tree (``--before``) that refuses ``--cpus`` runs them unplaced (``newer``)."""
+    measurements = {
+        k: replace(m, args=(*m.args, *cpus), newer=(*m.newer, *cpus)) if k in ROUND_TRIPS else m
+        for k, m in MEASUREMENTS.items()
+    }
+    floors = {
+        k: replace(f, args=(*f.args, *cpus)) if k == ROUND_TRIP_FLOOR else f
+        for k, f in FLOOR_RUNS.items()
+    }
+    return measurements, floors
 
 
 @dataclass(frozen=True)

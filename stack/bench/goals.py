@@ -51,8 +51,9 @@ from stack.bench.goal_catalog import (
     FloorRun,
     Goal,
     Measurement,
+    placed,
 )
-from stack.bench.process import PROJECT_ROOT
+from stack.bench.process import PROJECT_ROOT, cpu_list
 from stack.cli import MAX_DURATION, CliError, add_repeat_argument, duration, one_line_errors
 from stack.cli.json_report import check_outputs, schema, write_json
 
@@ -84,6 +85,7 @@ class GoalResult:
     floor: float | None = None
     note: str = ""
     before: GoalResult | None = None  # the same goal measured in the --before tree
+    measured_by: tuple[str, ...] = ()  # the commands behind it, as run (else the catalog's)
 
     def verdict(self) -> str:
         """``yes``, ``no``, ``no: beyond the floor`` or ``not measured``."""
@@ -114,7 +116,7 @@ class GoalResult:
             "beyond_floor": self.beyond_floor(),
             "verdict": self.verdict(),
             "note": self.note or None,
-            "measured_by": [MEASUREMENTS[k].command() for k in g.needs],
+            "measured_by": list(self.measured_by) or [MEASUREMENTS[k].command() for k in g.needs],
             "before": None
             if self.before is None
             else {
@@ -251,6 +253,7 @@ class GoalsRun:
     before_tree: str | None = None
     before_failures: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    round_trip_cpus: tuple[str, ...] = ()  # the round trips' --cpus (empty: the kernel's)
 
 
 def run_goals(
@@ -260,21 +263,28 @@ def run_goals(
     with_floor: bool = True,
     progress: TextIO | None = sys.stderr,
     before: str | None = None,
+    round_trip_cpus: tuple[str, ...] = ROUND_TRIP_CPUS,
 ) -> GoalsRun:
     """Measure the goals ``keys`` (in :data:`GOALS` order): each benchmark they need once,
     ``seconds`` per run and ``repeat`` runs (the median printed by each benchmark);
     ``before``: also in that source tree of the project, each benchmark there first and
-    here right after (before and after a change, in one run)."""
+    here right after (before and after a change, in one run); ``round_trip_cpus``: the
+    ``--cpus`` of the round trips and their floor (empty: where the kernel puts them)."""
     goals = [g for g in GOALS if g.key in keys]
-    needed = [k for k in MEASUREMENTS if any(k in g.needs for g in goals)]
-    run = GoalsRun(loop_seconds=interpreter_loop_seconds(), before_tree=before)
+    measurements, floor_runs = placed(round_trip_cpus)
+    needed = [k for k in measurements if any(k in g.needs for g in goals)]
+    run = GoalsRun(
+        loop_seconds=interpreter_loop_seconds(),
+        before_tree=before,
+        round_trip_cpus=round_trip_cpus,
+    )
     say = (lambda text: print(f"goals: {text}", file=progress, flush=True)) if progress else None
     if say:
         say(f"this interpreter: {run.loop_seconds:.2f} s for {LOOP_ITERATIONS:,} x += i")
     docs: dict[str, Doc] = {}
     docs_before: dict[str, Doc] = {}
     floors = [
-        f for f in FLOOR_RUNS.values() if with_floor and any(g.floor in f.gives for g in goals)
+        f for f in floor_runs.values() if with_floor and any(g.floor in f.gives for g in goals)
     ]
     steps = len(needed) + len(floors)
     mooncake = _mooncake_problem() if "kbtp" in needed else None
@@ -283,7 +293,7 @@ def run_goals(
         run.skipped["dissect"] = tshark  # its one goal needs tshark's figures
     with tempfile.TemporaryDirectory(prefix="iwarp-goals-") as workdir:
         for n, key in enumerate(needed, 1):
-            m = MEASUREMENTS[key]
+            m = measurements[key]
             if key == "kbtp" and mooncake:
                 m = replace(m, args=m.args[: m.args.index("--vs")])  # without --vs mooncake
             if say:
@@ -320,6 +330,8 @@ def run_goals(
             if say:
                 say(f"  failed: {exc}")
     run.results = [judge(g, docs, {**run.skipped, **run.failures}, run.floor) for g in goals]
+    for r in run.results:
+        r.measured_by = tuple(measurements[k].command() for k in r.goal.needs)
     if before:
         for r in run.results:
             r.before = judge(r.goal, docs_before, {**run.skipped, **run.before_failures}, {})
@@ -354,12 +366,22 @@ def format_table(run: GoalsRun, out: TextIO) -> None:
         "over the same raw baseline (iwarp bench floor)",
         file=out,
     )
-    if ROUND_TRIP_CPUS and any(r.goal.key in ROUND_TRIPS for r in run.results):
-        print(
-            f"round trips, their baselines and their floor: the client and the server each on "
-            f"a CPU of its own ({' '.join(ROUND_TRIP_CPUS)}), as two hosts would be",
-            file=out,
+    if any(r.goal.key in ROUND_TRIPS for r in run.results):
+        print(f"round trips, their baselines and their floor: {_placement(run)}", file=out)
+
+
+def _placement(run: GoalsRun) -> str:
+    """Where a run's round trips ran, in words."""
+    if not run.round_trip_cpus:
+        return "where the kernel put the client and the server (no --cpus)"
+    option = " ".join(run.round_trip_cpus)
+    cpus = run.round_trip_cpus[-1].split(",")
+    if len(cpus) == 1 or cpus[0] == cpus[1]:
+        return (
+            f"the client and the server on one CPU ({option}): no cross-CPU wake-up, so "
+            "what is left is the work of the two ends"
         )
+    return f"the client and the server each on a CPU of its own ({option}), as two hosts would be"
 
 
 def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
@@ -371,7 +393,7 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
             "duration_s": seconds,
             "repeat": repeat,
             "before_tree": run.before_tree,
-            "round_trip_cpus": ROUND_TRIP_CPUS[1] if ROUND_TRIP_CPUS else None,
+            "round_trip_cpus": run.round_trip_cpus[-1] if run.round_trip_cpus else None,
         },
         "host": {"python_loop_s": run.loop_seconds, "loop_iterations": LOOP_ITERATIONS},
         "floor": run.floor or None,
@@ -406,7 +428,10 @@ def run_goals_command(args: argparse.Namespace) -> int:
     if args.before and not os.path.isfile(os.path.join(args.before, "stack", "__init__.py")):
         raise CliError(f"--before: {args.before} is not a source tree of this project")
     progress = None if args.quiet else sys.stderr
-    run = run_goals(keys, args.duration, args.repeat, not args.no_floor, progress, args.before)
+    cpus = ROUND_TRIP_CPUS if args.round_trip_cpus is None else args.round_trip_cpus
+    run = run_goals(
+        keys, args.duration, args.repeat, not args.no_floor, progress, args.before, cpus
+    )
     to_stdout = args.json == "-"
     format_table(run, sys.stderr if to_stdout else sys.stdout)
     if args.json:
@@ -439,6 +464,21 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
         help="also measure this source tree of the project, each benchmark there first",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip measuring the floor")
+    parser.add_argument(
+        "--round-trip-cpus",
+        type=_round_trip_cpus,
+        metavar="CLIENT[,SERVER]|kernel",
+        help="where the round trips, their baselines and their floor run (default: the first "
+        "two CPUs this process may use, one end on each, as two hosts would be; one CPU: "
+        "both there, no cross-CPU wake-up; kernel: not pinned)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--json", metavar="FILE", help="also write the goals as JSON ('-': stdout)")
     parser.set_defaults(func=run_goals_command)
+
+
+def _round_trip_cpus(text: str) -> tuple[str, ...]:
+    """argparse type of ``--round-trip-cpus``: the ``--cpus`` arguments it stands for."""
+    if text == "kernel":
+        return ()
+    return ("--cpus", ",".join(map(str, cpu_list(text))))

@@ -253,7 +253,12 @@ class BlockingListener:
         (:class:`~stack.transport.startup_slots.StartupSlots`, MPA-23); a failing accept()
         backs off and tries again, as the trio listener's does."""
         backoff = ACCEPT_BACKOFF_MIN
-        self._sock.settimeout(None)
+        try:
+            self._sock.settimeout(None)
+        except OSError:
+            if self._closed:
+                return  # closed before this thread got here: nothing to serve
+            raise
         while not self._closed:
             try:
                 sock, remote = self._sock.accept()

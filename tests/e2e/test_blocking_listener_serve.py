@@ -87,3 +87,11 @@ def test_close_ends_serve() -> None:
     with serving() as listener:
         assert _connect_quickly(listener.port) < 1.0
     assert listener.accept_errors == 0
+
+
+def test_serve_on_a_listener_closed_before_it_started_returns_at_once() -> None:
+    """The thread meant to serve may start after the listener was closed (a bench that
+    ended at once): it returns instead of dying on the closed socket."""
+    listener = BlockingListener("127.0.0.1", 0)
+    listener.close()
+    listener.serve(lambda request: None)  # returns, raises nothing

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stack.bench import goal_catalog
-from stack.bench.goal_catalog import MEASUREMENTS, ROUND_TRIPS, split_cpus
+from stack.bench.goal_catalog import MEASUREMENTS, ROUND_TRIPS, placed, split_cpus
 from tests.installed import TWO_CPUS, run_command
 from tests.installed import needs_two_cpus as needs_two
 from tests.installed import two_cpus as _cpus
@@ -126,12 +126,56 @@ def test_the_goals_place_every_round_trip_and_its_floor_apart(
     assert split_cpus() == ("--cpus", "3,5")
     monkeypatch.setattr(goal_catalog, "usable_cpus", lambda: [2])
     assert split_cpus() == ()  # one CPU: nothing to place apart
-    placed = goal_catalog.ROUND_TRIP_CPUS  # this host's, made at import
-    assert placed == (("--cpus", "{},{}".format(*_cpus())) if TWO_CPUS else ())
-    tail = slice(len(placed) and -len(placed), None)  # the last len(placed) arguments
-    for key in ROUND_TRIPS:
-        m = MEASUREMENTS[key]
-        assert m.args[tail] == placed or not placed
-        assert "--cpus" not in m.without_newer().args  # an older tree runs them unplaced
-    assert all("--cpus" not in m.args for k, m in MEASUREMENTS.items() if k not in ROUND_TRIPS)
-    assert goal_catalog.FLOOR_RUNS["rtt"].args[tail] == placed or not placed
+    default = goal_catalog.ROUND_TRIP_CPUS  # this host's, made at import
+    assert default == (("--cpus", "{},{}".format(*_cpus())) if TWO_CPUS else ())
+    for cpus in (("--cpus", "0,1"), ("--cpus", "0"), ()):
+        measurements, floors = placed(cpus)
+        for key in ROUND_TRIPS:
+            m = measurements[key]
+            assert m.args == (*MEASUREMENTS[key].args, *cpus)
+            assert "--cpus" not in m.without_newer().args  # an older tree runs them unplaced
+        others = [m for k, m in measurements.items() if k not in ROUND_TRIPS]
+        assert all("--cpus" not in m.args for m in others)
+        assert floors["rtt"].args == ("--exchange", "rtt", *cpus)
+        assert all("--cpus" not in f.args for k, f in floors.items() if k != "rtt")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--round-trip-cpus", "x"], "argument --round-trip-cpus: expected CPU or CLIENT,SERVER"),
+        (["--round-trip-cpus", "4096"], "argument --round-trip-cpus: CPU 4096: this machine"),
+    ],
+)
+def test_a_round_trip_placement_that_cannot_be_is_a_usage_error(
+    argv: list[str], message: str
+) -> None:
+    done = _iwarp("bench", "goals", "--only", "read-lat", *argv, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@needs_two
+@pytest.mark.parametrize(
+    ("option", "expected", "words"),
+    [
+        ("0", "0", "the client and the server on one CPU (--cpus 0): no cross-CPU"),
+        ("kernel", None, "where the kernel put the client and the server"),
+    ],
+)
+def test_the_goals_measure_the_round_trips_where_asked(
+    option: str, expected: str | None, words: str
+) -> None:
+    done = _iwarp(
+        "bench", "goals", "--only", "read-lat-blk", "-D", "0.2", "--round-trip-cpus", option,
+        "--json", "-", "--quiet", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["parameters"]["round_trip_cpus"] == expected
+    (goal,) = doc["goals"]
+    placement = [] if expected is None else ["--cpus", expected]
+    assert goal["measured_by"] == [
+        " ".join(["iwarp bench read -s 64 --lat --blocking --baseline --cpu", *placement])
+    ]
+    assert goal["measured"] > 0 and goal["floor"] > 0
+    assert f"round trips, their baselines and their floor: {words}" in done.stderr
