@@ -3,7 +3,9 @@
 Tests marked ``interop`` need the guest; the harness's own unit tests here do not.
 One guest boots per test session (``siw_vm``); every test gets it through ``vm``, which
 resets siw's knobs first (upstream defaults, with ``zcopy_tx=N`` so captures are complete)
-and kills the test's leftover guest processes afterwards.  The suite runs unless
+and kills the test's leftover guest processes afterwards.  A guest that has died or stopped
+answering is replaced by a freshly booted one (at most :data:`MAX_REBOOTS` times a session),
+so one hung guest fails one test, not every test after it.  The suite runs unless
 ``IWARP_SKIP_INTEROP=1``; when the VM cannot be built or booted, the first test that needs
 it FAILS with the reason and what to do (build as root, or set ``IWARP_SKIP_INTEROP=1``)
 and the others skip, pointing at that failure.  Captures go to ``$IWARP_CAPTURE_DIR`` or to
@@ -24,6 +26,8 @@ import pytest
 from stack.siwvm import SiwVM, SiwVmError, build
 
 SKIP_ENV = "IWARP_SKIP_INTEROP"
+MAX_REBOOTS = 2
+"""Guests a session may boot to replace one that died or stopped answering."""
 
 
 def _skip_requested() -> bool:
@@ -53,6 +57,9 @@ class _Session:
     error: str | None = None
     reported_by: str | None = None
     build_seconds: float = 0.0
+    reboots: int = 0
+    captures: Path | None = None
+    factory: pytest.TempPathFactory | None = None
 
 
 def unavailable_message(what: str, detail: str) -> str:
@@ -96,6 +103,7 @@ def _siw_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     captures = Path(
         os.environ.get("IWARP_CAPTURE_DIR") or tmp_path_factory.getbasetemp() / "siw-captures"
     )
+    _Session.captures, _Session.factory = captures, tmp_path_factory
     vm = SiwVM(
         artifacts,
         capture_dir=captures,
@@ -117,7 +125,8 @@ def _siw_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     try:
         yield
     finally:
-        vm.stop()
+        if _Session.vm is not None:
+            _Session.vm.stop()
         _Session.vm = None
 
 
@@ -138,14 +147,64 @@ def siw_vm(_siw_session: None, request: pytest.FixtureRequest) -> SiwVM:
 
 
 @pytest.fixture
-def vm(siw_vm: SiwVM) -> Iterator[SiwVM]:
-    """The session's guest with siw's knobs at their defaults (``zcopy_tx=N``)."""
-    if not siw_vm.running:
-        pytest.fail("the siw VM died earlier in this session:\n" + siw_vm.console_tail(30))
-    siw_vm.reset_siw(zcopy_tx=False)
-    yield siw_vm
-    if siw_vm.running:
-        siw_vm.reap()
+def vm(siw_vm: SiwVM, request: pytest.FixtureRequest) -> Iterator[SiwVM]:
+    """The session's guest with siw's knobs at their defaults (``zcopy_tx=N``): see
+    :func:`ready_guest`."""
+    guest = ready_guest(siw_vm, request.node.nodeid)
+    yield guest
+    if guest.running:
+        guest.reap()
+
+
+def ready_guest(guest: SiwVM, test: str) -> SiwVM:
+    """``guest`` with siw's knobs reset, or, if it died or does not answer the reset, a
+    freshly booted guest in its place (:func:`_reboot`, on behalf of ``test``)."""
+    try:
+        if not guest.running:
+            raise SiwVmError("the guest died")
+        guest.reset_siw(zcopy_tx=False)
+    except SiwVmError as exc:
+        guest = _reboot(guest, str(exc), test)
+        guest.reset_siw(zcopy_tx=False)
+    return guest
+
+
+def _reboot(old: SiwVM, reason: str, test: str) -> SiwVM:
+    """Replace the session's guest, which died or stopped answering (``reason``), by a
+    freshly booted one; fail ``test`` when the session has used up :data:`MAX_REBOOTS` or
+    the new guest does not boot (the tests after it then skip, pointing at that)."""
+    tail = old.console_tail(30)
+    old.kill()  # no polite quit: a guest that does not answer may not take one
+    old.stop()  # its work directory
+    _Session.vm = None
+    if _Session.reboots >= MAX_REBOOTS:
+        _Session.error = (
+            f"the siw VM stopped answering ({reason}) after {MAX_REBOOTS} reboots this "
+            f"session; its console's last lines:\n{tail}"
+        )
+        _Session.reported_by = test
+        pytest.fail(_Session.error, pytrace=False)
+    _Session.reboots += 1
+    print(
+        f"\nsiw VM: {reason}; booting a new guest ({_Session.reboots} of {MAX_REBOOTS}); "
+        f"the old console's last lines:\n{tail}",
+        file=sys.stderr,
+    )
+    assert _Session.factory is not None
+    new = SiwVM(
+        old.artifacts,
+        capture_dir=_Session.captures,
+        workdir=_Session.factory.mktemp("siwvm"),
+    )
+    try:
+        new.start()
+    except SiwVmError as exc:
+        new.stop()
+        _Session.error = unavailable_message("did not boot again", str(exc))
+        _Session.reported_by = test
+        pytest.fail(_Session.error, pytrace=False)
+    _Session.vm = new
+    return new
 
 
 @pytest.fixture

@@ -249,3 +249,24 @@ def test_qemu_dies_with_the_process_that_started_it(siw_vm: SiwVM) -> None:
             child.wait()
         if child.stdout:
             child.stdout.close()
+
+
+def test_a_hung_guest_is_replaced(vm: SiwVM, request: pytest.FixtureRequest) -> None:
+    """A hung guest (here its QEMU stopped by SIGSTOP) costs the test that finds it a
+    reboot, not every later test a timeout: a freshly booted guest takes its place, for
+    this test and the session's next ones."""
+    from stack.interop.siw import conftest
+
+    old = vm
+    assert old.proc is not None
+    os.kill(old.proc.pid, signal.SIGSTOP)
+    try:
+        new = conftest.ready_guest(old, request.node.nodeid)
+    finally:
+        if old.proc.poll() is None:
+            os.kill(old.proc.pid, signal.SIGCONT)
+    conftest._Session.reboots -= 1  # the test's own reboot: not taken from the session's
+    assert new is not old and new.running and not old.running
+    assert conftest._Session.vm is new
+    assert new.siw_params()["zcopy_tx"] == "N"  # reset as the fixture resets a guest
+    assert new.run("echo up", check=True).stdout.strip() == "up"
