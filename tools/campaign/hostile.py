@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -37,6 +38,10 @@ from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
 from stack.wire.rdmap import encode_message
 from tools.campaign.seeds import kbtp_seeds
+
+if TYPE_CHECKING:
+    from stack.rnic import MemoryRegion, QueuePair, Rnic, SendWR
+    from stack.transport.blocking import BlockingConnection
 from tools.campaign.servers import (
     BenchClient,
     KbtpKeeper,
@@ -457,7 +462,7 @@ def _bad_session_requests(rng: random.Random) -> list[bytes]:
     return texts + forged + [spec.encode() for spec in big]
 
 
-def _bench_qp(size: int = 0) -> tuple[object, object, object]:
+def _bench_qp(size: int = 0) -> tuple[Rnic, QueuePair, MemoryRegion | None]:
     """A client RNIC, QP and (with ``size``) a pong region for a Write-latency session."""
     from stack.rnic import Access, Rnic
 
@@ -475,14 +480,14 @@ def _opened(port: int, private_data: bytes) -> int:
 
     _rnic, qp, _ = _bench_qp()
     try:
-        conn = connect("127.0.0.1", port, qp, private_data=private_data, timeout=10)  # type: ignore[arg-type]
+        conn = connect("127.0.0.1", port, qp, private_data=private_data, timeout=10)
     except IwarpError:
         return 0
     conn.abort()
     return 1
 
 
-def _pinger(port: int, size: int) -> object:
+def _pinger(port: int, size: int) -> tuple[BlockingConnection, MemoryRegion, SendWR]:
     """A Write-latency session of ``size`` bytes on the blocking driver, and its ping WR."""
     from stack.bench.protocol import Advert, SessionSpec
     from stack.rnic import Access, SendFlags, SendWR, Sge, WrOpcode
@@ -490,10 +495,10 @@ def _pinger(port: int, size: int) -> object:
 
     _rnic, qp, pong = _bench_qp(size)
     assert pong is not None
-    spec = SessionSpec("write", size, True, 0, (pong.rkey, pong.base, size))  # type: ignore[attr-defined]
-    conn = connect("127.0.0.1", port, qp, private_data=spec.encode(), timeout=10)  # type: ignore[arg-type]
+    spec = SessionSpec("write", size, True, 0, (pong.rkey, pong.base, size))
+    conn = connect("127.0.0.1", port, qp, private_data=spec.encode(), timeout=10)
     advert = Advert.decode(conn.negotiated.peer_private_data)
-    local = qp.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)  # type: ignore[attr-defined]
+    local = qp.pd.reg_mr(bytearray(size), Access.LOCAL_WRITE)
     sge = (Sge(local.base, size, local.lkey),)
     wr = SendWR(0, WrOpcode.RDMA_WRITE, sge, SendFlags.NONE, rkey=advert.rkey,
                 remote_addr=advert.addr)  # fmt: skip
@@ -504,7 +509,7 @@ def _ping_and_vanish(port: int, n: int) -> int:
     """Write-latency clients that ping once and are gone at once (closed or reset)."""
     for i in range(n):
         with contextlib.suppress(Exception):
-            conn, local, wr = _pinger(port, 4096)  # type: ignore[misc]
+            conn, local, wr = _pinger(port, 4096)
             local.buf[-1] = 1
             conn.qp.post_send(wr)
             if i % 2:
@@ -520,7 +525,7 @@ def _never_reads(port: int, seconds: float, check: Callable[[], bool]) -> tuple[
     while it pinged, the server ended that session: it does once its send queue is full,
     or once none of its output is acknowledged for ``STALL_TIMEOUT``, which a short run may
     not reach; either way it serves others, docs/campaign.md)."""
-    conn, local, wr = _pinger(port, 65536)  # type: ignore[misc]
+    conn, local, wr = _pinger(port, 65536)
     posted = 0
     deadline = time.monotonic() + seconds
     try:
