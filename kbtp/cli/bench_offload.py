@@ -276,6 +276,11 @@ async def _timed(
     return time.perf_counter() - start, time.process_time() - cpu0, latencies
 
 
+def _on_cpu(args: argparse.Namespace) -> str:
+    """`` (CPU N, --cpus)`` when ``kbtp bench --cpus`` pinned this process, else nothing."""
+    return "" if args.cpus is None else f" (CPU {args.cpus[0]}, --cpus)"
+
+
 def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
     """The ``kbtp bench --offload`` command (parsed arguments of ``kbtp bench``)."""
     from kbtp.cli.bench import iterations, parse_sizes, size_label
@@ -290,7 +295,8 @@ def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
         print(
             "kbtp bench --offload: STORE, LOAD, ALLOC_STORE, FREE, software target vs offloaded "
             "target "
-            "(docs/kbtp.md §8), one process, loopback TCP; app = the target core's entry points"
+            f"(docs/kbtp.md §8), one process{_on_cpu(args)}, loopback TCP; app = the target "
+            "core's entry points"
         )
         print(HEADER, flush=True)
 
@@ -315,7 +321,12 @@ def run_offload(args: argparse.Namespace, default_sizes: str) -> int:
         document = {
             "schema": schema("kbtp bench"),
             "command": "kbtp bench --offload",
-            "parameters": {"sizes_bytes": sizes, "inflight": inflights, "processes": 1},
+            "parameters": {
+                "sizes_bytes": sizes,
+                "inflight": inflights,
+                "processes": 1,
+                "cpus": None if args.cpus is None else {"client": args.cpus[0], "target": None},
+            },
             "results": [r.as_json() for r in rows],
             "exit_status": 0,
             "verdict": "ok",

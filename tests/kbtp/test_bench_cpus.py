@@ -137,3 +137,16 @@ def test_the_mooncake_comparison_runs_with_its_server_placed() -> None:
     _, target = _cpus()
     figures = run_mooncake(4096, 32, 16, server_cpu=target)
     assert figures["write"].seconds > 0 and figures["read"].cpu > 0
+
+
+def test_the_offload_rows_run_on_the_one_cpu_given(tmp_path: Path) -> None:
+    """``--offload`` is one process: one CPU, named in the header and the JSON."""
+    (cpu,) = sorted(os.sched_getaffinity(0))[-1:]
+    out = tmp_path / "offload.json"
+    done = _kbtp(
+        "bench", "--offload", "-s", "4K", "-n", "32", "--cpus", str(cpu),
+        "--json", str(out), "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"one process (CPU {cpu}, --cpus), loopback TCP" in done.stdout
+    assert json.loads(out.read_text())["parameters"]["cpus"] == {"client": cpu, "target": None}
