@@ -203,7 +203,12 @@ def test_server_command_takes_the_stall_timeout(monkeypatch: pytest.MonkeyPatch)
     from stack.cli.iwarp import main
 
     served: list[BenchServer] = []
-    monkeypatch.setattr(bench_cli, "_serve", lambda server, _eof, _cpu: served.append(server) or 0)
+
+    def serve(server: BenchServer, _eof: bool, _cpu: int | None = None) -> int:
+        served.append(server)
+        return 0
+
+    monkeypatch.setattr(bench_cli, "_serve", serve)
     assert main(["bench", "server", "--stall-timeout", "2.5"]) == 0
     assert main(["bench", "server"]) == 0
     assert [s.stall_timeout for s in served] == [2.5, STALL_TIMEOUT]
