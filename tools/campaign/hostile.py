@@ -38,10 +38,6 @@ from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, NeedData, Role, Send, Terminate
 from stack.wire.rdmap import encode_message
 from tools.campaign.seeds import kbtp_seeds
-
-if TYPE_CHECKING:
-    from stack.rnic import MemoryRegion, QueuePair, Rnic, SendWR
-    from stack.transport.blocking import BlockingConnection
 from tools.campaign.servers import (
     BenchClient,
     KbtpKeeper,
@@ -53,6 +49,10 @@ from tools.campaign.servers import (
     rping_server,
     run_trio,
 )
+
+if TYPE_CHECKING:
+    from stack.rnic import MemoryRegion, QueuePair, Rnic, SendWR
+    from stack.transport.blocking import BlockingConnection
 
 LINGER_0 = struct.pack("ii", 1, 0)
 EMFILE_LIMIT = 32

@@ -20,10 +20,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
-from stack.siwvm import SiwVM, SiwVmError, build
+from stack.siwvm import Artifacts, SiwVM, SiwVmError, build
 
 SKIP_ENV = "IWARP_SKIP_INTEROP"
 MAX_REBOOTS = 2
@@ -104,15 +105,9 @@ def _siw_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.get("IWARP_CAPTURE_DIR") or tmp_path_factory.getbasetemp() / "siw-captures"
     )
     _Session.captures, _Session.factory = captures, tmp_path_factory
-    vm = SiwVM(
-        artifacts,
-        capture_dir=captures,
-        workdir=tmp_path_factory.mktemp("siwvm"),
-    )
     try:
-        vm.start()
+        vm = _boot(artifacts)
     except SiwVmError as exc:
-        vm.stop()
         _Session.error = unavailable_message("did not boot", str(exc))
         yield
         return
@@ -128,6 +123,18 @@ def _siw_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         if _Session.vm is not None:
             _Session.vm.stop()
         _Session.vm = None
+
+
+def _boot(artifacts: Artifacts) -> SiwVM:
+    """A guest of ``artifacts`` booted in a fresh work directory of the session, its
+    captures in the session's directory (SiwVmError, nothing left running, if it fails)."""
+    assert _Session.factory is not None
+    vm = SiwVM(artifacts, capture_dir=_Session.captures, workdir=_Session.factory.mktemp("siwvm"))
+    try:
+        return vm.start()
+    except SiwVmError:
+        vm.stop()
+        raise
 
 
 @pytest.fixture
@@ -178,33 +185,31 @@ def _reboot(old: SiwVM, reason: str, test: str) -> SiwVM:
     old.stop()  # its work directory
     _Session.vm = None
     if _Session.reboots >= MAX_REBOOTS:
-        _Session.error = (
+        _fail_session(
             f"the siw VM stopped answering ({reason}) after {MAX_REBOOTS} reboots this "
-            f"session; its console's last lines:\n{tail}"
+            f"session; its console's last lines:\n{tail}",
+            test,
         )
-        _Session.reported_by = test
-        pytest.fail(_Session.error, pytrace=False)
     _Session.reboots += 1
     print(
         f"\nsiw VM: {reason}; booting a new guest ({_Session.reboots} of {MAX_REBOOTS}); "
         f"the old console's last lines:\n{tail}",
         file=sys.stderr,
     )
-    assert _Session.factory is not None
-    new = SiwVM(
-        old.artifacts,
-        capture_dir=_Session.captures,
-        workdir=_Session.factory.mktemp("siwvm"),
-    )
     try:
-        new.start()
+        new = _boot(old.artifacts)
     except SiwVmError as exc:
-        new.stop()
-        _Session.error = unavailable_message("did not boot again", str(exc))
-        _Session.reported_by = test
-        pytest.fail(_Session.error, pytrace=False)
+        _fail_session(unavailable_message("did not boot again", str(exc)), test)
     _Session.vm = new
     return new
+
+
+def _fail_session(error: str, test: str) -> NoReturn:
+    """Fail ``test`` with ``error``, the session's reason for having no guest from now on
+    (the tests after it skip, pointing at ``test``)."""
+    _Session.error = error
+    _Session.reported_by = test
+    pytest.fail(error, pytrace=False)
 
 
 @pytest.fixture
