@@ -4,6 +4,7 @@ and without matplotlib the option is one clear error before any benchmark runs."
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_sweep_figure_draws_the_runs_results() -> None:
         "write", (256, 4096), iters=16, baseline=True, mode="in-process", progress=False
     )
 
-    class Null:
+    class Null(io.StringIO):
         def write(self, text: str) -> int:
             return len(text)
 

@@ -29,6 +29,10 @@ class _Readable(Protocol):
     def getsockopt(self, level: int, option: int, /) -> int: ...
 
 
+class _InfoReadable(Protocol):
+    def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
+
+
 _TCP_INFO_ADVMSS = struct.Struct("=I")
 _TCP_INFO_ADVMSS_AT = 8 + 19 * 4  # struct tcp_info: 8 octets of u8 fields, tcpi_advmss the 20th u32
 
@@ -60,9 +64,10 @@ def segment_size(sock: _Readable) -> int | None:
     return size if size > 0 else None
 
 
-def path_segment_size(sock: socket.socket) -> int | None:
+def path_segment_size(sock: _InfoReadable) -> int | None:
     """The segment size the path allows (Linux ``tcpi_advmss``, from the route's MTU),
-    which :func:`segment_size` grows to; None where ``TCP_INFO`` is not Linux's."""
+    which :func:`segment_size` grows to (a socket or a trio socket); None where ``TCP_INFO``
+    is not Linux's."""
     option = getattr(socket, "TCP_INFO", None)
     if option is None:
         return None

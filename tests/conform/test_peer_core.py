@@ -11,6 +11,7 @@ from stack.conform.peer_core import (
     FramingBad,
     PduSeen,
     PeerCore,
+    PeerEvent,
     StartupBad,
     StartupSeen,
 )
@@ -47,8 +48,8 @@ def _reply(request: bytes, settings: MpaSettings = DEFAULT) -> bytes:
     return bytes(engine.data_to_send())
 
 
-def _events(core: PeerCore) -> list[object]:
-    out = []
+def _events(core: PeerCore) -> list[PeerEvent]:
+    out: list[PeerEvent] = []
     while (e := core.next_event()) is not None:
         out.append(e)
     return out

@@ -105,7 +105,7 @@ class CaptureBuilder:
         reject: bool = False,
         mss: int = 1460,
         isn: tuple[int, int] = (0xFFFFFFFF, 0xFFFFFFFF),
-        reply_with: bytes = b"",
+        reply_with: bytes | bytearray = b"",
         startup: bool = True,
         handshake: bool = True,
     ) -> Conn:

@@ -14,12 +14,18 @@ from kbtp.cli import main as kbtp
 from stack.bench.dissect_capture import generate
 from stack.cli.iwarp import main
 from stack.dissect import BriefLines, brief_line, summary_line, verbose_lines
-from stack.dissect.decoder import Dissector, PduRecord
+from stack.dissect.decoder import BriefFpdu, BriefOutput, Dissector, PduRecord
 from stack.pcap import TcpSegment, read_tcp_segments
 from stack.wire.events import ReadRequest, Send
 from tests.dissect.synth import I2R, R2I, CaptureBuilder, rewrite
 
 REFERENCE_PCAPS = sorted((Path(__file__).parents[2] / "pcaps").glob("*.pcap"))
+
+
+def _brief_fpdu(item: BriefOutput) -> BriefFpdu:
+    """``item``, asserted a BriefFpdu tuple (not a (frame, line) BriefText)."""
+    assert type(item) is tuple and len(item) != 2
+    return item
 
 
 def _text(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -138,7 +144,8 @@ def test_brief_line_is_the_summary_line_of_the_same_fpdu(tmp_path: Path) -> None
     assert len(briefs) == len(records)
     pairs = [(b, r) for b, r in zip(briefs, records, strict=True) if type(b) is tuple]
     assert len(pairs) > 250
-    for item, rec in pairs:
+    for brief, rec in pairs:
+        item = _brief_fpdu(brief)
         assert isinstance(rec, PduRecord)
         assert (item[0], item[1]) == (rec.frame, rec.timestamp)
         assert brief_line(item, 1.5) == summary_line(rec, 1.5)
@@ -151,7 +158,7 @@ def test_brief_lines_reuse_the_time_text_and_keep_percent_signs(tmp_path: Path) 
     generate(str(path), 300, False)
     segments = read_tcp_segments(path.read_bytes())
     lean = Dissector(None, brief=True)
-    items = [i for s in segments for i in lean.feed(s) if type(i) is tuple]
+    items = [_brief_fpdu(i) for s in segments for i in lean.feed(s) if type(i) is tuple]
     t0 = segments[0].timestamp
     lines = BriefLines(t0)
     assert len({i[1] for i in items}) < len(items)  # segments with several FPDUs

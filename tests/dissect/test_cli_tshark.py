@@ -202,9 +202,9 @@ def test_io_stat_at_a_microsecond_and_beyond_a_lifetime(
     assert len(rows) > 1 and len({start for start, _ in rows}) == len(rows)
     assert all(len(start.strip().split(".")[1]) == 6 for start, _ in rows)
     out = _out(capsys, "-q", "-z", "io,stat,1e308", "-z", "iwarp", str(capture))
-    rows = [line for line in out.split("IO Statistics")[1].splitlines() if "<>" in line]
-    assert len(rows) == 1 and rows[0].startswith("0 <> 1e+308")
-    assert int(rows[0].split()[-2]) == 6  # "PDUs shown: 6"
+    lines = [line for line in out.split("IO Statistics")[1].splitlines() if "<>" in line]
+    assert len(lines) == 1 and lines[0].startswith("0 <> 1e+308")
+    assert int(lines[0].split()[-2]) == 6  # "PDUs shown: 6"
 
 
 def test_io_statistics_refuse_an_interval_built_in_code() -> None:

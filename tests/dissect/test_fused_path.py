@@ -170,7 +170,7 @@ def _texts(items: list[Any], t0: float) -> list[object]:
 def test_fused_path_is_the_segment_path_on_odd_captures(markers: bool, tmp_path: Path) -> None:
     whole = tmp_path / "whole.pcap"
     generate(str(whole), 600, markers)
-    seen = set()
+    seen: set[str] = set()
     for name, data in _variants(whole.read_bytes()).items():
         tuples = _compare(data, True, not markers and name != "mid-stream")
         assert tuples > (50 if name == "mid-stream" or markers else 300), name

@@ -8,6 +8,7 @@ import pytest
 from stack.constants import RtrType
 from stack.dissect.decoder import Dissector, Note, PduRecord
 from stack.dissect.decoder.common import _HOLD_LIMIT, _SEARCH_GIVE_UP
+from stack.dissect.decoder.connection import ConnectionDecoder
 from stack.dissect.decoder.modes import Mode
 from stack.pcap import read_tcp_segments
 from stack.wire.events import IrdOrd, MpaFrame, RdmaWrite, Send
@@ -46,6 +47,7 @@ def _run(data: bytes) -> tuple[list, list[tuple[Mode, int, int]]]:
     for seg in read_tcp_segments(data):
         out += d.feed(seg)
         for conn in d._conns.values():
+            assert isinstance(conn, ConnectionDecoder)
             half = conn.halves[0]
             seen.append((half.mode, half.buffered, len(half.chunks)))
     return out + d.finish(), seen
@@ -114,7 +116,9 @@ def test_a_reply_within_the_limit_frames_the_held_bytes_as_before() -> None:
     d = Dissector()
     out = [r for s in read_tcp_segments(b.data()) for r in d.feed(s)] + d.finish()
     assert len(_fpdus(out, "i2r")) == 10 and not [n for n in out if isinstance(n, Note)]
-    assert d._conns[0].halves[0].mode is Mode.FPDU and not d._conns[0].halves[0].chunks
+    conn0 = d._conns[0]
+    assert isinstance(conn0, ConnectionDecoder)
+    assert conn0.halves[0].mode is Mode.FPDU and not conn0.halves[0].chunks
 
 
 def _late_reply(corrupt: bool) -> tuple[list, Dissector]:

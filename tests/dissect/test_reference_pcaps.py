@@ -15,6 +15,7 @@ import trio
 from stack.dissect.decoder import PduRecord, dissect
 from stack.pcap import read_tcp_segments
 from stack.scenarios import SCENARIOS, Scenario, run_scenario
+from stack.wire.events import Terminate
 
 PCAPS = Path(__file__).resolve().parents[2] / "pcaps"
 
@@ -44,6 +45,7 @@ def check(scenario: Scenario, records: list[PduRecord]) -> None:
         assert not terms
     else:
         (term,) = terms
+        assert isinstance(term, Terminate)
         assert term.cause == scenario.terminate
     for direction, wants in (
         ("i2r", scenario.server.want_markers),

@@ -19,8 +19,9 @@ from collections import Counter
 import pytest
 
 from stack.constants import MPA_MARKER_INTERVAL, MPA_MARKER_LEN
-from stack.dissect.decoder import DissectOptions, Dissector, dissect, resync
+from stack.dissect.decoder import DissectOptions, Dissector, Output, PduRecord, dissect, resync
 from stack.dissect.decoder.common import _SEARCH_TRIES
+from stack.dissect.decoder.connection import ConnectionDecoder, FinishedConnection
 from stack.dissect.decoder.records import Note
 from stack.dissect.decoder.resync import Resync
 from stack.dissect.decoder.walker import DirectionDecoder
@@ -103,7 +104,7 @@ def test_a_capture_cut_at_any_offset_decodes_every_fpdu_after_the_cut(
         # with CRC on, the leading marker is covered: an FPDU needs its first byte kept
         want = [u for first, length_at, u in fpdus if (first if crc else length_at) >= k]
         records = dissect(read_tcp_segments(_cut(data, fpdus, k)), options)
-        got = [bytes(r.ulpdu) for r in records if getattr(r, "kind", None) == "fpdu"]
+        got = [bytes(r.ulpdu) for r in records if isinstance(r, PduRecord) and r.kind == "fpdu"]
         if got != want:
             wrong.append((k, len(got), len(want)))
     assert not wrong, f"{len(wrong)} cut offsets decode wrongly, first: {wrong[:5]}"
@@ -165,11 +166,16 @@ def test_marker_lookalikes_are_searched_in_bounded_work(
     monkeypatch.setattr(Resync, "_chain", counting_chain)
     monkeypatch.setattr(resync, "struct", words)
     dissector = Dissector(DissectOptions())
-    ended: list = []  # the decoders of the connections that ended (FIN), kept to count
+    ended: list[ConnectionDecoder] = []  # the decoders of the connections that ended (FIN)
     retire = Dissector.retire
-    monkeypatch.setattr(
-        Dissector, "retire", lambda self, conn, done: (ended.append(conn), retire(self, conn, done))
-    )
+
+    def counting_retire(
+        self: Dissector[Output], conn: ConnectionDecoder, done: FinishedConnection
+    ) -> None:
+        ended.append(conn)  # kept to count
+        retire(self, conn, done)
+
+    monkeypatch.setattr(Dissector, "retire", counting_retire)
     out = []
     for segment_ in read_tcp_segments(_lookalikes(streams, size, segment)):
         out += dissector.feed(segment_)

@@ -106,7 +106,7 @@ def test_pcap_roundtrip_through_tcp(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def messages() -> st.SearchStrategy:
+def messages() -> st.SearchStrategy[events.RdmapMessage]:
     data = st.binary(max_size=48)
     return st.one_of(
         st.builds(events.RdmaWrite, u32, u64, data),
@@ -129,7 +129,7 @@ def messages() -> st.SearchStrategy:
     )
 
 
-def scapy_for(msg: object, msn: int) -> Packet:
+def scapy_for(msg: events.RdmapMessage, msn: int) -> Packet:
     """The same message built with the layers' convenience constructors."""
     if isinstance(msg, events.RdmaWrite):
         return write_fpdu(msg.stag, msg.to, bytes(msg.data))
@@ -158,7 +158,9 @@ def scapy_for(msg: object, msn: int) -> Packet:
 
 @settings(max_examples=80, deadline=None)
 @given(msg=messages(), msn=u32)
-def test_rdmap_02_cross_check_wire_encoder_and_layers_agree(msg: object, msn: int) -> None:
+def test_rdmap_02_cross_check_wire_encoder_and_layers_agree(
+    msg: events.RdmapMessage, msn: int
+) -> None:
     [ulpdu] = rdmap.encode_message(msg, msn=msn, mulpdu=MULPDU_MAX)
     wire = bytes(framing.FpduFramer().frame(ulpdu))
     ours = bytes(scapy_for(msg, msn))

@@ -6,6 +6,7 @@ random round trips and a cross-check with the wire decoder (stack.wire.rdmap).""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -60,6 +61,7 @@ from stack.dissect.scapy import (
     split_marked_fpdus,
 )
 from stack.wire import rdmap, terminate
+from stack.wire.events import Terminate
 from tests.dissect.scapy_vectors import (
     CRC,
     DDP_EXPECT,
@@ -75,6 +77,18 @@ from tests.dissect.scapy_vectors import (
     u64,
 )
 
+# Scapy's Packet(**fields) has typed positional parameters (_pkt, ...) besides **fields: field
+# dicts unpacked into a layer are typed dict[str, Any] (field values are heterogeneous).
+E3_KW: dict[str, Any] = E3_FIELDS
+
+
+def dump(pkt: Packet) -> str:
+    """``pkt.show(dump=True)``: the text Scapy returns instead of printing it."""
+    text = pkt.show(dump=True)
+    assert isinstance(text, str)
+    return text
+
+
 # --------------------------------------------------------------------------------------
 # Byte-exact building from stacked layers, field-exact dissection, bindings
 # --------------------------------------------------------------------------------------
@@ -87,7 +101,7 @@ STACKED = {
         / RDMAP_Write()
         / Raw(bytes(range(1, 9)))
     ),
-    "E3": lambda: MPA_FPDU() / DDP_Untagged(msn=1) / RDMAP_ReadRequest(**E3_FIELDS),
+    "E3": lambda: MPA_FPDU() / DDP_Untagged(msn=1) / RDMAP_ReadRequest(**E3_KW),
     "E4": lambda: MPA_FPDU() / DDP_Tagged(stag=1, to=0) / RDMAP_Write(),
     "E5": lambda: (
         MPA_FPDU()
@@ -114,7 +128,7 @@ STACKED = {
             r=1,
             ddp_seg_len=46,
             ddp_hdr=DDP_Untagged(qn=1, msn=1, opcode=Opcode.RDMA_READ_REQUEST),
-            rdma_hdr=RDMAP_ReadRequest(**E3_FIELDS),
+            rdma_hdr=RDMAP_ReadRequest(**E3_KW),
         )
     ),
     "E7": lambda: (
@@ -191,9 +205,9 @@ def test_rdmap_11_e6_terminate_copies_read_request_header_by_t_bit() -> None:
 
 
 def test_rdmap_11_terminate_names_from_constants_tables() -> None:
-    text = MPA_FPDU(E["E6"]).show(dump=True)
+    text = dump(MPA_FPDU(E["E6"]))
     assert "Remote Protection Error" in text and "Invalid STag" in text
-    text = MPA_FPDU(E["E5"]).show(dump=True)
+    text = dump(MPA_FPDU(E["E5"]))
     assert "Untagged Buffer Error" in text and "Invalid MSN - MSN range is not valid" in text
     assert "layer     = DDP" in text
 
@@ -214,7 +228,7 @@ def test_ext_04_e7_atomic_request_fields_and_names() -> None:
     assert len(ar) == ATOMIC_REQUEST_HDR_LEN
     assert "FetchAdd" in ar.show(dump=True)
     swap = atomic_cmp_swap_fpdu(1, 2, 8, compare=3, swap=4)
-    assert "CmpSwap" in swap.show(dump=True)
+    assert "CmpSwap" in dump(swap)
     got = MPA_FPDU(bytes(swap))[RDMAP_AtomicRequest]
     assert (got.aopcode, got.compare_data, got.add_swap_data) == (AtomicOpcode.CMP_SWAP, 3, 4)
 
@@ -248,7 +262,8 @@ def test_ddp_and_rdmap_bits_and_lengths_match_constants() -> None:
     assert bytes(DDP_Untagged(rv=0, rsv=3, opcode=0))[1] == RDMAP_RSVD_MASK
     assert bytes(DDP_Untagged(rv=0, rsv=0, opcode=0xF))[1] == RDMAP_OPCODE_MASK
     for flag, kw in [(TERM_FLAG_M, "m"), (TERM_FLAG_D, "d"), (TERM_FLAG_R, "r")]:
-        raw = bytes(RDMAP_Terminate(ddp_seg_len=None, **{kw: 1}))
+        flag_field: dict[str, Any] = {kw: 1}
+        raw = bytes(RDMAP_Terminate(ddp_seg_len=None, **flag_field))
         assert struct.unpack_from(">I", raw)[0] == flag, kw
     assert len(RDMAP_Terminate()) == TERMINATE_CTRL_LEN
 
@@ -385,7 +400,7 @@ def test_ddp_01_random_headers_round_trip(
     mo: int,
     payload: bytes,
 ) -> None:
-    ctrl = dict(last=last, rsvd=rsvd, dv=dv, rv=rv, rsv=rsv, opcode=opcode)
+    ctrl: dict[str, Any] = dict(last=last, rsvd=rsvd, dv=dv, rv=rv, rsv=rsv, opcode=opcode)
     if tagged:
         ddp: Packet = DDP_Tagged(stag=a, to=b, **ctrl)
     else:
@@ -411,8 +426,9 @@ def test_rdmap_04_ext_04_random_rdmap_headers_round_trip(
     resp: tuple[int, int],
     imm: bytes,
 ) -> None:
+    rr_fields: dict[str, Any] = dict(zip(E3_FIELDS, rr, strict=True))
     layers = [
-        RDMAP_ReadRequest(**dict(zip(E3_FIELDS, rr, strict=True))),
+        RDMAP_ReadRequest(**rr_fields),
         RDMAP_AtomicRequest(
             reserved=atomic[0],
             aopcode=atomic[1],
@@ -510,6 +526,7 @@ def test_rdmap_11_cross_check_terminates_with_wire_decoder(name: str) -> None:
     pkt = MPA_FPDU(E[name])
     seg = rdmap.decode_ulpdu(E[name][2 : 2 + pkt.ulpdu_length])
     term = seg.header
+    assert isinstance(term, Terminate)
     ours = pkt[RDMAP_Terminate]
     assert (term.layer, term.etype, term.code) == (ours.layer, ours.etype, ours.code)
     assert (term.m, term.d, term.r) == (bool(ours.m), bool(ours.d), bool(ours.r))

@@ -6,6 +6,7 @@ CRC verdicts, truncation and robustness."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -49,6 +50,14 @@ from tests.dissect.scapy_vectors import (
     E,
     fields_of,
 )
+
+
+def dump(pkt: Packet) -> str:
+    """``pkt.show(dump=True)``: the text Scapy returns instead of printing it."""
+    text = pkt.show(dump=True)
+    assert isinstance(text, str)
+    return text
+
 
 # --------------------------------------------------------------------------------------
 # MPA Request / Reply: byte-exact building, dissection, forced values
@@ -119,7 +128,9 @@ def test_mpa_flags_and_word_bits_match_constants() -> None:
         ("rtr_write", MPA_V2_RTR_WRITE),
         ("rtr_read", MPA_V2_RTR_READ),
     ]:
-        raw = bytes(MPA_Request(ird=0, ord=0, **{field: 1}))
+        # dict[str, Any]: Scapy's Packet(**fields) also has typed positional parameters
+        word_bit: dict[str, Any] = {field: 1}
+        raw = bytes(MPA_Request(ird=0, ord=0, **word_bit))
         assert struct.unpack_from(">I", raw, 20)[0] == bit, field
 
 
@@ -227,11 +238,11 @@ def test_mpa_16_truncated_fpdu_keeps_its_bytes_and_fails_crc() -> None:
 def test_mpa_16_ddp_10_truncated_headers_raise_decode_error(cls: type[Packet], raw: bytes) -> None:
     # strict: the exception; plain dissection keeps every byte with the verdict (Scapy's way)
     with pytest.raises(DecodeError) as exc:
-        cls.strict(raw)  # type: ignore[attr-defined]
+        cls.strict(raw)
     pkt = cls(raw)
     assert pkt.iwarp_error == str(exc.value) and exc.value.rule in pkt.iwarp_error
     assert pkt[IWARP_Undecoded].load == raw and bytes(pkt) == raw
-    assert exc.value.rule in pkt.show(dump=True) and "undecoded" in pkt.summary()
+    assert exc.value.rule in dump(pkt) and "undecoded" in pkt.summary()
 
 
 def test_summaries_name_layers() -> None:
@@ -264,7 +275,9 @@ def test_erc_03_random_mpa_frames_round_trip(
     private: bytes,
 ) -> None:
     names = ("p2p", "rtr_send", "ird", "rtr_write", "rtr_read", "ord")
-    kw = dict(zip(("markers", "crc", "reject", "enhanced", "res"), flags, strict=True))
+    kw: dict[str, Any] = dict(
+        zip(("markers", "crc", "reject", "enhanced", "res"), flags, strict=True)
+    )
     kw.update(zip(names, word, strict=True))
     frame = (MPA_Reply if reply else MPA_Request)(rev=rev, private_data=private, **kw)
     raw = bytes(frame)
@@ -290,9 +303,9 @@ def test_mpa_16_random_bytes_dissect_or_decode_error_and_rebuild_exactly(
     pkt = cls(data)  # never raises: what cannot be dissected is kept with its verdict
     if pkt.iwarp_error is not None:
         with pytest.raises(DecodeError):
-            cls.strict(data)  # type: ignore[attr-defined]
+            cls.strict(data)
     else:
-        assert bytes(cls.strict(data)) == data  # type: ignore[attr-defined]
+        assert bytes(cls.strict(data)) == data
     assert bytes(pkt) == data
     pkt.show(dump=True)
     pkt.summary()

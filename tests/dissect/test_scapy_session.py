@@ -35,6 +35,7 @@ from stack.dissect.scapy import (
 )
 from stack.errors import DecodeError
 from stack.pcap import read_tcp_segments
+from stack.wire.events import Terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 PCAPS = sorted((ROOT / "pcaps").glob("*.pcap"))
@@ -165,7 +166,10 @@ def test_records_to_packets_terminates_carry_the_decoded_cause(path: Path) -> No
     terms = [p for p in records_to_packets(path) if RDMAP_Terminate in p]
     decoded = [r for r in _records(path) if r.segment is not None and r.segment.opcode == 7]
     assert len(terms) == len(decoded) == 1
-    header = decoded[0].segment.header  # type: ignore[union-attr]
+    segment = decoded[0].segment
+    assert segment is not None
+    header = segment.header
+    assert isinstance(header, Terminate)
     term = terms[0][RDMAP_Terminate]
     assert (term.layer, term.etype, term.code) == (header.layer, header.etype, header.code)
 
@@ -197,7 +201,9 @@ def test_split_fpdus_says_when_a_segment_ends_mid_fpdu() -> None:
     *whole, cut = split_fpdus(first)
     assert [p.crc_ok() for p in whole] == [True, True]
     assert cut.is_truncated() and cut.missing_bytes() > 0 and cut.crc_ok() is False
-    assert "TRUNCATED" in cut.summary() and "truncated" in cut.show(dump=True)
+    assert "TRUNCATED" in cut.summary()
+    shown = cut.show(dump=True)
+    assert shown is not None and "truncated" in shown
     assert cut.iwarp_error.startswith("MPA-16")
     with pytest.raises(DecodeError, match="MPA-16"):
         MPA_FPDU.strict(bytes(cut))
@@ -240,7 +246,8 @@ def test_garbage_decodes_what_it_can_with_the_verdict() -> None:
     pkt = MPA_FPDU(b"\x00")
     assert pkt.iwarp_error is not None and pkt.iwarp_error.startswith("MPA-16")
     assert pkt[IWARP_Undecoded].load == b"\x00" and bytes(pkt) == b"\x00"
-    assert "iwarp_error" in pkt.show(dump=True)
+    shown = pkt.show(dump=True)
+    assert shown is not None and "iwarp_error" in shown
     with pytest.raises(DecodeError):
         MPA_FPDU.strict(b"\x00")
     # a real FPDU whose ULPDU stops inside the DDP header: the header part is Undecoded

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import struct
+from typing import TypedDict, Unpack
 
 import pytest
 from hypothesis import given, settings
@@ -38,6 +39,8 @@ from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
     ImmediateData,
+    MpaFrame,
+    RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadResponse,
@@ -65,7 +68,10 @@ def run(data: bytes, options: DissectOptions | None = None) -> tuple[list[PduRec
     recs: list[PduRecord] = []
     notes: list[Note] = []
     for item in dissect(read_tcp_segments(data), options):
-        (recs if isinstance(item, PduRecord) else notes).append(item)
+        if isinstance(item, PduRecord):
+            recs.append(item)
+        else:
+            notes.append(item)
     return recs, notes
 
 
@@ -73,7 +79,19 @@ def fpdus(recs: list[PduRecord]) -> list[PduRecord]:
     return [r for r in recs if r.kind == "fpdu"]
 
 
-EVERY_OPCODE = [
+def seg(rec: PduRecord) -> SegmentView:
+    """``rec.segment``, asserted present (every decoded FPDU has one)."""
+    assert rec.segment is not None
+    return rec.segment
+
+
+def mpa(rec: PduRecord) -> MpaFrame:
+    """``rec.mpa``, asserted present (every MPA Request/Reply record has one)."""
+    assert rec.mpa is not None
+    return rec.mpa
+
+
+EVERY_OPCODE: list[tuple[Direction, RdmapMessage]] = [
     (I2R, RdmaWrite(0x1234, 0x1000, bytes(range(200)))),
     (I2R, Send(b"hello")),
     (I2R, Send(b"inv", invalidate_stag=0xABCD)),
@@ -90,9 +108,21 @@ EVERY_OPCODE = [
 ]
 
 
-def build_every_opcode(**kw: object) -> tuple[bytes, list[tuple[Direction, bytes]]]:
+class ConnectionOptions(TypedDict, total=False):
+    """The ``CaptureBuilder.connection`` keywords the every-opcode capture is varied by."""
+
+    rev: int
+    crc: bool
+    reply_crc: bool | None
+    markers_i2r: bool
+    markers_r2i: bool
+
+
+def build_every_opcode(
+    **kw: Unpack[ConnectionOptions],
+) -> tuple[bytes, list[tuple[Direction, bytes]]]:
     b = CaptureBuilder()
-    c = b.connection(**kw)  # type: ignore[arg-type]
+    c = b.connection(**kw)
     sent: list[tuple[Direction, bytes]] = []
     for direction, msg in EVERY_OPCODE:
         for u in c.send(direction, msg):
@@ -127,29 +157,32 @@ def test_every_opcode_decodes_field_by_field() -> None:
     assert write is not None and write.tagged and write.last
     assert (write.opcode, write.stag, write.to, write.ulpdu_len) == (0, 0x1234, 0x1000, 214)
     assert bytes(write.payload) == bytes(range(200))
-    send = f[1].segment
+    send = seg(f[1])
     assert (send.opcode, send.qn, send.msn, send.mo, bytes(send.payload)) == (3, 0, 1, 0, b"hello")
-    assert (f[2].segment.opcode, f[2].segment.inval_stag) == (4, 0xABCD)
-    assert (f[3].segment.opcode, f[3].segment.msn) == (5, 3)
-    assert (f[4].segment.opcode, f[4].segment.inval_stag, f[4].segment.msn) == (6, 0x77, 4)
-    rr = f[5].segment
+    assert (seg(f[2]).opcode, seg(f[2]).inval_stag) == (4, 0xABCD)
+    assert (seg(f[3]).opcode, seg(f[3]).msn) == (5, 3)
+    assert (seg(f[4]).opcode, seg(f[4]).inval_stag, seg(f[4]).msn) == (6, 0x77, 4)
+    rr = seg(f[5])
     assert rr.opcode == 1 and rr.qn == 1 and rr.msn == 1
     assert rr.header == ReadRequest(0x11223344, 0x2000, 300, 0x55667788, 0x3000)
-    resp = f[6].segment
+    resp = seg(f[6])
     assert (resp.opcode, resp.stag, resp.to, len(resp.payload)) == (2, 0x11223344, 0x2000, 300)
-    imm = f[7].segment
+    imm = seg(f[7])
     assert imm.opcode == 8 and imm.header == ImmediateData(b"\x01\x02\x03\x04\x05\x06\x07\x08")
-    assert f[8].segment.opcode == 9 and f[8].segment.msn == 6
-    atom = f[9].segment
+    assert seg(f[8]).opcode == 9 and seg(f[8]).msn == 6
+    atom = seg(f[9])
     assert atom.opcode == 10 and atom.qn == 1 and atom.msn == 2
     assert atom.header == AtomicRequest.fetch_add(0xDEADBEEF, 0x0A0B0C0D, 0x4000, 1)
-    assert f[10].segment.header == AtomicResponse(0xDEADBEEF, 0x29)
-    assert f[10].segment.qn == 3 and f[10].segment.msn == 1
-    assert f[11].segment.header.atomic_opcode == AtomicOpcode.CMP_SWAP
-    assert f[12].segment.msn == 2
-    term = f[13].segment
+    assert seg(f[10]).header == AtomicResponse(0xDEADBEEF, 0x29)
+    assert seg(f[10]).qn == 3 and seg(f[10]).msn == 1
+    cmp_swap = seg(f[11]).header
+    assert isinstance(cmp_swap, AtomicRequest)
+    assert cmp_swap.atomic_opcode == AtomicOpcode.CMP_SWAP
+    assert seg(f[12]).msn == 2
+    term = seg(f[13])
     assert term.opcode == 7 and term.qn == 2 and term.msn == 1
     t = term.header
+    assert isinstance(t, Terminate)
     assert (t.layer, t.etype, t.code, t.m, t.d, t.r) == (0, 1, 0, True, True, True)
     assert t.ddp_header == sent[5][1][:18] and t.rdma_header == sent[5][1][18:46]
 
@@ -216,8 +249,8 @@ def test_mpa_11_crc_negotiated_if_either_side_sets_c(
     recs, _ = run(data)
     req, rep = recs[0], recs[1]
     assert (req.rev, rep.rev) == (rev, rev)
-    assert req.mpa.crc is crc and rep.mpa.crc is reply_crc
-    assert req.mpa.enhanced is (rev == 2) and rep.mpa.enhanced is (rev == 2)
+    assert mpa(req).crc is crc and mpa(rep).crc is reply_crc
+    assert mpa(req).enhanced is (rev == 2) and mpa(rep).enhanced is (rev == 2)
     assert_same_ulpdus(recs, sent)
     assert {r.crc_ok for r in fpdus(recs)} == {expect_crc}
 
@@ -228,7 +261,7 @@ def test_mpa_07_markers_each_way(markers_i2r: bool, markers_r2i: bool) -> None:
     data, sent = build_every_opcode(markers_i2r=markers_i2r, markers_r2i=markers_r2i)
     recs, notes = run(data)
     assert notes == []
-    assert recs[0].mpa.markers is markers_r2i and recs[1].mpa.markers is markers_i2r
+    assert mpa(recs[0]).markers is markers_r2i and mpa(recs[1]).markers is markers_i2r
     assert_same_ulpdus(recs, sent)
     for r in fpdus(recs):
         marked = markers_i2r if r.direction == "i2r" else markers_r2i
@@ -254,18 +287,20 @@ def test_mpa_07_markers_each_way(markers_i2r: bool, markers_r2i: bool) -> None:
     ],
 )
 def test_erc_09_p2p_first_fpdu_is_the_negotiated_rtr(
-    offer: RtrType, reply: RtrType, first: object, ok: bool
+    offer: RtrType, reply: RtrType, first: RdmapMessage, ok: bool
 ) -> None:
     b = CaptureBuilder()
     c = b.connection(p2p=True, rtr_offer=offer, rtr_reply=reply)
-    c.send(I2R, first)  # type: ignore[arg-type]
+    c.send(I2R, first)
     terminated = isinstance(first, Terminate)
     if not terminated:  # nothing may follow a Terminate (RDMAP-10)
         c.send(I2R, Send(b"after"))
     recs, _ = run(b.data())
     req, rep = recs[0], recs[1]
-    assert req.mpa.ird_ord.p2p and req.mpa.ird_ord.rtr == offer
-    assert rep.mpa.ird_ord.rtr == reply
+    offered, replied = mpa(req).ird_ord, mpa(rep).ird_ord
+    assert offered is not None and replied is not None
+    assert offered.p2p and offered.rtr == offer
+    assert replied.rtr == reply
     assert ("ERC-09" in recs[2].rules) is not ok
     assert len(recs) == 3 if terminated else recs[3].findings == []
 
@@ -276,7 +311,7 @@ def test_mpa_23_reject_ends_mpa() -> None:
     c.raw(I2R, b"anything after a reject is not MPA")
     recs, notes = run(b.data())
     assert [r.kind for r in recs] == ["mpa_req", "mpa_rep"]
-    assert recs[1].mpa.reject and recs[1].mpa.private_data == b"no thanks"
+    assert mpa(recs[1]).reject and mpa(recs[1]).private_data == b"no thanks"
     assert [n.kind for n in notes] == ["rejected"]
 
 
@@ -342,7 +377,7 @@ def test_rdmap_11_every_terminate_kind(term: Terminate) -> None:
     recs, _ = run(b.data())
     last = fpdus(recs)[-1]
     assert bytes(last.ulpdu) == u and last.findings == []
-    assert last.segment.header == term
+    assert seg(last).header == term
 
 
 def test_rdmap_11_siw_swapped_terminate_is_decoded_and_flagged() -> None:
@@ -355,7 +390,8 @@ def test_rdmap_11_siw_swapped_terminate_is_decoded_and_flagged() -> None:
     ulpdu = bytes([0x41, 0x47]) + bytes(4) + struct.pack(">III", 2, 1, 0) + body
     c.raw(R2I, c.wire(R2I, ulpdu))
     recs, _ = run(b.data())
-    t = fpdus(recs)[-1].segment.header
+    t = seg(fpdus(recs)[-1]).header
+    assert isinstance(t, Terminate)
     assert t.siw_swapped and (t.layer, t.etype, t.code, t.m, t.d) == (1, 2, 3, True, True)
     assert "RDMAP-11" in fpdus(recs)[-1].rules
 
@@ -647,7 +683,7 @@ def test_mpa_04_pad_and_mpa_08_marker_findings() -> None:
     c = b.connection(markers_i2r=True)
     c.send(I2R, Send(b"x"))
     offset = c.framers[I2R].offset
-    wire = bytearray(c.wire(I2R, RdmaWrite(1, 0, bytes(700)) and _send(2, data=bytes(700))))
+    wire = bytearray(c.wire(I2R, _send(2, data=bytes(700))))
     marker_at = 512 - offset % 512
     wire[marker_at + 2 : marker_at + 4] = struct.pack(">H", 8)  # wrong FPDUPTR
     wire[marker_at] = 1  # reserved bits
@@ -704,7 +740,7 @@ def test_term_code_of_a_ddp_terminate_round_trips() -> None:
     recs, _ = run(b.data())
     f = fpdus(recs)
     assert f[0].rules == ["DDP-05"]
-    assert f[1].segment.header == term and f[1].findings == []
+    assert seg(f[1]).header == term and f[1].findings == []
 
 
 # ======================================================================================

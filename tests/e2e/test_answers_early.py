@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
-from stack.transport.driver import FEED_BUDGET, RdmaConnection, drain_halves
+from stack.transport.driver import FEED_BUDGET, drain_halves
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 
@@ -86,7 +86,8 @@ async def test_a_read_of_many_requests_is_answered_a_budget_at_a_time() -> None:
         source = server.mr(data, Access.LOCAL_WRITE | Access.REMOTE_READ)
         sink = client.mr(len(data))
         await _read(client, sink, source, 0)  # the server's driver has started (its socket)
-        conn: RdmaConnection = server.conn
+        conn = server.conn
+        assert conn is not None
         held = _HeldSocket(conn._sock)
         conn._sock = held  # type: ignore[assignment]
         assert conn._sendq is not None
@@ -127,7 +128,8 @@ async def test_uncork_lets_a_task_send_again_in_the_same_step() -> None:
         source = server.mr(bytes(range(_SIZE)) * 4, Access.LOCAL_WRITE | Access.REMOTE_READ)
         sink = client.mr(4 * _SIZE)
         await _read(client, sink, source, 0)  # the client's driver has started
-        conn: RdmaConnection = client.conn
+        conn = client.conn
+        assert conn is not None
         assert conn._sendq is not None
         recorded = _HeldSocket(conn._sock)
         conn._sendq._sendmsg = recorded.sendmsg  # the send queue bound the socket's at start

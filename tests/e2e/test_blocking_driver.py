@@ -22,7 +22,7 @@ import pytest
 from stack.cli.iwarp import main as iwarp
 from stack.errors import ConnectionTimeout
 from stack.pcap import PcapWriter
-from stack.rnic import Access, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
+from stack.rnic import Access, MemoryRegion, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.qp import QpState
 from stack.transport.blocking import BlockingConnection, ConnectionClosed
 from stack.transport.blocking_cm import BlockingListener, connect
@@ -45,12 +45,12 @@ class Side:
         self.cq = self.rnic.create_cq(1024)
         self.qp = self.rnic.create_qp(self.pd, self.cq, **qp_kw)  # type: ignore[arg-type]
 
-    def mr(self, data: int | bytes, access: Access = Access.LOCAL_WRITE):  # type: ignore[no-untyped-def]
+    def mr(self, data: int | bytes, access: Access = Access.LOCAL_WRITE) -> MemoryRegion:
         buf = bytearray(data) if isinstance(data, bytes) else bytearray(data)
         return self.pd.reg_mr(buf, access)
 
 
-def sge(mr, offset: int = 0, length: int | None = None) -> Sge:  # type: ignore[no-untyped-def]
+def sge(mr: MemoryRegion, offset: int = 0, length: int | None = None) -> Sge:
     return Sge(mr.base + offset, mr.length - offset if length is None else length, mr.lkey)
 
 
@@ -264,7 +264,7 @@ def test_two_blocking_ends_stalled_on_each_others_reads_release_the_stall() -> N
 
 
 def _reads_then_write(
-    side: Side, sink: object, rkey: int, addr: int, reads: int, size: int
+    side: Side, sink: MemoryRegion, rkey: int, addr: int, reads: int, size: int
 ) -> list[SendWR]:
     wrs = [
         SendWR(

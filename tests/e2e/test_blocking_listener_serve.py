@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypedDict, Unpack
 
 from stack.transport.blocking_cm import BlockingListener, BlockingRequest, connect
 from stack.transport.startup_slots import STARTUP_STALE_AFTER
@@ -19,8 +20,13 @@ SILENT = 8
 5 s startup timeout, one after another."""
 
 
+class _Bounds(TypedDict, total=False):
+    max_startups: int
+    max_startups_per_peer: int
+
+
 @contextmanager
-def serving(**bounds: int) -> Iterator[BlockingListener]:
+def serving(**bounds: Unpack[_Bounds]) -> Iterator[BlockingListener]:
     """A listener serving in a thread; every request is accepted with a fresh QP."""
 
     def handle(request: BlockingRequest) -> None:

@@ -7,15 +7,15 @@ import socket
 
 import trio
 
-from stack.rnic import Rnic
-from stack.transport import CmEventType, ConnectionManager, EventChannel
+from stack.rnic import QueuePair, Rnic
+from stack.transport import CmEvent, CmEventType, ConnectionManager, EventChannel
 
 
-def _qp(rnic: Rnic):  # type: ignore[no-untyped-def]
+def _qp(rnic: Rnic) -> QueuePair:
     return rnic.create_qp(rnic.alloc_pd(), rnic.create_cq())
 
 
-async def _event(channel: EventChannel):  # type: ignore[no-untyped-def]
+async def _event(channel: EventChannel) -> CmEvent:
     with trio.fail_after(10):
         return await channel.get_cm_event()
 

@@ -14,11 +14,12 @@ import pytest
 import trio
 
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.transport.driver import RdmaConnection
 from stack.transport.sockopts import path_segment_size, segment_size
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Established, MpaSettings, RdmaWrite, RequestReceived, Role
 from stack.wire.framing import mulpdu_for
-from tests.e2e.helpers import tcp_pair
+from tests.e2e.helpers import Host, tcp_pair
 
 BLOCK = 1 << 20
 
@@ -62,12 +63,26 @@ def test_socket_segment_sizes_on_loopback() -> None:
             assert path >= size  # Linux bounds the first to half the peer's window
 
 
-async def _write_until(client, server, limit: int) -> int:  # noqa: ANN001 - test hosts
+def _conn(host: Host) -> RdmaConnection:
+    assert host.conn is not None
+    return host.conn
+
+
+def _path_segment_size(conn: RdmaConnection) -> int | None:
+    """:func:`path_segment_size` of the connection's socket."""
+    stream = conn.stream
+    assert isinstance(stream, trio.SocketStream)
+    # path_segment_size is annotated for a socket.socket; it only calls getsockopt, which
+    # trio's socket has too
+    return path_segment_size(stream.socket)
+
+
+async def _write_until(client: Host, server: Host, limit: int) -> int:
     """Write BLOCK-sized WRs until the client's MULPDU stops growing or ``limit`` blocks;
     every byte is checked at the target.  Returns the blocks written."""
     target = server.mr(BLOCK, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
     src = client.mr(BLOCK)
-    ceiling = path_segment_size(client.conn.stream.socket)
+    ceiling = _path_segment_size(_conn(client))
     for k in range(limit):
         src.buf[:] = bytes([k % 251]) * BLOCK
         wr = SendWR(k, WrOpcode.RDMA_WRITE, (client.sge(src),), rkey=target.rkey,
@@ -75,20 +90,22 @@ async def _write_until(client, server, limit: int) -> int:  # noqa: ANN001 - tes
         client.qp.post_send(wr)
         with trio.fail_after(20):
             assert (await client.cq.next()).status is WcStatus.SUCCESS
-        if client.conn.engine.settings.emss == ceiling:
+        if _conn(client).engine.settings.emss == ceiling:
             return k + 1
     return limit
 
 
 async def test_the_mulpdu_follows_the_socket_as_its_segment_size_grows() -> None:
     async with tcp_pair() as (client, server):
-        stream = client.conn.engine.stream
+        conn = _conn(client)
+        stream = conn.engine.stream
+        assert stream is not None
         first = stream.mulpdu
-        ceiling = path_segment_size(client.conn.stream.socket)
+        ceiling = _path_segment_size(conn)
         if ceiling is None or mulpdu_for(ceiling, False) <= first:
             pytest.skip(f"this path's segment size does not grow (MULPDU {first})")
         await _write_until(client, server, 32)
-        assert client.conn.engine.settings.emss == ceiling
+        assert conn.engine.settings.emss == ceiling
         assert stream.mulpdu == mulpdu_for(ceiling, False) > first
 
 
@@ -96,5 +113,7 @@ async def test_a_fixed_emss_is_not_followed() -> None:
     fixed = MpaSettings(emss=8960)
     async with tcp_pair(fixed, fixed) as (client, server):
         assert await _write_until(client, server, 8) == 8
-        assert client.conn.engine.settings.emss == 8960
-        assert client.conn.engine.stream.mulpdu == mulpdu_for(8960, False)
+        conn = _conn(client)
+        assert conn.engine.settings.emss == 8960
+        assert conn.engine.stream is not None
+        assert conn.engine.stream.mulpdu == mulpdu_for(8960, False)

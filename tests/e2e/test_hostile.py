@@ -14,8 +14,8 @@ import trio
 
 from stack.constants import MPA_KEY_REQ
 from stack.rnic import Access, QpState, RecvWR, SendWR, WcStatus, WrOpcode
-from stack.transport.cm import ConnectFailed, ConnectionManager
-from stack.wire.connection import IwarpConnection
+from stack.transport.cm import ConnectFailed, ConnectionManager, Listener
+from stack.wire.connection import ConnectionEvent, IwarpConnection
 from stack.wire.events import (
     Established,
     MpaSettings,
@@ -24,7 +24,7 @@ from stack.wire.events import (
     Send,
     TerminateReceived,
 )
-from tests.e2e.helpers import make_host
+from tests.e2e.helpers import Host, make_host
 
 
 async def _listen(cm: ConnectionManager, settings: MpaSettings | None = None):
@@ -47,13 +47,15 @@ async def _raw_initiator(port: int, settings: MpaSettings | None = None):
             return stream, engine
 
 
-async def _accept_one(listener, host) -> None:
+async def _accept_one(listener: Listener, host: Host) -> None:
     request = await listener.get_request()
     host.conn = await request.accept(host.qp)
 
 
-async def _read_until_closed(stream: trio.SocketStream, engine: IwarpConnection) -> list[object]:
-    events = []
+async def _read_until_closed(
+    stream: trio.SocketStream, engine: IwarpConnection
+) -> list[ConnectionEvent]:
+    events: list[ConnectionEvent] = []
     with trio.fail_after(10):
         while True:
             data = await stream.receive_some(65536)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from functools import partial
 
 import trio
 
@@ -111,7 +112,7 @@ async def test_a_burst_beyond_the_backlog_queues_instead_of_refusing() -> None:
 def test_full_slots_go_to_a_quieter_address_and_the_busiest_is_refused() -> None:
     slots = StartupSlots(total=4, per_peer=4)
     evicted: list[str] = []
-    flood = [slots.admit("10.0.0.1", lambda i=i: evicted.append(f"a{i}")) for i in range(3)]
+    flood = [slots.admit("10.0.0.1", partial(evicted.append, f"a{i}")) for i in range(3)]
     other = slots.admit("10.0.0.2", lambda: evicted.append("b0"))
     assert all(flood) and other is not None and len(slots) == 4
     assert slots.admit("10.0.0.1", lambda: evicted.append("a3")) is None  # busiest: refused
@@ -122,6 +123,7 @@ def test_full_slots_go_to_a_quieter_address_and_the_busiest_is_refused() -> None
     # 2 against 0 for a fourth address: evict again; 1 against 1 would not
     assert slots.admit("10.0.0.4", lambda: None) is not None and evicted == ["a0", "a1"]
     assert slots.admit("10.0.0.5", lambda: None) is None
+    assert flood[0] is not None
     slots.release(flood[0])  # the evicted connection's own release is a no-op
     assert len(slots) == 4
     slots.release(good)
@@ -143,10 +145,11 @@ def test_a_stale_slot_goes_when_every_address_holds_one() -> None:
     slots = StartupSlots(total=3, per_peer=3, stale_after=1.0)
     evicted: list[str] = []
     held = [
-        slots.admit(f"10.0.0.{i}", lambda i=i: evicted.append(f"f{i}"), i * 0.1) for i in (1, 2, 3)
+        slots.admit(f"10.0.0.{i}", partial(evicted.append, f"f{i}"), i * 0.1) for i in (1, 2, 3)
     ]
     assert all(held)
     assert slots.admit("10.0.1.1", lambda: None, 0.9) is None  # nothing stale yet
+    assert held[0] is not None
     held[0].evictable = False  # its Request arrived: it waits for the ULP, never evicted
     assert slots.admit("10.0.0.2", lambda: None, 5.0) is None  # 1 against 1: no churn
     good = slots.admit("10.0.1.1", lambda: None, 1.25)
@@ -161,12 +164,13 @@ def test_an_address_at_its_bound_gives_its_own_stale_slot_to_a_new_connection() 
     oldest slot without a Request is stale, a new connection takes it (one at a time)."""
     slots = StartupSlots(total=8, per_peer=2, stale_after=1.0)
     evicted: list[str] = []
-    held = [slots.admit("10.0.0.1", lambda i=i: evicted.append(f"a{i}"), i * 0.5) for i in (0, 1)]
+    held = [slots.admit("10.0.0.1", partial(evicted.append, f"a{i}"), i * 0.5) for i in (0, 1)]
     assert all(held)
     assert slots.admit("10.0.0.1", lambda: None, 0.9) is None  # nothing stale yet
     assert slots.admit("10.0.0.1", lambda: evicted.append("a2"), 1.2) is not None
     assert evicted == ["a0"] and slots.evicted_stale == 1 and slots.counts() == {"10.0.0.1": 2}
     assert slots.admit("10.0.0.1", lambda: None, 1.3) is None  # a1 is 0.8 s old
+    assert held[1] is not None
     held[1].evictable = False  # its Request arrived: never taken
     newest = slots.admit("10.0.0.1", lambda: None, 9.0)
     assert newest is not None and evicted == ["a0", "a2"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import socket
 from collections.abc import Sequence
+from typing import TypedDict
 
 import pytest
 import trio
@@ -23,6 +24,13 @@ from stack.wire.framing import FpduDeframer
 from tests.e2e.helpers import tcp_pair
 
 Buffer = bytes | bytearray | memoryview
+
+
+class _Remote(TypedDict):
+    """The remote buffer of an RDMA Write or Read (``SendWR`` keywords)."""
+
+    rkey: int
+    remote_addr: int
 
 
 class FakeSocket:
@@ -345,7 +353,7 @@ async def test_a_large_write_through_a_trickling_socket_keeps_at_most_a_pass_uns
         pattern = random.Random(7).randbytes(size)
         src, sink = client.mr(pattern), client.mr(size)
         for op, local in ((WrOpcode.RDMA_WRITE, src), (WrOpcode.RDMA_READ, sink)):
-            at = {"rkey": target.rkey, "remote_addr": target.base}
+            at: _Remote = {"rkey": target.rkey, "remote_addr": target.base}
             client.qp.post_send(SendWR(1, op, (client.sge(local),), **at))
             with trio.fail_after(60):
                 assert (await client.cq.next()).status is WcStatus.SUCCESS
@@ -371,7 +379,7 @@ async def test_two_ends_reading_large_regions_of_each_other_then_writing_both_fi
         sinks = [a.mr(size), b.mr(size)]
         for k, host in enumerate((a, b)):
             peer = regions[1 - k]
-            at = {"rkey": peer.rkey, "remote_addr": peer.base}
+            at: _Remote = {"rkey": peer.rkey, "remote_addr": peer.base}
             host.qp.post_send(
                 [
                     SendWR(1, WrOpcode.RDMA_READ, (host.sge(sinks[k]),), **at),
@@ -418,7 +426,7 @@ async def test_two_ends_stalled_on_each_others_reads_release_the_stall(
                 )
                 for i in range(reads)
             ]
-            at = {"rkey": peer.rkey, "remote_addr": peer.base}
+            at: _Remote = {"rkey": peer.rkey, "remote_addr": peer.base}
             wrs.append(SendWR(99, WrOpcode.RDMA_WRITE, (host.sge(host.mr(b"\xff" * 64)),), **at))
             host.qp.post_send(wrs)
         with trio.fail_after(20):

@@ -97,6 +97,7 @@ async def test_all_operations_over_tcp(variant: str) -> None:
             client,
             server,
         ):
+            assert client.conn is not None
             neg = client.conn.negotiated
             assert neg is not None and neg.peer_private_data == b"welcome"
             await exercise_all_operations(client, server)
@@ -133,6 +134,7 @@ async def test_protection_error_over_tcp_terminates_both_and_flushes() -> None:
                 SendWR(2, WrOpcode.SEND, inline_data=b"after"),
             ]
         )
+        assert client.conn is not None and server.conn is not None
         with trio.fail_after(10):
             await client.conn.wait_closed()
             await server.conn.wait_closed()

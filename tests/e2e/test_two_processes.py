@@ -27,6 +27,7 @@ async def test_operations_against_a_peer_process() -> None:
         host = make_host("client")
         async with ConnectionManager.open(host.rnic) as cm:
             conn = await cm.connect("127.0.0.1", port, host.qp)
+            assert conn.negotiated is not None
             stag, to, length = ADVERT.unpack(conn.negotiated.peer_private_data)
             assert length == 65536
             data = bytes(range(256)) * 200

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from kbtp.constants import (
     TICKET_MASK,
@@ -64,12 +65,20 @@ class ModelViolation(AssertionError):
     """An invariant failed; carries the trace of transitions that led there."""
 
 
+Phase = (
+    tuple[Literal["ticket"], int]
+    | tuple[Literal["slot"], int, int]
+    | tuple[Literal["written"], int, int, bytes]
+)
+"""A direct allocation in progress: (tag, ticket[, block[, data written]])."""
+
+
 @dataclass(frozen=True)
 class Actor:
     """One initiator.  kind: "inline" / "read" (target-executed stores) or "direct".
 
     inflight: (opcode name, handle, data) of the one outstanding request, or None.
-    phase (direct only): None, ("ticket", t), ("slot", t, block), ("written", t, block).
+    phase (direct only): None, ("ticket", t), ("slot", t, block), ("written", t, block, data).
     """
 
     name: str
@@ -80,7 +89,7 @@ class Actor:
     budget: int
     bound: frozenset[int] = frozenset()
     inflight: tuple[str, int, bytes] | None = None
-    phase: tuple[object, ...] | None = None
+    phase: Phase | None = None
     alive: bool = True
     direct_ok: bool = True  # False after TICKET_ABANDONED: direct allocation is over
 
@@ -127,7 +136,8 @@ class World:
         self.chains = chains  # the offloaded target's RNIC, shared by every world
         self.actors = actors
         self.now = now
-        self.rnic: dict[int, Action] = {}  # pending RDMA Reads / invalidations by op id
+        # pending RDMA Reads / invalidations by op id
+        self.rnic: dict[int, ReadFromInitiator | InvalidateStag] = {}
         self.stag_valid = {"ring": True, "head": True, "partition": True}
         self.ghost: dict[int, bytes] = {}  # handle -> bytes its owner stored
         self.events: list[str] = []  # coverage events of the last transition
@@ -140,9 +150,7 @@ class World:
         return new
 
     def key(self) -> tuple[object, ...]:
-        rnic = tuple(
-            sorted(repr(replace(a, op_id=0)) for a in self.rnic.values())  # type: ignore[type-var]
-        )
+        rnic = tuple(sorted(repr(replace(a, op_id=0)) for a in self.rnic.values()))
         return (
             self.core.state_key(self.now),
             tuple(self.actors),
@@ -406,11 +414,11 @@ def _direct_steps(w: World, i: int, a: Actor, mc: ModelConfig) -> list[tuple[str
 
         steps.append((f"{a.name}:fetchadd", fetch_add))
         return steps
-    if a.phase is None:
+    phase = a.phase
+    if phase is None:
         return steps
-    tag = a.phase[0]
-    ticket = int(a.phase[1])  # type: ignore[call-overload]
-    if tag == "ticket":
+    ticket = phase[1]
+    if phase[0] == "ticket":
         slot = read_slot(core.memory, geometry.slots_offset + geometry.slot_offset(ticket))
         newer = 0 < (slot.sequence - ticket) % TICKET_MODULUS < TICKET_MODULUS // 2
         if not w.stag_valid["ring"]:
@@ -430,8 +438,8 @@ def _direct_steps(w: World, i: int, a: Actor, mc: ModelConfig) -> list[tuple[str
                 w.actors[i] = replace(w.actors[i], phase=None, direct_ok=False)
 
             steps.append((f"{a.name}:give-up", give_up))
-    elif tag == "slot":
-        block = int(a.phase[2])  # type: ignore[call-overload]
+    elif phase[0] == "slot":
+        block = phase[2]
 
         def write(w: World) -> None:
             b = w.actors[i]
@@ -449,9 +457,8 @@ def _direct_steps(w: World, i: int, a: Actor, mc: ModelConfig) -> list[tuple[str
             w.actors[i] = replace(b, phase=("written", ticket, block, data))
 
         steps.append((f"{a.name}:write", write))
-    elif tag == "written" and a.inflight is None:
-        block = int(a.phase[2])  # type: ignore[call-overload]
-        data = bytes(a.phase[3])  # type: ignore[arg-type]
+    elif phase[0] == "written" and a.inflight is None:
+        block, data = phase[2], phase[3]
         handle = next((h for h in a.handles if h not in a.bound), None)
         if handle is not None:
 
@@ -539,7 +546,7 @@ def check(w: World, mc: ModelConfig) -> None:
                 raise ModelViolation(f"handle {h}: block {e.block_offset:#x} lost its data")
     for a in w.actors:
         if a.kind == "direct" and a.phase is not None and a.phase[0] in ("slot", "written"):
-            ticket = int(a.phase[1])  # type: ignore[call-overload]
+            ticket = a.phase[1]
             ring = core.ring_of(b"C")
             if ticket not in ring.abandoned and ring.ready_block(ticket) != a.phase[2]:
                 raise ModelViolation(f"ticket {ticket}'s block left its slot before BIND")

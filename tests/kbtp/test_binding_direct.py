@@ -7,6 +7,8 @@ atomic engine (the same one the target's own FetchAdds use), slot reads, RDMA Wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 
@@ -33,9 +35,9 @@ from tests.kbtp.test_binding_ops import (
 pytestmark = pytest.mark.both_targets  # docs/kbtp.md §8.1: the initiator cannot tell
 
 
-async def _until(predicate: object, timeout: float = 5.0) -> None:
+async def _until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
     with trio.fail_after(timeout):
-        while not predicate():  # type: ignore[operator]
+        while not predicate():
             await trio.sleep(0.01)
 
 
@@ -165,8 +167,12 @@ async def test_s3_4_direct_tickets_beyond_the_quota_close_the_session() -> None:
                 op = FetchAddOp(
                     ack.head_stag, ack.head_offset, RING_ADD_DATA, ring_add_mask(ack.ring_order)
                 )
-                tickets = [await c.one_sided(op) for _ in range(C.quota + 1)]
-                assert [t >> 32 for t in tickets] == list(range(C.quota + 1))  # type: ignore[operator]
+                tickets: list[int] = []
+                for _ in range(C.quota + 1):
+                    original = await c.one_sided(op)
+                    assert isinstance(original, int)  # a FetchAdd returns the original Head
+                    tickets.append(original)
+                assert [t >> 32 for t in tickets] == list(range(C.quota + 1))
                 assert c.conn is not None
                 await c.conn.wait_closed()  # at the next tick (Ticket Timeout / 2)
                 term = c.qp.peer_terminate

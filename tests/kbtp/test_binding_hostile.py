@@ -107,7 +107,8 @@ async def test_s9_2_a_burst_beyond_the_credits_is_answered_credit_exceeded(burst
             source = a.pd.reg_mr(bytearray(data(4, 3000)), Access.REMOTE_READ)
             first = AllocStore(10_000, 5, DataDescriptor(source.rkey, source.base, 3000))
             rest = [Free(10_000 + k, 5 + k % 2) for k in range(1, burst)]
-            messages = [(m.encode(), m.request_id) for m in [first, *rest]]
+            batch: list[AllocStore | Free] = [first, *rest]
+            messages = [(m.encode(), m.request_id) for m in batch]
             answers = await a.send_raw_burst(messages)
             over = answers[16]
             assert over is not None and over.status == Status.CREDIT_EXCEEDED

@@ -8,8 +8,10 @@ status and change nothing (§6.0), and the errors that close a session (§9.3).
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from typing import TypedDict, Unpack
 
 import pytest
 import trio
@@ -36,7 +38,8 @@ from kbtp.messages import (
 from kbtp.target import KbtpTarget, receive_buffer_size
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
-from stack.rnic import QpState
+from stack.rnic import QpState, Rnic
+from stack.transport.cm import TapFactory
 from stack.wire.events import MpaSettings
 from tests.kbtp.targets import new_target
 
@@ -71,12 +74,20 @@ async def serving(**overrides: object) -> AsyncIterator[KbtpTarget]:
         yield running
 
 
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`KbtpInitiator.connect` a test may pass through."""
+
+    settings: MpaSettings | None
+    rnic: Rnic | None
+    tap_factory: TapFactory | None
+    hello_timeout: float
+    max_block_size: int
+
+
 def connect(
-    target: KbtpTarget, identity: str, caps: Capability = DIRECT, **kw: object
-) -> KbtpInitiator:
-    return KbtpInitiator.connect(  # type: ignore[return-value]
-        "127.0.0.1", target.port, identity, capabilities=caps, **kw
-    )
+    target: KbtpTarget, identity: str, caps: Capability = DIRECT, **kw: Unpack[ConnectOptions]
+) -> AbstractAsyncContextManager[KbtpInitiator]:
+    return KbtpInitiator.connect("127.0.0.1", target.port, identity, capabilities=caps, **kw)
 
 
 def data(tag: int, size: int) -> bytes:
@@ -203,7 +214,7 @@ async def test_s9_2_requests_beyond_the_credits_wait_and_all_complete() -> None:
             payloads = {h: data(h, 600 + 500 * h) for h in range(8)}
             async with trio.open_nursery() as nursery:
                 for h, d in payloads.items():
-                    nursery.start_soon(lambda h=h, d=d: a.alloc_store(h, d, seal=True))
+                    nursery.start_soon(partial(a.alloc_store, h, d, seal=True))
             assert max(seen) == 4  # never more than the Request Credits outstanding
             results: dict[int, bytes] = {}
 
@@ -404,7 +415,7 @@ async def test_s6_0_load_then_free_then_alloc_on_one_handle_keep_their_order(
             await a.alloc_store(7, old, seal=True)
             got: dict[str, object] = {}
 
-            async def submit_in_order(name: str, call: object) -> None:
+            async def submit_in_order(name: str, call: Callable[[], Awaitable[object]]) -> None:
                 before = a.core.outstanding + a.core.queued
                 nursery.start_soon(lambda: _keep(got, name, call))
                 while a.core.outstanding + a.core.queued == before:
@@ -418,5 +429,7 @@ async def test_s6_0_load_then_free_then_alloc_on_one_handle_keep_their_order(
             assert await a.load(7) == new
 
 
-async def _keep(results: dict[str, object], name: str, call: object) -> None:
-    results[name] = await call()  # type: ignore[operator]
+async def _keep(
+    results: dict[str, object], name: str, call: Callable[[], Awaitable[object]]
+) -> None:
+    results[name] = await call()

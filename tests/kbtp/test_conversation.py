@@ -29,7 +29,8 @@ def test_kbtp_4_2_target_refusals_follow_the_session_state() -> None:
     assert target_refusal(MessageOpcode.HELLO, False) is None
     assert target_refusal(MessageOpcode.HELLO, True) == (Status.BAD_OPCODE, "second HELLO")
     assert target_refusal(MessageOpcode.LOAD, False) == (Status.NO_SESSION, "request before HELLO")
-    assert target_refusal(MessageOpcode.COMPLETION, False)[0] is Status.NO_SESSION  # type: ignore[index]
+    refusal = target_refusal(MessageOpcode.COMPLETION, False)
+    assert refusal is not None and refusal[0] is Status.NO_SESSION
     assert target_refusal(MessageOpcode.COMPLETION, True) == (
         Status.BAD_OPCODE,
         "COMPLETION sent to a target",
@@ -106,7 +107,7 @@ def test_sends_of_other_protocols_are_left_alone() -> None:
     assert conv.annotate(0, "i2r", HELLO, True) is None  # the stream is not KBTP
 
 
-async def _bad_sessions(path: Path) -> list[Status | None]:
+async def _bad_sessions(path: Path) -> list[int | None]:
     """One session per bad message against a real target, all captured to ``path``."""
     bad = [
         bytes([KBTP_VERSION + 1]) + LOAD[1:],
@@ -114,7 +115,7 @@ async def _bad_sessions(path: Path) -> list[Status | None]:
         Completion(9, 0, 0, Status.SUCCESS).encode(),
         Hello(9, identity=b"b").encode(),
     ]
-    statuses: list[Status | None] = []
+    statuses: list[int | None] = []
     with path.open("wb") as f:
         writer = PcapWriter(f)
         target = new_target(config(), tap_factory=pcap_tap_factory(writer))

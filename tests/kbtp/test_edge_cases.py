@@ -42,7 +42,8 @@ async def test_s6_8_an_inline_store_beyond_the_receive_buffer_ends_only_that_ses
                     session.qp.error
                 )
             async with connect(target, "b") as b:  # the target serves the next session
-                done = await b.alloc_store(b.ack.handle_base, b"fine")  # type: ignore[union-attr]
+                assert b.ack is not None
+                done = await b.alloc_store(b.ack.handle_base, b"fine")
                 assert done.status == Status.SUCCESS
 
 

@@ -12,6 +12,7 @@ import pytest
 from kbtp.constants import Capability, RequestFlag, Status
 from kbtp.initiator_core import (
     AllocState,
+    CompareSwapOp,
     DirectAlloc,
     DirectLoad,
     FetchAddOp,
@@ -103,6 +104,13 @@ class Pair:
         mem[start : start + size] = op.data
         return b""
 
+    def read(self, op: ReadOp | None) -> bytes:
+        """Execute ``op``, which must be an RDMA Read, and return the octets it read."""
+        assert op is not None
+        data = self.run(op)
+        assert isinstance(data, bytes)
+        return data
+
 
 @pytest.fixture
 def h() -> Harness:
@@ -169,10 +177,10 @@ def test_s6_6_direct_load_round_trip(h: Harness) -> None:
     assert ack is not None
     load = DirectLoad(ack, 3)
     while (op := load.next_op()) is not None:
-        load.feed(p.run(op))  # type: ignore[arg-type]
+        load.feed(p.read(op))
     assert load.data == b"kv block"
     unsealed = DirectLoad(ack, 4)
-    unsealed.feed(p.run(unsealed.next_op()))  # type: ignore[arg-type]
+    unsealed.feed(p.read(unsealed.next_op()))
     assert unsealed.done and unsealed.data is None and "VALID" in unsealed.reason
 
 
@@ -186,11 +194,11 @@ def test_s6_6_direct_load_sees_a_free_between_its_reads(h: Harness) -> None:
     p.pump()
     assert p.ini.ack is not None
     load = DirectLoad(p.ini.ack, 3)
-    load.feed(p.run(load.next_op()))  # type: ignore[arg-type]
+    load.feed(p.read(load.next_op()))
     p.ini.submit(Free(0, 3))
     p.pump()
     while (op := load.next_op()) is not None:
-        load.feed(p.run(op))  # type: ignore[arg-type]
+        load.feed(p.read(op))
     assert load.data is None and "changed" in load.reason
 
 
@@ -207,12 +215,12 @@ def test_s6_6_direct_load_refuses_a_torn_entry_read_with_the_same_generation(h: 
     p.pump()
     assert p.ini.ack is not None
     load = DirectLoad(p.ini.ack, 3)
-    whole = p.run(load.next_op())  # type: ignore[arg-type]
+    whole = p.read(load.next_op())
     real = TableEntry.unpack(whole)
     torn = TableEntry(real.flags, real.generation, real.data_length + 1, real.block_offset)
     load.feed(torn.pack())
     while (op := load.next_op()) is not None:
-        load.feed(p.run(op))  # type: ignore[arg-type]
+        load.feed(p.read(op))
     assert load.data is None and "changed" in load.reason
 
 
@@ -235,6 +243,7 @@ def test_s6_6_direct_alloc_round_trip(h: Harness) -> None:
     ops = []
     while (op := alloc.next_op()) is not None:
         ops.append(type(op).__name__)
+        assert not isinstance(op, CompareSwapOp)  # DIRECT_ALLOC uses no Compare and Swap
         alloc.feed(p.run(op))
     assert ops == ["FetchAddOp", "ReadOp", "ReadOp", "WriteOp"] and alloc.polls == 2
     p.ini.submit(alloc.bind(35, seal=True))
@@ -250,7 +259,9 @@ def test_s3_4_direct_alloc_learns_its_ticket_was_abandoned(h: Harness) -> None:
     p = Pair(h, 3, b"c", DIRECT)
     assert p.ini.ack is not None
     alloc = DirectAlloc(p.ini.ack, b"slow")
-    alloc.feed(p.run(alloc.next_op()))  # type: ignore[arg-type]
+    fetch = alloc.next_op()
+    assert isinstance(fetch, FetchAddOp)
+    alloc.feed(p.run(fetch))
     h.tick(0.0)
     h.tick(2.0)  # Ticket Timeout: STags invalidated, then the block reclaimed
     h.finish_all((InvalidateStag,))

@@ -22,6 +22,7 @@ from kbtp.initiator_core import (
     FetchAddOp,
     InitiatorCore,
     ReadOp,
+    RequestCompleted,
     SessionReady,
 )
 from kbtp.initiator_errors import HelloTimeout
@@ -159,7 +160,7 @@ def test_s5_8_an_error_completion_needs_no_data_length_check() -> None:
     ini.outgoing()
     comp = Completion(rid, 0x105, 2, Status.NOT_VALID, 0, request_opcode=MessageOpcode.FREE)
     [done] = ini.on_message(comp.encode())
-    assert done.completion == comp  # type: ignore[union-attr]
+    assert isinstance(done, RequestCompleted) and done.completion == comp
 
 
 def test_s6_6_a_direct_load_never_reads_more_than_a_block() -> None:
@@ -173,8 +174,9 @@ def test_s6_6_a_direct_load_never_reads_more_than_a_block() -> None:
 
 def test_s6_6_a_direct_alloc_checks_the_head_and_the_slot() -> None:
     alloc = DirectAlloc(GOOD, b"data")
-    assert isinstance(alloc.next_op(), FetchAddOp)
-    assert alloc.next_op().stag == GOOD.head_stag  # type: ignore[union-attr]
+    fetch = alloc.next_op()
+    assert isinstance(fetch, FetchAddOp)
+    assert fetch.stag == GOOD.head_stag
     with pytest.raises(KbtpError, match="no counter"):
         alloc.feed(pack_counter(1, 0x30))  # ticket 1 must be at slot offset 0x10
     alloc = DirectAlloc(GOOD, b"data")

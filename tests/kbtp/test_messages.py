@@ -352,7 +352,8 @@ def _with_record(flags: int, comp: CompletionDescriptor | None) -> RequestFlag:
 
 @st.composite
 def stores(draw: st.DrawFn) -> Store | AllocStore:
-    cls = draw(st.sampled_from([Store, AllocStore]))
+    classes: list[type[Store] | type[AllocStore]] = [Store, AllocStore]
+    cls = draw(st.sampled_from(classes))
     comp = draw(completions)
     flags = draw(st.sampled_from([0, RequestFlag.SEAL, RequestFlag.INVALIDATE]))
     if draw(st.booleans()):

@@ -16,14 +16,20 @@ state counts are printed (run with ``-s``) for the report.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 import kbtp.ring as ring_mod
 import kbtp.target_core as tc
 from kbtp.constants import TICKET_MODULUS, CounterFormat, counter_operands
-from kbtp.layout import write_slot
-from stack.rnic import Check, LocalWrite
+from kbtp.layout import RingGeometry, TargetLayout, write_slot
+from kbtp.messages import AllocStore
+from kbtp.target_actions import Action
+from kbtp.target_config import InitiatorConfig
+from kbtp.target_offload_alloc import AllocLog
+from kbtp.target_state import SessionState
+from stack.rnic import Branch, Check, LocalWrite
 from tests.kbtp import ring_offload
 from tests.kbtp.ring_model import ModelConfig, ModelViolation, explore
 
@@ -139,9 +145,15 @@ def test_s8_1_exploration_catches_a_chain_that_does_not_consume_its_slot(
     8-15 (§3.3): the block it hands out stays in the ring too."""
     original = ring_offload.alloc_store_branches
 
-    def careless(*args: object) -> list[object]:
-        out = []
-        for branch in original(*args):  # type: ignore[arg-type]
+    def careless(
+        layout: TargetLayout,
+        lkey: int,
+        initiator: InitiatorConfig,
+        ring: RingGeometry,
+        log: AllocLog,
+    ) -> list[Branch]:
+        out: list[Branch] = []
+        for branch in original(layout, lkey, initiator, ring, log):
             wrs = tuple(
                 Check(()) if isinstance(i, LocalWrite) and i.src == b"\xff" * 8 else i
                 for i in branch.wrs
@@ -179,9 +191,11 @@ def test_s3_4_exploration_catches_reclaim_before_invalidation(
 ) -> None:
     original = tc.TargetCore._check_tickets
 
-    def hasty(self: tc.TargetCore, session: int, sess: object, now: float, out: list) -> None:
-        original(self, session, sess, now, out)  # type: ignore[arg-type]
-        sess.invalidating.clear()  # type: ignore[attr-defined]
+    def hasty(
+        self: tc.TargetCore, session: int, sess: SessionState, now: float, out: list[Action]
+    ) -> None:
+        original(self, session, sess, now, out)
+        sess.invalidating.clear()
         self._reclaim_abandoned(self._initiators[b"C"], out, now)
 
     monkeypatch.setattr(tc.TargetCore, "_check_tickets", hasty)
@@ -191,8 +205,8 @@ def test_s3_4_exploration_catches_reclaim_before_invalidation(
 def test_s6_4_exploration_catches_missing_clearing(monkeypatch: pytest.MonkeyPatch) -> None:
     original = tc.TargetCore.__init__
 
-    def init(self: tc.TargetCore, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)  # type: ignore[arg-type]
+    def init(self: tc.TargetCore, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
         for ring in self._rings.values():
             ring.clear_on_free = False
 
@@ -208,11 +222,12 @@ def test_s3_4_exploration_catches_ignored_quota(monkeypatch: pytest.MonkeyPatch)
 def test_s6_3_exploration_catches_entry_written_before_data(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def eager(self: tc.TargetCore, op_id: int, now: float, out: list) -> bool:
+    def eager(self: tc.TargetCore, op_id: int, now: float, out: list[Action]) -> bool:
         op = self._ops.pop(op_id)
+        assert isinstance(op.request, AllocStore)  # as the real _alloc_got_block asserts
         block, ready = self._rings[op.ring].consume(op.ticket)
         self._wake(op.ring, ready, out, now)
-        self._finish_alloc(op.session, op.request, block, out)  # type: ignore[arg-type]
+        self._finish_alloc(op.session, op.request, block, out)
         return True
 
     monkeypatch.setattr(tc.TargetCore, "_alloc_got_block", eager)

@@ -5,6 +5,7 @@ guard, forced values, automatic fields, robustness."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -288,7 +289,8 @@ def test_s9_1_full_fpdu_round_trip_for_every_message(
     message: Message, send: tuple[type[Packet], Opcode], msn: int
 ) -> None:
     layer, opcode = send
-    inval = {"inval_stag": 0xABCD02} if "Invalidate" in layer.__name__ else {}
+    # dict[str, Any]: Scapy's Packet(**fields) also has typed positional parameters
+    inval: dict[str, Any] = {"inval_stag": 0xABCD02} if "Invalidate" in layer.__name__ else {}
     fpdu = MPA_FPDU() / DDP_Untagged(msn=msn, **inval) / layer() / kbtp_layers(message)
     raw = bytes(fpdu)
     pkt = MPA_FPDU(raw)
@@ -470,7 +472,9 @@ def test_s5_reserved_fields_can_be_forced() -> None:
     desc = KBTP(flags="RECORD") / KBTP_Free() / KBTP_CompletionDescriptor(reserved=7)
     assert bytes(desc)[-4:] == b"\x00\x00\x00\x07"
     # Reserved octets are ignored on receipt (docs/kbtp.md §2) except a request's Status.
-    assert decode_message(bytes(comp)).block_offset == NO_BLOCK_OFFSET
+    decoded = decode_message(bytes(comp))
+    assert isinstance(decoded, Completion)
+    assert decoded.block_offset == NO_BLOCK_OFFSET
     assert KBTP(bytes(comp))[KBTP_Completion].reserved == 0xABCDEF
 
 

@@ -20,6 +20,7 @@ from kbtp.target import KbtpTarget
 from kbtp.target_config import InitiatorConfig, TargetConfig
 from kbtp.target_offload import chain_runs
 from stack.rnic import QpState
+from stack.wire.events import ReadRequest
 
 BLOCK = 4096
 A = InitiatorConfig(b"a", 0, 32, 8, "red")
@@ -334,9 +335,13 @@ async def test_s6_0_an_unsealed_load_from_another_session_waits_behind_a_store_m
         ):
             assert (await a.alloc_store(0, data(1, 10))).ok  # unsealed, 10 octets
             assert (await a.alloc_store(1, data(2, 300), seal=True)).ok
-            held: list[Any] = []
+            held: list[ReadRequest] = []
             answer = a.qp._on_read_request
-            a.qp._on_read_request = held.append  # type: ignore[method-assign]
+
+            def hold(req: ReadRequest) -> None:
+                held.append(req)
+
+            a.qp._on_read_request = hold  # type: ignore[method-assign]  # hold A's Read Requests
             got: dict[str, Any] = {}
             sink = bytearray(BLOCK)
 

@@ -136,7 +136,7 @@ def test_inline_ethernet_path_and_lean_segments_match_parse_tcp() -> None:
     """Every Ethernet/IPv4 case the reader's inline path tests (and the ones it leaves to
     parse_tcp): the segments, the lean segments and the counters agree with parse_tcp."""
     ip = bytearray(ipv4_tcp(b"abcdef"))
-    cases = [bytes(ip), ip[:-2]]  # whole; cut by the snapshot length
+    cases: list[bytes | bytearray] = [bytes(ip), ip[:-2]]  # whole; cut by the snapshot length
     for at, value in [(1, 0xB8), (6, 0x20), (6, 0x40), (7, 0x01), (9, 17), (8, 1)]:
         case = bytearray(ip)  # TOS, MF, DF, fragment offset, UDP, TTL 1
         case[at] = value

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from stack.rnic import Access, CompletionQueue, QueuePair, Rnic, Sge, reg_mr_wr
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.memory import MemoryRegion, ProtectionDomain
-from stack.wire.connection import IwarpConnection
+from stack.wire.connection import ConnectionEvent, IwarpConnection
 from stack.wire.events import (
     Established,
     MpaSettings,
@@ -60,8 +60,8 @@ class Side:
         return Sge(mr.base + offset, n, mr.lkey)
 
 
-def _drain(engine: IwarpConnection) -> list[object]:
-    events = []
+def _drain(engine: IwarpConnection) -> list[ConnectionEvent]:
+    events: list[ConnectionEvent] = []
     while not isinstance(ev := engine.next_event(), NeedData):
         events.append(ev)
     return events

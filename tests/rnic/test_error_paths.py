@@ -17,7 +17,8 @@ import pytest
 from stack.errors import LocalError
 from stack.rnic import Access, MemoryRegion, SendWR, WcStatus, WrOpcode
 from stack.rnic.endpoint import QpEndpoint
-from stack.rnic.qp import MAX_SNAPSHOT_BYTES
+from stack.rnic.qp import MAX_SNAPSHOT_BYTES, QueuePair
+from stack.rnic.qp_base import _OutItem
 from stack.wire.events import ReadResponse
 from tests.rnic.helpers import Pair
 
@@ -25,12 +26,14 @@ SIZE = 6 << 20
 READS = 16
 
 
-def _copied_bytes(qp: object) -> int:
+def _copied_bytes(qp: QueuePair) -> int:
     """Bytes of queued Read Responses that are copies (not views of registered memory)."""
     return sum(
         len(item.message.data)
-        for item in qp._out  # type: ignore[attr-defined]
-        if isinstance(item.message, ReadResponse) and isinstance(item.message.data, bytes)
+        for item in qp._out
+        if isinstance(item, _OutItem)
+        and isinstance(item.message, ReadResponse)
+        and isinstance(item.message.data, bytes)
     )
 
 

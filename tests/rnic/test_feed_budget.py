@@ -20,7 +20,7 @@ _SETTINGS = MpaSettings(ird=32, ord=32)
 _DATA = (bytes(range(256)) * 3)[: _READS * _SIZE]
 
 
-def _pair_with_reads() -> tuple[Pair, bytes, bytearray]:
+def _pair_with_reads() -> tuple[Pair, bytes, memoryview]:
     """A pair whose initiator has posted ``_READS`` Reads of the responder's ``_SIZE``-byte
     slices; returns it, the requests' wire bytes (not yet fed) and the sink buffer."""
     pair = Pair(_SETTINGS, _SETTINGS, a_qp={"ord": 32}, b_qp={"ird": 32})

@@ -174,9 +174,15 @@ def test_a_large_write_with_immediate_completes_once_after_its_immediate_data() 
     src = pair.a.mr(data)
     target = pair.b.mr(_SIZE, _REMOTE)
     pair.b.qp.post_recv(RecvWR(7, ()))
-    at = {"rkey": target.rkey, "remote_addr": target.base}
     pair.a.qp.post_send(
-        SendWR(3, WrOpcode.RDMA_WRITE_WITH_IMM, (pair.a.sge(src),), imm_data=0xABCD, **at)
+        SendWR(
+            3,
+            WrOpcode.RDMA_WRITE_WITH_IMM,
+            (pair.a.sge(src),),
+            imm_data=0xABCD,
+            rkey=target.rkey,
+            remote_addr=target.base,
+        )
     )
     passes = 0
     while pair.step(pair.a, pair.b):  # the Write's parts, the Immediate Data with the last

@@ -7,7 +7,7 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stack.rnic import Access, RecvWR, SendWR, WcStatus, WrOpcode
+from stack.rnic import Access, MemoryRegion, RecvWR, SendWR, WcStatus, WrOpcode
 from stack.wire.atomics import cmp_swap, fetch_add
 from tests.rnic.helpers import Pair
 
@@ -33,7 +33,7 @@ def test_rdmap_13_random_operations_match_the_model(operations, ord_, pump_each)
     target = p.b.mr(SIZE, ALL)
     model = bytearray(SIZE)
     inbox = p.b.mr(2048)
-    expected_reads: list[tuple[object, bytes]] = []
+    expected_reads: list[tuple[MemoryRegion, bytes]] = []
     expected_sends: list[bytes] = []
     wr_id = 0
     for op in operations:

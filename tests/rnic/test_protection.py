@@ -5,18 +5,20 @@ target memory untouched, moves both QPs to ERROR and flushes outstanding work re
 from __future__ import annotations
 
 import struct
+from typing import Literal
 
 import pytest
 
 from stack.constants import READ_REQUEST_HDR_LEN
-from stack.rnic import Access, QpState, RecvWR, SendWR, WcStatus, WrOpcode
+from stack.rnic import Access, MemoryRegion, QpState, RecvWR, SendWR, WcStatus, WrOpcode
+from stack.wire.events import Terminate
 from tests.rnic.helpers import Pair
 
 U64 = 1 << 64
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 # case -> (access of the target MR, use another PD?, STag mutation, TO delta, length)
-CASES = {
+CASES: dict[str, tuple[Access, bool, str | None, int | Literal["wrap"], int]] = {
     "invalid_stag": (ALL, False, "bogus", 0, 8),
     "invalidated_stag": (ALL, False, "invalidated", 0, 8),
     "pd_mismatch": (ALL, True, None, 0, 8),
@@ -45,7 +47,7 @@ READ_CODES = {
 }
 
 
-def _target(p: Pair, case: str):
+def _target(p: Pair, case: str) -> tuple[MemoryRegion, int, int, int]:
     access, other_pd, mutation, delta, length = CASES[case]
     pd = p.b.rnic.alloc_pd() if other_pd else p.b.pd
     mr = pd.reg_mr(bytearray(b"\x5a" * 64), access)
@@ -58,7 +60,9 @@ def _target(p: Pair, case: str):
     return mr, stag, to, length
 
 
-def _assert_aftermath(p: Pair, mr, cause, statuses: list[WcStatus]) -> object:
+def _assert_aftermath(
+    p: Pair, mr: MemoryRegion, cause: tuple[int, int, int], statuses: list[WcStatus]
+) -> Terminate:
     """Memory untouched, both QPs in TERMINATE, the Terminate, and the requester's completions.
 
     A Write completes successfully once handed to the LLP (RFC 5040 §5.5 rule 14), so only

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stack.constants import DDP_TAGGED, DDP_TAGGED_HDR_LEN
-from stack.rnic import Access, RecvWR, SendWR, WrOpcode
+from stack.rnic import Access, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 from stack.rnic import memory as memory_module
+from stack.rnic.memory import MemoryRegion
 from stack.wire.events import MpaSettings
 from stack.wire.framing import FpduDeframer, FpduFramer
 from tests.rnic.helpers import Pair
@@ -36,14 +37,25 @@ _OPS_AND_REQUESTS = st.lists(
 )
 
 
-def _pair(markers: bool, seed: int, emss: int | None) -> Pair:
+class _Pair(Pair):
+    """A :class:`Pair` with the regions the tests below use."""
+
+    target: MemoryRegion
+    inbox: MemoryRegion
+    src: MemoryRegion
+    read_src: MemoryRegion
+    sink: MemoryRegion
+    fetched: MemoryRegion
+    answers: MemoryRegion
+
+
+def _pair(markers: bool, seed: int, emss: int | None) -> _Pair:
     """A connected pair whose STags come from ``seed`` (two pairs of one seed agree)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(memory_module.secrets, "randbelow", random.Random(seed).randrange)
-        kw = {} if emss is None else {"emss": emss}
-        s = MpaSettings(want_markers=markers, ird=16, ord=16, **kw)  # type: ignore[arg-type]
+        s = MpaSettings(want_markers=markers, ird=16, ord=16, emss=emss)
         qp = {"ird": 16, "ord": 16}  # requests of both ends all go out at once
-        pair = Pair(s, s, a_qp=qp, b_qp=qp)
+        pair = _Pair(s, s, a_qp=qp, b_qp=qp)
         pair.pump()
         pair.target = pair.b.mr(
             _TARGET,
@@ -52,22 +64,22 @@ def _pair(markers: bool, seed: int, emss: int | None) -> Pair:
             | Access.REMOTE_READ
             | Access.REMOTE_ATOMIC
             | Access.ZERO_BASED,
-        )  # type: ignore[attr-defined]
-        pair.inbox = pair.b.mr(3000 * 12)  # type: ignore[attr-defined]
-        pair.src = pair.a.mr(random.Random(seed).randbytes(9000))  # type: ignore[attr-defined]
+        )
+        pair.inbox = pair.b.mr(3000 * 12)
+        pair.src = pair.a.mr(random.Random(seed).randbytes(9000))
         zero_based_read = (
             Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC | Access.ZERO_BASED
         )
-        pair.read_src = pair.a.pd.reg_mr(pair.src.buf, zero_based_read)  # type: ignore[attr-defined]
-        pair.sink = pair.b.mr(9000 * 3, Access.LOCAL_WRITE | Access.ZERO_BASED)  # type: ignore[attr-defined]
-        pair.fetched = pair.b.mr(8 * 4)  # type: ignore[attr-defined]
-        pair.answers = pair.a.mr(9000 * 12, Access.LOCAL_WRITE | Access.ZERO_BASED)  # type: ignore[attr-defined]
+        pair.read_src = pair.a.pd.reg_mr(pair.src.buf, zero_based_read)
+        pair.sink = pair.b.mr(9000 * 3, Access.LOCAL_WRITE | Access.ZERO_BASED)
+        pair.fetched = pair.b.mr(8 * 4)
+        pair.answers = pair.a.mr(9000 * 12, Access.LOCAL_WRITE | Access.ZERO_BASED)
     return pair
 
 
-def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
+def _post(pair: _Pair, ops: list[tuple[str, int, int]]) -> bytes:
     a, b = pair.a, pair.b
-    target, inbox, src = pair.target, pair.inbox, pair.src  # type: ignore[attr-defined]
+    target, inbox, src = pair.target, pair.inbox, pair.src
     recvs = [
         RecvWR(100 + k, (b.sge(inbox, 3000 * k, 3000),))
         for k, op in enumerate(ops)
@@ -90,7 +102,7 @@ def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
         elif kind == "send":
             wrs.append(SendWR(k, WrOpcode.SEND, (a.sge(src, 0, size),)))
         elif kind == "read":
-            sink = a.sge(pair.answers, 9000 * k, size)  # type: ignore[attr-defined]
+            sink = a.sge(pair.answers, 9000 * k, size)
             wrs.append(
                 SendWR(
                     k,
@@ -105,7 +117,7 @@ def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
                 SendWR(
                     k,
                     WrOpcode.ATOMIC_FETCH_AND_ADD,
-                    (a.sge(pair.answers, 9000 * k, 8),),  # type: ignore[attr-defined]
+                    (a.sge(pair.answers, 9000 * k, 8),),
                     rkey=target.rkey,
                     remote_addr=target.base + offset * 8,
                     compare_add=size,
@@ -127,10 +139,13 @@ def _post(pair: Pair, ops: list[tuple[str, int, int]]) -> bytes:
     return bytes(a.endpoint.produce())
 
 
-def _outcome(pair: Pair) -> tuple[bytes, bytes, list[tuple[object, ...]]]:
+_Completion = tuple[int, WcStatus, WcOpcode, int, bytes | None]
+
+
+def _outcome(pair: _Pair) -> tuple[bytes, bytes, list[_Completion]]:
     wcs = pair.b.cq.poll(1000)
     done = [(wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data) for wc in wcs]
-    return bytes(pair.target.buf), bytes(pair.inbox.buf), done  # type: ignore[attr-defined]
+    return bytes(pair.target.buf), bytes(pair.inbox.buf), done
 
 
 @settings(max_examples=60, deadline=None)
@@ -162,7 +177,7 @@ def test_mpa_15_chunking_never_changes_placement_or_completions(
     assert _outcome(chunked) == expected
     # ... and what was placed is what was posted.
     target = bytearray(_TARGET)
-    src = whole.src.buf  # type: ignore[attr-defined]
+    src = whole.src.buf
     for kind, size, offset in ops:
         if kind != "send":
             target[offset : offset + size] = src[:size]
@@ -182,16 +197,16 @@ _FAULTS = st.sampled_from(["none", "flip", "stag", "bounds", "truncate", "msn", 
 _READS = st.lists(st.integers(0, 9000), max_size=3)
 
 
-def _with_reads(pair: Pair, reads: list[int], atomics: int = 0) -> None:
+def _with_reads(pair: _Pair, reads: list[int], atomics: int = 0) -> None:
     """``b`` posts RDMA Reads of ``a``'s source into its sink, and ``atomics`` FetchAdds on
     it; ``a`` gets the requests."""
     a, b = pair.a, pair.b
-    src = pair.read_src  # type: ignore[attr-defined]
+    src = pair.read_src
     wrs = [
         SendWR(
             500 + k,
             WrOpcode.RDMA_READ,
-            (b.sge(pair.sink, 9000 * k, size),),  # type: ignore[attr-defined]
+            (b.sge(pair.sink, 9000 * k, size),),
             rkey=src.rkey,
             remote_addr=src.base,
         )
@@ -201,7 +216,7 @@ def _with_reads(pair: Pair, reads: list[int], atomics: int = 0) -> None:
         SendWR(
             600 + k,
             WrOpcode.ATOMIC_FETCH_AND_ADD,
-            (b.sge(pair.fetched, 8 * k, 8),),  # type: ignore[attr-defined]
+            (b.sge(pair.fetched, 8 * k, 8),),
             rkey=src.rkey,
             remote_addr=8 * k,
             compare_add=k + 1,
@@ -261,7 +276,7 @@ def _faulty(wire: bytes, offset: int, markers: bool, fault: str, where: int) -> 
     return b"".join(bytes(framer.frame(u)) for u in ulpdus)
 
 
-def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
+def _observe(pair: _Pair, results: list[bool]) -> tuple[object, ...]:
     b = pair.b
     assert b.endpoint is not None
     err = b.endpoint.error
@@ -272,10 +287,10 @@ def _observe(pair: Pair, results: list[bool]) -> tuple[object, ...]:
         asyncs.append(repr(event))
     return (
         results,
-        bytes(pair.target.buf),  # type: ignore[attr-defined]
-        bytes(pair.inbox.buf),  # type: ignore[attr-defined]
-        bytes(pair.sink.buf),  # type: ignore[attr-defined]
-        bytes(pair.fetched.buf),  # type: ignore[attr-defined]
+        bytes(pair.target.buf),
+        bytes(pair.inbox.buf),
+        bytes(pair.sink.buf),
+        bytes(pair.fetched.buf),
         wcs,
         asyncs,
         error,

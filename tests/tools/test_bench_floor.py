@@ -41,6 +41,7 @@ from stack.constants import (
     QueueNumber,
 )
 from stack.crc import crc32c
+from stack.wire.events import ReadRequest
 from stack.wire.rdmap import decode_ulpdu
 
 
@@ -282,6 +283,7 @@ def test_read_requests_are_valid_rdma_read_requests() -> None:
         assert crc32c(fpdu) == MPA_CRC_RESIDUE
         segment = decode_ulpdu(fpdu[2:-4])
         assert segment.opcode == Opcode.RDMA_READ_REQUEST and segment.msn == 5 + k
+        assert isinstance(segment.header, ReadRequest)
         assert segment.qn == QueueNumber.READ_REQUEST and segment.header.size == 65536
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import TypedDict
 
 import pytest
 import trio
@@ -262,10 +263,26 @@ def test_cli_parses_perftest_command_lines() -> None:
 # --------------------------------------------------------------------------- sessions
 
 
+class _Common(TypedDict):
+    """The options both peers of a session get."""
+
+    size: int
+    iters: int
+    num_qps: int
+    timeout: float
+    port: int
+
+
 async def _session(
     test: str, size: int, iters: int, num_qps: int = 1
 ) -> tuple[PerftestClient, PerftestServer]:
-    common = dict(size=size, iters=iters, num_qps=num_qps, timeout=10.0, port=0)
+    common: _Common = {
+        "size": size,
+        "iters": iters,
+        "num_qps": num_qps,
+        "timeout": 10.0,
+        "port": 0,
+    }
     sopts = PerftestOptions.build(test, bind="127.0.0.1", crc=False, out=io.StringIO(), **common)
     server = PerftestServer(sopts)
     with trio.fail_after(30):

@@ -31,7 +31,7 @@ from stack.bench import (
 )
 from stack.bench.cli import parse_host_port
 from stack.cli.iwarp import main
-from stack.rnic import Rnic
+from stack.rnic import MemoryRegion, Rnic
 from stack.transport.cm import ConnectionManager, ConnectRejected
 from stack.wire.markers import mulpdu_for
 from tests.tools.bench_helpers import bench_client
@@ -72,7 +72,7 @@ def cpu_cells(out: str, header: str) -> list[tuple[float, float | None]]:
     """The CPU cells of the first row: (client, server) or (total, None) per cell."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    cells = []
+    cells: list[tuple[float, float | None]] = []
     for v in lines[start + 1].split():
         if v.endswith("(both)"):
             cells.append((float(v.removesuffix("(both)")), None))
@@ -242,7 +242,7 @@ async def test_rdmap_13_write_bandwidth_ends_when_the_data_is_at_the_target() ->
             assert c.local is not None
             c.local.buf[:] = bytes(range(256)) * (size // 256)
             target = server.rnic.table.lookup(c.advert.rkey)
-            assert target is not None
+            assert isinstance(target, MemoryRegion)
             start = c.advert.addr - target.base
             assert bytes(target.buf[start : start + size]) == bytes(size)
             result = await measure_bw([c], opts, size, Progress(None))
@@ -397,6 +397,7 @@ def test_idle_qps_reports_rss_per_qp(
 def test_bad_arguments_give_one_error_line_and_status_2(
     capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
+    code: str | int | None
     try:
         code = main(["bench", *args])
     except SystemExit as exc:

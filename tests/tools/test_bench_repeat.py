@@ -40,6 +40,7 @@ def test_the_run_with_the_median_ratio_is_reported_whole() -> None:
 
 def test_an_even_count_takes_the_lower_middle_and_no_baseline_ranks_by_the_figure() -> None:
     row = median_run([bw(40), bw(10), bw(30), bw(20)])
+    assert isinstance(row, BwResult)
     assert row.bw_average == 20 and row.repeats is not None
     assert row.repeats.ratios == () and row.repeats.ratio_range is None
     # Latency without a baseline: ranked by the median latency of each run.
@@ -47,6 +48,7 @@ def test_an_even_count_takes_the_lower_middle_and_no_baseline_ranks_by_the_figur
     assert isinstance(row, LatResult) and row.t_typical == 80.0
     # With one: by the ratio (latency over raw, lower is better; the median is the same).
     row = median_run([lat(90.0, 30.0), lat(70.0, 10.0), lat(80.0, 40.0)])  # 3.0, 7.0, 2.0
+    assert isinstance(row, LatResult)
     assert row.t_typical == 90.0 and row.ratio == pytest.approx(3.0)
 
 
@@ -123,6 +125,7 @@ def test_one_run_keeps_the_plain_table(capsys: pytest.CaptureFixture[str]) -> No
 def test_bad_repeat_counts_are_one_usage_error(
     capsys: pytest.CaptureFixture[str], value: str, message: str
 ) -> None:
+    code: str | int | None
     try:
         code = main(["bench", "write", "-r", value])
     except SystemExit as exc:

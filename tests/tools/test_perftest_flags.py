@@ -32,7 +32,7 @@ from stack.peers.perftest import latency as perftest_latency
 from stack.peers.perftest.cli import device_notes
 from stack.peers.perftest.options import SEND_FIRST_AFTER
 from stack.peers.perftest.protocol import PerftestError
-from stack.peers.perftest.side import _pattern
+from stack.peers.perftest.side import PerftestSide, _pattern
 
 
 async def _session(
@@ -73,6 +73,13 @@ def test_latency_scripts_follow_perftest_4_5() -> None:
     assert script("atomic", 1) == script("write", 1)
 
 
+def _memory(side: PerftestSide) -> memoryview:
+    """The buffer of ``side``'s first data QP."""
+    region = side.data[0].buf
+    assert region is not None
+    return region.buf
+
+
 # --------------------------------------------------------------------------- sessions
 
 
@@ -87,12 +94,12 @@ def test_latency_peers_against_each_other(test: str) -> None:
     assert [len(d) for d in received] == message_sizes(test, latency=True)
     if test == "read":
         assert not server.lat_results  # the server only waits
-        assert bytes(client.data[0].buf.buf[:64]) == bytes(server.data[0].buf.buf[:64])
+        assert bytes(_memory(client)[:64]) == bytes(_memory(server)[:64])
     else:
         assert server.lat_results[0].iterations == 20  # both ping-pong sides report
     if test == "write":  # the last byte of our region holds the peer's count
-        length = len(client.data[0].buf.buf) // 2
-        assert client.data[0].buf.buf[length + 63] == 20 == server.data[0].buf.buf[length + 63]
+        length = len(_memory(client)) // 2
+        assert _memory(client)[length + 63] == 20 == _memory(server)[length + 63]
     if test == "send":
         assert client.data[0].received == 20 == server.data[0].received
 
@@ -102,7 +109,7 @@ def test_atomic_bw_fetch_and_adds_at_the_server() -> None:
     [result] = client.results
     assert (result.size, result.iterations) == (8, 50)
     before = int.from_bytes(_pattern(8, 0), "little")
-    after = int.from_bytes(server.data[0].buf.buf[:8], "little")
+    after = int.from_bytes(_memory(server)[:8], "little")
     assert after == (before + 50) & (2**64 - 1)
     assert server.peer_report is not None and server.peer_report.iters == 50
     assert client.data[0].qp.ord >= 1 and client.theirs[0].out_reads == server.mine[0].out_reads

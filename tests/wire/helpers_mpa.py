@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from stack.crc import crc_field
 from stack.wire.events import (
@@ -75,11 +76,11 @@ class ConnectionPair:
         return self.pump()
 
     def handshake(
-        self, private_data: bytes = b"", reply_data: bytes = b"", **accept_kwargs: object
+        self, private_data: bytes = b"", reply_data: bytes = b"", **accept_kwargs: Any
     ) -> tuple[list[MpaEvent], list[MpaEvent]]:
         """Full startup with an accept; returns all events of both sides."""
         ev_i, ev_r = self.start(private_data)
-        self.responder.accept(reply_data, **accept_kwargs)  # type: ignore[arg-type]
+        self.responder.accept(reply_data, **accept_kwargs)
         more_i, more_r = self.pump()
         return ev_i + more_i, ev_r + more_r
 

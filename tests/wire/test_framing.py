@@ -558,6 +558,7 @@ def test_mpa_07_framed_fpdus_are_independent_resizable_buffers() -> None:
     framer = FpduFramer(markers=True)
     a = framer.frame(b"a" * 3000)
     b = framer.frame(b"b" * 3000)
+    assert isinstance(a, bytearray) and isinstance(b, bytearray)
     assert bytes(a) + bytes(b) == reference_marker_stream([b"a" * 3000, b"b" * 3000])
     a[:] = bytes(len(a))  # no view of the framer's staging buffer
     a += b"more"  # no buffer export left on the result
@@ -667,7 +668,9 @@ def test_mpa_12_frame_parts_equals_framing_the_joined_ulpdu(header, payload, crc
     st.integers(0, 2047),
     st.integers(0, 3001),
 )
-def test_mpa_01_frame_parts_iov_joins_to_the_framed_fpdus(ulpdus, crc, markers, off, min_ref):
+def test_mpa_01_frame_parts_iov_joins_to_the_framed_fpdus(
+    ulpdus: list[tuple[bytes, bytes]], crc: bool, markers: bool, off: int, min_ref: int
+) -> None:
     """frame_parts_iov (scatter-gather: payloads of min_ref bytes or more by reference
     between the framing bytes) joins to the bytes frame_into gives for the joined ULPDUs,
     and advances the offset alike."""

@@ -15,6 +15,7 @@ from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
     ImmediateData,
+    RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadResponse,
@@ -154,9 +155,9 @@ def test_build_terminate_from_any_bytes_is_encodable(
     ),
     st.integers(0, 70000),
 )
-def test_encoders_raise_only_local_errors(msg: object, mulpdu: int) -> None:
+def test_encoders_raise_only_local_errors(msg: RdmapMessage, mulpdu: int) -> None:
     try:
-        ulpdus = encode_message(msg, msn=1, mulpdu=mulpdu)  # type: ignore[arg-type]
+        ulpdus = encode_message(msg, msn=1, mulpdu=mulpdu)
     except LocalError:
         return
     for u in ulpdus:
@@ -212,7 +213,7 @@ def outcome(stream: RdmapStream, ulpdu: bytes) -> object:
     st.booleans(),
 )
 def test_stream_fast_path_matches_full_validation(
-    plan: list[tuple[object, list]], rfc7306: bool
+    plan: list[tuple[RdmapMessage, list[tuple[int, int]]]], rfc7306: bool
 ) -> None:
     """Every segment, corrupted or not, gives the same events, error, findings and
     sequencing with the fast paths (tagged data, Sends, the fixed-size Read Request, atomic
@@ -220,7 +221,7 @@ def test_stream_fast_path_matches_full_validation(
     tx = RdmapStream(128)
     fast, slow = RdmapStream(1442, rfc7306=rfc7306), SlowPathStream(1442, rfc7306=rfc7306)
     for msg, flips in plan:
-        for ulpdu in tx.send(msg):  # type: ignore[arg-type]
+        for ulpdu in tx.send(msg):
             data = bytearray(ulpdu)
             for pos, value in flips:
                 if pos < len(data):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from stack.wire.events import (
     CrcPolicy,
     Established,
     IrdOrd,
+    MpaEvent,
     MpaFrame,
     MpaSettings,
     PeerClosed,
@@ -47,17 +49,26 @@ def only(events: list, kind: type):
     return found[0]
 
 
-def established(pair: ConnectionPair, **kwargs: object):
-    ev_i, ev_r = pair.handshake(**kwargs)  # type: ignore[arg-type]
+def established(pair: ConnectionPair, **kwargs: Any):
+    ev_i, ev_r = pair.handshake(**kwargs)
     return only(ev_i, Established).negotiated, only(ev_r, Established).negotiated
 
 
-def reply_bytes(**fields: object) -> bytes:
-    return encode_frame(MpaFrame(reply=True, **fields))  # type: ignore[arg-type]
+def ulpdus_of(events: list[MpaEvent]) -> list[bytes]:
+    """The ULPDUs carried by ``events``, every one of which must be an UlpduReceived."""
+    got: list[bytes] = []
+    for e in events:
+        assert isinstance(e, UlpduReceived), e
+        got.append(bytes(e.ulpdu))
+    return got
 
 
-def request_bytes(**fields: object) -> bytes:
-    return encode_frame(MpaFrame(reply=False, **fields))  # type: ignore[arg-type]
+def reply_bytes(**fields: Any) -> bytes:
+    return encode_frame(MpaFrame(reply=True, **fields))
+
+
+def request_bytes(**fields: Any) -> bytes:
+    return encode_frame(MpaFrame(reply=False, **fields))
 
 
 def initiator_after_reply(settings: MpaSettings, reply: bytes) -> list:
@@ -690,7 +701,7 @@ def test_mpa_initiator_accepts_fpdus_in_the_reply_chunk() -> None:
     conn.receive_data(reference_fpdu(b"two")[5:])
     events = drain(conn)
     assert isinstance(events[0], Established)
-    assert [bytes(e.ulpdu) for e in events[1:]] == [b"one", b"two"]
+    assert ulpdus_of(events[1:]) == [b"one", b"two"]
 
 
 @pytest.mark.parametrize("step", [1, 5, 1000])
@@ -706,7 +717,7 @@ def test_mpa_responder_buffers_bytes_after_request_until_accept(step: int) -> No
     conn.accept()
     events = drain(conn)
     assert isinstance(events[0], Established)
-    assert [bytes(e.ulpdu) for e in events[1:]] == [b"eager", b"beaver"]
+    assert ulpdus_of(events[1:]) == [b"eager", b"beaver"]
 
 
 def test_mpa_responder_bytes_before_start_are_kept() -> None:
@@ -802,7 +813,9 @@ def test_mpa_28_crc_error_in_full_operation() -> None:
     bad[-1] ^= 0x55
     pair.initiator.receive_data(reference_fpdu(b"first") + bytes(bad) + reference_fpdu(b"3rd"))
     events = drain(pair.initiator)
-    assert bytes(events[0].ulpdu) == b"first"
+    first = events[0]
+    assert isinstance(first, UlpduReceived)
+    assert bytes(first.ulpdu) == b"first"
     failed = events[1]
     assert isinstance(failed, ConnectionFailed)
     assert not failed.close and failed.terminate == TERM_LLP_CRC_ERROR  # MPA does not close
@@ -905,11 +918,11 @@ def test_mpa_15_chunking_of_the_whole_connection_never_changes_events(
         if stream[pos : pos + cut]:  # b"" would mean FIN
             pair.responder.receive_data(stream[pos : pos + cut])
         pos += cut
-    got = [bytes(e.ulpdu) for e in drain(pair.responder)]
+    got = ulpdus_of(drain(pair.responder))
     assert got == ulpdus
     back = bytes(pair.responder.data_to_send())
     pair.initiator.receive_data(back)
-    assert [bytes(e.ulpdu) for e in drain(pair.initiator)] == ulpdus
+    assert ulpdus_of(drain(pair.initiator)) == ulpdus
 
 
 @settings(max_examples=150, deadline=None)

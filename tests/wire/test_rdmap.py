@@ -29,11 +29,12 @@ from stack.constants import (
     Opcode,
 )
 from stack.crc import crc32c
-from stack.errors import DdpError, DecodeError, LocalError, RdmapError
+from stack.errors import DdpError, DecodeError, LocalError, ProtocolError, RdmapError
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
     ImmediateData,
+    RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadResponse,
@@ -104,7 +105,7 @@ SEND_MSN7 = bytes.fromhex("4143 00000000 00000000 00000007 00000000") + b"Hello,
 """The peer Send of E5: E1 with MSN 7 (ULPDU_Length 31)."""
 
 # (message, msn) each vector encodes, and the header / payload it decodes to.
-MESSAGES: dict[str, tuple[object, int | None]] = {
+MESSAGES: dict[str, tuple[RdmapMessage, int | None]] = {
     "E1": (Send(b"Hello, iWARP!"), 1),
     "E2": (RdmaWrite(0x00ABCDEF, 0x1000, bytes(range(1, 9))), None),
     "E3": (ReadRequest(0x11223344, 0x2000, 0x1000, 0x55667788, 0x3000), 1),
@@ -208,19 +209,19 @@ def test_rdmap_12_e6_built_from_offending_read_request() -> None:
         (AtomicResponse(1, 2), Opcode.ATOMIC_RESPONSE, 3),
     ],
 )
-def test_rdmap_01_untagged_queue_numbers(msg: object, opcode: int, qn: int) -> None:
-    (ulpdu,) = encode_message(msg, msn=5, mulpdu=128)  # type: ignore[arg-type]
+def test_rdmap_01_untagged_queue_numbers(msg: RdmapMessage, opcode: int, qn: int) -> None:
+    (ulpdu,) = encode_message(msg, msn=5, mulpdu=128)
     seg = decode_ulpdu(ulpdu)
-    assert not seg.tagged and seg.opcode == opcode and seg.qn == qn == message_qn(msg)  # type: ignore[arg-type]
+    assert not seg.tagged and seg.opcode == opcode and seg.qn == qn == message_qn(msg)
     assert ulpdu[1] == 0x40 | opcode  # RDMAP-02: RV=01, Rsv=0
 
 
 @pytest.mark.parametrize("msg", [RdmaWrite(7, 9, b"abc"), ReadResponse(7, 9, b"abc")])
-def test_rdmap_05_write_and_read_response_are_tagged(msg: object) -> None:
-    (ulpdu,) = encode_message(msg, msn=None, mulpdu=128)  # type: ignore[arg-type]
+def test_rdmap_05_write_and_read_response_are_tagged(msg: RdmapMessage) -> None:
+    (ulpdu,) = encode_message(msg, msn=None, mulpdu=128)
     seg = decode_ulpdu(ulpdu)
     assert seg.tagged and (seg.stag, seg.to, bytes(seg.payload)) == (7, 9, b"abc")
-    assert message_qn(msg) is None  # type: ignore[arg-type]
+    assert message_qn(msg) is None
 
 
 def test_rdmap_03_invalidate_stag_only_in_opcodes_4_and_6() -> None:
@@ -259,9 +260,11 @@ def test_ddp_03_reserved_bits_noted_not_checked() -> None:
 # --------------------------------------------------------------------------------------
 
 
-def expect(exc_type: type, rule: str, term: object, ulpdu: bytes, **kw: object) -> None:
+def expect(
+    exc_type: type[ProtocolError], rule: str, term: object, ulpdu: bytes, **kw: bool
+) -> None:
     with pytest.raises(exc_type) as info:
-        decode_ulpdu(ulpdu, **kw)  # type: ignore[arg-type]
+        decode_ulpdu(ulpdu, **kw)
     assert info.value.rule == rule and info.value.term == term
 
 

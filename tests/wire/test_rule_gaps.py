@@ -627,7 +627,7 @@ def test_sec_07_a_pd_shared_by_two_streams_refuses_remote_invalidation() -> None
     first = Pair()
     second = SharedResponder(first.b.rnic, first.b.pd)  # the PD now serves two streams
     shared = first.b.fast_mr(16, RW)  # remotely invalidatable, were it not shared
-    second.b.qp.post_recv(RecvWR(1, [second.b.sge(second.b.mr(16))]))
+    second.b.qp.post_recv(RecvWR(1, (second.b.sge(second.b.mr(16)),)))
     second.a.qp.post_send(_send_invalidate(1, shared.rkey))
     second.pump()
     term = second.a.qp.peer_terminate
@@ -642,7 +642,7 @@ def test_sec_07_a_stream_scoped_stag_is_invalidated_by_its_own_streams_peer() ->
     first = Pair()
     SharedResponder(first.b.rnic, first.b.pd)
     own = first.b.fast_mr(16, RW, scoped=True)
-    first.b.qp.post_recv(RecvWR(1, [first.b.sge(first.b.mr(16))]))
+    first.b.qp.post_recv(RecvWR(1, (first.b.sge(first.b.mr(16)),)))
     first.a.qp.post_send(_send_invalidate(1, own.rkey))
     first.pump()
     assert first.a.qp.peer_terminate is None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +32,8 @@ from stack.wire.events import (
     AtomicResponseReceived,
     ImmediateData,
     ImmediateDataReceived,
+    RdmapEvent,
+    RdmapMessage,
     RdmaWrite,
     ReadRequest,
     ReadRequestReceived,
@@ -46,16 +50,32 @@ from stack.wire.stream import RdmapStream, RecvState, SendState
 from stack.wire.terminate import build_terminate
 from tests.wire.test_rdmap import SEND_MSN7, ulpdu_of
 
-
-def pair(mulpdu: int = 1442, **kw: object) -> tuple[RdmapStream, RdmapStream]:
-    return RdmapStream(mulpdu, **kw), RdmapStream(mulpdu, **kw)  # type: ignore[arg-type]
+T = TypeVar("T")
 
 
-def deliver(tx: RdmapStream, rx: RdmapStream, msg: object) -> list[object]:
-    events: list[object] = []
-    for ulpdu in tx.send(msg):  # type: ignore[arg-type]
+def pair(
+    mulpdu: int = 1442, *, rfc7306: bool = True, siw_layout: bool | None = None
+) -> tuple[RdmapStream, RdmapStream]:
+    return (
+        RdmapStream(mulpdu, rfc7306=rfc7306, siw_layout=siw_layout),
+        RdmapStream(mulpdu, rfc7306=rfc7306, siw_layout=siw_layout),
+    )
+
+
+def deliver(tx: RdmapStream, rx: RdmapStream, msg: RdmapMessage) -> list[RdmapEvent]:
+    events: list[RdmapEvent] = []
+    for ulpdu in tx.send(msg):
         events += rx.receive_ulpdu(ulpdu)
     return events
+
+
+def each(kind: type[T], events: Iterable[object]) -> list[T]:
+    """``events`` as a list, every one of which must be a ``kind``."""
+    out: list[T] = []
+    for e in events:
+        assert isinstance(e, kind), e
+        out.append(e)
+    return out
 
 
 def send_segment(msn: int, mo: int, last: bool, data: bytes = b"", op: int = Opcode.SEND) -> bytes:
@@ -63,7 +83,9 @@ def send_segment(msn: int, mo: int, last: bool, data: bytes = b"", op: int = Opc
     return struct.pack(">BBIIII", ctrl, 0x40 | op, 0, 0, msn, mo) + data
 
 
-def raises(stream: RdmapStream, ulpdu: bytes, exc: type, rule: str, term: object) -> ProtocolError:
+def raises(
+    stream: RdmapStream, ulpdu: bytes, exc: type[ProtocolError], rule: str, term: object
+) -> ProtocolError:
     with pytest.raises(exc) as info:
         stream.receive_ulpdu(ulpdu)
     assert info.value.rule == rule and info.value.term == term
@@ -77,7 +99,7 @@ def raises(stream: RdmapStream, ulpdu: bytes, exc: type, rule: str, term: object
 
 def test_ddp_05_msn_starts_at_one_and_counts_per_queue() -> None:
     tx = RdmapStream(1442)
-    msgs = [
+    msgs: list[RdmapMessage] = [
         Send(b"a"),
         ReadRequest(1, 0, 8, 2, 0),
         Send(b"b"),
@@ -99,8 +121,8 @@ def test_ddp_05_msn_wraps_to_zero() -> None:
     tx, rx = pair()
     tx._tx_msn[QueueNumber.SEND] = 0xFFFFFFFF
     rx.sequencer.next_msn[QueueNumber.SEND] = 0xFFFFFFFF
-    assert [e.msn for e in deliver(tx, rx, Send(b"x"))] == [0xFFFFFFFF]  # type: ignore[attr-defined]
-    assert [e.msn for e in deliver(tx, rx, Send(b"y"))] == [0]  # type: ignore[attr-defined]
+    assert [e.msn for e in each(SendSegment, deliver(tx, rx, Send(b"x")))] == [0xFFFFFFFF]
+    assert [e.msn for e in each(SendSegment, deliver(tx, rx, Send(b"y")))] == [0]
     assert rx.expected_msn(QueueNumber.SEND) == 1
 
 
@@ -152,10 +174,10 @@ def test_ddp_06_next_mo_is_previous_mo_plus_length(mo: int) -> None:
 
 def test_ddp_06_mo_continuity_accepts_exact_progression() -> None:
     rx = RdmapStream(1442)
-    out = []
+    out: list[RdmapEvent] = []
     for mo, chunk, last in ((0, b"ab", False), (2, b"", False), (2, b"cde", True)):
         out += rx.receive_ulpdu(send_segment(1, mo, last, chunk))
-    assert [(e.mo, bytes(e.data), e.last) for e in out] == [  # type: ignore[attr-defined]
+    assert [(e.mo, bytes(e.data), e.last) for e in each(SendSegment, out)] == [
         (0, b"ab", False),
         (2, b"", False),
         (2, b"cde", True),
@@ -188,7 +210,8 @@ def test_interleaving_across_queues_and_tagged_is_allowed() -> None:
     events += rx.receive_ulpdu(send_segs[1])
     kinds = [type(e) for e in events]
     assert kinds == [SendSegment, ReadRequestReceived, WriteSegment, SendSegment]
-    assert bytes(events[0].data) + bytes(events[3].data) == bytes(range(200))  # type: ignore[union-attr]
+    first, second = each(SendSegment, [events[0], events[3]])
+    assert bytes(first.data) + bytes(second.data) == bytes(range(200))
 
 
 # --------------------------------------------------------------------------------------
@@ -199,7 +222,7 @@ def test_interleaving_across_queues_and_tagged_is_allowed() -> None:
 def test_events_for_every_message_type() -> None:
     tx, rx = pair()
     req = AtomicRequest.cmp_swap(9, 1, 8, 2, 3)
-    cases = [
+    cases: list[tuple[RdmapMessage, RdmapEvent]] = [
         (RdmaWrite(1, 2, b"w"), WriteSegment(1, 2, memoryview(b"w"), True)),
         (ReadResponse(1, 2, b"r"), ReadResponseSegment(1, 2, memoryview(b"r"), True)),
         (
@@ -240,7 +263,8 @@ def test_event_data_are_views_into_the_ulpdu() -> None:
     tx, rx = pair()
     (ulpdu,) = tx.send(RdmaWrite(1, 0, b"hello"))
     (event,) = rx.receive_ulpdu(ulpdu)
-    assert isinstance(event.data, memoryview) and event.data.obj is ulpdu  # type: ignore[union-attr]
+    assert isinstance(event, WriteSegment)
+    assert isinstance(event.data, memoryview) and event.data.obj is ulpdu
 
 
 # --------------------------------------------------------------------------------------
@@ -370,6 +394,13 @@ def test_mpa_02_mulpdu_is_settable_and_bounded() -> None:
 # Hypothesis: every message type through send() -> receive_ulpdu()
 # --------------------------------------------------------------------------------------
 
+
+def terminate_of(cause: tuple[int, int], code: int) -> Terminate:
+    """A Terminate for the (layer, etype) pair ``cause`` and ``code``."""
+    layer, etype = cause
+    return Terminate(layer, etype, code)
+
+
 u32 = st.integers(0, 0xFFFFFFFF)
 u64 = st.integers(0, ALL_ONES_64)
 payloads = st.one_of(
@@ -385,18 +416,21 @@ messages = st.one_of(
     st.builds(ImmediateData, st.binary(min_size=8, max_size=8), st.booleans()),
     st.builds(AtomicRequest, st.sampled_from([0, 2]), u32, u32, u64, u64, u64, u64, u64),
     st.builds(AtomicResponse, u32, u64),
-    st.builds(lambda pair, code: Terminate(*pair, code), term_pairs, st.integers(0, 255)),
+    st.builds(terminate_of, term_pairs, st.integers(0, 255)),
 )
 
 
-def reassemble(msg: object, events: list[object]) -> object:
+def reassemble(msg: RdmapMessage, events: list[RdmapEvent]) -> RdmapMessage:
     """Rebuild a message from its receive events (tagged by TO, Sends by MO)."""
     if isinstance(msg, RdmaWrite | ReadResponse):
         buf = bytearray()
+        lasts = []
         for e in events:
-            assert e.stag == msg.stag and e.to == msg.to + len(buf)  # type: ignore[attr-defined]
-            buf += e.data  # type: ignore[attr-defined]
-        assert [e.last for e in events] == [False] * (len(events) - 1) + [True]  # type: ignore[attr-defined]
+            assert isinstance(e, WriteSegment | ReadResponseSegment)
+            assert e.stag == msg.stag and e.to == msg.to + len(buf)
+            buf += e.data
+            lasts.append(e.last)
+        assert lasts == [False] * (len(events) - 1) + [True]
         return type(msg)(msg.stag, msg.to, bytes(buf))
     if isinstance(msg, Send):
         buf = bytearray()
@@ -412,12 +446,15 @@ def reassemble(msg: object, events: list[object]) -> object:
         return ImmediateData(event.data, event.solicited)
     if isinstance(event, TerminateReceived):
         return event.terminate
-    return event.response if isinstance(event, AtomicResponseReceived) else event.request  # type: ignore[attr-defined]
+    if isinstance(event, AtomicResponseReceived):
+        return event.response
+    assert isinstance(event, ReadRequestReceived | AtomicRequestReceived)
+    return event.request
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(128, 64768), st.lists(messages, min_size=1, max_size=6))
-def test_round_trip_every_message_type(mulpdu: int, msgs: list[object]) -> None:
+def test_round_trip_every_message_type(mulpdu: int, msgs: list[RdmapMessage]) -> None:
     # Our Terminates are in the RFC layout; the receiver is told so (without the hint, a
     # code RFC 5040 does not define whose siw reading names one is read in siw's layout).
     tx, rx = pair(mulpdu, siw_layout=False)
@@ -425,9 +462,9 @@ def test_round_trip_every_message_type(mulpdu: int, msgs: list[object]) -> None:
     for msg in msgs:
         if terminated:
             with pytest.raises(LocalError):
-                tx.send(msg)  # type: ignore[arg-type]
+                tx.send(msg)
             continue
-        ulpdus = tx.send(msg)  # type: ignore[arg-type]
+        ulpdus = tx.send(msg)
         assert all(len(u) <= mulpdu for u in ulpdus)
         events = [e for u in ulpdus for e in rx.receive_ulpdu(u)]
         assert reassemble(msg, events) == msg
@@ -463,7 +500,7 @@ def test_ddp_09_untagged_delivery_reports_length_and_rsvdulp() -> None:
     last = events[-1]
     assert isinstance(last, SendSegment) and last.last
     assert last.mo + last.data.nbytes == 333  # message length = MO(last) + len(last)
-    assert {(e.opcode, e.invalidate_stag) for e in events} == {  # type: ignore[attr-defined]
+    assert {(e.opcode, e.invalidate_stag) for e in each(SendSegment, events)} == {
         (Opcode.SEND_SE_INVALIDATE, 0xABCD)
     }
 
@@ -480,7 +517,9 @@ def test_ddp_11_error_numbers() -> None:
     for ulpdu in cases:
         with pytest.raises(DdpError) as info:
             RdmapStream(1442).receive_ulpdu(ulpdu)
-        got.append(tuple(info.value.term))  # type: ignore[arg-type]
+        term = info.value.term
+        assert term is not None
+        got.append(tuple(term))
     assert got == [(1, 1, 0x04), (1, 2, 0x06), (1, 2, 0x01), (1, 2, 0x03), (1, 2, 0x04)]
 
 
@@ -488,7 +527,8 @@ def test_rdmap_06_read_requests_on_qn1_in_order() -> None:
     tx, rx = pair()
     reqs = [ReadRequest(1, i, 8, 2, i) for i in range(3)]
     events = [e for r in reqs for e in deliver(tx, rx, r)]
-    assert [(e.msn, e.request) for e in events] == list(enumerate(reqs, 1))  # type: ignore[attr-defined]
+    got = [(e.msn, e.request) for e in each(ReadRequestReceived, events)]
+    assert got == list(enumerate(reqs, 1))
     (out_of_order,) = encode_message(reqs[0], msn=5, mulpdu=128)
     raises(rx, out_of_order, DdpError, "DDP-05", TERM_DDP_U_MSN_RANGE)
 
@@ -505,8 +545,9 @@ def test_rdmap_08_sends_use_qn0_one_message_per_msn() -> None:
     tx, rx = pair(128)
     for i, size in enumerate((0, 1, 110, 111, 500), start=1):
         events = deliver(tx, rx, Send(bytes(size)))
-        assert {e.msn for e in events} == {i}  # type: ignore[attr-defined]
-        assert sum(e.data.nbytes for e in events) == size  # type: ignore[attr-defined]
+        segs = each(SendSegment, events)
+        assert {e.msn for e in segs} == {i}
+        assert sum(e.data.nbytes for e in segs) == size
     assert rx.expected_msn(QueueNumber.SEND) == 6
 
 
