@@ -46,6 +46,7 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import overload
 
 import trio
 
@@ -66,6 +67,7 @@ from kbtp.initiator_core import (
     RequestCompleted,
     SessionReady,
     SessionRefused,
+    WriteOp,
 )
 from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
 from kbtp.initiator_ops import DIRECT_LOAD_ATTEMPTS, InitiatorOps
@@ -543,6 +545,15 @@ class KbtpInitiator(InitiatorOps):
     # ----------------------------------------------------------------------------------
     # one-sided operations, the steps of the direct modes (draft §6.6)
     # ----------------------------------------------------------------------------------
+    @overload
+    async def one_sided(self, op: ReadOp | WriteOp) -> bytes: ...
+
+    @overload
+    async def one_sided(self, op: FetchAddOp | CompareSwapOp) -> int: ...
+
+    @overload
+    async def one_sided(self, op: DirectOp) -> int | bytes: ...
+
     async def one_sided(self, op: DirectOp) -> int | bytes:
         """Perform one RDMA Read, FetchAdd, Compare and Swap or RDMA Write at the target and
         await it.

@@ -13,12 +13,21 @@ not yet filled.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import trio
 
 from kbtp.constants import Capability, RequestFlag, Status
-from kbtp.initiator_core import AllocState, DirectAlloc, DirectLoad, DirectOp, ReadOp
+from kbtp.initiator_core import (
+    AllocState,
+    CompareSwapOp,
+    DirectAlloc,
+    DirectLoad,
+    DirectOp,
+    FetchAddOp,
+    ReadOp,
+    WriteOp,
+)
 from kbtp.initiator_errors import KbtpStatusError
 from kbtp.messages import (
     AllocStore,
@@ -70,6 +79,15 @@ class InitiatorOps:
         def _count(self, op: str, status: str, octets: int) -> None: ...
 
         async def request(self, request: Request, *, check: bool = True) -> Completion: ...
+
+        @overload
+        async def one_sided(self, op: ReadOp | WriteOp) -> bytes: ...
+
+        @overload
+        async def one_sided(self, op: FetchAddOp | CompareSwapOp) -> int: ...
+
+        @overload
+        async def one_sided(self, op: DirectOp) -> int | bytes: ...
 
         async def one_sided(self, op: DirectOp) -> int | bytes: ...
 
@@ -233,7 +251,7 @@ class InitiatorOps:
         for _ in range(max(1, attempts)):
             load = DirectLoad(self.ack, handle, max_length)
             while (op := load.next_op()) is not None:
-                load.feed(await self.one_sided(op))  # type: ignore[arg-type]
+                load.feed(await self.one_sided(op))
             if load.data is not None:
                 self._count("DIRECT_LOAD", "SUCCESS", len(load.data))
                 return load.data

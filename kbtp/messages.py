@@ -308,6 +308,8 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class _StoreBase:
+    opcode: ClassVar[MessageOpcode]  # each subclass's own
+
     request_id: int
     handle: int
     descriptor: DataDescriptor
@@ -318,7 +320,7 @@ class _StoreBase:
 
     def encode(self) -> bytes:
         return _encode_request(
-            self.opcode, self.flags, self.request_id, self.handle,  # type: ignore[attr-defined]
+            self.opcode, self.flags, self.request_id, self.handle,
             self.generation, self.descriptor, self.completion, self.data,
         )  # fmt: skip
 
