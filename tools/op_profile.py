@@ -12,6 +12,11 @@ about the code, so this counts what a small operation costs:
                        iWARP (:func:`stack.bench.baseline.time_round_trips` against
                        :func:`~stack.bench.baseline.answer_requests`), both ends in this
                        process; ``read / raw`` is the round trip's load-free ratio
+``raw-blk``            the same exchange on plain blocking sockets (``send`` and
+                       ``recv_into``), both ends in this process and this thread, stepped
+                       in the exchange's order, as ``read-blk`` is: what moving the bytes
+                       costs in Python without a scheduler (``raw - raw-blk`` is what
+                       trio's two passes cost the raw exchange)
 ``read`` / ``atomic``  one 64-byte RDMA Read or 8-byte FetchAdd round trip over loopback
                        TCP, both ends in this process (the real trio driver): Python
                        calls (cProfile), socket calls (``send``/``sendmsg``/``recv``/
@@ -51,6 +56,7 @@ import cProfile
 import json
 import os
 import pstats
+import socket
 import sys
 from typing import NamedTuple
 
@@ -281,6 +287,61 @@ async def _raw_round_trip(iters: int, count: bool) -> dict[str, float]:
     return out
 
 
+def raw_blocking_round_trip(iters: int, count: bool = True) -> dict[str, float]:
+    """Per round trip of the ``raw`` exchange on blocking sockets, both ends in this thread
+    and stepped in the exchange's order (``raw-blk``, the module docstring): Python calls
+    and socket calls (``count=False``: only the round trips)."""
+    from stack.bench.protocol import RAW_REQUEST
+
+    request = bytes(RAW_REQUEST)
+    reply = bytes(64)
+    out: dict[str, float] = {}
+    with (
+        profiling.counting_sockets() as sockets,
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()) as client,
+    ):
+        server, _ = listener.accept()
+        with server:
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            room = memoryview(bytearray(max(len(request), len(reply))))
+
+            def send(sock: socket.socket, data: bytes) -> None:
+                sent = 0
+                while sent < len(data):
+                    sent += sock.send(data[sent:])
+
+            def receive(sock: socket.socket, size: int) -> None:
+                got = 0
+                while got < size:
+                    n = sock.recv_into(room[got:size])
+                    if not n:
+                        raise RuntimeError("raw-blk: the peer closed early")
+                    got += n
+
+            def loop(n: int) -> None:
+                for _ in range(n):
+                    send(client, request)
+                    receive(server, len(request))
+                    send(server, reply)
+                    receive(client, len(reply))
+
+            loop(200)  # warm up
+            if not count:
+                loop(iters)
+                return out
+            profile = cProfile.Profile()
+            sockets[0] = 0
+            profile.enable()
+            loop(iters)
+            profile.disable()
+            out["python_calls"] = (_calls(profile) - sockets[0]) / iters
+            out["socket_calls"] = sockets[0] / iters
+            out["scheduler_passes"] = out["task_steps"] = 0.0
+    return out
+
+
 def _calls(profile: cProfile.Profile) -> int:
     """Calls ``profile`` saw."""
     total: int = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
@@ -394,6 +455,8 @@ def measure(
     for case, (kind, size) in _cases(post_list).items():
         if kind == "raw":
             figures, n, per = raw_round_trip(iters), iters, iters
+        elif kind == "raw-blk":
+            figures, n, per = raw_blocking_round_trip(iters), iters, iters
         elif kind.endswith("-blk"):
             figures, n, per = blocking_round_trip(kind[:-4], iters), iters, iters
         elif size is None:
@@ -412,6 +475,7 @@ def _cases(post_list: int) -> dict[str, tuple[str, int | None]]:
     """Case name -> (loop kind, WRs per post list; None for a round trip)."""
     return {
         "raw": ("raw", None),
+        "raw-blk": ("raw-blk", None),
         "read": ("read", None),
         "atomic": ("atomic", None),
         "read-blk": ("read-blk", None),
@@ -430,6 +494,8 @@ def _run_loop(kind: str, n: int, post_list: int) -> None:
         received_writes(post_list, n, count=False)
     elif kind == "raw":
         raw_round_trip(n, count=False)
+    elif kind == "raw-blk":
+        raw_blocking_round_trip(n, count=False)
     elif kind.endswith("-blk"):
         blocking_round_trip(kind[:-4], n, count=False)
     else:
@@ -488,15 +554,16 @@ def main(argv: list[str] | None = None) -> int:
                 for c in columns
             )
             print(f"{name:<28}{cells}")
-    raw = ours.get("raw")
-    for case in ("read", "read-blk"):  # the round trip's load-free ratio (what the goal times)
-        stack = ours.get(case)
+    # The round trip's load-free ratio (what the goal times), and the blocking driver's
+    # against the blocking exchange.
+    for case, base in (("read", "raw"), ("read-blk", "raw"), ("read-blk", "raw-blk")):
+        stack, raw = ours.get(case), ours.get(base)
         if raw and stack:
             cells = "".join(
                 f"{stack[c] / raw[c]:>18.2f}" if raw.get(c) and c in stack else f"{'-':>18}"
                 for c in columns
             )
-            print(f"{case + ' / raw':<28}{cells}")
+            print(f"{case + ' / ' + base:<28}{cells}")
     return 0
 
 

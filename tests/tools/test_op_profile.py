@@ -10,6 +10,7 @@ from tools.op_profile import (
     blocking_round_trip,
     instructions,
     post_list_writes,
+    raw_blocking_round_trip,
     raw_round_trip,
     round_trip,
 )
@@ -59,3 +60,14 @@ def test_the_blocking_round_trip_is_two_sends_and_two_reads_without_a_scheduler(
     assert blocking["socket_calls"] == pytest.approx(4, abs=0.1)
     assert blocking["scheduler_passes"] == blocking["task_steps"] == 0
     assert 0 < blocking["python_calls"] < round_trip(kind, 30)["python_calls"]
+
+
+def test_the_blocking_raw_round_trip_is_the_exchange_alone() -> None:
+    """``raw-blk``: the raw exchange's two sends and two reads on blocking sockets, no
+    scheduler, and far fewer Python calls than the same exchange under trio or the stack's
+    Read on the blocking driver."""
+    bare = raw_blocking_round_trip(30)
+    assert bare["socket_calls"] == pytest.approx(4, abs=0.1)
+    assert bare["scheduler_passes"] == bare["task_steps"] == 0
+    assert 0 < bare["python_calls"] < raw_round_trip(30)["python_calls"]
+    assert bare["python_calls"] < blocking_round_trip("read", 30)["python_calls"]
