@@ -90,7 +90,7 @@ async def _row(
                 await ini.alloc_store(w, data)
             memory = bytearray(data * inflight)
             arena = Arena.register(ini.pd, memory)
-            requests = _arena_requests(ini, arena, inflight, size, None)
+            requests = _arena_requests(ini, arena, 0, inflight, size, None)
             request_for = requests[op]
             base = [inflight]
 

@@ -58,6 +58,7 @@ import os
 import pstats
 import socket
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 import trio
@@ -182,14 +183,7 @@ def blocking_round_trip(kind: str, iters: int, count: bool = True) -> dict[str, 
 
         loop(200)  # warm up
         if count:
-            profile = cProfile.Profile()
-            sockets[0] = 0
-            profile.enable()
-            loop(iters)
-            profile.disable()
-            out["python_calls"] = (_calls(profile) - sockets[0]) / iters
-            out["socket_calls"] = sockets[0] / iters
-            out["scheduler_passes"] = out["task_steps"] = 0.0
+            out = _count_threaded(loop, iters, sockets)
         else:
             loop(iters)
         client.abort()  # an orderly close would wait here for the server's FIN
@@ -331,15 +325,25 @@ def raw_blocking_round_trip(iters: int, count: bool = True) -> dict[str, float]:
             if not count:
                 loop(iters)
                 return out
-            profile = cProfile.Profile()
-            sockets[0] = 0
-            profile.enable()
-            loop(iters)
-            profile.disable()
-            out["python_calls"] = (_calls(profile) - sockets[0]) / iters
-            out["socket_calls"] = sockets[0] / iters
-            out["scheduler_passes"] = out["task_steps"] = 0.0
-    return out
+            return _count_threaded(loop, iters, sockets)
+
+
+def _count_threaded(
+    loop: Callable[[int], None], iters: int, sockets: list[int]
+) -> dict[str, float]:
+    """Python calls and socket calls per round trip of ``loop(iters)``, a loop of one
+    thread with no scheduler (``sockets``: :func:`profiling.counting_sockets`' count)."""
+    profile = cProfile.Profile()
+    sockets[0] = 0
+    profile.enable()
+    loop(iters)
+    profile.disable()
+    return {
+        "python_calls": (_calls(profile) - sockets[0]) / iters,
+        "socket_calls": sockets[0] / iters,
+        "scheduler_passes": 0.0,
+        "task_steps": 0.0,
+    }
 
 
 def _calls(profile: cProfile.Profile) -> int:

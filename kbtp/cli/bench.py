@@ -20,6 +20,11 @@ and deregister the buffer for every request (:mod:`kbtp.cli.bench_kbtp`).
 ``--offload`` measures STORE and LOAD on the software and the offloaded target instead
 (:mod:`kbtp.cli.bench_offload`, docs/kbtp.md §8).
 
+``--connect HOST[:PORT]`` measures a target started by hand (``kbtp target`` on another
+host, say) as ``--identity`` (default ``init-0``), at its block size and within what its
+HELLO_ACK grants, with no baseline and this process's CPU alone; it binds handles of the
+identity's own range only and frees them when each run ends (:mod:`kbtp.cli.bench_connect`).
+
 The baseline, in the same run, is pipelined raw trio TCP with the same shape
 (:mod:`kbtp.cli.bench_baseline`): one connection, N requests in flight, a 40-octet request
 and a 40-octet response, with the block's octets in the response (LOAD) or after the
@@ -57,6 +62,14 @@ import trio
 
 from kbtp.cli import bounds
 from kbtp.cli.bench_baseline import bench_raw, raw_server
+from kbtp.cli.bench_connect import (
+    DEFAULT_IDENTITY,
+    SESSION_ERRORS,
+    RemoteTarget,
+    check_connect_options,
+    probe_target,
+    target_address,
+)
 from kbtp.cli.bench_cpu import CpuClock, no_peer
 from kbtp.cli.bench_floor import bench_floor, floor_target
 from kbtp.cli.bench_kbtp import OPS, bench_kbtp_size, pool_blocks
@@ -83,6 +96,7 @@ from kbtp.cli.bench_report import (
     size_label,
 )
 from kbtp.cli.bench_report import result_row as result_row
+from kbtp.cli.target import DEFAULT_PORT as TARGET_PORT
 from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
@@ -99,6 +113,7 @@ from stack.cli.json_report import (
     text_to_stderr_if_json_stdout,
     write_json,
 )
+from stack.wire.events import MpaSettings
 from stack.wire.framing import mulpdu_for
 
 DEFAULT_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
@@ -130,7 +145,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "-s",
         "--sizes",
-        default=",".join(size_label(s) for s in DEFAULT_SIZES),
         metavar="LIST",
         help="block sizes, comma separated (default 4K,16K,64K,256K,1M; each at most 64M)",
     )
@@ -172,7 +186,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-inline",
         type=bounds.max_inline,
-        default=DEFAULT_MAX_INLINE,
         metavar="OCTETS",
         help=f"the target's Max Inline (default {DEFAULT_MAX_INLINE}, at most 64M)",
     )
@@ -217,6 +230,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "CPU counted at both ends)",
     )
     parser.add_argument(
+        "--connect",
+        type=target_address,
+        metavar="HOST[:PORT]",
+        help=f"measure a target started by hand (kbtp target; port {TARGET_PORT} unless "
+        "given) at its block size, as --identity; the handles it binds are freed at the "
+        "end; no baseline, and the CPU is this process's",
+    )
+    parser.add_argument(
+        "--identity",
+        metavar="NAME",
+        help=f"with --connect: the identity to say HELLO as (default {DEFAULT_IDENTITY}); "
+        "its handles must be free",
+    )
+    parser.add_argument(
         "--cpus",
         type=cpu_list,
         metavar="CLIENT[,TARGET]",
@@ -248,6 +275,11 @@ def run_bench(args: argparse.Namespace) -> int:
         raise CliError("--floor applies to the KBTP and baseline rows, not --offload")
     if args.floor and args.markers:
         raise CliError("--floor frames FPDUs without markers (iwarp bench floor measures them)")
+    check_connect_options(args)
+    if args.max_inline is None:
+        args.max_inline = DEFAULT_MAX_INLINE
+    if args.sizes is None and args.connect is None:
+        args.sizes = ",".join(size_label(s) for s in DEFAULT_SIZES)
     _pin_client(args)
     if args.offload:
         return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
@@ -277,6 +309,25 @@ def _pin_client(args: argparse.Namespace) -> None:
         raise CliError(str(exc)) from None
 
 
+def _remote_target(
+    args: argparse.Namespace, ops: list[str], settings: MpaSettings
+) -> RemoteTarget | None:
+    """``--connect``: what the target grants the bench's identity, checked against
+    ``--inflight``; None without ``--connect``."""
+    if args.connect is None:
+        return None
+    host, port = args.connect
+    identity = args.identity or DEFAULT_IDENTITY
+    remote: list[RemoteTarget] = []
+
+    async def probe() -> None:
+        remote.append(await probe_target(host, port, identity, settings))
+
+    run_trio(probe)
+    remote[0].check(ops, args.inflight)
+    return remote[0]
+
+
 def target_cpu(args: argparse.Namespace) -> int | None:
     """The CPU of the processes ``kbtp bench`` starts (``--cpus``' last), or None."""
     return None if args.cpus is None else int(args.cpus[-1])
@@ -291,36 +342,66 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
-    sizes = parse_sizes(args.sizes)
     ops = _parse_list(args.ops, "operation")
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise CliError(f"unknown operation {unknown[0]!r} (store, load, alloc_store)")
+    settings = mpa_settings(args)
+    assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
+    mulpdu = mulpdu_for(settings.emss, settings.want_markers)
+    remote = _remote_target(args, ops, settings)
+    if remote is not None:
+        sizes = [remote.block_size]
+        args.max_inline = remote.max_inline
+        args.no_baseline = True
+    else:
+        sizes = parse_sizes(args.sizes)
     if args.inline and max(sizes) > args.max_inline:
         raise CliError(
-            f"--inline: blocks of {max(sizes)} octets exceed --max-inline {args.max_inline} "
-            "(an INLINE store carries at most Max Inline, docs/kbtp.md §6.2)"
+            f"--inline: blocks of {max(sizes)} octets exceed "
+            + (
+                f"the target's Max Inline {args.max_inline}"
+                if remote is not None
+                else f"--max-inline {args.max_inline}"
+            )
+            + " (an INLINE store carries at most Max Inline, docs/kbtp.md §6.2)"
         )
-    for size in sizes:  # every row's target, before any is started
+    for size in [] if remote is not None else sizes:  # every row's target, before any starts
         blocks = pool_blocks(ops, iterations(size, args.bytes, args.iters), args.inflight)
         bounds.check_target_config(bench_config(size, blocks, args.inflight, args.max_inline))
     problem = mooncake_problem() if args.vs else None
     if problem is not None:
         raise CliError(f"--vs mooncake {problem}")
-    settings = mpa_settings(args)
-    assert settings.emss is not None  # --emss defaults to LOOPBACK_EMSS here
-    mulpdu = mulpdu_for(settings.emss, settings.want_markers)
-    layout = "one process" if args.in_process else "target in a second process"
-    if args.cpus is not None:
+    if remote is not None:
+        layout = (
+            f"the target at {remote.host}:{remote.port} as {remote.identity!r} (quota "
+            f"{remote.quota} blocks, {remote.request_credits} Request Credits), CPU of this "
+            "process only, no baseline"
+        )
+        if args.cpus is not None:
+            layout += f" (initiator on CPU {args.cpus[0]}, --cpus)"
+    else:
+        layout = "loopback TCP, " + (
+            "one process" if args.in_process else "target in a second process"
+        )
+    if remote is None and args.cpus is not None:
         where = f"CPU {args.cpus[0]}"
         if not args.in_process:
             where = f"initiator on CPU {args.cpus[0]}, target on CPU {target_cpu(args)}"
         layout += f" ({where}, --cpus)"
     memory = "buffers registered per request" if args.per_request else "one arena"
     print(
-        f"kbtp bench: {args.inflight} in flight, one session, {memory}, loopback TCP, {layout}, "
+        f"kbtp bench: {args.inflight} in flight, one session, {memory}, {layout}, "
         f"CRC {'on' if args.crc else 'off'}, EMSS {settings.emss} (MULPDU {mulpdu})"
     )
+    if remote is not None:
+        iters = iterations(remote.block_size, args.bytes, args.iters)
+        allocs = remote.alloc_iters(args.inflight, iters)
+        if "alloc_store" in ops and allocs < iters:
+            print(
+                f"kbtp bench: ALLOC_STORE rows of {allocs} operations, not {iters}: the "
+                f"blocks {remote.identity!r} may bind besides the {args.inflight} in flight"
+            )
     print(
         HEADER
         + (FLOOR_HEADER if args.floor else "")
@@ -343,6 +424,9 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
             async with checked_target(config, settings=settings).running() as target:
                 yield target.port, raw_port, no_peer
             return
+        if remote is not None:
+            yield remote.port, 0, no_peer
+            return
         cpu = target_cpu(args)
         async with peer_process(size, blocks, args.inflight, args.max_inline, mpa, cpu) as peer:
             yield peer.port, peer.raw_port, peer.cpu
@@ -358,18 +442,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         """One run of every operation at ``size`` on a fresh target, then the baselines;
         ``show`` prints each row as it is done."""
         async with row_target(size, iters) as (port, raw, cpu):
-            rows = await bench_kbtp_size(
-                size,
-                ops,
-                iters,
-                args.inflight,
-                settings,
-                args.inline,
-                args.max_inline,
-                port=port,
-                peer_cpu=cpu,
-                per_request=args.per_request,
-            )
+            rows = await _kbtp_rows(size, iters, port, cpu)
             for row in rows:
                 if not args.no_baseline:
                     progress(f"{size_label(size)}: raw TCP {row.op}")
@@ -400,6 +473,28 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
                     print(format_row(row, bool(args.vs), floor=args.floor), flush=True)
                     results.append(row)
         return rows
+
+    async def _kbtp_rows(size: int, iters: int, port: int, cpu: CpuClock) -> list[Result]:
+        """The KBTP rows of one run; a target started by hand (``remote``) gets its own
+        host, identity and ALLOC_STORE count, its handles freed after, and a session that
+        ends early is the run's one-line error."""
+        common = (size, ops, iters, args.inflight, settings, args.inline, args.max_inline)
+        if remote is None:
+            return await bench_kbtp_size(
+                *common, port=port, peer_cpu=cpu, per_request=args.per_request
+            )
+        try:
+            return await bench_kbtp_size(
+                *common,
+                port=port,
+                per_request=args.per_request,
+                host=remote.host,
+                identity=remote.identity,
+                alloc_iters=remote.alloc_iters(args.inflight, iters),
+                cleanup=True,
+            )
+        except SESSION_ERRORS as exc:
+            raise CliError(f"the session with {remote.host}:{remote.port} ended: {exc}") from None
 
     async def main() -> None:
         nonlocal raw_port, floor_port
@@ -442,6 +537,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
         "mulpdu_bytes": mulpdu,
         "baseline": not args.no_baseline,
         "processes": 1 if args.in_process else 2,
+        "connect": None if remote is None else remote.as_json(),
         "registration": "per request" if args.per_request else "arena",
         "vs": args.vs,
         "floor": args.floor,

@@ -20,7 +20,7 @@ from kbtp.cli.bench_peer import IDENTITY
 from kbtp.cli.bench_report import Result
 from kbtp.constants import DEFAULT_MAX_INLINE, Status
 from kbtp.initiator import KbtpInitiator
-from kbtp.initiator_errors import SessionClosed
+from kbtp.initiator_errors import KbtpStatusError, SessionClosed
 from kbtp.messages import AllocStore, Completion, Request
 from stack.cli import CliError
 from stack.fastinit import maker
@@ -66,68 +66,135 @@ async def bench_kbtp_size(
     port: int,
     peer_cpu: CpuClock = no_peer,
     per_request: bool = False,
+    host: str = "127.0.0.1",
+    identity: str = IDENTITY.decode(),
+    alloc_iters: int | None = None,
+    cleanup: bool = False,
 ) -> list[Result]:
-    """KBTP figures at one block size against the target at ``port`` (one session).
+    """KBTP figures at one block size against the target at ``host``:``port`` (one session
+    as ``identity``).
 
     Buffer ``w`` is span ``w`` of one :class:`~kbtp.arena.Arena` registered once
     (docs/kbtp.md §13.1) and completions submit the next requests; ``per_request``: a
-    worker task per buffer, which every LOAD and STORE registers and deregisters.
+    worker task per buffer, which every LOAD and STORE registers and deregisters.  The
+    handles are the identity's from its Handle Base: one per buffer, then one per
+    ALLOC_STORE (``alloc_iters`` of them, default ``iters``).  ``cleanup`` frees every
+    handle the run bound when it ends, however it ends (a target started by hand,
+    :mod:`kbtp.cli.bench_connect`).
     """
     data = bytearray(os.urandom(size))
     buffers = [bytearray(size) for _ in range(inflight)]
-    results = []
+    results: list[Result] = []
     path = "inline" if (size <= max_inline if inline is None else inline) else "rdma"
-    async with KbtpInitiator.connect(
-        "127.0.0.1", port, IDENTITY.decode(), settings=settings
-    ) as ini:
-        for w in range(inflight):
-            await ini.alloc_store(w, data)
-        jobs = _per_request_jobs(ini, inflight, data, buffers, inline)
-        if not per_request:
-            memory = bytearray(data * inflight)
-            arena = Arena.register(ini.pd, memory)
-            requests = _arena_requests(ini, arena, inflight, size, inline)
-            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
-
-        async def run(op: str, used: set[int]) -> tuple[float, float]:
-            """The row of ``op``; ``used`` gets the buffer of every request (fewer than
-            ``inflight`` when ``iters`` is)."""
-            if per_request:
-                job = jobs[op]
-
-                async def tracked_job(w: int, i: int) -> object:
-                    used.add(w)
-                    return await job(w, i)
-
-                return await _workers(inflight, iters, tracked_job, peer_cpu)
-            request_for = requests[op]
-
-            def tracked_request(w: int, i: int) -> Request:
-                used.add(w)
-                return request_for(w, i)
-
-            return await _pipelined(ini, inflight, iters, tracked_request, peer_cpu)
-
-        for op in OPS:
-            if op not in ops:
-                continue
-            used: set[int] = set()
-            if op == "load":
-                for w in range(inflight):
-                    await ini.store(w, data, seal=True)
-                if not per_request:
-                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
-                seconds, cpu = await run(op, used)
-                landed = buffers if per_request else spans
-                if not used or any(landed[w] != data for w in used):
-                    raise CliError("LOAD returned wrong data")
-                results.append(Result(op, size, iters, seconds, "rdma", cpu))
-            else:
-                seconds, cpu = await run(op, used)
-                results.append(Result(op, size, iters, seconds, path, cpu))
-        if not per_request:
-            arena.close()
+    allocs = iters if alloc_iters is None else alloc_iters
+    bound: set[int] = set()  # handles this run bound (what cleanup frees)
+    async with KbtpInitiator.connect(host, port, identity, settings=settings) as ini:
+        try:
+            await _bench_session(
+                ini, size, ops, iters, allocs, inflight, data, buffers, inline, path,
+                peer_cpu, per_request, bound, results,
+            )  # fmt: skip
+        finally:
+            if cleanup:
+                await _free_bound(ini, bound)
     return results
+
+
+async def _free_bound(ini: KbtpInitiator, bound: set[int]) -> None:
+    """FREE every handle in ``bound`` (untimed), as far as the session lasts."""
+    with trio.CancelScope(shield=True):
+        for handle in sorted(bound):
+            try:
+                await ini.free(handle, check=False)
+            except SessionClosed:
+                return
+
+
+async def _bench_session(
+    ini: KbtpInitiator,
+    size: int,
+    ops: list[str],
+    iters: int,
+    allocs: int,
+    inflight: int,
+    data: bytearray,
+    buffers: list[bytearray],
+    inline: bool | None,
+    path: str,
+    peer_cpu: CpuClock,
+    per_request: bool,
+    bound: set[int],
+    results: list[Result],
+) -> None:
+    """The rows of :func:`bench_kbtp_size` on the session ``ini``; every handle bound goes
+    into ``bound`` as its ALLOC_STORE succeeds."""
+    assert ini.ack is not None
+    base = ini.ack.handle_base
+    for w in range(inflight):
+        await _alloc_first(ini, base + w, data)
+        bound.add(base + w)
+    jobs = _per_request_jobs(ini, base, inflight, data, buffers, inline, bound)
+    if not per_request:
+        memory = bytearray(data * inflight)
+        arena = Arena.register(ini.pd, memory)
+        requests = _arena_requests(ini, arena, base, inflight, size, inline)
+        spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
+
+    async def run(op: str, count: int, used: set[int]) -> tuple[float, float]:
+        """The row of ``op``, ``count`` requests; ``used`` gets the buffer of every request
+        (fewer than ``inflight`` when ``count`` is)."""
+        if per_request:
+            job = jobs[op]
+
+            async def tracked_job(w: int, i: int) -> object:
+                used.add(w)
+                return await job(w, i)
+
+            return await _workers(inflight, count, tracked_job, peer_cpu)
+        request_for = requests[op]
+
+        def tracked_request(w: int, i: int) -> Request:
+            used.add(w)
+            return request_for(w, i)
+
+        succeeded = bound.add if op == "alloc_store" else None
+        return await _pipelined(ini, inflight, count, tracked_request, peer_cpu, succeeded)
+
+    for op in OPS:
+        if op not in ops:
+            continue
+        used: set[int] = set()
+        if op == "load":
+            for w in range(inflight):
+                await ini.store(base + w, data, seal=True)
+            if not per_request:
+                memory[:] = bytes(len(memory))  # what the LOADs place is checked
+            seconds, cpu = await run(op, iters, used)
+            landed = buffers if per_request else spans
+            if not used or any(landed[w] != data for w in used):
+                raise CliError("LOAD returned wrong data")
+            results.append(Result(op, size, iters, seconds, "rdma", cpu))
+        else:
+            count = allocs if op == "alloc_store" else iters
+            seconds, cpu = await run(op, count, used)
+            results.append(Result(op, size, count, seconds, path, cpu))
+    if not per_request:
+        arena.close()
+
+
+async def _alloc_first(ini: KbtpInitiator, handle: int, data: bytearray) -> None:
+    """ALLOC_STORE a buffer's block before the rows; a handle bound already is the run's
+    error (the bench writes no block it did not allocate)."""
+    try:
+        await ini.alloc_store(handle, data)
+    except KbtpStatusError as exc:
+        if exc.status is Status.ALREADY_VALID:
+            raise CliError(
+                f"handle 0x{handle:x} of {ini.identity.decode(errors='replace')!r} is bound at "
+                "the target already: the bench binds handles of its own from the identity's "
+                "Handle Base (give it an identity none of whose handles are in use)"
+            ) from None
+        raise
 
 
 Job = Callable[[int, int], Awaitable[object]]
@@ -136,21 +203,26 @@ Job = Callable[[int, int], Awaitable[object]]
 
 def _per_request_jobs(
     ini: KbtpInitiator,
+    base: int,
     inflight: int,
     data: bytearray,
     buffers: list[bytearray],
     inline: bool | None,
+    bound: set[int],
 ) -> dict[str, Job]:
-    """The operations on per-request buffers: each registers and deregisters its own."""
+    """The operations on per-request buffers: each registers and deregisters its own;
+    buffer ``w``'s handle is ``base + w``, the ``i``-th ALLOC_STORE's ``base + inflight +
+    i`` (added to ``bound`` once it is)."""
 
     async def store(w: int, i: int) -> None:
-        await ini.store(w, data, inline=inline)
+        await ini.store(base + w, data, inline=inline)
 
     async def load(w: int, i: int) -> None:
-        await ini.load_into(w, buffers[w])
+        await ini.load_into(base + w, buffers[w])
 
     async def alloc_store(w: int, i: int) -> None:
-        await ini.alloc_store(inflight + i, data, inline=inline)
+        await ini.alloc_store(base + inflight + i, data, inline=inline)
+        bound.add(base + inflight + i)
 
     return {"store": store, "load": load, "alloc_store": alloc_store}
 
@@ -160,12 +232,13 @@ RequestFor = Callable[[int, int], Request]
 
 
 def _arena_requests(
-    ini: KbtpInitiator, arena: Arena, inflight: int, size: int, inline: bool | None
+    ini: KbtpInitiator, arena: Arena, base: int, inflight: int, size: int, inline: bool | None
 ) -> dict[str, RequestFor]:
-    """The requests on the arena: buffer ``w`` loads into and stores from its span; they
-    are built once (an ALLOC_STORE's names its fresh handle)."""
+    """The requests on the arena: buffer ``w`` loads into and stores from its span, handle
+    ``base + w``; they are built once (an ALLOC_STORE's names its fresh handle, ``base +
+    inflight + i``)."""
     assert ini.ack is not None
-    refs = [BlockRef(w, w * size, size) for w in range(inflight)]
+    refs = [BlockRef(base + w, w * size, size) for w in range(inflight)]
     loads = build_loads(arena, refs, ini.block_size)
     max_inline = ini.ack.max_inline
     stores = build_stores(
@@ -178,17 +251,23 @@ def _arena_requests(
         """Buffer ``w``'s ALLOC_STORE with the fresh handle of the ``i``-th request."""
         a = allocs[w]
         assert isinstance(a, AllocStore)
-        handle = inflight + i
+        handle = base + inflight + i
         return make(a.request_id, handle, a.descriptor, a.data, a.generation, a.flags, None)
 
     return {"store": lambda w, i: stores[w], "load": lambda w, i: loads[w], "alloc_store": alloc}
 
 
 async def _pipelined(
-    ini: KbtpInitiator, inflight: int, iters: int, request_for: RequestFor, peer_cpu: CpuClock
+    ini: KbtpInitiator,
+    inflight: int,
+    iters: int,
+    request_for: RequestFor,
+    peer_cpu: CpuClock,
+    succeeded: Callable[[int], None] | None = None,
 ) -> tuple[float, float]:
     """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
-    completion of the last (:meth:`KbtpInitiator.submit`: no task per request).
+    completion of the last (:meth:`KbtpInitiator.submit`: no task per request);
+    ``succeeded`` is called with the handle of each request that completes with SUCCESS.
 
     Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
     a session that ends raises :class:`CliError`.
@@ -209,6 +288,8 @@ async def _pipelined(
         nonlocal finished, failure
         finished += 1
         free.append(w)
+        if succeeded is not None and c is not None and c.status == Status.SUCCESS:
+            succeeded(request.handle)
         if failure is None and (c is None or c.status != Status.SUCCESS):
             what = e if c is None else Status(c.status).name
             failure = f"{request.opcode.name} of handle 0x{request.handle:x}: {what}"

@@ -70,9 +70,10 @@ from stack.cli.json_report import (
 from stack.errors import IwarpError
 
 
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT``; the port defaults to perftest's 18515."""
-    host, port = text, DEFAULT_PORT
+def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT``; the port defaults to ``default_port``
+    (perftest's 18515)."""
+    host, port = text, default_port
     if text.startswith("["):
         end = text.find("]")
         if end < 0:
