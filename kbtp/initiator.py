@@ -371,6 +371,7 @@ class KbtpInitiator(InitiatorOps):
                     raw.error = exc
                 else:
                     raw.completion = message if isinstance(message, Completion) else None
+                    raw.answer = message
                 raw.event.set()
                 return
         try:
@@ -500,6 +501,18 @@ class KbtpInitiator(InitiatorOps):
         not collide with the session's own (they count up from 1).  The Send does not
         count against the credits the session tracks, so keep other requests below them.
         """
+        return (await self._raw_answer(data, request_id)).completion
+
+    async def send_raw_answer(self, data: bytes, request_id: int) -> Completion | HelloAck:
+        """:meth:`send_raw`, returning the answer whatever it is: the COMPLETION, or the
+        HELLO_ACK a target answers a HELLO with (a second HELLO's BAD_OPCODE, §4.2)."""
+        answer = (await self._raw_answer(data, request_id)).answer
+        if not isinstance(answer, Completion | HelloAck):
+            raise SessionClosed(f"the target answered with {type(answer).__name__}")
+        return answer
+
+    async def _raw_answer(self, data: bytes, request_id: int) -> Waiter:
+        """Send ``data`` raw and await the answer carrying ``request_id``."""
         self._check_open()
         waiter = Waiter()
         self._raw[request_id] = waiter
@@ -507,7 +520,7 @@ class KbtpInitiator(InitiatorOps):
             SendWR(0, WrOpcode.SEND, inline_data=bytes(data), send_flags=SendFlags.NONE)
         )
         await waiter.wait()
-        return waiter.completion
+        return waiter
 
     async def send_raw_burst(self, messages: list[tuple[bytes, int]]) -> list[Completion | None]:
         """Send every ``(data, request_id)`` at once (one post, so they leave together),

@@ -29,11 +29,12 @@ Settle = Callable[[Request, "Waiter"], Completion]
 class Waiter:
     """One awaited result: a COMPLETION, a one-sided operation's WC, or an error."""
 
-    __slots__ = ("event", "completion", "wc", "error", "invalidated")
+    __slots__ = ("event", "completion", "answer", "wc", "error", "invalidated")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.completion: Completion | None = None
+        self.answer: object = None  # a raw request's answer, whatever its type
         self.wc: WorkCompletion | None = None
         self.error: Exception | None = None
         self.invalidated: int | None = None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -29,3 +31,24 @@ def two_cpus() -> tuple[int, int]:
     """The first two CPUs this process may run on (with :data:`needs_two_cpus`)."""
     first, second = sorted(os.sched_getaffinity(0))[:2]
     return first, second
+
+
+@contextmanager
+def started_target(*argv: str) -> Iterator[int]:
+    """``kbtp target -p 0 ARGV...`` as installed, in a process of its own, until the block
+    ends: its port (from the line it prints once it listens)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kbtp", "target", "-p", "0", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        yield int(line.rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

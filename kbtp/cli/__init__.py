@@ -8,6 +8,7 @@ from stack.cli import run
 
 COMMANDS = {
     "bench": "kbtp.cli.bench",
+    "conform": "kbtp.cli.conform",
     "demo": "kbtp.cli.demo",
     "target": "kbtp.cli.target",
 }
@@ -18,7 +19,10 @@ __all__ = ["COMMANDS", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run(
-        "kbtp", "KV-cache Block Transfer Protocol over iWARP: target, demo, bench.", COMMANDS, argv
+        "kbtp",
+        "KV-cache Block Transfer Protocol over iWARP: target, demo, bench, conform.",
+        COMMANDS,
+        argv,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ import trio
 from kbtp.constants import Status
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import KbtpStatusError
-from tests.installed import run_command
+from tests.installed import run_command, started_target
 
 BLOCK = 16 << 10
 """The block size the test's target serves (the bench has to take it from the HELLO_ACK)."""
@@ -28,25 +27,11 @@ QUOTA = 40
 @pytest.fixture(scope="module")
 def target() -> Iterator[int]:
     """A ``kbtp target`` in its own process, as installed: its port."""
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "kbtp", "target", "-p", "0", "--block-size", "16K",
-            "--pool-blocks", "256", "--credits", "64", "--initiator", f"alpha:quota={QUOTA}",
-            "--initiator", f"beta:quota={QUOTA}", "--quiet",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd="/",
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield int(line.rsplit(":", 1)[1])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with started_target(
+        "--block-size", "16K", "--pool-blocks", "256", "--credits", "64",
+        "--initiator", f"alpha:quota={QUOTA}", "--initiator", f"beta:quota={QUOTA}", "--quiet",
+    ) as port:  # fmt: skip
+        yield port
 
 
 def bench(port: int, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,537 @@
+"""Conformance cases for a KBTP target: each sends what one status rule of docs/kbtp.md §7
+is about and checks the answer (``kbtp conform``, :mod:`kbtp.cli.conform`).
+
+The target is reached as an initiator would reach it (:class:`~kbtp.initiator.KbtpInitiator`
+on the normative binding), so any target that serves KBTP over iWARP can be checked: this
+project's, or a second implementation coded against docs/kbtp.md.  Requests are built with
+:mod:`kbtp.messages`' encoders; a case about a malformed request edits a valid one.
+
+* A case PASSes when the target answers with the status docs/kbtp.md §7 gives; for a status
+  the table marks fatal, the session must also end with the RDMAP Terminate 0/2/0xFF and a
+  TCP close (§9.3, KBTP-9.3).  Any other answer FAILs, with what was observed.
+* A case the target's grants rule out (a quota too large to fill quickly, a Max Inline that
+  leaves no room for a longer INLINE store) is SKIPped, saying why.
+* A case that could not get as far as its request (no session, a session that ended before
+  the answer) is an ERROR.
+
+The runner binds and frees handles of its own identity's range (from its Handle Base):
+give it an identity no application uses.  Nothing is left bound when a case ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import TypeVar
+
+import trio
+
+from kbtp.constants import (
+    SESSION_FATAL_STATUSES,
+    Capability,
+    MessageOpcode,
+    RequestFlag,
+    Status,
+    next_generation,
+)
+from kbtp.initiator import KbtpInitiator
+from kbtp.initiator_errors import HelloRefused, SessionClosed
+from kbtp.messages import (
+    AllocStore,
+    CommonHeader,
+    Completion,
+    DataDescriptor,
+    Free,
+    Hello,
+    HelloAck,
+    Store,
+    inline_descriptor,
+)
+from stack.constants import TERM_RDMAP_OP_UNSPECIFIED
+from stack.errors import IwarpError
+from stack.rnic import Access
+from stack.wire.events import MpaSettings
+
+__all__ = [
+    "CASES",
+    "Case",
+    "CaseResult",
+    "Outcome",
+    "Probe",
+    "run_cases",
+]
+
+T = TypeVar("T")
+
+PASS, FAIL, SKIP, ERROR = "PASS", "FAIL", "SKIP", "ERROR"
+
+MAX_QUOTA_FILLED = 4096
+"""Largest Allocation Quota the NO_SPACE case fills before its one ALLOC_STORE too many."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A case's verdict and what was observed."""
+
+    verdict: str
+    observed: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One rule checked: ``name`` (the status and, where a status has several cases, what
+    triggers it), the section of docs/kbtp.md, what is sent and the status expected."""
+
+    name: str
+    section: str
+    title: str
+    expect: Status
+    check: Callable[[Probe, Case], Awaitable[Outcome]]
+
+    @property
+    def fatal(self) -> bool:
+        """The status ends the session (docs/kbtp.md §7's last column)."""
+        return self.expect in SESSION_FATAL_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    case: Case
+    verdict: str
+    observed: str
+    seconds: float
+
+
+class Probe:
+    """What a case may do with the target: open sessions as the runner's identities (the
+    second for the one-session-per-identity rule), and use the first one's handles."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        identity: str,
+        settings: MpaSettings,
+        timeout: float,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.identity = identity
+        self.settings = settings
+        self.timeout = timeout
+        self.ack: HelloAck | None = None
+
+    @asynccontextmanager
+    async def session(
+        self, identity: str | None = None, *, wait_for_identity: bool = True
+    ) -> AsyncIterator[KbtpInitiator]:
+        """A session as ``identity`` (default the runner's); the runner's HELLO_ACK is
+        kept.  A HELLO refused with SESSION_EXISTS is tried again for up to the timeout
+        (``wait_for_identity``): the target may not have seen the end of the last case's
+        session yet."""
+        deadline = trio.current_time() + self.timeout
+        while True:
+            stack = AsyncExitStack()
+            try:
+                ini = await stack.enter_async_context(
+                    KbtpInitiator.connect(
+                        self.host,
+                        self.port,
+                        identity or self.identity,
+                        settings=self.settings,
+                        hello_timeout=self.timeout,
+                    )
+                )
+            except HelloRefused as exc:
+                await stack.aclose()
+                retry = wait_for_identity and exc.status is Status.SESSION_EXISTS
+                if not retry or trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.05)
+                continue
+            async with stack:
+                if identity is None:
+                    self.ack = ini.ack
+                yield ini
+            return
+
+    def handle(self, k: int) -> int:
+        """The runner's ``k``-th handle: its Handle Base plus ``k``."""
+        assert self.ack is not None
+        return self.ack.handle_base + k
+
+    async def answer(self, request: Awaitable[T]) -> T:
+        """The answer to ``request``, within the case's timeout (``trio.TooSlowError``)."""
+        with trio.fail_after(self.timeout):
+            return await request
+
+
+def _status(status: int) -> str:
+    return Status(status).name if status in Status._value2member_map_ else f"status {status}"
+
+
+def judged(case: Case, completion: Completion | HelloAck | None) -> Outcome:
+    """PASS when ``completion`` (or a HELLO_ACK) carries the case's status (a fatal one's
+    session end is judged by :func:`session_end`)."""
+    if completion is None:
+        return Outcome(FAIL, "no COMPLETION: the session ended first")
+    if completion.status == case.expect:
+        return Outcome(PASS, f"answered {case.expect.name}")
+    return Outcome(FAIL, f"answered {_status(completion.status)}, not {case.expect.name}")
+
+
+async def session_end(ini: KbtpInitiator, timeout: float) -> str | None:
+    """None when the session ends within ``timeout`` with the Terminate of KBTP-9.3, else
+    what happened instead."""
+    conn = ini.conn
+    if conn is None:
+        return "the session has no connection"
+    with trio.move_on_after(timeout):
+        await conn.wait_closed()
+    if not conn.closed.is_set():
+        return f"the session did not end within {timeout:g} s (KBTP-9.3)"
+    term = ini.qp.peer_terminate
+    if term is None:
+        return "the session ended without a Terminate (KBTP-9.3: 0/2/0xFF, then TCP close)"
+    if term.cause != TERM_RDMAP_OP_UNSPECIFIED:
+        return f"Terminate {term.layer}/{term.etype}/0x{term.code:02X}, not 0/2/0xFF (KBTP-9.3)"
+    return None
+
+
+async def fatal_answer(
+    probe: Probe,
+    case: Case,
+    send: Callable[[KbtpInitiator], Awaitable[Completion | HelloAck | None]],
+) -> Outcome:
+    """Open a session, ``send`` one request, judge its answer and the session's end."""
+    async with probe.session() as ini:
+        try:
+            completion = await probe.answer(send(ini))
+        except SessionClosed:
+            completion = None
+        outcome = judged(case, completion)
+        if outcome.verdict != PASS:
+            return outcome
+        problem = await session_end(ini, probe.timeout)
+    if problem is not None:
+        return Outcome(FAIL, f"answered {case.expect.name}, but {problem}")
+    return Outcome(PASS, f"answered {case.expect.name}, then Terminate 0/2/0xFF and close")
+
+
+# -- the cases -----------------------------------------------------------------------------
+
+RAW_ID = 1 << 40
+"""Request IDs of the runner's raw requests (the session's own count up from 1)."""
+
+
+async def _round_trip(probe: Probe, case: Case) -> Outcome:
+    data = bytes(range(256)) * 4
+    async with probe.session() as ini:
+        h = probe.handle(0)
+        stored = await probe.answer(ini.alloc_store(h, data, seal=True, check=False))
+        try:
+            if stored.status != Status.SUCCESS:
+                return Outcome(FAIL, f"ALLOC_STORE answered {_status(stored.status)}")
+            back = bytearray(len(data))
+            loaded = await probe.answer(ini.load_into(h, back, check=False))
+            if loaded.status != Status.SUCCESS:
+                return Outcome(FAIL, f"LOAD answered {_status(loaded.status)}")
+            if loaded.data_length != len(data) or bytes(back) != data:
+                return Outcome(FAIL, f"LOAD returned {loaded.data_length} octets, not those stored")
+            return Outcome(PASS, f"{len(data)} octets stored, sealed and loaded back")
+        finally:
+            await ini.free(h, check=False)
+
+
+def _header(version: int = 1, opcode: int = MessageOpcode.LOAD, status: int = 0) -> bytes:
+    """A LOAD's header with one field edited (the 24 octets of §5.1)."""
+    return CommonHeader(opcode, 0, RAW_ID, 0, 0, status, version).encode()
+
+
+async def _bad_version(probe: Probe, case: Case) -> Outcome:
+    async def send(ini: KbtpInitiator) -> Completion | None:
+        return await ini.send_raw(_header(version=2) + bytes(16), RAW_ID)
+
+    return await fatal_answer(probe, case, send)
+
+
+async def _unknown_opcode(probe: Probe, case: Case) -> Outcome:
+    async def send(ini: KbtpInitiator) -> Completion | None:
+        return await ini.send_raw(_header(opcode=0x7F) + bytes(16), RAW_ID)
+
+    return await fatal_answer(probe, case, send)
+
+
+async def _hello_twice(probe: Probe, case: Case) -> Outcome:
+    async def send(ini: KbtpInitiator) -> Completion | HelloAck:
+        hello = Hello(RAW_ID, Capability.NONE, ini.identity).encode()
+        return await ini.send_raw_answer(hello, RAW_ID)  # answered in a HELLO_ACK
+
+    return await fatal_answer(probe, case, send)
+
+
+async def _with_handle(
+    probe: Probe,
+    case: Case,
+    prepare: Callable[[KbtpInitiator, int], Awaitable[object]] | None,
+    request: Callable[[KbtpInitiator, int], Awaitable[Completion | None]],
+) -> Outcome:
+    """A session; ``prepare`` the runner's first handle, send ``request`` about it, judge
+    the answer; the handle is freed again whatever happened."""
+    async with probe.session() as ini:
+        h = probe.handle(0)
+        await ini.free(h, check=False)  # the runner's handle starts unbound
+        try:
+            if prepare is not None:
+                await probe.answer(prepare(ini, h))
+            outcome = judged(case, await probe.answer(request(ini, h)))
+            if outcome.verdict == PASS:
+                try:  # a status §7 does not mark fatal leaves the session going
+                    await probe.answer(ini.free(h, check=False))
+                except SessionClosed:
+                    return Outcome(
+                        FAIL, f"answered {case.expect.name}, but the session ended: that "
+                        "status does not end a session (§7)"
+                    )  # fmt: skip
+            return outcome
+        finally:
+            with suppress(SessionClosed):
+                await ini.free(h, check=False)
+
+
+def _free_raw(handle: int, *, status: int = 0, extra: bytes = b"") -> bytes:
+    """A FREE of ``handle`` (24 octets, §5.5) with its Status field or its length edited."""
+    return CommonHeader(MessageOpcode.FREE, 0, RAW_ID, handle, 0, status).encode() + extra
+
+
+async def _raw_answer(probe: Probe, case: Case, data: Callable[[int], bytes]) -> Outcome:
+    """``data(handle)`` about the runner's (unbound) first handle, sent raw; judged."""
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion | None:
+        return await ini.send_raw(data(h), RAW_ID)
+
+    return await _with_handle(probe, case, None, send)
+
+
+async def _bad_flags(probe: Probe, case: Case) -> Outcome:
+    payload = b"hi"
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion:
+        flags = RequestFlag.INLINE | RequestFlag.INVALIDATE  # INVALIDATE with INLINE (§5.2)
+        store = Store(0, h, inline_descriptor(payload), payload, flags=flags)
+        return await ini.request(store, check=False)
+
+    return await _with_handle(probe, case, _bound(b"x"), send)
+
+
+def _bound(data: bytes, seal: bool = False) -> Callable[[KbtpInitiator, int], Awaitable[object]]:
+    """A ``prepare`` that binds the handle with ``data`` (ALLOC_STORE)."""
+
+    async def prepare(ini: KbtpInitiator, h: int) -> object:
+        done = await ini.alloc_store(h, data, seal=seal, check=False)
+        if done.status != Status.SUCCESS:
+            raise SetupFailed(f"the ALLOC_STORE it needs answered {_status(done.status)}")
+        return done
+
+    return prepare
+
+
+class SetupFailed(Exception):
+    """A request a case needs before its own was refused: the case is an ERROR."""
+
+
+async def _wrong_generation(probe: Probe, case: Case) -> Outcome:
+    bound: list[int] = []
+
+    async def prepare(ini: KbtpInitiator, h: int) -> object:
+        done = await _bound(b"x")(ini, h)
+        assert isinstance(done, Completion)
+        bound.append(done.generation)
+        return done
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion:
+        return await ini.store(h, b"y", generation=next_generation(bound[0]), check=False)
+
+    return await _with_handle(probe, case, prepare, send)
+
+
+async def _inline_too_long(probe: Probe, case: Case) -> Outcome:
+    assert probe.ack is not None
+    longer = probe.ack.max_inline + 1
+    if longer > probe.ack.block_size:
+        return Outcome(SKIP, f"Max Inline {probe.ack.max_inline} is the whole block")
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion:
+        return await ini.store(h, bytes(longer), inline=True, check=False)
+
+    return await _with_handle(probe, case, _bound(b"x"), send)
+
+
+async def _no_space(probe: Probe, case: Case) -> Outcome:
+    assert probe.ack is not None
+    quota, count = probe.ack.quota, probe.ack.handle_count
+    if quota > MAX_QUOTA_FILLED or quota >= count:
+        return Outcome(SKIP, f"a quota of {quota} blocks in {count} handles: not filled here")
+    async with probe.session() as ini:
+        handles = [probe.handle(k) for k in range(quota + 1)]
+        try:
+            for h in handles[:-1]:
+                await ini.free(h, check=False)
+                done = await probe.answer(ini.alloc_store(h, b"q", check=False))
+                if done.status != Status.SUCCESS:
+                    return Outcome(
+                        FAIL, f"ALLOC_STORE {h - handles[0] + 1} of {quota} answered "
+                        f"{_status(done.status)}"
+                    )  # fmt: skip
+            return judged(case, await probe.answer(ini.alloc_store(handles[-1], b"!", check=False)))
+        finally:
+            for h in handles:
+                await ini.free(h, check=False)
+
+
+async def _refused_hello(probe: Probe, case: Case, identity: str, hold: bool) -> Outcome:
+    """A HELLO as ``identity`` (``hold``: while the runner's own session is open)."""
+    async with AsyncExitStack() as stack:
+        if hold:
+            await stack.enter_async_context(probe.session())
+        try:
+            async with probe.session(identity, wait_for_identity=False):
+                pass
+        except HelloRefused as exc:
+            if exc.status is case.expect:
+                return Outcome(PASS, f"HELLO_ACK answered {case.expect.name}")
+            return Outcome(FAIL, f"HELLO_ACK answered {exc.status.name}, not {case.expect.name}")
+    return Outcome(FAIL, "HELLO_ACK with SUCCESS: a session was granted")
+
+
+async def _unknown_initiator(probe: Probe, case: Case) -> Outcome:
+    return await _refused_hello(probe, case, f"kbtp-conform-unknown-{time.time_ns():x}", False)
+
+
+async def _session_exists(probe: Probe, case: Case) -> Outcome:
+    return await _refused_hello(probe, case, probe.identity, True)
+
+
+async def _credit_exceeded(probe: Probe, case: Case) -> Outcome:
+    """Request Credits + 1 requests at once: an ALLOC_STORE whose data the target must
+    RDMA-read first, then FREEs of that handle and the next, queued behind it."""
+    async with probe.session() as ini:
+        assert ini.ack is not None
+        credits = ini.ack.request_credits
+        h = probe.handle(0)
+        source = ini.pd.reg_mr(bytearray(3000), Access.REMOTE_READ)
+        first = AllocStore(RAW_ID, h, DataDescriptor(source.rkey, source.base, 3000))
+        requests: list[AllocStore | Free] = [first]
+        requests += [Free(RAW_ID + k, h + k % 2) for k in range(1, credits + 1)]
+        burst = [(m.encode(), m.request_id) for m in requests]
+        try:
+            answers = await probe.answer(ini.send_raw_burst(burst))
+            outcome = judged(case, answers[credits])
+            if outcome.verdict != PASS:
+                return outcome
+            problem = await session_end(ini, probe.timeout)
+        except SessionClosed:
+            return Outcome(FAIL, "the session ended without answering the request over credit")
+    if problem is not None:
+        return Outcome(FAIL, f"answered {case.expect.name}, but {problem}")
+    async with probe.session() as ini:  # the ALLOC_STORE may have bound its handle first
+        for k in (0, 1):
+            await ini.free(probe.handle(k), check=False)
+    return Outcome(PASS, f"request {credits + 1} answered CREDIT_EXCEEDED, then Terminate")
+
+
+def _simple(
+    prepare: Callable[[KbtpInitiator, int], Awaitable[object]] | None,
+    request: Callable[[KbtpInitiator, int], Awaitable[Completion | None]],
+) -> Callable[[Probe, Case], Awaitable[Outcome]]:
+    async def check(probe: Probe, case: Case) -> Outcome:
+        return await _with_handle(probe, case, prepare, request)
+
+    return check
+
+
+async def _too_long_for_block(ini: KbtpInitiator, h: int) -> Completion:
+    assert ini.ack is not None
+    return await ini.store(h, bytearray(ini.ack.block_size + 1), inline=False, check=False)
+
+
+CASES: tuple[Case, ...] = (
+    Case("SUCCESS", "§6.3, §6.1", "ALLOC_STORE with SEAL, then LOAD returns the octets stored",
+         Status.SUCCESS, _round_trip),
+    Case("BAD_VERSION", "§5.1", "a request with Version 2", Status.BAD_VERSION,
+         lambda p, c: _bad_version(p, c)),
+    Case("BAD_OPCODE", "§5.1", "a request with an unassigned opcode (0x7F)", Status.BAD_OPCODE,
+         lambda p, c: _unknown_opcode(p, c)),
+    Case("BAD_OPCODE.hello", "§4.2", "HELLO again in a session", Status.BAD_OPCODE,
+         lambda p, c: _hello_twice(p, c)),
+    Case("MALFORMED.length", "§5.1", "a FREE 8 octets longer than its format", Status.MALFORMED,
+         lambda p, c: _raw_answer(p, c, lambda h: _free_raw(h, extra=bytes(8)))),
+    Case("MALFORMED.status", "§5.1", "a FREE whose Status field is not 0", Status.MALFORMED,
+         lambda p, c: _raw_answer(p, c, lambda h: _free_raw(h, status=1))),
+    Case("BAD_FLAGS", "§5.2", "an INLINE STORE with INVALIDATE", Status.BAD_FLAGS, _bad_flags),
+    Case("HANDLE_OUT_OF_RANGE", "§6.4.1", "a FREE of the handle after the initiator's range",
+         Status.HANDLE_OUT_OF_RANGE, lambda p, c: _raw_answer(
+             p, c, lambda h: _free_raw(p.handle(0) + (p.ack.handle_count if p.ack else 0)))),
+    Case("NOT_VALID", "§6.1.1", "a LOAD of an unbound handle", Status.NOT_VALID,
+         _simple(None, lambda ini, h: ini.load_into(h, bytearray(64), check=False))),
+    Case("ALREADY_VALID", "§6.3.1", "an ALLOC_STORE of a bound handle", Status.ALREADY_VALID,
+         _simple(_bound(b"x"), lambda ini, h: ini.alloc_store(h, b"y", check=False))),
+    Case("SEALED", "§6.2.1", "a STORE to a sealed block", Status.SEALED,
+         _simple(_bound(b"x", seal=True), lambda ini, h: ini.store(h, b"y", check=False))),
+    Case("NOT_SEALED", "§6.1.1", "a LOAD of an unsealed block", Status.NOT_SEALED,
+         _simple(_bound(b"x"), lambda ini, h: ini.load_into(h, bytearray(64), check=False))),
+    Case("WRONG_GENERATION", "§5.1", "a STORE naming the next Generation", Status.WRONG_GENERATION,
+         _wrong_generation),
+    Case("TOO_LONG_FOR_BLOCK", "§6.2.1", "a STORE of the block size + 1 octets",
+         Status.TOO_LONG_FOR_BLOCK, _simple(_bound(b"x"), _too_long_for_block)),
+    Case("TOO_LONG_FOR_DESCRIPTOR", "§6.1.2", "a LOAD of 700 octets into a 699-octet buffer",
+         Status.TOO_LONG_FOR_DESCRIPTOR,
+         _simple(_bound(bytes(700), seal=True),
+                 lambda ini, h: ini.load_into(h, bytearray(699), check=False))),
+    Case("INLINE_TOO_LONG", "§6.2", "an INLINE STORE of Max Inline + 1 octets",
+         Status.INLINE_TOO_LONG, _inline_too_long),
+    Case("NO_SPACE", "§3.4", "an ALLOC_STORE beyond the Allocation Quota", Status.NO_SPACE,
+         _no_space),
+    Case("UNKNOWN_INITIATOR", "§4.2", "HELLO with an identity the target does not know",
+         Status.UNKNOWN_INITIATOR, _unknown_initiator),
+    Case("SESSION_EXISTS", "§4.2", "HELLO as an identity that has a session",
+         Status.SESSION_EXISTS, _session_exists),
+    Case("CREDIT_EXCEEDED", "§9.2", "Request Credits + 1 requests at once",
+         Status.CREDIT_EXCEEDED, _credit_exceeded),
+)  # fmt: skip
+"""Every case, in the order they run."""
+
+
+async def run_cases(
+    probe: Probe, cases: tuple[Case, ...], progress: Callable[[CaseResult], None]
+) -> list[CaseResult]:
+    """Run ``cases`` one after the other against ``probe``'s target (each opens its own
+    sessions); ``progress`` gets each result as it is known."""
+    results: list[CaseResult] = []
+    try:  # one session first: without one no case can run
+        async with probe.session():
+            pass
+    except (trio.TooSlowError, HelloRefused, SessionClosed, IwarpError, OSError) as exc:
+        why = f"not run: no session with the target ({type(exc).__name__}: {exc})"
+        for case in cases:
+            results.append(CaseResult(case, ERROR, why, 0.0))
+            progress(results[-1])
+        return results
+    for case in cases:
+        start = time.perf_counter()
+        try:
+            outcome = await case.check(probe, case)
+        except trio.TooSlowError:
+            outcome = Outcome(FAIL, f"no answer within {probe.timeout:g} s")
+        except SetupFailed as exc:
+            outcome = Outcome(ERROR, str(exc))
+        except HelloRefused as exc:
+            outcome = Outcome(ERROR, f"no session: HELLO_ACK answered {exc.status.name}")
+        except (SessionClosed, IwarpError, OSError) as exc:
+            outcome = Outcome(ERROR, f"{type(exc).__name__}: {exc}")
+        result = CaseResult(case, outcome.verdict, outcome.observed, time.perf_counter() - start)
+        progress(result)
+        results.append(result)
+    return results
