@@ -6,9 +6,12 @@ on the normative binding), so any target that serves KBTP over iWARP can be chec
 project's, or a second implementation coded against docs/kbtp.md.  Requests are built with
 :mod:`kbtp.messages`' encoders; a case about a malformed request edits a valid one.
 
-* A case PASSes when the target answers with the status docs/kbtp.md §7 gives; for a status
-  the table marks fatal, the session must also end with the RDMAP Terminate 0/2/0xFF and a
-  TCP close (§9.3, KBTP-9.3).  Any other answer FAILs, with what was observed.
+* A case PASSes when the target answers with the status docs/kbtp.md §7 gives.  For a
+  status the table marks fatal, answered in a COMPLETION, the session must also end with
+  the RDMAP Terminate 0/2/0xFF and a TCP close (§9.3, KBTP-9.3); a status it does not mark
+  fatal must leave the session going.  A refusal answered in a HELLO_ACK (NO_SESSION,
+  UNKNOWN_INITIATOR, SESSION_EXISTS) is judged by its status: the runner's initiator
+  closes such a stream itself.  Any other answer FAILs, with what was observed.
 * A case the target's grants rule out (a quota too large to fill quickly, a Max Inline that
   leaves no room for a longer INLINE store) is SKIPped, saying why.
 * A case that could not get as far as its request (no session, a session that ended before
@@ -37,7 +40,7 @@ from kbtp.constants import (
     next_generation,
 )
 from kbtp.initiator import KbtpInitiator
-from kbtp.initiator_errors import HelloRefused, SessionClosed
+from kbtp.initiator_errors import HelloRefused, HelloTimeout, SessionClosed
 from kbtp.messages import (
     AllocStore,
     CommonHeader,
@@ -125,7 +128,11 @@ class Probe:
 
     @asynccontextmanager
     async def session(
-        self, identity: str | None = None, *, wait_for_identity: bool = True
+        self,
+        identity: str | None = None,
+        *,
+        wait_for_identity: bool = True,
+        instead_of_hello: Callable[[int], bytes] | None = None,
     ) -> AsyncIterator[KbtpInitiator]:
         """A session as ``identity`` (default the runner's); the runner's HELLO_ACK is
         kept.  A HELLO refused with SESSION_EXISTS is tried again for up to the timeout
@@ -142,6 +149,7 @@ class Probe:
                         identity or self.identity,
                         settings=self.settings,
                         hello_timeout=self.timeout,
+                        instead_of_hello=instead_of_hello,
                     )
                 )
             except HelloRefused as exc:
@@ -391,14 +399,25 @@ async def _no_space(probe: Probe, case: Case) -> Outcome:
                 await ini.free(h, check=False)
 
 
-async def _refused_hello(probe: Probe, case: Case, identity: str, hold: bool) -> Outcome:
-    """A HELLO as ``identity`` (``hold``: while the runner's own session is open)."""
+async def _refused_hello(
+    probe: Probe,
+    case: Case,
+    identity: str,
+    hold: bool,
+    instead: Callable[[int], bytes] | None = None,
+) -> Outcome:
+    """A HELLO as ``identity`` (``hold``: while the runner's own session is open;
+    ``instead``: another first message in its place), answered in a HELLO_ACK."""
     async with AsyncExitStack() as stack:
         if hold:
             await stack.enter_async_context(probe.session())
         try:
-            async with probe.session(identity, wait_for_identity=False):
+            async with probe.session(identity, wait_for_identity=False, instead_of_hello=instead):
                 pass
+        except HelloTimeout:
+            return Outcome(FAIL, f"no HELLO_ACK within {probe.timeout:g} s")
+        except SessionClosed as exc:
+            return Outcome(FAIL, f"no HELLO_ACK: {exc}")
         except HelloRefused as exc:
             if exc.status is case.expect:
                 return Outcome(PASS, f"HELLO_ACK answered {case.expect.name}")
@@ -408,6 +427,13 @@ async def _refused_hello(probe: Probe, case: Case, identity: str, hold: bool) ->
 
 async def _unknown_initiator(probe: Probe, case: Case) -> Outcome:
     return await _refused_hello(probe, case, f"kbtp-conform-unknown-{time.time_ns():x}", False)
+
+
+async def _no_session(probe: Probe, case: Case) -> Outcome:
+    def free_first(request_id: int) -> bytes:
+        return Free(request_id, probe.handle(0)).encode()
+
+    return await _refused_hello(probe, case, probe.identity, False, free_first)
 
 
 async def _session_exists(probe: Probe, case: Case) -> Outcome:
@@ -494,6 +520,8 @@ CASES: tuple[Case, ...] = (
          Status.INLINE_TOO_LONG, _inline_too_long),
     Case("NO_SPACE", "§3.4", "an ALLOC_STORE beyond the Allocation Quota", Status.NO_SPACE,
          _no_space),
+    Case("NO_SESSION", "§4.2", "a FREE as the first message, before HELLO", Status.NO_SESSION,
+         _no_session),
     Case("UNKNOWN_INITIATOR", "§4.2", "HELLO with an identity the target does not know",
          Status.UNKNOWN_INITIATOR, _unknown_initiator),
     Case("SESSION_EXISTS", "§4.2", "HELLO as an identity that has a session",

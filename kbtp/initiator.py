@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import overload
@@ -177,6 +177,7 @@ class KbtpInitiator(InitiatorOps):
         self.invalidations = 0
         """COMPLETIONs that arrived as Send with Invalidate of the request's own STag."""
         self._hello: Waiter | None = None
+        self._instead_of_hello: Callable[[int], bytes] | None = None  # conformance: connect()
         self._requests: dict[int, Waiter] = {}
         self._raw: dict[int, Waiter] = {}
         self._ops: dict[int, Waiter] = {}
@@ -208,6 +209,7 @@ class KbtpInitiator(InitiatorOps):
         tap_factory: TapFactory | None = None,
         hello_timeout: float = DEFAULT_HELLO_ACK_TIMEOUT,
         max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+        instead_of_hello: Callable[[int], bytes] | None = None,
     ) -> AsyncIterator[KbtpInitiator]:
         """Connect, say HELLO and yield the ready session; leaving the block disconnects.
 
@@ -216,6 +218,10 @@ class KbtpInitiator(InitiatorOps):
         :class:`SessionClosed` naming the field for a HELLO_ACK whose parameters no target
         could honour (a Block Size above ``max_block_size``, a Ring Order outside 1..28,
         ...: docs/kbtp.md §4.2).
+
+        For conformance tests, ``instead_of_hello`` makes the first message from the
+        HELLO's Request ID, sent in the HELLO's place (a request before HELLO, which a
+        target answers in a HELLO_ACK with NO_SESSION: :class:`HelloRefused`).
         """
         if isinstance(identity, str):
             identity = identity.encode()
@@ -229,6 +235,7 @@ class KbtpInitiator(InitiatorOps):
             max_block_size=max_block_size,
         )
         self.hello_timeout = hello_timeout
+        self._instead_of_hello = instead_of_hello
         with single_exception():
             async with self._session(host, port, settings, tap_factory):
                 yield self
@@ -259,6 +266,10 @@ class KbtpInitiator(InitiatorOps):
     async def _say_hello(self) -> None:
         self._hello = Waiter()
         hello = self.core.hello()
+        if self._instead_of_hello is not None:
+            header = peek_header(hello)
+            assert header is not None  # the core's own HELLO
+            hello = self._instead_of_hello(header.request_id)
         self.qp.post_send(SendWR(0, WrOpcode.SEND, inline_data=hello, send_flags=SendFlags.NONE))
         with trio.move_on_after(self.hello_timeout):
             await self._hello.wait()
