@@ -43,12 +43,15 @@ from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import HelloRefused, HelloTimeout, SessionClosed
 from kbtp.messages import (
     AllocStore,
+    Bind,
     CommonHeader,
     Completion,
+    CompletionDescriptor,
     DataDescriptor,
     Free,
     Hello,
     HelloAck,
+    Load,
     Store,
     inline_descriptor,
 )
@@ -133,6 +136,7 @@ class Probe:
         *,
         wait_for_identity: bool = True,
         instead_of_hello: Callable[[int], bytes] | None = None,
+        capabilities: Capability = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC,
     ) -> AsyncIterator[KbtpInitiator]:
         """A session as ``identity`` (default the runner's); the runner's HELLO_ACK is
         kept.  A HELLO refused with SESSION_EXISTS is tried again for up to the timeout
@@ -150,6 +154,7 @@ class Probe:
                         settings=self.settings,
                         hello_timeout=self.timeout,
                         instead_of_hello=instead_of_hello,
+                        capabilities=capabilities,
                     )
                 )
             except HelloRefused as exc:
@@ -468,6 +473,47 @@ async def _credit_exceeded(probe: Probe, case: Case) -> Outcome:
     return Outcome(PASS, f"request {credits + 1} answered CREDIT_EXCEEDED, then Terminate")
 
 
+async def _record(probe: Probe, case: Case) -> Outcome:
+    """A LOAD asking for a completion record: no target on this binding offers RECORD
+    (§6.5)."""
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion:
+        mr = ini.pd.reg_mr(bytearray(64), Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        try:
+            load = Load(
+                0,
+                h,
+                DataDescriptor(mr.rkey, mr.base, 64),
+                flags=RequestFlag.RECORD,
+                completion=CompletionDescriptor(mr.rkey, mr.base),
+            )
+            return await ini.request(load, check=False)
+        finally:
+            mr.dereg()
+
+    return await _with_handle(probe, case, _bound(b"x", seal=True), send)
+
+
+async def _record_not_advertised(probe: Probe, case: Case) -> Outcome:
+    """A HELLO asking for RECORD_COMPLETION: granted, the session must not have it (§6.5)."""
+    asked = Capability.DIRECT_LOAD | Capability.DIRECT_ALLOC | Capability.RECORD_COMPLETION
+    async with probe.session(capabilities=asked) as ini:
+        if ini.granted & Capability.RECORD_COMPLETION:
+            return Outcome(FAIL, "HELLO_ACK advertises RECORD_COMPLETION (§6.5: MUST NOT)")
+    return Outcome(PASS, "HELLO_ACK with SUCCESS, without RECORD_COMPLETION")
+
+
+async def _bind_not_granted(probe: Probe, case: Case) -> Outcome:
+    assert probe.ack is not None
+    if probe.ack.capabilities & Capability.DIRECT_ALLOC:
+        return Outcome(SKIP, f"{probe.identity!r} is granted DIRECT_ALLOC")
+
+    async def send(ini: KbtpInitiator, h: int) -> Completion:
+        return await ini.request(Bind(0, h, 0, 1, 0), check=False)
+
+    return await _with_handle(probe, case, None, send)
+
+
 def _simple(
     prepare: Callable[[KbtpInitiator, int], Awaitable[object]] | None,
     request: Callable[[KbtpInitiator, int], Awaitable[Completion | None]],
@@ -497,6 +543,12 @@ CASES: tuple[Case, ...] = (
     Case("MALFORMED.status", "§5.1", "a FREE whose Status field is not 0", Status.MALFORMED,
          lambda p, c: _raw_answer(p, c, lambda h: _free_raw(h, status=1))),
     Case("BAD_FLAGS", "§5.2", "an INLINE STORE with INVALIDATE", Status.BAD_FLAGS, _bad_flags),
+    Case("SUCCESS.no-record", "§6.5", "HELLO asking for RECORD_COMPLETION: not advertised",
+         Status.SUCCESS, _record_not_advertised),
+    Case("NOT_OFFERED.record", "§6.5", "a LOAD with RECORD and a Completion Descriptor",
+         Status.NOT_OFFERED, _record),
+    Case("NOT_OFFERED.bind", "§6.6", "a BIND from an identity without DIRECT_ALLOC",
+         Status.NOT_OFFERED, _bind_not_granted),
     Case("HANDLE_OUT_OF_RANGE", "§6.4.1", "a FREE of the handle after the initiator's range",
          Status.HANDLE_OUT_OF_RANGE, lambda p, c: _raw_answer(
              p, c, lambda h: _free_raw(p.handle(0) + (p.ack.handle_count if p.ack else 0)))),
