@@ -1,10 +1,10 @@
 """``kbtp conform``: check a KBTP target against docs/kbtp.md §7, a verdict per status rule.
 
-The cases are :data:`kbtp.conform.CASES`; this is their command: the target's address, the
-identity the runner says HELLO as (one no application uses: the runner binds and frees its
-handles), a report on stdout and progress on stderr, ``--json``.  Exit status: 0 when no
-case failed, 1 when one did, 3 when none failed but some could not be run, 2 for bad
-arguments.
+The cases are :data:`kbtp.conform.CASES`, run by :mod:`kbtp.conform_runner`; this is their
+command: the target's address, the identity the runner says HELLO as (one no application
+uses: the runner binds and frees its handles), a report on stdout and progress on stderr,
+``--json``.  Exit status: 0 when no case failed, 1 when one did, 3 when none failed but
+some could not be run, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from kbtp.cli.bench_connect import DEFAULT_IDENTITY, target_address
 from kbtp.cli.target import DEFAULT_PORT, add_mpa_arguments, mpa_settings, run_trio
-from kbtp.conform import CASES, ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe, run_cases
+from kbtp.conform import CASES
+from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe, run_cases
 from stack.cli import CliError, one_line_errors
 from stack.cli.json_report import (
     add_json_argument,

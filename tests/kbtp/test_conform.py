@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from kbtp.conform import CASES, ERROR, FAIL, PASS, SKIP, CaseResult, Probe, run_cases
+from kbtp.conform import CASES
+from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, CaseResult, Probe, run_cases
 from kbtp.constants import Status
 from kbtp.target_core import TargetCore
 from stack.wire.events import MpaSettings
