@@ -357,18 +357,16 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
     else:
         sizes = parse_sizes(args.sizes)
     if args.inline and max(sizes) > args.max_inline:
+        limit = "the target's Max Inline" if remote is not None else "--max-inline"
         raise CliError(
-            f"--inline: blocks of {max(sizes)} octets exceed "
-            + (
-                f"the target's Max Inline {args.max_inline}"
-                if remote is not None
-                else f"--max-inline {args.max_inline}"
-            )
-            + " (an INLINE store carries at most Max Inline, docs/kbtp.md §6.2)"
+            f"--inline: blocks of {max(sizes)} octets exceed {limit} {args.max_inline} "
+            "(an INLINE store carries at most Max Inline, docs/kbtp.md §6.2)"
         )
-    for size in [] if remote is not None else sizes:  # every row's target, before any starts
-        blocks = pool_blocks(ops, iterations(size, args.bytes, args.iters), args.inflight)
-        bounds.check_target_config(bench_config(size, blocks, args.inflight, args.max_inline))
+    if remote is None:
+        for size in sizes:  # every row's target, before any is started
+            blocks = pool_blocks(ops, iterations(size, args.bytes, args.iters), args.inflight)
+            config = bench_config(size, blocks, args.inflight, args.max_inline)
+            bounds.check_target_config(config)
     problem = mooncake_problem() if args.vs else None
     if problem is not None:
         raise CliError(f"--vs mooncake {problem}")
@@ -378,15 +376,16 @@ def _run_bench(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
             f"{remote.quota} blocks, {remote.request_credits} Request Credits), CPU of this "
             "process only, no baseline"
         )
-        if args.cpus is not None:
-            layout += f" (initiator on CPU {args.cpus[0]}, --cpus)"
+    elif args.in_process:
+        layout = "loopback TCP, one process"
     else:
-        layout = "loopback TCP, " + (
-            "one process" if args.in_process else "target in a second process"
-        )
-    if remote is None and args.cpus is not None:
-        where = f"CPU {args.cpus[0]}"
-        if not args.in_process:
+        layout = "loopback TCP, target in a second process"
+    if args.cpus is not None:
+        if remote is not None:
+            where = f"initiator on CPU {args.cpus[0]}"
+        elif args.in_process:
+            where = f"CPU {args.cpus[0]}"
+        else:
             where = f"initiator on CPU {args.cpus[0]}, target on CPU {target_cpu(args)}"
         layout += f" ({where}, --cpus)"
     memory = "buffers registered per request" if args.per_request else "one arena"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -87,99 +88,85 @@ async def bench_kbtp_size(
     results: list[Result] = []
     path = "inline" if (size <= max_inline if inline is None else inline) else "rdma"
     allocs = iters if alloc_iters is None else alloc_iters
-    bound: set[int] = set()  # handles this run bound (what cleanup frees)
-    async with KbtpInitiator.connect(host, port, identity, settings=settings) as ini:
-        try:
-            await _bench_session(
-                ini, size, ops, iters, allocs, inflight, data, buffers, inline, path,
-                peer_cpu, per_request, bound, results,
-            )  # fmt: skip
-        finally:
-            if cleanup:
-                await _free_bound(ini, bound)
+    bound: set[int] = set()  # handles this run bound, as each ALLOC_STORE succeeds
+    async with (
+        KbtpInitiator.connect(host, port, identity, settings=settings) as ini,
+        _freeing(ini, bound, cleanup),
+    ):
+        assert ini.ack is not None
+        base = ini.ack.handle_base
+        for w in range(inflight):
+            await _alloc_first(ini, base + w, data)
+            bound.add(base + w)
+        jobs = _per_request_jobs(ini, base, inflight, data, buffers, inline, bound)
+        if not per_request:
+            memory = bytearray(data * inflight)
+            arena = Arena.register(ini.pd, memory)
+            requests = _arena_requests(ini, arena, base, inflight, size, inline)
+            spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
+
+        async def run(op: str, count: int, used: set[int]) -> tuple[float, float]:
+            """The row of ``op``, ``count`` requests; ``used`` gets the buffer of every request
+            (fewer than ``inflight`` when ``count`` is)."""
+            if per_request:
+                job = jobs[op]
+
+                async def tracked_job(w: int, i: int) -> object:
+                    used.add(w)
+                    return await job(w, i)
+
+                return await _workers(inflight, count, tracked_job, peer_cpu)
+            request_for = requests[op]
+
+            def tracked_request(w: int, i: int) -> Request:
+                used.add(w)
+                return request_for(w, i)
+
+            succeeded = bound.add if op == "alloc_store" else None
+            return await _pipelined(ini, inflight, count, tracked_request, peer_cpu, succeeded)
+
+        for op in OPS:
+            if op not in ops:
+                continue
+            used: set[int] = set()
+            if op == "load":
+                for w in range(inflight):
+                    await ini.store(base + w, data, seal=True)
+                if not per_request:
+                    memory[:] = bytes(len(memory))  # what the LOADs place is checked
+                seconds, cpu = await run(op, iters, used)
+                landed = buffers if per_request else spans
+                if not used or any(landed[w] != data for w in used):
+                    raise CliError("LOAD returned wrong data")
+                results.append(Result(op, size, iters, seconds, "rdma", cpu))
+            else:
+                count = allocs if op == "alloc_store" else iters
+                seconds, cpu = await run(op, count, used)
+                results.append(Result(op, size, count, seconds, path, cpu))
+        if not per_request:
+            arena.close()
     return results
 
 
+@asynccontextmanager
+async def _freeing(ini: KbtpInitiator, bound: set[int], cleanup: bool) -> AsyncIterator[None]:
+    """With ``cleanup``: FREE every handle in ``bound`` (untimed) when the block ends,
+    however it ends, as far as the session lasts."""
+    try:
+        yield
+    finally:
+        if cleanup:
+            await _free_bound(ini, bound)
+
+
 async def _free_bound(ini: KbtpInitiator, bound: set[int]) -> None:
-    """FREE every handle in ``bound`` (untimed), as far as the session lasts."""
+    """FREE every handle in ``bound``, as far as the session lasts."""
     with trio.CancelScope(shield=True):
         for handle in sorted(bound):
             try:
                 await ini.free(handle, check=False)
             except SessionClosed:
                 return
-
-
-async def _bench_session(
-    ini: KbtpInitiator,
-    size: int,
-    ops: list[str],
-    iters: int,
-    allocs: int,
-    inflight: int,
-    data: bytearray,
-    buffers: list[bytearray],
-    inline: bool | None,
-    path: str,
-    peer_cpu: CpuClock,
-    per_request: bool,
-    bound: set[int],
-    results: list[Result],
-) -> None:
-    """The rows of :func:`bench_kbtp_size` on the session ``ini``; every handle bound goes
-    into ``bound`` as its ALLOC_STORE succeeds."""
-    assert ini.ack is not None
-    base = ini.ack.handle_base
-    for w in range(inflight):
-        await _alloc_first(ini, base + w, data)
-        bound.add(base + w)
-    jobs = _per_request_jobs(ini, base, inflight, data, buffers, inline, bound)
-    if not per_request:
-        memory = bytearray(data * inflight)
-        arena = Arena.register(ini.pd, memory)
-        requests = _arena_requests(ini, arena, base, inflight, size, inline)
-        spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
-
-    async def run(op: str, count: int, used: set[int]) -> tuple[float, float]:
-        """The row of ``op``, ``count`` requests; ``used`` gets the buffer of every request
-        (fewer than ``inflight`` when ``count`` is)."""
-        if per_request:
-            job = jobs[op]
-
-            async def tracked_job(w: int, i: int) -> object:
-                used.add(w)
-                return await job(w, i)
-
-            return await _workers(inflight, count, tracked_job, peer_cpu)
-        request_for = requests[op]
-
-        def tracked_request(w: int, i: int) -> Request:
-            used.add(w)
-            return request_for(w, i)
-
-        succeeded = bound.add if op == "alloc_store" else None
-        return await _pipelined(ini, inflight, count, tracked_request, peer_cpu, succeeded)
-
-    for op in OPS:
-        if op not in ops:
-            continue
-        used: set[int] = set()
-        if op == "load":
-            for w in range(inflight):
-                await ini.store(base + w, data, seal=True)
-            if not per_request:
-                memory[:] = bytes(len(memory))  # what the LOADs place is checked
-            seconds, cpu = await run(op, iters, used)
-            landed = buffers if per_request else spans
-            if not used or any(landed[w] != data for w in used):
-                raise CliError("LOAD returned wrong data")
-            results.append(Result(op, size, iters, seconds, "rdma", cpu))
-        else:
-            count = allocs if op == "alloc_store" else iters
-            seconds, cpu = await run(op, count, used)
-            results.append(Result(op, size, count, seconds, path, cpu))
-    if not per_request:
-        arena.close()
 
 
 async def _alloc_first(ini: KbtpInitiator, handle: int, data: bytearray) -> None:
