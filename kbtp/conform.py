@@ -38,9 +38,15 @@ from kbtp.conform_runner import (
     fatal_answer,
     judged,
     session_end,
+)
+from kbtp.constants import (
+    Capability,
+    MessageOpcode,
+    RequestFlag,
+    Status,
+    next_generation,
     status_name,
 )
-from kbtp.constants import Capability, MessageOpcode, RequestFlag, Status, next_generation
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import HelloRefused, HelloTimeout, SessionClosed
 from kbtp.messages import (

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import trio
 
-from kbtp.constants import SESSION_FATAL_STATUSES, Capability, Status
+from kbtp.constants import SESSION_FATAL_STATUSES, Capability, Status, status_name
 from kbtp.initiator import KbtpInitiator
 from kbtp.initiator_errors import HelloRefused, SessionClosed
 from kbtp.messages import Completion, HelloAck
@@ -36,7 +36,6 @@ __all__ = [
     "judged",
     "run_cases",
     "session_end",
-    "status_name",
 ]
 
 T = TypeVar("T")
@@ -148,11 +147,6 @@ class Probe:
             return await request
 
 
-def status_name(status: int) -> str:
-    """A status's name, or its number when it has none."""
-    return Status(status).name if status in Status._value2member_map_ else f"status {status}"
-
-
 def judged(case: Case, completion: Completion | HelloAck | None) -> Outcome:
     """PASS when ``completion`` (or a HELLO_ACK) carries the case's status (a fatal one's
     session end is judged by :func:`session_end`)."""
@@ -214,7 +208,7 @@ async def run_cases(
     try:  # one session first: without one no case can run
         async with probe.session():
             pass
-    except (trio.TooSlowError, HelloRefused, SessionClosed, IwarpError, OSError) as exc:
+    except (trio.TooSlowError, IwarpError, OSError) as exc:  # HelloRefused, SessionClosed too
         why = f"not run: no session with the target ({type(exc).__name__}: {exc})"
         for case in cases:
             results.append(CaseResult(case, ERROR, why, 0.0))
@@ -230,7 +224,7 @@ async def run_cases(
             outcome = Outcome(ERROR, str(exc))
         except HelloRefused as exc:
             outcome = Outcome(ERROR, f"no session: HELLO_ACK answered {exc.status.name}")
-        except (SessionClosed, IwarpError, OSError) as exc:
+        except (IwarpError, OSError) as exc:  # SessionClosed too
             outcome = Outcome(ERROR, f"{type(exc).__name__}: {exc}")
         result = CaseResult(case, outcome.verdict, outcome.observed, time.perf_counter() - start)
         progress(result)

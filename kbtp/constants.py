@@ -154,6 +154,14 @@ MALFORMED is fatal only when the common header itself cannot be read; NO_SPACE c
 session only when a direct-allocation over-quota is observed (draft §3.4 "MAY terminate").
 """
 
+_STATUS_NAMES = {int(s): s.name for s in Status}
+
+
+def status_name(status: int) -> str:
+    """A Status field's name, ``STATUS_n`` for a value no status has."""
+    return _STATUS_NAMES.get(status) or f"STATUS_{status}"
+
+
 # --------------------------------------------------------------------------------------
 # Lengths (docs/kbtp.md §5)
 # --------------------------------------------------------------------------------------

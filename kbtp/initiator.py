@@ -57,6 +57,7 @@ from kbtp.constants import (
     Capability,
     MessageOpcode,
     Status,
+    status_name,
 )
 from kbtp.initiator_core import (
     CompareSwapOp,
@@ -498,7 +499,7 @@ class KbtpInitiator(InitiatorOps):
         if waiter.invalidated is not None and isinstance(request, Load | Store | AllocStore):
             if waiter.invalidated == request.descriptor.stag:
                 self.invalidations += 1
-        status = _status_name(completion.status)
+        status = status_name(completion.status)
         self._count(_OPCODE_NAMES[request.opcode], status, _octets(request, completion))
         if completion.status == Status.TICKET_ABANDONED:
             self.direct_alloc_disabled = True  # docs/kbtp.md §4.4: its STags are invalid
@@ -644,12 +645,7 @@ class KbtpInitiator(InitiatorOps):
 _STATUSES = frozenset(int(s) for s in Status)
 
 
-_STATUS_NAMES = {int(s): s.name for s in Status}
 _OPCODE_NAMES = {o: o.name for o in MessageOpcode}
-
-
-def _status_name(status: int) -> str:
-    return _STATUS_NAMES.get(status) or f"STATUS_{status}"
 
 
 def _octets(request: Request, completion: Completion) -> int:

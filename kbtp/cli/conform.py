@@ -17,7 +17,7 @@ from kbtp.cli.bench_connect import DEFAULT_IDENTITY, target_address
 from kbtp.cli.target import DEFAULT_PORT, add_mpa_arguments, mpa_settings, run_trio
 from kbtp.conform import CASES
 from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe, run_cases
-from stack.cli import CliError, one_line_errors
+from stack.cli import CliError, one_line_errors, positive_seconds
 from stack.cli.json_report import (
     add_json_argument,
     check_json_path,
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="S",
         help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT:g})",
@@ -65,16 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_argument(parser)
     one_line_errors(parser)
     parser.set_defaults(func=run_conform)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"{text} s: give more than 0 and less than 10^6")
-    return value
 
 
 def selected(names: list[str]) -> tuple[Case, ...]:

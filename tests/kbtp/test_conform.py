@@ -159,7 +159,7 @@ def test_the_command_reports_every_case_and_exits_0(target_process: int) -> None
     [
         (["NO_SUCH_CASE"], 2, "unknown case 'NO_SUCH_CASE'"),
         (["--identity", "nobody", "SUCCESS"], 3, "not run: no session with the target"),
-        (["--timeout", "0", "SUCCESS"], 2, "give more than 0"),
+        (["--timeout", "0", "SUCCESS"], 2, "must be more than 0 seconds"),
     ],
 )
 def test_command_errors(target_process: int, argv: list[str], status: int, message: str) -> None:
