@@ -60,6 +60,7 @@ from dataclasses import replace
 import trio
 
 from kbtp.constants import Status
+from kbtp.messages import Completion
 from kbtp.pool_file import PoolFile
 from kbtp.pool_recovery import RecoveryReport
 from kbtp.target_actions import (
@@ -358,9 +359,7 @@ class KbtpTarget(OffloadBinding):
             batch = [await cq.next()]
             while more := cq.poll(256):
                 batch.extend(more)
-            if not sess.backlog:  # held by the chains: it arrived with the last batch
-                self.core.receive_batch(sess.sid)
-            sess.backlog = False
+            self.core.receive_batch(sess.sid)
             for part, wcs in enumerate(drain_halves(batch)):
                 if part and sess.conn is not None:
                     sess.conn.uncork()  # the first half's answers are out: these go too
@@ -460,8 +459,8 @@ class KbtpTarget(OffloadBinding):
                 self._touch(sess)
             sess.messages += 1
             fresh = sess.identity is None
-            if sess.credits is not None:  # it fell back: the chain's runs count (§8.1)
-                self.core.offloaded_requests(sess.sid, *sess.credits.take())
+            if sess.credits is not None:  # it fell back: what the session has out counts (§8.1)
+                self.core.offloaded_requests(sess.sid, sess.credits.take())
             if self.offload:
                 self._hold_behind_store(sess, data)
             actions = self._guarded(sess, self.core.handle_message, sess.sid, data, now)
@@ -530,6 +529,8 @@ class KbtpTarget(OffloadBinding):
                         send_flags=SendFlags.NONE,
                     )
                 self._post(sess, wr)
+                if sess.credits is not None and isinstance(action.message, Completion):
+                    sess.credits.answered(sess.qp)  # counted as the chain's are (§8.1)
             elif kind is ReadFromInitiator:
                 assert isinstance(action, ReadFromInitiator)
                 self._post_rdma(sess, action, WrOpcode.RDMA_READ)

@@ -70,7 +70,6 @@ __all__ = [
     "SESSION_CHAIN_WR_ID",
     "StoreMarks",
     "arm",
-    "chain_fallbacks",
     "chain_runs",
     "load_branches",
     "session_chain",
@@ -317,7 +316,7 @@ def session_chain(
         branches += store_branches(layout, lkey, initiator, marks)
     branches += more or []
     if credits is not None:
-        branches = [*map(credits.wrap, branches), credits.over_branch()]
+        branches = [*map(credits.wrap, branches)]
     key = _req(HEADER, "handle")  # §6.0: one at a time per handle, others concurrently
     return Chain(SESSION_CHAIN_WR_ID, WaitRecv(), tuple(branches), rearm=True, key=key)
 
@@ -331,11 +330,6 @@ def arm(qp: QueuePair, chain: Callable[[], Chain], armed: bool) -> bool:
     else:
         qp.post_chain(chain())
     return True
-
-
-def chain_fallbacks(qp: QueuePair) -> int:
-    """Requests that fell back from ``qp``'s chain to the application."""
-    return 0 if qp.chains is None else qp.chains.fallbacks
 
 
 def chain_runs(qp: QueuePair) -> int:

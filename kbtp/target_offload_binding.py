@@ -17,7 +17,6 @@ from kbtp.target_core import TargetCore
 from kbtp.target_offload import (
     StoreMarks,
     arm,
-    chain_fallbacks,
     session_chain,
     unsealed_load_handle,
 )
@@ -60,11 +59,8 @@ class OffloadBinding:
         ) -> list[Action]: ...
 
     def _arm(self, sess: TargetSession) -> None:
-        """(Re)post the session's chain after a request the core took; a receive the chain
-        queue still holds is the next drain's (``sess.backlog``)."""
-        held = chain_fallbacks(sess.qp)
+        """(Re)post the session's chain after a request the core took."""
         sess.chained = arm(sess.qp, lambda: self._chain(sess), sess.chained)
-        sess.backlog = chain_fallbacks(sess.qp) > held
 
     def _chain(self, sess: TargetSession) -> Chain:
         """The session's offload chain (docs/kbtp.md §8): LOAD, and mapped STORE unless

@@ -1,16 +1,19 @@
 """Request Credits on the offloaded target: the chains count what the core cannot see (§9.2).
 
 The core answers CREDIT_EXCEEDED to a request that arrives while Request Credits requests
-are outstanding (docs/kbtp.md §9.2), but it sees only the requests that fall back.  So
-every branch of the session chain (kbtp.target_offload) is wrapped by :meth:`CreditCount.wrap`:
-a guard that the session's outstanding requests leave room, a FetchAdd of +1 on the
-count of the chain's runs in flight when it starts and of -1 once its COMPLETION has been
-handed to the transport.  A request that finds no room falls back through
-:meth:`CreditCount.over_branch`, which notes it; the binding then has the core count the
-request as over its credits (``TargetCore.offloaded_requests``), so it is answered
-CREDIT_EXCEEDED as on the software target.  For every other fallback the core counts the
-runs in flight with its own.  The room is published by the binding after every core call:
-Request Credits minus the requests the core holds (docs/kbtp.md §8.1).
+are outstanding (docs/kbtp.md §9.2), but it sees only the requests that fall back.  So the
+session keeps one count in registered memory, *out*: the requests the chain's runs hold,
+and the answers sent (by a run or by the core) that the requests which arrived before
+them have not all been examined yet.  Every branch of the session chain
+(kbtp.target_offload) is wrapped by :meth:`CreditCount.wrap`: a guard that ``out`` leaves
+room, an RNIC FetchAdd of +1 when it starts, and a *deferred* FetchAdd of -1 once its
+COMPLETION has been handed to the transport, which the RNIC runs only after every request
+that arrived before that point has been examined (:mod:`stack.rnic.chains`).  The core's
+own answers count the same way (:meth:`CreditCount.answered`).  A request that finds no
+room falls back, and the core decides with the same count
+(``TargetCore.offloaded_requests``): CREDIT_EXCEEDED if its own requests and ``out`` reach
+the credits, as on the software target.  The room is published by the binding after every
+core call: Request Credits minus the requests the core holds (docs/kbtp.md §8.1).
 """
 
 from __future__ import annotations
@@ -21,22 +24,19 @@ from kbtp.target_offload import shifted
 from stack.constants import ALL_ONES_64
 from stack.rnic import (
     Branch,
-    Check,
     Cmp,
     Guard,
     LocalAtomic,
-    LocalWrite,
     MemoryRegion,
+    QueuePair,
     Ref,
 )
 
 __all__ = ["CreditCount"]
 
-_RUNS = 0  # the chain's runs in flight (little-endian, the atomic engine's)
+_OUT = 0  # requests held by runs, and answers not yet credited (little-endian, the atomic engine's)
 _ROOM = 8  # credits left to the chain, published by the binding (big-endian)
-_OVER = 16  # not 0: the request falling back found no room
 _RESULT = Ref.run(56)  # the run's own: the FetchAdds' results (unused)
-_NEVER = Guard(Ref.run(56), Cmp.LT, 0)  # unsigned < 0: a Check that always stops
 
 
 class CreditCount:
@@ -48,40 +48,40 @@ class CreditCount:
         if mr.length < self.SIZE:
             raise ValueError(f"a credit count needs {self.SIZE} octets")
         self.mr = mr
-        self._runs = self._ref(_RUNS, "little")
+        self._out = self._ref(_OUT, "little")
         self._room = self._ref(_ROOM, "big")
+        self._return = LocalAtomic(self._out, self._ref(16, "little"), ALL_ONES_64, deferred=True)
 
     def _ref(self, at: int, byteorder: str) -> Ref:
         return Ref(self.mr.lkey, self.mr.base + at, 8, byteorder)  # type: ignore[arg-type]
 
-    def _octets(self, at: int, byteorder: str) -> int:
-        buf = self.mr.view(self.mr.base + at, 8)
-        return int.from_bytes(buf, byteorder)  # type: ignore[arg-type]
-
     def wrap(self, branch: Branch) -> Branch:
-        """``branch`` counted: only with room, its run counted in flight until its last
-        item (the COMPLETION Send) has completed."""
-        start = LocalAtomic(self._runs, _RESULT, 1)
-        end = LocalAtomic(self._runs, _RESULT, ALL_ONES_64)  # -1 modulo 2^64
+        """``branch`` counted: only with room, its request held from its start and its
+        credit returned (-1, deferred) once the requests that arrived before its COMPLETION
+        was handed over have been examined."""
+        start = LocalAtomic(self._out, _RESULT, 1)
+        end = LocalAtomic(self._out, _RESULT, ALL_ONES_64, deferred=True)  # -1 modulo 2^64
         return dataclasses.replace(
             branch,
             wrs=(start, *branch.wrs, end),
             patches=tuple(shifted(list(branch.patches), 1)),
-            guards=(*branch.guards, Guard(self._runs, Cmp.LT, self._room)),
+            guards=(*branch.guards, Guard(self._out, Cmp.LT, self._room)),
         )
 
-    def over_branch(self) -> Branch:
-        """The last branch: no room, so the request is noted and falls back."""
-        note = LocalWrite(self._ref(_OVER, "big"), (1).to_bytes(8, "big"))
-        return Branch((note, Check((_NEVER,))), (), (Guard(self._runs, Cmp.GE, self._room),))
+    def answered(self, qp: QueuePair) -> None:
+        """The core answered a request of the session (its COMPLETION is posted on ``qp``):
+        counted as the chain's answers are, +1 now and -1 deferred (no chain queue yet:
+        nothing to count against)."""
+        if qp.chains is None:
+            return
+        view = self.mr.view(self.mr.base + _OUT, 8)
+        view[:] = ((int.from_bytes(view, "little") + 1) & ALL_ONES_64).to_bytes(8, "little")
+        qp.post_deferred(self._return)
 
     def publish(self, room: int) -> None:
         """The credits the core leaves to the chain (Request Credits minus its own)."""
         self.mr.view(self.mr.base + _ROOM, 8)[:] = max(0, room).to_bytes(8, "big")
 
-    def take(self) -> tuple[int, bool]:
-        """(runs in flight, whether the request that fell back found no room); the note
-        is cleared."""
-        over = self._octets(_OVER, "big") != 0
-        self.mr.view(self.mr.base + _OVER, 8)[:] = bytes(8)
-        return self._octets(_RUNS, "little"), over
+    def take(self) -> int:
+        """``out``: what the core counts with its own for a request that fell back."""
+        return int.from_bytes(self.mr.view(self.mr.base + _OUT, 8), "little")

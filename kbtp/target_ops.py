@@ -236,13 +236,15 @@ class RequestOps(CoreState):
             ini.allocating -= 1
         self._complete(out, session, req, Status.SUCCESS, generation, length, block)
 
-    def offloaded_requests(self, session: int, runs: int, over: bool) -> None:
+    def offloaded_requests(self, session: int, out: int) -> None:
         """Before a message of ``session`` that fell back from its chain (docs/kbtp.md
-        §8.1): ``runs`` requests are held by the chain's runs, and ``over``: the chain found
-        the request beyond the credits (so it is answered CREDIT_EXCEEDED, §9.2)."""
+        §8.1): ``out`` requests are held by the chain's runs or were answered, by the chain
+        or by the core, after this one arrived (the binding's count).  It counts the core's
+        answers too, so those since the last :meth:`receive_batch` are not added (§9.2)."""
         sess = self._sessions.get(session)
         if sess is not None:
-            sess.offloaded = self.config.request_credits if over else runs
+            sess.offloaded = out
+            sess.uncredited = 0
 
     def hold_handle(self, handle: int) -> bool:
         """An offloaded STORE of ``handle`` is mid-Read (docs/kbtp.md §8.1): lock the handle

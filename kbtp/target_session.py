@@ -68,7 +68,6 @@ class TargetSession:
     alloc_log: AllocLog | None = None  # the chain's ALLOC_STOREs for the core (§8.1)
     credits: CreditCount | None = None  # the chain's runs against the credits (§8.1)
     marks: StoreMarks | None = None  # handles whose offloaded STORE is mid-Read (§8.1)
-    backlog: bool = False  # the next receive fell back from the chain's queue (§8.1)
 
     def recv_wr(self, slot: int) -> RecvWR:
         """The receive of buffer ``slot`` (built once: reposting it reuses it)."""

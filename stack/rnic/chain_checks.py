@@ -31,7 +31,7 @@ from stack.rnic.verbs import SendWR, WrOpcode
 if TYPE_CHECKING:
     from stack.rnic.qp_send import QpSend
 
-__all__ = ["check_chain"]
+__all__ = ["check_chain", "check_deferred"]
 
 _MAX_REF = 4096  # octets one Ref may copy (a PAYLOAD patch)
 _REMOTE_OPS = frozenset(
@@ -74,11 +74,7 @@ def check_chain(qp: QpSend, chain: Chain) -> None:
                 refs += _guard_refs(item.guards)
                 continue
             if isinstance(item, LocalAtomic):
-                if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN} or item.dst.lkey == RUN:
-                    raise LocalError(f"chain {chain.wr_id}: a LocalAtomic works on MRs")
-                if item.dst.width != 8 or item.result.width != 8:
-                    raise LocalError(f"chain {chain.wr_id}: LocalAtomic octets are 8 wide")
-                refs += [item.dst, item.result]
+                refs += _atomic_refs(item, f"chain {chain.wr_id}")
                 continue
             src = item.src
             if item.dst.lkey in (RECV, RECV_LEN):
@@ -95,6 +91,31 @@ def check_chain(qp: QpSend, chain: Chain) -> None:
             _check_ref(ref, chain)
         for patch in branch.patches:
             _check_patch(patch, branch, chain)
+
+
+def check_deferred(item: LocalAtomic) -> None:
+    """Refuse (LocalError) a LocalAtomic ``qp.post_deferred`` cannot run: there is no
+    receive to read, and its Refs must fit as in a chain."""
+    refs = _atomic_refs(item, "a deferred LocalAtomic")
+    while refs:
+        ref = refs.pop()
+        if ref.uses_recv():
+            raise LocalError("a deferred LocalAtomic has no receive to read")
+        if not 1 <= ref.width <= 8 or ref.addr < 0:
+            raise LocalError("a deferred LocalAtomic's Refs are 1..8 octets")
+        if ref.lkey == RUN and ref.index is None and ref.addr + ref.width > RUN_SCRATCH:
+            raise LocalError(f"a deferred LocalAtomic's run Ref is beyond {RUN_SCRATCH} octets")
+        if ref.index is not None:
+            refs.append(ref.index)
+
+
+def _atomic_refs(item: LocalAtomic, where: str) -> list[Ref]:
+    """A LocalAtomic's own checks; its Refs, to be checked as any."""
+    if {item.dst.lkey, item.result.lkey} & {RECV, RECV_LEN} or item.dst.lkey == RUN:
+        raise LocalError(f"{where}: a LocalAtomic works on MRs")
+    if item.dst.width != 8 or item.result.width != 8:
+        raise LocalError(f"{where}: LocalAtomic octets are 8 wide")
+    return [item.dst, item.result]
 
 
 def _guard_refs(guards: tuple[Guard, ...]) -> list[Ref]:

@@ -145,13 +145,20 @@ class LocalAtomic:
     EXT-07): a FetchAdd of ``add`` under Add Mask ``mask``, or with ``swap`` a CmpSwap
     comparing with ``add``.  The original value goes, 8 octets in ``result.byteorder``, to
     ``result`` (registered memory with LOCAL_WRITE), where later Refs read it.  It runs
-    like a :class:`LocalWrite`: after the earlier WRs of its branch completed."""
+    like a :class:`LocalWrite`: after the earlier WRs of its branch completed.
+
+    ``deferred``: reaching it only hands it to the chain queue, which runs it once every
+    receive that had arrived when the run's latest WR left has been *examined* (triggered
+    a run, or fell back and was ENABLEd again); the run does not wait for it.  A credit
+    returned this way still counts for the requests that arrived before the answer that
+    returns it (see :mod:`stack.rnic.chains`)."""
 
     dst: Ref
     result: Ref
     add: int
     mask: int = 0
     swap: int | None = None
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

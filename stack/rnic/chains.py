@@ -34,16 +34,23 @@ outside its MR fails the chain with LOC_PROT_ERR (a receive read past its messag
 LOC_LEN_ERR) and, as for any WR failing locally, the QP is Terminated (RDMAP-12); nothing
 of the failing WR has touched memory.  A QP that fails flushes its chains with
 WR_FLUSH_ERR (opcode :attr:`~stack.rnic.verbs.WcOpcode.CHAIN`) and the receives they held.
+
+A *deferred* :class:`LocalAtomic` runs once every receive that had arrived when its run's
+latest WR left (was handed to the transport; with none, when it was reached) has been
+examined: it triggered a run, or fell back and the application ENABLEd the queue again.
+One posted with ``qp.post_deferred`` waits for the receives that have arrived by then.
+Receives of the input being fed at that moment count as arrived, since they all came
+before anything the RNIC sends in answer.  This is how a run returns a request credit:
+its answer left after those requests arrived, so for them the credit is still out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stack.constants import ALL_ONES_64, ATOMIC_ALIGNMENT, TERM_RDMAP_CATASTROPHIC
+from stack.constants import TERM_RDMAP_CATASTROPHIC
 from stack.errors import RdmapError
 from stack.rnic.chain_checks import check_chain
 from stack.rnic.chain_items import (
@@ -65,9 +72,9 @@ from stack.rnic.chain_items import (
     WaitCq,
     WaitRecv,
 )
-from stack.rnic.qp_base import _LOCAL_WRITE, _SENDING, _LocalWrError, _SqEntry
+from stack.rnic.chain_local import Reader, holds, patched, run_local
+from stack.rnic.qp_base import _SENDING, _LocalWrError, _SqEntry
 from stack.rnic.verbs import RecvWR, SendWR, Sge, WcOpcode, WcStatus, WorkCompletion
-from stack.wire.events import AtomicRequest
 
 if TYPE_CHECKING:
     from stack.rnic.qp_send import QpSend
@@ -94,16 +101,6 @@ __all__ = [
     "WaitRecv",
 ]
 
-_BITS = {
-    PatchField.REMOTE_ADDR: 64,
-    PatchField.RKEY: 32,
-    PatchField.SGE_ADDR: 64,
-    PatchField.SGE_LENGTH: 32,
-    PatchField.COMPARE_ADD: 64,
-    PatchField.SWAP: 64,
-    PatchField.INVALIDATE_RKEY: 32,
-}
-
 
 @dataclass(slots=True)
 class _Posted:
@@ -121,7 +118,7 @@ class ChainRun:
         branch: int,
         recv: tuple[RecvWR, bytes] | None,
         wc: WorkCompletion | None = None,
-        read: _Reader | None = None,
+        read: Reader | None = None,
         key: int | None = None,
     ) -> None:
         self.queue = queue
@@ -137,6 +134,9 @@ class ChainRun:
         self.left = 0
         self.next = 0  # the next item of the branch to start
         self.status = WcStatus.SUCCESS
+        self.sent: list[int] | None = None
+        """The queue's stamp when the run's latest WR left: a deferred item after it
+        waits for the receives that had arrived by then."""
 
     def step(self) -> None:
         """Start the branch's items in order: WRs up to the next local item join the send
@@ -147,8 +147,12 @@ class ChainRun:
         while self.left == 0 and self.next < len(items):
             item = items[self.next]
             if not isinstance(item, SendWR):
+                if isinstance(item, LocalAtomic) and item.deferred:
+                    self.queue.defer(item, self.read, self.sent)
+                    self.next += 1
+                    continue
                 try:
-                    held = _run_local(item, self.read)
+                    held = run_local(item, self.read)
                 except _LocalWrError as exc:
                     self.status = exc.status
                     qp.fatal(
@@ -182,11 +186,12 @@ class ChainRun:
 
     def resolve(self, entry: _SqEntry) -> None:
         """Apply the patches of ``entry``'s WR now, at execution time (raises _LocalWrError)."""
+        self.sent = self.queue.stamp()  # the WR leaves now: what had arrived by then
         i = self.index[id(entry)]
         branch = self.posted.chain.branches[self.branch]
         patches = [p for p in branch.patches if p.wr == i]
         if patches:
-            entry.wr = _patched(entry.wr, patches, self.read)
+            entry.wr = patched(entry.wr, patches, self.read)
 
     def wr_done(self, entry: _SqEntry) -> None:
         if entry.status is not WcStatus.SUCCESS and self.status is WcStatus.SUCCESS:
@@ -216,6 +221,16 @@ class ChainQueue:
         """Chains that ran a branch (the RNIC's work, counted apart from the application's)."""
         self.fallbacks = 0
         """Chains that fell back to the application."""
+        self.arrived = 0
+        """Receives the queue has taken (:meth:`take_recv`)."""
+        self.examined = 0
+        """Of those, how many triggered a run, or fell back and were ENABLEd again."""
+        self.feeding = False
+        """Input is being fed (:meth:`begin_input`): deferred items reached now wait for
+        every receive it brings."""
+        self._fell_back = False  # a receive fell back: it is examined at the next ENABLE
+        self._deferred: list[tuple[list[int], LocalAtomic, Reader]] = []
+        self._input: list[int] | None = None  # the stamp of the input being fed
         self._advancing = False
 
     # ---------------------------------------------------------------- verbs
@@ -231,6 +246,9 @@ class ChainQueue:
     def enable(self, count: int | None) -> None:
         """ENABLE: end a fallback stall and release ``count`` held chains (None: all)."""
         self.stalled = False
+        if self._fell_back:  # the application has taken the receive that fell back
+            self._fell_back = False
+            self._examine()
         for posted in self.waiting:
             if count is not None and count <= 0:
                 break
@@ -251,6 +269,7 @@ class ChainQueue:
         except _LocalWrError:
             return False  # its buffer went away: the application hears of the receive
         self.recvs.append((wr, wc, data))
+        self.arrived += 1
         self.advance()
         return True
 
@@ -265,6 +284,59 @@ class ChainQueue:
             parts.append(bytes(self.qp._local(Sge(sge.addr, take, sge.lkey), 0)[1]))
             left -= take
         return b"".join(parts)
+
+    # ---------------------------------------------------------------- deferred items
+    def stamp(self) -> list[int]:
+        """How many receives have arrived now, as a cell; while input is being fed, a cell
+        shared by the whole input and filled once it is applied (-1 until then)."""
+        if not self.feeding:
+            return [self.arrived]
+        if self._input is None:
+            self._input = [-1]
+        return self._input
+
+    def defer(
+        self, item: LocalAtomic, read: Reader | None = None, fence: list[int] | None = None
+    ) -> None:
+        """Run ``item`` once the receives that had arrived at ``fence`` (default: now, with
+        those of the input being fed) have been examined (see the module docstring)."""
+        self._deferred.append((fence or self.stamp(), item, read or Reader(self.qp, None)))
+        self._settle()
+
+    def begin_input(self) -> None:
+        """Received bytes are about to be fed to the QP."""
+        self.feeding = True
+
+    def end_input(self) -> None:
+        """The bytes fed are applied: what was stamped meanwhile waits for their receives."""
+        self.feeding = False
+        if self._input is not None:
+            self._input[0] = self.arrived
+            self._input = None
+            self._settle()
+
+    def _examine(self) -> None:
+        self.examined += 1
+        if self._deferred:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Run the deferred items whose receives have all been examined."""
+        examined = self.examined
+        due = [d for d in self._deferred if 0 <= d[0][0] <= examined]
+        if not due:
+            return
+        self._deferred = [d for d in self._deferred if not 0 <= d[0][0] <= examined]
+        for _fence, item, read in due:
+            try:
+                run_local(item, read)
+            except _LocalWrError as exc:
+                self._deferred.clear()
+                self.qp.fatal(
+                    RdmapError("RDMAP-12", f"deferred item: {exc}", TERM_RDMAP_CATASTROPHIC),
+                    send_terminate=True,
+                )
+                return
 
     def advance(self) -> None:
         """Trigger the head chain if it can run now."""
@@ -317,7 +389,7 @@ class ChainQueue:
         read = self.reader(recv)
         try:
             chosen = next(
-                (i for i, b in enumerate(chain.branches) if all(_holds(g, read) for g in b.guards)),
+                (i for i, b in enumerate(chain.branches) if all(holds(g, read) for g in b.guards)),
                 None,
             )
         except _LocalWrError as exc:
@@ -330,15 +402,18 @@ class ChainQueue:
             )
             return
         if chosen is None:  # fall back to software, which ENABLEs the queue again
+            self._fell_back = wc is not None
             self._fall_back(posted, wc, None, None)
             return
+        if wc is not None:
+            self._examine()
         run = ChainRun(self, posted, chosen, recv, wc, read, key)
         self.running = run
         self.runs += 1
         run.step()
 
-    def reader(self, recv: tuple[RecvWR, bytes] | None) -> _Reader:
-        return _Reader(self.qp, None if recv is None else recv[1])
+    def reader(self, recv: tuple[RecvWR, bytes] | None) -> Reader:
+        return Reader(self.qp, None if recv is None else recv[1])
 
     def _fall_back(
         self,
@@ -406,6 +481,7 @@ class ChainQueue:
     def fail(self) -> None:
         """The QP failed: flush every chain and every receive held for them."""
         runs = [*self.flight, *([self.running] if self.running is not None else [])]
+        self._deferred.clear()
         self.running = None
         self.flight = []
         for run in runs:
@@ -427,130 +503,3 @@ class ChainQueue:
         wc.extra["branch"] = branch
         wc.extra["stopped"] = at
         self.qp._push_wc(self.qp.send_cq, wc)
-
-
-class _Reader:
-    """Reads Refs for one run, through the QP's local SGE checks."""
-
-    def __init__(self, qp: QpSend, message: bytes | None) -> None:
-        self.qp = qp
-        self.message = message
-        self.scratch = bytearray(RUN_SCRATCH)
-
-    def run_view(self, addr: int, width: int) -> memoryview:
-        """Octets of the run's scratch (LOC_LEN_ERR beyond it)."""
-        if addr + width > RUN_SCRATCH:
-            raise _LocalWrError(WcStatus.LOC_LEN_ERR, f"octets {addr}+{width} beyond the scratch")
-        return memoryview(self.scratch)[addr : addr + width]
-
-    def octets(self, ref: Ref) -> bytes:
-        addr = _address(ref, self)
-        if ref.lkey == RECV_LEN:
-            assert self.message is not None  # checked at post
-            return len(self.message).to_bytes(ref.width, ref.byteorder)
-        if ref.lkey == RECV:
-            assert self.message is not None
-            if addr + ref.width > len(self.message):
-                raise _LocalWrError(
-                    WcStatus.LOC_LEN_ERR, f"octets {addr}+{ref.width} beyond the received message"
-                )
-            return self.message[addr : addr + ref.width]
-        if ref.lkey == RUN:
-            return bytes(self.run_view(addr, ref.width))
-        return bytes(self.qp._local(Sge(addr, ref.width, ref.lkey), 0)[1])
-
-    def value(self, ref: Ref) -> int:
-        return int.from_bytes(self.octets(ref), ref.byteorder)
-
-
-def _holds(guard: Guard, read: _Reader) -> bool:
-    left = read.value(guard.left) & guard.mask
-    right = (read.value(guard.right) if isinstance(guard.right, Ref) else guard.right) & guard.mask
-    if guard.cmp is Cmp.EQ:
-        return left == right
-    if guard.cmp is Cmp.NE:
-        return left != right
-    if guard.cmp is Cmp.LE:
-        return left <= right
-    if guard.cmp is Cmp.LT:
-        return left < right
-    if guard.cmp is Cmp.GE:
-        return left >= right
-    return left == 0 or left == right
-
-
-def _patched(wr: SendWR, patches: list[Patch], read: _Reader) -> SendWR:
-    changes: dict[str, object] = {}
-    sges = list(wr.sg_list)
-    payload = bytearray(wr.inline_data) if wr.inline_data is not None else None
-    for patch in patches:
-        if patch.field is PatchField.PAYLOAD:
-            assert payload is not None  # checked at post
-            payload[patch.at : patch.at + patch.src.width] = read.octets(patch.src)
-            continue
-        value = (read.value(patch.src) + patch.add) & ((1 << _BITS[patch.field]) - 1)
-        if patch.field is PatchField.SGE_ADDR:
-            sges[patch.at] = dataclasses.replace(sges[patch.at], addr=value)
-        elif patch.field is PatchField.SGE_LENGTH:
-            sges[patch.at] = dataclasses.replace(sges[patch.at], length=value)
-        else:
-            changes[patch.field.value] = value
-    if payload is not None:
-        changes["inline_data"] = bytes(payload)
-    return dataclasses.replace(wr, sg_list=tuple(sges), **changes)  # type: ignore[arg-type]
-
-
-def _address(ref: Ref, read: _Reader) -> int:
-    if ref.index is None:
-        return ref.addr
-    return (ref.addr + ref.scale * read.value(ref.index)) & ALL_ONES_64
-
-
-def _run_local(item: ChainItem, read: _Reader) -> bool:
-    """Run a local item; False: a Check failed (the chain stops there)."""
-    if isinstance(item, Check):
-        return all(_holds(g, read) for g in item.guards)
-    if isinstance(item, LocalWrite):
-        _local_write(item, read)
-    elif isinstance(item, LocalAtomic):
-        _local_atomic(item, read)
-    return True
-
-
-def _local_write(item: LocalWrite, read: _Reader) -> None:
-    """Run a LocalWrite through the checks of a local SGE with LOCAL_WRITE."""
-    src = item.src
-    if isinstance(src, bytes):
-        data = src
-    elif item.add:
-        data = ((read.value(src) + item.add) % (1 << 8 * src.width)).to_bytes(
-            src.width, src.byteorder
-        )
-    else:
-        data = read.octets(src)
-    dst = item.dst
-    if dst.lkey == RUN:
-        read.run_view(_address(dst, read), dst.width)[:] = data
-        return
-    _mr, view = read.qp._local(Sge(_address(dst, read), dst.width, dst.lkey), _LOCAL_WRITE)
-    view[:] = data
-
-
-def _local_atomic(item: LocalAtomic, read: _Reader) -> None:
-    """Run a LocalAtomic: both addresses checked (LOCAL_WRITE, bounds, alignment) before
-    the atomic engine changes anything (EXT-05, EXT-07)."""
-    qp = read.qp
-    addr = _address(item.dst, read)
-    out_addr = _address(item.result, read)
-    mr, _view = qp._local(Sge(addr, 8, item.dst.lkey), _LOCAL_WRITE)
-    if item.result.lkey == RUN:
-        out = read.run_view(out_addr, 8)
-    else:
-        out = qp._local(Sge(out_addr, 8, item.result.lkey), _LOCAL_WRITE)[1]
-    if (mr.addr + addr - mr.base) % ATOMIC_ALIGNMENT:
-        raise _LocalWrError(WcStatus.LOC_PROT_ERR, f"atomic address 0x{addr:x} not 8-aligned")
-    if item.swap is None:
-        req = AtomicRequest.fetch_add(0, mr.stag, addr, item.add, item.mask)
-    else:
-        req = AtomicRequest.cmp_swap(0, mr.stag, addr, item.add, item.swap)
-    out[:] = mr.atomic(req).to_bytes(8, item.result.byteorder)

@@ -98,7 +98,6 @@ class QpEndpoint:
         self.events_pending = False
         if self.reading_done:
             return False
-        engine = self.engine
         # The bulk path's one-segment messages count against the budget as their events
         # would (FEED_BUDGET: a read full of requests gets its first answers out while the
         # rest wait), and none passes an event that waits.
@@ -106,6 +105,18 @@ class QpEndpoint:
         limit = budget or -1
         stalled = self.stalled is not None
         qp.bulk_messages_left = 0 if stalled else limit
+        chains = qp.chains
+        if chains is None:
+            return self._feed(data, limit, stalled)
+        chains.begin_input()  # what its receives' answers return waits for them all
+        try:
+            return self._feed(data, limit, stalled)
+        finally:
+            chains.end_input()
+
+    def _feed(self, data: bytes | bytearray | memoryview | None, limit: int, stalled: bool) -> bool:
+        engine = self.engine
+        qp = self.qp
         try:
             if data is not None:
                 engine.receive_data(data)

@@ -19,6 +19,8 @@ from stack.constants import (
     AtomicOpcode,
 )
 from stack.errors import LocalError, RdmapError
+from stack.rnic.chain_checks import check_deferred
+from stack.rnic.chain_items import LocalAtomic
 from stack.rnic.chains import Chain, ChainQueue
 from stack.rnic.memory import (
     MemoryOpError,
@@ -180,6 +182,15 @@ class QpSend(QpBase):
         if self.chains is None:
             self.chains = ChainQueue(self)
         self.chains.post(chain)
+
+    def post_deferred(self, item: LocalAtomic) -> None:
+        """Run ``item`` once every receive the chain queue has taken by now has been
+        examined (a deferred LocalAtomic posted by the application, :mod:`stack.rnic.chains`);
+        LocalError if the QP has no chain queue or the item cannot run."""
+        if self.chains is None:
+            raise LocalError(f"QP {self.qp_num} has no chain queue to defer to")
+        check_deferred(item)
+        self.chains.defer(item)
 
     def enable_chains(self, count: int | None = None) -> None:
         """ENABLE: resume the chain queue after a fallback, release ``count`` held chains."""

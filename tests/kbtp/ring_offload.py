@@ -107,7 +107,7 @@ class ChainExecutor:
             if self._mapping[: len(mem)] != bytes(mem):
                 raise AssertionError("a request that fell back changed the target's memory")
             b.qp.post_recv(self._recv_wr("b", fell[0].wr_id))
-            core.offloaded_requests(session, *self.credits.take())  # before the core's call
+            core.offloaded_requests(session, self.credits.take())  # before the core's call
             b.qp.enable_chains()
             self.fallbacks += 1
             return None, []

@@ -88,7 +88,7 @@ async def test_batches_round_trip_bytes_with_no_registration_per_request() -> No
             first = await store_batch(ini, src, refs2, seal=False, inline=False)
             assert all(r.ok for r in first)
             again = await store_batch(ini, src, refs2, alloc=False, inline=False)
-            assert all(r.ok for r in again) and counter.count == 0
+            assert all(r.ok for r in again) and counter.count == 0, [r.status for r in again]
             for ref in refs2:
                 assert target.core.block_bytes(
                     target.core.entry(ref.handle).block_offset, ref.length

@@ -17,7 +17,6 @@ from kbtp.constants import Status
 from kbtp.target_core import TargetCore
 from stack.wire.events import MpaSettings
 from tests.installed import run_command, started_target
-from tests.kbtp.targets import offloading
 from tests.kbtp.test_binding_ops import serving
 
 TIMEOUT = 2.0
@@ -46,41 +45,21 @@ def test_every_status_of_the_table_that_a_case_checks_has_one() -> None:
     assert statuses | unchecked == set(Status)
 
 
-OFFLOADED_DIRECT_ALLOC_CREDITS = (
-    "the offloaded target counts a chain's runs only while they are in flight (§8.1), not "
-    "until the later requests of their burst are examined (§9.2): when the runs answer "
-    "first (an identity's ALLOC_STORE and FREE on its partition ring, DIRECT_ALLOC), the "
-    "request over the credits is served. Found by kbtp conform on 2026-12-07; open."
-)
-
-
 @pytest.mark.both_targets
 @pytest.mark.parametrize("identity", ["a", "c"])  # c: granted both direct modes
 async def test_this_projects_targets_pass_every_case(identity: str) -> None:
-    known = {"CREDIT_EXCEEDED"} if identity == "c" and offloading() else set()
-    expected = {case.name: PASS for case in CASES if case.name not in known}
+    expected = {case.name: PASS for case in CASES}
     if identity == "c":  # granted DIRECT_ALLOC: no BIND of its is refused as not offered
         expected["NOT_OFFERED.bind"] = SKIP
     with trio.fail_after(60):
         async with serving() as target:
             results = await conform(target.port, identity=identity)
-            verdicts = {name: r.verdict for name, r in results.items() if name not in known}
+            verdicts = {name: r.verdict for name, r in results.items()}
             assert verdicts == expected, {
                 name: r.observed for name, r in results.items() if r.verdict != PASS
             }
             # The runner left nothing bound: its identity's usage is back to none.
             assert target.core.usage(identity.encode()) == 0
-
-
-@pytest.mark.xfail(strict=True, reason=OFFLOADED_DIRECT_ALLOC_CREDITS)
-@pytest.mark.parametrize("target_mode", ["offload"], indirect=True)
-async def test_the_offloaded_target_refuses_a_direct_alloc_burst_over_the_credits(
-    target_mode: str,
-) -> None:
-    with trio.fail_after(60):
-        async with serving() as target:
-            results = await conform(target.port, ("CREDIT_EXCEEDED",), identity="c")
-    assert results["CREDIT_EXCEEDED"].verdict == PASS, results["CREDIT_EXCEEDED"].observed
 
 
 async def test_a_target_that_takes_a_second_hello_fails_that_case(
