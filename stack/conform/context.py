@@ -123,18 +123,20 @@ class CaseContext:
                 if not _refused(exc):
                     raise SetupError(f"cannot connect to the DUT at {host}:{port}: {exc}") from None
                 # the DUT is not listening (yet)
+                how = self.app.dut_command.format(host=host, port=port)
+                hint = (
+                    "started by the restart command"
+                    if self.restarting
+                    else f"restart it: {how}, or give --restart-cmd"
+                )
                 if trio.current_time() >= deadline:
+                    after = "after the restart command" if self.restarting else hint
                     raise DutAbsent(
-                        f"the DUT at {host}:{port} did not listen within {self.options.wait:g} s"
+                        f"the DUT at {host}:{port} did not listen within "
+                        f"{self.options.wait:g} s ({after})"
                     ) from None
                 if not told:
                     told = True
-                    how = self.app.dut_command.format(host=host, port=port)
-                    hint = (
-                        "started by the restart command"
-                        if self.restarting
-                        else (f"restart it: {how}")
-                    )
                     self.progress(
                         f"waiting up to {self.options.wait:g} s for the DUT to listen on "
                         f"{host}:{port} ({hint})"

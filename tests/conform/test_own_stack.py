@@ -265,4 +265,6 @@ def test_cli_unreachable_dut_is_an_error_per_case(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     # The text report folds the cases not run into one line per reason; each still counts.
     assert "2 cases not run (MPA-18, MPA-18.2)" in out and "did not listen within 0.3 s" in out
+    # -q drops the progress lines, not what to do about it: the report says it.
+    assert f"restart it: rping -s -a 127.0.0.1 -p {port}" in out, out
     assert "2 errors" in out
