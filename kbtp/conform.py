@@ -24,8 +24,11 @@ give it an identity no application uses.  Nothing is left bound when a case ends
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
+
+import trio
 
 from kbtp.conform_runner import (
     FAIL,
@@ -316,6 +319,53 @@ async def _credit_burst(probe: Probe, case: Case) -> Outcome:
     return Outcome(PASS, f"request {credits + 1} answered CREDIT_EXCEEDED, then Terminate")
 
 
+PIPELINED_ROUNDS = 4
+"""How many times Request Credits STOREs the pipelined case sends."""
+
+
+async def _within_credits(probe: Probe, case: Case) -> Outcome:
+    """§9.2: an initiator within its credits is never refused.  Request Credits STOREs by
+    RDMA Read stay in flight, alternating two handles, each sent as a COMPLETION returns a
+    credit (the initiator's own pipelining), until :data:`PIPELINED_ROUNDS` times the
+    credits have been answered: every one must be SUCCESS and the session must go on.  A
+    target that counts an answer the initiator has already seen as still outstanding
+    refuses one of them CREDIT_EXCEEDED."""
+    async with probe.session() as ini:
+        assert ini.ack is not None
+        credits = ini.ack.request_credits
+        handles = (probe.handle(0), probe.handle(1))
+        total = PIPELINED_ROUNDS * credits
+        answers: list[str] = []
+        try:
+            for h in handles:
+                await ini.free(h, check=False)
+                await _bound(b"x")(ini, h)
+            data = bytearray(3000)  # read by the target in place: an RDMA Read each
+
+            async def one(k: int) -> None:
+                try:
+                    done = await ini.store(handles[k % 2], data, inline=False, check=False)
+                    answers.append(status_name(done.status))
+                except SessionClosed:
+                    answers.append("the session ended")
+
+            with trio.fail_after(probe.timeout * PIPELINED_ROUNDS):
+                async with trio.open_nursery() as nursery:
+                    for k in range(total):
+                        nursery.start_soon(one, k)
+            refused = Counter(a for a in answers if a != Status.SUCCESS.name)
+            if refused:
+                what = ", ".join(f"{n} {a}" for a, n in refused.most_common())
+                return Outcome(
+                    FAIL, f"of {total} STOREs within the credits ({credits}): {what} (§9.2)"
+                )  # fmt: skip
+            return Outcome(PASS, f"{total} STOREs, {credits} in flight: all {case.expect.name}")
+        finally:
+            with suppress(SessionClosed):
+                for h in handles:
+                    await ini.free(h, check=False)
+
+
 async def _record(probe: Probe, case: Case) -> Outcome:
     """A LOAD asking for a completion record: no target on this binding offers RECORD
     (§6.5)."""
@@ -421,6 +471,8 @@ CASES: tuple[Case, ...] = (
          Status.UNKNOWN_INITIATOR, _unknown_initiator),
     Case("SESSION_EXISTS", "§4.2", "HELLO as an identity that has a session",
          Status.SESSION_EXISTS, _session_exists),
+    Case("SUCCESS.pipelined", "§9.2", "Request Credits STOREs in flight, refilled as answered",
+         Status.SUCCESS, _within_credits),
     Case("CREDIT_EXCEEDED", "§9.2", "Request Credits + 1 requests at once",
          Status.CREDIT_EXCEEDED, _credit_exceeded),
 )  # fmt: skip

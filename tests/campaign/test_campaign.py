@@ -49,7 +49,7 @@ def test_part2_hostile_peers_leave_every_server_alive_serving_and_intact() -> No
     summary = _part("hostile")
     _assert_clean(summary)
     servers = {row["server"] for row in summary.rows}
-    assert servers == {"kbtp-target", "rping", "bench-server"}
+    assert servers == {"kbtp-target", "kbtp-target-offload", "rping", "bench-server"}
     assert all(row["alive"] and row["served"] and row["fds_ok"] for row in summary.rows)
     assert len(summary.rows) >= 25
     bench = " ".join(row["name"] for row in summary.rows if row["server"] == "bench-server")

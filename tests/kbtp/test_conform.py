@@ -15,6 +15,7 @@ from kbtp.conform import CASES
 from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, CaseResult, Probe, run_cases
 from kbtp.constants import Status
 from kbtp.target_core import TargetCore
+from kbtp.target_state import SessionState
 from stack.wire.events import MpaSettings
 from tests.installed import run_command, started_target
 from tests.kbtp.test_binding_ops import serving
@@ -60,6 +61,27 @@ async def test_this_projects_targets_pass_every_case(identity: str) -> None:
             }
             # The runner left nothing bound: its identity's usage is back to none.
             assert target.core.usage(identity.encode()) == 0
+
+
+async def test_a_target_that_counts_answers_already_seen_fails_the_pipelined_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A target counting one request too many (an answer the initiator has seen still
+    counted as outstanding, §9.2) refuses an initiator within its credits: SUCCESS.pipelined
+    FAILs saying so, while a case one request at a time still PASSes."""
+
+    def over_credit(self: TargetCore, sess: SessionState) -> bool:
+        counted = sess.inflight + sess.uncredited + sess.offloaded + 1
+        return counted >= self.config.request_credits
+
+    monkeypatch.setattr(TargetCore, "_over_credit", over_credit)
+    with trio.fail_after(60):
+        async with serving() as target:
+            results = await conform(target.port, ("SUCCESS.pipelined", "SUCCESS"))
+    pipelined = results["SUCCESS.pipelined"]
+    assert pipelined.verdict == FAIL and "CREDIT_EXCEEDED" in pipelined.observed
+    assert "within the credits (4)" in pipelined.observed, pipelined.observed
+    assert results["SUCCESS"].verdict == PASS
 
 
 async def test_a_target_that_takes_a_second_hello_fails_that_case(

@@ -703,15 +703,22 @@ def _attack_server(
     return attacks
 
 
-def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> list[Attack]:
+def _hostile_kbtp(
+    full: bool, seed: int, progress: Callable[[str], None], offload: bool = False
+) -> list[Attack]:
+    """The attacks on ``kbtp target``; with ``offload``, on ``kbtp target --offload``, whose
+    chains answer the requests (mallory's ALLOC_STORE and FREE too, DIRECT_ALLOC) without
+    the target application (docs/kbtp.md §8.1); its listener is the same, so the EMFILE
+    attack runs once, on the software target."""
     scale = 5 if full else 1
-    rng = random.Random(f"{seed}:hostile:kbtp")
+    name = "kbtp-target-offload" if offload else "kbtp-target"
+    rng = random.Random(f"{seed}:hostile:{name}" if offload else f"{seed}:hostile:kbtp")
 
     def factory(nofile: int | None) -> Server:
-        extra = ["--hello-timeout", "3", "--idle-timeout", "20"]
-        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile)
+        extra = ["--hello-timeout", "3", "--idle-timeout", "20"] + ["--offload"] * offload
+        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile, name=name)
 
-    low = factory(EMFILE_LIMIT)  # starts while the other one is attacked
+    low = None if offload else factory(EMFILE_LIMIT)  # starts while the other is attacked
     try:
         with factory(None) as server:
             keeper = KbtpKeeper(server.port)
@@ -727,11 +734,13 @@ def _hostile_kbtp(full: bool, seed: int, progress: Callable[[str], None]) -> lis
                 return (*result[0], "")
 
             attacks = _attack_server(server, keeper.check, rng, scale, progress, forged)
-        fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
-        attacks.append(emfile(low, fresh, EMFILE_LIMIT, 60 * scale))
-        progress(f"hostile kbtp-target: {attacks[-1].name}: served {attacks[-1].served}")
+        if low is not None:
+            fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
+            attacks.append(emfile(low, fresh, EMFILE_LIMIT, 60 * scale))
+            progress(f"hostile {name}: {attacks[-1].name}: served {attacks[-1].served}")
     finally:
-        low.stop()
+        if low is not None:
+            low.stop()
     return attacks
 
 
@@ -779,13 +788,15 @@ def _hostile_bench(full: bool, seed: int, progress: Callable[[str], None]) -> li
 
 
 def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> HostileFigures:
-    """The attacks on the KBTP target, the rping server and the bench server, the three in
-    parallel."""
-    with ThreadPoolExecutor(3) as pool:
+    """The attacks on the KBTP target (software and offloaded), the rping server and the
+    bench server, the four in parallel."""
+    with ThreadPoolExecutor(4) as pool:
         kbtp = pool.submit(_hostile_kbtp, full, seed, progress)
+        offload = pool.submit(_hostile_kbtp, full, seed, progress, True)
         rping = pool.submit(_hostile_rping, full, seed, progress)
         bench = pool.submit(_hostile_bench, full, seed, progress)
-        return HostileFigures(kbtp.result() + rping.result() + bench.result())
+        results = (kbtp, offload, rping, bench)
+        return HostileFigures([a for r in results for a in r.result()])
 
 
 __all__ = ["Attack", "HostileFigures", "block_data", "run_hostile"]

@@ -189,6 +189,7 @@ def kbtp_target(
     block: str = "4K",
     extra: Sequence[str] = (),
     nofile: int | None = None,
+    name: str = "kbtp-target",
 ) -> Server:
     argv = [
         "-m",
@@ -205,7 +206,7 @@ def kbtp_target(
     ]
     for spec in specs:
         argv += ["--initiator", spec]
-    return Server("kbtp-target", argv, nofile=nofile)
+    return Server(name, argv, nofile=nofile)
 
 
 def rping_server(nofile: int | None = None, size: int = 1 << 24) -> Server:
