@@ -98,6 +98,7 @@ class QpEndpoint:
         self.events_pending = False
         if self.reading_done:
             return False
+        engine = self.engine
         # The bulk path's one-segment messages count against the budget as their events
         # would (FEED_BUDGET: a read full of requests gets its first answers out while the
         # rest wait), and none passes an event that waits.
@@ -106,81 +107,76 @@ class QpEndpoint:
         stalled = self.stalled is not None
         qp.bulk_messages_left = 0 if stalled else limit
         chains = qp.chains
-        if chains is None:
-            return self._feed(data, limit, stalled)
-        chains.begin_input()  # what its receives' answers return waits for them all
+        if chains is not None:
+            chains.begin_input()  # what its receives' answers return waits for them all
         try:
-            return self._feed(data, limit, stalled)
+            try:
+                if data is not None:
+                    engine.receive_data(data)
+                if self.stalled is not None:
+                    if self.qp.must_wait(self.stalled):
+                        return True
+                    waited, self.stalled = self.stalled, None
+                    self.qp.handle_event(waited)
+                next_event = engine.next_event
+                handle = self.qp.handle_event
+                must_wait = self.qp.must_wait
+                left = limit if stalled else qp.bulk_messages_left  # what the bulk path left
+                while left:
+                    left -= 1
+                    event = next_event()
+                    if event is NEED_DATA:  # the bulk path applied the chunk: the usual end
+                        break
+                    # The bulk of the stream first: data segments, one type test (same path as
+                    # the RDMAP_EVENT_TYPES branch below).
+                    if isinstance(event, _DATA_SEGMENTS):
+                        if must_wait(event):
+                            self.stalled = event
+                            return True
+                        handle(event)
+                        continue
+                    if isinstance(event, NeedData):
+                        break
+                    if isinstance(event, PeerClosed):
+                        self.peer_closed = True
+                        self.closing = True
+                        if self.holding and self.qp.has_outgoing:
+                            # MPA-25: nothing of ours may go out before the initiator's first
+                            # FPDU, and it closed without one: what we queued is flushed.
+                            self.qp.fatal(
+                                None,
+                                send_terminate=False,
+                                detail="peer closed before its first FPDU (MPA-25)",
+                            )
+                        self.qp.peer_closed()
+                        return self._stop()
+                    if isinstance(event, ConnectionFailed):
+                        self.fail(event.error)
+                        return self._stop()
+                    if isinstance(event, TerminateReceived):
+                        self.qp.handle_event(event)
+                        self.error = self.error or PeerTerminated(event.terminate)
+                        self.closing = True
+                        return self._stop()
+                    if isinstance(event, RDMAP_EVENT_TYPES):
+                        if self.qp.must_wait(event):
+                            self.stalled = event
+                            return True
+                        self.qp.handle_event(event)
+                else:
+                    self.events_pending = True  # the budget ran out (events may be left)
+            except ProtocolError as exc:
+                self.fail(exc)
+                return self._stop()
+            if self.qp.ord_reserved and not engine.rtr_read_outstanding:
+                self.qp.release_ord_reservation()
+            if self.qp.terminate_pending is not None:
+                self.fail(self.qp.terminate_pending, offending=False)
+                return self._stop()
+            return True
         finally:
-            chains.end_input()
-
-    def _feed(self, data: bytes | bytearray | memoryview | None, limit: int, stalled: bool) -> bool:
-        engine = self.engine
-        qp = self.qp
-        try:
-            if data is not None:
-                engine.receive_data(data)
-            if self.stalled is not None:
-                if self.qp.must_wait(self.stalled):
-                    return True
-                waited, self.stalled = self.stalled, None
-                self.qp.handle_event(waited)
-            next_event = engine.next_event
-            handle = self.qp.handle_event
-            must_wait = self.qp.must_wait
-            left = limit if stalled else qp.bulk_messages_left  # what the bulk path left
-            while left:
-                left -= 1
-                event = next_event()
-                if event is NEED_DATA:  # the bulk path applied the chunk: the usual end
-                    break
-                # The bulk of the stream first: data segments, one type test (same path as
-                # the RDMAP_EVENT_TYPES branch below).
-                if isinstance(event, _DATA_SEGMENTS):
-                    if must_wait(event):
-                        self.stalled = event
-                        return True
-                    handle(event)
-                    continue
-                if isinstance(event, NeedData):
-                    break
-                if isinstance(event, PeerClosed):
-                    self.peer_closed = True
-                    self.closing = True
-                    if self.holding and self.qp.has_outgoing:
-                        # MPA-25: nothing of ours may go out before the initiator's first
-                        # FPDU, and it closed without one: what we queued is flushed.
-                        self.qp.fatal(
-                            None,
-                            send_terminate=False,
-                            detail="peer closed before its first FPDU (MPA-25)",
-                        )
-                    self.qp.peer_closed()
-                    return self._stop()
-                if isinstance(event, ConnectionFailed):
-                    self.fail(event.error)
-                    return self._stop()
-                if isinstance(event, TerminateReceived):
-                    self.qp.handle_event(event)
-                    self.error = self.error or PeerTerminated(event.terminate)
-                    self.closing = True
-                    return self._stop()
-                if isinstance(event, RDMAP_EVENT_TYPES):
-                    if self.qp.must_wait(event):
-                        self.stalled = event
-                        return True
-                    self.qp.handle_event(event)
-            else:
-                self.events_pending = True  # the budget ran out (events may be left)
-        except ProtocolError as exc:
-            self.fail(exc)
-            return self._stop()
-        if self.qp.ord_reserved and not engine.rtr_read_outstanding:
-            self.qp.release_ord_reservation()
-        if self.qp.terminate_pending is not None:
-            self.fail(self.qp.terminate_pending, offending=False)
-            return self._stop()
-        return True
+            if chains is not None:
+                chains.end_input()
 
     def _stop(self) -> bool:
         self.reading_done = True
