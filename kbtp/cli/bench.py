@@ -101,6 +101,7 @@ from kbtp.cli.target import (
     LOOPBACK_EMSS,
     add_mpa_arguments,
     checked_target,
+    identity_name,
     mpa_settings,
     run_trio,
 )
@@ -239,6 +240,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--identity",
+        type=identity_name,
         metavar="NAME",
         help=f"with --connect: the identity to say HELLO as (default {DEFAULT_IDENTITY}); "
         "its handles must be free",

@@ -14,7 +14,13 @@ import sys
 from typing import Any
 
 from kbtp.cli.bench_connect import DEFAULT_IDENTITY, target_address
-from kbtp.cli.target import DEFAULT_PORT, add_mpa_arguments, mpa_settings, run_trio
+from kbtp.cli.target import (
+    DEFAULT_PORT,
+    add_mpa_arguments,
+    identity_name,
+    mpa_settings,
+    run_trio,
+)
 from kbtp.conform import CASES
 from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe, run_cases
 from stack.cli import CliError, one_line_errors, positive_seconds
@@ -48,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--identity",
+        type=identity_name,
         default=DEFAULT_IDENTITY,
         metavar="NAME",
         help=f"the identity to say HELLO as (default {DEFAULT_IDENTITY}); give one no "

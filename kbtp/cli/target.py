@@ -163,13 +163,21 @@ DIRECT_CHOICES = {
 }
 
 
+def identity_name(text: str) -> str:
+    """argparse type: an initiator identity, 1 to MAX_IDENTITY_LEN octets of UTF-8 (§4.2)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an identity is at least one octet")
+    if len(text.encode()) > MAX_IDENTITY_LEN:
+        raise argparse.ArgumentTypeError(f"identity longer than {MAX_IDENTITY_LEN} octets")
+    return text
+
+
 def parse_initiator(text: str) -> dict[str, object]:
     """An ``--initiator`` spec as a dict (identity, and the keys given)."""
     identity, _, options = text.partition(":")
     if not identity:
         raise argparse.ArgumentTypeError(f"initiator spec {text!r} has no identity")
-    if len(identity.encode()) > MAX_IDENTITY_LEN:
-        raise argparse.ArgumentTypeError(f"identity longer than {MAX_IDENTITY_LEN} octets")
+    identity_name(identity)
     spec: dict[str, object] = {"identity": identity}
     for item in filter(None, options.split(",")):
         key, eq, value = item.partition("=")

@@ -71,8 +71,8 @@ from stack.errors import IwarpError
 
 
 def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT``; the port defaults to ``default_port``
-    (perftest's 18515)."""
+    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT`` to connect to; the port defaults to
+    ``default_port`` (perftest's 18515) and is not 0."""
     host, port = text, default_port
     if text.startswith("["):
         end = text.find("]")
@@ -88,6 +88,10 @@ def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
         port = port_number(port_text)
     if not host:
         raise argparse.ArgumentTypeError(f"invalid address {text!r}")
+    if port == 0:  # "any port" means something only to a listener
+        raise argparse.ArgumentTypeError(
+            f"port must be 1 to 65535 to connect to, got 0 in {text!r}"
+        )
     return host, port
 
 

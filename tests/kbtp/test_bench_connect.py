@@ -130,6 +130,7 @@ def test_per_request_buffers_use_the_identitys_handles_too(target: int) -> None:
         (["--max-inline", "100"], "--max-inline does not go with --connect"),
         (["--cpus", "0,0"], "give one CPU"),
         (["--identity", "nobody"], "refused identity 'nobody': UNKNOWN_INITIATOR"),
+        (["--identity", ""], "an identity is at least one octet"),
         (["--identity", "alpha", "-t", "65"], "grants 'alpha' 64 Request Credits"),
         (["--identity", "alpha", "-t", "40"], "a quota of 40 blocks"),
         (["--identity", "alpha", "--inline"], "exceed the target's Max Inline 4096"),

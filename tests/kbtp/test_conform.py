@@ -161,6 +161,8 @@ def test_the_command_reports_every_case_and_exits_0(target_process: int) -> None
         (["NO_SUCH_CASE"], 2, "unknown case 'NO_SUCH_CASE'"),
         (["--identity", "nobody", "SUCCESS"], 3, "not run: no session with the target"),
         (["--timeout", "0", "SUCCESS"], 2, "must be more than 0 seconds"),
+        (["--identity", "", "SUCCESS"], 2, "an identity is at least one octet"),
+        (["--identity", "x" * 257, "SUCCESS"], 2, "identity longer than 256 octets"),
     ],
 )
 def test_command_errors(target_process: int, argv: list[str], status: int, message: str) -> None:
@@ -174,3 +176,5 @@ def test_command_errors(target_process: int, argv: list[str], status: int, messa
 def test_a_target_is_needed_unless_listing() -> None:
     result = run_command("kbtp", "conform")
     assert result.returncode == 2 and "give the target's HOST[:PORT]" in result.stderr
+    nowhere = run_command("kbtp", "conform", "127.0.0.1:0")  # port 0: nothing to connect to
+    assert nowhere.returncode == 2 and "port must be 1 to 65535 to connect to" in nowhere.stderr

@@ -7,6 +7,7 @@ addresses, statistics, the peak window, the session request) are checked on know
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -423,6 +424,8 @@ def test_parse_host_port() -> None:
     assert parse_host_port("10.0.0.1:7000") == ("10.0.0.1", 7000)
     assert parse_host_port("[::1]:9") == ("::1", 9)
     assert parse_host_port("[::1]") == ("::1", 18515)
+    with pytest.raises(argparse.ArgumentTypeError, match="1 to 65535 to connect to"):
+        parse_host_port("10.0.0.1:0")
 
 
 def test_latency_stats_follow_perftests_definitions() -> None:
