@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         if not items or not _looks_like_endpoint(items[0]):
             raise CliError("give HOST:PORT of the listening DUT, --listen [HOST:]PORT, or --list")
         target = parse_endpoint(items.pop(0))
+        if target[1] == 0:  # "any port" means something only to --listen
+            raise CliError("the DUT's port must be 1 to 65535 to connect to, got 0")
     listen = parse_endpoint(args.listen, default_host="0.0.0.0") if args.listen else None
     role = (
         None
