@@ -3,17 +3,21 @@
 Every initiator works its own handles concurrently (one trio run, one session each):
 ALLOC_STORE, LOAD and compare, STORE new contents, LOAD and compare, FREE, for a number
 of rounds, with block contents of every size from a few octets (INLINE) to the whole
-block (the target reads it by RDMA).  The target's VmRSS is read at start and end.  Pool
-accounting at the end: the target exposes no statistics, so every initiator allocates its
-whole quota again (the sum is the pool size), one more allocation must be refused, and
-everything is freed.
+block (the target reads it by RDMA).  Each step runs on all of an initiator's handles at
+once, so its :data:`QUOTA` requests are pipelined over :data:`CREDITS` Request Credits
+(the rest sent as COMPLETIONs return credits, §9.2): a target that counted an answer the
+initiator has seen as outstanding would refuse one.  It runs against ``kbtp target`` and
+against ``kbtp target --offload``, whose chains answer the LOADs and STOREs.  The
+target's VmRSS is read at start and end.  Pool accounting at the end: the target exposes
+no statistics, so every initiator allocates its whole quota again (the sum is the pool
+size), one more allocation must be refused, and everything is freed.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -22,10 +26,13 @@ from kbtp import Capability, KbtpInitiator
 from tools.campaign.servers import KBTP_BLOCK, kbtp_target, run_trio
 
 QUOTA = 8
+CREDITS = 4
+"""The target's Request Credits: half of the requests of a step wait for a credit."""
 
 
 @dataclass
 class LoadFigures:
+    target: str = "kbtp-target"
     initiators: int = 0
     operations: int = 0
     bytes_verified: int = 0
@@ -50,17 +57,64 @@ def _data(rng: random.Random, tag: str) -> bytes:
     return (head * (size // len(head) + 1))[:size]
 
 
-def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigures:
+def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> list[LoadFigures]:
+    """The load on the software target, then on the offloaded one."""
+    return [_run_load(full, seed, progress, offload) for offload in (False, True)]
+
+
+async def _each(handles: list[int], step: Callable[[int], Awaitable[None]]) -> None:
+    """``step`` on every handle at once (the session pipelines them over its credits)."""
+    async with trio.open_nursery() as nursery:
+        for h in handles:
+            nursery.start_soon(step, h)
+
+
+async def _round(
+    ini: KbtpInitiator,
+    first: dict[int, bytes],
+    then: dict[int, bytes],
+    seal: bool,
+    figures: LoadFigures,
+) -> None:
+    """One round on ``first``'s handles, each step on all of them at once: ALLOC_STORE
+    ``first``; LOAD and compare, STORE ``then`` (sealed with ``seal``); LOAD and compare,
+    FREE."""
+    contents = dict(first)
+
+    async def allocate(h: int) -> None:
+        await ini.alloc_store(h, contents[h])
+        figures.operations += 1
+
+    async def rewrite(h: int) -> None:
+        got = await ini.load(h, allow_unsealed=True)
+        figures.operations += 1
+        figures.bytes_verified += len(got)
+        figures.corrupted += got != contents[h]
+        await ini.store(h, then[h], seal=seal)
+        contents[h] = then[h]
+        figures.operations += 1
+
+    async def release(h: int) -> None:
+        got = await ini.load(h, allow_unsealed=True)
+        figures.bytes_verified += len(got)
+        figures.corrupted += got != contents[h]
+        await ini.free(h)
+        figures.operations += 2
+
+    for step in (allocate, rewrite, release):
+        await _each(list(contents), step)
+
+
+def _run_load(full: bool, seed: int, progress: Callable[[str], None], offload: bool) -> LoadFigures:
     n = 64 if full else 8
     rounds = 12 if full else 3
-    figures = LoadFigures(initiators=n, pool_blocks=n * QUOTA)
+    name = "kbtp-target-offload" if offload else "kbtp-target"
+    figures = LoadFigures(name, initiators=n, pool_blocks=n * QUOTA)
 
     t0 = time.monotonic()
-    server = kbtp_target(
-        [],
-        pool=n * QUOTA,
-        extra=["--initiators", str(n), "--max-inline", "1024", "--handles", str(4 * QUOTA)],
-    )
+    extra = ["--initiators", str(n), "--max-inline", "1024", "--handles", str(4 * QUOTA)]
+    extra += ["--credits", str(CREDITS)] + ["--offload"] * offload
+    server = kbtp_target([], pool=n * QUOTA, extra=extra, name=name)
     with server:
         figures.rss_start_kib = server.rss_kib()
 
@@ -73,29 +127,11 @@ def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigu
                 base = ini.ack.handle_base
                 for r in range(rounds):
                     handles = [base + (r * QUOTA + k) % ini.ack.handle_count for k in range(QUOTA)]
-                    contents: dict[int, bytes] = {}
-                    for h in handles:
-                        data = _data(rng, f"{i}/{r}/{h}/a")
-                        await ini.alloc_store(h, data)
-                        contents[h] = data
-                        figures.operations += 1
-                    for h in handles:
-                        got = await ini.load(h, allow_unsealed=True)
-                        figures.operations += 1
-                        figures.bytes_verified += len(got)
-                        figures.corrupted += got != contents[h]
-                        data = _data(rng, f"{i}/{r}/{h}/b")
-                        await ini.store(h, data, seal=r % 2 == 0)
-                        contents[h] = data
-                        figures.operations += 1
-                    for h in handles:
-                        got = await ini.load(h, allow_unsealed=True)
-                        figures.bytes_verified += len(got)
-                        figures.corrupted += got != contents[h]
-                        await ini.free(h)
-                        figures.operations += 2
+                    first = {h: _data(rng, f"{i}/{r}/{h}/a") for h in handles}
+                    then = {h: _data(rng, f"{i}/{r}/{h}/b") for h in handles}
+                    await _round(ini, first, then, r % 2 == 0, figures)
                 if i % max(n // 8, 1) == 0:
-                    progress(f"load: initiator {i} finished {rounds} rounds")
+                    progress(f"load {name}: initiator {i} finished {rounds} rounds")
 
         async def accounting(i: int) -> None:
             async with KbtpInitiator.connect(
@@ -130,7 +166,7 @@ def run_load(full: bool, seed: int, progress: Callable[[str], None]) -> LoadFigu
         figures.alive = server.alive()
     figures.seconds = time.monotonic() - t0
     progress(
-        f"load: {n} initiators, {figures.operations} operations, "
+        f"load {name}: {n} initiators, {figures.operations} operations, "
         f"{figures.bytes_verified} bytes verified, {figures.corrupted} corrupted, "
         f"pool {figures.reallocated}/{figures.pool_blocks} reallocated, "
         f"RSS {figures.rss_start_kib} -> {figures.rss_end_kib} KiB"

@@ -61,12 +61,16 @@ def hostile_summary(figures: HostileFigures, seconds: float) -> PartSummary:
     return s
 
 
-def load_summary(f: LoadFigures) -> PartSummary:
-    s = PartSummary("3 KBTP load", inputs=f.operations, servers_alive=f.alive, seconds=f.seconds)
-    s.crashes = int(not f.alive)
-    s.not_served = len(f.errors) + int(not f.accounting_ok)
-    s.lost_or_corrupted = f.corrupted
-    s.rows.append(dataclasses.asdict(f) | {"accounting_ok": f.accounting_ok})
+def load_summary(figures: list[LoadFigures]) -> PartSummary:
+    s = PartSummary("3 KBTP load", servers_alive=True)
+    for f in figures:
+        s.inputs += f.operations
+        s.seconds += f.seconds
+        s.servers_alive = s.servers_alive and f.alive
+        s.crashes += int(not f.alive)
+        s.not_served += len(f.errors) + int(not f.accounting_ok)
+        s.lost_or_corrupted += f.corrupted
+        s.rows.append(dataclasses.asdict(f) | {"accounting_ok": f.accounting_ok})
     return s
 
 
@@ -131,7 +135,7 @@ def table(parts: list[PartSummary]) -> str:
                 )
             elif "initiators" in r:
                 lines.append(
-                    f"  {r['initiators']} initiators, {r['operations']} operations, "
+                    f"  {r['target']}: {r['initiators']} initiators, {r['operations']} operations, "
                     f"{r['bytes_verified']} bytes verified, {r['corrupted']} corrupted; pool "
                     f"{r['reallocated']}/{r['pool_blocks']} reallocated at the end, "
                     f"{r['over_quota_refused']}/{r['initiators']} over-quota allocations refused; "
