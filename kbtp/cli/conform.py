@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="*",
         metavar="HOST[:PORT] CASE",
         help=f"the target (port {DEFAULT_PORT} unless given; not with --list), then the "
-        "cases to run (default all); options go before them",
+        "cases to run (default all)",
     )
     parser.add_argument(
         "--identity",
@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--list", action="store_true", help="list the cases (no target needed)")
     add_mpa_arguments(parser, None)
     add_json_argument(parser)
-    one_line_errors(parser)
+    one_line_errors(parser, rest_to="items")
     parser.set_defaults(func=run_conform)
 
 

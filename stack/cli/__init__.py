@@ -60,10 +60,12 @@ ERROR_PROG = "error_prog"
 :func:`run` prefixes a :class:`CliError` with (``iwarp rping: error: ...``)."""
 
 
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
+def one_line_errors(parser: argparse.ArgumentParser, rest_to: str | None = None) -> None:
     """Bad arguments: one ``prog: error: ...`` line and exit status 2 (no usage dump).
 
     A :class:`CliError` the subcommand raises later is printed with the same ``prog``.
+    ``rest_to``: the ``nargs="*"`` positional that also takes the positionals given after
+    an option (``HOST --timeout 1 CASE``), which argparse leaves over otherwise.
     """
 
     def error(message: str) -> NoReturn:
@@ -87,6 +89,9 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
     ) -> tuple[object, list[str]]:
         # As a subparser, leftovers would reach the top parser's usage-dumping error.
         parsed, extras = parse_known_args(args, namespace)
+        if extras and rest_to is not None and not any(x.startswith("-") for x in extras):
+            setattr(parsed, rest_to, [*getattr(parsed, rest_to), *extras])
+            extras = []
         if extras:
             error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras

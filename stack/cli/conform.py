@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="evidence of passing cases too")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
-    one_line_errors(p)
+    one_line_errors(p, rest_to="items")
     p.set_defaults(func=run)
 
 

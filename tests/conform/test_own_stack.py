@@ -257,11 +257,16 @@ def test_cli_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         assert iwarp_main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as parsed:  # an unknown option between the cases
+        iwarp_main(["conform", "127.0.0.1:1", "MPA-01", "--bogus", "MPA-02"])
+    err = capsys.readouterr().err
+    assert parsed.value.code == 2 and "unrecognized arguments: --bogus MPA-02" in err, err
 
 
 def test_cli_unreachable_dut_is_an_error_per_case(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    code = iwarp_main(["conform", f"127.0.0.1:{port}", "MPA-18", "--wait", "0.3", "-q"])
+    # options may come between the DUT and the cases
+    code = iwarp_main(["conform", f"127.0.0.1:{port}", "--wait", "0.3", "MPA-18", "-q"])
     assert code == 3
     out = capsys.readouterr().out
     # The text report folds the cases not run into one line per reason; each still counts.

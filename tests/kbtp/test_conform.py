@@ -166,8 +166,8 @@ def test_the_command_reports_every_case_and_exits_0(target_process: int) -> None
     ],
 )
 def test_command_errors(target_process: int, argv: list[str], status: int, message: str) -> None:
-    *options, case = argv  # options before the positionals (argparse)
-    result = run_command("kbtp", "conform", *options, f"127.0.0.1:{target_process}", case)
+    *options, case = argv  # options between the target and the case
+    result = run_command("kbtp", "conform", f"127.0.0.1:{target_process}", *options, case)
     assert result.returncode == status, result.stdout + result.stderr
     assert message in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
