@@ -3,14 +3,15 @@
 The cases are :data:`kbtp.conform.CASES`, run by :mod:`kbtp.conform_runner`; this is their
 command: the target's address, the identity the runner says HELLO as (one no application
 uses: the runner binds and frees its handles), a report on stdout and progress on stderr,
-``--json``.  Exit status: 0 when no case failed, 1 when one did, 3 when none failed but
-some could not be run, 2 for bad arguments.
+``--json`` and ``--junit`` for CI.  Exit status: 0 when no case failed, 1 when one did, 3
+when none failed but some could not be run, 2 for bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import xml.etree.ElementTree as ET
 from typing import Any
 
 from kbtp.cli.bench_connect import DEFAULT_IDENTITY, target_address
@@ -26,10 +27,12 @@ from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe
 from stack.cli import CliError, one_line_errors, positive_seconds
 from stack.cli.json_report import (
     add_json_argument,
-    check_json_path,
+    check_outputs,
     schema,
     text_to_stderr_if_json_stdout,
     write_json,
+    write_outputs,
+    write_text,
 )
 
 DEFAULT_TIMEOUT = 5.0
@@ -70,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--list", action="store_true", help="list the cases (no target needed)")
     add_mpa_arguments(parser, None)
     add_json_argument(parser)
+    parser.add_argument(
+        "--junit", metavar="FILE", help="also a JUnit XML report to FILE (- for stdout)"
+    )
     one_line_errors(parser, rest_to="items")
     parser.set_defaults(func=run_conform)
 
@@ -86,9 +92,9 @@ def selected(names: list[str]) -> tuple[Case, ...]:
 
 
 def run_conform(args: argparse.Namespace) -> int:
-    problem = check_json_path(args.json)
-    if problem:
-        raise CliError(problem)
+    if args.json == "-" and args.junit == "-":
+        raise CliError("--json and --junit cannot both go to stdout")
+    check_outputs(("--json", args.json), ("--junit", args.junit))
     if args.list:
         return _list(args)
     if not args.items:
@@ -99,7 +105,8 @@ def run_conform(args: argparse.Namespace) -> int:
         raise CliError(f"the target: {exc}") from None
     cases = selected(args.items[1:])
     probe = Probe(host, port, args.identity, mpa_settings(args), args.timeout)
-    with text_to_stderr_if_json_stdout(args.json):
+    to_stdout = "-" if "-" in (args.json, args.junit) else None
+    with text_to_stderr_if_json_stdout(to_stdout):  # the text report moves to stderr
         print(f"kbtp conform: the KBTP target at {host}:{port}, as {args.identity!r}")
 
         def progress(result: CaseResult) -> None:
@@ -121,8 +128,10 @@ def run_conform(args: argparse.Namespace) -> int:
             f"{counts[SKIP]} skipped, {counts[ERROR]} errors"
         )
     status = 1 if counts[FAIL] else 3 if counts[ERROR] else 0
-    if args.json:
-        write_json(args.json, _document(probe, results, status))
+    write_outputs(
+        (args.json, lambda path: write_json(path, _document(probe, results, status))),
+        (args.junit, lambda path: write_text("--junit", path, junit_xml(probe, results))),
+    )
     return status
 
 
@@ -175,6 +184,40 @@ def _document(probe: Probe, results: list[CaseResult], status: int) -> dict[str,
             for r in results
         ],
     }
+
+
+def junit_xml(probe: Probe, results: list[CaseResult]) -> str:
+    """One ``<testsuite>`` for the target, one ``<testcase>`` per case (its class the
+    section of docs/kbtp.md): FAIL is a ``<failure>``, ERROR an ``<error>``, SKIP
+    ``<skipped>``, each with what was observed."""
+    seconds = f"{sum(r.seconds for r in results):.3f}"
+    root = ET.Element("testsuites", name="kbtp conform", time=seconds)
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=f"kbtp conform {probe.host}:{probe.port} as {probe.identity}",
+        tests=str(len(results)),
+        failures=str(sum(r.verdict == FAIL for r in results)),
+        errors=str(sum(r.verdict == ERROR for r in results)),
+        skipped=str(sum(r.verdict == SKIP for r in results)),
+        time=seconds,
+    )
+    for r in results:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"docs/kbtp.md {r.case.section}",
+            name=f"{r.case.name} {r.case.title}",
+            time=f"{r.seconds:.3f}",
+        )
+        if r.verdict == FAIL:
+            ET.SubElement(case, "failure", message=r.observed).text = r.observed
+        elif r.verdict == ERROR:
+            ET.SubElement(case, "error", message=r.observed).text = r.observed
+        elif r.verdict == SKIP:
+            ET.SubElement(case, "skipped", message=r.observed)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 if __name__ == "__main__":  # pragma: no cover

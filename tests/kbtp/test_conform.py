@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import trio
@@ -142,11 +144,16 @@ def target_process() -> Iterator[int]:
         yield port
 
 
-def test_the_command_reports_every_case_and_exits_0(target_process: int) -> None:
+def test_the_command_reports_every_case_and_exits_0(target_process: int, tmp_path: Path) -> None:
+    junit = tmp_path / "kbtp-conform.xml"
     result = run_command(
-        "kbtp", "conform", "--identity", "init-1", "--json", "-", f"127.0.0.1:{target_process}"
-    )
+        "kbtp", "conform", "--identity", "init-1", "--json", "-", f"127.0.0.1:{target_process}",
+        "--junit", str(junit),
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    (suite,) = ElementTree.parse(junit).getroot()  # one suite: this target, this identity
+    assert suite.get("tests") == str(len(CASES)) and suite.get("failures") == "0"
+    assert [case.get("name", "").split()[0] for case in suite] == [c.name for c in CASES]
     doc = json.loads(result.stdout)
     assert doc["exit_status"] == 0 and doc["target"]["block_size_bytes"] == 16 << 10
     assert [r["verdict"] for r in doc["results"]] == [PASS] * len(CASES)
@@ -163,6 +170,7 @@ def test_the_command_reports_every_case_and_exits_0(target_process: int) -> None
         (["--timeout", "0", "SUCCESS"], 2, "must be more than 0 seconds"),
         (["--identity", "", "SUCCESS"], 2, "an identity is at least one octet"),
         (["--identity", "x" * 257, "SUCCESS"], 2, "identity longer than 256 octets"),
+        (["--json", "-", "--junit", "-", "SUCCESS"], 2, "cannot both go to stdout"),
     ],
 )
 def test_command_errors(target_process: int, argv: list[str], status: int, message: str) -> None:
