@@ -24,7 +24,7 @@ from kbtp.cli.target import (
 )
 from kbtp.conform import CASES
 from kbtp.conform_runner import ERROR, FAIL, PASS, SKIP, Case, CaseResult, Probe, run_cases
-from stack.cli import CliError, one_line_errors, positive_seconds
+from stack.cli import CliError, junit, one_line_errors, positive_seconds
 from stack.cli.json_report import (
     add_json_argument,
     check_outputs,
@@ -187,37 +187,16 @@ def _document(probe: Probe, results: list[CaseResult], status: int) -> dict[str,
 
 
 def junit_xml(probe: Probe, results: list[CaseResult]) -> str:
-    """One ``<testsuite>`` for the target, one ``<testcase>`` per case (its class the
-    section of docs/kbtp.md): FAIL is a ``<failure>``, ERROR an ``<error>``, SKIP
-    ``<skipped>``, each with what was observed."""
-    seconds = f"{sum(r.seconds for r in results):.3f}"
-    root = ET.Element("testsuites", name="kbtp conform", time=seconds)
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        name=f"kbtp conform {probe.host}:{probe.port} as {probe.identity}",
-        tests=str(len(results)),
-        failures=str(sum(r.verdict == FAIL for r in results)),
-        errors=str(sum(r.verdict == ERROR for r in results)),
-        skipped=str(sum(r.verdict == SKIP for r in results)),
-        time=seconds,
-    )
+    """One ``<testsuite>`` for the target, one ``<testcase>`` per case, classed by its
+    section of docs/kbtp.md (:mod:`stack.cli.junit`)."""
+    seconds = sum(r.seconds for r in results)
+    root = ET.Element("testsuites", name="kbtp conform", time=f"{seconds:.3f}")
+    name = f"kbtp conform {probe.host}:{probe.port} as {probe.identity}"
+    suite = junit.testsuite(root, name, [r.verdict for r in results], seconds)
     for r in results:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=f"docs/kbtp.md {r.case.section}",
-            name=f"{r.case.name} {r.case.title}",
-            time=f"{r.seconds:.3f}",
-        )
-        if r.verdict == FAIL:
-            ET.SubElement(case, "failure", message=r.observed).text = r.observed
-        elif r.verdict == ERROR:
-            ET.SubElement(case, "error", message=r.observed).text = r.observed
-        elif r.verdict == SKIP:
-            ET.SubElement(case, "skipped", message=r.observed)
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+        where, what = f"docs/kbtp.md {r.case.section}", f"{r.case.name} {r.case.title}"
+        junit.testcase(suite, where, what, r.seconds, r.verdict, r.observed)
+    return junit.document(root)
 
 
 if __name__ == "__main__":  # pragma: no cover

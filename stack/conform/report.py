@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stack.cli import junit
 from stack.conform.model import CASE_ID, Case, CaseResult, DutRole, Status
 from stack.conform.runner import RunReport
 from stack.rules import FAMILIES
@@ -149,45 +150,25 @@ def _detail(r: CaseResult) -> list[str]:
 
 
 def junit_xml(report: RunReport) -> str:
-    """One ``<testsuite>`` per document section, one ``<testcase>`` per case: FAIL is a
-    ``<failure>``, ERROR an ``<error>``, SKIP ``<skipped>``; WARN passes with the warning
-    in ``<system-out>`` (with ``--strict`` it is a FAIL)."""
+    """One ``<testsuite>`` per document section, one ``<testcase>`` per case
+    (:mod:`stack.cli.junit`): FAIL is a ``<failure>`` typed by the case's level, ERROR an
+    ``<error>``, SKIP ``<skipped>``; WARN passes with the warning in ``<system-out>`` (with
+    ``--strict`` it is a FAIL)."""
     root = ET.Element("testsuites", name="iwarp conform", time=f"{report.seconds:.3f}")
     by_id = {r.case.id: r for r in report.results}
     for doc, section, cases in _groups(r.case for r in report.results):
         rs = [by_id[c.id] for c in cases]
-        counts = Counter(r.status for r in rs)
-        suite = ET.SubElement(
-            root,
-            "testsuite",
-            name=f"{doc} §{section}",
-            tests=str(len(rs)),
-            failures=str(counts[Status.FAIL]),
-            errors=str(counts[Status.ERROR]),
-            skipped=str(counts[Status.SKIP]),
-            time=f"{sum(r.seconds for r in rs):.3f}",
-        )
+        where = f"{doc} §{section}"
+        seconds = sum(r.seconds for r in rs)
+        suite = junit.testsuite(root, where, [r.status.value for r in rs], seconds)
         for r in rs:
-            tc = ET.SubElement(
-                suite,
-                "testcase",
-                classname=f"{doc} §{section}",
-                name=f"{r.case.id} {r.case.title}",
-                time=f"{r.seconds:.3f}",
-            )
             text = "\n".join(_detail(r)).replace(" " * 16, "")
-            if r.status is Status.FAIL:
-                el = ET.SubElement(tc, "failure", message=r.verdict.observed, type=r.level)
-                el.text = text
-            elif r.status is Status.ERROR:
-                el = ET.SubElement(tc, "error", message=r.verdict.observed)
-                el.text = text
-            elif r.status is Status.SKIP:
-                ET.SubElement(tc, "skipped", message=r.verdict.observed)
-            elif r.status is Status.WARN:
-                ET.SubElement(tc, "system-out").text = f"WARN ({r.level} not met)\n{text}"
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+            if r.status is Status.WARN:
+                text = f"WARN ({r.level} not met)\n{text}"
+            name = f"{r.case.id} {r.case.title}"
+            observed = r.verdict.observed
+            junit.testcase(suite, where, name, r.seconds, r.status.value, observed, text, r.level)
+    return junit.document(root)
 
 
 def report_json(report: RunReport) -> str:
