@@ -24,12 +24,15 @@ from kbtp.target_offload import shifted
 from stack.constants import ALL_ONES_64
 from stack.rnic import (
     Branch,
+    ChainItem,
+    Check,
     Cmp,
     Guard,
     LocalAtomic,
     MemoryRegion,
     QueuePair,
     Ref,
+    SendWR,
 )
 
 __all__ = ["CreditCount"]
@@ -37,6 +40,19 @@ __all__ = ["CreditCount"]
 _OUT = 0  # requests held by runs, and answers not yet credited (little-endian, the atomic engine's)
 _ROOM = 8  # credits left to the chain, published by the binding (big-endian)
 _RESULT = Ref.run(56)  # the run's own: the FetchAdds' results (unused)
+
+
+def _after_checks(items: tuple[ChainItem, ...]) -> int:
+    """Where a branch's +1 goes: after the Checks among its leading local items.  Those run
+    in the same step as the guards, before any WR, so nothing else is examined between;
+    and a Check that stops the run (it falls back) leaves nothing counted for it."""
+    at = 0
+    for i, item in enumerate(items):
+        if isinstance(item, SendWR):
+            break
+        if isinstance(item, Check):
+            at = i + 1
+    return at
 
 
 class CreditCount:
@@ -61,10 +77,14 @@ class CreditCount:
         was handed over have been examined."""
         start = LocalAtomic(self._out, _RESULT, 1)
         end = LocalAtomic(self._out, _RESULT, ALL_ONES_64, deferred=True)  # -1 modulo 2^64
+        at = _after_checks(branch.wrs)
+        wrs = (*branch.wrs[:at], start, *branch.wrs[at:], end)
+        patches = [p for p in branch.patches if p.wr < at]
+        patches += shifted([p for p in branch.patches if p.wr >= at], 1)
         return dataclasses.replace(
             branch,
-            wrs=(start, *branch.wrs, end),
-            patches=tuple(shifted(list(branch.patches), 1)),
+            wrs=wrs,
+            patches=tuple(patches),
             guards=(*branch.guards, Guard(self._out, Cmp.LT, self._room)),
         )
 
