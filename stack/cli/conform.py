@@ -95,8 +95,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def parse_endpoint(text: str, *, default_host: str = "") -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or (``default_host`` given) ``port``."""
+def parse_endpoint(text: str, *, default_host: str = "", connect: bool = False) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or (``default_host`` given) ``port``; to ``connect``
+    to, not port 0 ("any port" means something only to a listener)."""
     host, sep, port = text.rpartition(":")
     if not sep:
         if default_host == "" and not text.isdigit():
@@ -109,6 +110,8 @@ def parse_endpoint(text: str, *, default_host: str = "") -> tuple[str, int]:
         raise CliError(f"{text!r}: the port must be a number") from None
     if not 0 <= number <= 65535:
         raise CliError(f"{text!r}: port out of range")
+    if connect and number == 0:
+        raise CliError("the DUT's port must be 1 to 65535 to connect to, got 0")
     return host, number
 
 
@@ -130,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.list and args.listen is None:
         if not items or not _looks_like_endpoint(items[0]):
             raise CliError("give HOST:PORT of the listening DUT, --listen [HOST:]PORT, or --list")
-        target = parse_endpoint(items.pop(0))
-        if target[1] == 0:  # "any port" means something only to --listen
-            raise CliError("the DUT's port must be 1 to 65535 to connect to, got 0")
+        target = parse_endpoint(items.pop(0), connect=True)
     listen = parse_endpoint(args.listen, default_host="0.0.0.0") if args.listen else None
     role = (
         None

@@ -96,17 +96,9 @@ def check_chain(qp: QpSend, chain: Chain) -> None:
 def check_deferred(item: LocalAtomic) -> None:
     """Refuse (LocalError) a LocalAtomic ``qp.post_deferred`` cannot run: there is no
     receive to read, and its Refs must fit as in a chain."""
-    refs = _atomic_refs(item, "a deferred LocalAtomic")
-    while refs:
-        ref = refs.pop()
-        if ref.uses_recv():
-            raise LocalError("a deferred LocalAtomic has no receive to read")
-        if not 1 <= ref.width <= 8 or ref.addr < 0:
-            raise LocalError("a deferred LocalAtomic's Refs are 1..8 octets")
-        if ref.lkey == RUN and ref.index is None and ref.addr + ref.width > RUN_SCRATCH:
-            raise LocalError(f"a deferred LocalAtomic's run Ref is beyond {RUN_SCRATCH} octets")
-        if ref.index is not None:
-            refs.append(ref.index)
+    where = "a deferred LocalAtomic"
+    for ref in _atomic_refs(item, where):
+        _check_ref_in(ref, where, "it has no receive to read")
 
 
 def _atomic_refs(item: LocalAtomic, where: str) -> list[Ref]:
@@ -128,16 +120,23 @@ def _guard_refs(guards: tuple[Guard, ...]) -> list[Ref]:
 
 
 def _check_ref(ref: Ref, chain: Chain) -> None:
-    if ref.uses_recv() and not isinstance(chain.wait, WaitRecv):
-        raise LocalError(f"chain {chain.wr_id}: a receive Ref needs WaitRecv")
+    no_recv = None if isinstance(chain.wait, WaitRecv) else "a receive Ref needs WaitRecv"
+    _check_ref_in(ref, f"chain {chain.wr_id}", no_recv)
+
+
+def _check_ref_in(ref: Ref, where: str, no_recv: str | None) -> None:
+    """``ref`` checked for use in ``where``; ``no_recv``: why a receive Ref is refused
+    there (None: it is not)."""
+    if ref.uses_recv() and no_recv is not None:
+        raise LocalError(f"{where}: {no_recv}")
     if not 1 <= ref.width <= _MAX_REF or ref.addr < 0:
-        raise LocalError(f"chain {chain.wr_id}: Ref width must be 1..{_MAX_REF}")
+        raise LocalError(f"{where}: Ref width must be 1..{_MAX_REF}")
     if ref.lkey == RUN and ref.index is None and ref.addr + ref.width > RUN_SCRATCH:
-        raise LocalError(f"chain {chain.wr_id}: a run Ref beyond its {RUN_SCRATCH} octets")
+        raise LocalError(f"{where}: a run Ref beyond its {RUN_SCRATCH} octets")
     if ref.index is not None:
         if ref.index.width > 8:
-            raise LocalError(f"chain {chain.wr_id}: an index Ref is at most 8 octets")
-        _check_ref(ref.index, chain)
+            raise LocalError(f"{where}: an index Ref is at most 8 octets")
+        _check_ref_in(ref.index, where, no_recv)
 
 
 def _check_patch(patch: Patch, branch: Branch, chain: Chain) -> None:

@@ -711,12 +711,12 @@ def _hostile_kbtp(
     the target application (docs/kbtp.md §8.1); its listener is the same, so the EMFILE
     attack runs once, on the software target."""
     scale = 5 if full else 1
-    name = "kbtp-target-offload" if offload else "kbtp-target"
-    rng = random.Random(f"{seed}:hostile:{name}" if offload else f"{seed}:hostile:kbtp")
+    stream = "kbtp-target-offload" if offload else "kbtp"  # the software's seeds as before
+    rng = random.Random(f"{seed}:hostile:{stream}")
 
     def factory(nofile: int | None) -> Server:
-        extra = ["--hello-timeout", "3", "--idle-timeout", "20"] + ["--offload"] * offload
-        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile, name=name)
+        extra = ["--hello-timeout", "3", "--idle-timeout", "20"]
+        return kbtp_target(_kbtp_specs(), pool=64, extra=extra, nofile=nofile, offload=offload)
 
     low = None if offload else factory(EMFILE_LIMIT)  # starts while the other is attacked
     try:
@@ -737,7 +737,7 @@ def _hostile_kbtp(
         if low is not None:
             fresh = lambda s: KbtpKeeper(s.port, "keeper", 2).check()[0]  # noqa: E731
             attacks.append(emfile(low, fresh, EMFILE_LIMIT, 60 * scale))
-            progress(f"hostile {name}: {attacks[-1].name}: served {attacks[-1].served}")
+            progress(f"hostile {low.name}: {attacks[-1].name}: served {attacks[-1].served}")
     finally:
         if low is not None:
             low.stop()

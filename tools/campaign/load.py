@@ -108,13 +108,12 @@ async def _round(
 def _run_load(full: bool, seed: int, progress: Callable[[str], None], offload: bool) -> LoadFigures:
     n = 64 if full else 8
     rounds = 12 if full else 3
-    name = "kbtp-target-offload" if offload else "kbtp-target"
-    figures = LoadFigures(name, initiators=n, pool_blocks=n * QUOTA)
-
     t0 = time.monotonic()
     extra = ["--initiators", str(n), "--max-inline", "1024", "--handles", str(4 * QUOTA)]
-    extra += ["--credits", str(CREDITS)] + ["--offload"] * offload
-    server = kbtp_target([], pool=n * QUOTA, extra=extra, name=name)
+    extra += ["--credits", str(CREDITS)]
+    server = kbtp_target([], pool=n * QUOTA, extra=extra, offload=offload)
+    name = server.name
+    figures = LoadFigures(name, initiators=n, pool_blocks=n * QUOTA)
     with server:
         figures.rss_start_kib = server.rss_kib()
 

@@ -189,8 +189,10 @@ def kbtp_target(
     block: str = "4K",
     extra: Sequence[str] = (),
     nofile: int | None = None,
-    name: str = "kbtp-target",
+    offload: bool = False,
 ) -> Server:
+    """``kbtp target`` in a subprocess; with ``offload``, ``kbtp target --offload``
+    (reported as ``kbtp-target-offload``)."""
     argv = [
         "-m",
         "kbtp.cli",
@@ -203,10 +205,11 @@ def kbtp_target(
         "-F",
         str(pool),
         *extra,
+        *["--offload"] * offload,
     ]
     for spec in specs:
         argv += ["--initiator", spec]
-    return Server(name, argv, nofile=nofile)
+    return Server("kbtp-target-offload" if offload else "kbtp-target", argv, nofile=nofile)
 
 
 def rping_server(nofile: int | None = None, size: int = 1 << 24) -> Server:
