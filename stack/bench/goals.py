@@ -53,6 +53,8 @@ from stack.bench.goal_catalog import (
     Measurement,
     placed,
 )
+from stack.bench.goals_plot import load_goals_document, save_goals_plot
+from stack.bench.plot import MISSING_MATPLOTLIB, check_plot_path, have_matplotlib
 from stack.bench.process import PROJECT_ROOT, cpu_list
 from stack.cli import MAX_DURATION, CliError, add_repeat_argument, duration, one_line_errors
 from stack.cli.json_report import check_outputs, schema, write_json
@@ -66,6 +68,7 @@ __all__ = [
     "Measurement",
     "judge",
     "register_bench",
+    "run_from_document",
     "run_goals",
 ]
 
@@ -407,6 +410,38 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
     }
 
 
+def run_from_document(doc: Doc) -> GoalsRun:
+    """The run a saved ``--json`` document (:func:`load_goals_document`, checked) records,
+    for :func:`format_table`: its figures and verdicts as they were measured."""
+    by_key = {g.key: g for g in GOALS}
+    params = doc.get("parameters") or {}
+    cpus = params.get("round_trip_cpus")
+    run = GoalsRun(
+        loop_seconds=float((doc.get("host") or {}).get("python_loop_s") or 0.0),
+        before_tree=params.get("before_tree"),
+        round_trip_cpus=("--cpus", str(cpus)) if cpus else (),
+        failures=dict(doc.get("failed_measurements") or {}),
+    )
+    for entry in doc["goals"]:
+        result = _saved_result(by_key[entry["key"]], entry)
+        before = entry.get("before")
+        if isinstance(before, dict):
+            result.before = _saved_result(result.goal, before)
+        run.results.append(result)
+    return run
+
+
+def _saved_result(goal: Goal, entry: Doc) -> GoalResult:
+    return GoalResult(
+        goal,
+        measured=entry.get("measured"),
+        shown=str(entry.get("shown") or "-"),
+        met=entry.get("met"),
+        floor=entry.get("floor"),
+        note=str(entry.get("note") or ""),
+    )
+
+
 def _keys(text: str) -> list[str]:
     keys = [k.strip() for k in text.split(",") if k.strip()]
     unknown = [k for k in keys if k not in GOAL_KEYS]
@@ -423,7 +458,17 @@ def run_goals_command(args: argparse.Namespace) -> int:
         for g in GOALS:
             print(f"{g.key:16} {g.title:{TITLE_WIDTH}} {g.target_text()}")
         return 0
+    if args.plot:
+        problem = check_plot_path(args.plot)
+        if problem:
+            raise CliError(problem)
+        if not have_matplotlib():
+            raise CliError(MISSING_MATPLOTLIB)
+    if args.source is not None:
+        return _from_saved(args)
     keys = _keys(args.only) if args.only else list(GOAL_KEYS)
+    args.duration = 2.0 if args.duration is None else args.duration
+    args.repeat = 1 if args.repeat is None else args.repeat
     check_outputs(("--json", args.json))  # before minutes of benchmarks
     if args.before and not os.path.isfile(os.path.join(args.before, "stack", "__init__.py")):
         raise CliError(f"--before: {args.before} is not a source tree of this project")
@@ -434,9 +479,36 @@ def run_goals_command(args: argparse.Namespace) -> int:
     )
     to_stdout = args.json == "-"
     format_table(run, sys.stderr if to_stdout else sys.stdout)
+    doc = goals_document(run, args.duration, args.repeat)
     if args.json:
-        write_json(args.json, goals_document(run, args.duration, args.repeat))
+        write_json(args.json, doc)
+    if args.plot:
+        save_goals_plot(args.plot, doc)
     return 1 if run.failures else 0
+
+
+_MEASURING = (
+    ("--only", "only"),
+    ("--before", "before"),
+    ("--no-floor", "no_floor"),
+    ("--round-trip-cpus", "round_trip_cpus"),
+    ("-D/--duration", "duration"),
+    ("-r/--repeat", "repeat"),
+    ("--json", "json"),
+)
+"""The options that measure or save a run: none of them goes with ``--from``."""
+
+
+def _from_saved(args: argparse.Namespace) -> int:
+    """``--from FILE``: the table (and ``--plot``) of a saved run, nothing measured."""
+    given = [option for option, name in _MEASURING if getattr(args, name) not in (None, False)]
+    if given:
+        raise CliError(f"--from draws a saved run: {', '.join(given)} does not go with it")
+    doc = load_goals_document(args.source)
+    format_table(run_from_document(doc), sys.stdout)
+    if args.plot:
+        save_goals_plot(args.plot, doc)
+    return 0
 
 
 def register_bench(subparsers: argparse._SubParsersAction) -> None:
@@ -451,11 +523,12 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
         "-D",
         "--duration",
         type=duration,
-        default=2.0,
+        default=None,
         metavar="SECONDS",
         help=f"seconds per timed benchmark run (default 2, at most {MAX_DURATION:g})",
     )
     add_repeat_argument(parser, "each benchmark run; each prints its run with the median ratio")
+    parser.set_defaults(repeat=None)  # 1; None tells --from that it was not given
     parser.add_argument("--only", metavar="LIST", help="these goals only, comma separated (--list)")
     parser.add_argument("--list", action="store_true", help="list the goals and exit")
     parser.add_argument(
@@ -474,6 +547,18 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--json", metavar="FILE", help="also write the goals as JSON ('-': stdout)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the goals: each as the share of its target reached, with its floor "
+        "(needs the 'plot' extra: matplotlib)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="measure nothing: print (and --plot) the run saved in FILE by --json",
+    )
     parser.set_defaults(func=run_goals_command)
 
 

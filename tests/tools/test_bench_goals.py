@@ -168,11 +168,21 @@ def test_the_blocking_driver_goal_is_measured_on_the_blocking_driver() -> None:
 
 @pytest.mark.slow
 def test_goals_run_the_benchmarks_and_the_floor_from_the_installed_command(tmp_path: Path) -> None:
-    out = tmp_path / "goals.json"
+    out, png = tmp_path / "goals.json", tmp_path / "goals.png"
     done = _iwarp(
-        "bench", "goals", "--only", "write-64k,markers-1m", "-D", "0.3", "--json", str(out)
+        "bench",
+        "goals",
+        "--only",
+        "write-64k,markers-1m",
+        "-D",
+        "0.3",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
     )
     assert done.returncode == 0, done.stderr
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # the run, drawn
     doc = json.loads(out.read_text())
     assert doc["schema"] == "iwarp-bench-goals/1" and doc["verdict"] == "ok"
     assert 0.05 < doc["host"]["python_loop_s"] < 60
