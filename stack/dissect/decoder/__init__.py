@@ -45,7 +45,8 @@ Findings carry rule IDs of the catalog (:mod:`stack.rules`,
 
 Modules: :mod:`~stack.dissect.decoder.records` (what comes out),
 :mod:`~stack.dissect.decoder.checks` (the wire engines' stateful checks run leniently),
-:mod:`~stack.dissect.decoder.walker` (one direction's modes and FPDU walk),
+:mod:`~stack.dissect.decoder.walker` (one direction's modes),
+:mod:`~stack.dissect.decoder.fpdu_walk` (its FPDU walk in Full Operation),
 :mod:`~stack.dissect.decoder.resync` (finding FPDUs mid-stream),
 :mod:`~stack.dissect.decoder.connection` (one TCP connection, startup frames, records) and
 :mod:`~stack.dissect.decoder.dissector` (TCP segments in, records out).
