@@ -33,20 +33,18 @@ one QP:
 * **Conformance.**  ``send_raw`` sends arbitrary octets as a request (malformed on
   purpose) and awaits the answer; ``one_sided`` performs a single RDMA operation.
 
-This module holds the session: connection, HELLO, the completion pump, requests and
-one-sided operations.  The operations built on them are mixed in from
-:class:`~kbtp.initiator_ops.InitiatorOps`; the errors live in :mod:`kbtp.initiator_errors`
-(both re-exported here).
+This module holds the session: connection, HELLO, the completion pump and requests.  The
+operations built on them are mixed in from :class:`~kbtp.initiator_ops.InitiatorOps`, the
+one-sided operations and raw Sends from :class:`~kbtp.initiator_raw.InitiatorRaw`; the
+errors live in :mod:`kbtp.initiator_errors` (re-exported here).
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import overload
 
 import trio
 
@@ -59,19 +57,10 @@ from kbtp.constants import (
     Status,
     status_name,
 )
-from kbtp.initiator_core import (
-    CompareSwapOp,
-    DirectOp,
-    FetchAddOp,
-    InitiatorCore,
-    ReadOp,
-    RequestCompleted,
-    SessionReady,
-    SessionRefused,
-    WriteOp,
-)
+from kbtp.initiator_core import InitiatorCore, RequestCompleted, SessionReady, SessionRefused
 from kbtp.initiator_errors import HelloRefused, HelloTimeout, KbtpStatusError, SessionClosed
 from kbtp.initiator_ops import DIRECT_LOAD_ATTEMPTS, InitiatorOps
+from kbtp.initiator_raw import InitiatorRaw
 from kbtp.initiator_waiters import CallbackWaiter, OnDone, Waiter
 from kbtp.messages import (
     AllocStore,
@@ -119,7 +108,6 @@ __all__ = [
     "SessionClosed",
 ]
 
-_LE64 = struct.Struct("<Q")
 _HELLO_SLOT = -1
 _send_wr = wr_maker(
     SendWR, ("inline_data",), wr_id=0, opcode=WrOpcode.SEND, send_flags=SendFlags.NONE
@@ -140,7 +128,7 @@ class OpStats:
     octets: int = 0
 
 
-class KbtpInitiator(InitiatorOps):
+class KbtpInitiator(InitiatorOps, InitiatorRaw):
     """One KBTP session with a target (see the module docstring).
 
     Attributes once connected: ``ack`` (the HELLO_ACK: block size, quota, handle range,
@@ -505,141 +493,12 @@ class KbtpInitiator(InitiatorOps):
             self.direct_alloc_disabled = True  # docs/kbtp.md §4.4: its STags are invalid
         return completion
 
-    async def send_raw(self, data: bytes, request_id: int) -> Completion | None:
-        """Send ``data`` as one Send, bypassing request IDs and credits, and await the
-        COMPLETION (or HELLO_ACK: None) carrying ``request_id``.
-
-        For conformance tests: ``data`` may be malformed on purpose.  ``request_id`` must
-        not collide with the session's own (they count up from 1).  The Send does not
-        count against the credits the session tracks, so keep other requests below them.
-        """
-        return (await self._raw_answer(data, request_id)).completion
-
-    async def send_raw_answer(self, data: bytes, request_id: int) -> Completion | HelloAck:
-        """:meth:`send_raw`, returning the answer whatever it is: the COMPLETION, or the
-        HELLO_ACK a target answers a HELLO with (a second HELLO's BAD_OPCODE, §4.2)."""
-        answer = (await self._raw_answer(data, request_id)).answer
-        if not isinstance(answer, Completion | HelloAck):
-            raise SessionClosed(f"the target answered with {type(answer).__name__}")
-        return answer
-
-    async def _raw_answer(self, data: bytes, request_id: int) -> Waiter:
-        """Send ``data`` raw and await the answer carrying ``request_id``."""
-        self._check_open()
-        waiter = Waiter()
-        self._raw[request_id] = waiter
-        self.qp.post_send(
-            SendWR(0, WrOpcode.SEND, inline_data=bytes(data), send_flags=SendFlags.NONE)
-        )
-        await waiter.wait()
-        return waiter
-
-    async def send_raw_burst(self, messages: list[tuple[bytes, int]]) -> list[Completion | None]:
-        """Send every ``(data, request_id)`` at once (one post, so they leave together),
-        bypassing credits, and await the answers: each COMPLETION, or None where the
-        session ended first.  For conformance tests of the target's credit accounting."""
-        self._check_open()
-        waiters = []
-        for _, rid in messages:
-            waiter = Waiter()
-            self._raw[rid] = waiter
-            waiters.append(waiter)
-        self.qp.post_send(
-            [
-                SendWR(0, WrOpcode.SEND, inline_data=bytes(d), send_flags=SendFlags.NONE)
-                for d, _ in messages
-            ]
-        )
-        answers: list[Completion | None] = []
-        for waiter in waiters:
-            try:
-                await waiter.wait()
-            except SessionClosed:
-                answers.append(None)
-            else:
-                answers.append(waiter.completion)
-        return answers
-
     def _count(self, op: str, status: str, octets: int) -> None:
         entry = self.stats.get((op, status))
         if entry is None:
             entry = self.stats[op, status] = OpStats()
         entry.count += 1
         entry.octets += octets
-
-    # ----------------------------------------------------------------------------------
-    # one-sided operations, the steps of the direct modes (draft §6.6)
-    # ----------------------------------------------------------------------------------
-    @overload
-    async def one_sided(self, op: ReadOp | WriteOp) -> bytes: ...
-
-    @overload
-    async def one_sided(self, op: FetchAddOp | CompareSwapOp) -> int: ...
-
-    @overload
-    async def one_sided(self, op: DirectOp) -> int | bytes: ...
-
-    async def one_sided(self, op: DirectOp) -> int | bytes:
-        """Perform one RDMA Read, FetchAdd, Compare and Swap or RDMA Write at the target and
-        await it.
-
-        Returns the octets read, the atomic's original value, or ``b""`` for a Write.
-        """
-        self._check_open()
-        wr_id = next(self._wr_ids)
-        mr: MemoryRegion | None = None
-        if isinstance(op, ReadOp):
-            mr = self.pd.reg_mr(bytearray(op.length), Access.LOCAL_WRITE)
-            wr = SendWR(
-                wr_id,
-                WrOpcode.RDMA_READ,
-                (Sge(mr.base, op.length, mr.lkey),),
-                rkey=op.stag,
-                remote_addr=op.to,
-            )
-        elif isinstance(op, FetchAddOp):
-            mr = self.pd.reg_mr(bytearray(8), Access.LOCAL_WRITE)
-            wr = SendWR(
-                wr_id,
-                WrOpcode.ATOMIC_FETCH_AND_ADD,
-                (Sge(mr.base, 8, mr.lkey),),
-                rkey=op.stag,
-                remote_addr=op.to,
-                compare_add=op.add,
-                compare_add_mask=op.mask,
-            )
-        elif isinstance(op, CompareSwapOp):
-            mr = self.pd.reg_mr(bytearray(8), Access.LOCAL_WRITE)
-            wr = SendWR(
-                wr_id,
-                WrOpcode.ATOMIC_CMP_AND_SWP,
-                (Sge(mr.base, 8, mr.lkey),),
-                rkey=op.stag,
-                remote_addr=op.to,
-                compare_add=op.compare,
-                swap=op.swap,
-            )
-        else:
-            wr = SendWR(
-                wr_id, WrOpcode.RDMA_WRITE, inline_data=op.data, rkey=op.stag, remote_addr=op.to
-            )
-        waiter = Waiter()
-        self._ops[wr_id] = waiter
-        try:
-            self.qp.post_send(wr)
-            await waiter.wait()
-            if isinstance(op, ReadOp):
-                assert mr is not None
-                return bytes(mr.buf)
-            if isinstance(op, FetchAddOp | CompareSwapOp):
-                assert mr is not None
-                value: int = _LE64.unpack(mr.buf)[0]
-                return value
-            return b""
-        finally:
-            self._ops.pop(wr_id, None)
-            if mr is not None:
-                mr.dereg()
 
 
 _STATUSES = frozenset(int(s) for s in Status)
