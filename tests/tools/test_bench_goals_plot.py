@@ -17,6 +17,7 @@ from stack.cli import CliError
 from tests.installed import run_command
 
 GOAL = {g.key: g for g in GOALS}
+SAVED_RUN = Path(__file__).resolve().parents[2] / "docs" / "goals-run.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -155,3 +156,10 @@ def test_bad_plot_and_from_arguments_are_one_error_line(argv: list[str], says: s
     assert done.returncode == 2, done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr
+
+
+def test_the_run_drawn_in_the_docs_is_a_saved_run_of_every_goal() -> None:
+    doc = load_goals_document(str(SAVED_RUN))  # docs/performance.md, "The goals drawn"
+    assert [g["key"] for g in doc["goals"]] == [g.key for g in GOALS]
+    run = run_from_document(doc)
+    assert sum(1 for r in run.results if r.met) == doc["met"]
