@@ -83,6 +83,7 @@ from kbtp.cli.bench_mooncake import PACKAGE as MC_PACKAGE
 from kbtp.cli.bench_mooncake import mooncake_problem, run_mooncake
 from kbtp.cli.bench_offload import run_offload
 from kbtp.cli.bench_peer import bench_config, peer_process
+from kbtp.cli.bench_plot import save_kbtp_plot
 from kbtp.cli.bench_report import (
     FLOOR_HEADER,
     HEADER,
@@ -106,6 +107,7 @@ from kbtp.cli.target import (
     run_trio,
 )
 from kbtp.constants import DEFAULT_MAX_INLINE, MAX_REQUEST_CREDITS
+from stack.bench.plot import MISSING_MATPLOTLIB, check_plot_path, have_matplotlib
 from stack.bench.process import cpu_list, pin_to, usable_cpus
 from stack.cli import CliError, add_repeat_argument, one_line_errors
 from stack.cli.json_report import (
@@ -256,6 +258,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_mpa_arguments(parser, LOOPBACK_EMSS)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_argument(parser)
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the rows: GB/s and CPU per operation against the block size, KBTP "
+        "and each baseline the run measured (needs the 'plot' extra: matplotlib)",
+    )
     one_line_errors(parser)
     parser.set_defaults(func=run_bench)
 
@@ -268,9 +276,13 @@ def _parse_list(text: str, what: str) -> list[str]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    problem = check_json_path(args.json)
+    problem = check_json_path(args.json) or check_plot_path(args.plot)
     if problem:
         raise CliError(problem)
+    if args.plot and args.offload:
+        raise CliError("--plot draws the KBTP and baseline rows, not --offload")
+    if args.plot and not have_matplotlib():
+        raise CliError(MISSING_MATPLOTLIB)
     if args.offload and args.repeat > 1:
         raise CliError("--repeat applies to the KBTP and baseline rows, not --offload")
     if args.floor and args.offload:
@@ -287,8 +299,11 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_offload(args, ",".join(size_label(s) for s in DEFAULT_SIZES))
     with text_to_stderr_if_json_stdout(args.json):
         results, parameters = _run_bench(args)
+    doc = bench_document(parameters, results, 0)
     if args.json:
-        write_json(args.json, bench_document(parameters, results, 0))
+        write_json(args.json, doc)
+    if args.plot and results:
+        save_kbtp_plot(args.plot, doc)
     return 0
 
 
