@@ -49,8 +49,8 @@ def test_a_sweep_is_drawn_from_the_rows_of_its_own_json(tmp_path: Path) -> None:
                 assert list(line.get_ydata()) == [series_value(r, key, field) for r in rows]
                 assert line.get_linestyle() == style and line.get_color() == OP_COLOURS[op]
     # The key names the operations and the series measured, not the floor or Mooncake.
-    key = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert key == ["STORE", "LOAD", "KBTP", "raw TCP (pipelined baseline)"]
+    names = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert names == ["STORE", "LOAD", "KBTP", "raw TCP (pipelined baseline)"]
 
 
 def test_one_size_is_drawn_as_bars_per_operation(tmp_path: Path) -> None:
