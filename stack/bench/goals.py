@@ -70,6 +70,7 @@ __all__ = [
     "register_bench",
     "run_from_document",
     "run_goals",
+    "with_saved_before",
 ]
 
 LOOP_ITERATIONS = 10_000_000
@@ -431,6 +432,27 @@ def run_from_document(doc: Doc) -> GoalsRun:
     return run
 
 
+def with_saved_before(doc: Doc, older: Doc, label: str) -> Doc:
+    """``doc`` with each goal's figures in the saved run ``older`` as its ``before`` (as
+    ``--before TREE`` records them; ``label`` names that run): two runs of any two trees,
+    hosts or days side by side.  A goal ``older`` did not measure says so."""
+    then = {g["key"]: g for g in older["goals"]}
+    goals = []
+    for entry in doc["goals"]:
+        was = then.get(entry["key"])
+        before = (
+            {"measured": None, "shown": "-", "met": None, "note": f"not in {label}"}
+            if was is None
+            else {k: was.get(k) for k in ("measured", "shown", "met", "note")}
+        )
+        goals.append({**entry, "before": before})
+    return {
+        **doc,
+        "parameters": {**doc.get("parameters", {}), "before_tree": label},
+        "goals": goals,
+    }
+
+
 def _saved_result(goal: Goal, entry: Doc) -> GoalResult:
     return GoalResult(
         goal,
@@ -466,6 +488,8 @@ def run_goals_command(args: argparse.Namespace) -> int:
             raise CliError(MISSING_MATPLOTLIB)
     if args.source is not None:
         return _from_saved(args)
+    if args.source_before is not None:
+        raise CliError("--from-before goes with --from: it is the saved run to show beside it")
     keys = _keys(args.only) if args.only else list(GOAL_KEYS)
     args.duration = 2.0 if args.duration is None else args.duration
     args.repeat = 1 if args.repeat is None else args.repeat
@@ -505,6 +529,9 @@ def _from_saved(args: argparse.Namespace) -> int:
     if given:
         raise CliError(f"--from draws a saved run: {', '.join(given)} does not go with it")
     doc = load_goals_document(args.source)
+    if args.source_before is not None:
+        older = load_goals_document(args.source_before, "--from-before")
+        doc = with_saved_before(doc, older, args.source_before)
     format_table(run_from_document(doc), sys.stdout)
     if args.plot:
         save_goals_plot(args.plot, doc)
@@ -558,6 +585,12 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
         dest="source",
         metavar="FILE",
         help="measure nothing: print (and --plot) the run saved in FILE by --json",
+    )
+    parser.add_argument(
+        "--from-before",
+        dest="source_before",
+        metavar="FILE",
+        help="with --from: another saved run, shown beside it as --before shows a tree",
     )
     parser.set_defaults(func=run_goals_command)
 

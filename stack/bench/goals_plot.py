@@ -47,23 +47,23 @@ def reached(target: float, value: float | None, at_most: bool) -> float | None:
     return min(max(share, SHARE_MIN), SHARE_MAX)
 
 
-def load_goals_document(path: str) -> Doc:
-    """The ``iwarp bench goals --json`` document saved in ``path``; a one-line
-    :class:`CliError` if it cannot be read or is not such a document."""
+def load_goals_document(path: str, option: str = "--from") -> Doc:
+    """The ``iwarp bench goals --json`` document saved in ``path`` (given with ``option``);
+    a one-line :class:`CliError` if it cannot be read or is not such a document."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except OSError as exc:
-        raise CliError(f"--from {path}: cannot read ({exc.strerror or exc})") from None
+        raise CliError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CliError(f"--from {path}: not JSON ({exc})") from None
+        raise CliError(f"{option} {path}: not JSON ({exc})") from None
     want = schema("iwarp bench goals")
     if not isinstance(doc, dict) or doc.get("schema") != want:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise CliError(f"--from {path}: not an iwarp bench goals document (schema {got!r})")
+        raise CliError(f"{option} {path}: not an iwarp bench goals document (schema {got!r})")
     goals = doc.get("goals")
     if not isinstance(goals, list) or not all(_goal_entry_ok(g) for g in goals):
-        raise CliError(f"--from {path}: its goals are not what iwarp bench goals writes")
+        raise CliError(f"{option} {path}: its goals are not what iwarp bench goals writes")
     return doc
 
 

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from stack.bench.goal_catalog import GOALS
-from stack.bench.goals import GoalsRun, format_table, goals_document, judge, run_from_document
+from stack.bench.goals import (
+    GoalsRun,
+    format_table,
+    goals_document,
+    judge,
+    run_from_document,
+    with_saved_before,
+)
 from stack.bench.goals_plot import SHARE_MAX, SHARE_MIN, load_goals_document, reached
 from stack.cli import CliError
 from tests.installed import run_command
@@ -147,6 +154,7 @@ def test_a_file_that_is_not_a_saved_run_is_one_clear_error(
         (["--from", "/nonexistent-dir/g.json"], "--from /nonexistent-dir/g.json: cannot read"),
         (["--from", "/dev/null", "--json", "-"], "--json does not go with it"),
         (["--from", "/dev/null", "-r", "3"], "-r/--repeat does not go with it"),
+        (["--from-before", "/dev/null"], "--from-before goes with --from"),
         (["--plot", "goals.svg"], "must end in .png"),
         (["--plot", "/nonexistent-dir/g.png"], "--plot"),
     ],
@@ -163,3 +171,46 @@ def test_the_run_drawn_in_the_docs_is_a_saved_run_of_every_goal() -> None:
     assert [g["key"] for g in doc["goals"]] == [g.key for g in GOALS]
     run = run_from_document(doc)
     assert sum(1 for r in run.results if r.met) == doc["met"]
+
+
+def test_two_saved_runs_side_by_side_as_before_shows_a_tree(tmp_path: Path) -> None:
+    older = _run()
+    older.results[0] = judge(GOAL["write-64k"], {"write-64k": _bw_doc(0.4)}, {}, {"64K": 0.6})
+    newer = _run()
+    newer.results.append(judge(GOAL["write-1m"], {"write-1m": _bw_doc(0.7)}, {}, {}))
+    for run in (older, newer):
+        run.before_tree = None
+        for r in run.results:
+            r.before = None
+    old_doc, new_doc = goals_document(older, 2.0, 1), goals_document(newer, 2.0, 1)
+    merged = with_saved_before(new_doc, old_doc, "old.json")
+    assert merged["parameters"]["before_tree"] == "old.json"
+    before = {g["key"]: g["before"] for g in merged["goals"]}
+    assert before["write-64k"]["measured"] == pytest.approx(0.4)
+    assert before["write-1m"] == {
+        "measured": None,
+        "shown": "-",
+        "met": None,
+        "note": "not in old.json",
+    }
+    run = run_from_document(load_goals_document(_saved(tmp_path, merged)))
+    out = io.StringIO()
+    format_table(run, out)
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines()}
+    assert rows["goal"].split()[2] == "before"
+    line = rows["write-64k"]
+    assert line.index(" 0.40 ") < line.index(" 0.50 ") < line.index(" 0.60 ")  # before, now, floor
+    assert "before: not in old.json" in out.getvalue()
+    assert new_doc["goals"][0].get("before") is None  # the run itself is not changed
+
+
+def test_from_before_names_its_own_option_when_its_file_is_bad(tmp_path: Path) -> None:
+    saved = _saved(tmp_path, goals_document(_run(), 2.0, 1))
+    done = run_command(
+        "stack", "bench", "goals", "--from", saved, "--from-before", "/nonexistent", timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "iwarp bench goals: error: --from-before /nonexistent: cannot read "
+        "(No such file or directory)"
+    )
