@@ -36,7 +36,9 @@ both ends make the stack's driver's socket calls (:mod:`stack.bench.raw_socket`)
 Figures: operations per second
 and GB/s (10^9 octets per second) of block data, KBTP over raw, and the process CPU time
 per operation of each, both ends counted (the peer's from ``/proc``; CPU per operation is
-the figure that survives a busy machine best).  Speed is reported, never asserted.  The
+the figure that survives a busy machine best; the JSON splits KBTP's by end,
+``cpu_us_per_op_initiator`` and ``cpu_us_per_op_target``, in clock ticks of /proc, so the
+end that bounds the rate shows).  Speed is reported, never asserted.  The
 rows, the table and the ``--json`` document: :mod:`kbtp.cli.bench_report`.  ``-r N``
 measures each size N times, each run on a fresh target with its baseline right after it,
 and prints each operation's run with the median ratio and the range of all runs: single

@@ -36,10 +36,15 @@ class BothEndsCpu:
         self._peer = peer
         self._start = time.process_time()
         self._peer_start = peer()
+        self.peer: float | None = None
+        """The peer's part of the last :meth:`seconds` (None: none measured)."""
 
     def seconds(self) -> float:
+        """Both ends' CPU seconds so far; the peer's part is kept in :attr:`peer`."""
         cpu = time.process_time() - self._start
         peer_now = self._peer()
+        self.peer = None
         if self._peer_start is not None and peer_now is not None:
-            cpu += peer_now - self._peer_start
+            self.peer = peer_now - self._peer_start
+            cpu += self.peer
         return cpu

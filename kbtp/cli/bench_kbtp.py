@@ -31,11 +31,13 @@ OPS = ("store", "load", "alloc_store")
 """Run order: LOAD needs the blocks the STOREs wrote (then sealed)."""
 
 
-async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> tuple[float, float]:
-    """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks.
+Timed = tuple[float, float, float | None]
+"""A row's wall-clock seconds, CPU seconds of both ends, and the target's part of them (None:
+the target is in this process, or its CPU cannot be read)."""
 
-    Returns (wall-clock seconds, CPU seconds of both ends: this process and the peer's).
-    """
+
+async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> Timed:
+    """Run ``iters`` calls of ``job(worker, index)`` on ``inflight`` tasks (:data:`Timed`)."""
     counter = iter(range(iters))
 
     async def worker(w: int) -> None:
@@ -47,7 +49,8 @@ async def _workers(inflight: int, iters: int, job: Job, peer_cpu: CpuClock) -> t
     async with trio.open_nursery() as nursery:
         for w in range(inflight):
             nursery.start_soon(worker, w)
-    return time.perf_counter() - start, cpu.seconds()
+    seconds = time.perf_counter() - start
+    return seconds, cpu.seconds(), cpu.peer
 
 
 def pool_blocks(ops: list[str], iters: int, inflight: int) -> int:
@@ -105,7 +108,7 @@ async def bench_kbtp_size(
             requests = _arena_requests(ini, arena, base, inflight, size, inline)
             spans = [memoryview(memory)[w * size : (w + 1) * size] for w in range(inflight)]
 
-        async def run(op: str, count: int, used: set[int]) -> tuple[float, float]:
+        async def run(op: str, count: int, used: set[int]) -> Timed:
             """The row of ``op``, ``count`` requests; ``used`` gets the buffer of every request
             (fewer than ``inflight`` when ``count`` is)."""
             if per_request:
@@ -134,15 +137,15 @@ async def bench_kbtp_size(
                     await ini.store(base + w, data, seal=True)
                 if not per_request:
                     memory[:] = bytes(len(memory))  # what the LOADs place is checked
-                seconds, cpu = await run(op, iters, used)
+                seconds, cpu, target = await run(op, iters, used)
                 landed = buffers if per_request else spans
                 if not used or any(landed[w] != data for w in used):
                     raise CliError("LOAD returned wrong data")
-                results.append(Result(op, size, iters, seconds, "rdma", cpu))
+                results.append(Result(op, size, iters, seconds, "rdma", cpu, target_cpu=target))
             else:
                 count = allocs if op == "alloc_store" else iters
-                seconds, cpu = await run(op, count, used)
-                results.append(Result(op, size, count, seconds, path, cpu))
+                seconds, cpu, target = await run(op, count, used)
+                results.append(Result(op, size, count, seconds, path, cpu, target_cpu=target))
         if not per_request:
             arena.close()
     return results
@@ -251,12 +254,12 @@ async def _pipelined(
     request_for: RequestFor,
     peer_cpu: CpuClock,
     succeeded: Callable[[int], None] | None = None,
-) -> tuple[float, float]:
+) -> Timed:
     """``iters`` requests, ``inflight`` outstanding, each next one submitted by the
     completion of the last (:meth:`KbtpInitiator.submit`: no task per request);
     ``succeeded`` is called with the handle of each request that completes with SUCCESS.
 
-    Returns (wall-clock seconds, CPU seconds of both ends); a status other than SUCCESS or
+    Returns the row's :data:`Timed` figures; a status other than SUCCESS or
     a session that ends raises :class:`CliError`.
     """
     free = list(range(inflight))
@@ -293,4 +296,4 @@ async def _pipelined(
     seconds = time.perf_counter() - start
     if failure is not None:
         raise CliError(failure)
-    return seconds, cpu.seconds()
+    return seconds, cpu.seconds(), cpu.peer

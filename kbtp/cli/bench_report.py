@@ -39,6 +39,8 @@ class Result:
     """``--repeat``: the ratio of every run against its own baseline, in run order."""
     run_floor_ratios: list[float] = field(default_factory=list)
     """``--repeat --floor``: every run's floor over its own baseline, in run order."""
+    target_cpu: float | None = None
+    """The target's part of :attr:`cpu` (None: in this process, or not measurable)."""
 
     @property
     def ops(self) -> float:
@@ -169,6 +171,11 @@ def result_row(r: Result) -> dict[str, Any]:
         "gbyte_per_s": r.gbps,
         "gbit_per_s": r.gbps * 8,
         "cpu_us_per_op": r.cpu / r.iters * 1e6,
+        # Which end a row's CPU goes to (the busier end bounds the rate); None in one process.
+        "cpu_us_per_op_initiator": None
+        if r.target_cpu is None
+        else (r.cpu - r.target_cpu) / r.iters * 1e6,
+        "cpu_us_per_op_target": None if r.target_cpu is None else r.target_cpu / r.iters * 1e6,
     }
     if r.raw_seconds is not None:
         raw_gbps = r.raw_gbps or 0.0
