@@ -21,6 +21,10 @@ The ``iwarp dissect`` goal (summary mode at least 1.5 times tshark's speed on 1M
 measured by ``iwarp bench dissect``, which generates the capture (a minute or two in all);
 without tshark on the PATH it is not run and the goal is not measured, with the reason.
 
+``--plot FILE.png`` draws the run, each goal as the share of its target reached next to
+its floor (:mod:`stack.bench.goals_plot`); ``--from FILE`` prints and draws a run saved
+with ``--json`` without measuring, ``--from-before OLD`` beside another saved run.
+
 Speed is reported, never asserted: the exit status is 0 when every benchmark ran, whatever
 the verdicts; 1 when one failed (its goals say why).
 """
