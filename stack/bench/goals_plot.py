@@ -7,9 +7,10 @@ measured`` for an at-most one, 1 meaning met (the dashed line), on a logarithmic
 that 0.04 and 2.2 both read.  Each row is a bar for the measured figure (green met, red
 not), a diamond for the pure-Python floor of the same exchange (a diamond left of the line:
 no pure-Python stack meets the goal on this host) and, after ``--before TREE``, a hollow
-circle for that tree.  The figure is made from the run's JSON document (:func:`~stack.bench
-.goals.goals_document`), so a run saved with ``--json`` is drawn again with ``--from``
-without measuring anything (:func:`load_goals_run` reads it back, checked).
+circle for that tree (or, with ``--from-before``, another saved run).  The figure is made
+from the run's JSON document (:func:`~stack.bench.goals_report.goals_document`), so a run
+saved with ``--json`` is drawn again with ``--from`` without measuring anything
+(:func:`load_goals_document` reads it back, checked).
 """
 
 from __future__ import annotations
