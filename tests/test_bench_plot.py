@@ -3,7 +3,6 @@ and without matplotlib the option is one clear error before any benchmark runs."
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 
@@ -26,14 +25,8 @@ def _run(argv: list[str]) -> int:
 
 
 def test_plot_without_matplotlib_is_one_line_and_status_2_before_running(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_matplotlib: None
 ) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: object, **kwargs: object) -> object:
-        return None if name == "matplotlib" else real(name, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     png = tmp_path / "bw.png"
     assert _run(["bench", "write", "-n", "4", "--in-process", "--plot", str(png)]) == 2
     captured = capsys.readouterr()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stack.cli.json_report import output_error
+from stack.bench.plot import save_figure
 
 __all__ = ["SERIES", "build_kbtp_figure", "save_kbtp_plot"]
 
@@ -130,13 +130,5 @@ def _bars(ax: Any, rows: list[dict[str, Any]], ops: list[str], field: str, size:
 
 
 def save_kbtp_plot(path: str, doc: dict[str, Any]) -> None:
-    """Draw ``doc`` into the PNG file ``path`` (Agg backend, no display); a one-line
-    :class:`~stack.cli.CliError` if it cannot be written."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = build_kbtp_figure(doc)
-    FigureCanvasAgg(fig)
-    try:
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise output_error("--plot", path, exc) from None
+    """Draw ``doc`` into the PNG file ``path`` (:func:`~stack.bench.plot.save_figure`)."""
+    save_figure(path, build_kbtp_figure(doc))

@@ -20,8 +20,9 @@ import math
 from typing import Any
 
 from stack.bench.goal_catalog import GOALS, TITLE_WIDTH, Doc
+from stack.bench.plot import save_figure
 from stack.cli import CliError
-from stack.cli.json_report import output_error, schema
+from stack.cli.json_report import schema
 
 __all__ = ["build_goals_figure", "load_goals_document", "reached", "save_goals_plot"]
 
@@ -174,13 +175,6 @@ def _label(g: Doc) -> str:
 
 
 def save_goals_plot(path: str, doc: Doc) -> None:
-    """Draw the goals of ``doc`` into the PNG file ``path`` (Agg backend, no display);
-    a :class:`CliError` if it cannot be written."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = build_goals_figure(doc)
-    FigureCanvasAgg(fig)
-    try:
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise output_error("--plot", path, exc) from None
+    """Draw the goals of ``doc`` into the PNG file ``path`` (:func:`~stack.bench.plot
+    .save_figure`)."""
+    save_figure(path, build_goals_figure(doc))

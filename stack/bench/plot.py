@@ -79,11 +79,16 @@ def build_figure(results: Sequence[BwResult | LatResult], opts: BenchOptions) ->
 
 
 def save_plot(path: str, results: Sequence[BwResult | LatResult], opts: BenchOptions) -> None:
-    """Draw ``results`` into the PNG file ``path`` (Agg backend: no display needed); a
-    :class:`~stack.cli.CliError` if it cannot be written."""
+    """Draw ``results`` into the PNG file ``path`` (:func:`save_figure`)."""
+    save_figure(path, build_figure(results, opts))
+
+
+def save_figure(path: str, fig: Any) -> None:
+    """Write the matplotlib Figure ``fig`` as the PNG file ``path`` of ``--plot`` (Agg
+    backend: no display needed); a one-line :class:`~stack.cli.CliError` if it cannot be
+    written.  Every command's ``--plot`` ends here."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = build_figure(results, opts)
     FigureCanvasAgg(fig)
     try:
         fig.savefig(path, format="png")

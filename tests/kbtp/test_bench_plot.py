@@ -4,7 +4,6 @@ benchmark runs.  No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -95,14 +94,8 @@ def test_a_bad_plot_is_one_error_before_running(
 
 
 def test_plot_without_matplotlib_is_one_error_before_running(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_matplotlib: None
 ) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: object, **kwargs: object) -> object:
-        return None if name == "matplotlib" else real(name, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     png = tmp_path / "b.png"
     assert _run(["bench", "-s", "4K", "-n", "16", "--in-process", "--plot", str(png)]) == 2
     captured = capsys.readouterr()
