@@ -378,13 +378,13 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--from",
         dest="source",
-        metavar="FILE",
-        help="measure nothing: print (and --plot) the run saved in FILE by --json",
+        metavar="SAVED.json",
+        help="measure nothing: print (and --plot) the run --json saved in SAVED.json",
     )
     parser.add_argument(
         "--from-before",
         dest="source_before",
-        metavar="FILE",
+        metavar="SAVED.json",
         help="with --from: another saved run, shown beside it as --before shows a tree",
     )
     parser.set_defaults(func=run_goals_command)
