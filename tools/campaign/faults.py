@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -34,10 +33,8 @@ from kbtp import Capability, KbtpInitiator
 from stack.cli.rping import Endpoint
 from stack.rnic import WcOpcode
 from stack.transport.cm import ConnectionManager
-from tools.campaign.hostile import _wait_closed, raw_session
+from tools.campaign.attacks import LINGER_0, _wait_closed, raw_session
 from tools.campaign.servers import ROOT, Server, kbtp_target, rping_ping, rping_server, run_trio
-
-LINGER_0 = struct.pack("ii", 1, 0)
 
 
 @dataclass

@@ -18,11 +18,9 @@ from stack.transport.cm import MAX_STARTUPS
 from stack.transport.startup_slots import STARTUP_STALE_AFTER
 from tools.campaign.attacks import (
     Attack,
-    _wait_closed,
     emfile,
     garbage,
     half_open_flood,
-    raw_session,
     rst_storm,
     slowloris,
     terminate_storm,
@@ -221,8 +219,6 @@ def run_hostile(full: bool, seed: int, progress: Callable[[str], None]) -> Hosti
 __all__ = [
     "Attack",
     "HostileFigures",
-    "_wait_closed",
     "block_data",
-    "raw_session",
     "run_hostile",
 ]
