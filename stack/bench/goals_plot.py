@@ -19,7 +19,8 @@ import json
 import math
 from typing import Any
 
-from stack.bench.goal_catalog import GOALS, TITLE_WIDTH, Doc
+from stack.bench.goal_catalog import GOAL_KEYS, TITLE_WIDTH, Doc
+from stack.bench.goals_report import saved_goal
 from stack.bench.plot import save_figure
 from stack.cli import CliError
 from stack.cli.json_report import schema
@@ -33,8 +34,6 @@ SHARE_MIN = 0.005
 """Smallest share drawn (a measured 0, or a share below it, is drawn here)."""
 SHARE_MAX = 100.0
 """Largest share drawn (an at-most goal measured at 0 reached it infinitely)."""
-
-_BY_KEY = {g.key: g for g in GOALS}
 
 
 def reached(target: float, value: float | None, at_most: bool) -> float | None:
@@ -71,9 +70,9 @@ def load_goals_document(path: str, option: str = "--from") -> Doc:
 
 def _goal_entry_ok(entry: object) -> bool:
     """Whether ``entry`` is a goal object as :meth:`GoalResult.document` writes it."""
-    if not isinstance(entry, dict) or entry.get("key") not in _BY_KEY:
+    if not isinstance(entry, dict) or entry.get("key") not in GOAL_KEYS:
         return False
-    numbers = (entry.get("measured"), entry.get("floor"), entry.get("target"))
+    numbers = (entry.get("measured"), entry.get("floor"))
     if not all(v is None or _number(v) for v in numbers) or not _number(entry.get("target")):
         return False
     before = entry.get("before")
@@ -168,10 +167,8 @@ def _shares(goals: list[Doc]) -> list[float]:
 def _label(g: Doc) -> str:
     """A row's label: its title and target (``not measured`` when it has no figure)."""
     title = str(g.get("title") or g["key"])[:TITLE_WIDTH]
-    percent = _BY_KEY[g["key"]].percent
-    target = f"{g['compare']} {g['target']:.0%}" if percent else f"{g['compare']} {g['target']:.2f}"
     missing = "" if g.get("measured") is not None else " (not measured)"
-    return f"{title}  {target}{missing}"
+    return f"{title}  {saved_goal(g).target_text()}{missing}"
 
 
 def save_goals_plot(path: str, doc: Doc) -> None:

@@ -10,11 +10,13 @@ and :func:`with_saved_before` puts another saved run beside it (``--from-before`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from stack.bench.goal_catalog import GOALS, MEASUREMENTS, ROUND_TRIPS, TITLE_WIDTH, Doc, Goal
 from stack.cli.json_report import schema
+
+_BY_KEY = {g.key: g for g in GOALS}
 
 __all__ = [
     "LOOP_ITERATIONS",
@@ -24,6 +26,7 @@ __all__ = [
     "goals_document",
     "judge",
     "run_from_document",
+    "saved_goal",
     "with_saved_before",
 ]
 
@@ -198,10 +201,15 @@ def goals_document(run: GoalsRun, seconds: float, repeat: int) -> Doc:
     }
 
 
+def saved_goal(entry: Doc) -> Goal:
+    """The goal of a saved document's ``entry`` with the target and direction it was judged
+    against then (the catalog's may have moved since)."""
+    return replace(_BY_KEY[entry["key"]], target=entry["target"], at_most=entry["compare"] == "<=")
+
+
 def run_from_document(doc: Doc) -> GoalsRun:
     """The run a saved ``--json`` document (:func:`load_goals_document`, checked) records,
     for :func:`format_table`: its figures and verdicts as they were measured."""
-    by_key = {g.key: g for g in GOALS}
     params = doc.get("parameters") or {}
     cpus = params.get("round_trip_cpus")
     run = GoalsRun(
@@ -211,7 +219,7 @@ def run_from_document(doc: Doc) -> GoalsRun:
         failures=dict(doc.get("failed_measurements") or {}),
     )
     for entry in doc["goals"]:
-        result = _saved_result(by_key[entry["key"]], entry)
+        result = _saved_result(saved_goal(entry), entry)
         before = entry.get("before")
         if isinstance(before, dict):
             result.before = _saved_result(result.goal, before)
