@@ -262,10 +262,12 @@ def run_goals(
 def _keys(text: str) -> list[str]:
     keys = [k.strip() for k in text.split(",") if k.strip()]
     unknown = [k for k in keys if k not in GOAL_KEYS]
-    if unknown or not keys:
-        raise CliError(
-            f"--only: unknown goal {', '.join(unknown) or text!r}; goals: {', '.join(GOAL_KEYS)}"
-        )
+    if not keys:
+        raise CliError(f"--only: no goal in {text!r}; goals: {', '.join(GOAL_KEYS)}")
+    if unknown:
+        named = ", ".join(repr(key) for key in unknown)
+        plural = "s" if len(unknown) > 1 else ""
+        raise CliError(f"--only: unknown goal{plural} {named}; goals: {', '.join(GOAL_KEYS)}")
     return keys
 
 

@@ -320,7 +320,9 @@ def test_a_checkout_in_the_working_directory_does_not_shadow_the_trees_measured(
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["--only", "nope"], "unknown goal"),
+        (["--only", "nope"], "unknown goal 'nope'"),
+        (["--only", "a,read-lat,b"], "unknown goals 'a', 'b';"),
+        (["--only", ","], "no goal in ','"),
         (["-D", "0"], "-D"),
         (["--json", "/nonexistent-dir/g.json"], "--json"),
         (["--before", "/nonexistent-dir"], "not a source tree"),
