@@ -1,7 +1,7 @@
 """What the sans-IO engines cost a real round trip, whatever drives them.
 
 ``python -m tools.engine_rtt [--kinds read,atomic] [--iters 2000] [--repeat 5]
-[--cpus CLIENT,SERVER] [--json]``
+[--cpus CLIENT,SERVER] [--json] [--quiet]``
 
 The round-trip goals (``iwarp bench goals``: ``read-lat``, ``atomic-lat`` and their
 ``-blk`` forms) divide the stack's round trip by raw trio's.  This tool tells the engines'
@@ -41,6 +41,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import trio
@@ -257,10 +258,15 @@ def cpus_to_use(given: str | None) -> tuple[int, int]:
 
 
 def measure(
-    kinds: tuple[str, ...], iters: int, repeat: int, cpus: tuple[int, int]
+    kinds: tuple[str, ...],
+    iters: int,
+    repeat: int,
+    cpus: tuple[int, int],
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per kind, microseconds per round trip of each loop (medians of ``repeat``), the
-    engine's hot time and what it adds, and the two bounds (module docstring)."""
+    engine's hot time and what it adds, and the two bounds (module docstring);
+    ``progress`` hears of each run."""
     context = multiprocessing.get_context("spawn")
     here, ready = context.Pipe(duplex=False)
     server = context.Process(target=answer, args=(cpus[1], ready), daemon=True)
@@ -272,7 +278,9 @@ def measure(
         port: int = here.recv()
         os.sched_setaffinity(0, {cpus[0]})
         times: dict[str, list[float]] = {}
-        for _ in range(repeat):
+        for run in range(repeat):
+            if progress is not None:
+                progress(f"run {run + 1}/{repeat}: {iters} round trips per loop")
             times.setdefault("raw-blk", []).append(blocking_loop(port, iters, None))
             times.setdefault("raw-trio", []).append(trio_loop(port, iters, None))
             for kind in kinds:
@@ -336,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cpus", metavar="CLIENT,SERVER", help="the ends' two CPUs (default: the first two)"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
@@ -348,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         cpus = cpus_to_use(args.cpus)
     except ValueError as exc:
         parser.error(str(exc))
-    figures = measure(kinds, args.iters, args.repeat, cpus)
+
+    def progress(line: str) -> None:
+        print(f"engine_rtt: {line}", file=sys.stderr, flush=True)
+
+    figures = measure(kinds, args.iters, args.repeat, cpus, None if args.quiet else progress)
     print(json.dumps(figures) if args.json else format_table(figures))
     return 0
 

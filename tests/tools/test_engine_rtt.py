@@ -78,7 +78,9 @@ def test_bad_options_are_one_error_line(
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_measure_reports_every_figure_and_the_bounds_are_its_ratios() -> None:
-    figures = measure(("read", "atomic"), 30, 1, cpus_to_use(None))
+    heard: list[str] = []
+    figures = measure(("read", "atomic"), 30, 2, cpus_to_use(None), heard.append)
+    assert heard == ["run 1/2: 30 round trips per loop", "run 2/2: 30 round trips per loop"]
     assert set(figures) == {"read", "atomic"}
     for row in figures.values():
         assert all(value > 0 for key, value in row.items() if not key.startswith("engine_adds"))
