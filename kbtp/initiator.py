@@ -93,7 +93,8 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.transport.cm import ConnectionManager, TapFactory
-from stack.transport.driver import RdmaConnection, drain_halves
+from stack.transport.driver import RdmaConnection
+from stack.transport.pumping import drain_halves
 from stack.wire.events import MpaSettings
 
 __all__ = [
@@ -305,7 +306,7 @@ class KbtpInitiator(InitiatorOps, InitiatorRaw):
     async def _pump(self) -> None:
         """Handle every completion of a drain of the CQ, then repost the drain's receives
         (one post list) and send the requests the returned credits allow; a drain in two
-        halves (:func:`~stack.transport.driver.drain_halves`), the first half's requests
+        halves (:func:`~stack.transport.pumping.drain_halves`), the first half's requests
         sent before the second half is handled."""
         while True:
             drained = [await self.cq.next(), *self.cq.poll(256)]

@@ -100,7 +100,7 @@ from stack.rnic import (
     WrOpcode,
 )
 from stack.transport.cm import TapFactory
-from stack.transport.driver import drain_halves
+from stack.transport.pumping import drain_halves
 from stack.wire.events import AtomicRequest, MpaSettings
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,7 @@ class KbtpTarget(TargetServing, OffloadBinding):
         """Feed the core every completion of the session, a whole drain of the CQ at a time:
         the messages of one drain all arrived before any answer to them was sent, which is
         what the core's credit accounting needs to know (``receive_batch``, §9.2).  The
-        drain is answered in two halves (:func:`~stack.transport.driver.drain_halves`):
+        drain is answered in two halves (:func:`~stack.transport.pumping.drain_halves`):
         the first half's answers leave before the second half is worked on."""
         cq = sess.cq
         while True:

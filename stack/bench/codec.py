@@ -38,7 +38,7 @@ from stack.cli import (
 from stack.cli.json_report import add_json_argument, check_json_path, write_json
 from stack.constants import MULPDU_MAX
 from stack.crc import BACKEND, crc32c
-from stack.transport.driver import RECEIVE_SIZE
+from stack.transport.pumping import RECEIVE_SIZE
 from stack.wire.framing import FpduDeframer, FpduFramer
 
 DEFAULT_SIZES = (4096, MULPDU_MAX)

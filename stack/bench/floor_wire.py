@@ -38,7 +38,7 @@ from stack.constants import (
     Opcode,
 )
 from stack.crc import crc32c
-from stack.transport.driver import RECEIVE_MAX
+from stack.transport.pumping import RECEIVE_MAX
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.ddp import TAGGED_HDR

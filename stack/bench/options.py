@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from stack.cli import CliError, binary_size
 from stack.rnic import Rnic
 from stack.transport.cm import MAX_STARTUPS_PER_PEER
-from stack.transport.driver import RECEIVE_MAX
+from stack.transport.pumping import RECEIVE_MAX
 from stack.wire.events import CrcPolicy, MpaSettings
 
 TESTS = ("write", "read", "send", "atomic")

@@ -92,7 +92,7 @@ class QpEndpoint:
         may be reused once this returns otherwise.  ``budget`` (0: none) is the most
         events applied in this call: the rest wait, :attr:`events_pending` is set, and the
         caller sends what they produced before feeding None for more (see
-        :data:`~stack.transport.driver.FEED_BUDGET`).  Returns False once nothing more will
+        :data:`~stack.transport.pumping.FEED_BUDGET`).  Returns False once nothing more will
         be read (FIN, Terminate, error).
         """
         self.events_pending = False

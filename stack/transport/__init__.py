@@ -15,8 +15,9 @@ from stack.transport.cm import (
     Listener,
 )
 from stack.transport.cm_events import CmEvent, CmEventType, EventChannel
-from stack.transport.driver import EmssFollower, RdmaConnection, drain_halves
+from stack.transport.driver import RdmaConnection
 from stack.transport.heap import keep_freed_memory
+from stack.transport.pumping import EmssFollower, drain_halves
 from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.transport.tap import CaptureTap, pcap_tap_factory, socket_tap_factory

@@ -30,7 +30,7 @@ Theory of operation.  :class:`BlockingConnection` pumps the same sans-IO
   §7.1, with the engine's timers, MPA-27).
 
 The EMSS is the socket's segment size, followed as it grows as the trio driver follows it
-(:class:`~stack.transport.driver.EmssFollower`) unless the settings fix ``emss`` or
+(:class:`~stack.transport.pumping.EmssFollower`) unless the settings fix ``emss`` or
 ``mulpdu``.
 """
 
@@ -47,7 +47,7 @@ from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QueuePair
 from stack.rnic.verbs import WorkCompletion
 from stack.transport.cm import bind_ird_ord
-from stack.transport.driver import (
+from stack.transport.pumping import (
     DISCONNECT_TIMEOUT,
     FEED_BUDGET,
     RECEIVE_SIZE,

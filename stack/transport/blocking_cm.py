@@ -44,7 +44,7 @@ from stack.transport.cm import (
     startup_error,
     with_emss,
 )
-from stack.transport.driver import RECEIVE_SIZE, Tap, close_tap
+from stack.transport.pumping import RECEIVE_SIZE, Tap, close_tap
 from stack.transport.startup_slots import StartupSlot, StartupSlots
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (

@@ -28,7 +28,8 @@ from stack.constants import MPA_V2_NO_NEGOTIATION
 from stack.errors import ConnectionTimeout, IwarpError, LocalError
 from stack.rnic.device import Rnic
 from stack.rnic.qp import QueuePair
-from stack.transport.driver import RECEIVE_SIZE, RdmaConnection, Tap
+from stack.transport.driver import RdmaConnection
+from stack.transport.pumping import RECEIVE_SIZE, Tap
 from stack.transport.sockopts import segment_size
 from stack.transport.startup_slots import StartupSlot, StartupSlots
 from stack.wire.connection import IwarpConnection

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
-from stack.transport.driver import FEED_BUDGET, drain_halves
+from stack.transport.pumping import FEED_BUDGET, drain_halves
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 

@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from stack.rnic import Access, SendFlags, SendWR, WcStatus, WrOpcode
-from stack.transport.driver import RECEIVE_CHUNK, RECEIVE_MAX, RECEIVE_SIZE, RdmaConnection
+from stack.transport.driver import RdmaConnection
+from stack.transport.pumping import RECEIVE_CHUNK, RECEIVE_MAX, RECEIVE_SIZE
 from stack.wire.events import MpaSettings
 from tests.e2e.helpers import tcp_pair
 

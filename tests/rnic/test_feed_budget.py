@@ -1,7 +1,7 @@
 """``QpEndpoint.feed(data, budget)``: at most ``budget`` events applied per call.
 
 A read holding many Read Requests is applied a budget at a time, so the driver can send the
-first answers before the rest are applied (:data:`stack.transport.driver.FEED_BUDGET`).
+first answers before the rest are applied (:data:`stack.transport.pumping.FEED_BUDGET`).
 The budget changes when bytes are produced, never which: the responder's answers and the
 requester's results are the same as with one unbounded feed.
 """

@@ -14,7 +14,8 @@ import trio
 from stack.peers.perftest.protocol import PerftestError
 from stack.rnic import Access, QpCap, RecvWR, Rnic, SendWR, Sge, WcStatus, WrOpcode
 from stack.rnic.memory import ProtectionDomain
-from stack.transport.driver import RdmaConnection, Tap, close_tap
+from stack.transport.driver import RdmaConnection
+from stack.transport.pumping import Tap, close_tap
 
 WATCH_SECONDS = 0.5
 """How often a side waiting for an exchange message looks at its data connections."""
