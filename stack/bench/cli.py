@@ -60,6 +60,7 @@ from stack.cli import (
     trio_run,
 )
 from stack.cli.capture import CAPTURE_HELP
+from stack.cli.endpoints import EndpointError, parse_endpoint
 from stack.cli.json_report import (
     add_json_argument,
     check_outputs,
@@ -71,28 +72,13 @@ from stack.errors import IwarpError
 
 
 def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT`` to connect to; the port defaults to
-    ``default_port`` (perftest's 18515) and is not 0."""
-    host, port = text, default_port
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise argparse.ArgumentTypeError(f"invalid address {text!r}")
-        host, rest = text[1:end], text[end + 1 :]
-        if rest:
-            if not rest.startswith(":"):
-                raise argparse.ArgumentTypeError(f"invalid address {text!r}")
-            port = port_number(rest[1:])
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-        port = port_number(port_text)
-    if not host:
-        raise argparse.ArgumentTypeError(f"invalid address {text!r}")
-    if port == 0:  # "any port" means something only to a listener
-        raise argparse.ArgumentTypeError(
-            f"port must be 1 to 65535 to connect to, got 0 in {text!r}"
-        )
-    return host, port
+    """argparse type: ``HOST``, ``HOST:PORT``, ``[V6]`` or ``[V6]:PORT`` to connect to
+    (:func:`stack.cli.endpoints.parse_endpoint`); the port defaults to ``default_port``
+    (perftest's 18515) and is not 0."""
+    try:
+        return parse_endpoint(text, default_port=default_port, connect=True)
+    except EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_mpa_arguments(parser: argparse.ArgumentParser, crc_default: bool, who: str) -> None:

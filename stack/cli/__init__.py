@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import NoReturn, TypeVar, overload
 
+from stack.cli import endpoints
 from stack.errors import single_exception
 
 __all__ = [
@@ -270,14 +271,11 @@ def size_label(octets: int) -> str:
 
 
 def port_number(text: str) -> int:
-    """argparse type: a TCP port, 0 to 65535."""
+    """argparse type: a TCP port, 0 to 65535 (:func:`stack.cli.endpoints.port_number`)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0 to 65535, got {text}")
-    return value
+        return endpoints.port_number(text)
+    except endpoints.EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class CliError(Exception):

@@ -14,7 +14,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stack.cli import CliError, address, one_line_errors, positive_seconds, seconds, trio_run
+from stack.cli import (
+    CliError,
+    address,
+    endpoints,
+    one_line_errors,
+    positive_seconds,
+    seconds,
+    trio_run,
+)
 from stack.cli.json_report import check_outputs, output_error, write_outputs, write_text
 
 EPILOG = """\
@@ -96,28 +104,12 @@ def register(subparsers: Any) -> None:
 
 
 def parse_endpoint(text: str, *, default_host: str = "", connect: bool = False) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or (``default_host`` given) ``port``; to ``connect``
-    to, not port 0 ("any port" means something only to a listener)."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        if default_host == "" and not text.isdigit():
-            raise CliError(f"{text!r} is not HOST:PORT")
-        host, port = default_host, text
-    host = host.strip("[]")
+    """``host:port``, ``[v6]:port`` or (``default_host`` given) ``port``
+    (:func:`stack.cli.endpoints.parse_endpoint`); to ``connect`` to, not port 0."""
     try:
-        number = int(port)
-    except ValueError:
-        raise CliError(f"{text!r}: the port must be a number") from None
-    if not 0 <= number <= 65535:
-        raise CliError(f"{text!r}: port out of range")
-    if connect and number == 0:
-        raise CliError("the DUT's port must be 1 to 65535 to connect to, got 0")
-    return host, number
-
-
-def _looks_like_endpoint(text: str) -> bool:
-    host, sep, port = text.rpartition(":")
-    return bool(sep) and port.isdigit() and bool(host)
+        return endpoints.parse_endpoint(text, default_host=default_host or None, connect=connect)
+    except endpoints.EndpointError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     items = list(args.items)
     target = None
     if not args.list and args.listen is None:
-        if not items or not _looks_like_endpoint(items[0]):
+        if not items or not endpoints.looks_like_endpoint(items[0]):
             raise CliError("give HOST:PORT of the listening DUT, --listen [HOST:]PORT, or --list")
         target = parse_endpoint(items.pop(0), connect=True)
     listen = parse_endpoint(args.listen, default_host="0.0.0.0") if args.listen else None

@@ -37,6 +37,7 @@ from stack.cli.dissect_live import (
     stop_on_signals,
 )
 from stack.cli.dissect_output import Printer
+from stack.cli.endpoints import EndpointError, parse_endpoint
 from stack.cli.json_report import check_outputs
 from stack.dissect import StatError, field_list, parse_stat
 from stack.dissect.decoder import BriefOutput, DissectOptions, Dissector
@@ -246,11 +247,10 @@ def register(subparsers: Any) -> None:
 
 
 def _endpoint(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 0xFFFF:
-        raise CliError(f"--initiator wants IP:PORT, got {text!r}")
-    return host, int(port)
+    try:
+        return parse_endpoint(text)
+    except EndpointError as exc:
+        raise CliError(f"--initiator wants IP:PORT: {exc}") from None
 
 
 def options_from(args: argparse.Namespace) -> DissectOptions:

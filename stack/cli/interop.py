@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.cli import CliError, one_line_errors
+from stack.cli.endpoints import looks_like_endpoint
 from stack.cli.json_report import check_outputs, write_json
 
 SUITE = Path(__file__).resolve().parents[1] / "interop" / "siw"
@@ -214,12 +215,6 @@ SUITE_OPTIONS = ("keyword", "capture_dir", "exitfirst")
 """Options of the siw suite only (``--peer siw-vm``)."""
 
 
-def is_endpoint(peer: str) -> bool:
-    """Whether ``--peer`` names a device (``HOST:PORT``, ``[v6]:PORT``) rather than a suite."""
-    host, sep, port = peer.rpartition(":")
-    return bool(sep) and bool(host.strip("[]")) and port.isdigit()
-
-
 def conform_argv(args: argparse.Namespace) -> list[str]:
     """The ``iwarp conform`` arguments for ``iwarp interop --peer HOST:PORT``."""
     out = [args.peer, *args.cases]
@@ -249,7 +244,7 @@ def run_conform(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_endpoint(args.peer):
+    if looks_like_endpoint(args.peer):  # a device, not a suite
         return run_conform(args)
     if args.peer not in PEERS:
         raise CliError(

@@ -251,7 +251,7 @@ def test_cli_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         (["conform"], "HOST:PORT"),
         (["conform", "--list", "MPA-99"], "names no case"),
         (["conform", "127.0.0.1:1", "--app", "nope"], "unknown --app"),
-        (["conform", "127.0.0.1:99999"], "port out of range"),
+        (["conform", "127.0.0.1:99999"], "port must be 0 to 65535, got 99999"),
         (["conform", "127.0.0.1:0"], "must be 1 to 65535 to connect to"),
     ]:
         assert iwarp_main(argv) == 2

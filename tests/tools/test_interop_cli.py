@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from stack.cli.endpoints import looks_like_endpoint
 from stack.cli.interop import (
     CaseResult,
     _Recorder,
     conform_argv,
     failed,
-    is_endpoint,
     render_matrix,
     split_nodeid,
 )
@@ -198,8 +198,9 @@ def test_conform_argv_passes_through_only_what_was_given() -> None:
         "192.0.2.7:7174", "MPA", "--app", "perftest", "--restart-cmd", "ssh dut x",
         "--json", "-", "--pcap-dir", "p", "--quick",
     ]  # fmt: skip
-    assert is_endpoint("[::1]:7174") and is_endpoint("dut:1") and not is_endpoint("siw-vm")
-    assert not is_endpoint(":7174") and not is_endpoint("dut:port")
+    assert looks_like_endpoint("[::1]:7174") and looks_like_endpoint("dut:1")
+    assert not looks_like_endpoint("siw-vm") and not looks_like_endpoint(":7174")
+    assert not looks_like_endpoint("dut:port")
 
 
 @pytest.mark.parametrize(
