@@ -33,11 +33,11 @@ from kbtp.constants import (
 )
 from kbtp.formats import COMPLETION_DESCRIPTOR, FORMATS, HEADER, Display, Part, Tail
 from kbtp.messages import KbtpError, Message, decode_message
+from stack.buffers import Buffer
 from stack.wire.checker import Finding
 
 __all__ = ["JSON_HEX_DIGITS", "KbtpSummary", "describe_payload", "looks_like_kbtp"]
 
-Buffer = bytes | bytearray | memoryview
 
 _OPCODES = {int(o): o for o in MessageOpcode}
 _STATUS_NAMES = {int(s): s.name for s in Status}

@@ -40,10 +40,9 @@ from kbtp.formats import (
     HELLO_BODY,
     joined_codec,
 )
+from stack.buffers import Buffer
 from stack.errors import LocalError, ProtocolError
 from stack.fastinit import maker
-
-Buffer = bytes | bytearray | memoryview
 
 
 class KbtpError(ProtocolError):

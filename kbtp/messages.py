@@ -37,7 +37,6 @@ from kbtp.formats import (
 )
 from kbtp.message_types import AllocStore as AllocStore
 from kbtp.message_types import Bind as Bind
-from kbtp.message_types import Buffer as Buffer
 from kbtp.message_types import CommonHeader as CommonHeader
 from kbtp.message_types import Completion as Completion
 from kbtp.message_types import CompletionDescriptor as CompletionDescriptor
@@ -53,6 +52,7 @@ from kbtp.message_types import Request as Request
 from kbtp.message_types import Store as Store
 from kbtp.message_types import inline_descriptor as inline_descriptor
 from kbtp.message_types import with_request_id as with_request_id
+from stack.buffers import Buffer as Buffer
 from stack.fastinit import maker
 
 # ======================================================================================

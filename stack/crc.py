@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import crcmod.predefined
 
-Buffer = bytes | bytearray | memoryview
+from stack.buffers import Buffer
 
 _crcmod_fn: Callable[[Buffer, int], int] = crcmod.predefined.mkPredefinedCrcFun("crc-32c")
 

@@ -41,6 +41,7 @@ import socket
 import time
 from collections.abc import Sequence
 
+from stack.buffers import Buffer
 from stack.errors import ConnectionTimeout, IwarpError
 from stack.rnic.cq import CompletionQueue
 from stack.rnic.endpoint import QpEndpoint
@@ -57,7 +58,7 @@ from stack.transport.pumping import (
     close_tap,
     send_pass,
 )
-from stack.transport.sendq import Buffer, SendQueue
+from stack.transport.sendq import SendQueue
 from stack.transport.sockopts import limit_unsent
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import Negotiated

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from stack.buffers import Buffer
 from stack.constants import IOV_MAX
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = ["SendQueue"]
 

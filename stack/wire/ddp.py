@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from stack.buffers import Buffer as Data
 from stack.constants import (
     ALL_ONES_32,
     DDP_DV_MASK,
@@ -33,8 +34,6 @@ from stack.constants import (
     TERM_DDP_U_INVALID_VERSION,
 )
 from stack.errors import DdpError, DecodeError, LocalError
-
-Data = bytes | bytearray | memoryview
 
 TAGGED_HDR = struct.Struct(">BBIQ")
 """Tagged header: control, RsvdULP (8), STag, TO (RFC 5041 §4.2)."""

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Literal
 
+from stack.buffers import Buffer
 from stack.constants import (
     MPA_CRC_LEN,
     MPA_CRC_RESIDUE,
@@ -29,8 +30,6 @@ from stack.constants import (
 from stack.crc import crc32c
 from stack.errors import LocalError, MpaError
 from stack.wire.markers import MARKER_TABLES, lead_and_first, marker_count
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = ["FpduDeframer", "RX_ULPDU_SLACK"]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from stack.buffers import Buffer as Data
 from stack.constants import (
     ALL_ONES_64,
     AtomicOpcode,
@@ -35,8 +36,6 @@ from stack.constants import (
     TermCode,
 )
 from stack.fastinit import slot_init
-
-Data = bytes | bytearray | memoryview
 
 # ======================================================================================
 # RDMAP messages (RFC 5040 §4, RFC 7306 §4-6)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from stack.buffers import Buffer
 from stack.constants import (
     IOV_MIN_PAYLOAD,
     MPA_CRC_LEN,
@@ -65,8 +66,6 @@ from stack.wire.markers import (
     stream_offset,
     unmarked_body,
 )
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = [
     "FpduDeframer",

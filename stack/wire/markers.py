@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 
+from stack.buffers import Buffer
 from stack.constants import (
     MPA_CRC_LEN,
     MPA_LENGTH_LEN,
@@ -22,8 +23,6 @@ from stack.constants import (
     MULPDU_MIN,
 )
 from stack.errors import LocalError
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = [
     "MARKER_DATA",

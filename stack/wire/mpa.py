@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from stack.buffers import Buffer
 from stack.constants import (
     DEFAULT_EMSS,
     MPA_MAX_PRIVATE_DATA,
@@ -82,8 +83,6 @@ from stack.wire.mpa_startup import (
     MpaStartup,
     MpaState,
 )
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = [
     "MpaConnection",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from stack.buffers import Buffer
 from stack.constants import (
     MPA_FRAME_HEADER_LEN,
     MPA_IRD_ORD_LEN,
@@ -34,8 +35,6 @@ from stack.constants import (
 )
 from stack.errors import LocalError, MpaError
 from stack.wire.events import IrdOrd, MpaFrame
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = ["decode_frame", "decode_ird_ord", "encode_frame", "encode_ird_ord", "reserved_mask"]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 
+from stack.buffers import Buffer
 from stack.constants import (
     DEFAULT_EMSS,
     MPA_REV_1,
@@ -51,8 +52,6 @@ from stack.wire.mpa_rules import (
     initiator_rtr,
     responder_ird_ord,
 )
-
-Buffer = bytes | bytearray | memoryview
 
 __all__ = ["TRANSITIONS", "MpaStartup", "MpaState"]
 

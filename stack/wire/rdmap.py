@@ -52,6 +52,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from stack.buffers import Buffer as Data
 from stack.constants import (
     ALL_ONES_32,
     ATOMIC_OPCODE_MASK,
@@ -94,7 +95,6 @@ from stack.wire.checker import Checker, Finding
 from stack.wire.events import (
     AtomicRequest,
     AtomicResponse,
-    Data,
     ImmediateData,
     RdmapMessage,
     RdmaWrite,

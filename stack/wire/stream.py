@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
+from stack.buffers import Buffer as Data
 from stack.constants import (
     ALL_ONES_32,
     DDP_LAST,
@@ -70,7 +71,6 @@ from stack.wire.events import (
     AtomicRequestReceived,
     AtomicResponse,
     AtomicResponseReceived,
-    Data,
     ImmediateData,
     ImmediateDataReceived,
     MessageEvent,

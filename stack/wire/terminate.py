@@ -21,6 +21,7 @@ face siw should pass ``siw_layout=True``.
 
 from __future__ import annotations
 
+from stack.buffers import Buffer as Data
 from stack.constants import (
     DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
@@ -49,7 +50,6 @@ from stack.errors import DecodeError, LocalError, ProtocolError
 from stack.wire import ddp
 from stack.wire.checker import Checker
 from stack.wire.events import (
-    Data,
     Terminate,
 )
 from stack.wire.headers import READ_REQUEST, TERMINATE_CTRL, TERMINATE_SEG_LEN
