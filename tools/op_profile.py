@@ -413,7 +413,9 @@ def received_writes(per_read: int, reads: int, count: bool = True) -> dict[str, 
     time as a view of one receive buffer (the driver's ``recv_into`` buffer, its budget):
     deframing with CRC, DDP/RDMAP validation, the protection checks and the placement
     (``count=False``: the warm-up and ``reads`` feeds, nothing counted)."""
-    from stack.transport.pumping import FEED_BUDGET
+    # From the driver, which binds it too: a --baseline tree from before
+    # stack.transport.pumping has it only there.
+    from stack.transport.driver import FEED_BUDGET
     from stack.wire.events import RdmaWrite
 
     a, b = _established()
