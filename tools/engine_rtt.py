@@ -1,6 +1,6 @@
 """What the sans-IO engines cost a real round trip, whatever drives them.
 
-``python -m tools.engine_rtt [--kinds read,atomic] [--iters 2000] [--repeat 5]
+``python -m tools.engine_rtt [--kinds read,atomic,read-sketch] [--iters 2000] [--repeat 5]
 [--cpus CLIENT,SERVER] [--json] [--quiet]``
 
 The round-trip goals (``iwarp bench goals``: ``read-lat``, ``atomic-lat`` and their
@@ -23,6 +23,10 @@ each run one after the other and again ``--repeat`` times, medians reported:
                      works, off the path.  The bytes on the wire stay the raw exchange's.
 ``engine hot``       both halves timed in a loop in one process, for comparison.
 
+``--kinds read-sketch`` runs the same with the Read's work done as :mod:`tools.fused_sketch`
+does it (one function a part, the same checks and bytes): what an exact-case fast path of
+the one-segment messages would let a driver reach.
+
 ``+engine - raw`` is what the engines' work adds to a round trip when it runs between
 wake-ups, as it does when the ends are two processes.  ``raw-trio+engine / raw-trio`` is
 the ratio a driver on trio that costs nothing of its own would reach with these engines
@@ -43,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Protocol
 
 import trio
 
@@ -65,15 +70,17 @@ ANSWER = 64
 WARMUP = 200
 """Untimed round trips before each timed loop."""
 
-KINDS = ("read", "atomic")
+KINDS = ("read", "atomic", "read-sketch")
+"""``read-sketch``: the Read's work as :mod:`tools.fused_sketch` does it, one function a part."""
 
 
 class EngineRoundTrip:
     """The 64 B Read (``read``) or 8 B FetchAdd (``atomic``) round trip through both ends'
-    sans-IO engines and QPs, no sockets, in its two halves: :meth:`client_turn` (place the
-    answer and complete the WR, post the next WR, encode and frame its Request) and
-    :meth:`server_turn` (deframe and check the Request, answer it, encode and frame the
-    answer).  The bytes are handed over in memory."""
+    sans-IO engines and QPs, no sockets, in its parts: :meth:`post` (post the WR, encode
+    and frame its Request), :meth:`server_turn` (deframe and check the Request, answer it,
+    encode and frame the answer) and :meth:`complete` (place the answer, complete the WR);
+    :meth:`client_turn` is the client's half, :meth:`complete` then :meth:`post`.  The
+    bytes are handed over in memory."""
 
     def __init__(self, kind: str) -> None:
         initiator, responder = op_profile._established()
@@ -83,42 +90,71 @@ class EngineRoundTrip:
         initiator.mpa.keep_tail = responder.mpa.keep_tail = True  # as the drivers read
         ends.client_qp.set_rts()
         ends.server_qp.set_rts()
-        self._qp = ends.client_qp
-        self._cq = ends.client_cq
-        self._wr = ends.wr
+        self.client_qp = ends.client_qp
+        self.server_qp = ends.server_qp
+        self.cq = ends.client_cq
+        """The client's CQ."""
+        self.wr = ends.wr
+        """The WR the client posts."""
 
-    def first_request(self) -> memoryview:
-        """Post the first WR: its Request's bytes."""
-        self._qp.post_send(self._wr)
+    def post(self) -> memoryview:
+        """Post the WR: its Request's bytes."""
+        self.client_qp.post_send(self.wr)
         return memoryview(bytearray(b"".join(self._client.produce_iov())))
+
+    def complete(self, answer: memoryview) -> None:
+        """``answer`` placed and its WR completed (RuntimeError if it failed)."""
+        self._client.feed(answer)
+        done = self.cq.poll(1)
+        if not done or done[0].status:
+            why = done[0].status.text if done else "no completion"
+            raise RuntimeError(f"the engine round trip failed: {why}")
 
     def client_turn(self, answer: memoryview) -> memoryview:
         """The client's half: ``answer`` placed and its WR completed, the next WR posted;
         the next Request's bytes."""
-        self._client.feed(answer)
-        done = self._cq.poll(1)
-        if not done or done[0].status:
-            why = done[0].status.text if done else "no completion"
-            raise RuntimeError(f"the engine round trip failed: {why}")
-        return self.first_request()
+        self.complete(answer)
+        return self.post()
 
     def server_turn(self, request: memoryview) -> memoryview:
         """The server's half: ``request`` checked and answered; the answer's bytes."""
         self._server.feed(request)
         return memoryview(bytearray(b"".join(self._server.produce_iov())))
 
-    def hot_seconds(self, n: int) -> float:
-        """Seconds per round trip of ``n`` round trips in a row, both halves (a hot loop)."""
-        request = self.first_request()
-        for _ in range(WARMUP):
-            request = self.client_turn(self.server_turn(request))
-        start = time.perf_counter()
-        for _ in range(n):
-            request = self.client_turn(self.server_turn(request))
-        return (time.perf_counter() - start) / n
+
+class RoundTrip(Protocol):
+    """What the loops need of a round trip's work: :class:`EngineRoundTrip`, or
+    :class:`tools.fused_sketch.SketchRoundTrip` (``read-sketch``)."""
+
+    def post(self) -> memoryview: ...
+    def client_turn(self, answer: memoryview) -> memoryview: ...
+    def server_turn(self, request: memoryview) -> memoryview: ...
 
 
-MODES = {b"-": None, b"r": "read", b"a": "atomic"}
+def round_trip(kind: str) -> RoundTrip:
+    """The round trip's work of ``kind`` (:data:`KINDS`)."""
+    if kind == "read-sketch":
+        if __package__:
+            from tools.fused_sketch import SketchRoundTrip
+        else:  # run as a file
+            from fused_sketch import SketchRoundTrip  # type: ignore[no-redef]
+        return SketchRoundTrip()
+    return EngineRoundTrip(kind)
+
+
+def hot_seconds(trip: RoundTrip, n: int) -> float:
+    """Seconds per round trip of ``n`` round trips of ``trip`` in a row, both halves (a hot
+    loop)."""
+    request = trip.post()
+    for _ in range(WARMUP):
+        request = trip.client_turn(trip.server_turn(request))
+    start = time.perf_counter()
+    for _ in range(n):
+        request = trip.client_turn(trip.server_turn(request))
+    return (time.perf_counter() - start) / n
+
+
+MODES = {b"-": None, b"r": "read", b"a": "atomic", b"s": "read-sketch"}
 """The byte a client sends first: what the answering end does for that connection."""
 
 
@@ -146,8 +182,8 @@ async def _serve(ready: Connection) -> None:
         if kind is None:
             await answer_requests(stream, ANSWER, len(REQUEST))
             return
-        halves = EngineRoundTrip(kind)
-        request = halves.first_request()  # its own client half makes what it checks
+        halves = round_trip(kind)
+        request = halves.post()  # its own client half makes what it checks
         reply = bytes(ANSWER)
         room = memoryview(bytearray(len(REQUEST)))
         with socket_of(stream) as sock:
@@ -183,8 +219,8 @@ def blocking_loop(port: int, n: int, kind: str | None) -> float:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(_mode(kind))
         room = bytearray(ANSWER)
-        halves = None if kind is None else EngineRoundTrip(kind)
-        answer = None if halves is None else halves.server_turn(halves.first_request())
+        halves = None if kind is None else round_trip(kind)
+        answer = None if halves is None else halves.server_turn(halves.post())
 
         def trips(count: int) -> None:
             nonlocal answer
@@ -207,8 +243,8 @@ async def _trio_loop(port: int, n: int, kind: str | None) -> float:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(_mode(kind))
-        halves = None if kind is None else EngineRoundTrip(kind)
-        answer = None if halves is None else halves.server_turn(halves.first_request())
+        halves = None if kind is None else round_trip(kind)
+        answer = None if halves is None else halves.server_turn(halves.post())
         with socket_of(stream) as sock:
             room = memoryview(bytearray(ANSWER))
 
@@ -286,7 +322,7 @@ def measure(
             for kind in kinds:
                 times.setdefault(f"{kind}-blk", []).append(blocking_loop(port, iters, kind))
                 times.setdefault(f"{kind}-trio", []).append(trio_loop(port, iters, kind))
-                hot = EngineRoundTrip(kind).hot_seconds(iters)
+                hot = hot_seconds(round_trip(kind), iters)
                 times.setdefault(f"{kind}-hot", []).append(hot)
     finally:
         os.sched_setaffinity(0, saved)
@@ -337,7 +373,9 @@ def format_table(figures: dict[str, dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.engine_rtt", description=__doc__)
-    parser.add_argument("--kinds", default=",".join(KINDS), help="read, atomic or both")
+    parser.add_argument(
+        "--kinds", default="read,atomic", help="read, atomic, read-sketch (default read,atomic)"
+    )
     parser.add_argument("--iters", type=int, default=2000, help="round trips per loop")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each loop")
     parser.add_argument(
