@@ -361,9 +361,9 @@ COLUMNS = (
 
 def format_table(figures: dict[str, dict[str, float]]) -> str:
     """The figures as a table, µs per round trip and the two bounds."""
-    lines = [f"{'kind':<8}" + "".join(f"{label:>12}" for _, label in COLUMNS)]
+    lines = [f"{'kind':<12}" + "".join(f"{label:>11}" for _, label in COLUMNS)]
     for kind, row in figures.items():
-        lines.append(f"{kind:<8}" + "".join(f"{row[key]:>12.2f}" for key, _ in COLUMNS))
+        lines.append(f"{kind:<12}" + "".join(f"{row[key]:>11.2f}" for key, _ in COLUMNS))
     lines.append(
         "µs per round trip (medians of the runs); bound: the round trip with the engines' "
         "work and no driver cost of its own, over raw trio's (the goals' ratio, target <= 1.5)"
