@@ -188,9 +188,12 @@ class SketchRoundTrip:
         self._sketch.answer(request, out)
         return memoryview(out)
 
-    def client_turn(self, answer: memoryview) -> memoryview:
+    def complete(self, answer: memoryview) -> None:
         self._sketch.complete(answer)
         self._ends.cq.poll(1)
+
+    def client_turn(self, answer: memoryview) -> memoryview:
+        self.complete(answer)
         return self.post()
 
 
@@ -242,40 +245,31 @@ def measure(iters: int, repeat: int) -> dict[str, dict[str, float]]:
 
 def _layered(n: int) -> dict[str, float]:
     ends = EngineRoundTrip("read")
-    clock = time.perf_counter
-    spent = {"post": 0.0, "answer": 0.0, "complete": 0.0}
-    for i in range(n + 200):
-        t0 = clock()
-        request = ends.post()
-        t1 = clock()
-        answer = ends.server_turn(request)
-        t2 = clock()
-        ends.complete(answer)
-        t3 = clock()
-        if i >= 200:
-            spent["post"] += t1 - t0
-            spent["answer"] += t2 - t1
-            spent["complete"] += t3 - t2
-    out = {k: v / n for k, v in spent.items()}
-    out["total"] = sum(out.values())
-    return out
+    return _timed(n, ends.post, ends.server_turn, ends.complete)
 
 
 def _sketched(n: int) -> dict[str, float]:
-    ends = EngineRoundTrip("read")
-    sketch = Sketch(ends)
+    trip = SketchRoundTrip()
+    return _timed(n, trip.post, trip.server_turn, trip.complete)
+
+
+def _timed(
+    n: int,
+    post: Callable[[], memoryview],
+    answer: Callable[[memoryview], memoryview],
+    complete: Callable[[memoryview], None],
+) -> dict[str, float]:
+    """Seconds per call of each part over ``n`` round trips (after 200 untimed)."""
     clock = time.perf_counter
-    spent = {"post": 0.0, "answer": 0.0, "complete": 0.0}
+    spent = dict.fromkeys(("post", "answer", "complete"), 0.0)
     for i in range(n + 200):
-        request, answer = bytearray(), bytearray()
         t0 = clock()
-        sketch.post(ends.wr, request)
+        request = post()
         t1 = clock()
-        sketch.answer(memoryview(request), answer)
+        reply = answer(request)
         t2 = clock()
-        sketch.complete(memoryview(answer))
+        complete(reply)
         t3 = clock()
-        ends.cq.poll(1)
         if i >= 200:
             spent["post"] += t1 - t0
             spent["answer"] += t2 - t1
