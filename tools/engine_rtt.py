@@ -52,6 +52,9 @@ from typing import Protocol
 import trio
 
 from stack.bench.baseline import answer_requests
+from stack.bench.blocking import recv_blocking
+from stack.bench.process import usable_cpus
+from stack.bench.protocol import RAW_REQUEST
 from stack.bench.raw_socket import recv_exactly, send_plain, socket_of
 from stack.rnic.endpoint import QpEndpoint
 from stack.transport.sockopts import limit_unsent
@@ -61,8 +64,8 @@ if __package__:
 else:  # run as a file
     import op_profile  # type: ignore[no-redef]
 
-REQUEST = b"r" * 16
-"""The raw exchange's request (:data:`stack.bench.protocol.RAW_REQUEST` octets)."""
+REQUEST = bytes(RAW_REQUEST)
+"""The raw exchange's request."""
 
 ANSWER = 64
 """Octets of the raw exchange's answer (the 64 B Read's payload)."""
@@ -162,9 +165,10 @@ def answer(cpu: int, ready: Connection) -> None:
     """The answering process, until it is terminated: a connection whose first byte is
     ``-`` is answered by the goals' raw server (:func:`~stack.bench.baseline.answer_requests`
     on trio, as ``iwarp bench server``'s raw port answers: each 16-octet request with 64
-    octets); ``r`` or ``a`` the same way with the server's half of the engines' round trip
-    (:meth:`EngineRoundTrip.server_turn`) between a request and its answer, and the
-    client's half, which makes the next request it checks, after the answer went out."""
+    octets); ``r``, ``a`` or ``s`` (:data:`MODES`) the same way with the server's half of
+    that round trip's work (:meth:`EngineRoundTrip.server_turn`) between a request and its
+    answer, and the client's half, which makes the next request it checks, after the
+    answer went out."""
     os.sched_setaffinity(0, {cpu})
     trio.run(_serve, ready)
 
@@ -195,17 +199,6 @@ async def _serve(ready: Connection) -> None:
     await trio.serve_listeners(serve, listeners)
 
 
-def _read_exactly(sock: socket.socket, room: bytearray) -> bool:
-    view = memoryview(room)
-    got = 0
-    while got < len(room):
-        n = sock.recv_into(view[got:])
-        if not n:
-            return False
-        got += n
-    return True
-
-
 def _mode(kind: str | None) -> bytes:
     return next(mode for mode, of in MODES.items() if of == kind)
 
@@ -218,7 +211,6 @@ def blocking_loop(port: int, n: int, kind: str | None) -> float:
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(_mode(kind))
-        room = bytearray(ANSWER)
         halves = None if kind is None else round_trip(kind)
         answer = None if halves is None else halves.server_turn(halves.post())
 
@@ -230,8 +222,7 @@ def blocking_loop(port: int, n: int, kind: str | None) -> float:
                 sock.sendall(REQUEST)
                 if halves is not None:
                     answer = halves.server_turn(request)
-                if not _read_exactly(sock, room):
-                    raise RuntimeError("the answering process closed")
+                recv_blocking(sock, ANSWER)  # as the blocking baseline reads
 
         trips(WARMUP)
         start = time.perf_counter()
@@ -284,7 +275,7 @@ def cpus_to_use(given: str | None) -> tuple[int, int]:
         if client not in allowed or server not in allowed:
             raise ValueError(f"--cpus {given}: this process may use CPUs {sorted(allowed)}")
     else:
-        allowed_cpus = sorted(os.sched_getaffinity(0))
+        allowed_cpus = usable_cpus()
         if len(allowed_cpus) < 2:
             raise ValueError("needs two CPUs, one per end; this process may use one")
         client, server = allowed_cpus[:2]

@@ -36,7 +36,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from stack.constants import Opcode
+from stack.constants import (
+    ALL_ONES_32,
+    ALL_ONES_64,
+    DDP_LAST,
+    DDP_TAGGED,
+    DDP_TAGGED_HDR_LEN,
+    DDP_VERSION,
+    MPA_LENGTH_LEN,
+    Opcode,
+)
 from stack.crc import crc32c
 from stack.rnic import Access
 from stack.rnic.memory import MemoryRegion
@@ -57,24 +66,24 @@ _REQUEST = struct.Struct(
 _RESPONSE_HEAD = struct.Struct(">H" + ddp.TAGGED_HDR.format.lstrip(">"))
 """A Read Response FPDU's length field and DDP tagged header."""
 _CRC = struct.Struct("<I")
-_DDP_LAST_V1 = 0x41  # untagged, L, DDP version 1
-_DDP_TAGGED_LAST_V1 = 0xC1  # tagged, L, DDP version 1
+_DDP_LAST_V1 = DDP_LAST | DDP_VERSION  # untagged, L
+_DDP_TAGGED_LAST_V1 = DDP_TAGGED | DDP_LAST | DDP_VERSION
 _REQUEST_CTRL = rdmap_ctrl(Opcode.RDMA_READ_REQUEST)
 _RESPONSE_CTRL = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
-_ULPDU_LEN = _REQUEST.size - 2
-_U64 = (1 << 64) - 1
+_ULPDU_LEN = _REQUEST.size - MPA_LENGTH_LEN
+_PAYLOAD_AT = MPA_LENGTH_LEN + DDP_TAGGED_HDR_LEN  # a Read Response's payload in its FPDU
 
 
 class Sketch:
     """The three parts of one Read round trip, each one function, on ``ends``' QPs."""
 
-    def __init__(self, ends: EngineRoundTrip, ord_: int = 16, ird: int = 16) -> None:
+    def __init__(self, ends: EngineRoundTrip) -> None:
         client, server = ends.client_qp, ends.server_qp
         self._client_table, self._client_pd = client.table, client.pd
         self._server_table, self._server_pd = server.table, server.pd
         self._cq = ends.cq
         self._qp_num = client.qp_num
-        self._ord, self._ird = ord_, ird
+        self._ord, self._ird = client.ord, server.ird
         self._tx_msn = 1  # the client's next MSN on QN 1
         self._rx_msn = 1  # the server's expected MSN on QN 1
         self._outstanding: deque[tuple[int, int, int, memoryview, int]] = deque()
@@ -95,7 +104,7 @@ class Sketch:
         if sge.length < 0 or sge.addr < mr.base or sge.addr + sge.length > mr.base + mr.length:
             raise ValueError("SGE outside its region")
         msn = self._tx_msn
-        self._tx_msn = (msn + 1) & 0xFFFFFFFF
+        self._tx_msn = (msn + 1) & ALL_ONES_32
         fpdu = _REQUEST.pack(
             _ULPDU_LEN, _DDP_LAST_V1, _REQUEST_CTRL, 0, 1, msn, 0,
             mr.stag, sge.addr, sge.length, wr.rkey, wr.remote_addr,
@@ -132,15 +141,15 @@ class Sketch:
             or mr.pd is not self._server_pd
             or mr.stream is not None
             or not mr.access_bits & Access.REMOTE_READ
-            or to + size > _U64
+            or to + size > ALL_ONES_64
             or to < mr.base
             or to + size > mr.base + mr.length
         ):
             raise ValueError("the source STag refuses the Read")
-        self._rx_msn = (msn + 1) & 0xFFFFFFFF
+        self._rx_msn = (msn + 1) & ALL_ONES_32
         data = mr.view(to, size)
         head = _RESPONSE_HEAD.pack(
-            14 + size, _DDP_TAGGED_LAST_V1, _RESPONSE_CTRL, sink_stag, sink_to
+            DDP_TAGGED_HDR_LEN + size, _DDP_TAGGED_LAST_V1, _RESPONSE_CTRL, sink_stag, sink_to
         )
         out += head
         out += data
@@ -152,7 +161,7 @@ class Sketch:
         if _CRC.unpack_from(fpdu, end)[0] != crc32c(fpdu[:end]):
             raise ValueError("bad CRC")
         length, ddp_ctrl, ctrl, stag, to = _RESPONSE_HEAD.unpack_from(fpdu)
-        size = length - 14
+        size = length - DDP_TAGGED_HDR_LEN
         want_stag, want_to, want_size, sink, wr_id = self._outstanding[0]
         if (
             ddp_ctrl != _DDP_TAGGED_LAST_V1
@@ -160,11 +169,11 @@ class Sketch:
             or stag != want_stag
             or to != want_to
             or size != want_size
-            or end != 16 + size
+            or end != _PAYLOAD_AT + size
         ):
             raise ValueError("not the Response of the oldest Read")
         self._outstanding.popleft()
-        sink[:] = fpdu[16:end]
+        sink[:] = fpdu[_PAYLOAD_AT:end]
         self._cq.push(
             WorkCompletion(wr_id, WcStatus.SUCCESS, WcOpcode.RDMA_READ, self._qp_num, size)
         )

@@ -66,7 +66,9 @@ def zero_replies(size: int, count: int) -> Iterator[memoryview]:
         left -= piece
 
 
-def _recv_exactly(sock: socket.socket, count: int) -> bytes:
+def recv_blocking(sock: socket.socket, count: int) -> bytes:
+    """``count`` octets from a blocking socket (``recv_into`` until they are in), as the
+    blocking baseline reads; BenchError if the peer closes first."""
     buf = bytearray(count)
     view = memoryview(buf)
     got = 0
@@ -117,7 +119,7 @@ class BlockingServer:
         limit_stall(conn, self.stall_timeout)
         buf = bytearray(RECV_BYTES)
         try:
-            magic, mode, size, request = RAW_HEADER.unpack(_recv_exactly(conn, RAW_HEADER.size))
+            magic, mode, size, request = RAW_HEADER.unpack(recv_blocking(conn, RAW_HEADER.size))
             if magic != RAW_MAGIC:
                 return
             if mode == RAW_SINK:
@@ -160,7 +162,7 @@ def _stream(sock: socket.socket, size: int, count: int, depth: int) -> None:
         sock.sendall(chunk if k == batch else chunk[: size * k])
         sent += k
     sock.shutdown(socket.SHUT_WR)
-    acked = RAW_COUNT.unpack(_recv_exactly(sock, RAW_COUNT.size))[0]
+    acked = RAW_COUNT.unpack(recv_blocking(sock, RAW_COUNT.size))[0]
     if acked != count * size:
         raise BenchError(f"blocking TCP sink counted {acked} bytes, {count * size} were sent")
 
@@ -229,7 +231,7 @@ def blocking_latency(host: str, port: int, opts: BenchOptions, size: int, count:
         for i in range(WARMUP_ITERS + count):
             t0 = clock()
             sock.sendall(message)
-            _recv_exactly(sock, reply)
+            recv_blocking(sock, reply)
             if i >= WARMUP_ITERS:
                 times.append(clock() - t0)
     except OSError as exc:
