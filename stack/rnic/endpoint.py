@@ -17,16 +17,22 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from stack.errors import IwarpError, ProtocolError
+from stack.constants import IOV_MIN_PAYLOAD
+from stack.errors import IwarpError, LocalError, ProtocolError
 from stack.rnic.qp import QpState, QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
     NEED_DATA,
     RDMAP_EVENT_TYPES,
+    AtomicRequest,
+    AtomicResponse,
     ConnectionFailed,
     NeedData,
     PeerClosed,
     RdmapEvent,
+    RdmapMessage,
+    ReadRequest,
+    ReadResponse,
     ReadResponseSegment,
     SendSegment,
     TerminateReceived,
@@ -83,6 +89,43 @@ class QpEndpoint:
         self.engine.send_placer = self.qp.place_send if on else None
         self.engine.message_placer = self.qp.place_message if on else None
         self.engine.mpa.borrow_views = on
+        self.qp.express_send = self.express_send if on else None
+
+    def express_send(self, message: RdmapMessage) -> bool:
+        """The QP's express path (:attr:`QueuePair.express_send`, on with :attr:`bulk`):
+        frame a one-segment message the QP would queue with nothing ahead of it (a Read or
+        atomic Request, a Read Response of less than
+        :data:`~stack.constants.IOV_MIN_PAYLOAD` octets, an atomic Response) into the
+        engine's output now, as :meth:`produce` would frame it in its turn: the same
+        segments and MSNs (the stream's encoder) and FPDUs (the framer); a small Read
+        Response's data is copied as it is framed.  False, nothing changed, while the
+        engine does not send now (before Full Operation, while the responder waits for the
+        initiator's first FPDU, MPA-25, after a failure), while a ``send_message`` hook is
+        installed on the engine, for an answer to anything but a request that came alone
+        in its feed (a later message of it could fail the stream, and answers still queued
+        then are not sent), or for any other message."""
+        engine = self.engine
+        stream = engine.stream
+        if stream is None or not engine.mpa.sends_now or "send_message" in engine.__dict__:
+            return False  # not sending now, or a send_message hook sees every message
+        kind = type(message)
+        if kind is ReadRequest or kind is AtomicRequest:
+            pass
+        elif kind is ReadResponse or kind is AtomicResponse:
+            # An answer only to a request that came alone: a later message of the same
+            # feed could fail the stream, and then answers still queued are not sent.
+            if not engine.mpa.taking_whole:
+                return False
+            if kind is ReadResponse and len(message.data) >= IOV_MIN_PAYLOAD:  # type: ignore[union-attr]
+                return False  # framed by reference when it is taken: stays queued
+        else:
+            return False
+        try:
+            parts = stream.send_parts(message)
+        except LocalError:  # after our Terminate, say: the queue's encoder reports it
+            return False
+        engine.mpa.send_ulpdu_parts(parts)
+        return True
 
     def feed(self, data: bytes | bytearray | memoryview | None, budget: int = 0) -> bool:
         """Feed received bytes (None: drain pending events only; b"": FIN).
@@ -212,6 +255,7 @@ class QpEndpoint:
         complete before they can be sent, and a close or loss before it flushes them."""
         self._encode(limit)
         out = self.engine.data_to_send()
+        self.qp.release_answered()
         self.resume_stalled()
         return out
 
@@ -222,7 +266,15 @@ class QpEndpoint:
         qp = self.qp
         if qp.has_outgoing or qp.terminate_pending is not None:  # else _encode has nothing to do
             self._encode(limit)
+        if qp._answered_early:
+            qp.release_answered()
         return self.engine.data_to_send_iov()
+
+    @property
+    def has_output(self) -> bool:
+        """Whether :meth:`produce` has something to send: messages the QP queued, or
+        FPDUs the express path framed (:meth:`express_send`)."""
+        return self.qp.has_outgoing or self.engine.mpa.has_output
 
     def _encode(self, limit: int) -> None:
         qp, engine = self.qp, self.engine
@@ -257,6 +309,7 @@ class QpEndpoint:
         """The connection is gone (both halves closed, or lost): the QP enters ERROR."""
         self.reading_done = True
         self.qp.stream_closed(error)
+        self.qp.express_send = None  # nothing more to send; and no QP -> endpoint cycle
 
     @property
     def wants_close(self) -> bool:

@@ -244,6 +244,15 @@ class QpBase:
         self.on_output: Callable[[], None] | None = None
         """Called when the outbound queue becomes non-empty, or a closing send queue has
         drained (the transport's wake-up); once per post list (:meth:`_notify_output`)."""
+        self.express_send: Callable[[RdmapMessage], bool] | None = None
+        """The transport's express path (:meth:`QpEndpoint.express_send
+        <stack.rnic.endpoint.QpEndpoint.express_send>`): frames a one-segment message
+        (a Read or atomic Request, a small Read Response, an atomic Response) at once and
+        returns True, or returns False, having changed nothing, to have it queued.  Called
+        only when nothing is queued ahead of the message (:attr:`has_outgoing` False)."""
+        self._answered_early = 0
+        """Responses the express path framed whose IRD slots the transport has not freed
+        yet (:meth:`~stack.rnic.qp_send.QpSend.release_answered`)."""
         self.on_remote_write: Callable[[], None] | None = None
         """Called after each RDMA Write segment lands in this QP's memory (a software-RNIC
         extension: a Write leaves no completion at its target, RFC 5040 §5.1, so a waiter

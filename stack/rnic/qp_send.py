@@ -343,6 +343,12 @@ class QpSend(QpBase):
         entry.messages_left = len(msgs) if completes else 0
         was_empty = not self._out
         out = self._out
+        express = self.express_send
+        if not completes and was_empty and express is not None and express(msgs[0]):
+            # A Read or atomic Request with nothing queued ahead, framed at once (it
+            # completes with its answer, so nothing waits for it to be taken).
+            self._notify_output()
+            return
         for msg in msgs:
             out.append(_OutItem(msg, entry) if completes else _OutItem(msg, None, False, entry))
         if was_empty:
@@ -481,6 +487,13 @@ class QpSend(QpBase):
             item.copied = 0
         return True
 
+    def release_answered(self) -> None:
+        """The transport drained its output: the IRD slots of the responses the express
+        path framed are free (SEC-10, RDMAP-14), as :meth:`take_outgoing` frees a queued
+        response's."""
+        self._inbound_pending -= self._answered_early
+        self._answered_early = 0
+
     def must_wait(self, event: RdmapEvent) -> bool:
         """Whether applying ``event`` now would make the copies of queued Read Response
         data more than :attr:`max_snapshot_bytes` in all (the responses still view memory,
@@ -506,6 +519,14 @@ class QpSend(QpBase):
 
     def _queue_response(self, msg: RdmapMessage) -> None:
         was_empty = not self._out
+        express = self.express_send
+        if was_empty and express is not None and express(msg):
+            # Framed at once, nothing queued ahead: no later placement can show through
+            # it (RFC 5040 §5.5), and its IRD slot is held until the transport drains the
+            # output, as a queued response's is (release_answered).
+            self._answered_early += 1
+            self._notify_output()
+            return
         item = _OutItem(msg, None, inbound_response=True)
         if isinstance(msg, ReadResponse) and msg.data:
             self._lazy.append(item)

@@ -314,7 +314,7 @@ class BlockingConnection:
                 self._busy = False
             data = None
             if (
-                self.qp.has_outgoing
+                endpoint.has_output
                 or endpoint.stalled is not None
                 or (not self._fin_sent and endpoint.wants_close)
             ):

@@ -192,7 +192,7 @@ class RdmaConnection:
         otherwise corked until it yields).  For a consumer answering a drain of
         completions in parts (:func:`drain_halves`): the first part's answers leave while
         it works on the next, so the peer works on them meanwhile."""
-        if self.qp.has_outgoing and not self._flushing:
+        if self.endpoint.has_output and not self._flushing:
             self._flush()
         self._sent_in_step = False
 
@@ -435,7 +435,7 @@ class RdmaConnection:
                     self._send_error = exc
                     break
             self._flush()
-            if not sendq.has_backlog and (not self.qp.has_outgoing or self.endpoint.holding):
+            if not sendq.has_backlog and (not self.endpoint.has_output or self.endpoint.holding):
                 break  # sent, or held until the initiator's first FPDU (MPA-25)
         if self._send_error is not None:
             self.error = self.error or self._send_error

@@ -144,7 +144,6 @@ def send_pass(endpoint: QpEndpoint, sendq: SendQueue, tap: Tap | None) -> None:
     socket stops taking it (a backlog); an event that waited for queued Read Responses
     (:attr:`QpEndpoint.stalled`) is applied once they are out.  The send pass of both
     drivers; the socket's :class:`OSError` propagates."""
-    qp = endpoint.qp
     while True:
         pieces = endpoint.produce_iov()
         if not pieces:
@@ -158,7 +157,7 @@ def send_pass(endpoint: QpEndpoint, sendq: SendQueue, tap: Tap | None) -> None:
             endpoint.resume_stalled()
         # Another pass only when something may have been queued meanwhile: by the QP
         # (callbacks during the send), or by the event that waited (its feed).
-        if not done or not (stalled or qp.has_outgoing):
+        if not done or not (stalled or endpoint.has_output):
             return
 
 

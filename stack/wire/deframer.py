@@ -177,6 +177,32 @@ class FpduDeframer:
         self._drop_input()
         return unread
 
+    def take_whole(self, view: memoryview) -> memoryview | None:
+        """The ULPDU of ``view`` when it is exactly one whole FPDU and nothing else is
+        pending, without markers, its length and CRC valid (MPA-12, MPA-16): the offsets
+        advance as :meth:`feed` and :meth:`next_ulpdu` would advance them, and the view is
+        not kept.  Otherwise None, and nothing changes (feed it the usual way, which
+        raises what is wrong).  The usual chunk of a request/response exchange, taken in
+        one step; ``view`` is a byte view."""
+        if self.markers or self.error is not None or self._more or self._pos != len(self._buf):
+            return None
+        if view.format != "B" or view.ndim != 1:
+            return None
+        wire = len(view)
+        if wire < MPA_LENGTH_LEN:
+            return None
+        n = (view[0] << 8) | view[1]
+        if (
+            wire != ((MPA_LENGTH_LEN + n + 3) & ~3) + MPA_CRC_LEN
+            or n > self.max_ulpdu
+            or (self.crc and crc32c(view) != MPA_CRC_RESIDUE)
+        ):
+            return None
+        self.fpdu_offset = self.offset
+        self.fpdu_wire_length = wire
+        self.offset += wire
+        return view[MPA_LENGTH_LEN : MPA_LENGTH_LEN + n]
+
     def __iter__(self) -> Iterator[memoryview]:
         next_ulpdu = self.next_ulpdu
         while (ulpdu := next_ulpdu()) is not None:

@@ -150,6 +150,9 @@ class MpaConnection(MpaStartup):
         self.tail = 0
         """Unread bytes at the end of the last memoryview fed (with :attr:`keep_tail`); 0
         after any other input."""
+        self.taking_whole = False
+        """True while :attr:`ulpdu_sink` takes the ULPDU of a fed memoryview that is one
+        whole FPDU with nothing pending: nothing else of the feed follows it."""
         self.ulpdu_sink: Callable[[memoryview], bool] | None = None
         """Full Operation: takes a validated ULPDU before an event is made for it (the bulk
         path of the layer above); returns False to have it queued as an event instead.
@@ -209,6 +212,17 @@ class MpaConnection(MpaStartup):
     def awaiting_first_fpdu(self) -> bool:
         """Responder: no valid FPDU has come from the initiator yet, so ours are held (MPA-25)."""
         return self._held is not None
+
+    @property
+    def sends_now(self) -> bool:
+        """Whether an FPDU queued now goes out with the next :meth:`data_to_send`: Full
+        Operation, not held for the initiator's first FPDU (MPA-25)."""
+        return self.state is _FULL_OPERATION and self._held is None
+
+    @property
+    def has_output(self) -> bool:
+        """Whether FPDUs are queued for :meth:`data_to_send` (not those held, MPA-25)."""
+        return bool(self._out) or bool(self._iov)
 
     def send_first(self) -> None:
         """Responder: release held FPDUs and send from now on, before the initiator has
@@ -302,11 +316,25 @@ class MpaConnection(MpaStartup):
         deframer = self._deframer
         if deframer is None or self.state is not _FULL_OPERATION:
             return
-        deframer.feed(data, borrow=borrow)
         events = self._events
+        sink = self.ulpdu_sink
+        if borrow and (whole := deframer.take_whole(data)) is not None:  # type: ignore[arg-type]
+            # One whole FPDU and nothing pending (a request/response exchange's chunk):
+            # taken in one step, as the loop below would take it.
+            if self._held is not None:
+                self._release_held()
+            if sink is not None and not events:
+                self.taking_whole = True
+                try:
+                    if sink(whole):
+                        return
+                finally:
+                    self.taking_whole = False
+            events.append(UlpduReceived(whole))
+            return
+        deframer.feed(data, borrow=borrow)
         append = events.append
         next_ulpdu = deframer.next_ulpdu
-        sink = self.ulpdu_sink
         try:
             ulpdu = next_ulpdu()
             if ulpdu is not None and self._held is not None:

@@ -460,6 +460,47 @@ def encode_message_parts(
     return [(header, memoryview(body))]
 
 
+def _record(body: struct.Struct) -> struct.Struct:
+    """A one-segment message's DDP untagged header and RDMAP header as one record."""
+    return struct.Struct(ddp.UNTAGGED_HDR.format + body.format.lstrip(">"))
+
+
+_READ_REQUEST_RECORD = _record(READ_REQUEST)
+_ATOMIC_REQUEST_RECORD = _record(ATOMIC_REQUEST)
+_ATOMIC_RESPONSE_RECORD = _record(ATOMIC_RESPONSE)
+
+
+def encode_request_parts(
+    msg: ReadRequest | AtomicRequest | AtomicResponse, msn: int
+) -> list[ddp.Parts]:
+    """:func:`encode_message_parts` of a Read Request (RFC 5040 §4.4), an Atomic Request
+    or an Atomic Response (RFC 7306 §5.2): one segment (L, MO 0, the QN of its opcode,
+    RFC 5041 §4.3), its two headers packed as one record; the round trip's path."""
+    try:
+        if type(msg) is ReadRequest:
+            segment = _READ_REQUEST_RECORD.pack(
+                ddp.CTRL_UNTAGGED_LAST, _READ_REQUEST_CTRL, 0, _QN_READ, msn, 0,
+                msg.sink_stag, msg.sink_to, msg.size, msg.src_stag, msg.src_to,
+            )  # fmt: skip
+        elif type(msg) is AtomicRequest:
+            if not 0 <= msg.atomic_opcode <= ATOMIC_OPCODE_MASK:
+                raise LocalError(f"AOpCode {msg.atomic_opcode} does not fit 4 bits")
+            segment = _ATOMIC_REQUEST_RECORD.pack(
+                ddp.CTRL_UNTAGGED_LAST, _ATOMIC_REQUEST_CTRL, 0, _QN_READ, msn, 0,
+                msg.atomic_opcode, msg.req_id, msg.stag, msg.to, msg.add_swap_data,
+                msg.add_swap_mask, msg.compare_data, msg.compare_mask,
+            )  # fmt: skip
+        else:
+            assert type(msg) is AtomicResponse
+            segment = _ATOMIC_RESPONSE_RECORD.pack(
+                ddp.CTRL_UNTAGGED_LAST, _ATOMIC_RESPONSE_CTRL, 0, _QN_ATOMIC_RESPONSE, msn, 0,
+                msg.req_id, msg.orig_value,
+            )  # fmt: skip
+    except struct.error as exc:
+        raise LocalError(f"{type(msg).__name__} field out of range: {exc}") from None
+    return [(segment, _NO_PAYLOAD)]
+
+
 def _send_ulp(msg: Send) -> int:
     """The RsvdULP of a Send: RDMAP control (its opcode) and the Invalidate STag (RDMAP-09)."""
     inval = msg.invalidate_stag
@@ -470,6 +511,11 @@ def _send_ulp(msg: Send) -> int:
 
 _WRITE_CTRL = _RV_BITS | Opcode.RDMA_WRITE
 _READ_RESPONSE_CTRL = _RV_BITS | Opcode.RDMA_READ_RESPONSE
+_READ_REQUEST_CTRL = _RV_BITS | Opcode.RDMA_READ_REQUEST
+_ATOMIC_REQUEST_CTRL = _RV_BITS | Opcode.ATOMIC_REQUEST
+_ATOMIC_RESPONSE_CTRL = _RV_BITS | Opcode.ATOMIC_RESPONSE
+_QN_READ = int(QueueNumber.READ_REQUEST)
+_QN_ATOMIC_RESPONSE = int(QueueNumber.ATOMIC_RESPONSE)
 _NO_PAYLOAD = memoryview(b"")  # a fixed-size message's DDP payload (its header is separate)
 
 

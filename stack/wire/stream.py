@@ -80,6 +80,7 @@ from stack.wire.events import (
     RdmaWrite,
     ReadRequest,
     ReadRequestReceived,
+    ReadResponse,
     ReadResponseSegment,
     Send,
     SendSegment,
@@ -94,6 +95,7 @@ from stack.wire.rdmap import (
     check_rdmap,
     decode_ulpdu,
     encode_message_parts,
+    encode_request_parts,
     encode_write_fields,
     exact_fixed_header,
     message_qn,
@@ -104,6 +106,13 @@ from stack.wire.terminate import build_terminate, terminate_for
 
 _NUM_QN = len(QueueNumber)
 _QN_SEND = int(QueueNumber.SEND)
+_RECORD_QN: dict[type, int] = {
+    ReadRequest: int(QueueNumber.READ_REQUEST),
+    AtomicRequest: int(QueueNumber.READ_REQUEST),
+    AtomicResponse: int(QueueNumber.ATOMIC_RESPONSE),
+}
+"""The one-segment messages :func:`~stack.wire.rdmap.encode_request_parts` encodes, and
+their queues (RDMAP-01)."""
 _INVALIDATE_OPS = frozenset(int(op) for op in INVALIDATE_OPCODES)
 _SEND_EVENT_OPS = {int(op): op for op in Opcode}
 _EXACT_FIXED_5040 = {
@@ -239,10 +248,27 @@ class RdmapStream:
 
     def send_parts(self, msg: RdmapMessage | MessagePart) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
-        if type(msg) is RdmaWrite:  # the bulk of a sender's messages
+        kind = type(msg)
+        if kind is RdmaWrite:  # the bulk of a sender's messages
             return self.send_write_parts(msg.stag, msg.to, msg.data)
         if self.send_state is _SEND_TERMINATED:
             raise _after_terminate()
+        # The one-segment messages of a round trip, without the general encoder's dispatch.
+        qn = _RECORD_QN.get(kind)
+        if qn is not None and (self.rfc7306 or kind is ReadRequest):
+            msns = self._tx_msn
+            msn = msns[qn]
+            parts = encode_request_parts(msg, msn)  # type: ignore[arg-type]
+            msns[qn] = (msn + 1) & ALL_ONES_32
+            return parts
+        if kind is ReadResponse:
+            return ddp.segment_tagged_parts(
+                msg.stag,  # type: ignore[union-attr]
+                msg.to,  # type: ignore[union-attr]
+                _RDMAP_READ_RESPONSE,
+                msg.data,  # type: ignore[union-attr]
+                self._mulpdu,
+            )
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
         qn = _QN_OF_TYPE.get(type(msg), -1)
