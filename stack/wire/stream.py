@@ -249,25 +249,21 @@ class RdmapStream:
     def send_parts(self, msg: RdmapMessage | MessagePart) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
         kind = type(msg)
-        if kind is RdmaWrite:  # the bulk of a sender's messages
+        if type(msg) is RdmaWrite:  # the bulk of a sender's messages
             return self.send_write_parts(msg.stag, msg.to, msg.data)
         if self.send_state is _SEND_TERMINATED:
             raise _after_terminate()
         # The one-segment messages of a round trip, without the general encoder's dispatch.
-        qn = _RECORD_QN.get(kind)
-        if qn is not None and (self.rfc7306 or kind is ReadRequest):
+        record_qn = _RECORD_QN.get(kind)
+        if record_qn is not None and (self.rfc7306 or kind is ReadRequest):
             msns = self._tx_msn
-            msn = msns[qn]
-            parts = encode_request_parts(msg, msn)  # type: ignore[arg-type]
-            msns[qn] = (msn + 1) & ALL_ONES_32
+            record_msn = msns[record_qn]
+            parts = encode_request_parts(msg, record_msn)  # type: ignore[arg-type]
+            msns[record_qn] = (record_msn + 1) & ALL_ONES_32
             return parts
-        if kind is ReadResponse:
+        if type(msg) is ReadResponse:
             return ddp.segment_tagged_parts(
-                msg.stag,  # type: ignore[union-attr]
-                msg.to,  # type: ignore[union-attr]
-                _RDMAP_READ_RESPONSE,
-                msg.data,  # type: ignore[union-attr]
-                self._mulpdu,
+                msg.stag, msg.to, _RDMAP_READ_RESPONSE, msg.data, self._mulpdu
             )
         if not self.rfc7306 and isinstance(msg, ImmediateData | AtomicRequest | AtomicResponse):
             raise LocalError(f"{type(msg).__name__} needs RFC 7306 (EXT-01)")
