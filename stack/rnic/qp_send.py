@@ -157,6 +157,18 @@ class QpSend(QpBase):
         """A send WR against the QP's capacities and the widths of the wire fields it fills
         (STags 32 bits, TOs and atomic operands 64, RFC 5040 §4, RFC 7306 §4): LocalError
         at posting, as ``ibv_post_send`` refuses a bad WR, not an encoding error later."""
+        if (
+            0 <= wr.rkey <= ALL_ONES_32
+            and 0 <= wr.remote_addr <= ALL_ONES_64
+            and 0 <= wr.invalidate_rkey <= ALL_ONES_32
+            and 0 <= wr.compare_add <= ALL_ONES_64
+            and 0 <= (wr.compare_add_mask or 0) <= ALL_ONES_64
+            and 0 <= wr.swap <= ALL_ONES_64
+            and 0 <= wr.swap_mask <= ALL_ONES_64
+            and len(wr.sg_list) <= self.cap.max_send_sge
+            and not int(wr.send_flags) & _INLINE
+        ):
+            return  # the usual WR (an atomic's operands), in one test
         for name, value, mask in (
             ("rkey", wr.rkey, ALL_ONES_32),
             ("remote_addr", wr.remote_addr, ALL_ONES_64),
