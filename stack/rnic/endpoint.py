@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from stack.constants import IOV_MIN_PAYLOAD
 from stack.errors import IwarpError, LocalError, ProtocolError
+from stack.rnic.express import ExpressReceiver
 from stack.rnic.qp import QpState, QueuePair
 from stack.wire.connection import IwarpConnection
 from stack.wire.events import (
@@ -63,6 +64,7 @@ class QpEndpoint:
     def __init__(self, engine: IwarpConnection, qp: QueuePair, *, bulk: bool = True) -> None:
         self.engine = engine
         self.qp = qp
+        self._express: ExpressReceiver | None = None
         self.error: Exception | None = None
         self.peer_closed = False
         self.reading_done = False
@@ -90,6 +92,7 @@ class QpEndpoint:
         self.engine.message_placer = self.qp.place_message if on else None
         self.engine.mpa.borrow_views = on
         self.qp.express_send = self.express_send if on else None
+        self._express = ExpressReceiver(self.engine, self.qp) if on else None
 
     def express_send(self, message: RdmapMessage) -> bool:
         """The QP's express path (:attr:`QueuePair.express_send`, on with :attr:`bulk`):
@@ -141,6 +144,14 @@ class QpEndpoint:
         self.events_pending = False
         if self.reading_done:
             return False
+        express = self._express
+        if express is not None and type(data) is memoryview and self.stalled is None:
+            try:
+                if express.take(data):  # a lone request, answered (stack.rnic.express)
+                    return True
+            except ProtocolError as exc:
+                self.fail(exc)
+                return self._stop()
         engine = self.engine
         # The bulk path's one-segment messages count against the budget as their events
         # would (FEED_BUDGET: a read full of requests gets its first answers out while the

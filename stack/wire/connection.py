@@ -90,6 +90,23 @@ class IwarpConnection:
         (RFC 6581 §9.2, RDMAP-14)."""
         return self._rtr_read_outstanding
 
+    @property
+    def plain_stream(self) -> RdmapStream | None:
+        """The stream, while a ULPDU may be applied past this engine (the express path,
+        :mod:`stack.rnic.express`): no event queued, no RTR to absorb or answer (ERC-09),
+        no ``send_message`` hook, the stream open in both directions; else None."""
+        stream = self.stream
+        if (
+            stream is None
+            or self._events
+            or self._rtr_pending
+            or self._rtr_read_outstanding
+            or "send_message" in self.__dict__
+            or not stream.open_both_ways
+        ):
+            return None
+        return stream
+
     # ------------------------------------------------------------------ startup
     def initiate(self, now: float, private_data: bytes = b"") -> None:
         self.mpa.initiate(now, private_data)

@@ -214,6 +214,22 @@ class MpaConnection(MpaStartup):
         return self._held is not None
 
     @property
+    def plain_deframer(self) -> FpduDeframer | None:
+        """The deframer, while a fed memoryview may be taken as one whole FPDU past this
+        engine (:meth:`~stack.wire.deframer.FpduDeframer.take_whole`, the caller then sets
+        nothing else here): Full Operation, views borrowed, no event queued, no FIN, not
+        holding our FPDUs for the initiator's first (MPA-25); else None."""
+        if (
+            self.state is _FULL_OPERATION
+            and self.borrow_views
+            and not self._events
+            and not self._fin
+            and self._held is None
+        ):
+            return self._deframer
+        return None
+
+    @property
     def sends_now(self) -> bool:
         """Whether an FPDU queued now goes out with the next :meth:`data_to_send`: Full
         Operation, not held for the initiator's first FPDU (MPA-25)."""

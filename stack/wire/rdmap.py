@@ -465,9 +465,13 @@ def _record(body: struct.Struct) -> struct.Struct:
     return struct.Struct(ddp.UNTAGGED_HDR.format + body.format.lstrip(">"))
 
 
-_READ_REQUEST_RECORD = _record(READ_REQUEST)
-_ATOMIC_REQUEST_RECORD = _record(ATOMIC_REQUEST)
-_ATOMIC_RESPONSE_RECORD = _record(ATOMIC_RESPONSE)
+READ_REQUEST_RECORD = _record(READ_REQUEST)
+"""A Read Request's ULPDU: control, RDMAP control, Invalidate STag field, QN, MSN, MO, then
+Sink STag, Sink TO, size, Source STag, Source TO."""
+ATOMIC_REQUEST_RECORD = _record(ATOMIC_REQUEST)
+"""An Atomic Request's ULPDU: the DDP untagged header's six fields, then the RDMAP header's."""
+ATOMIC_RESPONSE_RECORD = _record(ATOMIC_RESPONSE)
+"""An Atomic Response's ULPDU: the DDP untagged header's six fields, then the RDMAP header's."""
 
 
 def encode_request_parts(
@@ -478,21 +482,21 @@ def encode_request_parts(
     RFC 5041 §4.3), its two headers packed as one record; the round trip's path."""
     try:
         if type(msg) is ReadRequest:
-            segment = _READ_REQUEST_RECORD.pack(
+            segment = READ_REQUEST_RECORD.pack(
                 ddp.CTRL_UNTAGGED_LAST, _READ_REQUEST_CTRL, 0, _QN_READ, msn, 0,
                 msg.sink_stag, msg.sink_to, msg.size, msg.src_stag, msg.src_to,
             )  # fmt: skip
         elif type(msg) is AtomicRequest:
             if not 0 <= msg.atomic_opcode <= ATOMIC_OPCODE_MASK:
                 raise LocalError(f"AOpCode {msg.atomic_opcode} does not fit 4 bits")
-            segment = _ATOMIC_REQUEST_RECORD.pack(
+            segment = ATOMIC_REQUEST_RECORD.pack(
                 ddp.CTRL_UNTAGGED_LAST, _ATOMIC_REQUEST_CTRL, 0, _QN_READ, msn, 0,
                 msg.atomic_opcode, msg.req_id, msg.stag, msg.to, msg.add_swap_data,
                 msg.add_swap_mask, msg.compare_data, msg.compare_mask,
             )  # fmt: skip
         else:
             assert type(msg) is AtomicResponse
-            segment = _ATOMIC_RESPONSE_RECORD.pack(
+            segment = ATOMIC_RESPONSE_RECORD.pack(
                 ddp.CTRL_UNTAGGED_LAST, _ATOMIC_RESPONSE_CTRL, 0, _QN_ATOMIC_RESPONSE, msn, 0,
                 msg.req_id, msg.orig_value,
             )  # fmt: skip

@@ -167,6 +167,7 @@ class SendState(Enum):
 _unpack_tagged = ddp.TAGGED_HDR.unpack_from
 _RECV_OPEN = RecvState.OPEN  # module globals: an Enum.MEMBER lookup is slow
 _SEND_TERMINATED = SendState.TERMINATED
+_SEND_OPEN = SendState.OPEN
 
 
 def _after_terminate() -> LocalError:
@@ -210,6 +211,11 @@ class RdmapStream:
         self.message_placer: MessagePlacer | None = None
         """The bulk path's consumer of one-segment messages (:meth:`place_tagged`); None:
         they become events."""
+
+    @property
+    def open_both_ways(self) -> bool:
+        """Whether both directions are open: nothing failed or was terminated."""
+        return self.recv_state is _RECV_OPEN and self.send_state is _SEND_OPEN
 
     # -- configuration -----------------------------------------------------------------
 

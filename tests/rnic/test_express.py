@@ -17,8 +17,9 @@ import pytest
 
 from stack.constants import IOV_MIN_PAYLOAD, TERM_RDMAP_CATASTROPHIC_STREAM
 from stack.crc import crc32c
-from stack.errors import LocalError
+from stack.errors import LocalError, ProtocolError
 from stack.rnic import Access, SendWR, WrOpcode, memory
+from stack.rnic.express import ExpressReceiver
 from stack.wire.events import AtomicRequest, AtomicResponse, ReadRequest
 from stack.wire.framing import FpduDeframer, FpduFramer
 from stack.wire.rdmap import encode_message_parts, encode_request_parts
@@ -292,3 +293,121 @@ def test_take_whole_declines_and_changes_nothing(case: str) -> None:
         with pytest.raises(Exception, match="CRC"):
             deframer.next_ulpdu()
         assert crc32c(bytes(view)) != 0
+
+
+# -- hostile lone requests: the express path hands them to the layers ----------------
+
+_FIELDS = {  # READ_REQUEST_RECORD / ATOMIC_REQUEST_RECORD field index, after the length
+    "ddp control": 0,
+    "rdmap control": 1,
+    "invalidate stag": 2,
+    "qn": 3,
+    "msn": 4,
+    "mo": 5,
+}
+
+
+def _lone_request(kind: str, express: bool, mutate: str, monkeypatch: pytest.MonkeyPatch):
+    """A lone Read or FetchAdd Request, changed as ``mutate`` says (its CRC made good
+    again unless the change is the CRC), fed to the responder as one chunk: what the
+    responder sends back, its QP's state and error."""
+    from stack.rnic.express import _ATOMIC_FPDU, _READ_FPDU
+
+    draws = random.Random(7)
+    monkeypatch.setattr(memory.secrets, "randbelow", draws.randrange)
+    ex = _Exchange(express=express)
+    a, b = ex.pair.a, ex.pair.b
+    assert a.endpoint is not None and b.endpoint is not None
+    zero = Access.ZERO_BASED
+    source = b.mr(bytes(range(128)), RR | RA | zero)
+    sink = a.mr(64, Access.LOCAL_WRITE | zero)
+    # One exchange first: the responder stops holding its output (MPA-25).
+    warm = SendWR(9, WrOpcode.RDMA_READ, (a.sge(sink, 0, 8),), rkey=source.rkey, remote_addr=0)
+    a.qp.post_send(warm)
+    ex.pump()
+    opcode = WrOpcode.RDMA_READ if kind == "read" else WrOpcode.ATOMIC_FETCH_AND_ADD
+    sge = a.sge(sink) if kind == "read" else a.sge(sink, 0, 8)
+    a.qp.post_send(SendWR(1, opcode, (sge,), rkey=source.rkey, remote_addr=8, compare_add=5))
+    fpdu = bytearray(b"".join(bytes(p) for p in a.endpoint.produce_iov()))
+    record = _READ_FPDU if kind == "read" else _ATOMIC_FPDU
+    fields = list(record.unpack_from(fpdu))
+    if mutate == "crc":
+        fpdu[-1] ^= 0x40
+    elif mutate != "none":
+        name, _, value = mutate.partition("=")
+        if name in _FIELDS:
+            fields[1 + _FIELDS[name]] = int(value, 0)
+        elif name == "stag":
+            at = 10 if kind == "read" else 9
+            fields[at] ^= 0x100
+        elif name == "to":
+            fields[11 if kind == "read" else 10] = int(value, 0)
+        elif name == "size" and kind == "read":
+            fields[9] = int(value, 0)
+        elif name == "aopcode" and kind == "atomic":
+            fields[7] = int(value, 0)
+        record.pack_into(fpdu, 0, *fields)
+        struct.pack_into("<I", fpdu, len(fpdu) - 4, crc32c(bytes(fpdu[:-4])))
+    taken: list[object] = []
+    take = ExpressReceiver.take
+
+    def recording(self: ExpressReceiver, view: memoryview) -> bool:
+        try:
+            taken.append(take(self, view))
+        except ProtocolError as exc:
+            taken.append(exc.rule)
+            raise
+        return bool(taken[-1])
+
+    monkeypatch.setattr(ExpressReceiver, "take", recording)
+    b.endpoint.feed(memoryview(fpdu))
+    assert taken == ([] if not express else [EXPRESS_TAKES.get((kind, mutate), False)])
+    answer = b"".join(bytes(p) for p in b.endpoint.produce_iov())
+    error = b.qp.error
+    return (
+        answer,
+        b.qp.state,
+        None if error is None else (error.rule, error.term),
+        bytes(source.buf),
+    )
+
+
+EXPRESS_TAKES = {
+    ("read", "none"): True,
+    ("atomic", "none"): True,
+    ("read", "to=0x4"): True,  # in bounds: a good Read
+    ("read", "size=65"): True,
+    ("atomic", "to=0x4"): "EXT-05",  # refused by the target word, as the layers refuse it
+}
+"""What the express path does with each case (else it hands the chunk to the layers)."""
+
+
+_MUTATIONS = (
+    "none",
+    "crc",
+    "ddp control=0x42",
+    "rdmap control=0x40",
+    "invalidate stag=1",
+    "qn=0",
+    "msn=7",
+    "mo=4",
+    "stag",
+    "to=0x7c",  # past the end (a Read), misaligned and past the end (an atomic)
+    "to=0x4",  # a good Read; a misaligned atomic (EXT-05)
+    "to=0x80",  # past the end
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate"),
+    [(kind, m) for kind in ("read", "atomic") for m in _MUTATIONS]
+    + [("read", "size=65"), ("atomic", "aopcode=0x20")],  # reserved AOpCode bits (EXT-02)
+)
+def test_a_hostile_lone_request_gets_what_the_layers_give_it(
+    kind: str, mutate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    express = _lone_request(kind, True, mutate, monkeypatch)
+    reference = _lone_request(kind, False, mutate, monkeypatch)
+    assert express == reference
+    if mutate == "none":
+        assert express[1].value == "rts" and express[0]  # answered
