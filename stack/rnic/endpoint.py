@@ -147,7 +147,10 @@ class QpEndpoint:
         express = self._express
         if express is not None and type(data) is memoryview and self.stalled is None:
             try:
-                if express.take(data):  # a lone request, answered (stack.rnic.express)
+                if express.take(data):  # one lone FPDU, applied (stack.rnic.express)
+                    if self.qp.terminate_pending is not None:  # a CQ overflowed, say
+                        self.fail(self.qp.terminate_pending, offending=False)
+                        return self._stop()
                     return True
             except ProtocolError as exc:
                 self.fail(exc)

@@ -1,11 +1,13 @@
-"""The express receive path: a lone Read or Atomic Request answered in one step.
+"""The express receive path: one lone FPDU applied, or answered, in one step.
 
-In a request/response exchange each read of the socket holds one FPDU, and the answer goes
-out with nothing queued ahead of it.  :class:`ExpressReceiver` takes such a chunk past the
-layers when it is a Read Request (RFC 5040 §4.4) or an Atomic Request (RFC 7306 §5.2.1):
-one function makes the checks the layers make for that exact case and frames the answer
-into the engine's output, where the layers would make an event, apply it to the QP, queue
-the response and take it in the transport's turn.
+In a request/response exchange each read of the socket holds one FPDU.
+:class:`ExpressReceiver` takes such a chunk past the layers when it is a Read Request (RFC
+5040 §4.4) or an Atomic Request (RFC 7306 §5.2.1), and the answer can go out with nothing
+queued ahead of it; or a tagged Write or Read Response segment (RFC 5041 §4.1); or an
+Atomic Response (RFC 7306 §5.2.2).  One function makes the checks the layers make for that
+exact case and applies it: a request's answer framed into the engine's output where the
+layers would make an event, apply it to the QP, queue the response and take it in the
+transport's turn; a segment placed, a response returned to its WR, by the QP's own code.
 
 It decides nothing on its own.  It takes only a chunk every layer accepts as it is:
 
@@ -17,18 +19,21 @@ It decides nothing on its own.  It takes only a chunk every layer accepts as it 
   message open on the queue: DDP-02, DDP-04..06, RDMAP-01/04, EXT-02), the stream open both
   ways, no RTR still to absorb (ERC-09);
 * the QP: in RTS, no Read Responses still viewing memory, no chains, no Terminate pending,
-  nothing queued ahead of the answer, a free IRD slot (SEC-10), and the access check the
-  QP makes (:func:`~stack.rnic.memory.check_remote_access`: valid, PD, stream, right,
-  wrap, bounds).
+  no ORD credit held by the connection's RTR; for a request, nothing queued ahead of the
+  answer, a free IRD slot (SEC-10), and the access check the QP makes
+  (:func:`~stack.rnic.memory.check_remote_access`: valid, PD, stream, right, wrap,
+  bounds).
 
 Anything else it hands back unchanged (``False``), and the layers take the chunk, refusing
 it with their Terminate where it is wrong.  After it has taken the FPDU (the deframer's
 offsets, the queue's MSN), it changes what the layers would change: the answer framed by
 the stream's encoder and the framer, its IRD slot held until the transport drains the
-output (:meth:`~stack.rnic.qp_send.QpSend.release_answered`).  An atomic that the target
-memory refuses (EXT-05) raises the QP's :class:`~stack.errors.ProtocolError` naming the
-ULPDU, as the layers raise it.  The tests run every exchange with and without it
-(``QpEndpoint.bulk``) and compare the bytes on the wire.
+output (:meth:`~stack.rnic.qp_send.QpSend.release_answered`).  What the QP refuses after
+that (a segment outside its STag, SEC-04; an atomic the target word refuses, EXT-05; a
+response that is not the oldest request's, EXT-03) raises its
+:class:`~stack.errors.ProtocolError` naming the ULPDU, as through the layers.  The tests
+run every exchange with and without it (``QpEndpoint.bulk``) and compare the bytes on the
+wire.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from stack.constants import (
     ATOMIC_OPCODE_MASK,
+    DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
     DDP_UNTAGGED_HDR_LEN,
     IOV_MIN_PAYLOAD,
@@ -51,8 +57,14 @@ from stack.rnic.memory import RDMAP_REMOTE_CODES, Access, check_remote_access
 from stack.rnic.qp_base import QpState
 from stack.wire import ddp
 from stack.wire.events import AtomicRequest, AtomicResponse
-from stack.wire.headers import ATOMIC_REQUEST, READ_REQUEST
-from stack.wire.rdmap import ATOMIC_REQUEST_RECORD, READ_REQUEST_RECORD, rdmap_ctrl
+from stack.wire.headers import ATOMIC_REQUEST, ATOMIC_RESPONSE, READ_REQUEST
+from stack.wire.rdmap import (
+    ATOMIC_REQUEST_RECORD,
+    ATOMIC_RESPONSE_RECORD,
+    READ_REQUEST_RECORD,
+    rdmap_ctrl,
+)
+from stack.wire.stream import TAGGED_EXACT
 
 if TYPE_CHECKING:
     from stack.rnic.qp import QueuePair
@@ -76,10 +88,15 @@ def _fpdu(record: struct.Struct) -> tuple[struct.Struct, int, int]:
 
 _READ_FPDU, _READ_LEN, _READ_WIRE = _fpdu(READ_REQUEST_RECORD)
 _ATOMIC_FPDU, _ATOMIC_LEN, _ATOMIC_WIRE = _fpdu(ATOMIC_REQUEST_RECORD)
+_RESPONSE_FPDU, _RESPONSE_LEN, _RESPONSE_WIRE = _fpdu(ATOMIC_RESPONSE_RECORD)
+_MIN_WIRE = MPA_LENGTH_LEN + DDP_TAGGED_HDR_LEN + MPA_CRC_LEN  # the shortest FPDU taken
 _LAST = ddp.CTRL_UNTAGGED_LAST
 _READ_CTRL = rdmap_ctrl(Opcode.RDMA_READ_REQUEST)
 _ATOMIC_CTRL = rdmap_ctrl(Opcode.ATOMIC_REQUEST)
 _READ_RESPONSE_CTRL = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
+_ATOMIC_RESPONSE_CTRL = rdmap_ctrl(Opcode.ATOMIC_RESPONSE)
+_RESPONSE_QN = int(QueueNumber.ATOMIC_RESPONSE)
+_RESPONSE_BODY = ATOMIC_RESPONSE.size
 _QN = int(QueueNumber.READ_REQUEST)  # both requests' queue (RDMAP-01)
 _READ_BODY = READ_REQUEST.size
 _ATOMIC_BODY = ATOMIC_REQUEST.size
@@ -99,32 +116,91 @@ class ExpressReceiver:
         self.qp = qp
 
     def take(self, view: memoryview) -> bool:
-        """Answer the lone request ``view`` holds (a byte view of what one read of the
-        socket returned); False, nothing changed, for anything else."""
+        """Apply the lone FPDU ``view`` holds (a byte view of what one read of the socket
+        returned) when it is a request, a tagged segment or an Atomic Response; False,
+        nothing changed, for anything else."""
         wire = len(view)
-        if wire != _READ_WIRE and wire != _ATOMIC_WIRE:
+        if wire < _MIN_WIRE:
             return False
         qp = self.qp
         if (
             qp.state is not _RTS
-            or qp._out
             or qp._lazy
             or qp.chains is not None
             or qp.terminate_pending is not None
-            or qp._inbound_pending >= qp.ird
+            or qp.ord_reserved
         ):
             return False
         engine = self.engine
-        mpa = engine.mpa
-        deframer = mpa.plain_deframer
+        deframer = engine.mpa.plain_deframer
         stream = engine.plain_stream
-        if deframer is None or stream is None or not mpa.sends_now:
+        if deframer is None or stream is None:
             return False
-        if wire == _READ_WIRE and view[3] == _READ_CTRL:
-            return self._read_request(view, stream, deframer)
-        if wire == _ATOMIC_WIRE and view[3] == _ATOMIC_CTRL and stream.rfc7306:
-            return self._atomic_request(view, stream, deframer)
+        if view[2] & DDP_TAGGED:
+            return self._tagged(view, deframer)
+        ctrl = view[3]
+        if ctrl == _ATOMIC_RESPONSE_CTRL:
+            return (
+                wire == _RESPONSE_WIRE
+                and stream.rfc7306
+                and self._atomic_response(view, stream, deframer)
+            )
+        # A request: its answer goes out now, nothing may be queued ahead of it.
+        if qp._out or qp._inbound_pending >= qp.ird or not engine.mpa.sends_now:
+            return False
+        if ctrl == _READ_CTRL:
+            return wire == _READ_WIRE and self._read_request(view, stream, deframer)
+        if ctrl == _ATOMIC_CTRL:
+            return (
+                wire == _ATOMIC_WIRE
+                and stream.rfc7306
+                and self._atomic_request(view, stream, deframer)
+            )
         return False
+
+    def _tagged(self, view: memoryview, deframer: FpduDeframer) -> bool:
+        """A tagged Write or Read Response segment whose header bytes are exactly valid
+        (the stream's :data:`~stack.wire.stream.TAGGED_EXACT`), placed by the QP (RFC 5041
+        §4.1, RFC 5042 §6) as the stream's bulk path hands it over."""
+        kind = TAGGED_EXACT.get(view[2] << 8 | view[3])
+        if kind is None or (view[0] << 8 | view[1]) < DDP_TAGGED_HDR_LEN:
+            return False
+        ulpdu = deframer.take_whole(view)
+        if ulpdu is None:
+            return False
+        self.engine.mpa.tail = 0
+        _, _, stag, to = ddp.TAGGED_HDR.unpack_from(ulpdu)
+        self.qp.place_tagged(kind[0], kind[1], stag, to, ulpdu[DDP_TAGGED_HDR_LEN:], ulpdu)
+        return True
+
+    def _atomic_response(
+        self, view: memoryview, stream: RdmapStream, deframer: FpduDeframer
+    ) -> bool:
+        """An Atomic Response (RFC 7306 §5.2.2): its original value returned to its WR."""
+        (n, ctrl, _rdmap, inval, qn, msn, mo, req_id, original) = _RESPONSE_FPDU.unpack_from(view)
+        seq = stream.sequencer
+        if (
+            n != _RESPONSE_LEN
+            or ctrl != _LAST
+            or inval
+            or qn != _RESPONSE_QN
+            or mo
+            or _RESPONSE_QN in seq.open_untagged
+            or msn != seq.expected_msn(_RESPONSE_QN)
+        ):
+            return False
+        ulpdu = deframer.take_whole(view)
+        if ulpdu is None:
+            return False
+        self.engine.mpa.tail = 0
+        seq.advance(_RESPONSE_QN, msn, 0, _ATOMIC_RESPONSE_CTRL, 0, _RESPONSE_BODY, True)
+        try:
+            self.qp._on_atomic_response(AtomicResponse(req_id, original))
+        except ProtocolError as exc:  # not the oldest request's (EXT-03)
+            if exc.ulpdu is None:
+                exc.ulpdu = ulpdu
+            raise
+        return True
 
     def _read_request(self, view: memoryview, stream: RdmapStream, deframer: FpduDeframer) -> bool:
         """A Read Request: its Read Response (RFC 5040 §4.5), framed if the source is

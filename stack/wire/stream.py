@@ -126,7 +126,7 @@ _UNTAGGED_MORE = DDP_VERSION
 _RDMAP_WRITE = rdmap_ctrl(Opcode.RDMA_WRITE)
 _RDMAP_READ_RESPONSE = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
 _FAST_SEND_CTRLS = {rdmap_ctrl(op): op for op in SEND_OPCODES}
-_TAGGED_EXACT: dict[int, tuple[bool, bool]] = {
+TAGGED_EXACT: dict[int, tuple[bool, bool]] = {
     b0 << 8 | b1: (b1 == _RDMAP_WRITE, b0 == _TAGGED_LAST)
     for b0 in (_TAGGED_LAST, _TAGGED_MORE)
     for b1 in (_RDMAP_WRITE, _RDMAP_READ_RESPONSE)
@@ -346,7 +346,7 @@ class RdmapStream:
         b0 = view[0]
         b1 = view[1]
         if b0 & DDP_TAGGED:
-            tagged = _TAGGED_EXACT.get(b0 << 8 | b1)
+            tagged = TAGGED_EXACT.get(b0 << 8 | b1)
             if tagged is None:
                 return None
             _, _, stag, to = ddp.TAGGED_HDR.unpack_from(view)
@@ -439,7 +439,7 @@ class RdmapStream:
         # The tagged header's fields, read at once (for an untagged ULPDU, long enough for
         # the shorter tagged header, only the first two bytes are used).
         b0, b1, stag, to = _unpack_tagged(ulpdu)
-        tagged = _TAGGED_EXACT.get(b0 << 8 | b1)
+        tagged = TAGGED_EXACT.get(b0 << 8 | b1)
         if tagged is None:
             if b0 & DDP_TAGGED:
                 return False

@@ -411,3 +411,56 @@ def test_a_hostile_lone_request_gets_what_the_layers_give_it(
     assert express == reference
     if mutate == "none":
         assert express[1].value == "rts" and express[0]  # answered
+
+
+def _lone_answer(kind: str, express: bool, mutate: str, monkeypatch: pytest.MonkeyPatch):
+    """The answer to a lone Read or FetchAdd, changed as ``mutate`` says (CRC made good
+    again), fed to the requester as one chunk: what it sends, its state, error,
+    completions and sink."""
+    draws = random.Random(11)
+    monkeypatch.setattr(memory.secrets, "randbelow", draws.randrange)
+    ex = _Exchange(express=express)
+    a, b = ex.pair.a, ex.pair.b
+    assert a.endpoint is not None and b.endpoint is not None
+    zero = Access.ZERO_BASED
+    source = b.mr(bytes(range(128)), RR | RA | zero)
+    sink = a.mr(64, Access.LOCAL_WRITE | zero)
+    warm = SendWR(9, WrOpcode.RDMA_READ, (a.sge(sink, 0, 8),), rkey=source.rkey, remote_addr=0)
+    a.qp.post_send(warm)
+    ex.pump()
+    a.cq.poll()
+    opcode = WrOpcode.RDMA_READ if kind == "read" else WrOpcode.ATOMIC_FETCH_AND_ADD
+    sge = a.sge(sink) if kind == "read" else a.sge(sink, 0, 8)
+    a.qp.post_send(SendWR(1, opcode, (sge,), rkey=source.rkey, remote_addr=8, compare_add=5))
+    ex.step(a, b)
+    fpdu = bytearray(b"".join(bytes(p) for p in b.endpoint.produce_iov()))
+    if mutate == "crc":
+        fpdu[-1] ^= 0x40
+    elif mutate != "none":
+        at, _, value = mutate.partition("=")
+        fpdu[int(at)] = int(value, 0)  # an octet of the FPDU (2: DDP control, 3: RDMAP ...)
+        struct.pack_into("<I", fpdu, len(fpdu) - 4, crc32c(bytes(fpdu[:-4])))
+    a.endpoint.feed(memoryview(fpdu))
+    sent = b"".join(bytes(p) for p in a.endpoint.produce_iov())
+    error = None if a.qp.error is None else (a.qp.error.rule, a.qp.error.term)
+    done = [(wc.wr_id, wc.status, wc.byte_len) for wc in a.cq.poll()]
+    return sent, a.qp.state, error, done, bytes(sink.buf)
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate"),
+    [
+        (kind, m)
+        for kind in ("read", "atomic")
+        for m in ("none", "crc", "2=0x40", "3=0x44", "4=0x7f", "9=0x99", "13=0x77", "16=0x01")
+    ],
+)
+def test_a_hostile_lone_answer_gets_what_the_layers_give_it(
+    kind: str, mutate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Octets 4-7 are a Read Response's Sink STag (the QN of an Atomic Response), 8-15 its
+    TO (the MSN, MO), 16 on its data (the Request ID)."""
+    express = _lone_answer(kind, True, mutate, monkeypatch)
+    assert express == _lone_answer(kind, False, mutate, monkeypatch)
+    if mutate == "none":
+        assert express[1].value == "rts" and express[3] == [(1, 0, 64 if kind == "read" else 8)]
