@@ -50,6 +50,10 @@ class CompletionQueue:
         """Completions pushed so far (what a chain's ``WaitCq`` counts)."""
         self.watchers: list[Callable[[], None]] = []
         """Called after every push (chain queues waiting on this CQ)."""
+        self.queue_pairs = 0
+        """How many queue pairs report to this CQ (their send or receive completions): a
+        task that drives one connection's input while it waits sees every completion
+        only when that connection's QP is the only one."""
 
     def __len__(self) -> int:
         return len(self._entries)

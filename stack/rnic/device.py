@@ -78,4 +78,6 @@ class Rnic:
         return qp
 
     def destroy_qp(self, qp: QueuePair) -> None:
-        self.qps.pop(qp.qp_num, None)
+        if self.qps.pop(qp.qp_num, None) is not None:
+            for cq in {id(qp.send_cq): qp.send_cq, id(qp.recv_cq): qp.recv_cq}.values():
+                cq.queue_pairs -= 1

@@ -106,6 +106,19 @@ _RTS = QpState.RTS
 _ATOMIC_WORD = 8
 
 
+def _hooked(qp_attributes: dict[str, object]) -> bool:
+    """Whether a method this path goes past is replaced on the QP (a test's or a fault's
+    hook on the event path): then every message takes that path."""
+    return (
+        "handle_event" in qp_attributes
+        or "place_tagged" in qp_attributes
+        or "_on_read_request" in qp_attributes
+        or "_on_atomic_request" in qp_attributes
+        or "_on_atomic_response" in qp_attributes
+        or "_queue_response" in qp_attributes
+    )
+
+
 class ExpressReceiver:
     """The express receive path of one endpoint's engine and QP (module docstring)."""
 
@@ -129,6 +142,7 @@ class ExpressReceiver:
             or qp.chains is not None
             or qp.terminate_pending is not None
             or qp.ord_reserved
+            or _hooked(qp.__dict__)
         ):
             return False
         engine = self.engine

@@ -166,12 +166,7 @@ class QueuePair(QpSend):
         if self._lazy or not self.bulk_messages_left or self.state in _FAILED:
             return False
         self.bulk_messages_left -= 1
-        try:  # handle_event without its tests: no snapshot to take, not failed
-            _RECEIVE_HANDLERS[type(event)](self, event)
-        except ProtocolError as exc:
-            if exc.ulpdu is None:
-                exc.ulpdu = event.ulpdu
-            raise
+        self.handle_event(event)  # no snapshot to take, not failed: the handler alone
         return True
 
     def _on_write_segment(self, seg: WriteSegment) -> None:

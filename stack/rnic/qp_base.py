@@ -211,6 +211,8 @@ class QpBase:
         self.table = pd.table
         self.send_cq = send_cq
         self.recv_cq = recv_cq if recv_cq is not None else send_cq
+        for cq in {id(send_cq): send_cq, id(self.recv_cq): self.recv_cq}.values():
+            cq.queue_pairs += 1
         self.qp_num = qp_num
         self.cap = cap or QpCap()
         self.srq = srq

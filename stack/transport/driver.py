@@ -36,8 +36,10 @@ from collections.abc import Callable
 import trio
 
 from stack.errors import ConnectionTimeout
+from stack.rnic.cq import CompletionQueue
 from stack.rnic.endpoint import QpEndpoint
 from stack.rnic.qp import QpState, QueuePair
+from stack.rnic.verbs import WorkCompletion
 from stack.transport.heap import keep_freed_memory
 from stack.transport.pumping import (
     DISCONNECT_TIMEOUT,
@@ -104,6 +106,12 @@ class RdmaConnection:
         self._rx_failed: OSError | None = None  # a read failed after bytes it had read
         self._rx_refed = 0  # bytes the last read returned again (that partial FPDU)
         self._sent_in_step = False  # a task sent since the driver's tasks last ran
+        self._reading_over = False  # FIN, Terminate or error: no more input is applied
+        self._driver: trio.lowlevel.Task | None = None  # a task in next_completion drives
+        self._reader_wait: trio.CancelScope | None = None  # the reader waits for input
+        self._reader_parked = False  # the reader waits for the driving task to finish
+        self._reader_resume = trio.Event()
+        self._driven = False  # a task called next_completion: the reader's waits give way
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
         self._follow_mss = follow_mss
         self._emss: EmssFollower | None = None  # made with the socket (run)
@@ -219,54 +227,120 @@ class RdmaConnection:
 
     # ------------------------------------------------------------------ reader
     async def _reader(self) -> None:
-        while True:
+        while not self._reading_over:
+            if self._driver is not None:  # a task drives the input (next_completion)
+                self._reader_resume = trio.Event()
+                self._reader_parked = True
+                await self._reader_resume.wait()
+                self._reader_parked = False
+                continue
+            if self.endpoint.stalled is not None or self.endpoint.events_pending:
+                # What a driving task left when it was cancelled: applied before more is read.
+                if not await self._apply(None):
+                    return
+                continue
             try:
-                data = await self._receive()
+                data = await self._receive(stand_down=self._driven)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.error = self.error or exc
                 return
-            self._sent_in_step = False
-            if self.tap is not None and data:
-                self.tap.record(False, data[self._rx_refed :])  # the new bytes only
-            if not self._feed(data, FEED_BUDGET):
-                return
-            self._flush()
-            while self.endpoint.events_pending:  # the rest of the chunk, a budget at a time
-                if not self._feed(None, FEED_BUDGET):
-                    return
-                self._flush()
-            # Backpressure: an event waits for queued Read Responses to go out; read no more
-            # until the writer has sent them (it resumes the event itself).
-            while self.endpoint.stalled is not None and not self.endpoint.reading_done:
-                self._drained = trio.Event()
-                self._kick()
-                sendq = self._sendq
-                sent = None if sendq is None else sendq.sent
-                with trio.move_on_after(STALL_RELEASE_AFTER):
-                    await self._drained.wait()
-                if sendq is not None and sendq.sent == sent and not self._drained.is_set():
-                    with self.endpoint.stall_released():  # none of our output moved
-                        self._feed(None)
-                    self._flush()
-            self.error = self.endpoint.error or self.error
-            self.peer_closed = self.endpoint.peer_closed
-            if self.endpoint.reading_done:
+            if data is not None and not await self._apply(data):
                 return
 
-    async def _receive(self) -> bytes | bytearray | memoryview:
+    async def _apply(self, data: bytes | bytearray | memoryview | None) -> bool:
+        """Apply what one read returned (None: what is left to apply), a budget of events
+        at a time, sending what each budget produced; wait while an event waits for queued
+        Read Responses to go out.  False once reading is over (FIN, Terminate, error)."""
+        self._sent_in_step = False
+        if self.tap is not None and data:
+            self.tap.record(False, data[self._rx_refed :])  # the new bytes only
+        if not self._feed(data, FEED_BUDGET):
+            return self._stop_reading()
+        self._flush()
+        while self.endpoint.events_pending:  # the rest of the chunk, a budget at a time
+            if not self._feed(None, FEED_BUDGET):
+                return self._stop_reading()
+            self._flush()
+        # Backpressure: an event waits for queued Read Responses to go out; read no more
+        # until the writer has sent them (it resumes the event itself).
+        while self.endpoint.stalled is not None and not self.endpoint.reading_done:
+            self._drained = trio.Event()
+            self._kick()
+            sendq = self._sendq
+            sent = None if sendq is None else sendq.sent
+            with trio.move_on_after(STALL_RELEASE_AFTER):
+                await self._drained.wait()
+            if sendq is not None and sendq.sent == sent and not self._drained.is_set():
+                with self.endpoint.stall_released():  # none of our output moved
+                    self._feed(None)
+                self._flush()
+        self.error = self.endpoint.error or self.error
+        self.peer_closed = self.endpoint.peer_closed
+        if self.endpoint.reading_done:
+            return self._stop_reading()
+        return True
+
+    def _stop_reading(self) -> bool:
+        self._reading_over = True
+        return False
+
+    async def next_completion(self, cq: CompletionQueue) -> WorkCompletion:
+        """The next completion of ``cq``, this connection's input driven by the calling
+        task while it waits (manual progress, as a consumer that polls its CQ drives a
+        verbs device): the reader task stands down, and the bytes that complete the WR are
+        read and applied by this task, which goes on at once, with no hand-off to it from
+        the reader (one scheduler pass fewer per round trip).  Otherwise as ``await
+        cq.next()``: when ``cq`` takes completions of other queue pairs too, another task
+        drives, the reader is busy (not waiting for input), or reading is over."""
+        done = cq.poll(1)
+        if done:
+            return done[0]
+        self._driven = True  # from the reader's next wait on, it gives way to such a task
+        if (
+            self._driver is not None
+            or self._reading_over
+            or self._sock is None
+            or cq.queue_pairs != 1
+            or (cq is not self.qp.send_cq and cq is not self.qp.recv_cq)
+            or not (self._reader_parked or self._reader_wait is not None)
+        ):
+            return await cq.next()
+        self._driver = trio.lowlevel.current_task()
+        waiting = self._reader_wait
+        if waiting is not None:
+            waiting.cancel()  # it leaves the socket now, and parks when it next runs
+        try:
+            while not self._reading_over:
+                data = await self._receive()
+                if data is None or not await self._apply(data):
+                    break
+                done = cq.poll(1)
+                if done:
+                    return done[0]
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.error = self.error or exc  # the reader meets it too, and ends
+        finally:
+            self._driver = None
+            self._reader_resume.set()
+        return await cq.next()
+
+    async def _receive(self, stand_down: bool = False) -> bytes | bytearray | memoryview | None:
         """The next received bytes (b"" at FIN).  On a socket, straight from it into the
         preallocated receive buffer (``recv_into``; the bytes are a view of it, parsed in
         place by :meth:`_feed`): after a read that emptied the socket, wait for
         readability first (one ``recv_into`` per message).  The socket is read in
         :data:`RECEIVE_CHUNK` calls until it has no more or the buffer is full.  A partial
-        FPDU the engine left at the end of the last read comes again first."""
+        FPDU the engine left at the end of the last read comes again first.  With
+        ``stand_down`` (the reader) the wait for readability gives way to a task that
+        drives the input (:meth:`next_completion`): None, nothing read."""
         sock = self._sock
         if sock is None:
             return await self.stream.receive_some(RECEIVE_SIZE)
         if self._rx_failed is not None:
             raise self._rx_failed
         if self._rx_empty:
-            await trio.lowlevel.wait_readable(sock)
+            if not await self._wait_readable(sock, stand_down):
+                return None
         else:
             await trio.lowlevel.checkpoint()
         rx = self._rx_view
@@ -301,7 +375,8 @@ class RdmaConnection:
                 if got:
                     self._rx_empty = True
                     break
-                await trio.lowlevel.wait_readable(sock)
+                if not await self._wait_readable(sock, stand_down):
+                    return None
                 continue
             except OSError as exc:
                 if not got:
@@ -323,6 +398,20 @@ class RdmaConnection:
         self._rx_refed = tail
         self._rx_end = end + got
         return rx[start : end + got]
+
+    async def _wait_readable(self, sock: socket.socket, stand_down: bool) -> bool:
+        """Wait until ``sock`` is readable; False when a task that drives the input took
+        the wait over (``stand_down``: the reader's wait, :meth:`next_completion`)."""
+        if not stand_down:
+            await trio.lowlevel.wait_readable(sock)
+            return True
+        with trio.CancelScope() as scope:
+            self._reader_wait = scope
+            try:
+                await trio.lowlevel.wait_readable(sock)
+            finally:
+                self._reader_wait = None
+        return not scope.cancelled_caught
 
     def _rx_marked(self) -> bool:
         """Whether the peer inserts markers in what we receive (MPA-07): such a stream keeps

@@ -1,0 +1,167 @@
+"""Manual progress: ``RdmaConnection.next_completion`` drives the connection's input from the
+task that waits for a completion, the reader task standing down meanwhile, and hands the
+input back to the reader when it returns."""
+
+from __future__ import annotations
+
+import trio
+
+from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.rnic.verbs import RecvWR
+from tests.e2e.helpers import make_host, tcp_pair
+
+RR = Access.LOCAL_WRITE | Access.REMOTE_READ
+RA = Access.LOCAL_WRITE | Access.REMOTE_ATOMIC
+
+
+def _driven(conn: object) -> list[bool]:
+    """Wrap ``conn``'s ``_apply``: records whether each read was applied by the task that
+    waits for a completion (True) or by the reader (False)."""
+    seen: list[bool] = []
+    apply = conn._apply  # type: ignore[attr-defined]
+
+    async def recording(data: object) -> bool:
+        seen.append(conn._driver is trio.lowlevel.current_task())  # type: ignore[attr-defined]
+        return bool(await apply(data))
+
+    conn._apply = recording  # type: ignore[attr-defined]
+    return seen
+
+
+async def test_reads_and_atomics_complete_driven_by_the_waiting_task() -> None:
+    with trio.fail_after(20):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None
+            source = server.mr(bytes(range(256)) * 4, RR | Access.REMOTE_ATOMIC)
+            sink = client.mr(1024)
+            applied = _driven(client.conn)
+            for i in range(50):
+                size = (i * 37) % 1024 or 1
+                client.qp.post_send(
+                    SendWR(
+                        i,
+                        WrOpcode.RDMA_READ,
+                        (client.sge(sink, 0, size),),
+                        rkey=source.rkey,
+                        remote_addr=source.base + 1024 - size,
+                    )
+                )
+                wc = await client.conn.next_completion(client.cq)
+                assert (wc.wr_id, wc.status, wc.byte_len) == (i, WcStatus.SUCCESS, size)
+                assert bytes(sink.buf[:size]) == bytes(source.buf[1024 - size :])
+                client.qp.post_send(
+                    SendWR(
+                        100 + i,
+                        WrOpcode.ATOMIC_FETCH_AND_ADD,
+                        (client.sge(sink, 0, 8),),
+                        rkey=source.rkey,
+                        remote_addr=source.base,
+                        compare_add=1,
+                    )
+                )
+                wc = await client.conn.next_completion(client.cq)
+                assert (wc.wr_id, wc.status) == (100 + i, WcStatus.SUCCESS)
+                assert (
+                    int.from_bytes(sink.buf[:8], "little")
+                    == int.from_bytes(bytes(range(8)), "little") + i
+                )
+            # Most answers were applied by the waiting task itself, not handed over.
+            assert applied.count(True) >= 90, applied
+
+
+async def test_the_reader_takes_over_again_for_what_comes_unasked() -> None:
+    """After next_completion returns, a Send that nobody waits for is still received (by
+    the reader), and a Read the peer posts is still answered."""
+    with trio.fail_after(20):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None and server.conn is not None
+            source = server.mr(bytes(range(64)), RR)
+            sink = client.mr(64)
+            client.qp.post_send(
+                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
+                       remote_addr=source.base)
+            )  # fmt: skip
+            assert (await client.conn.next_completion(client.cq)).status is WcStatus.SUCCESS
+            inbox = client.mr(16)
+            client.qp.post_recv(RecvWR(7, (client.sge(inbox),)))
+            message = server.mr(b"unasked message!")
+            server.qp.post_send(SendWR(8, WrOpcode.SEND, (server.sge(message),)))
+            ours = client.mr(bytes(range(32)), RR)
+            theirs = server.mr(32)
+            server.qp.post_send(
+                SendWR(9, WrOpcode.RDMA_READ, (server.sge(theirs),), rkey=ours.rkey,
+                       remote_addr=ours.base)
+            )  # fmt: skip
+            # Nobody on the client waits: its reader applies both.
+            assert {wc.wr_id for wc in await server.cq.wait_for(2)} == {8, 9}
+            assert bytes(theirs.buf) == bytes(range(32))
+            assert (await client.cq.next()).wr_id == 7 and bytes(inbox.buf) == b"unasked message!"
+
+
+async def test_a_cancelled_wait_hands_the_input_back() -> None:
+    with trio.fail_after(20):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None
+            with trio.move_on_after(0.2) as scope:
+                await client.conn.next_completion(client.cq)  # nothing posted: it waits
+            assert scope.cancelled_caught and client.conn._driver is None
+            source = server.mr(bytes(range(64)), RR)
+            sink = client.mr(64)
+            client.qp.post_send(
+                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
+                       remote_addr=source.base)
+            )  # fmt: skip
+            assert (await client.cq.next()).status is WcStatus.SUCCESS  # the reader's work
+
+
+async def test_a_shared_cq_is_waited_for_as_cq_next() -> None:
+    """A CQ that takes completions of another QP too: the input is not driven (that
+    QP's completion would never wake the task), the wait is cq.next()'s."""
+    with trio.fail_after(20):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None
+            other = client.rnic.create_qp(client.pd, client.cq)
+            assert client.cq.queue_pairs == 2
+            applied = _driven(client.conn)
+            source = server.mr(bytes(range(64)), RR)
+            sink = client.mr(64)
+            client.qp.post_send(
+                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
+                       remote_addr=source.base)
+            )  # fmt: skip
+            assert (await client.conn.next_completion(client.cq)).wr_id == 1
+            assert True not in applied
+            client.rnic.destroy_qp(other)
+            assert client.cq.queue_pairs == 1
+
+
+async def test_the_peer_closing_while_a_task_drives_ends_the_connection() -> None:
+    with trio.fail_after(20):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None and server.conn is not None
+            source = server.mr(bytes(range(64)), RR)
+            sink = client.mr(64)
+
+            async def close_soon() -> None:
+                await trio.sleep(0.1)
+                await server.conn.disconnect()  # type: ignore[union-attr]
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(close_soon)
+                inbox = client.mr(8)
+                client.qp.post_recv(RecvWR(3, (client.sge(inbox),)))
+                wc = await client.conn.next_completion(client.cq)  # the FIN flushes it
+                assert wc.wr_id == 3 and wc.status is WcStatus.WR_FLUSH_ERR
+            await client.conn.wait_closed()
+            del source, sink
+
+
+def test_queue_pairs_counts_each_cq_once() -> None:
+    host = make_host("h")
+    assert host.cq.queue_pairs == 1
+    recv_cq = host.rnic.create_cq()
+    qp = host.rnic.create_qp(host.pd, host.cq, recv_cq)
+    assert (host.cq.queue_pairs, recv_cq.queue_pairs) == (2, 1)
+    host.rnic.destroy_qp(qp)
+    host.rnic.destroy_qp(qp)  # a second destroy changes nothing
+    assert (host.cq.queue_pairs, recv_cq.queue_pairs) == (1, 0)
