@@ -109,8 +109,13 @@ class QpEndpoint:
         then are not sent), or for any other message."""
         engine = self.engine
         stream = engine.stream
-        if stream is None or not engine.mpa.sends_now or "send_message" in engine.__dict__:
-            return False  # not sending now, or a send_message hook sees every message
+        if (
+            stream is None
+            or not engine.mpa.sends_now
+            or "send_message" in engine.__dict__
+            or self.qp.chains is not None
+        ):
+            return False  # not sending now, a send_message hook, or chains (their order)
         kind = type(message)
         if kind is ReadRequest or kind is AtomicRequest:
             pass

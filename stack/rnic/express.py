@@ -256,9 +256,8 @@ class ExpressReceiver:
     ) -> bool:
         """An Atomic Request: run on the target word (EXT-05..07) and answered with its
         Atomic Response (RFC 7306 §5.2.2)."""
-        (n, ctrl, _rdmap, inval, qn, msn, mo, word, req_id, stag, to, *operands) = (
-            _ATOMIC_FPDU.unpack_from(view)
-        )
+        (n, ctrl, _rdmap, inval, qn, msn, mo, word, req_id, stag, to, add, add_mask, compare,
+         compare_mask) = _ATOMIC_FPDU.unpack_from(view)  # fmt: skip
         seq = stream.sequencer
         if (
             n != _ATOMIC_LEN
@@ -285,7 +284,9 @@ class ExpressReceiver:
             return False
         seq.advance(_QN, msn, 0, _ATOMIC_CTRL, 0, _ATOMIC_BODY, True)
         try:
-            original = region.atomic(AtomicRequest(word, req_id, stag, to, *operands))
+            original = region.atomic(
+                AtomicRequest(word, req_id, stag, to, add, add_mask, compare, compare_mask)
+            )
         except ProtocolError as exc:  # refused before anything changed (EXT-05)
             self.engine.mpa.tail = 0
             qp._inbound_pending += 1  # as the layers take the slot before the check

@@ -281,6 +281,11 @@ class MpaConnection(MpaStartup):
         framer = self._framer
         if framer is None or self.state not in _SENDING:
             raise LocalError(f"cannot send FPDUs in state {self.state.value}")
+        if type(parts) is list and len(parts) == 1 and not parts[0][1]:
+            # One ULPDU with its headers as one record (a request, an atomic Response):
+            # framed whole, as the loop below frames it.
+            framer.frame_into(self._out if self._held is None else self._held, parts[0][0])
+            return
         if self._held is not None:
             _, error = framer.frame_parts_iov(parts, self._held, None)
         else:

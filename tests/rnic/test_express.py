@@ -464,3 +464,20 @@ def test_a_hostile_lone_answer_gets_what_the_layers_give_it(
     assert express == _lone_answer(kind, False, mutate, monkeypatch)
     if mutate == "none":
         assert express[1].value == "rts" and express[3] == [(1, 0, 64 if kind == "read" else 8)]
+
+
+def test_a_qp_with_chains_keeps_the_layers_order() -> None:
+    """Chains run deferred items when a feed's input is applied and patch WRs as they
+    execute: their QP's messages and answers take the layers' queue, in its order."""
+    from stack.rnic.chains import ChainQueue
+
+    ex = _Exchange(express=True)
+    a, b = ex.pair.a, ex.pair.b
+    source, sink = b.mr(bytes(range(64)), RR), a.mr(64)
+    assert a.endpoint is not None
+    a.qp.chains = ChainQueue(a.qp)
+    read = SendWR(1, WrOpcode.RDMA_READ, (a.sge(sink),), rkey=source.rkey, remote_addr=source.base)
+    a.qp.post_send(read)
+    assert a.qp.has_outgoing and not a.engine.mpa.has_output
+    ex.pump()
+    assert bytes(sink.buf) == bytes(range(64))
