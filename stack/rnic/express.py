@@ -133,7 +133,9 @@ class ExpressReceiver:
         returned) when it is a request, a tagged segment or an Atomic Response; False,
         nothing changed, for anything else."""
         wire = len(view)
-        if wire < _MIN_WIRE:
+        # One whole FPDU (MPA-01: the length field, the ULPDU, PAD, CRC), tested first: a
+        # read of many FPDUs costs this test alone.
+        if wire < _MIN_WIRE or wire != (((view[0] << 8 | view[1]) + 5) & ~3) + MPA_CRC_LEN:
             return False
         qp = self.qp
         if (

@@ -112,6 +112,9 @@ class RdmaConnection:
         self._reader_parked = False  # the reader waits for the driving task to finish
         self._reader_resume = trio.Event()
         self._driven = False  # a task called next_completion: the reader's waits give way
+        self._driver_waiting = False  # the driving task waits for input
+        self._interrupted = False  # ... and was woken for a completion pushed meanwhile
+        self._wakeups = 0  # such wake-ups so far (a wait for writability they end retries)
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
         self._follow_mss = follow_mss
         self._emss: EmssFollower | None = None  # made with the socket (run)
@@ -309,10 +312,22 @@ class RdmaConnection:
         waiting = self._reader_wait
         if waiting is not None:
             waiting.cancel()  # it leaves the socket now, and parks when it next runs
+        # A completion that comes another way (a Write or Send WR completing as another
+        # task's send pass takes it, a flush) ends the wait for input (_pushed).
+        cq.watchers.append(self._pushed)
         try:
             while not self._reading_over:
-                data = await self._receive()
-                if data is None or not await self._apply(data):
+                self._interrupted = False
+                self._driver_waiting = True
+                try:
+                    data = await self._receive()
+                except trio.ClosedResourceError:
+                    if not self._interrupted:
+                        raise
+                    data = None  # woken by _pushed: nothing was read
+                finally:
+                    self._driver_waiting = False
+                if data is not None and not await self._apply(data):
                     break
                 done = cq.poll(1)
                 if done:
@@ -320,9 +335,22 @@ class RdmaConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.error = self.error or exc  # the reader meets it too, and ends
         finally:
+            cq.watchers.remove(self._pushed)
             self._driver = None
             self._reader_resume.set()
         return await cq.next()
+
+    def _pushed(self) -> None:
+        """A completion was pushed to the CQ a task waits on in :meth:`next_completion`:
+        if it came while that task waits for input (another task pushed it), wake it.
+        ``notify_closing`` is trio's one way to end a wait for readability without a
+        cancel scope around every wait (which cost this path a sixth of its round trip);
+        the socket stays open, the next wait registers it again, and the writer retries a
+        wait for writability it ends (:meth:`_send_socket`)."""
+        if self._driver_waiting and self._sock is not None:
+            self._interrupted = True
+            self._wakeups += 1
+            trio.lowlevel.notify_closing(self._sock)
 
     async def _receive(self, stand_down: bool = False) -> bytes | bytearray | memoryview | None:
         """The next received bytes (b"" at FIN).  On a socket, straight from it into the
@@ -516,10 +544,16 @@ class RdmaConnection:
         assert self._sock is not None
         while self._send_error is None:
             if sendq.has_backlog:
+                wakeups = self._wakeups
                 try:
                     await trio.lowlevel.wait_writable(self._sock)
                     if not sendq.send_backlog():
                         continue
+                except trio.ClosedResourceError:
+                    if self._wakeups != wakeups:
+                        continue  # a driving task's wake-up (_pushed): the socket is open
+                    self._send_error = OSError("the socket was closed")
+                    break
                 except OSError as exc:
                     self._send_error = exc
                     break

@@ -165,3 +165,25 @@ def test_queue_pairs_counts_each_cq_once() -> None:
     host.rnic.destroy_qp(qp)
     host.rnic.destroy_qp(qp)  # a second destroy changes nothing
     assert (host.cq.queue_pairs, recv_cq.queue_pairs) == (1, 0)
+
+
+async def test_a_completion_that_comes_another_way_ends_the_wait() -> None:
+    """Writes completing as the writer task sends them (the second post of a task step is
+    corked: the writer sends it once the task waits): no input comes for them, and the
+    waiting task still gets each completion."""
+    with trio.fail_after(10):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None
+            target = server.mr(64, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+            data = client.mr(b"w" * 64)
+            applied = _driven(client.conn)
+            for round_ in range(5):
+                for i in range(3):  # one task step: the first leaves at once, the rest corked
+                    client.qp.post_send(
+                        SendWR(10 * round_ + i, WrOpcode.RDMA_WRITE, (client.sge(data),),
+                               rkey=target.rkey, remote_addr=target.base)
+                    )  # fmt: skip
+                got = [(await client.conn.next_completion(client.cq)).wr_id for _ in range(3)]
+                assert got == [10 * round_ + i for i in range(3)]
+            assert True not in applied  # nothing came in: each wait ended by the push
+            assert bytes(target.buf) == b"w" * 64
