@@ -7,8 +7,9 @@ from __future__ import annotations
 import trio
 
 from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.rnic.memory import MemoryRegion
 from stack.rnic.verbs import RecvWR
-from tests.e2e.helpers import make_host, tcp_pair
+from tests.e2e.helpers import Host, make_host, tcp_pair
 
 RR = Access.LOCAL_WRITE | Access.REMOTE_READ
 RA = Access.LOCAL_WRITE | Access.REMOTE_ATOMIC
@@ -26,6 +27,20 @@ def _driven(conn: object) -> list[bool]:
 
     conn._apply = recording  # type: ignore[attr-defined]
     return seen
+
+
+def _post_read(
+    requester: Host, target: Host, wr_id: int = 1, size: int = 64
+) -> tuple[MemoryRegion, MemoryRegion]:
+    """``requester`` posts a Read (``wr_id``) of ``size`` octets of ``target``'s memory:
+    (the source, the sink)."""
+    source = target.mr(bytes(range(size)), RR)
+    sink = requester.mr(size)
+    requester.qp.post_send(
+        SendWR(wr_id, WrOpcode.RDMA_READ, (requester.sge(sink),), rkey=source.rkey,
+               remote_addr=source.base)
+    )  # fmt: skip
+    return source, sink
 
 
 async def test_reads_and_atomics_complete_driven_by_the_waiting_task() -> None:
@@ -75,23 +90,13 @@ async def test_the_reader_takes_over_again_for_what_comes_unasked() -> None:
     with trio.fail_after(20):
         async with tcp_pair() as (client, server):
             assert client.conn is not None and server.conn is not None
-            source = server.mr(bytes(range(64)), RR)
-            sink = client.mr(64)
-            client.qp.post_send(
-                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
-                       remote_addr=source.base)
-            )  # fmt: skip
+            _post_read(client, server)
             assert (await client.conn.next_completion(client.cq)).status is WcStatus.SUCCESS
             inbox = client.mr(16)
             client.qp.post_recv(RecvWR(7, (client.sge(inbox),)))
             message = server.mr(b"unasked message!")
             server.qp.post_send(SendWR(8, WrOpcode.SEND, (server.sge(message),)))
-            ours = client.mr(bytes(range(32)), RR)
-            theirs = server.mr(32)
-            server.qp.post_send(
-                SendWR(9, WrOpcode.RDMA_READ, (server.sge(theirs),), rkey=ours.rkey,
-                       remote_addr=ours.base)
-            )  # fmt: skip
+            _ours, theirs = _post_read(server, client, 9, 32)
             # Nobody on the client waits: its reader applies both.
             assert {wc.wr_id for wc in await server.cq.wait_for(2)} == {8, 9}
             assert bytes(theirs.buf) == bytes(range(32))
@@ -105,12 +110,7 @@ async def test_a_cancelled_wait_hands_the_input_back() -> None:
             with trio.move_on_after(0.2) as scope:
                 await client.conn.next_completion(client.cq)  # nothing posted: it waits
             assert scope.cancelled_caught and client.conn._driver is None
-            source = server.mr(bytes(range(64)), RR)
-            sink = client.mr(64)
-            client.qp.post_send(
-                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
-                       remote_addr=source.base)
-            )  # fmt: skip
+            _post_read(client, server)
             assert (await client.cq.next()).status is WcStatus.SUCCESS  # the reader's work
 
 
@@ -123,12 +123,7 @@ async def test_a_shared_cq_is_waited_for_as_cq_next() -> None:
             other = client.rnic.create_qp(client.pd, client.cq)
             assert client.cq.queue_pairs == 2
             applied = _driven(client.conn)
-            source = server.mr(bytes(range(64)), RR)
-            sink = client.mr(64)
-            client.qp.post_send(
-                SendWR(1, WrOpcode.RDMA_READ, (client.sge(sink),), rkey=source.rkey,
-                       remote_addr=source.base)
-            )  # fmt: skip
+            _post_read(client, server)
             assert (await client.conn.next_completion(client.cq)).wr_id == 1
             assert True not in applied
             client.rnic.destroy_qp(other)
@@ -139,8 +134,6 @@ async def test_the_peer_closing_while_a_task_drives_ends_the_connection() -> Non
     with trio.fail_after(20):
         async with tcp_pair() as (client, server):
             assert client.conn is not None and server.conn is not None
-            source = server.mr(bytes(range(64)), RR)
-            sink = client.mr(64)
 
             async def close_soon() -> None:
                 await trio.sleep(0.1)
@@ -153,7 +146,6 @@ async def test_the_peer_closing_while_a_task_drives_ends_the_connection() -> Non
                 wc = await client.conn.next_completion(client.cq)  # the FIN flushes it
                 assert wc.wr_id == 3 and wc.status is WcStatus.WR_FLUSH_ERR
             await client.conn.wait_closed()
-            del source, sink
 
 
 def test_queue_pairs_counts_each_cq_once() -> None:

@@ -20,6 +20,7 @@ from stack.crc import crc32c
 from stack.errors import LocalError, ProtocolError
 from stack.rnic import Access, SendWR, WrOpcode, memory
 from stack.rnic.express import ExpressReceiver
+from stack.rnic.memory import MemoryRegion
 from stack.wire.events import AtomicRequest, AtomicResponse, ReadRequest
 from stack.wire.framing import FpduDeframer, FpduFramer
 from stack.wire.rdmap import encode_message_parts, encode_request_parts
@@ -307,27 +308,38 @@ _FIELDS = {  # READ_REQUEST_RECORD / ATOMIC_REQUEST_RECORD field index, after th
 }
 
 
+def _primed(
+    kind: str, express: bool, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[_Exchange, MemoryRegion, MemoryRegion]:
+    """A pair after one exchange (the responder no longer holds its output, MPA-25), with
+    a lone Read or FetchAdd posted by ``a``: (the exchange, ``b``'s source, ``a``'s sink).
+    STags are drawn from a generator seeded with ``seed``, so both paths have the same."""
+    draws = random.Random(seed)
+    monkeypatch.setattr(memory.secrets, "randbelow", draws.randrange)
+    ex = _Exchange(express=express)
+    a, b = ex.pair.a, ex.pair.b
+    zero = Access.ZERO_BASED
+    source = b.mr(bytes(range(128)), RR | RA | zero)
+    sink = a.mr(64, Access.LOCAL_WRITE | zero)
+    warm = SendWR(9, WrOpcode.RDMA_READ, (a.sge(sink, 0, 8),), rkey=source.rkey, remote_addr=0)
+    a.qp.post_send(warm)
+    ex.pump()
+    a.cq.poll()
+    opcode = WrOpcode.RDMA_READ if kind == "read" else WrOpcode.ATOMIC_FETCH_AND_ADD
+    sge = a.sge(sink) if kind == "read" else a.sge(sink, 0, 8)
+    a.qp.post_send(SendWR(1, opcode, (sge,), rkey=source.rkey, remote_addr=8, compare_add=5))
+    return ex, source, sink
+
+
 def _lone_request(kind: str, express: bool, mutate: str, monkeypatch: pytest.MonkeyPatch):
     """A lone Read or FetchAdd Request, changed as ``mutate`` says (its CRC made good
     again unless the change is the CRC), fed to the responder as one chunk: what the
     responder sends back, its QP's state and error."""
     from stack.rnic.express import _ATOMIC_FPDU, _READ_FPDU
 
-    draws = random.Random(7)
-    monkeypatch.setattr(memory.secrets, "randbelow", draws.randrange)
-    ex = _Exchange(express=express)
+    ex, source, _sink = _primed(kind, express, 7, monkeypatch)
     a, b = ex.pair.a, ex.pair.b
     assert a.endpoint is not None and b.endpoint is not None
-    zero = Access.ZERO_BASED
-    source = b.mr(bytes(range(128)), RR | RA | zero)
-    sink = a.mr(64, Access.LOCAL_WRITE | zero)
-    # One exchange first: the responder stops holding its output (MPA-25).
-    warm = SendWR(9, WrOpcode.RDMA_READ, (a.sge(sink, 0, 8),), rkey=source.rkey, remote_addr=0)
-    a.qp.post_send(warm)
-    ex.pump()
-    opcode = WrOpcode.RDMA_READ if kind == "read" else WrOpcode.ATOMIC_FETCH_AND_ADD
-    sge = a.sge(sink) if kind == "read" else a.sge(sink, 0, 8)
-    a.qp.post_send(SendWR(1, opcode, (sge,), rkey=source.rkey, remote_addr=8, compare_add=5))
     fpdu = bytearray(b"".join(bytes(p) for p in a.endpoint.produce_iov()))
     record = _READ_FPDU if kind == "read" else _ATOMIC_FPDU
     fields = list(record.unpack_from(fpdu))
@@ -417,21 +429,9 @@ def _lone_answer(kind: str, express: bool, mutate: str, monkeypatch: pytest.Monk
     """The answer to a lone Read or FetchAdd, changed as ``mutate`` says (CRC made good
     again), fed to the requester as one chunk: what it sends, its state, error,
     completions and sink."""
-    draws = random.Random(11)
-    monkeypatch.setattr(memory.secrets, "randbelow", draws.randrange)
-    ex = _Exchange(express=express)
+    ex, _source, sink = _primed(kind, express, 11, monkeypatch)
     a, b = ex.pair.a, ex.pair.b
     assert a.endpoint is not None and b.endpoint is not None
-    zero = Access.ZERO_BASED
-    source = b.mr(bytes(range(128)), RR | RA | zero)
-    sink = a.mr(64, Access.LOCAL_WRITE | zero)
-    warm = SendWR(9, WrOpcode.RDMA_READ, (a.sge(sink, 0, 8),), rkey=source.rkey, remote_addr=0)
-    a.qp.post_send(warm)
-    ex.pump()
-    a.cq.poll()
-    opcode = WrOpcode.RDMA_READ if kind == "read" else WrOpcode.ATOMIC_FETCH_AND_ADD
-    sge = a.sge(sink) if kind == "read" else a.sge(sink, 0, 8)
-    a.qp.post_send(SendWR(1, opcode, (sge,), rkey=source.rkey, remote_addr=8, compare_add=5))
     ex.step(a, b)
     fpdu = bytearray(b"".join(bytes(p) for p in b.endpoint.produce_iov()))
     if mutate == "crc":
