@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from stack.rnic import Access, SendWR, WcStatus, WrOpcode
+from stack.rnic import Access, SendFlags, SendWR, WcStatus, WrOpcode
 from stack.rnic.memory import MemoryRegion
 from stack.rnic.verbs import RecvWR
 from tests.e2e.helpers import Host, make_host, tcp_pair
@@ -179,3 +179,57 @@ async def test_a_completion_that_comes_another_way_ends_the_wait() -> None:
                 assert got == [10 * round_ + i for i in range(3)]
             assert True not in applied  # nothing came in: each wait ended by the push
             assert bytes(target.buf) == b"w" * 64
+
+
+async def test_a_wake_up_while_the_writer_waits_for_room_leaves_the_connection_whole() -> None:
+    """A completion pushed by another task while one task drives the input and the writer
+    waits for room to send (the peer reads nothing): the wake-up (``notify_closing`` on
+    the socket) ends both waits; the driving task returns the completion, the writer waits
+    again, and what it held goes out once the peer reads."""
+    from stack.rnic.verbs import WcOpcode, WorkCompletion
+    from tests.e2e.test_answers_early import _HeldSocket
+
+    with trio.fail_after(30):
+        async with tcp_pair() as (client, server):
+            assert client.conn is not None and server.conn is not None
+            _post_read(client, server)  # both drivers have started (their sockets)
+            assert (await client.conn.next_completion(client.cq)).status is WcStatus.SUCCESS
+            held = _HeldSocket(server.conn._sock)
+            server.conn._sock = held  # type: ignore[assignment]
+            held.hold = True  # the server reads nothing: the client's sends back up
+            target = server.mr(1 << 20, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+            data = client.mr(bytes(range(256)) * 4096)
+            sendq = client.conn._sendq
+            assert sendq is not None
+            for _ in range(64):  # unsignalled Writes until the socket takes no more
+                client.qp.post_send(
+                    SendWR(0, WrOpcode.RDMA_WRITE, (client.sge(data),), SendFlags.NONE,
+                           rkey=target.rkey, remote_addr=target.base)
+                )  # fmt: skip
+                await trio.sleep(0)
+                if sendq.has_backlog:
+                    break
+            assert sendq.has_backlog
+            inbox = client.mr(8)
+            client.qp.post_recv(RecvWR(7, (client.sge(inbox),)))  # what the task waits for
+            got: list[int] = []
+
+            async def drive() -> None:
+                got.append((await client.conn.next_completion(client.cq)).wr_id)  # type: ignore[union-attr]
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drive)
+                await trio.sleep(0.05)  # it waits for input; the writer waits for room
+                assert client.conn._driver_waiting and sendq.has_backlog
+                # A completion from this task (as a local WR's, or a flush's).
+                client.cq.push(WorkCompletion(5, WcStatus.SUCCESS, WcOpcode.LOCAL_INV, 1, 0))
+            assert got == [5]
+            await trio.sleep(0.05)
+            held.hold = False
+            server.qp.post_send(SendWR(8, WrOpcode.SEND, inline_data=b"8 octets"))
+            assert (await client.conn.next_completion(client.cq)).wr_id == 7
+            assert bytes(inbox.buf) == b"8 octets"
+            _post_read(client, server, 2)  # behind the Writes (RFC 5040 §5.5)
+            assert (await client.conn.next_completion(client.cq)).wr_id == 2
+            assert bytes(target.buf) == bytes(data.buf)  # every Write the writer held landed
+            assert client.conn.error is None and sendq.sent > 0
