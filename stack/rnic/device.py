@@ -79,5 +79,5 @@ class Rnic:
 
     def destroy_qp(self, qp: QueuePair) -> None:
         if self.qps.pop(qp.qp_num, None) is not None:
-            for cq in {id(qp.send_cq): qp.send_cq, id(qp.recv_cq): qp.recv_cq}.values():
+            for cq in qp.cqs:
                 cq.queue_pairs -= 1

@@ -45,22 +45,21 @@ from stack.constants import (
     ATOMIC_OPCODE_MASK,
     DDP_TAGGED,
     DDP_TAGGED_HDR_LEN,
-    DDP_UNTAGGED_HDR_LEN,
     IOV_MIN_PAYLOAD,
     MPA_CRC_LEN,
     MPA_LENGTH_LEN,
     Opcode,
-    QueueNumber,
 )
 from stack.errors import ProtocolError
 from stack.rnic.memory import RDMAP_REMOTE_CODES, Access, check_remote_access
 from stack.rnic.qp_base import QpState
 from stack.wire import ddp
 from stack.wire.events import AtomicRequest, AtomicResponse
-from stack.wire.headers import ATOMIC_REQUEST, ATOMIC_RESPONSE, READ_REQUEST
+from stack.wire.markers import fpdu_wire_length
 from stack.wire.rdmap import (
     ATOMIC_REQUEST_RECORD,
     ATOMIC_RESPONSE_RECORD,
+    EXACT_FIXED,
     READ_REQUEST_RECORD,
     rdmap_ctrl,
 )
@@ -79,11 +78,7 @@ def _fpdu(record: struct.Struct) -> tuple[struct.Struct, int, int]:
     """The length field and ``record`` as one record, the ULPDU length and the FPDU's wire
     length (MPA-01: length, ULPDU, PAD, CRC)."""
     ulpdu = record.size
-    return (
-        struct.Struct(">H" + record.format.lstrip(">")),
-        ulpdu,
-        ((MPA_LENGTH_LEN + ulpdu + 3) & ~3) + MPA_CRC_LEN,
-    )
+    return struct.Struct(">H" + record.format.lstrip(">")), ulpdu, fpdu_wire_length(ulpdu)
 
 
 _READ_FPDU, _READ_LEN, _READ_WIRE = _fpdu(READ_REQUEST_RECORD)
@@ -95,11 +90,9 @@ _READ_CTRL = rdmap_ctrl(Opcode.RDMA_READ_REQUEST)
 _ATOMIC_CTRL = rdmap_ctrl(Opcode.ATOMIC_REQUEST)
 _READ_RESPONSE_CTRL = rdmap_ctrl(Opcode.RDMA_READ_RESPONSE)
 _ATOMIC_RESPONSE_CTRL = rdmap_ctrl(Opcode.ATOMIC_RESPONSE)
-_RESPONSE_QN = int(QueueNumber.ATOMIC_RESPONSE)
-_RESPONSE_BODY = ATOMIC_RESPONSE.size
-_QN = int(QueueNumber.READ_REQUEST)  # both requests' queue (RDMAP-01)
-_READ_BODY = READ_REQUEST.size
-_ATOMIC_BODY = ATOMIC_REQUEST.size
+_READ_FIXED = EXACT_FIXED[_READ_CTRL]  # (opcode, QN, RDMAP header length): RDMAP-01
+_ATOMIC_FIXED = EXACT_FIXED[_ATOMIC_CTRL]
+_RESPONSE_FIXED = EXACT_FIXED[_ATOMIC_RESPONSE_CTRL]
 _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 _RTS = QpState.RTS
@@ -135,7 +128,9 @@ class ExpressReceiver:
         wire = len(view)
         # One whole FPDU (MPA-01: the length field, the ULPDU, PAD, CRC), tested first: a
         # read of many FPDUs costs this test alone.
-        if wire < _MIN_WIRE or wire != (((view[0] << 8 | view[1]) + 5) & ~3) + MPA_CRC_LEN:
+        if wire < _MIN_WIRE:
+            return False
+        if wire != ((MPA_LENGTH_LEN + (view[0] << 8 | view[1]) + 3) & ~3) + MPA_CRC_LEN:
             return False
         qp = self.qp
         if (
@@ -162,7 +157,7 @@ class ExpressReceiver:
                 and self._atomic_response(view, stream, deframer)
             )
         # A request: its answer goes out now, nothing may be queued ahead of it.
-        if qp._out or qp._inbound_pending >= qp.ird or not engine.mpa.sends_now:
+        if qp._out or qp.ird_full or not engine.mpa.sends_now:
             return False
         if ctrl == _READ_CTRL:
             return wire == _READ_WIRE and self._read_request(view, stream, deframer)
@@ -194,22 +189,17 @@ class ExpressReceiver:
     ) -> bool:
         """An Atomic Response (RFC 7306 §5.2.2): its original value returned to its WR."""
         (n, ctrl, _rdmap, inval, qn, msn, mo, req_id, original) = _RESPONSE_FPDU.unpack_from(view)
-        seq = stream.sequencer
         if (
             n != _RESPONSE_LEN
             or ctrl != _LAST
-            or inval
-            or qn != _RESPONSE_QN
-            or mo
-            or _RESPONSE_QN in seq.open_untagged
-            or msn != seq.expected_msn(_RESPONSE_QN)
+            or not stream.fixed_in_sequence(_RESPONSE_FIXED[1], inval, qn, msn, mo)
         ):
             return False
         ulpdu = deframer.take_whole(view)
         if ulpdu is None:
             return False
         self.engine.mpa.tail = 0
-        seq.advance(_RESPONSE_QN, msn, 0, _ATOMIC_RESPONSE_CTRL, 0, _RESPONSE_BODY, True)
+        stream.advance_fixed(ulpdu, _RESPONSE_FIXED, msn)
         try:
             self.qp._on_atomic_response(AtomicResponse(req_id, original))
         except ProtocolError as exc:  # not the oldest request's (EXT-03)
@@ -224,15 +214,10 @@ class ExpressReceiver:
         (n, ctrl, _rdmap, inval, qn, msn, mo, sink_stag, sink_to, size, stag, to) = (
             _READ_FPDU.unpack_from(view)
         )
-        seq = stream.sequencer
         if (
             n != _READ_LEN
             or ctrl != _LAST
-            or inval
-            or qn != _QN
-            or mo
-            or _QN in seq.open_untagged
-            or msn != seq.expected_msn(_QN)
+            or not stream.fixed_in_sequence(_READ_FIXED[1], inval, qn, msn, mo)
             or not 0 < size < IOV_MIN_PAYLOAD
             or size + DDP_TAGGED_HDR_LEN > stream.mulpdu
         ):
@@ -244,9 +229,10 @@ class ExpressReceiver:
             )
         except ProtocolError:
             return False  # the layers refuse it
-        if deframer.take_whole(view) is None:  # the CRC (MPA-12); else taken from here on
+        ulpdu = deframer.take_whole(view)  # the CRC (MPA-12); else taken from here on
+        if ulpdu is None:
             return False
-        seq.advance(_QN, msn, 0, _READ_CTRL, 0, _READ_BODY, True)
+        stream.advance_fixed(ulpdu, _READ_FIXED, msn)
         parts = ddp.segment_tagged_parts(
             sink_stag, sink_to, _READ_RESPONSE_CTRL, data, stream.mulpdu
         )
@@ -260,16 +246,11 @@ class ExpressReceiver:
         Atomic Response (RFC 7306 §5.2.2)."""
         (n, ctrl, _rdmap, inval, qn, msn, mo, word, req_id, stag, to, add, add_mask, compare,
          compare_mask) = _ATOMIC_FPDU.unpack_from(view)  # fmt: skip
-        seq = stream.sequencer
         if (
             n != _ATOMIC_LEN
             or ctrl != _LAST
-            or inval
-            or qn != _QN
-            or mo
             or word & ~ATOMIC_OPCODE_MASK  # EXT-02: noted by the layers
-            or _QN in seq.open_untagged
-            or msn != seq.expected_msn(_QN)
+            or not stream.fixed_in_sequence(_ATOMIC_FIXED[1], inval, qn, msn, mo)
         ):
             return False
         qp = self.qp
@@ -284,7 +265,7 @@ class ExpressReceiver:
         ulpdu = deframer.take_whole(view)
         if ulpdu is None:
             return False
-        seq.advance(_QN, msn, 0, _ATOMIC_CTRL, 0, _ATOMIC_BODY, True)
+        stream.advance_fixed(ulpdu, _ATOMIC_FIXED, msn)
         try:
             original = region.atomic(
                 AtomicRequest(word, req_id, stag, to, add, add_mask, compare, compare_mask)
@@ -308,6 +289,3 @@ class ExpressReceiver:
         qp._inbound_pending += 1
         qp._answered_early += 1
         qp._notify_output()
-
-
-assert DDP_UNTAGGED_HDR_LEN + _READ_BODY == _READ_LEN

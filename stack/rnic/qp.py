@@ -206,7 +206,7 @@ class QueuePair(QpSend):
         self.fatal(None, send_terminate=False)
 
     def _take_ird(self, what: str) -> None:
-        if self._inbound_pending >= self.ird:
+        if self.ird_full:
             raise RdmapError(
                 "RDMAP-14",
                 f"{what} beyond IRD {self.ird} (peer exceeded its ORD)",

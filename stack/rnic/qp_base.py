@@ -211,7 +211,7 @@ class QpBase:
         self.table = pd.table
         self.send_cq = send_cq
         self.recv_cq = recv_cq if recv_cq is not None else send_cq
-        for cq in {id(send_cq): send_cq, id(self.recv_cq): self.recv_cq}.values():
+        for cq in self.cqs:
             cq.queue_pairs += 1
         self.qp_num = qp_num
         self.cap = cap or QpCap()
@@ -272,6 +272,20 @@ class QpBase:
     # ------------------------------------------------------------------ state
     def __repr__(self) -> str:
         return f"<QueuePair {self.qp_num} {self.state.value}>"
+
+    @property
+    def cqs(self) -> tuple[CompletionQueue, ...]:
+        """The CQs this QP reports to, each once (its send CQ, and its receive CQ when
+        that is another)."""
+        if self.recv_cq is self.send_cq:
+            return (self.send_cq,)
+        return (self.send_cq, self.recv_cq)
+
+    @property
+    def ird_full(self) -> bool:
+        """Every IRD slot holds a Read or Atomic Request whose response is not drained:
+        one more is beyond IRD (SEC-10, RDMAP-14)."""
+        return self._inbound_pending >= self.ird
 
     @property
     def outstanding_remote(self) -> int:

@@ -113,8 +113,7 @@ class RdmaConnection:
         self._reader_resume = trio.Event()
         self._driven = False  # a task called next_completion: the reader's waits give way
         self._driver_waiting = False  # the driving task waits for input
-        self._interrupted = False  # ... and was woken for a completion pushed meanwhile
-        self._wakeups = 0  # such wake-ups so far (a wait for writability they end retries)
+        self._wakeups = 0  # times _pushed woke it (a wait it ends, for input or room, retries)
         # EMSS from the socket: follow TCP's segment size as the peer's window opens
         self._follow_mss = follow_mss
         self._emss: EmssFollower | None = None  # made with the socket (run)
@@ -317,12 +316,12 @@ class RdmaConnection:
         cq.watchers.append(self._pushed)
         try:
             while not self._reading_over:
-                self._interrupted = False
+                wakeups = self._wakeups
                 self._driver_waiting = True
                 try:
                     data = await self._receive()
                 except trio.ClosedResourceError:
-                    if not self._interrupted:
+                    if self._wakeups == wakeups:
                         raise
                     data = None  # woken by _pushed: nothing was read
                 finally:
@@ -348,7 +347,6 @@ class RdmaConnection:
         the socket stays open, the next wait registers it again, and the writer retries a
         wait for writability it ends (:meth:`_send_socket`)."""
         if self._driver_waiting and self._sock is not None:
-            self._interrupted = True
             self._wakeups += 1
             trio.lowlevel.notify_closing(self._sock)
 

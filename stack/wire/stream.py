@@ -254,11 +254,11 @@ class RdmapStream:
 
     def send_parts(self, msg: RdmapMessage | MessagePart) -> list[ddp.Parts]:
         """:meth:`send` as (DDP header, payload view) pairs, for a framer that copies once."""
-        kind = type(msg)
         if type(msg) is RdmaWrite:  # the bulk of a sender's messages
             return self.send_write_parts(msg.stag, msg.to, msg.data)
         if self.send_state is _SEND_TERMINATED:
             raise _after_terminate()
+        kind = type(msg)
         # The one-segment messages of a round trip, without the general encoder's dispatch.
         record_qn = _RECORD_QN.get(kind)
         if record_qn is not None and (self.rfc7306 or kind is ReadRequest):
@@ -374,7 +374,7 @@ class RdmapStream:
         event = self._fixed_event(view, fixed)
         if event is None:
             return None
-        self._advance_fixed(view, fixed, event.msn)
+        self.advance_fixed(view, fixed, event.msn)
         return [event]
 
     def _fixed_event(self, view: memoryview, fixed: tuple[int, int, int]) -> MessageEvent | None:
@@ -387,8 +387,7 @@ class RdmapStream:
         if len(view) != DDP_UNTAGGED_HDR_LEN + size:
             return None
         _, _b1, inval, q, msn, mo = ddp.UNTAGGED_HDR.unpack_from(view)
-        seq = self.sequencer
-        if inval or q != qn or mo or qn in seq.open_untagged or msn != seq.expected_msn(qn):
+        if not self.fixed_in_sequence(qn, inval, q, msn, mo):
             return None
         header = exact_fixed_header(op, view[DDP_UNTAGGED_HDR_LEN:])
         if header is None:
@@ -466,13 +465,27 @@ class RdmapStream:
         try:
             placed = placer(event)
         except ProtocolError:
-            self._advance_fixed(view, fixed, event.msn)
+            self.advance_fixed(view, fixed, event.msn)
             raise
         if placed:
-            self._advance_fixed(view, fixed, event.msn)
+            self.advance_fixed(view, fixed, event.msn)
         return placed
 
-    def _advance_fixed(self, view: memoryview, fixed: tuple[int, int, int], msn: int) -> None:
+    def fixed_in_sequence(self, qn: int, inval: int, q: int, msn: int, mo: int) -> bool:
+        """Whether the DDP fields of a one-segment message for queue ``qn`` are exactly
+        what is expected: Invalidate STag field 0, QN ``qn``, MO 0, the expected MSN with no
+        message open on the queue (RDMAP-01, DDP-02, DDP-05).  The exact-case test of the
+        bulk path and of the express path (:mod:`stack.rnic.express`); nothing changes."""
+        seq = self.sequencer
+        return (
+            not inval
+            and q == qn
+            and not mo
+            and qn not in seq.open_untagged
+            and msn == seq.expected_msn(qn)
+        )
+
+    def advance_fixed(self, view: memoryview, fixed: tuple[int, int, int], msn: int) -> None:
         """The sequencer takes a one-segment message of :meth:`_fixed_event` (its QN, MSN,
         RsvdULP byte and length; MO 0, Last)."""
         self.sequencer.advance(fixed[1], msn, 0, view[1], 0, fixed[2], True)
